@@ -1,0 +1,1 @@
+"""Chips: specs, memory tiers, and the execution models that turn operator work into time."""

@@ -1,0 +1,1 @@
+"""Inter-socket networks: topologies, links, routes, collectives and contention."""

@@ -1,0 +1,1 @@
+"""Plans (TP / PP / EP / DP), per-socket programs, memory footprints, plan search."""

@@ -1,0 +1,45 @@
+"""The `rdu-cluster` command line. Each command lives in its own module and is added here."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from workloads.errors import ConfigError
+
+
+class Main(click.Group):
+    """Bad input of any kind is one line on stderr and exit code 2, never a traceback."""
+
+    def main(self, *args, **kwargs):  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        except click.ClickException as e:
+            hint = f" (see '{e.ctx.command_path} --help')" if getattr(e, "ctx", None) else ""
+            click.echo(f"error: {e.format_message()}{hint}", err=True)
+            sys.exit(2)
+        except ConfigError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=Main)
+@click.version_option(package_name="rdu-cluster")
+def main() -> None:
+    """Simulate LLM inference on clusters of SN40L RDU sockets and GPU nodes."""
+
+
+from rdu_cluster.cli.catalog import clusters, models
+from rdu_cluster.cli.simulate import simulate
+
+main.add_command(simulate)
+main.add_command(models)
+main.add_command(clusters)

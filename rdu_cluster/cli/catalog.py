@@ -1,0 +1,114 @@
+"""`rdu-cluster models` and `rdu-cluster clusters`: what is bundled, with the key figures."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+import cluster_configs
+from rdu_cluster.config import load_cluster
+from rdu_cluster.report import text_table
+from workloads import catalog, params
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per model.")
+def models(as_json: bool) -> None:
+    """List the model catalog: family, layers, parameters (total / active), weight dtype."""
+    rows = []
+    for name in catalog.list_models():
+        spec = catalog.load_model(name)
+        rows.append(
+            {
+                "model": name,
+                "family": spec.family,
+                "layers": spec.num_layers,
+                "hidden_size": spec.hidden_size,
+                "attention": spec.attention.kind if spec.attention else "none",
+                "moe": f"{spec.moe.top_k}/{spec.moe.num_experts}" if spec.moe else "",
+                "total_params": params.total_params(spec),
+                "active_params": params.active_params(spec),
+                "weights_dtype": spec.precision.weights.value,
+            }
+        )
+    if as_json:
+        click.echo("\n".join(json.dumps(r) for r in rows))
+        return
+    header = [
+        "model",
+        "family",
+        "layers",
+        "hidden",
+        "attn",
+        "moe k/E",
+        "params",
+        "active",
+        "weights",
+    ]
+    body = [
+        [
+            r["model"],
+            r["family"],
+            r["layers"],
+            r["hidden_size"],
+            r["attention"],
+            r["moe"],
+            f"{r['total_params'] / 1e9:.2f}B",
+            f"{r['active_params'] / 1e9:.2f}B",
+            r["weights_dtype"],
+        ]
+        for r in rows
+    ]
+    click.echo(text_table(header, body))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per cluster.")
+def clusters(as_json: bool) -> None:
+    """List the bundled clusters: chip, sockets, per-socket HBM and peak compute."""
+    rows = []
+    for name in cluster_configs.bundled("clusters"):
+        c = load_cluster(name)
+        rows.append(
+            {
+                "cluster": name,
+                "chip": c.chip.name,
+                "sockets": c.sockets,
+                "nodes": c.nodes,
+                "execution_model": c.chip.execution_model,
+                "bf16_flops_per_s": c.chip.flops("bf16"),
+                "hbm_bytes": c.chip.hbm.capacity_bytes,
+                "hbm_bytes_per_s": c.chip.hbm.bandwidth_bytes_per_s,
+                "topology": c.topology.kind,
+            }
+        )
+    if as_json:
+        click.echo("\n".join(json.dumps(r) for r in rows))
+        return
+    header = [
+        "cluster",
+        "chip",
+        "sockets",
+        "nodes",
+        "execution",
+        "BF16 TFLOP/s",
+        "HBM GiB",
+        "HBM TB/s",
+        "topology",
+    ]
+    body = [
+        [
+            r["cluster"],
+            r["chip"],
+            r["sockets"],
+            r["nodes"],
+            r["execution_model"],
+            f"{r['bf16_flops_per_s'] / 1e12:.0f}",
+            f"{r['hbm_bytes'] / 2**30:.0f}",
+            f"{r['hbm_bytes_per_s'] / 1e12:.2f}",
+            r["topology"],
+        ]
+        for r in rows
+    ]
+    click.echo(text_table(header, body))

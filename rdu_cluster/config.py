@@ -1,0 +1,204 @@
+"""Load chip and cluster TOML files into specs, checking exact key sets and value ranges.
+
+A name is looked up among the bundled files of `cluster_configs`; anything with a path
+separator or a .toml suffix is read as a path. Every problem is a ConfigError whose message
+names the file and the dotted field.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import cluster_configs
+from chip import execution
+from chip.spec import ChipSpec, TierSpec
+from interconnect.topology import TopologySpec
+from partitioning.cluster import ClusterSpec
+from workloads.errors import ConfigError
+
+CHIP_KEYS = {"name", "kind", "description", "source", "execution_model", "peak_flops", "tiers"}
+CHIP_OPTIONAL = {"execution", "power"}
+TIER_KEYS = {"capacity_bytes", "bandwidth_bytes_per_s", "source"}
+TIER_NAMES = {"rdu": ("sram", "hbm", "ddr"), "gpu": ("hbm", "host")}
+CLUSTER_KEYS = {"name", "description", "chip", "sockets", "sockets_per_node", "source", "topology"}
+CLUSTER_OPTIONAL = {"chip_overrides", "cost"}
+
+
+def load_chip(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> ChipSpec:
+    path = _resolve("chips", name_or_path)
+    raw = _apply_overrides(_read(path), overrides or {}, path.name)
+    return parse_chip(raw, path.name)
+
+
+def load_cluster(
+    name_or_path: str | Path, overrides: Mapping[str, Any] | None = None
+) -> ClusterSpec:
+    """Load a cluster. `overrides` maps dotted paths to values, e.g.
+    {"chip.tiers.hbm.bandwidth_bytes_per_s": 1.6e12, "topology.link_latency_s": 2e-6}."""
+    path = _resolve("clusters", name_or_path)
+    where = path.name
+    raw = _read(path)
+    chip_over = {k[5:]: v for k, v in (overrides or {}).items() if k.startswith("chip.")}
+    rest = {k: v for k, v in (overrides or {}).items() if not k.startswith("chip.")}
+    raw = _apply_overrides(raw, rest, where)
+    _check_keys(raw, CLUSTER_KEYS, CLUSTER_OPTIONAL, where)
+    chip_ref = _typed(raw, "chip", str, where)
+    chip_path = _resolve("chips", chip_ref, relative_to=path.parent)
+    chip_raw = _deep_merge(_read(chip_path), raw.get("chip_overrides", {}))
+    chip = parse_chip(_apply_overrides(chip_raw, chip_over, chip_path.name), chip_path.name)
+    sockets = _positive_int(raw, "sockets", where)
+    per_node = _positive_int(raw, "sockets_per_node", where)
+    if sockets % per_node:
+        raise ConfigError(f"{where}: sockets ({sockets}) must be a multiple of sockets_per_node")
+    topology = TopologySpec.from_dict(_table(raw, "topology", where), f"{where}: topology")
+    return ClusterSpec(
+        name=_typed(raw, "name", str, where),
+        chip=chip,
+        sockets=sockets,
+        sockets_per_node=per_node,
+        topology=topology,
+        description=_typed(raw, "description", str, where),
+        source=_typed(raw, "source", str, where),
+    )
+
+
+def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:
+    _check_keys(raw, CHIP_KEYS, CHIP_OPTIONAL, where)
+    kind = _typed(raw, "kind", str, where)
+    if kind not in TIER_NAMES:
+        raise ConfigError(f"{where}: kind: {kind!r} unknown; accepted: rdu, gpu")
+    peak = _table(raw, "peak_flops", where)
+    if "bf16" not in peak:
+        raise ConfigError(f"{where}: peak_flops.bf16: missing field")
+    for dtype in peak:
+        _positive(peak, dtype, f"{where}: peak_flops")
+    tiers = _parse_tiers(_table(raw, "tiers", where), TIER_NAMES[kind], where)
+    model = _typed(raw, "execution_model", str, where)
+    table = raw.get("execution", {})
+    execution.check_params(model, table, f"{where}: execution")
+    return ChipSpec(
+        name=_typed(raw, "name", str, where),
+        kind=kind,
+        peak_flops={k: float(v) for k, v in peak.items()},
+        tiers=tiers,
+        execution_model=model,
+        execution=dict(table),
+        power=dict(raw.get("power", {})),
+        description=_typed(raw, "description", str, where),
+        source=_typed(raw, "source", str, where),
+    )
+
+
+def _parse_tiers(table: Mapping[str, Any], names: tuple[str, ...], where: str) -> tuple:
+    if set(table) != set(names):
+        raise ConfigError(f"{where}: tiers: expected exactly {', '.join(names)}")
+    tiers = []
+    for name in names:
+        t = table[name]
+        w = f"{where}: tiers.{name}"
+        _check_keys(t, TIER_KEYS, set(), w)
+        tiers.append(
+            TierSpec(
+                name=name,
+                capacity_bytes=_positive(t, "capacity_bytes", w),
+                bandwidth_bytes_per_s=_positive(t, "bandwidth_bytes_per_s", w),
+                source=_typed(t, "source", str, w),
+            )
+        )
+    return tuple(tiers)
+
+
+def _resolve(kind: str, ref: str | Path, relative_to: Path | None = None) -> Path:
+    text = str(ref)
+    if text.endswith(".toml") or "/" in text:
+        path = Path(text)
+        if not path.is_absolute() and relative_to is not None and not path.exists():
+            path = relative_to / path
+        if not path.is_file():
+            raise ConfigError(f"{kind[:-1]} file {text}: not found")
+        return path
+    found = cluster_configs.bundled(kind)
+    if text not in found:
+        raise ConfigError(
+            f"unknown {kind[:-1]} {text!r}; bundled: {', '.join(found)} (or a path to a .toml)"
+        )
+    return found[text]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path.name}: malformed TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def _apply_overrides(raw: dict, overrides: Mapping[str, Any], where: str) -> dict:
+    out = copy.deepcopy(raw)
+    for dotted, value in overrides.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                raise ConfigError(f"{where}: override {dotted}: no table {key!r}")
+            node = node[key]
+        if leaf not in node:
+            raise ConfigError(f"{where}: override {dotted}: no field {leaf!r}")
+        node[leaf] = value
+    return out
+
+
+def _deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        elif key not in out:
+            raise ConfigError(f"chip_overrides.{key}: the chip has no such field")
+        else:
+            out[key] = value
+    return out
+
+
+def _check_keys(raw: Mapping[str, Any], required: set, optional: set, where: str) -> None:
+    unknown = sorted(set(raw) - required - optional)
+    if unknown:
+        accepted = ", ".join(sorted(required | optional))
+        raise ConfigError(f"{where}: {unknown[0]}: unknown field; accepted: {accepted}")
+    missing = sorted(required - set(raw))
+    if missing:
+        raise ConfigError(f"{where}: {missing[0]}: missing field")
+
+
+def _table(raw: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    value = raw.get(key)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: {key}: expected a table")
+    return value
+
+
+def _typed(raw: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = raw.get(key)
+    if not isinstance(value, kind):
+        raise ConfigError(f"{where}: {key}: expected a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _positive(raw: Mapping[str, Any], key: str, where: str) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{where}.{key}: expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _positive_int(raw: Mapping[str, Any], key: str, where: str) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{where}: {key}: expected a positive integer, got {value!r}")
+    return value

@@ -1,0 +1,65 @@
+"""Plain-text tables for the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from chip.cost import CAUSES
+from partitioning.cluster import ClusterSpec
+from rdu_cluster.estimate import Estimate
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(
+        str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+    )
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec]) -> str:
+    """One column per cluster: headline figures, then decode time per token by cause."""
+    first = estimates[0]
+    title = (
+        f"{first.model}  batch {_i(first.batch)}  prompt {_i(first.prompt_len)}  "
+        f"gen {_i(first.gen_len)}"
+    )
+    header = ["", *(f"{c.name} ({c.chip.name})" for c in clusters)]
+    rows = [
+        ["sockets (tp x replicas)", *(f"{e.sockets} ({e.tp} x {e.replicas})" for e in estimates)],
+        ["execution model", *(c.chip.execution_model for c in clusters)],
+        ["tokens/s per request", *(f"{_f(e.tokens_per_s_per_request):,.1f}" for e in estimates)],
+        ["tokens/s total", *(f"{_f(e.tokens_per_s_total):,.1f}" for e in estimates)],
+        ["time per output token ms", *(f"{_f(e.tpot_s) * 1e3:.3f}" for e in estimates)],
+        ["time to first token ms", *(f"{_f(e.ttft_s) * 1e3:.2f}" for e in estimates)],
+        ["HBM bandwidth utilization", *(f"{_f(e.hbm_bw_utilization):.1%}" for e in estimates)],
+        ["bound", *(str(np.ravel(e.decode.bound())[0]) for e in estimates)],
+        ["HBM used per socket GB", *(f"{_f(e.hbm_used_bytes) / 1e9:.1f}" for e in estimates)],
+        ["decode ms per token, by cause:", *("" for _ in estimates)],
+    ]
+    for cause in CAUSES:
+        if any(_f(e.decode.cause(cause)) > 0 for e in estimates):
+            rows.append(
+                [f"  {cause}", *(_ms_share(e.decode.cause(cause), e.tpot_s) for e in estimates)]
+            )
+    rows.append(["decode ms per token, by op class:", *("" for _ in estimates)])
+    classes = sorted({k for e in estimates for k in e.decode.by_class})
+    for cls in classes:
+        rows.append(
+            [f"  {cls}", *(_ms_share(e.decode.by_class.get(cls, 0.0), e.tpot_s) for e in estimates)]
+        )
+    return title + "\n" + text_table(header, rows)
+
+
+def _ms_share(part, total) -> str:
+    return f"{_f(part) * 1e3:.3f} ({_f(part) / _f(total):.0%})"
+
+
+def _f(x) -> float:
+    return float(np.ravel(np.asarray(x, dtype=float))[0])
+
+
+def _i(x) -> int:
+    return round(_f(x))

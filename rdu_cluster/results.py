@@ -1,0 +1,153 @@
+"""Result tables: a pyarrow schema with units in the column names and a schema version in its
+metadata, built from Estimates, written atomically as Parquet or Arrow IPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import rdu_cluster
+from chip.cost import CAUSES
+from rdu_cluster.estimate import Estimate
+from workloads.errors import ConfigError
+from workloads.ops import OpClass
+
+SCHEMA_VERSION = "1"
+
+# The first columns are a public interface (`simulate --json`): keep their names.
+PUBLIC = [
+    ("model", pa.string()),
+    ("cluster", pa.string()),
+    ("sockets", pa.int64()),
+    ("batch", pa.int64()),
+    ("prompt_len", pa.int64()),
+    ("gen_len", pa.int64()),
+    ("tokens_per_s_per_request", pa.float64()),
+    ("tokens_per_s_total", pa.float64()),
+    ("tpot_s", pa.float64()),
+    ("ttft_s", pa.float64()),
+    ("hbm_bw_utilization", pa.float64()),
+    ("bound", pa.string()),
+    ("weight_bytes", pa.float64()),
+    ("kv_cache_bytes", pa.float64()),
+    ("flops_per_token", pa.float64()),
+    ("bytes_per_token", pa.float64()),
+]
+DETAIL = (
+    [
+        ("tp", pa.int64()),
+        ("replicas", pa.int64()),
+        ("chip", pa.string()),
+        ("execution_model", pa.string()),
+        ("hbm_used_bytes_per_socket", pa.float64()),
+        ("decode_kernels", pa.float64()),
+    ]
+    + [(f"decode_{c}_s", pa.float64()) for c in CAUSES]
+    + [(f"decode_class_{c.value}_s", pa.float64()) for c in OpClass]
+    + [(f"prefill_{c}_s", pa.float64()) for c in CAUSES]
+)
+SCHEMA = pa.schema(PUBLIC + DETAIL, metadata={"rdu_cluster.schema_version": SCHEMA_VERSION})
+
+
+def records(est: Estimate, chip: str, execution_model: str) -> list[dict]:
+    """One record per design point of `est` (a scalar estimate gives one)."""
+    cols = _columns(est, chip, execution_model)
+    n = max(np.size(v) for v in cols.values() if not isinstance(v, str))
+    out = []
+    for i in range(n):
+        out.append({k: _pick(v, i, n) for k, v in cols.items()})
+    return out
+
+
+def _columns(est: Estimate, chip: str, model: str) -> dict:
+    d, p = est.decode, est.prefill
+    cols = {
+        "model": est.model,
+        "cluster": est.cluster,
+        "sockets": est.sockets,
+        "batch": est.batch,
+        "prompt_len": est.prompt_len,
+        "gen_len": est.gen_len,
+        "tokens_per_s_per_request": est.tokens_per_s_per_request,
+        "tokens_per_s_total": est.tokens_per_s_total,
+        "tpot_s": est.tpot_s,
+        "ttft_s": est.ttft_s,
+        "hbm_bw_utilization": est.hbm_bw_utilization,
+        "bound": d.bound(),
+        "weight_bytes": est.weight_bytes,
+        "kv_cache_bytes": est.kv_cache_bytes,
+        "flops_per_token": est.flops_per_token,
+        "bytes_per_token": est.bytes_per_token,
+        "tp": est.tp,
+        "replicas": est.replicas,
+        "chip": chip,
+        "execution_model": model,
+        "hbm_used_bytes_per_socket": est.hbm_used_bytes,
+        "decode_kernels": d.kernels,
+    }
+    cols.update({f"decode_{c}_s": d.cause(c) for c in CAUSES})
+    cols.update({f"decode_class_{c.value}_s": d.by_class.get(c.value, 0.0) for c in OpClass})
+    cols.update({f"prefill_{c}_s": p.cause(c) for c in CAUSES})
+    return cols
+
+
+def _pick(value, i: int, n: int):
+    if isinstance(value, str):
+        return value
+    arr = np.broadcast_to(np.asarray(value), (n,)) if np.ndim(value) <= 1 else value.ravel()
+    item = arr[i] if np.ndim(arr) else arr
+    return item.item() if hasattr(item, "item") else item
+
+
+def table(rows: Iterable[Mapping], extra_metadata: Mapping[str, str] | None = None) -> pa.Table:
+    rows = list(rows)
+    casted = [{f.name: _cast(r.get(f.name), f.type) for f in SCHEMA} for r in rows]
+    meta = dict(SCHEMA.metadata)
+    meta[b"rdu_cluster.code_version"] = rdu_cluster.__version__.encode()
+    for k, v in (extra_metadata or {}).items():
+        meta[f"rdu_cluster.{k}".encode()] = str(v).encode()
+    return pa.Table.from_pylist(casted, schema=SCHEMA.with_metadata(meta))
+
+
+def _cast(value, typ):
+    if value is None:
+        return None
+    if pa.types.is_integer(typ):
+        return round(float(value))
+    if pa.types.is_floating(typ):
+        return float(value)
+    return str(value)
+
+
+def write_table(tbl: pa.Table, path: str | Path) -> Path:
+    """Write `.parquet` or `.arrow` (IPC file) atomically: a temporary file in the same folder,
+    then a rename, so a reader never sees half a file."""
+    path = Path(path)
+    if path.suffix not in (".parquet", ".arrow"):
+        raise ConfigError(f"--out {path}: expected a .parquet or .arrow file name")
+    if not path.parent.exists():
+        raise ConfigError(f"--out {path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        if path.suffix == ".parquet":
+            pq.write_table(tbl, tmp)
+        else:
+            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as writer:
+                writer.write_table(tbl)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def json_lines(tbl: pa.Table) -> str:
+    return "\n".join(json.dumps(r) for r in tbl.to_pylist())

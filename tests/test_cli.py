@@ -1,0 +1,121 @@
+"""`rdu-cluster simulate`, `models`, `clusters`: defaults, JSON interface, files, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from pyarrow import ipc
+
+from rdu_cluster.cli import main
+
+PUBLIC_FIELDS = {
+    "model",
+    "cluster",
+    "sockets",
+    "batch",
+    "prompt_len",
+    "gen_len",
+    "tokens_per_s_per_request",
+    "tokens_per_s_total",
+    "tpot_s",
+    "ttft_s",
+    "hbm_bw_utilization",
+    "bound",
+    "weight_bytes",
+    "kv_cache_bytes",
+    "flops_per_token",
+    "bytes_per_token",
+}
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_simulate_default_compares_sn40l16_and_dgx_h100():
+    r = run("simulate")
+    assert r.exit_code == 0, r.output + r.stderr
+    assert "llama-3.1-70b" in r.output
+    assert "sn40l-16" in r.output and "dgx-h100" in r.output
+    assert "weight_streaming" in r.output
+
+
+def test_simulate_json_has_public_fields():
+    r = run(
+        "simulate",
+        "--model",
+        "llama-3.1-8b",
+        "--cluster",
+        "sn40l-16",
+        "--cluster",
+        "dgx-h100",
+        "--batch",
+        "2",
+        "--json",
+    )
+    assert r.exit_code == 0, r.stderr
+    lines = [json.loads(x) for x in r.output.strip().splitlines()]
+    assert [x["cluster"] for x in lines] == ["sn40l-16", "dgx-h100"]
+    for x in lines:
+        assert PUBLIC_FIELDS <= set(x)
+        assert x["batch"] == 2 and x["tokens_per_s_total"] == pytest.approx(
+            2 * x["tokens_per_s_per_request"] * (x["sockets"] // x["tp"])
+        )
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_simulate_out_files(tmp_path, suffix):
+    out = tmp_path / f"r{suffix}"
+    r = run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--out", str(out))
+    assert r.exit_code == 0, r.stderr
+    tbl = pq.read_table(out) if suffix == ".parquet" else ipc.open_file(out).read_all()
+    assert tbl.num_rows == 1
+    assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"1"
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--model", "gpt-5"], "unknown model"),
+        (["--cluster", "sn50"], "unknown cluster"),
+        (["--batch", "0"], "batch"),
+        (["--gen-len", "-3"], "gen-len"),
+        (["--model", "llama-3.1-405b", "--cluster", "dgx-h100"], "does not fit"),
+        (["--weights", "fp2"], "--weights"),
+        (["--tp", "3", "--cluster", "sn40l-16"], "tp"),
+    ],
+)
+def test_simulate_bad_input_one_line_exit_2_no_file(tmp_path, args, fragment):
+    out = tmp_path / "r.parquet"
+    r = run("simulate", *args, "--out", str(out))
+    assert r.exit_code == 2
+    assert fragment in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def test_simulate_malformed_config_json(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    r = run("simulate", "--model", str(bad))
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_models_and_clusters_listings():
+    r = run("models", "--json")
+    assert r.exit_code == 0, r.stderr
+    names = {json.loads(x)["model"] for x in r.output.splitlines()}
+    assert {"llama-3.1-70b", "deepseek-v3", "gpt-oss-120b", "mixtral-8x7b"} <= names
+    assert len(names) >= 16
+    r = run("clusters")
+    assert r.exit_code == 0 and "sn40l-16" in r.output and "dgx-a100-2node" in r.output
+
+
+def test_unknown_option_is_one_line():
+    r = run("simulate", "--bogus")
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,130 @@
+"""ModelSpec: the shapes of a transformer-family model, as far as cost is concerned.
+
+A model is a sequence of layers; each layer has a token mixer (attention of some kind, or a
+linear-attention / state-space block, or none) and a feed-forward part (dense, MoE, or none).
+Dense, MoE and hybrid models are the same structure with different per-layer choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from workloads.dtypes import Precision
+
+
+class Mixer(str, Enum):
+    FULL_ATTENTION = "full_attention"
+    SLIDING_ATTENTION = "sliding_attention"
+    LINEAR_ATTENTION = "linear_attention"  # gated DeltaNet and kin: a fixed-size state per head
+    MAMBA2 = "mamba2"
+    NONE = "none"
+
+
+class FFN(str, Enum):
+    DENSE = "dense"
+    MOE = "moe"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    mixer: Mixer
+    ffn: FFN
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Softmax attention. kind is derived from the head counts except for MLA.
+
+    For MLA (DeepSeek-V2/V3): q is projected through a LoRA of rank q_lora_rank (or directly when
+    None), k/v through a shared latent of rank kv_lora_rank plus a decoupled rope key of
+    qk_rope_head_dim; head_dim = qk_nope_head_dim + qk_rope_head_dim. The KV cache holds the latent
+    and the rope key: kv_lora_rank + qk_rope_head_dim values per token per layer.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    mla: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    sliding_window: int | None = None  # window of the SLIDING_ATTENTION layers
+    sinks: bool = False  # learned per-head sink logits (gpt-oss)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+
+    @property
+    def kind(self) -> str:
+        if self.mla:
+            return "mla"
+        if self.num_kv_heads == self.num_heads:
+            return "mha"
+        if self.num_kv_heads == 1:
+            return "mqa"
+        return "gqa"
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    num_experts: int  # routed experts per MoE layer
+    top_k: int
+    expert_intermediate: int
+    num_shared_experts: int = 0
+    shared_intermediate: int = 0  # total intermediate width of the shared expert(s)
+    router_bias: bool = False
+    expert_bias: bool = False
+
+
+@dataclass(frozen=True)
+class LinearAttentionSpec:
+    """Gated DeltaNet style linear attention (Qwen3-Next): a (key_dim x value_dim) state per head."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+
+
+@dataclass(frozen=True)
+class Mamba2Spec:
+    """Mamba-2 block (Nemotron-H, Jamba-style hybrids)."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int = 4
+    expand: int = 2
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # the HuggingFace model_type it came from
+    hidden_size: int
+    vocab_size: int
+    layers: tuple[LayerSpec, ...]
+    attention: AttentionSpec | None
+    intermediate_size: int = 0  # dense FFN width
+    ffn_matrices: int = 3  # 3 for gated (SwiGLU) MLPs, 2 for plain up/down
+    moe: MoESpec | None = None
+    linear_attention: LinearAttentionSpec | None = None
+    mamba: Mamba2Spec | None = None
+    tie_embeddings: bool = False
+    mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), usable as self-speculation
+    max_context: int = 0
+    precision: Precision = field(default_factory=Precision)
+    source: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def with_precision(self, precision: Precision) -> ModelSpec:
+        return replace(self, precision=precision)
