@@ -53,6 +53,12 @@ class Precision:
     kv_cache: DType = DType.BF16
     activations: DType = DType.BF16
     expert_weights: DType | None = None
+    # Recurrent state of linear-attention / Mamba-2 layers; None: the kv_cache type.
+    state: DType | None = None
+
+    @property
+    def state_dtype(self) -> DType:
+        return self.state or self.kv_cache
 
     @property
     def routed_expert_weights(self) -> DType:

@@ -57,6 +57,8 @@ class AttentionSpec:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    output_gate: bool = False  # q_proj also emits a sigmoid gate on the output (Qwen3-Next)
+    rotary_dim: int | None = None  # partial rope (MiniMax-M2: 64 of 128); None: all of head_dim
 
     @property
     def kind(self) -> str:
@@ -78,6 +80,8 @@ class MoESpec:
     shared_intermediate: int = 0  # total intermediate width of the shared expert(s)
     router_bias: bool = False
     expert_bias: bool = False
+    expert_matrices: int = 3  # gated (SwiGLU) experts: gate, up, down
+    shared_expert_gate: bool = False  # a sigmoid gate (hidden -> 1) on the shared expert (Qwen)
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class LinearAttentionSpec:
 
 @dataclass(frozen=True)
 class Mamba2Spec:
-    """Mamba-2 block (Nemotron-H, Jamba-style hybrids)."""
+    """Mamba-2 block (Nemotron-H). d_inner = num_heads * head_dim (= expand * hidden)."""
 
     num_heads: int
     head_dim: int
@@ -128,3 +132,19 @@ class ModelSpec:
 
     def with_precision(self, precision: Precision) -> ModelSpec:
         return replace(self, precision=precision)
+
+    @property
+    def is_moe(self) -> bool:
+        return any(layer.ffn is FFN.MOE for layer in self.layers)
+
+
+def layer_runs(layers: tuple[LayerSpec, ...]) -> list[tuple[int, int, LayerSpec]]:
+    """Consecutive identical layers as (first_layer, count, layer): the Blocks of a graph."""
+    runs: list[tuple[int, int, LayerSpec]] = []
+    for i, layer in enumerate(layers):
+        if runs and runs[-1][2] == layer:
+            first, count, _ = runs[-1]
+            runs[-1] = (first, count + 1, layer)
+        else:
+            runs.append((i, 1, layer))
+    return runs
