@@ -7,9 +7,10 @@ one module plus its name in BUILTIN.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from chip.cost import StepCost
 from chip.spec import ChipSpec
@@ -17,8 +18,9 @@ from workloads.errors import ConfigError
 from workloads.ops import Collective, Graph, Work
 
 CommTime = Callable[[Collective], Work]
+P = TypeVar("P")
 
-BUILTIN = ("chip.roofline",)
+BUILTIN = ("chip.roofline", "chip.dataflow", "chip.kernel_by_kernel")
 
 
 class ExecutionModel(Protocol):
@@ -40,7 +42,7 @@ def register(model: ExecutionModel) -> ExecutionModel:
 
 
 def get(name: str) -> ExecutionModel:
-    if not MODELS:
+    if name not in MODELS:
         for module in BUILTIN:
             importlib.import_module(module)
     try:
@@ -64,3 +66,30 @@ def step_cost(
 ) -> StepCost:
     """Cost one socket's step with the chip's execution model, or `model` when given."""
     return get(model or chip.execution_model).step_cost(graph, chip, comm_time, options)
+
+
+def parse_params(cls: type[P], table: Mapping[str, Any], where: str) -> P:
+    """Build a frozen params dataclass from an [execution] table with exactly its fields.
+
+    Every field is a non-negative number (seconds, bytes, counts); fields whose name ends in
+    `_efficiency` or `_fraction` must lie in (0, 1]. Errors name `<where>.<key>`."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(table) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown field; accepted: {', '.join(names)}")
+    missing = [n for n in names if n not in table]
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}: missing field")
+    values = {}
+    for name in names:
+        v = table[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise ConfigError(f"{where}.{name}: expected a non-negative number, got {v!r}")
+        if name.endswith(("_efficiency", "_fraction")) and not 0 < v <= 1:
+            raise ConfigError(f"{where}.{name}: expected a fraction in (0, 1], got {v!r}")
+        values[name] = float(v)
+    return cls(**values)
+
+
+def params_for(cls: type[P], chip: ChipSpec) -> P:
+    return parse_params(cls, chip.execution, f"chips/{chip.name}.toml: execution")

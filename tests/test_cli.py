@@ -119,3 +119,17 @@ def test_models_and_clusters_listings():
 def test_unknown_option_is_one_line():
     r = run("simulate", "--bogus")
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_ablate_table():
+    r = run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--ablate")
+    assert r.exit_code == 0, r.stderr
+    lines = r.output.splitlines()
+    variants = [ln.split("  ")[0] for ln in lines[3:]]
+    assert variants[0] == "all optimizations" and variants[-1] == "unfused baseline"
+    assert lines[-1].split()[-2] == "1.00x"  # the baseline is its own reference
+
+
+def test_simulate_ablate_needs_an_rdu_cluster():
+    r = run("simulate", "--cluster", "dgx-h100", "--ablate")
+    assert r.exit_code == 2 and "dataflow" in r.stderr

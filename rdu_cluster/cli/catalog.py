@@ -28,8 +28,8 @@ def models(as_json: bool) -> None:
                 "attention": spec.attention.kind if spec.attention else "none",
                 "moe": f"{spec.moe.top_k}/{spec.moe.num_experts}" if spec.moe else "",
                 "total_params": params.total_params(spec),
-                "active_params": params.active_params(spec),
-                "weights_dtype": spec.precision.weights.value,
+                "active_params": params.active_params(spec, input_embedding=False),
+                "weights_dtype": _weights(spec),
             }
         )
     if as_json:
@@ -61,6 +61,15 @@ def models(as_json: bool) -> None:
         for r in rows
     ]
     click.echo(text_table(header, body))
+    click.echo("active: parameters a token's forward pass multiplies by, without the input-"
+               "embedding table (a lookup)")
+
+
+def _weights(spec) -> str:
+    p = spec.precision
+    if p.expert_weights and p.expert_weights != p.weights:
+        return f"{p.weights.value}, experts {p.expert_weights.value}"
+    return p.weights.value
 
 
 @click.command()

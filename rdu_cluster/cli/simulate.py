@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import click
-from workloads.catalog import load_model
 
 from rdu_cluster import results
+from rdu_cluster.ablate import ablate as run_ablation
+from rdu_cluster.ablate import format_ablation
 from rdu_cluster.config import load_cluster
 from rdu_cluster.estimate import estimate
 from rdu_cluster.report import side_by_side
+from workloads.catalog import load_model
 from workloads.dtypes import DType, Precision
+from workloads.errors import ConfigError
 
 DEFAULT_MODEL = "llama-3.1-70b"
 DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
@@ -43,6 +46,12 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
 @click.option("--kv-dtype", default=None, help="KV-cache dtype [default: the model's].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per result line.")
 @click.option("--out", "out_path", default=None, help="Write the results (.parquet or .arrow).")
+@click.option(
+    "--ablate",
+    is_flag=True,
+    help="RDU clusters: each dataflow optimization off in turn, all off, and the "
+    "unfused host-orchestrated baseline.",
+)
 def simulate(
     model_ref,
     cluster_refs,
@@ -54,10 +63,14 @@ def simulate(
     kv_dtype,
     as_json,
     out_path,
+    ablate,
 ) -> None:
     """Estimate decode and prefill of MODEL on each CLUSTER."""
     spec = _with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     clusters = [load_cluster(c) for c in (cluster_refs or DEFAULT_CLUSTERS)]
+    if ablate:
+        click.echo(_ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp))
+        return
     rows, estimates = [], []
     for cluster in clusters:
         est = estimate(spec, cluster, batch=batch, prompt_len=prompt_len, gen_len=gen_len, tp=tp)
@@ -67,6 +80,19 @@ def simulate(
     if out_path:
         results.write_table(tbl, out_path)
     click.echo(results.json_lines(tbl) if as_json else side_by_side(estimates, clusters))
+
+
+def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp) -> str:
+    rdu = [c for c in clusters if c.chip.execution_model == "dataflow"]
+    if not rdu:
+        names = ", ".join(c.name for c in clusters)
+        raise ConfigError(f"--ablate: needs an RDU (dataflow) cluster; got {names}")
+    tables = []
+    for c in rdu:
+        title = f"{spec.name} on {c.name}: batch {batch}, prompt {prompt_len}, gen {gen_len}"
+        rows = run_ablation(spec, c, batch, prompt_len, gen_len, tp)
+        tables.append(format_ablation(rows, title))
+    return "\n\n".join(tables)
 
 
 def _with_dtypes(spec, weights: str | None, kv: str | None):

@@ -1,0 +1,68 @@
+"""A ledger that books every second of a step twice: once by cause, once by op class.
+
+Execution models add time only through `Ledger.add`, which books the same amount under one
+cause and one class, so `by_cause` and `by_class` each add up to the total by construction.
+Time no op class owns (per-step host work, pipeline fill of a whole call) is booked under the
+class "overhead".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from chip.cost import CAUSES, StepCost
+from workloads.ops import Graph, Work
+
+OVERHEAD = "overhead"
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.by_cause: dict[str, np.ndarray] = {}
+        self.by_class: dict[str, np.ndarray] = {}
+
+    def add(self, cause: str, cls: str, seconds: Work) -> None:
+        if cause not in CAUSES:
+            raise ValueError(f"unknown cause {cause!r}")
+        t = np.asarray(seconds, dtype=float)
+        self.by_cause[cause] = self.by_cause.get(cause, 0.0) + t
+        self.by_class[cls] = self.by_class.get(cls, 0.0) + t
+
+    def split(self, cls: str, seconds: Work, shares: Mapping[str, Work]) -> None:
+        """Book `seconds` under class `cls`, split over causes in proportion to `shares`
+        (any non-negative weights; where they are all zero the time goes to the first)."""
+        t = np.asarray(seconds, dtype=float)
+        weights = {k: np.asarray(v, dtype=float) for k, v in shares.items()}
+        total = sum(weights.values(), np.zeros(()))
+        first = next(iter(weights))
+        for cause, w in weights.items():
+            frac = np.divide(w, total, out=np.zeros(np.broadcast(w, total).shape), where=total > 0)
+            if cause == first:
+                frac = np.where(total > 0, frac, 1.0)
+            self.add(cause, cls, t * frac)
+
+    def total(self) -> np.ndarray:
+        return sum(self.by_class.values(), np.zeros(()))
+
+    def cost(self, graph: Graph, **fields) -> StepCost:
+        return StepCost(
+            time_s=self.total(),
+            by_cause=dict(self.by_cause),
+            by_class=dict(self.by_class),
+            useful_hbm_bytes=useful_hbm_bytes(graph),
+            flops=graph.total("flops"),
+            **fields,
+        )
+
+
+def useful_hbm_bytes(graph: Graph) -> Work:
+    """The bytes a step must read from HBM at least once: weights and the KV cache (or state).
+    The same definition as the roofline model, so utilizations compare."""
+    return graph.total("weight_bytes") + graph.total("kv_read_bytes")
+
+
+def hbm_utilization(cost: StepCost, peak_bytes_per_s: float) -> np.ndarray:
+    """Achieved HBM bandwidth utilization: useful bytes / (step time x peak bandwidth)."""
+    return np.asarray(cost.useful_hbm_bytes) / (np.asarray(cost.time_s) * peak_bytes_per_s)

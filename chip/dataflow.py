@@ -1,0 +1,379 @@
+"""Dataflow execution (RDU): a whole decoder layer is one kernel whose ops run as a pipeline.
+
+A fused kernel costs about the maximum over its resources -- the HBM stream (weights, KV cache,
+spilled activations), compute, and P2P bandwidth of collectives streamed inside the kernel --
+plus the latency of its dependency chain (pipeline fill and drain: each op's stage latency and
+each collective's latency) plus, per kernel call, synchronization and launch. Intermediates stay
+in on-chip SRAM and spill to HBM only when they do not fit.
+
+Toggles (DataflowOptions), all on by default; see docs/execution_models.md:
+- kernel_looping: the `repeat` calls of a layer kernel become one call with a pipelined outer
+  loop: per-call sync, argument load and HBM refill are paid once per block, and the next layer's
+  weight stream runs during the current layer's dependency stalls (as far as SRAM can buffer it).
+- batch_streaming: the sequences of a batch stream through the layer pipeline one after another,
+  so the matrix phases of one sequence overlap the attention of another (max over resources of
+  the layer, not a sum over its phases) and only a sequence's intermediates need SRAM.
+- schedule_offloading: kernel calls are sequenced by the on-chip orchestrator (AGCU) instead of
+  the host, and the per-token host work (sampling hand-off, stop checks, step loop) vanishes.
+- fused=False: the unfused, host-orchestrated baseline of [MICRO24] when combined with
+  schedule_offloading=False: one op a kernel, each with its own program load, its intermediates
+  through HBM, its collectives as separate kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from chip import efficiency
+from chip.breakdown import OVERHEAD, Ledger
+from chip.cost import StepCost
+from chip.execution import CommTime, params_for, parse_params, register
+from chip.spec import ChipSpec
+from workloads.errors import ConfigError
+from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass
+
+ATTENTION_LIKE = {OpClass.ATTENTION, OpClass.LINEAR_ATTENTION}
+
+
+@dataclass(frozen=True)
+class DataflowOptions:
+    kernel_looping: bool = True
+    batch_streaming: bool = True
+    schedule_offloading: bool = True
+    fused: bool = True
+
+
+UNFUSED_BASELINE = DataflowOptions(False, False, False, False)
+
+
+@dataclass(frozen=True)
+class DataflowParams:
+    hbm_efficiency: float
+    compute_efficiency: float
+    hbm_latency_s: float
+    op_latency_s: float
+    call_sync_s: float
+    argument_load_s: float
+    program_load_s: float
+    host_command_s: float
+    device_command_s: float
+    host_step_s: float
+    sram_activation_fraction: float
+
+
+@dataclass(frozen=True)
+class _Res:
+    """One pipelined region's resource demands (seconds at sustained rates) and bytes."""
+
+    hbm: Any
+    compute: Any
+    p2p: Any
+    weights: Any
+    kv: Any
+    spill: Any
+
+
+class Dataflow:
+    name = "dataflow"
+
+    def check_params(self, table: Mapping[str, Any], where: str) -> None:
+        parse_params(DataflowParams, table, where)
+
+    def step_cost(
+        self, graph: Graph, chip: ChipSpec, comm_time: CommTime, options: Any = None
+    ) -> StepCost:
+        opts = _options(options)
+        p = params_for(DataflowParams, chip)
+        ctx = _Ctx(chip, p, comm_time, opts, np.asarray(graph.shape.batch, dtype=float))
+        ledger = Ledger()
+        calls = 0.0
+        if opts.fused:
+            for segment in _segments(graph.blocks, opts.kernel_looping):
+                looped = opts.kernel_looping and sum(b.repeat for b in segment) > 1
+                for i, block in enumerate(segment):
+                    calls += _fused_block(ledger, block, ctx, looped, head=i == 0)
+        else:
+            for block in graph.blocks:
+                calls += _unfused_block(ledger, block, ctx)
+        if not opts.schedule_offloading:
+            ledger.add("host", OVERHEAD, p.host_step_s)
+        return ledger.cost(graph, kernels=np.asarray(calls, dtype=float))
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    chip: ChipSpec
+    p: DataflowParams
+    comm_time: CommTime
+    opts: DataflowOptions
+    batch: np.ndarray
+
+    @property
+    def bw(self) -> float:
+        return self.chip.hbm.bandwidth_bytes_per_s
+
+    @property
+    def command_s(self) -> float:
+        return self.p.device_command_s if self.opts.schedule_offloading else self.p.host_command_s
+
+    @property
+    def sram_budget(self) -> float:
+        return self.p.sram_activation_fraction * self.chip.tier("sram").capacity_bytes
+
+
+def _options(options: Any) -> DataflowOptions:
+    if options is None:
+        return DataflowOptions()
+    if not isinstance(options, DataflowOptions):
+        raise ConfigError(
+            f"options: the dataflow model takes DataflowOptions, got {type(options).__name__}"
+        )
+    return options
+
+
+def _program(block: Block) -> tuple:
+    """What identifies a kernel's program: its ops' names and classes (not their sizes)."""
+    return tuple((op.name, op.cls) for op in block.ops)
+
+
+def _segments(blocks: tuple[Block, ...], looping: bool) -> list[list[Block]]:
+    """The kernel calls' grouping. Without kernel looping every block is its own segment (each
+    of its layers a call). With it, a run of layer blocks whose programs repeat with a period
+    (a hybrid's 3 linear-attention layers + 1 full-attention layer, 12 times) is one looped
+    call whose body is one period; a run that does not repeat splits into its blocks."""
+    if not looping:
+        return [[b] for b in blocks]
+    segments: list[list[Block]] = []
+    run: list[Block] = []
+    for block in [*blocks, None]:
+        if block is not None and block.first_layer >= 0:
+            run.append(block)
+            continue
+        if run:
+            segments += [run] if _periodic([_program(b) for b in run]) else [[b] for b in run]
+            run = []
+        if block is not None:
+            segments.append([block])
+    return segments
+
+
+def _periodic(programs: list[tuple]) -> bool:
+    n = len(programs)
+    return n == 1 or any(
+        n % period == 0 and all(programs[i] == programs[i - period] for i in range(period, n))
+        for period in range(1, n // 2 + 1)
+    )
+
+
+# ---- fused: one kernel per layer -------------------------------------------------------------
+
+
+def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bool) -> float:
+    """One block of layer kernels. `looped`: part of a kernel-looping call; `head`: its first
+    block (which pays the call's launch, program load and first pipeline fill)."""
+    p, r = ctx.p, block.repeat
+    ops = [op for op in block.ops if op.cls is not OpClass.COLLECTIVE]
+    colls = [op.comm for op in block.ops if op.cls is OpClass.COLLECTIVE]
+    coll_latency = sum((_latency(c, ctx) for c in colls), np.zeros(()))
+    phases = _phases(block.ops) if not ctx.opts.batch_streaming else [list(block.ops)]
+    spill = _spill(ops, ctx)
+    act_total = sum((op.act_out_bytes for op in ops), 0.0)
+    pipe, hbm, data = np.zeros(()), np.zeros(()), np.zeros(())
+    for phase in phases:
+        share = _share(
+            sum((op.act_out_bytes for op in phase if op.cls is not OpClass.COLLECTIVE), 0.0),
+            act_total,
+        )
+        res = _resources(phase, ctx, spill * share)
+        pipe = pipe + _book_pipe(ledger, phase, res, r) / r
+        hbm = hbm + res.hbm
+        data = data + np.maximum(res.compute, res.p2p)
+    chain = len(ops) * p.op_latency_s + coll_latency
+    exposed = chain
+    if looped:
+        # The looped kernel decouples the HBM stream from the data path: the next layer's
+        # (data-independent) weights stream during this layer's dependency stalls, as far ahead
+        # as the SRAM left for stream buffers allows. A layer then costs the longer of its HBM
+        # stream and its data path (compute or P2P, plus the chain), but no less than the
+        # unlooped time minus what the buffers can absorb. The first layer pays the full chain.
+        buffer_s = (
+            (1.0 - p.sram_activation_fraction)
+            * ctx.chip.tier("sram").capacity_bytes
+            / (p.hbm_efficiency * ctx.bw)
+        )
+        steady = np.maximum(np.maximum(hbm, data + chain), pipe + chain - buffer_s)
+        steady = np.maximum(steady, pipe)  # it hides the chain, not the phases' serialization
+        full = 1 if head else 0  # the loop's first layer pays its whole chain
+        exposed = (full * chain + (r - full) * (steady - pipe)) / r
+    _book_chain(ledger, ops, colls, ctx, r * exposed / np.maximum(chain, 1e-300))
+    ncalls = (1 if head else 0) if looped else r
+    reload = head or not looped
+    barrier = max((_barrier(c, ctx) for c in colls), key=np.max, default=np.zeros(()))
+    ledger.add("pipeline_fill", OVERHEAD, ncalls * p.hbm_latency_s)
+    ledger.add("synchronization", OVERHEAD, ncalls * (p.call_sync_s + barrier))
+    # Commands per call: argument load and execute, and a program load: a layer kernel fills the
+    # chip, so a call of another kernel (the prologue, the epilogue, the other layer type of a
+    # hybrid) evicts it, and each step's first layer call reloads it. Consecutive calls of one
+    # layer kernel keep it.
+    launch = ncalls * (p.argument_load_s + 2 * ctx.command_s)
+    if reload and ncalls:
+        launch = launch + p.program_load_s + ctx.command_s
+    ledger.add("launch", OVERHEAD, launch)
+    return float(ncalls)
+
+
+def _phases(ops: tuple[Op, ...]) -> list[list[Op]]:
+    """Without batch streaming, the batch moves through the layer as one unit: its matrix phases
+    and its attention phase run one after the other. A phase is a maximal run of attention-like
+    ops, or of the ops between them."""
+    phases: list[list[Op]] = []
+    for op in ops:
+        kind = op.cls in ATTENTION_LIKE
+        if phases and (phases[-1][0].cls in ATTENTION_LIKE) == kind:
+            phases[-1].append(op)
+        else:
+            phases.append([op])
+    return phases
+
+
+def _spill(ops: list[Op], ctx: _Ctx):
+    """HBM bytes for intermediates that do not fit SRAM (written and read back once). Without
+    batch streaming all sequences' intermediates are in flight; with it, one sequence's."""
+    footprint = sum((op.act_out_bytes for op in ops), 0.0)
+    if ctx.opts.batch_streaming:
+        footprint = footprint / np.maximum(ctx.batch, 1.0)
+    return 2.0 * np.maximum(0.0, np.asarray(footprint) - ctx.sram_budget)
+
+
+def _resources(ops, ctx: _Ctx, spill) -> _Res:
+    p = ctx.p
+    compute_ops = [op for op in ops if op.cls is not OpClass.COLLECTIVE]
+    weights = sum((op.weight_bytes for op in compute_ops), 0.0)
+    kv = sum((op.kv_read_bytes + op.kv_write_bytes for op in compute_ops), 0.0)
+    hbm = efficiency.stream_time(weights + kv + spill, ctx.bw, p.hbm_efficiency)
+    compute = sum(
+        (
+            efficiency.stream_time(op.flops, ctx.chip.flops(op.flop_dtype), p.compute_efficiency)
+            for op in compute_ops
+        ),
+        np.zeros(()),
+    )
+    p2p = sum(
+        (_bandwidth_part(op.comm, ctx) for op in ops if op.cls is OpClass.COLLECTIVE),
+        np.zeros(()),
+    )
+    return _Res(hbm, compute, p2p, weights, kv, spill)
+
+
+def _book_pipe(ledger: Ledger, ops, res: _Res, r: int):
+    """Book r x max(resources) of one pipelined region: to the binding resource by cause, and to
+    op classes in proportion to each op's own demand on that resource."""
+    t = r * np.maximum(np.maximum(res.hbm, res.compute), res.p2p)
+    hbm_bound = (res.hbm >= res.compute) & (res.hbm >= res.p2p)
+    comp_bound = ~hbm_bound & (res.compute >= res.p2p)
+    p2p_bound = ~hbm_bound & ~comp_bound
+    by_cls: dict[str, Any] = {}
+    for op in ops:
+        if op.cls is OpClass.COLLECTIVE:
+            demand = np.where(p2p_bound, 1.0, 0.0)
+        else:
+            mem = op.weight_bytes + op.kv_read_bytes + op.kv_write_bytes + op.act_out_bytes
+            demand = np.where(hbm_bound, mem, np.where(comp_bound, op.flops, 0.0))
+        by_cls[op.cls.value] = by_cls.get(op.cls.value, 0.0) + np.asarray(demand, dtype=float)
+    total = sum(by_cls.values(), np.zeros(()))
+    for cls, demand in by_cls.items():
+        frac = np.divide(
+            demand, total, out=np.zeros(np.broadcast(demand, total).shape), where=total > 0
+        )
+        if cls == next(iter(by_cls)):
+            frac = np.where(total > 0, frac, 1.0)
+        zero = np.zeros(np.shape(t))
+        ledger.split(
+            cls,
+            t * frac,
+            {
+                "weight_streaming": np.where(hbm_bound, res.weights, zero),
+                "kv_streaming": np.where(hbm_bound, res.kv, zero),
+                "activations": np.where(hbm_bound, res.spill, zero),
+                "compute": np.where(comp_bound, 1.0, zero),
+                "communication": np.where(p2p_bound, 1.0, zero),
+            },
+        )
+    return t
+
+
+def _book_chain(ledger: Ledger, ops, colls, ctx: _Ctx, scale) -> None:
+    """Pipeline fill and drain: each op's stage latency and each collective's latency, scaled by
+    the exposed fraction (times the number of layers)."""
+    for op in ops:
+        ledger.add("pipeline_fill", op.cls.value, scale * ctx.p.op_latency_s)
+    for c in colls:
+        ledger.add("communication", OpClass.COLLECTIVE.value, scale * _latency(c, ctx))
+
+
+# ---- unfused baseline: one op a kernel --------------------------------------------------------
+
+
+def _unfused_block(ledger: Ledger, block: Block, ctx: _Ctx) -> float:
+    """[MICRO24]'s unfused baseline: every op is a kernel call with its own program; its inputs
+    come from and its outputs go to HBM; a collective is a kernel that moves its data P2P."""
+    p, r = ctx.p, block.repeat
+    for op in block.ops:
+        cls = op.cls.value
+        if op.cls is OpClass.COLLECTIVE:
+            ledger.add("communication", cls, r * np.asarray(ctx.comm_time(op.comm), dtype=float))
+        else:
+            act = op.act_in_bytes + op.act_out_bytes
+            res = _Res(
+                efficiency.stream_time(
+                    op.weight_bytes + op.kv_read_bytes + op.kv_write_bytes + act,
+                    ctx.bw,
+                    p.hbm_efficiency,
+                ),
+                efficiency.stream_time(
+                    op.flops, ctx.chip.flops(op.flop_dtype), p.compute_efficiency
+                ),
+                np.zeros(()),
+                op.weight_bytes,
+                op.kv_read_bytes + op.kv_write_bytes,
+                act,
+            )
+            _book_pipe(ledger, [op], res, r)
+            ledger.add("pipeline_fill", cls, r * (p.hbm_latency_s + p.op_latency_s))
+        ledger.add("synchronization", cls, r * p.call_sync_s)
+        launch = p.program_load_s + p.argument_load_s + 3 * ctx.command_s
+        ledger.add("launch", cls, r * launch)
+    return float(r * len(block.ops))
+
+
+# ---- collectives: latency (alpha) and bandwidth (beta) parts ---------------------------------
+
+
+def _latency(c: Collective, ctx: _Ctx):
+    """The part of a collective's time that does not depend on its size: on the critical path of
+    a pipelined kernel. Taken from the interconnect's own cost of an empty message."""
+    return np.asarray(ctx.comm_time(replace(c, bytes=0.0)), dtype=float)
+
+
+def _bandwidth_part(c: Collective, ctx: _Ctx):
+    """The size-dependent part: streamed over P2P concurrently with the rest of the kernel."""
+    return np.maximum(0.0, np.asarray(ctx.comm_time(c), dtype=float) - _latency(c, ctx))
+
+
+def _barrier(c: Collective, ctx: _Ctx):
+    """A kernel call's end is a barrier across the sockets of its group: an empty all-reduce."""
+    return np.asarray(
+        ctx.comm_time(Collective(CollectiveKind.ALL_REDUCE, 0.0, c.group, c.size)), dtype=float
+    )
+
+
+def _share(part, total):
+    part, total = np.asarray(part, dtype=float), np.asarray(total, dtype=float)
+    return np.divide(part, total, out=np.zeros(np.broadcast(part, total).shape), where=total > 0)
+
+
+register(Dataflow())

@@ -1,0 +1,238 @@
+"""Kernel-by-kernel execution (GPU): ops fuse into kernels of 1 to `max_ops_per_kernel` ops by
+the usual GPU rules, and kernels run one after another.
+
+Per kernel: max(memory time, compute time) on the size-dependent efficiency curve of
+`chip.efficiency`, where memory traffic includes the kernel's input and output activations (a
+kernel's intermediates round-trip through HBM; only the ops fused inside it keep theirs on chip).
+Each kernel boundary costs a device-side gap (synchronization). The host issues kernels
+asynchronously; whatever issue time the GPU's own work does not cover is exposed as launch time.
+A per-step host overhead (scheduling, sampling, input preparation) is paid every step. CUDA
+graphs replace per-kernel host launches with one graph launch per step and shrink the gap.
+Collectives are separate NCCL kernels; with `overlap_comm` they hide behind the other kernels of
+their block. Parameters and their sources: `[execution]` of each GPU chip TOML;
+interpretation: docs/execution_models.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from chip import efficiency
+from chip.breakdown import OVERHEAD, Ledger
+from chip.cost import StepCost
+from chip.execution import CommTime, params_for, parse_params, register
+from chip.spec import ChipSpec
+from workloads.errors import ConfigError
+from workloads.ops import Block, Graph, Op, OpClass
+
+# Ops with weights: each is a GEMM (or gather) kernel of its own, never fused with another.
+WEIGHTED = {OpClass.MATMUL, OpClass.EXPERT, OpClass.LM_HEAD, OpClass.EMBEDDING}
+# Ops that reduce over a whole row (norms, top-k / argmax): they cannot be the epilogue of a GEMM
+# or attention kernel, whose thread blocks each see only a tile of the row.
+ROW_REDUCTION = {OpClass.NORM, OpClass.SAMPLING}
+# Attention-like ops fuse with each other (FlashAttention / FlashDecoding: score, softmax and
+# value product in one kernel; a recurrent-state scan likewise).
+FUSED_FAMILIES = (frozenset({OpClass.ATTENTION}), frozenset({OpClass.LINEAR_ATTENTION}))
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    cuda_graphs: bool = False
+    overlap_comm: bool = False
+
+
+@dataclass(frozen=True)
+class GpuParams:
+    max_ops_per_kernel: float
+    hbm_efficiency: float
+    compute_efficiency: float
+    kernel_latency_s: float
+    kernel_gap_s: float
+    graph_kernel_gap_s: float
+    launch_host_s: float
+    graph_launch_s: float
+    nccl_overhead_s: float
+    host_step_s: float
+
+
+@dataclass(frozen=True)
+class Kernel:
+    ops: tuple[Op, ...]
+
+    @property
+    def anchor(self) -> Op:
+        """The op that names the kernel: its first weighted or attention op, else its first."""
+        for op in self.ops:
+            if op.cls not in (OpClass.ELEMENTWISE, OpClass.NORM):
+                return op
+        return self.ops[0]
+
+    @property
+    def is_collective(self) -> bool:
+        return self.ops[0].cls is OpClass.COLLECTIVE
+
+    def activation_bytes(self):
+        """HBM traffic for activations: the first op's inputs, the last op's outputs, any input
+        of a fused op beyond what the ops before it produced on chip (a residual, a gate), and
+        outputs of horizontally fused GEMMs that no later op of the kernel consumes."""
+        total = np.asarray(self.ops[0].act_in_bytes) + self.ops[-1].act_out_bytes
+        on_chip = np.asarray(self.ops[0].act_out_bytes)
+        for prev, op in zip(self.ops, self.ops[1:]):
+            if _siblings(prev, op):  # shares prev's input; both outputs stay on chip for now
+                on_chip = on_chip + op.act_out_bytes
+                continue
+            total = total + np.maximum(0.0, op.act_in_bytes - on_chip)
+            total = total + np.maximum(0.0, on_chip - op.act_in_bytes)  # unconsumed: written
+            on_chip = np.asarray(op.act_out_bytes)
+        return total
+
+
+def _siblings(prev: Op, op: Op) -> bool:
+    """Horizontal fusion: GEMMs of one class reading the same input (q/k/v, gate/up) run as one
+    GEMM over their concatenated weights, as serving stacks do (fused QKV, merged gate-up)."""
+    return (
+        op.cls in (OpClass.MATMUL, OpClass.EXPERT)
+        and prev.cls is op.cls
+        and bool(np.all(np.asarray(prev.act_in_bytes) == np.asarray(op.act_in_bytes)))
+    )
+
+
+def fuse(ops: tuple[Op, ...], max_ops: int) -> list[Kernel]:
+    """Group one block's ops, in order, into kernels by the usual GPU fusion rules."""
+    kernels: list[list[Op]] = []
+    for op in ops:
+        cur = kernels[-1] if kernels else None
+        if cur is None or not _joins(cur, op, max_ops):
+            kernels.append([op])
+        else:
+            cur.append(op)
+    return [Kernel(tuple(k)) for k in kernels]
+
+
+def _joins(cur: list[Op], op: Op, max_ops: int) -> bool:
+    if len(cur) >= max_ops or op.cls is OpClass.COLLECTIVE or cur[0].cls is OpClass.COLLECTIVE:
+        return False
+    if op.cls in WEIGHTED:
+        return all(_siblings(a, b) for a, b in zip(cur, [*cur[1:], op]))
+    if op.cls is OpClass.ROUTER or cur[-1].cls is OpClass.ROUTER:
+        return cur[-1].cls is OpClass.ROUTER and op.cls is OpClass.ROUTER  # top-k after gate
+    classes = {o.cls for o in cur}
+    for family in FUSED_FAMILIES:
+        if op.cls in family:
+            return classes <= family | {OpClass.ELEMENTWISE, OpClass.NORM} and bool(
+                classes & family
+            )
+    if op.cls in ROW_REDUCTION:
+        heavy = WEIGHTED | {OpClass.ATTENTION, OpClass.LINEAR_ATTENTION}
+        return not (classes & heavy)
+    return True  # elementwise: an epilogue of whatever kernel is open
+
+
+class KernelByKernel:
+    name = "kernel_by_kernel"
+
+    def check_params(self, table: Mapping[str, Any], where: str) -> None:
+        params = parse_params(GpuParams, table, where)
+        if params.max_ops_per_kernel < 1 or params.max_ops_per_kernel != int(
+            params.max_ops_per_kernel
+        ):
+            raise ConfigError(f"{where}.max_ops_per_kernel: expected an integer >= 1")
+
+    def step_cost(
+        self, graph: Graph, chip: ChipSpec, comm_time: CommTime, options: Any = None
+    ) -> StepCost:
+        opts = _options(options)
+        p = params_for(GpuParams, chip)
+        ledger = Ledger()
+        gap = p.graph_kernel_gap_s if opts.cuda_graphs else p.kernel_gap_s
+        n_kernels = 0.0
+        kernels_by_class: dict[str, float] = {}
+        for block in graph.blocks:
+            kernels = fuse(block.ops, int(p.max_ops_per_kernel))
+            _cost_block(ledger, block, kernels, chip, p, gap, comm_time, opts)
+            n_kernels += block.repeat * len(kernels)
+            for k in kernels:
+                cls = k.anchor.cls.value
+                kernels_by_class[cls] = kernels_by_class.get(cls, 0.0) + block.repeat
+        _host(ledger, p, opts, n_kernels, kernels_by_class)
+        return ledger.cost(graph, kernels=np.asarray(n_kernels, dtype=float))
+
+
+def _options(options: Any) -> GpuOptions:
+    if options is None:
+        return GpuOptions()
+    if not isinstance(options, GpuOptions):
+        raise ConfigError(
+            f"options: the kernel_by_kernel model takes GpuOptions, got {type(options).__name__}"
+        )
+    return options
+
+
+def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_time, opts) -> None:
+    r = block.repeat
+    bw = chip.hbm.bandwidth_bytes_per_s
+    comm_total, busy_total = np.zeros(()), np.zeros(())
+    comm_parts = []
+    for k in kernels:
+        cls = k.anchor.cls.value
+        ledger.add("synchronization", cls, r * gap)
+        if k.is_collective:
+            t = r * (np.asarray(comm_time(k.ops[0].comm), dtype=float) + p.nccl_overhead_s)
+            comm_parts.append(t)
+            comm_total = comm_total + t
+            continue
+        weights = sum((o.weight_bytes for o in k.ops), 0.0)
+        kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
+        act = k.activation_bytes()
+        t_mem = efficiency.stream_time(weights + kv + act, bw, p.hbm_efficiency, p.kernel_latency_s)
+        t_cmp = sum(
+            (
+                efficiency.stream_time(o.flops, chip.flops(o.flop_dtype), p.compute_efficiency)
+                for o in k.ops
+            ),
+            np.zeros(()),
+        )
+        t = r * np.maximum(t_mem, t_cmp)
+        busy_total = busy_total + t
+        memory_bound = t_mem >= t_cmp
+        zero = np.zeros(np.shape(t))
+        ledger.split(
+            cls,
+            t,
+            {
+                "weight_streaming": np.where(memory_bound, weights, zero),
+                "kv_streaming": np.where(memory_bound, kv, zero),
+                "activations": np.where(memory_bound, act, zero),
+                "compute": np.where(memory_bound, zero, 1.0),
+            },
+        )
+    if comm_parts:
+        # Overlap hides a block's collectives behind its other kernels (an upper bound: it needs
+        # independent work, e.g. two micro-batches, which the data dependence of one token lacks).
+        exposed = np.maximum(0.0, comm_total - busy_total) if opts.overlap_comm else comm_total
+        scale = np.divide(
+            exposed, comm_total, out=np.zeros(np.shape(exposed)), where=comm_total > 0
+        )
+        ledger.add("communication", OpClass.COLLECTIVE.value, comm_total * scale)
+
+
+def _host(ledger, p: GpuParams, opts: GpuOptions, n_kernels: float, by_class) -> None:
+    """Host time that the GPU's own work does not cover."""
+    ledger.add("host", OVERHEAD, p.host_step_s)
+    if opts.cuda_graphs:
+        ledger.add("launch", OVERHEAD, p.graph_launch_s)
+        return
+    # Asynchronous issue: the host runs ahead while the GPU works, so launch time is exposed
+    # only where issuing all kernels takes longer than running them (plus the first launch,
+    # which nothing covers).
+    gpu = ledger.total() - p.host_step_s
+    exposed = p.launch_host_s + np.maximum(0.0, n_kernels * p.launch_host_s - gpu)
+    for cls, count in by_class.items():
+        ledger.add("launch", cls, exposed * count / n_kernels)
+
+
+register(KernelByKernel())

@@ -1,0 +1,321 @@
+"""Socket: one accelerator socket with its memory tiers, what is resident in them, and its
+execution model, answering coarse commands.
+
+Commands (the same in every backend; see rdu_cluster/backends/messages.py for the wire form):
+- `apply(ops)`: load / evict / resize / move named regions; returns the copy time of the moves;
+- `cost(spans)`: per-step vectors for a window of spans (each a run of steps with a fixed batch
+  composition), one vectorized cost evaluation per distinct composition, never an op-by-op loop;
+- `occupancy()`, `checkpoint()`, `restore(state)`, `set_degradation(factor, comm_factor)`.
+
+Decode cost tables. A decode step of batch b at contexts c_1..c_b is costed at the mean context
+sum(c)/b (exact for every term linear in context: KV streaming and attention FLOPs of full
+attention). A span adds b to the context sum each step, so its steps read a table indexed by the
+integer context sum S: row S holds the cost of StepShape.decode(b, S / b). Tables fill lazily in
+chunks of CHUNK consecutive sums, each chunk ONE step_graph + step_cost evaluation over an array
+of CHUNK contexts; a lookup is then a strided slice. The value at S does not depend on which span
+asked first, so results are the same in every backend and after a restart.
+
+Per-step rows are ROWS = ("time_s", *CAUSES, "comm_bytes"): total time, its partition by cause,
+and the bytes this socket sends over its links in the step (not a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from chip import execution
+from chip.cost import CAUSES, StepCost
+from chip.memory import MemoryTiers
+from chip.spec import ChipSpec
+from workloads import graph as graphs
+from workloads.ops import Block, Collective, Graph, Shard, StepShape, Work
+from workloads.spec import ModelSpec
+
+CommTime = Callable[[Collective], Work]
+ROWS = ("time_s", *CAUSES, "comm_bytes")
+COMM_ROW = ROWS.index("communication")
+CHUNK = 4096  # context sums per table chunk: one evaluation covers 4096 / b decode steps
+
+# Span kinds (a span is one row of the arrays in `Spans`).
+DECODE, PREFILL, MIXED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Program:
+    """What one socket runs: its shard of the model and, with pipeline stages, its layers
+    [first, last) (None: all). `group` lists the sockets it synchronizes with each step."""
+
+    model: ModelSpec
+    shard: Shard
+    stage: int = 0
+    stages: int = 1
+    layers: tuple[int, int] | None = None
+    group: tuple[int, ...] = ()
+    execution_model: str | None = None
+    options: Any = None
+
+    def key(self) -> tuple:
+        """Identity of the cost function: sockets with equal keys cost equal steps equally."""
+        shard = replace(self.shard, expert_load=1.0)
+        return (self.model.name, shard, self.layers, self.execution_model, repr(self.options))
+
+    def graph(self, shape: StepShape, expert_load: Work = 1.0) -> Graph:
+        shard = (
+            self.shard
+            if np.ndim(expert_load) == 0 and expert_load == 1.0
+            else replace(self.shard, expert_load=expert_load)
+        )
+        g = graphs.step_graph(self.model, shape, shard)
+        return g if self.layers is None else _stage_blocks(g, *self.layers)
+
+
+def _stage_blocks(g: Graph, first: int, last: int) -> Graph:
+    """The blocks of layers [first, last), the prologue with the first stage and the epilogue
+    with the last (blocks with first_layer -1: before any layer block or after all of them)."""
+    out: list[Block] = []
+    seen_layer = False
+    n_layers = g.blocks and max(b.first_layer + b.repeat for b in g.blocks if b.first_layer >= 0)
+    for b in g.blocks:
+        if b.first_layer < 0:
+            if (not seen_layer and first == 0) or (seen_layer and last >= n_layers):
+                out.append(b)
+            continue
+        seen_layer = True
+        lo, hi = max(first, b.first_layer), min(last, b.first_layer + b.repeat)
+        if hi > lo:
+            out.append(replace(b, repeat=hi - lo, first_layer=lo))
+    return g.with_blocks(tuple(out))
+
+
+@dataclass(frozen=True)
+class Spans:
+    """A window of spans as columns. Decode spans: `batch` sequences, `steps` steps, context sum
+    `ctx_sum` at the first step. Prefill spans (1 step): `pre_seqs` sequences bring `pre_tokens`
+    new tokens on top of `pre_prefix` cached ones. Mixed (1 step): both parts in one step.
+    `expert_load`: per step, this socket's routed-expert load / mean (empty: 1 everywhere)."""
+
+    kind: np.ndarray
+    steps: np.ndarray
+    batch: np.ndarray
+    ctx_sum: np.ndarray
+    pre_seqs: np.ndarray
+    pre_tokens: np.ndarray
+    pre_prefix: np.ndarray
+    expert_load: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.steps.sum())
+
+
+class Socket:
+    def __init__(
+        self,
+        index: int,
+        chip: ChipSpec,
+        program: Program,
+        comm_time: CommTime,
+        tables: CostTables | None = None,
+    ):
+        self.index = index
+        self.chip = chip
+        self.program = program
+        self.memory = MemoryTiers.of(chip)
+        self.tables = tables or CostTables(chip, program, comm_time)
+        self.degradation = 1.0  # compute/memory time multiplier (a degraded socket: > 1)
+        self.comm_degradation = 1.0  # communication time multiplier (degraded or failed links)
+        self.failed = False
+        self.seq = -1  # last command applied: a replayed command is not applied twice
+        self.last_moves = np.zeros(0)
+
+    # -- memory ---------------------------------------------------------------------------
+    def apply(self, ops: Iterable[list]) -> float:
+        """Region ops: ["alloc", name, tier, bytes, kind], ["resize", name, bytes],
+        ["free", name], ["move", name, tier]. Returns the seconds the moves cost."""
+        seconds = 0.0
+        m = self.memory
+        for op in ops:
+            verb = op[0]
+            if verb == "alloc":
+                m.allocate(op[1], op[2], op[3], op[4])
+            elif verb == "resize":
+                m.resize(op[1], op[2])
+            elif verb == "free":
+                m.free(op[1])
+            elif verb == "move":
+                seconds += m.move(op[1], op[2])
+            else:
+                raise ValueError(f"unknown region op {verb!r}")
+        return seconds
+
+    def occupancy(self) -> dict[str, float]:
+        return self.memory.occupancy()
+
+    # -- execution ------------------------------------------------------------------------
+    def cost(self, spans: Spans) -> np.ndarray:
+        """(len(ROWS), total steps) per-step times of the window, degradation applied."""
+        if self.failed:
+            raise RuntimeError(f"socket {self.index} has failed")
+        rows = self.tables.window(spans)
+        if self.degradation != 1.0 or self.comm_degradation != 1.0:
+            rows = _degrade(rows, self.degradation, self.comm_degradation)
+        return rows
+
+    def run(self, seq: int, ops: list[list], spans: Spans) -> tuple[np.ndarray, np.ndarray]:
+        """One command: ops[i] (region ops) apply at the start of span i, ops[-1] after the last
+        span; then the spans are costed. Returns (rows, seconds of region moves per span). A
+        command at or below the last applied sequence number is a replay: its ops are not
+        applied again (their copy times are recomputed from the command, not re-counted)."""
+        moves = np.zeros(len(spans.kind))
+        if seq > self.seq:
+            for i, span_ops in enumerate(ops):
+                t = self.apply(span_ops)
+                if i < len(moves):
+                    moves[i] = t
+            self.seq = seq
+            self.last_moves = moves
+        else:
+            moves = self.last_moves
+        return self.cost(spans), moves
+
+    def set_degradation(self, factor: float, comm_factor: float, failed: bool = False) -> None:
+        self.degradation, self.comm_degradation, self.failed = factor, comm_factor, failed
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def checkpoint(self) -> dict:
+        """Everything but the cost tables (a pure cache, rebuilt on demand)."""
+        return {
+            "seq": self.seq,
+            "last_moves": self.last_moves.tolist(),
+            "regions": self.memory.state(),
+            "degradation": [self.degradation, self.comm_degradation, self.failed],
+        }
+
+    def restore(self, state: dict) -> None:
+        self.seq = state["seq"]
+        self.last_moves = np.asarray(state["last_moves"], dtype=float)
+        self.memory.restore(state["regions"])
+        self.set_degradation(*state["degradation"])
+
+
+def _degrade(rows: np.ndarray, factor: float, comm_factor: float) -> np.ndarray:
+    """Scale the non-communication causes by `factor` and communication by `comm_factor`;
+    the total is rebuilt as their sum so the partition still holds."""
+    out = rows.copy()
+    causes = out[1 : 1 + len(CAUSES)]
+    comm = causes[COMM_ROW - 1].copy()
+    causes *= factor
+    causes[COMM_ROW - 1] = comm * comm_factor
+    out[0] = causes.sum(axis=0)
+    return out
+
+
+class CostTables:
+    """The socket's cost memo: decode tables by batch size, prefill costs by shape."""
+
+    def __init__(self, chip: ChipSpec, program: Program, comm_time: CommTime):
+        self.chip, self.program, self.comm_time = chip, program, comm_time
+        self.decode: dict[tuple[int, int], np.ndarray] = {}
+        self.prefill: dict[tuple[int, int, int], np.ndarray] = {}
+        self.evaluations = 0
+
+    def window(self, spans: Spans) -> np.ndarray:
+        parts = []
+        loads = spans.expert_load
+        start = 0
+        for i in range(len(spans.kind)):
+            n = int(spans.steps[i])
+            load = loads[start : start + n] if len(loads) else None
+            parts.append(self.span(spans, i, n, load))
+            start += n
+        return np.concatenate(parts, axis=1) if parts else np.zeros((len(ROWS), 0))
+
+    def span(self, s: Spans, i: int, n: int, load: np.ndarray | None) -> np.ndarray:
+        kind = int(s.kind[i])
+        if kind == DECODE:
+            return self.decode_span(int(s.batch[i]), int(s.ctx_sum[i]), n, load)
+        pre = self.prefill_step(
+            int(s.pre_seqs[i]), int(s.pre_tokens[i]), int(s.pre_prefix[i]), load
+        )
+        if kind == PREFILL:
+            return pre
+        # A mixed step (chunked prefill beside decodes) is costed as its prefill part plus its
+        # decode part: an upper bound, since one fused step streams the weights only once.
+        return pre + self.decode_span(int(s.batch[i]), int(s.ctx_sum[i]), 1, load)
+
+    def decode_span(self, b: int, s0: int, n: int, load: np.ndarray | None) -> np.ndarray:
+        if load is not None and np.any(load != 1.0):
+            ctx = (s0 + b * np.arange(n, dtype=float)) / b
+            return self._rows(self.program.graph(StepShape.decode(float(b), ctx), load), n)
+        sums = s0 + b * np.arange(n, dtype=np.int64)
+        first, last = int(sums[0]) // CHUNK, int(sums[-1]) // CHUNK
+        if first == last:
+            table = self._decode_chunk(b, first)
+            lo = int(sums[0]) - first * CHUNK
+            return table[:, lo : lo + b * (n - 1) + 1 : b]
+        chunk = sums // CHUNK
+        out = np.empty((len(ROWS), n))
+        for j in range(first, last + 1):
+            sel = chunk == j
+            out[:, sel] = self._decode_chunk(b, j)[:, sums[sel] - j * CHUNK]
+        return out
+
+    def _decode_chunk(self, b: int, j: int) -> np.ndarray:
+        table = self.decode.get((b, j))
+        if table is None:
+            ctx = np.arange(j * CHUNK, (j + 1) * CHUNK, dtype=float) / b
+            table = self._rows(self.program.graph(StepShape.decode(float(b), ctx)), CHUNK)
+            self.decode[(b, j)] = table
+        return table
+
+    def prefill_step(self, k: int, tokens: int, prefix: int, load: np.ndarray | None):
+        """One prefill step: k sequences bring `tokens` new tokens over `prefix` cached ones,
+        costed at the means (tokens / k new over prefix / k cached each)."""
+        if load is not None and np.any(load != 1.0):
+            shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+            return self._rows(self.program.graph(shape, float(load[0])), 1)
+        key = (k, tokens, prefix)
+        rows = self.prefill.get(key)
+        if rows is None:
+            shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+            rows = self._rows(self.program.graph(shape), 1)
+            self.prefill[key] = rows
+        return rows
+
+    def _rows(self, graph: Graph, n: int) -> np.ndarray:
+        self.evaluations += 1
+        cost: StepCost = execution.step_cost(
+            graph, self.chip, self.comm_time, self.program.options, self.program.execution_model
+        )
+        rows = np.empty((len(ROWS), n))
+        rows[0] = np.broadcast_to(np.asarray(cost.time_s, dtype=float), (n,))
+        for r, cause in enumerate(CAUSES, start=1):
+            rows[r] = np.broadcast_to(np.asarray(cost.cause(cause), dtype=float), (n,))
+        rows[-1] = np.broadcast_to(np.asarray(sent_bytes(graph), dtype=float), (n,))
+        return rows
+
+
+# Bytes a rank sends per payload byte, by collective, under ring algorithms (all-reduce:
+# reduce-scatter + all-gather, 2(p-1)/p; all-gather, reduce-scatter, all-to-all: (p-1)/p).
+def _send_factor(kind: str, p: int) -> float:
+    if p <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2.0 * (p - 1) / p
+    if kind == "send_recv":
+        return 1.0
+    return (p - 1) / p
+
+
+def sent_bytes(graph: Graph) -> Work:
+    """Bytes one socket sends in a step, summed over the graph's collectives."""
+    total: Work = 0.0
+    for block, op in graph.ops():
+        if op.comm is not None:
+            c = op.comm
+            total = total + block.repeat * _send_factor(c.kind.value, c.size) * np.asarray(c.bytes)
+    return total
