@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from chip.spec import ChipSpec
 from interconnect.topology import TopologySpec
@@ -17,6 +19,7 @@ class ClusterSpec:
     topology: TopologySpec
     description: str = ""
     source: str = ""
+    cost: Mapping[str, Any] = field(default_factory=dict)  # [cost] table: rdu_cluster/economics.py
 
     @property
     def nodes(self) -> int:

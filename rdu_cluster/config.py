@@ -15,9 +15,11 @@ from typing import Any
 
 import cluster_configs
 from chip import execution
+from chip.power import parse_power
 from chip.spec import ChipSpec, TierSpec
 from interconnect.topology import TopologySpec
 from partitioning.cluster import ClusterSpec
+from rdu_cluster.economics import parse_cost
 from workloads.errors import ConfigError
 
 CHIP_KEYS = {"name", "kind", "description", "source", "execution_model", "peak_flops", "tiers"}
@@ -63,6 +65,7 @@ def load_cluster(
         topology=topology,
         description=_typed(raw, "description", str, where),
         source=_typed(raw, "source", str, where),
+        cost=parse_cost(raw.get("cost", {}), f"{where}: cost"),
     )
 
 
@@ -87,7 +90,7 @@ def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:
         tiers=tiers,
         execution_model=model,
         execution=dict(table),
-        power=dict(raw.get("power", {})),
+        power=parse_power(raw.get("power", {}), f"{where}: power"),
         description=_typed(raw, "description", str, where),
         source=_typed(raw, "source", str, where),
     )

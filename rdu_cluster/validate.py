@@ -134,6 +134,13 @@ METRICS: dict[str, Callable[[dict], float]] = {
     "orchestration_speedup": _speedup("micro24_fused_host", "micro24_fused_hw"),
 }
 
+# Speculative decoding and Composition of Experts (rdu_cluster/speculative.py, rdu_cluster/coe.py).
+from rdu_cluster.coe import VALIDATION_METRICS as _COE_METRICS
+from rdu_cluster.speculative import VALIDATION_METRICS as _SPEC_METRICS
+
+METRICS.update(_SPEC_METRICS)
+METRICS.update(_COE_METRICS)
+
 
 # ---- judging ----------------------------------------------------------------------------------
 

@@ -43,3 +43,27 @@ from rdu_cluster.cli.simulate import simulate
 main.add_command(simulate)
 main.add_command(models)
 main.add_command(clusters)
+
+from rdu_cluster.cli.sweep import sweep  # noqa: E402
+
+main.add_command(sweep)
+
+from rdu_cluster.cli.validate import validate
+
+main.add_command(validate)
+
+from rdu_cluster.cli.footprint import footprint
+
+main.add_command(footprint)
+
+from rdu_cluster.cli.serve import serve
+
+main.add_command(serve)
+
+from rdu_cluster.cli.plan import plan
+
+main.add_command(plan)
+
+from rdu_cluster.cli.report import report  # noqa: E402
+
+main.add_command(report)

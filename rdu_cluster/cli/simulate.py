@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rdu_cluster import results
+from rdu_cluster import coe, results, speculative
 from rdu_cluster.ablate import ablate as run_ablation
 from rdu_cluster.ablate import format_ablation
 from rdu_cluster.config import load_cluster
@@ -52,6 +52,23 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     help="RDU clusters: each dataflow optimization off in turn, all off, and the "
     "unfused host-orchestrated baseline.",
 )
+@click.option("--draft", default=None,
+              help="Speculative decoding: draft model (catalog name or config.json), or 'mtp' "
+              "for the model's own multi-token-prediction module.")
+@click.option("--spec-k", default=None, type=int,
+              help="Draft tokens a step (tree: its depth) [default: the fastest in 1..16].")
+@click.option("--acceptance", default=None,
+              help="Acceptance: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
+              "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].")
+@click.option("--tree", default=None, help="Tree speculation: candidates per depth (4,2,1).")
+@click.option("--placement", default="shared", show_default=True,
+              type=click.Choice(speculative.PLACEMENTS),
+              help="Draft on the target's sockets, or on --draft-sockets sockets of its own.")
+@click.option("--draft-sockets", default=1, show_default=True, type=int)
+@click.option("--coe", "coe_flag", is_flag=True,
+              help="Composition of Experts, MICRO24 Table V setting: router at --batch (8), then "
+              "each (prompt, expert) pair; --model is the expert (default llama-2-7b).")
+@click.option("--experts", default=150, show_default=True, type=int, help="With --coe.")
 def simulate(
     model_ref,
     cluster_refs,
@@ -64,22 +81,58 @@ def simulate(
     as_json,
     out_path,
     ablate,
+    draft,
+    spec_k,
+    acceptance,
+    tree,
+    placement,
+    draft_sockets,
+    coe_flag,
+    experts,
 ) -> None:
     """Estimate decode and prefill of MODEL on each CLUSTER."""
+    if coe_flag:
+        click.echo(_coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts))
+        return
     spec = _with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     clusters = [load_cluster(c) for c in (cluster_refs or DEFAULT_CLUSTERS)]
     if ablate:
         click.echo(_ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp))
         return
+    if draft:
+        rows, text = speculative.simulate(
+            spec, clusters, draft, spec_k, acceptance, tree, placement, draft_sockets,
+            batch=batch, prompt_len=prompt_len, gen_len=gen_len, tp=tp,
+        )
+        tbl = results.table(rows)
+        if out_path:
+            results.write_table(tbl, out_path)
+        click.echo(results.json_lines(tbl) if as_json else text)
+        return
     rows, estimates = [], []
     for cluster in clusters:
         est = estimate(spec, cluster, batch=batch, prompt_len=prompt_len, gen_len=gen_len, tp=tp)
         estimates.append(est)
-        rows += results.records(est, cluster.chip.name, cluster.chip.execution_model)
+        rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
     tbl = results.table(rows)
     if out_path:
         results.write_table(tbl, out_path)
     click.echo(results.json_lines(tbl) if as_json else side_by_side(estimates, clusters))
+
+
+def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts) -> str:
+    """MICRO24 Table V's setting; options left at simulate's defaults take the table's values."""
+    ctx = click.get_current_context()
+    given = lambda name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+    expert = model_ref if given("model_ref") else coe.DEFAULT_EXPERT
+    refs = cluster_refs or ("sn40l-8", "dgx-h100", "dgx-a100")
+    tvs = [
+        coe.table_v(load_cluster(c), experts, batch if given("batch") else 8,
+                    prompt_len if given("prompt_len") else 512,
+                    gen_len if given("gen_len") else 20, expert)
+        for c in refs
+    ]
+    return coe.table_v_report(tvs)
 
 
 def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp) -> str:

@@ -1,0 +1,258 @@
+"""Collectives on a topology: algorithms, their alpha-beta cost with contention, and the choice.
+
+An algorithm is a schedule of phases. In a phase every flow of a pattern (ring neighbours, tree
+edges, all pairs) moves `fraction` of the payload at once, `count` times in a row. A flow's time
+in a phase is latency (its route's per-hop latencies, times `latency_hops` for pipelined trees)
+plus bytes over its max-min fair rate, with every flow of the phase -- and of the groups named
+`concurrent`, which run the same collective at the same moment -- sharing the links. The phase
+takes as long as its slowest flow. Payload `bytes` follows workloads.ops.Collective: what each
+rank contributes (for all-reduce and reduce-scatter: the full tensor each rank holds).
+
+Per collective and message size the fastest applicable algorithm is used, as NCCL's tuner does
+(it predicts each algorithm's time from a latency + bandwidth model and picks the minimum);
+`algorithm=` forces one. Closed forms on p ranks, link bandwidth b, hop latency a, payload B:
+- ring all-reduce: 2(p-1) steps of B/p: 2(p-1)(a + B/(p b)); each link carries 2(p-1)/p B.
+- tree all-reduce (double binary tree, reduce then broadcast, pipelined, half the data on each
+  tree): 2(ceil(log2 p) a + (B/2) / r) with r the fair rate of a tree edge.
+- one-shot all-reduce: every rank sends its whole tensor to every other and reduces locally:
+  a + B / r, r the fair rate with p(p-1) flows (b on a full mesh, b/(p-1) through a switch).
+- two-shot all-reduce: direct reduce-scatter then direct all-gather: 2(a + (B/p) / r).
+- all-gather / reduce-scatter: ring (p-1 steps) or direct (all pairs at once).
+- all-to-all: direct, every pair exchanges B/p. send/recv: one flow.
+Everything is vectorized over numpy arrays of bytes: a schedule is reduced to (latency,
+seconds-per-byte) terms once and evaluated as max over terms of affine functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from interconnect.contention import max_min_rates
+from interconnect.routes import route, route_latency
+from interconnect.topology import Topology
+from workloads.errors import ConfigError
+from workloads.ops import Collective, CollectiveKind, Work
+
+Ranks = tuple[int, ...]
+Pair = tuple[int, int]
+
+APPLICABLE = {
+    CollectiveKind.ALL_REDUCE: ("ring", "tree", "one_shot", "two_shot"),
+    CollectiveKind.ALL_GATHER: ("ring", "direct"),
+    CollectiveKind.REDUCE_SCATTER: ("ring", "direct"),
+    CollectiveKind.ALL_TO_ALL: ("direct",),
+    CollectiveKind.SEND_RECV: ("direct",),
+}
+
+
+@dataclass(frozen=True)
+class Phase:
+    count: float  # consecutive repeats (ring steps)
+    latency_hops: float  # multiplier on route latency (pipeline depth of a tree)
+    fraction: float  # of the payload each flow moves per repeat
+    terms: tuple[tuple[float, float], ...]  # (route latency s, s per byte) of the group's flows
+
+    def time(self, nbytes: np.ndarray) -> np.ndarray:
+        per = [self.latency_hops * lat + self.fraction * nbytes * spb for lat, spb in self.terms]
+        return self.count * np.maximum.reduce(per) if per else np.zeros_like(nbytes)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    algorithm: str
+    phases: tuple[Phase, ...]
+
+    def time(self, nbytes: Work) -> np.ndarray:
+        b = np.asarray(nbytes, dtype=float)
+        return sum((ph.time(b) for ph in self.phases), np.zeros_like(b))
+
+
+# ---- flow patterns --------------------------------------------------------------------------
+
+
+def ring_pairs(ranks: Ranks) -> tuple[Pair, ...]:
+    p = len(ranks)
+    return tuple((ranks[i], ranks[(i + 1) % p]) for i in range(p)) if p > 1 else ()
+
+
+def all_pairs(ranks: Ranks) -> tuple[Pair, ...]:
+    return tuple((a, b) for a in ranks for b in ranks if a != b)
+
+
+def tree_pairs(ranks: Ranks) -> tuple[Pair, ...]:
+    """Child -> parent edges of two binary trees (heap order over the ranks and over the ranks
+    reversed): NCCL's double binary tree, where a rank that is inner in one is a leaf in the
+    other, so both trees together keep every rank's links busy."""
+    edges = []
+    for order in (ranks, ranks[::-1]):
+        edges += [(order[i], order[(i - 1) // 2]) for i in range(1, len(order))]
+    return tuple(edges)
+
+
+def tree_depth(p: int) -> int:
+    return max(1, math.ceil(math.log2(p))) if p > 1 else 0
+
+
+# ---- schedules ------------------------------------------------------------------------------
+
+
+def _phases(kind: CollectiveKind, algorithm: str, p: int) -> list[tuple[float, float, float, str]]:
+    """(count, latency_hops, fraction, pattern) per phase."""
+    if kind is CollectiveKind.ALL_REDUCE:
+        return {
+            "ring": [(2 * (p - 1), 1, 1 / p, "ring")],
+            "tree": [(1, tree_depth(p), 0.5, "tree"), (1, tree_depth(p), 0.5, "tree_down")],
+            "one_shot": [(1, 1, 1.0, "pairs")],
+            "two_shot": [(1, 1, 1 / p, "pairs"), (1, 1, 1 / p, "pairs")],
+        }[algorithm]
+    if kind is CollectiveKind.ALL_GATHER:
+        return [(p - 1, 1, 1.0, "ring")] if algorithm == "ring" else [(1, 1, 1.0, "pairs")]
+    if kind is CollectiveKind.REDUCE_SCATTER:
+        return [(p - 1, 1, 1 / p, "ring")] if algorithm == "ring" else [(1, 1, 1 / p, "pairs")]
+    if kind is CollectiveKind.ALL_TO_ALL:
+        return [(1, 1, 1 / p, "pairs")]
+    return [(1, 1, 1.0, "send")]
+
+
+def _pattern(name: str, ranks: Ranks) -> tuple[Pair, ...]:
+    if name == "ring":
+        return ring_pairs(ranks)
+    if name == "tree":
+        return tree_pairs(ranks)
+    if name == "tree_down":
+        return tuple((b, a) for a, b in tree_pairs(ranks))
+    if name == "send":
+        return ((ranks[0], ranks[1]),)
+    return all_pairs(ranks)
+
+
+@lru_cache(maxsize=65536)
+def schedule(
+    topology: Topology,
+    kind: CollectiveKind,
+    ranks: Ranks,
+    algorithm: str,
+    concurrent: tuple[Ranks, ...] = (),
+) -> Schedule:
+    """The phases of `algorithm` for `kind` over `ranks`, reduced to latency/bandwidth terms,
+    with the flows of the `concurrent` groups sharing the links."""
+    if algorithm not in APPLICABLE[kind]:
+        raise ConfigError(f"collective {kind.value}: algorithm {algorithm!r} does not apply")
+    p = len(ranks)
+    if p < 2:
+        return Schedule(algorithm, ())
+    if kind is CollectiveKind.SEND_RECV and p != 2:
+        raise ConfigError(f"send_recv: needs 2 ranks (src, dst), got {p}")
+    phases = []
+    for count, hops, fraction, pattern in _phases(kind, algorithm, p):
+        own = _pattern(pattern, ranks)
+        others = [pair for g in concurrent if g != ranks for pair in _pattern(pattern, g)]
+        routes = [route(topology, a, b) for a, b in (*own, *others)]
+        rates = max_min_rates(routes, topology.capacities)
+        terms = {
+            (route_latency(topology, r), 1.0 / rate)
+            for r, rate in zip(routes[: len(own)], rates[: len(own)])
+        }
+        phases.append(Phase(count, hops, fraction, _pareto(terms)))
+    return Schedule(algorithm, tuple(phases))
+
+
+def _pareto(terms: set[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """Drop terms no larger than another in both latency and s/byte: they never set the max."""
+    keep = [t for t in terms if not any(o != t and o[0] >= t[0] and o[1] >= t[1] for o in terms)]
+    return tuple(sorted(keep))
+
+
+def algorithms_for(topology: Topology, kind: CollectiveKind) -> tuple[str, ...]:
+    """The algorithms the topology's library offers for `kind` (falls back to the first
+    applicable one, ring or direct, if the config allows none of them)."""
+    allowed = tuple(a for a in APPLICABLE[kind] if a in topology.spec.algorithms)
+    return allowed or APPLICABLE[kind][:1]
+
+
+# ---- the public cost ------------------------------------------------------------------------
+
+
+def collective_time(
+    topology: Topology,
+    collective: Collective,
+    ranks: Sequence[int],
+    concurrent: Sequence[Sequence[int]] = (),
+    algorithm: str | None = None,
+) -> Work:
+    """Seconds for `collective` over `ranks` (socket ids, in ring order), the fastest algorithm
+    per byte count unless `algorithm` is given. Broadcasts over an array of bytes."""
+    ranks = tuple(int(r) for r in ranks)
+    if len(ranks) != collective.size:
+        raise ConfigError(
+            f"collective {collective.kind.value} over {collective.group}: size "
+            f"{collective.size} but {len(ranks)} ranks"
+        )
+    conc = tuple(tuple(int(r) for r in g) for g in concurrent)
+    names = (algorithm,) if algorithm else algorithms_for(topology, collective.kind)
+    times = [schedule(topology, collective.kind, ranks, a, conc).time(collective.bytes)
+             for a in names]
+    return np.minimum.reduce(times)
+
+
+def chosen_algorithm(
+    topology: Topology, collective: Collective, ranks: Sequence[int],
+    concurrent: Sequence[Sequence[int]] = (),
+) -> np.ndarray:
+    """Which algorithm collective_time picks, per byte count (an array of names)."""
+    ranks, conc = tuple(ranks), tuple(tuple(g) for g in concurrent)
+    names = algorithms_for(topology, collective.kind)
+    times = np.stack([
+        np.broadcast_to(schedule(topology, collective.kind, ranks, a, conc).time(collective.bytes),
+                        np.shape(collective.bytes))
+        for a in names
+    ])
+    return np.asarray(names, dtype=object)[np.argmin(times, axis=0)]
+
+
+def link_bytes(
+    topology: Topology, kind: CollectiveKind, ranks: Sequence[int], nbytes: float, algorithm: str
+) -> np.ndarray:
+    """Bytes each link carries during one collective (for checks against closed forms)."""
+    ranks = tuple(ranks)
+    out = np.zeros(len(topology.links))
+    for count, _, fraction, pattern in _phases(kind, algorithm, len(ranks)):
+        for a, b in _pattern(pattern, ranks):
+            for link in route(topology, a, b):
+                out[link] += count * fraction * nbytes
+    return out
+
+
+def comm_time_fn(
+    topology: Topology,
+    groups: Mapping,
+    concurrent: Mapping | None = None,
+):
+    """A CommTime for chip.execution: each collective is costed over the ranks of its group
+    (groups maps "attn_tp", "mlp_tp", "expert_tp", "ep", "vocab_tp", "pp", or a (name, size) pair
+    where a hybrid plan gives a group a different degree per block, to socket ids)."""
+    concurrent = concurrent or {}
+    memo: dict = {}  # scalar byte counts repeat across layers and plans: cost each once
+
+    def comm_time(c: Collective) -> Work:
+        if c.size <= 1:
+            return np.zeros(np.shape(c.bytes))
+        # A group may have a different degree per block (hybrid plans): (name, size) first.
+        key = (c.group, c.size) if (c.group, c.size) in groups else c.group
+        if key not in groups:
+            raise ConfigError(f"collective over {c.group!r}: the plan defines no such group")
+        scalar = np.ndim(c.bytes) == 0
+        mk = (c.kind, key, float(c.bytes)) if scalar else None
+        if mk in memo:
+            return memo[mk]
+        t = collective_time(topology, c, groups[key], concurrent.get(key, ()))
+        if scalar:
+            memo[mk] = t
+        return t
+
+    return comm_time

@@ -1,0 +1,195 @@
+"""Footprints: the bytes each socket holds in each memory tier under a plan, checked against the
+tiers' capacities before anything runs.
+
+Regions of a socket:
+- weights: the parameters its program holds (dense parts sharded by the stage width, routed
+  experts: num_experts / ep of them, each split over expert_tp; norms and router replicated),
+  taken from the ops of its graph so the sharding rules live in one place (workloads.graph);
+- kv_cache: the KV cache (and recurrent state) of its layers for the whole batch at full length
+  (prompt + generated tokens), with the KV heads it holds (replicated where tp > KV heads);
+- activations: the largest op working set (inputs + outputs) of one prompt's forward pass
+  (prompts are prefilled one at a time), in HBM; on an RDU the decode step's largest layer working set is an SRAM region;
+- reserved: what the placement policy sets aside per tier (default nothing: no runtime figure
+  is published for SN40L; 0.1 of GPU HBM would model vLLM's gpu_memory_utilization=0.9).
+
+A placement policy may spill to DDR: routed experts first (only the experts a step touches are
+streamed), then the other weights, then the KV cache. Spilled bytes are streamed from DDR at DDR
+bandwidth by the evaluator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from chip.spec import ChipSpec
+from partitioning.plan import Plan
+from partitioning.program import Program
+from workloads import params
+from workloads.errors import ConfigError
+from workloads.ops import Graph, OpClass, StepShape
+from workloads.spec import FFN, ModelSpec
+
+SPILL_ORDER = ("experts", "dense_weights", "kv_cache")
+
+
+class PlanDoesNotFit(ConfigError):
+    """A plan whose footprint overflows a memory tier; the message names tier, socket, bytes."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where regions live. weights / kv_cache: "hbm" (must fit HBM), "auto" (spill to DDR only
+    what does not fit, in SPILL_ORDER), "ddr" (all in DDR)."""
+
+    weights: str = "hbm"
+    kv_cache: str = "hbm"
+    reserved_fraction: dict[str, float] = field(default_factory=dict)  # tier -> fraction
+
+    def __post_init__(self) -> None:
+        for name in ("weights", "kv_cache"):
+            if getattr(self, name) not in ("hbm", "auto", "ddr"):
+                raise ConfigError(f"placement.{name}: expected hbm, auto or ddr")
+
+    def __hash__(self) -> int:
+        return hash((self.weights, self.kv_cache, tuple(sorted(self.reserved_fraction.items()))))
+
+
+@dataclass(frozen=True)
+class Footprint:
+    socket: int
+    regions: dict[tuple[str, str], float]  # (region, tier) -> bytes
+    capacity: dict[str, float]  # tier -> bytes
+    spilled_fraction: dict[str, float]  # "experts" | "dense_weights" | "kv_cache" -> share in DDR
+
+    def tier(self, name: str) -> float:
+        return sum(b for (_, t), b in self.regions.items() if t == name)
+
+    def region(self, name: str) -> float:
+        return sum(b for (r, _), b in self.regions.items() if r == name)
+
+    def overflow(self) -> dict[str, float]:
+        return {t: self.tier(t) - cap for t, cap in self.capacity.items() if self.tier(t) > cap}
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Per-socket bytes before placement."""
+
+    experts: float
+    dense_weights: float
+    kv_cache: float
+    activations: float
+    sram_working_set: float
+
+    @property
+    def weights(self) -> float:
+        return self.experts + self.dense_weights
+
+
+def demand(spec: ModelSpec, program: Program, batch: float, context: float,
+           prompt_len: float) -> Demand:
+    decode = program.graph(spec, StepShape.decode(float(batch), float(context)))
+    # Prompts are prefilled one at a time (a batch fills up by continuous batching), so the
+    # activation peak is one prompt's.
+    prefill = program.graph(spec, StepShape.prefill(1.0, float(prompt_len)))
+    experts = _expert_bytes(spec, program)
+    return Demand(
+        experts=experts,
+        dense_weights=_dense_weight_bytes(spec, program, decode),
+        kv_cache=float(decode.total("kv_read_bytes")),
+        activations=_peak_activation(prefill),
+        sram_working_set=_peak_activation(decode),
+    )
+
+
+def _dense_weight_bytes(spec: ModelSpec, program: Program, g: Graph) -> float:
+    total = 0.0
+    for block, op in g.ops():
+        if op.cls in (OpClass.EXPERT, OpClass.EMBEDDING):
+            continue
+        if op.cls is OpClass.LM_HEAD and spec.tie_embeddings and program.first_stage:
+            continue  # a tied head reuses the embedding rows this socket already holds
+        total += block.repeat * float(np.max(op.weight_bytes))
+    if program.first_stage:
+        rows = -(-spec.vocab_size // program.shard.vocab_tp)
+        total += rows * spec.hidden_size * spec.precision.weights.bytes
+    return total
+
+
+def _expert_bytes(spec: ModelSpec, program: Program) -> float:
+    if spec.moe is None:
+        return 0.0
+    first, end = program.layers
+    layers = sum(layer.ffn is FFN.MOE for layer in spec.layers[first:end])
+    e_local = -(-spec.moe.num_experts // program.shard.ep)
+    per = params.expert_params(spec) / program.shard.expert_tp
+    return layers * e_local * per * spec.precision.routed_expert_weights.bytes
+
+
+def _peak_activation(g: Graph) -> float:
+    peaks = [op.act_in_bytes + op.act_out_bytes for block in g.blocks for op in block.ops]
+    return float(np.max(np.stack(np.broadcast_arrays(*peaks)))) if peaks else 0.0
+
+
+def place(d: Demand, socket: int, chip: ChipSpec, policy: Placement) -> Footprint:
+    """Put a socket's demand into tiers per the policy (spilling to DDR where allowed)."""
+    cap = {t.name: t.capacity_bytes * (1 - policy.reserved_fraction.get(t.name, 0.0))
+           for t in chip.tiers if t.name in ("sram", "hbm", "ddr")}
+    regions: dict[tuple[str, str], float] = {}
+    for t in chip.tiers:
+        frac = policy.reserved_fraction.get(t.name, 0.0)
+        if frac:
+            regions[("reserved", t.name)] = t.capacity_bytes * frac
+    sram = "sram" in cap
+    if sram:
+        regions[("activations", "sram")] = d.sram_working_set
+    regions[("activations", "hbm")] = d.activations
+    sizes = {"experts": d.experts, "dense_weights": d.dense_weights, "kv_cache": d.kv_cache}
+    mode = {"experts": policy.weights, "dense_weights": policy.weights, "kv_cache": policy.kv_cache}
+    in_ddr = {k: (v if mode[k] == "ddr" else 0.0) for k, v in sizes.items()}
+    need = d.activations + sum(sizes.values()) - sum(in_ddr.values())
+    free = cap["hbm"]
+    for k in SPILL_ORDER:
+        if need <= free:
+            break
+        if mode[k] == "auto" and "ddr" in cap:
+            moved = min(sizes[k], need - free)
+            in_ddr[k] += moved
+            need -= moved
+    for k, v in sizes.items():
+        region = "weights" if k != "kv_cache" else "kv_cache"
+        key_h, key_d = (region, "hbm"), (region, "ddr")
+        regions[key_h] = regions.get(key_h, 0.0) + v - in_ddr[k]
+        if in_ddr[k]:
+            regions[key_d] = regions.get(key_d, 0.0) + in_ddr[k]
+    spilled = {k: (in_ddr[k] / v if v else 0.0) for k, v in sizes.items()}
+    return Footprint(socket, regions, cap, spilled)
+
+
+def footprints(spec: ModelSpec, programs: tuple[Program, ...], chip: ChipSpec, batch: float,
+               context: float, prompt_len: float, policy: Placement) -> tuple[Footprint, ...]:
+    """Footprint of every socket (sockets of one stage position share their demand)."""
+    cache: dict = {}
+    out = []
+    for p in programs:
+        key = (p.layers, p.first_stage, p.last_stage)
+        if key not in cache:
+            cache[key] = demand(spec, p, batch, context, prompt_len)
+        out.append(place(cache[key], p.socket, chip, policy))
+    return tuple(out)
+
+
+def check_fit(fps: tuple[Footprint, ...], plan: Plan, model: str, cluster: str) -> None:
+    """Raise PlanDoesNotFit naming the first overflowing tier and socket, and by how much."""
+    for tier in ("hbm", "sram", "ddr"):
+        for fp in fps:
+            over = fp.overflow().get(tier)
+            if over:
+                need, cap = fp.tier(tier), fp.capacity[tier]
+                raise PlanDoesNotFit(
+                    f"plan {plan.name}: {model} does not fit {cluster}: {tier} of socket "
+                    f"{fp.socket} overflows by {over:,.0f} bytes ({over / 1e9:.1f} GB: needs "
+                    f"{need / 1e9:.1f} GB, has {cap / 1e9:.1f} GB)"
+                )

@@ -1,0 +1,148 @@
+"""Plan: how a model is spread over sockets: (tp, pp, ep, dp) plus per-block choices.
+
+Layout. A pipeline stage is `width = tp * ep` sockets. Inside a stage:
+- attention, linear-attention / state-space mixers, dense FFNs, shared experts, embedding and
+  LM head are sharded over all `width` sockets (tensor parallel by heads / columns), unless a
+  per-block choice gives a mixer kind a smaller degree d: then each group of d sockets holds a
+  shard of that mixer and the width/d groups compute it redundantly (weights and state
+  replicated), which keeps heads whole where they do not divide (e.g. 8 KV heads on 16 sockets);
+- routed experts are spread over `ep` groups (num_experts / ep experts each), and each expert's
+  matrices are split over the `tp` sockets of its group (expert_tp = tp).
+Stages are `pp`, cut at layer boundaries; the whole pipeline is replicated `dp` times.
+Sockets used: tp * ep * pp * dp. Socket id = ((dp_i * pp + pp_i) * ep + ep_i) * tp + tp_i:
+tensor-parallel partners are neighbours (same node, fastest links), replicas farthest apart.
+
+Plan names: "tp8", "tp4pp2", "ep16", "tp8ep2", "tp2pp2dp4", with per-block degrees after "@":
+"tp16@mamba2=8,linear_attention=4". Degrees left out are 1.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from workloads.errors import ConfigError
+from workloads.spec import FFN, Mixer, ModelSpec
+
+_PART = re.compile(r"(tp|pp|ep|dp)(\d+)")
+
+
+@dataclass(frozen=True)
+class Plan:
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    mixer_tp: tuple[tuple[Mixer, int], ...] = ()  # per-block: degree of a mixer kind (< width)
+    micro_batches: int = 0  # pipeline micro-batches; 0: min(batch, pp)
+
+    @property
+    def width(self) -> int:
+        """Sockets per pipeline stage."""
+        return self.tp * self.ep
+
+    @property
+    def sockets(self) -> int:
+        return self.width * self.pp * self.dp
+
+    @property
+    def model_sockets(self) -> int:
+        """Sockets holding one copy of the model."""
+        return self.width * self.pp
+
+    def mixer_degree(self, mixer: Mixer) -> int:
+        return dict(self.mixer_tp).get(mixer, self.width)
+
+    @property
+    def name(self) -> str:
+        parts = [f"tp{self.tp}"] if self.tp > 1 or self.ep == 1 else []
+        parts += [f"{k}{v}" for k, v in (("pp", self.pp), ("ep", self.ep), ("dp", self.dp)) if v > 1]
+        text = "".join(parts)
+        if self.mixer_tp:
+            text += "@" + ",".join(f"{m.value}={d}" for m, d in self.mixer_tp)
+        return text
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, text: str) -> Plan:
+        """"tp4pp2", "ep16", "tp8ep2", "tp16@mamba2=8"; raises ConfigError naming the part."""
+        base, _, blocks = text.strip().lower().partition("@")
+        degrees: dict[str, int] = {}
+        pos = 0
+        for m in _PART.finditer(base):
+            if m.start() != pos or m.group(1) in degrees:
+                break
+            degrees[m.group(1)] = int(m.group(2))
+            pos = m.end()
+        if pos != len(base) or not degrees or min(degrees.values()) < 1:
+            raise ConfigError(
+                f"--plan: {text!r} is not a plan; expected degrees like tp8, tp4pp2, ep16, "
+                "tp8ep2, tp2pp2dp4 (each at least 1), optionally @mixer=degree,..."
+            )
+        return cls(**degrees, mixer_tp=_parse_blocks(blocks, text))
+
+
+def _parse_blocks(text: str, whole: str) -> tuple[tuple[Mixer, int], ...]:
+    if not text:
+        return ()
+    out = []
+    for item in text.split(","):
+        name, _, deg = item.partition("=")
+        try:
+            out.append((Mixer(name.strip()), int(deg)))
+        except ValueError:
+            kinds = ", ".join(m.value for m in Mixer if m is not Mixer.NONE)
+            raise ConfigError(
+                f"--plan: {whole!r}: block choice {item!r}; expected mixer=degree with a mixer "
+                f"among {kinds}"
+            ) from None
+    return tuple(sorted(out, key=lambda md: md[0].value))
+
+
+def validate(plan: Plan, spec: ModelSpec, sockets: int) -> None:
+    """Raise ConfigError if `plan` cannot run `spec` on a cluster of `sockets` sockets."""
+    where = f"plan {plan.name}"
+    if plan.sockets > sockets:
+        raise ConfigError(f"{where}: needs {plan.sockets} sockets, the cluster has {sockets}")
+    if sockets % plan.sockets:
+        raise ConfigError(
+            f"{where}: uses {plan.sockets} sockets, which does not divide the {sockets} of the "
+            "cluster"
+        )
+    if plan.pp > spec.num_layers:
+        raise ConfigError(f"{where}: pp={plan.pp} exceeds the {spec.num_layers} layers")
+    if plan.ep > 1:
+        if spec.moe is None:
+            raise ConfigError(f"{where}: ep={plan.ep} but {spec.name} has no routed experts")
+        if spec.moe.num_experts % plan.ep:
+            raise ConfigError(
+                f"{where}: ep={plan.ep} does not divide the {spec.moe.num_experts} experts"
+            )
+    mixers = {layer.mixer for layer in spec.layers} - {Mixer.NONE}
+    for mixer in mixers:
+        d = plan.mixer_degree(mixer)
+        if plan.width % d:
+            raise ConfigError(f"{where}: {mixer.value} degree {d} does not divide width "
+                              f"{plan.width}")
+        heads = mixer_heads(spec, mixer)
+        if heads % d:
+            raise ConfigError(
+                f"{where}: {mixer.value} degree {d} does not divide its {heads} heads"
+            )
+    for mixer, _ in plan.mixer_tp:
+        if mixer not in mixers:
+            raise ConfigError(f"{where}: {spec.name} has no {mixer.value} layers")
+    if any(layer.ffn is FFN.DENSE for layer in spec.layers) and spec.intermediate_size % plan.width:
+        raise ConfigError(
+            f"{where}: width {plan.width} does not divide the FFN width {spec.intermediate_size}"
+        )
+
+
+def mixer_heads(spec: ModelSpec, mixer: Mixer) -> int:
+    if mixer in (Mixer.FULL_ATTENTION, Mixer.SLIDING_ATTENTION):
+        return spec.attention.num_heads
+    if mixer is Mixer.LINEAR_ATTENTION:
+        return spec.linear_attention.num_value_heads
+    return spec.mamba.num_heads

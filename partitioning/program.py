@@ -1,0 +1,177 @@
+"""Programs: what ONE socket runs under a plan -- its layers, shard degrees and groups.
+
+The partitioner cuts the model's layers into `pp` contiguous stages (balanced by weight bytes),
+and gives every socket its stage's blocks, sharded by the plan's degrees (graphs come from
+workloads.graph.step_graph; a Block is split where a stage boundary cuts it). Stage 0 holds the
+embedding, the last stage the final norm, LM head and sampling; every stage but the last ends in
+a send of its activations to the next (a SEND_RECV over group "pp"). Each program names the
+socket ids of its groups, so the interconnect can cost its collectives on real routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from partitioning.plan import Plan
+from workloads import graph as graphs
+from workloads import params
+from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass, Shard, StepShape
+from workloads.spec import Mixer, ModelSpec
+
+GROUPS = ("attn_tp", "mlp_tp", "expert_tp", "ep", "vocab_tp", "pp")
+
+
+@dataclass(frozen=True)
+class Coords:
+    dp: int
+    pp: int
+    ep: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class Program:
+    socket: int
+    coords: Coords
+    layers: tuple[int, int]  # [first, end) of the stage
+    first_stage: bool
+    last_stage: bool
+    shard: Shard  # degrees of the stage's main blocks (expert_load set per step)
+    mixer_tp: tuple[tuple[Mixer, int], ...]  # attn_tp of each mixer kind
+    groups: Mapping  # group name, or (name, size) for per-block degrees -> socket ids
+
+    @property
+    def stage(self) -> int:
+        return self.coords.pp
+
+    def graph(self, spec: ModelSpec, shape: StepShape, expert_load: float = 1.0) -> Graph:
+        """The socket's work for one step: its stage's blocks plus the communication ops."""
+        shard = Shard(**{**_fields(self.shard), "expert_load": float(expert_load)})
+        full = {m: _step_graph(spec, shape, _with_attn(shard, d)) for m, d in self.mixer_tp}
+        base = _step_graph(spec, shape, shard)
+        blocks: list[Block] = []
+        if self.first_stage:
+            blocks.append(base.blocks[0])
+        for i, block in enumerate(base.blocks[1:-1], start=1):
+            mixer = spec.layers[block.first_layer].mixer
+            src = full[mixer].blocks[i] if mixer in full else block
+            clipped = _clip(src, *self.layers)
+            if clipped is not None:
+                blocks.append(clipped)
+        if self.last_stage:
+            blocks.append(base.blocks[-1])
+        else:
+            blocks.append(_pp_send(spec, shape))
+        return Graph(spec.name, shape, shard, tuple(blocks))
+
+
+def _fields(shard: Shard) -> dict:
+    return {k: getattr(shard, k) for k in Shard.__dataclass_fields__}
+
+
+def _with_attn(shard: Shard, degree: int) -> Shard:
+    return Shard(**{**_fields(shard), "attn_tp": degree})
+
+
+def _step_graph(spec: ModelSpec, shape: StepShape, shard: Shard) -> Graph:
+    try:
+        return _cached_graph(spec, shape, shard)
+    except TypeError:  # unhashable (numpy arrays in the shape): build it afresh
+        return graphs.step_graph(spec, shape, shard)
+
+
+@lru_cache(maxsize=512)
+def _cached_graph(spec: ModelSpec, shape: StepShape, shard: Shard) -> Graph:
+    return graphs.step_graph(spec, shape, shard)
+
+
+def _clip(block: Block, first: int, end: int) -> Block | None:
+    lo, hi = max(first, block.first_layer), min(end, block.first_layer + block.repeat)
+    if hi <= lo:
+        return None
+    if (lo, hi - lo) == (block.first_layer, block.repeat):
+        return block
+    return Block(f"{block.name}[{lo}-{hi - 1}]", block.ops, repeat=hi - lo, first_layer=lo)
+
+
+def _pp_send(spec: ModelSpec, shape: StepShape) -> Block:
+    tokens = np.asarray(shape.batch, dtype=float) * np.asarray(shape.new_tokens, dtype=float)
+    nbytes = tokens * spec.hidden_size * spec.precision.activations.bytes
+    op = Op("pp_send", OpClass.COLLECTIVE,
+            comm=Collective(CollectiveKind.SEND_RECV, nbytes, "pp", 2))
+    return Block("pp_send", (op,))
+
+
+# ---- stages and groups ----------------------------------------------------------------------
+
+
+def stage_layers(spec: ModelSpec, pp: int) -> tuple[tuple[int, int], ...]:
+    """Contiguous layer ranges, cut where the cumulative layer weight is closest to k/pp of
+    the total (each stage at least one layer)."""
+    n = spec.num_layers
+    if pp <= 1:
+        return ((0, n),)
+    sizes = np.array([sum(params.layer_params(spec, layer).values()) for layer in spec.layers],
+                     dtype=float)
+    cum = np.cumsum(sizes)
+    cuts = [0]
+    for k in range(1, pp):
+        target = cum[-1] * k / pp
+        c = int(np.argmin(np.abs(cum - target))) + 1
+        c = min(max(c, cuts[-1] + 1), n - (pp - k))
+        cuts.append(c)
+    cuts.append(n)
+    return tuple((cuts[i], cuts[i + 1]) for i in range(pp))
+
+
+def coords_of(plan: Plan, socket: int) -> Coords:
+    tp_i = socket % plan.tp
+    ep_i = socket // plan.tp % plan.ep
+    pp_i = socket // plan.width % plan.pp
+    return Coords(socket // (plan.width * plan.pp), pp_i, ep_i, tp_i)
+
+
+def groups_of(plan: Plan, socket: int) -> dict:
+    c = coords_of(plan, socket)
+    w, tp = plan.width, plan.tp
+    base = socket - (c.ep * tp + c.tp)
+    stage = tuple(range(base, base + w))
+    local = c.ep * tp + c.tp
+    out: dict = {g: stage for g in ("attn_tp", "mlp_tp", "vocab_tp")}
+    out["expert_tp"] = tuple(range(base + c.ep * tp, base + (c.ep + 1) * tp))
+    out["ep"] = tuple(base + g * tp + c.tp for g in range(plan.ep))
+    if c.pp + 1 < plan.pp:
+        out["pp"] = (socket, socket + w)
+    for mixer, d in plan.mixer_tp:
+        out[("attn_tp", d)] = tuple(range(base + local // d * d, base + (local // d + 1) * d))
+    return out
+
+
+def concurrent_groups(plan: Plan) -> dict:
+    """Every group of each kind in the cluster: they run the same collective at once (SPMD), so
+    their flows share links."""
+    out: dict = {}
+    for s in range(plan.sockets):
+        for key, ranks in groups_of(plan, s).items():
+            out.setdefault(key, set()).add(ranks)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
+    """One program per socket of the plan, socket ids 0..plan.sockets-1."""
+    stages = stage_layers(spec, plan.pp)
+    shard = Shard(attn_tp=plan.width, mlp_tp=plan.width, expert_tp=plan.tp, ep=plan.ep,
+                  vocab_tp=plan.width)
+    programs = []
+    for s in range(plan.sockets):
+        c = coords_of(plan, s)
+        programs.append(Program(
+            socket=s, coords=c, layers=stages[c.pp], first_stage=c.pp == 0,
+            last_stage=c.pp == plan.pp - 1, shard=shard, mixer_tp=plan.mixer_tp,
+            groups=groups_of(plan, s),
+        ))
+    return tuple(programs)

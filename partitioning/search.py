@@ -1,0 +1,96 @@
+"""Plan search: enumerate every valid plan on a cluster, evaluate each with an injected
+evaluator, keep those that fit, rank them by an objective.
+
+Enumeration: every (tp, ep, pp, dp) whose product divides the cluster's socket count (so 1, 2,
+4, 8 or 16 sockets of a 16-socket system), ep only for MoE models, and for each mixer kind of a
+hybrid model every degree d dividing the stage width and the mixer's heads with d >= width / 4
+(a per-block choice). Plans that fail `validate` are never built; plans that do not fit are
+returned as rejected, with the reason.
+
+Objectives: "latency" (tokens/s per request, highest first), "throughput" (tokens/s over all
+replicas), "sockets" (fewest sockets, then latency). Ties go to fewer sockets, then the name.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from partitioning.plan import Plan, mixer_heads, validate
+from workloads.errors import ConfigError
+from workloads.spec import Mixer, ModelSpec
+
+OBJECTIVES = ("latency", "throughput", "sockets")
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    ranked: tuple[Any, ...]  # evaluator results, best first
+    rejected: tuple[tuple[Plan, str], ...]  # plans that do not fit, with the reason
+    evaluated: int
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_plans(spec: ModelSpec, sockets: int) -> Iterator[Plan]:
+    """Every plan `validate` accepts on a cluster of `sockets` sockets."""
+    moe = spec.moe is not None
+    mixers = sorted({la.mixer for la in spec.layers} - {Mixer.NONE}, key=lambda m: m.value)
+    for n in divisors(sockets):
+        for tp, ep, pp in itertools.product(divisors(n), repeat=3):
+            if n % (tp * ep * pp) or (ep > 1 and not moe):
+                continue
+            dp = n // (tp * ep * pp)
+            for choice in _block_choices(spec, mixers, tp * ep):
+                plan = Plan(tp=tp, pp=pp, ep=ep, dp=dp, mixer_tp=choice)
+                try:
+                    validate(plan, spec, sockets)
+                except ConfigError:
+                    continue
+                yield plan
+
+
+def _block_choices(spec: ModelSpec, mixers: list[Mixer], width: int):
+    """Per-block degrees: explored for hybrids; for one mixer kind only where the width does
+    not divide its heads (then the largest degree that does)."""
+    options = []
+    for mixer in mixers:
+        heads = mixer_heads(spec, mixer)
+        ok = [d for d in divisors(width) if heads % d == 0 and d * 4 >= width] or [1]
+        if len(mixers) == 1:
+            ok = ok[-1:]
+        options.append([(mixer, d) for d in ok])
+    for combo in itertools.product(*options):
+        yield tuple((m, d) for m, d in combo if d != width)
+
+
+def rank_key(objective: str) -> Callable[[Any], tuple]:
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"--objective: {objective!r}; accepted: {', '.join(OBJECTIVES)}")
+    if objective == "latency":
+        return lambda e: (-e.tokens_per_s_per_request, e.plan.sockets, e.plan.name)
+    if objective == "throughput":
+        return lambda e: (-e.tokens_per_s_total, e.plan.sockets, e.plan.name)
+    return lambda e: (e.plan.sockets, -e.tokens_per_s_per_request, e.plan.name)
+
+
+def search(
+    plans: Iterable[Plan],
+    evaluator: Callable[[Plan], Any],
+    objective: str = "latency",
+) -> SearchResult:
+    """Evaluate each plan; `evaluator` raises ConfigError (PlanDoesNotFit) for a plan that does
+    not fit and returns an object with .plan, .tokens_per_s_per_request, .tokens_per_s_total."""
+    key = rank_key(objective)
+    ok, rejected, n = [], [], 0
+    for plan in plans:
+        n += 1
+        try:
+            ok.append(evaluator(plan))
+        except ConfigError as e:
+            rejected.append((plan, str(e)))
+    return SearchResult(tuple(sorted(ok, key=key)), tuple(rejected), n)

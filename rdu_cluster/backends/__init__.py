@@ -1,0 +1,40 @@
+"""Backends hold the sockets: `local` as plain objects, `ray` as one Ray actor per socket.
+
+Both answer the same calls with the same values, bit for bit:
+- start(setups): create the sockets ({index: SocketSetup});
+- run(seq, ops, spans, loads, sockets): one command to each socket of a replica; `loads` maps a
+  socket to its per-step expert loads (None: all 1). Returns {socket: (rows, moves, occupancy)};
+- reprogram(index, setup): a socket gets a new program (a plan routed around a failure);
+- set_fault(index, degradation, comm_degradation, failed); close().
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chip.socket import CommTime, Program
+from chip.spec import ChipSpec
+from workloads.errors import ConfigError
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class SocketSetup:
+    chip: ChipSpec
+    program: Program
+    comm_time: CommTime
+    node: int = 0
+    weights: tuple = ()  # region ops that load the weights at start: ["alloc", ...]
+
+
+def make(name: str, **kwargs):
+    if name == "local":
+        from rdu_cluster.backends.local import LocalBackend
+
+        return LocalBackend()
+    if name == "ray":
+        from rdu_cluster.backends.ray_backend import RayBackend
+
+        return RayBackend(**kwargs)
+    raise ConfigError(f"--backend: unknown {name!r}; accepted: {', '.join(BACKENDS)}")

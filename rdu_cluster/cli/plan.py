@@ -1,0 +1,94 @@
+"""`rdu-cluster plan`: every feasible plan of a model on a cluster, ranked by an objective."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from partitioning.evaluate import PlanEstimate, search_plans
+from partitioning.footprint import Placement, PlanDoesNotFit
+from partitioning.routing import RoutingModel
+from rdu_cluster.config import load_cluster
+from rdu_cluster.report import text_table
+from workloads.catalog import load_model
+from workloads.dtypes import DType, Precision
+from workloads.errors import ConfigError
+
+
+@click.command()
+@click.option("--model", "model_ref", required=True, help="Catalog name or config.json path.")
+@click.option("--cluster", "cluster_ref", required=True, help="Cluster name or TOML path.")
+@click.option("--objective", default="latency", show_default=True,
+              type=click.Choice(["latency", "throughput", "sockets"]))
+@click.option("--batch", default=1, show_default=True, type=int, help="Sequences per replica.")
+@click.option("--context", default=8192, show_default=True, type=int, help="Prompt tokens.")
+@click.option("--gen-len", default=256, show_default=True, type=int)
+@click.option("--top", default=10, show_default=True, type=int, help="Plans to print.")
+@click.option("--weights", "weights_dtype", default=None, help="Weight dtype (bf16, fp8, ...).")
+@click.option("--spill", is_flag=True, help="Let weights, then KV cache, spill to DDR.")
+@click.option("--routing", default="uniform", show_default=True,
+              help="Expert routing: uniform, or zipf:S (popularity ~ 1/rank^S).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Routing-model seed.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per plan.")
+def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype, spill,
+         routing, seed, as_json) -> None:
+    """Enumerate and rank the plans (tp, pp, ep, dp, per-block degrees) of MODEL on CLUSTER."""
+    if min(batch, context, gen_len, top) < 1:
+        raise ConfigError("--batch, --context, --gen-len and --top must be positive")
+    spec = load_model(model_ref)
+    if weights_dtype:
+        p = spec.precision
+        spec = spec.with_precision(Precision(DType.parse(weights_dtype, "--weights"),
+                                             p.kv_cache, p.activations, None, p.state))
+    cluster = load_cluster(cluster_ref)
+    placement = Placement(weights="auto", kv_cache="auto") if spill else Placement()
+    result = search_plans(spec, cluster, objective, batch, context, gen_len, placement,
+                          parse_routing(routing, seed))
+    if not result.ranked:
+        worst = result.rejected[-1][1] if result.rejected else "no valid plan"
+        raise PlanDoesNotFit(f"no plan of {result.evaluated} fits; the widest: {worst}")
+    rows = [plan_row(e, cluster.chip.tiers) for e in result.ranked[:top]]
+    if as_json:
+        click.echo("\n".join(json.dumps(r) for r in rows))
+        return
+    click.echo(
+        f"{spec.name} ({spec.precision.weights.value}) on {cluster.name}: batch {batch}, "
+        f"context {context}, gen {gen_len}, objective {objective}; {result.evaluated} plans, "
+        f"{len(result.ranked)} fit{', spill to DDR allowed' if spill else ''}"
+    )
+    header = ["#", "plan", "sockets", "tp", "pp", "ep", "dp", "tok/s/req", "tok/s total",
+              "HBM GB/socket", "DDR GB/socket", "bound"]
+    body = [[i + 1, r["plan"], r["sockets"], r["tp"], r["pp"], r["ep"], r["dp"],
+             f"{r['tokens_per_s_per_request']:,.1f}", f"{r['tokens_per_s_total']:,.1f}",
+             f"{r['hbm_used_bytes'] / 1e9:.1f}", f"{r['ddr_used_bytes'] / 1e9:.1f}", r["bound"]]
+            for i, r in enumerate(rows)]
+    click.echo(text_table(header, body))
+
+
+def parse_routing(text: str, seed: int) -> RoutingModel:
+    kind, _, s = text.partition(":")
+    if kind == "uniform" and not s:
+        return RoutingModel("uniform", seed=seed)
+    if kind == "zipf":
+        try:
+            return RoutingModel("zipf", zipf_s=float(s or 1.0), seed=seed)
+        except ValueError:
+            pass
+    raise ConfigError(f"--routing: {text!r}; expected uniform or zipf:S (S a number)")
+
+
+def plan_row(e: PlanEstimate, tiers) -> dict:
+    p = e.plan
+    return {
+        "plan": p.name, "sockets": p.sockets, "tp": p.tp, "pp": p.pp, "ep": p.ep, "dp": p.dp,
+        "mixer_tp": {m.value: d for m, d in p.mixer_tp},
+        "tokens_per_s_per_request": e.tokens_per_s_per_request,
+        "tokens_per_s_total": e.tokens_per_s_total,
+        "tpot_s": e.tpot_s,
+        "hbm_used_bytes": e.hbm_used_bytes,
+        "ddr_used_bytes": e.ddr_used_bytes,
+        "bubble_fraction": e.bubble_fraction,
+        "expert_load": e.expert_load,
+        "bound": e.bound,
+    }

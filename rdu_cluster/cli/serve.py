@@ -1,0 +1,165 @@
+"""`rdu-cluster serve`: simulate serving a request trace on a cluster, on the local or Ray
+backend; writes requests / steps / sockets / links tables (Parquet) and prints a summary."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from rdu_cluster import coe, results
+from rdu_cluster.backends import BACKENDS
+from rdu_cluster.backends import make as make_backend
+from rdu_cluster.config import load_cluster
+from rdu_cluster.engine import schedulers
+from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
+from workloads import traces
+from workloads.catalog import load_model
+from workloads.errors import ConfigError
+
+TABLES = ("requests", "steps", "sockets", "links")
+
+
+@click.command()
+@click.option("--model", "model_ref", default="llama-3.1-70b", show_default=True,
+              help="Catalog name or path to a HuggingFace config.json.")
+@click.option("--cluster", "cluster_ref", default="sn40l-16", show_default=True,
+              help="Cluster name or TOML path.")
+@click.option("--plan", default=None, help="tp=N[,ep=N][,pp=N]  [default: tp over all sockets]")
+@click.option("--trace", "trace_path", default=None,
+              help="Trace file (.csv, .parquet, .arrow): arrival_s, prompt_len, output_len[, model].")
+@click.option("--requests", "n_requests", default=None, type=int,
+              help="Synthetic trace: number of requests.")
+@click.option("--rate", default=None, type=float,
+              help="Synthetic trace: requests per second ('inf': all at 0).")
+@click.option("--arrival", type=click.Choice(traces.ARRIVALS), default="poisson",
+              show_default=True)
+@click.option("--burstiness", default=1.0, show_default=True, type=float,
+              help="Coefficient of variation of bursty gaps.")
+@click.option("--prompt-len", default="1024", show_default=True,
+              help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
+@click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--scheduler", default="continuous", show_default=True,
+              help=f"Scheduler policy: {', '.join(schedulers.names())}.")
+@click.option("--max-batch", default=32, show_default=True, type=int)
+@click.option("--token-budget", default=8192, show_default=True, type=int)
+@click.option("--chunked-prefill", is_flag=True)
+@click.option("--preemption", type=click.Choice(schedulers.PREEMPTION), default="recompute",
+              show_default=True)
+@click.option("--kv-fraction", default=0.9, show_default=True, type=float,
+              help="Share of the HBM left by the weights that holds KV cache.")
+@click.option("--fault", "faults", multiple=True,
+              help="socket:N@T[:degraded:F] or link:A-B@T[:degraded:F]; repeatable.")
+@click.option("--backend", "backend_name", type=click.Choice(BACKENDS), default="local",
+              show_default=True)
+@click.option("--address", default=None,
+              help="Ray address ('auto': join a running cluster) [default: start one].")
+@click.option("--out", "out_dir", required=True, help="Output folder (created if missing).")
+@click.option("--coe-experts", default=None, type=int,
+              help="Composition of Experts: N copies of --model (default llama-2-7b) behind a "
+              "router (rdu_cluster/coe.py).")
+@click.option("--coe-router", default="llama-2-7b", show_default=True)
+@click.option("--coe-distribution", default="uniform", show_default=True,
+              help="Request-to-expert: uniform, zipf:S, or trace (its model column).")
+@click.option("--coe-policy", default="lru", show_default=True, type=click.Choice(("lru", "lfu")))
+@click.option("--coe-hbm-slots", default=None, type=int,
+              help="Experts HBM may hold [default: as many as fit].")
+def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, burstiness,
+          prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
+          preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
+          coe_router, coe_distribution, coe_policy, coe_hbm_slots) -> None:
+    """Simulate serving a request trace on a cluster."""
+    trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
+                   seed)
+    if coe_experts is not None:  # CoE: a scheduler of its own until the engine switches experts
+        src = click.get_current_context().get_parameter_source("model_ref")
+        expert = "llama-2-7b" if src == click.core.ParameterSource.DEFAULT else model_ref
+        click.echo(coe.serve_cli(expert, load_cluster(cluster_ref), trace, coe_experts,
+                                 coe_router, coe_distribution, coe_policy, coe_hbm_slots,
+                                 max_batch, seed, _out_dir(out_dir)))
+        return
+    model, cluster = load_model(model_ref), load_cluster(cluster_ref)
+    limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
+    config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
+                         kv_memory_fraction=kv_fraction, faults=tuple(faults))
+    schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
+    out = _out_dir(out_dir)
+    bar = _ProgressBar(len(trace)) if sys.stderr.isatty() else None
+    kwargs = {"address": address} if backend_name == "ray" else {}
+    if backend_name == "local" and address:
+        raise ConfigError("--address: only with --backend ray")
+    started = time.perf_counter()
+    sim = Simulation(model, cluster, trace, config, make_backend(backend_name, **kwargs),
+                     progress=bar.update if bar else None)
+    tables = sim.run()
+    if bar:
+        bar.close()
+    write_tables(tables, out)
+    wall = dict(sim.wall, total_s=time.perf_counter() - started)
+    click.echo(format_summary(tables, wall, backend_name, model.name, cluster.name))
+
+
+def _trace(path, n, rate, arrival, burstiness, prompt_len, output_len, seed) -> traces.Trace:
+    if path:
+        if n is not None or rate is not None:
+            raise ConfigError("--trace: give either a trace file or --requests/--rate, not both")
+        return traces.read_trace(path)
+    if n is None or rate is None:
+        raise ConfigError("give --trace FILE, or --requests N and --rate R")
+    if not (rate > 0 or math.isinf(rate)):
+        raise ConfigError(f"--rate: must be positive, got {rate}")
+    return traces.synthetic(
+        n, rate, arrival,
+        traces.LengthDist.parse(prompt_len, "--prompt-len"),
+        traces.LengthDist.parse(output_len, "--output-len"),
+        seed=seed, burstiness=burstiness,
+    )
+
+
+def _out_dir(path: str) -> Path:
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_tables(tables: Tables, out: Path) -> None:
+    for name in TABLES:
+        results.write_table(getattr(tables, name), out / f"{name}.parquet")
+
+
+def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster: str) -> str:
+    s = tables.summary
+    ms = lambda d: " ".join(f"p{q} {v * 1e3:.1f}" for q, v in d.items())  # noqa: E731
+    lines = [
+        f"{model} on {cluster} ({backend} backend): {s['served']}/{s['requests']} requests "
+        f"served, {s['unserved']} unserved, {s['preemptions']} preemptions",
+        f"  TTFT ms   {ms(s['ttft_s'])}",
+        f"  TPOT ms   {ms(s['tpot_s'])}",
+        f"  throughput {s['tokens_per_s']:.0f} output tokens/s over {s['makespan_s']:.2f} s "
+        f"simulated",
+        f"  {s['steps']} steps ({s['decode_steps']} decode) in {s['windows']} windows",
+        f"  wall: start-up {wall['start_s']:.2f} s, run {wall['run_s']:.2f} s "
+        f"({s['decode_steps'] / max(wall['run_s'], 1e-9):.0f} decode steps/s), "
+        f"total {wall['total_s']:.2f} s",
+    ]
+    return "\n".join(lines)
+
+
+class _ProgressBar:
+    def __init__(self, total: int):
+        self.bar = click.progressbar(length=total, label="serving", file=sys.stderr)
+        self.bar.__enter__()
+        self.done = 0
+
+    def update(self, done: int, total: int) -> None:
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def close(self) -> None:
+        self.bar.__exit__(None, None, None)

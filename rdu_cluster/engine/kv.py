@@ -1,0 +1,80 @@
+"""KV-cache admission against HBM capacity, in blocks (paged, as vLLM).
+
+Capacity per socket = kv_memory_fraction x (HBM capacity - resident weights), in blocks of
+`block_tokens` tokens of `bytes_per_token` bytes (this socket's share of every layer's K and V).
+Every socket of a tensor-parallel group holds the same share of every sequence, so one manager
+speaks for the group. Defaults and their basis:
+- block_tokens = 16: vLLM's default --block-size;
+- kv_memory_fraction = 0.9: vLLM's default gpu_memory_utilization, which leaves 10% for
+  activations and workspace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rdu_cluster.engine.requests import Request
+
+BLOCK_TOKENS = 16
+KV_MEMORY_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    capacity_blocks: int
+    block_tokens: int
+    bytes_per_token: float  # per socket
+
+    @property
+    def block_bytes(self) -> float:
+        return self.block_tokens * self.bytes_per_token
+
+
+class KVManager:
+    def __init__(self, config: KVConfig):
+        self.config = config
+        self.used = 0  # blocks held by running requests
+        self.held: dict[int, int] = {}  # request id -> blocks
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_tokens)
+
+    @property
+    def free(self) -> int:
+        return self.config.capacity_blocks - self.used
+
+    def fits(self, tokens: int, extra: int = 0) -> bool:
+        """Could a new sequence of `tokens` cached tokens be admitted (beside `extra` blocks
+        already promised in this step)?"""
+        return self.blocks_for(tokens) + extra <= self.free
+
+    def set(self, req: Request, tokens: int) -> None:
+        """Hold enough blocks for `tokens` cached tokens (never fewer than already held)."""
+        new = max(self.blocks_for(tokens), self.held.get(req.id, 0))
+        self.used += new - self.held.get(req.id, 0)
+        self.held[req.id] = new
+
+    def release(self, req: Request) -> int:
+        blocks = self.held.pop(req.id, 0)
+        self.used -= blocks
+        return blocks
+
+    def growth(self, cached: np.ndarray, steps: int) -> int:
+        """Extra blocks the running sequences need to decode `steps` more steps."""
+        bt = self.config.block_tokens
+        return int(np.sum(-(-(cached + steps) // bt) - -(-cached // bt)))
+
+    def decode_steps_that_fit(self, cached: np.ndarray, limit: int) -> int:
+        """The most decode steps (<= limit) whose KV growth fits the free blocks."""
+        if self.growth(cached, limit) <= self.free:
+            return limit
+        lo, hi = 0, limit  # growth(lo) fits, growth(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.growth(cached, mid) <= self.free else (lo, mid)
+        return lo
+
+    def used_bytes(self) -> float:
+        return self.used * self.config.block_bytes

@@ -1,0 +1,133 @@
+"""Serving metrics: per request, per step, per socket over time, per link; Arrow tables with
+units in the column names and a schema version in their metadata.
+
+Steps are recorded a window at a time as numpy columns (never a Python dict per step); request
+times are resolved at the end from the step indices the engine recorded (admission, first token,
+completion) and each replica's step start / end times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+import rdu_cluster
+from chip.cost import CAUSES
+from rdu_cluster.engine.requests import Request
+
+SCHEMA_VERSION = "1"
+PHASES = ("decode", "prefill", "mixed", "recovery")
+
+REQUESTS = pa.schema([
+    ("request_id", pa.int64()), ("replica", pa.int64()), ("model", pa.string()),
+    ("state", pa.string()), ("arrival_s", pa.float64()), ("prompt_len", pa.int64()),
+    ("output_len", pa.int64()), ("generated_tokens", pa.int64()), ("queue_s", pa.float64()),
+    ("ttft_s", pa.float64()), ("tpot_s", pa.float64()), ("e2e_s", pa.float64()),
+    ("finish_s", pa.float64()), ("preemptions", pa.int64()), ("swaps", pa.int64()),
+    ("reason", pa.string()),
+])
+STEPS = pa.schema(
+    [("replica", pa.int64()), ("step", pa.int64()), ("window", pa.int64()),
+     ("phase", pa.string()), ("start_s", pa.float64()), ("time_s", pa.float64()),
+     ("batch", pa.int64()), ("prefill_tokens", pa.int64()), ("decode_tokens", pa.int64()),
+     ("kv_used_bytes", pa.float64())]
+    + [(f"{c}_s", pa.float64()) for c in CAUSES]
+    + [("kv_swap_s", pa.float64()), ("expert_load_max", pa.float64()),
+       ("straggler_socket", pa.int64()), ("straggler_s", pa.float64())]
+)
+TIERS = ("sram", "hbm", "ddr", "host")
+SOCKETS = pa.schema(
+    [("socket", pa.int64()), ("replica", pa.int64()), ("node", pa.int64()),
+     ("window", pa.int64()), ("time_s", pa.float64()), ("window_s", pa.float64()),
+     ("busy_s", pa.float64()), ("busy_fraction", pa.float64()), ("sent_bytes", pa.float64())]
+    + [(f"{t}_used_bytes", pa.float64()) for t in TIERS]
+)
+LINKS = pa.schema([
+    ("src", pa.int64()), ("dst", pa.int64()), ("bytes", pa.float64()),
+    ("bandwidth_bytes_per_s", pa.float64()), ("utilization", pa.float64()),
+])
+
+
+@dataclass
+class StepColumns:
+    """One window's steps, as columns (arrays of equal length)."""
+
+    cols: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.cols["step"])
+
+
+@dataclass
+class Recorder:
+    steps: list[StepColumns] = field(default_factory=list)
+    sockets: list[dict] = field(default_factory=list)
+    link_bytes: dict[tuple[int, int], float] = field(default_factory=dict)
+    ends: dict[int, list[np.ndarray]] = field(default_factory=dict)  # replica -> step ends
+    starts: dict[int, list[np.ndarray]] = field(default_factory=dict)
+
+    def add_steps(self, replica: int, cols: dict[str, np.ndarray]) -> None:
+        self.steps.append(StepColumns(cols))
+        keep = cols["phase"] != "recovery"  # recovery rows are not engine steps
+        self.starts.setdefault(replica, []).append(cols["start_s"][keep])
+        ends = np.concatenate([cols["start_s"][1:], [cols["start_s"][-1] + cols["time_s"][-1]]])
+        self.ends.setdefault(replica, []).append(ends[keep])
+
+    def step_times(self, replica: int) -> tuple[np.ndarray, np.ndarray]:
+        s = self.starts.get(replica, [])
+        e = self.ends.get(replica, [])
+        return (np.concatenate(s) if s else np.zeros(0)), (np.concatenate(e) if e else np.zeros(0))
+
+
+def request_rows(reqs: list[Request], replica_of: dict[int, int], rec: Recorder) -> dict:
+    """Columns of the requests table, vectorized per replica."""
+    n = len(reqs)
+    out = {f.name: [None] * n for f in REQUESTS}
+    times = {r: rec.step_times(r) for r in set(replica_of.values())}
+    for i, q in enumerate(reqs):
+        rep = replica_of[q.id]
+        starts, ends = times[rep]
+        out["request_id"][i], out["replica"][i], out["model"][i] = q.id, rep, q.model
+        out["state"][i], out["arrival_s"][i] = q.state, q.arrival_s
+        out["prompt_len"][i], out["output_len"][i] = q.prompt_len, q.output_len
+        out["generated_tokens"][i], out["preemptions"][i] = q.generated, q.preemptions
+        out["swaps"][i], out["reason"][i] = q.swaps, q.reason
+        if q.admit_step >= 0:
+            out["queue_s"][i] = float(starts[q.admit_step] - q.arrival_s)
+        if q.first_token_step >= 0:
+            out["ttft_s"][i] = float(ends[q.first_token_step] - q.arrival_s)
+        if q.done_step >= 0:
+            finish = float(ends[q.done_step])
+            out["finish_s"][i], out["e2e_s"][i] = finish, finish - q.arrival_s
+            if q.output_len > 1:
+                out["tpot_s"][i] = (finish - float(ends[q.first_token_step])) / (q.output_len - 1)
+    return out
+
+
+def table(schema: pa.Schema, columns: dict, metadata: dict) -> pa.Table:
+    meta = {b"rdu_cluster.schema_version": SCHEMA_VERSION.encode(),
+            b"rdu_cluster.code_version": rdu_cluster.__version__.encode()}
+    meta.update({f"rdu_cluster.{k}".encode(): str(v).encode() for k, v in metadata.items()})
+    arrays = [pa.array(_plain(columns[f.name]), type=f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema.with_metadata(meta))
+
+
+def _plain(values):
+    return values.tolist() if isinstance(values, np.ndarray) else values
+
+
+def steps_columns(rec: Recorder) -> dict:
+    if not rec.steps:
+        return {f.name: [] for f in STEPS}
+    return {f.name: np.concatenate([s.cols[f.name] for s in rec.steps]) for f in STEPS}
+
+
+def sockets_columns(rec: Recorder) -> dict:
+    return {f.name: [row.get(f.name) for row in rec.sockets] for f in SOCKETS}
+
+
+def percentiles(values, qs=(50, 90, 99)) -> dict[int, float]:
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    return {q: (float(np.percentile(v, q)) if len(v) else float("nan")) for q in qs}

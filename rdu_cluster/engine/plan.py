@@ -1,0 +1,115 @@
+"""The serving plan: tensor (tp), expert (ep) and pipeline (pp) degrees, replicated over the rest
+of the cluster, turned into one Program per socket.
+
+A stand-in until partitioning/ provides Plans with footprints and placement: `--plan tp=16`,
+`tp=16,ep=8` (attention, dense FFN, vocab over 16; routed experts over 8 groups of 2) or
+`tp=4,pp=4` (layers split evenly over 4 stages of 4). Replicas take consecutive sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from chip.socket import Program
+from partitioning.cluster import ClusterSpec
+from workloads import graph as graphs
+from workloads import params
+from workloads.errors import ConfigError
+from workloads.ops import OpClass, Shard, StepShape
+from workloads.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    tp: int
+    ep: int = 1
+    pp: int = 1
+
+    @classmethod
+    def parse(cls, text: str | None, cluster: ClusterSpec, model: ModelSpec) -> PlanSpec:
+        if not text:
+            return cls(cluster.sockets)
+        degrees = {}
+        for part in text.split(","):
+            key, _, value = part.partition("=")
+            if key.strip() not in ("tp", "ep", "pp") or not value.strip().isdigit():
+                raise ConfigError(f"--plan: {part!r}: expected tp=N, ep=N or pp=N, comma-separated")
+            degrees[key.strip()] = int(value)
+        plan = cls(degrees.get("tp", 1), degrees.get("ep", 1), degrees.get("pp", 1))
+        plan.check(cluster, model)
+        return plan
+
+    def check(self, cluster: ClusterSpec, model: ModelSpec) -> None:
+        group = self.tp * self.pp
+        if min(self.tp, self.ep, self.pp) < 1 or cluster.sockets % group:
+            raise ConfigError(
+                f"--plan: tp x pp = {group} must divide the {cluster.sockets} sockets"
+            )
+        if self.ep > 1 and (model.moe is None or self.tp % self.ep
+                            or model.moe.num_experts % self.ep):
+            raise ConfigError("--plan: ep needs an MoE model and must divide tp and the experts")
+        if self.pp > model.num_layers:
+            raise ConfigError(f"--plan: pp={self.pp} exceeds the {model.num_layers} layers")
+
+    @property
+    def group(self) -> int:
+        return self.tp * self.pp
+
+    def shard(self) -> Shard:
+        return Shard(attn_tp=self.tp, mlp_tp=self.tp, expert_tp=self.tp // self.ep, ep=self.ep,
+                     vocab_tp=self.tp)
+
+
+@dataclass(frozen=True)
+class ReplicaLayout:
+    sockets: tuple[int, ...]
+    stages: tuple[tuple[int, ...], ...]  # sockets of each pipeline stage
+    programs: dict  # socket -> Program
+
+
+def layouts(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, options=None,
+            execution_model: str | None = None, first: int = 0,
+            sockets: tuple[int, ...] | None = None) -> list[ReplicaLayout]:
+    pool = sockets if sockets is not None else tuple(range(first, cluster.sockets))
+    out = []
+    n_layers = model.num_layers
+    for r in range(len(pool) // plan.group):
+        members = pool[r * plan.group : (r + 1) * plan.group]
+        stages, programs = [], {}
+        for k in range(plan.pp):
+            stage = members[k * plan.tp : (k + 1) * plan.tp]
+            layers = None if plan.pp == 1 else (k * n_layers // plan.pp,
+                                                 (k + 1) * n_layers // plan.pp)
+            for s in stage:
+                programs[s] = Program(model, plan.shard(), k, plan.pp, layers, stage,
+                                      execution_model, options)
+            stages.append(stage)
+        out.append(ReplicaLayout(members, tuple(stages), programs))
+    return out
+
+
+def resident_weight_bytes(program: Program) -> float:
+    """Weights one socket holds: what its program reads at a batch that touches every expert,
+    with the embedding's gathered rows replaced by its whole shard of the table (a socket
+    without the prologue holds none of it; a tied embedding is the LM head's matrix)."""
+    g = program.graph(StepShape.decode(1e6, 1.0))
+    total = 0.0
+    for block, op in g.ops():
+        if op.cls is OpClass.EMBEDDING:
+            if not program.model.tie_embeddings:
+                w = program.model.precision.weights.bytes
+                total += params.embedding_params(program.model) * w / program.shard.vocab_tp
+            continue
+        total += block.repeat * float(np.max(op.weight_bytes))
+    return total
+
+
+def kv_bytes_per_token(program: Program) -> float:
+    """This socket's KV bytes per cached token: the slope of its decode KV read in context
+    (exact for full attention; layers with a sliding window are counted as if they kept every
+    token, an overestimate of their cache; recurrent state is not counted)."""
+    g = program.graph(StepShape.decode(1.0, np.array([64.0, 65.0])))
+    kv = np.asarray(g.total("kv_read_bytes"), dtype=float)
+    return float(kv[1] - kv[0]) or float(graphs.kv_bytes_per_token(program.model))

@@ -1,0 +1,271 @@
+"""A replica: the sockets that serve one copy of the model (a tensor-parallel group, times its
+pipeline stages), its scheduler, KV cache and request queues, and the planning of windows.
+
+A window is the set of spans sent to the sockets in one round trip. A span is a run of steps
+with a fixed batch composition: a decode span runs until the next completion or the step whose
+KV growth no longer fits; a prefill or mixed step is a span of one. Planning is count-based (how
+many tokens, which requests), so several spans can be planned before any time is known, as
+long as no plan could have been changed by a request arriving meanwhile: every plan after the
+first must be saturated (schedulers/__init__.py). The first plan of a window is made with every
+request that has arrived by then; if it is not saturated, or a fault is pending, its span is
+the only one in the window and is cut at the first step boundary at or after the next arrival
+(or fault). This is conservative time advance at step boundaries, with lookahead: the window is
+what a step-by-step loop would have done, in one round trip.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from chip.socket import DECODE, MIXED, PREFILL, Spans
+from rdu_cluster.engine.kv import KVManager
+from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, WAITING, Request
+from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
+
+MAX_SPANS = 2048  # spans per window: bounds a command's size (about 50 bytes a span)
+MAX_STEPS = 65536  # steps per window: bounds a result's size (12 rows x 8 bytes a step)
+
+
+@dataclass
+class Span:
+    kind: int
+    steps: int
+    first_step: int
+    decode: list[Request]
+    prefill: list[tuple[Request, int]]
+    ctx_sum: int = 0
+    pre_prefix: int = 0
+    running: int = 0
+    kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cut_at: float = math.inf
+
+
+@dataclass
+class Window:
+    spans: list[Span]
+    ops: list[list]  # ops[i] before span i; ops[-1] after the last
+
+    @property
+    def steps(self) -> int:
+        return sum(s.steps for s in self.spans)
+
+    def columns(self) -> Spans:
+        sp = self.spans
+        col = lambda f: np.fromiter((f(s) for s in sp), dtype=np.int64, count=len(sp))  # noqa: E731
+        return Spans(
+            kind=col(lambda s: s.kind),
+            steps=col(lambda s: s.steps),
+            batch=col(lambda s: len(s.decode)),
+            ctx_sum=col(lambda s: s.ctx_sum),
+            pre_seqs=col(lambda s: len(s.prefill)),
+            pre_tokens=col(lambda s: sum(t for _, t in s.prefill)),
+            pre_prefix=col(lambda s: s.pre_prefix),
+        )
+
+
+class Replica:
+    def __init__(self, index: int, sockets: list[int], scheduler: Scheduler, kv: KVManager,
+                 swap_tier: str):
+        self.index = index
+        self.sockets = sockets
+        self.scheduler = scheduler
+        self.kv = kv
+        self.swap_tier = swap_tier
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.swapped: list[Request] = []
+        self.requests: list[Request] = []
+        self.pending = 0  # requests routed here that have not arrived yet
+        self.step = 0
+        self.busy = False
+        self.down_until = 0.0
+        self.synced: dict[int, int] = {}  # request id -> KV blocks the sockets hold for it
+        self.next_ops: list = []  # region ops for the start of the next window
+
+    # -- planning -----------------------------------------------------------------------
+    def view(self) -> View:
+        return View(self.running, self.waiting, self.swapped, self.kv, self.pending > 0)
+
+    def plan_window(self, horizon_of) -> Window:
+        """Spans until a time-dependent boundary, MAX_SPANS or MAX_STEPS. `horizon_of(plan)`
+        is the time at which the plan could change (math.inf: never)."""
+        spans, ops = [], [self.next_ops]
+        self.next_ops = []
+        steps = 0
+        while len(spans) < MAX_SPANS and steps < MAX_STEPS:
+            plan = self.scheduler.step(self.view())
+            if plan.empty:
+                break
+            horizon = horizon_of(plan)
+            if horizon < math.inf and spans:
+                break
+            span = self._open(plan, ops[-1])
+            if span is None:
+                continue
+            spans.append(span)
+            steps += span.steps
+            if horizon < math.inf:
+                span.cut_at = horizon
+                ops.append([])
+                break
+            self.advance(span, span.steps)
+            ops.append(self.next_ops)
+            self.next_ops = []
+        if not spans:
+            self.next_ops = [op for part in ops for op in part]
+            return Window([], [])
+        ops[-1] = ops[-1] + self._sync_growth()
+        return Window(spans, ops)
+
+    def _open(self, plan: StepPlan, ops: list) -> Span | None:
+        """Apply what happens at the start of a span (preemption, swap-in, admission) and make
+        the span; None when the plan only preempted."""
+        for r in plan.preempt:
+            self._preempt(r, ops)
+        for r in plan.swap_in:
+            self._swap_in(r, ops)
+        for r in plan.admit:
+            self._admit(r, plan.reserve_output, ops)
+        decode = [r for r in plan.decode if r.state == RUNNING] + list(plan.swap_in)
+        if not decode and not plan.prefill:
+            return None
+        kind = MIXED if decode and plan.prefill else (PREFILL if plan.prefill else DECODE)
+        steps = 1
+        cached = np.fromiter((r.cached for r in decode), dtype=np.int64, count=len(decode))
+        if kind == DECODE:
+            limit = min(r.remaining_output for r in decode)
+            held = np.fromiter((self.kv.held.get(r.id, 0) for r in decode), np.int64, len(decode))
+            steps = max(1, self._fit(cached, held, limit))
+        span = Span(kind, steps, self.step, decode, list(plan.prefill),
+                    ctx_sum=int(cached.sum()), pre_prefix=sum(r.cached for r, _ in plan.prefill),
+                    running=len(self.running))
+        span.kv_blocks = self._kv_per_step(cached, decode, steps)
+        return span
+
+    def _fit(self, cached: np.ndarray, held: np.ndarray, limit: int) -> int:
+        bt = self.kv.config.block_tokens
+        free = self.kv.free
+
+        def growth(n: int) -> int:
+            return int(np.maximum(0, -(-(cached + n) // bt) - held).sum())
+
+        if growth(limit) <= free:
+            return limit
+        lo, hi = 0, limit
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if growth(mid) <= free else (lo, mid)
+        return lo
+
+    def _kv_per_step(self, cached: np.ndarray, decode: list, steps: int) -> np.ndarray:
+        """KV blocks in use during each step of the span (after its writes)."""
+        if not decode or steps == 1:
+            return np.full(steps, self.kv.used + sum(
+                max(0, self.kv.blocks_for(r.cached + 1) - self.kv.held.get(r.id, 0))
+                for r in decode), dtype=np.int64)
+        bt = self.kv.config.block_tokens
+        held = np.fromiter((self.kv.held.get(r.id, 0) for r in decode), np.int64, len(decode))
+        k = np.arange(1, steps + 1)
+        need = -(-(cached[:, None] + k[None, :]) // bt)
+        extra = np.maximum(0, need - held[:, None]).sum(axis=0)
+        return self.kv.used + extra
+
+    # -- state changes ------------------------------------------------------------------
+    def advance(self, span: Span, steps: int) -> None:
+        """The span ran `steps` steps: move tokens, record completions, grow the KV cache."""
+        span.steps = steps
+        last = span.first_step + steps - 1
+        for r, tokens in span.prefill:
+            r.prefill(tokens, span.first_step)
+        for r in span.decode:
+            r.decode(steps, last)
+        for r in span.decode + [r for r, _ in span.prefill]:
+            if r.state == DONE:
+                self._finish(r)
+            else:
+                self.kv.set(r, r.cached)
+        self.step += steps
+        span.kv_blocks = span.kv_blocks[:steps]
+
+    def _admit(self, r: Request, reserve_output: bool, ops: list) -> None:
+        self.waiting.remove(r)
+        r.admit(self.step)
+        tokens = r.prompt_len + (r.output_len if reserve_output else r.generated)
+        self.kv.set(r, tokens)
+        self.running.append(r)
+        blocks = self.kv.held[r.id]
+        ops.append(["alloc", f"kv/{r.id}", "hbm", blocks * self.kv.config.block_bytes, "kv"])
+        self.synced[r.id] = blocks
+
+    def _finish(self, r: Request) -> None:
+        self.running.remove(r)
+        self.kv.release(r)
+        if self.synced.pop(r.id, None) is not None:
+            self.next_ops.append(["free", f"kv/{r.id}"])
+
+    def _preempt(self, r: Request, ops: list) -> None:
+        self.running.remove(r)
+        blocks = self.kv.release(r)
+        name = f"kv/{r.id}"
+        if self.scheduler.limits.preemption == "swap":
+            r.preempt_swap()
+            self.swapped.append(r)
+            ops += [["resize", name, blocks * self.kv.config.block_bytes],
+                    ["move", name, self.swap_tier]]
+            self.synced[r.id] = blocks
+        else:
+            r.preempt_recompute()
+            self.waiting.appendleft(r)
+            if self.synced.pop(r.id, None) is not None:
+                ops.append(["free", name])
+
+    def _swap_in(self, r: Request, ops: list) -> None:
+        self.swapped.remove(r)
+        r.state = RUNNING
+        self.kv.set(r, r.cached)
+        self.running.append(r)
+        ops.append(["move", f"kv/{r.id}", "hbm"])
+
+    def _sync_growth(self) -> list:
+        """Resize the sockets' KV regions to the blocks now held (once a window)."""
+        out = []
+        bb = self.kv.config.block_bytes
+        for r in self.running:
+            blocks = self.kv.held.get(r.id, 0)
+            if self.synced.get(r.id) != blocks:
+                out.append(["resize", f"kv/{r.id}", blocks * bb])
+                self.synced[r.id] = blocks
+        return out
+
+    # -- faults -------------------------------------------------------------------------
+    def drop_all_kv(self) -> None:
+        """The group lost a socket: every cached sequence goes back to the queue, to be
+        recomputed (its KV shards on the failed socket are gone)."""
+        victims = list(self.running) + list(self.swapped)
+        for r in victims:
+            self.kv.release(r)
+            r.preempt_recompute()
+        self.running.clear()
+        self.swapped.clear()
+        self.waiting = deque(sorted(victims + list(self.waiting), key=_order))
+        self.synced.clear()
+        self.next_ops = []
+
+    def refuse_all(self, reason: str) -> None:
+        for r in self.requests:
+            if r.state not in (DONE, UNSERVED):
+                r.state, r.reason = UNSERVED, reason
+        self.running.clear()
+        self.waiting.clear()
+        self.swapped.clear()
+
+
+def _order(r: Request) -> tuple:
+    return (r.arrival_s, r.id)
+
+
+__all__ = ["Replica", "Window", "Span", "SWAPPED"]

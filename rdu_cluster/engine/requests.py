@@ -1,0 +1,76 @@
+"""Request entities: one per trace row, mutated by the engine as it is scheduled.
+
+Token accounting follows vLLM: a prefill writes the KV of its `target` tokens (the prompt, plus
+the tokens generated before a recompute preemption) and samples one output token in the step it
+completes; each decode step reads the `cached` tokens, writes one more and samples one token.
+Times are not stored here: the engine records step indices (admission, first token, completion)
+and resolves them to times once the steps' times are known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WAITING, RUNNING, SWAPPED, DONE, UNSERVED = "waiting", "running", "swapped", "done", "unserved"
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    model: str = ""
+    state: str = WAITING
+    cached: int = 0  # tokens whose KV is in the cache
+    generated: int = 0  # output tokens sampled so far
+    target: int = 0  # tokens the current prefill must cache (prompt + generated at admission)
+    admit_step: int = -1  # first step of its first admission
+    first_token_step: int = -1
+    done_step: int = -1
+    preemptions: int = 0
+    swaps: int = 0
+    reason: str = ""  # why it was not served
+
+    @property
+    def prefilling(self) -> bool:
+        return self.cached < self.target
+
+    @property
+    def remaining_prefill(self) -> int:
+        return self.target - self.cached
+
+    @property
+    def remaining_output(self) -> int:
+        return self.output_len - self.generated
+
+    def admit(self, step: int) -> None:
+        self.state = RUNNING
+        self.target = self.prompt_len + self.generated
+        if self.admit_step < 0:
+            self.admit_step = step
+
+    def prefill(self, tokens: int, step: int) -> None:
+        self.cached += tokens
+        if self.cached == self.target:
+            self._sample(step)
+
+    def decode(self, steps: int, last_step: int) -> None:
+        self.cached += steps
+        self.generated += steps - 1
+        self._sample(last_step)
+
+    def _sample(self, step: int) -> None:
+        self.generated += 1
+        if self.first_token_step < 0:
+            self.first_token_step = step
+        if self.generated >= self.output_len:
+            self.state, self.done_step = DONE, step
+
+    def preempt_recompute(self) -> None:
+        self.state, self.cached, self.target = WAITING, 0, 0
+        self.preemptions += 1
+
+    def preempt_swap(self) -> None:
+        self.state = SWAPPED
+        self.swaps += 1

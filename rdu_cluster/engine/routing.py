@@ -1,0 +1,27 @@
+"""A seeded MoE routing sampler: the per-step load of each expert-parallel group.
+
+Stand-in until partitioning/routing.py exists. Each token of a step is routed to top_k experts
+drawn uniformly (balanced routing in expectation: the load-balancing loss's target); a step's
+N * top_k assignments are one multinomial draw over the experts (distinctness of a token's k
+experts is ignored: a few per cent at k/E = 1/4). A group's load is its assignments over the
+mean group's, so the busiest group's load is the straggler factor of the step
+(Shard.expert_load). Draws are keyed by (seed, replica, first step of the span): the same plan
+gives the same loads in any backend, window size or restart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RoutingSampler:
+    def __init__(self, num_experts: int, top_k: int, ep: int, seed: int):
+        self.experts, self.top_k, self.ep, self.seed = num_experts, top_k, ep, seed
+        self.p = np.full(num_experts, 1.0 / num_experts)
+
+    def loads(self, replica: int, first_step: int, tokens: int, steps: int) -> np.ndarray:
+        """(steps, ep) load of each group per step, 1.0 = the mean."""
+        rng = np.random.default_rng([self.seed, replica, first_step])
+        counts = rng.multinomial(tokens * self.top_k, self.p, size=steps)
+        groups = counts.reshape(steps, self.ep, -1).sum(axis=2)
+        return groups / (tokens * self.top_k / self.ep)

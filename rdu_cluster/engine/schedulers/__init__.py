@@ -1,0 +1,110 @@
+"""Scheduler policies, by registry: a policy is one module that defines a class with a `name`,
+built from `Limits`, whose `step(view)` returns the next step's `StepPlan` WITHOUT changing
+anything (the engine applies the plan). Adding a policy is one module plus its name in BUILTIN.
+
+`StepPlan.saturated` tells the engine whether the plan would be the same had more requests
+arrived since: True when the policy stopped at a limit (batch, token budget, KV capacity, or a
+rule of its own), False when it ran out of waiting requests with room to spare. The engine plans
+several spans per backend round trip only while every plan after the first is saturated.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from rdu_cluster.engine.kv import KVManager
+from rdu_cluster.engine.requests import Request
+from workloads.errors import ConfigError
+
+BUILTIN = ("rdu_cluster.engine.schedulers.continuous", "rdu_cluster.engine.schedulers.static")
+PREEMPTION = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """max_batch: sequences in a step. token_budget: new tokens in a step (prefill tokens plus
+    one per decode); 8192 holds 8 prompts of 1,024 (vLLM's default is model-dependent, 2,048 to
+    8,192). chunked_prefill: split prompts to fill the budget beside decodes (Sarathi-Serve /
+    vLLM --enable-chunked-prefill). preemption: what a request pushed out of the KV cache loses:
+    "recompute" (its KV, rebuilt by a new prefill) or "swap" (KV copied to DDR / host and back)."""
+
+    max_batch: int = 32
+    token_budget: int = 8192
+    chunked_prefill: bool = False
+    preemption: str = "recompute"
+
+    def check(self) -> None:
+        if self.max_batch < 1:
+            raise ConfigError(f"--max-batch: must be positive, got {self.max_batch}")
+        if self.token_budget < 1:
+            raise ConfigError(f"--token-budget: must be positive, got {self.token_budget}")
+        if self.preemption not in PREEMPTION:
+            raise ConfigError(
+                f"--preemption: unknown {self.preemption!r}; accepted: {', '.join(PREEMPTION)}"
+            )
+
+
+@dataclass(frozen=True)
+class View:
+    """What a policy sees at a step boundary (read only)."""
+
+    running: Sequence[Request]  # admission order
+    waiting: Sequence[Request]  # FCFS: arrival order, recompute-preempted requests first
+    swapped: Sequence[Request]
+    kv: KVManager
+    more_arrivals: bool  # requests of the trace not yet arrived
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    prefill: tuple[tuple[Request, int], ...] = ()  # (request, new tokens this step)
+    decode: tuple[Request, ...] = ()
+    admit: tuple[Request, ...] = ()  # waiting -> running
+    swap_in: tuple[Request, ...] = ()  # swapped -> running
+    preempt: tuple[Request, ...] = ()  # running -> out of the cache
+    saturated: bool = True
+    reserve_output: bool = False  # admission reserves KV for prompt + output (no growth)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefill or self.decode or self.preempt or self.swap_in)
+
+
+class Scheduler(Protocol):
+    name: str
+
+    def __init__(self, limits: Limits) -> None: ...
+
+    def step(self, view: View) -> StepPlan: ...
+
+
+SCHEDULERS: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    SCHEDULERS[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    _load()
+    return sorted(SCHEDULERS)
+
+
+def get(name: str, limits: Limits) -> Scheduler:
+    _load()
+    limits.check()
+    try:
+        return SCHEDULERS[name](limits)
+    except KeyError:
+        raise ConfigError(
+            f"--scheduler: unknown {name!r}; accepted: {', '.join(sorted(SCHEDULERS))}"
+        ) from None
+
+
+def _load() -> None:
+    for module in BUILTIN:
+        importlib.import_module(module)

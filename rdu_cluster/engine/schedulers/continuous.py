@@ -1,0 +1,116 @@
+"""Continuous batching (Orca / vLLM): requests join and leave the batch at every step.
+
+Without chunked prefill (vLLM V0's default): a step either prefills newly admitted prompts
+whole (FCFS, within max_batch, the token budget and free KV blocks) or decodes every running
+sequence; prefills go first. With chunked prefill (Sarathi-Serve): every step decodes all running
+sequences and fills the rest of the token budget with prompt chunks, continuing prompts first.
+KV blocks for the whole prompt are taken at admission; when the decodes of a step need more
+blocks than are free, the most recently admitted sequences are preempted (vLLM's policy), and
+no new prompt is admitted in that step. Swapped sequences come back before new ones.
+"""
+
+from __future__ import annotations
+
+from rdu_cluster.engine.schedulers import Limits, StepPlan, View, register
+
+
+@register
+class Continuous:
+    name = "continuous"
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+
+    def step(self, view: View) -> StepPlan:
+        running, preempt, free = _fit_decodes(view)
+        if preempt:
+            return StepPlan(decode=_decoding(running), preempt=preempt)
+        if view.swapped:
+            swap_in = _swap_in(view, running, free, self.limits.max_batch)
+            if swap_in or running:
+                return StepPlan(decode=_decoding(running), swap_in=swap_in)
+        if self.limits.chunked_prefill:
+            return self._chunked(view, running, free)
+        return self._prefill_first(view, running, free)
+
+    def _prefill_first(self, view: View, running: list, free: int) -> StepPlan:
+        room = self.limits.max_batch - len(running)
+        budget, admit, saturated = self.limits.token_budget, [], True
+        for r in _queue(view, room):
+            need = view.kv.blocks_for(r.prompt_len + r.generated)
+            tokens = r.prompt_len + r.generated
+            if len(admit) == room or tokens > budget or need > free:
+                break
+            admit.append(r)
+            budget, free = budget - tokens, free - need
+        else:
+            saturated = len(admit) == room or not view.more_arrivals
+        if admit:
+            prefill = tuple((r, r.prompt_len + r.generated) for r in admit)
+            return StepPlan(prefill=prefill, admit=tuple(admit), saturated=saturated)
+        room_left = len(running) < self.limits.max_batch
+        saturated = bool(view.waiting) or not room_left or not view.more_arrivals
+        return StepPlan(decode=_decoding(running), saturated=saturated)
+
+    def _chunked(self, view: View, running: list, free: int) -> StepPlan:
+        decode = _decoding(running)
+        budget = self.limits.token_budget - len(decode)
+        prefill = []
+        for r in running:
+            if r.prefilling and budget > 0:
+                chunk = min(r.remaining_prefill, budget)
+                prefill.append((r, chunk))
+                budget -= chunk
+        room = self.limits.max_batch - len(running)
+        admit, saturated = [], True
+        for r in _queue(view, room):
+            need = view.kv.blocks_for(r.prompt_len + r.generated)
+            if len(admit) == room or budget <= 0 or need > free:
+                break
+            chunk = min(r.prompt_len + r.generated, budget)
+            admit.append(r)
+            prefill.append((r, chunk))
+            budget, free = budget - chunk, free - need
+        else:
+            saturated = len(admit) == room or budget <= 0 or not view.more_arrivals
+        return StepPlan(
+            prefill=tuple(prefill), decode=decode, admit=tuple(admit), saturated=saturated
+        )
+
+
+def _queue(view: View, room: int):
+    return view.waiting if room > 0 else ()
+
+
+def _decoding(running: list) -> tuple:
+    return tuple(r for r in running if not r.prefilling)
+
+
+def _fit_decodes(view: View) -> tuple[list, tuple, int]:
+    """Preempt the newest running sequences until one decode step of the rest fits."""
+    running = list(view.running)
+    kv, preempt = view.kv, []
+    free = kv.free
+    while running:
+        need = sum(_growth(kv, r) for r in running if not r.prefilling)
+        if need <= free:
+            return running, tuple(preempt), free - need
+        victim = running.pop()
+        preempt.append(victim)
+        free += kv.held.get(victim.id, 0)
+    return running, tuple(preempt), free
+
+
+def _growth(kv, r) -> int:
+    return max(0, kv.blocks_for(r.cached + 1) - kv.held.get(r.id, 0))
+
+
+def _swap_in(view: View, running: list, free: int, max_batch: int) -> tuple:
+    out = []
+    for r in view.swapped:
+        need = view.kv.blocks_for(r.cached + 1)
+        if len(running) + len(out) >= max_batch or need > free:
+            break
+        out.append(r)
+        free -= need
+    return tuple(out)

@@ -1,0 +1,466 @@
+"""The serving simulation: builds the sockets of a plan on a backend, routes a trace over the
+replicas, runs the event loop and assembles the tables.
+
+Layers: entities (requests.py, replica.py), policies (schedulers/), the time predictor (the
+sockets' cost tables, chip/socket.py, over the chip's execution model), the event loop (loop.py,
+events.py) and metrics (metrics.py). Requests go to replicas round-robin by id, which does not
+depend on time, so replicas are independent and any interleaving of their windows gives the same
+tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from chip.cost import CAUSES
+from chip.memory import MemoryTiers
+from chip.socket import COMM_ROW, DECODE, MIXED, PREFILL, ROWS
+from partitioning.cluster import ClusterSpec
+from rdu_cluster.backends import SocketSetup
+from rdu_cluster.backends.messages import Message, Router
+from rdu_cluster.engine import loop, metrics
+from rdu_cluster.engine import plan as plans
+from rdu_cluster.engine import schedulers
+from rdu_cluster.engine.events import Arrival, Event, FaultAt
+from rdu_cluster.engine.faults import LINK_DETOUR_FACTOR, Fault
+from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KVManager
+from rdu_cluster.engine.replica import Replica, Window
+from rdu_cluster.engine.requests import DONE, UNSERVED, Request
+from rdu_cluster.engine.routing import RoutingSampler
+from rdu_cluster.estimate import tp_comm_time
+from workloads.errors import ConfigError
+from workloads.spec import ModelSpec
+from workloads.traces import Trace
+
+PHASE_NAMES = np.array(["decode", "prefill", "mixed"])
+N_CAUSES = len(CAUSES)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    plan: str | None = None
+    scheduler: str = "continuous"
+    limits: schedulers.Limits = field(default_factory=schedulers.Limits)
+    seed: int = 0
+    kv_memory_fraction: float = KV_MEMORY_FRACTION
+    block_tokens: int = BLOCK_TOKENS
+    execution_model: str | None = None
+    options: object = None
+    faults: tuple[str, ...] = ()
+
+
+@dataclass
+class Tables:
+    requests: object
+    steps: object
+    sockets: object
+    links: object
+    summary: dict
+
+
+class Simulation:
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, trace: Trace, config: ServeConfig,
+                 backend, progress: Callable[[int, int], None] | None = None):
+        if not 0 < config.kv_memory_fraction <= 1:
+            raise ConfigError("--kv-fraction: must be in (0, 1]")
+        self.model, self.cluster, self.trace, self.config = model, cluster, trace, config
+        self.backend = backend
+        self.progress = progress
+        self.hooks: list[Callable[[Simulation, int], None]] = []
+        self.plan = plans.PlanSpec.parse(config.plan, cluster, model)
+        self.faults = [Fault.parse(f, cluster.sockets) for f in config.faults]
+        self.router = Router(cluster)
+        self.rec = metrics.Recorder()
+        self.now, self.seq, self.windows = 0.0, 0, 0
+        self.failed: set[int] = set()
+        self.degradation: dict[int, list[float]] = {}
+        self.layouts: dict[int, plans.ReplicaLayout] = {}
+        self.replicas: list[Replica] = []
+        self.replica_of: dict[int, int] = {}
+        self.requests: list[Request] = []
+        self.sampler = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def start(self) -> None:
+        layouts = plans.layouts(self.model, self.cluster, self.plan, self.config.options,
+                                self.config.execution_model)
+        setups = {}
+        for r, lay in enumerate(layouts):
+            self.layouts[r] = lay
+            setups.update(self._setups(lay, self.plan.tp))
+        self.backend.start(setups)
+        for r, lay in enumerate(layouts):
+            sched = schedulers.get(self.config.scheduler, self.config.limits)
+            self.replicas.append(Replica(r, list(lay.sockets), sched, self._kv(lay),
+                                         self._swap_tier()))
+        if self.plan.ep > 1:
+            moe = self.model.moe
+            self.sampler = RoutingSampler(moe.num_experts, moe.top_k, self.plan.ep,
+                                          self.config.seed)
+
+    def _setups(self, lay: plans.ReplicaLayout, tp: int) -> dict[int, SocketSetup]:
+        comm = tp_comm_time(self.cluster, tp)
+        out = {}
+        for s, prog in lay.programs.items():
+            w = plans.resident_weight_bytes(prog)
+            first, last = prog.layers or (0, self.model.num_layers)
+            name = f"weights/{self.model.name}/layers/{first}-{last - 1}"
+            self._check_fits(w, tp)
+            out[s] = SocketSetup(self.cluster.chip, prog, comm, self.cluster.node_of(s),
+                                 (["alloc", name, "hbm", w, "weights"],))
+        return out
+
+    def _check_fits(self, weights: float, tp: int) -> None:
+        hbm = self.cluster.chip.hbm.capacity_bytes
+        if weights >= hbm:
+            raise ConfigError(
+                f"{self.model.name} does not fit {self.cluster.name} at tp={tp}: "
+                f"{weights / 1e9:.1f} GB of weights per socket, {hbm / 1e9:.1f} GB of HBM"
+            )
+
+    def _kv(self, lay: plans.ReplicaLayout) -> KVManager:
+        weights = max(plans.resident_weight_bytes(p) for p in lay.programs.values())
+        per_token = max(plans.kv_bytes_per_token(p) for p in lay.programs.values())
+        free = self.config.kv_memory_fraction * (self.cluster.chip.hbm.capacity_bytes - weights)
+        blocks = int(free // (per_token * self.config.block_tokens))
+        return KVManager(KVConfig(blocks, self.config.block_tokens, per_token))
+
+    def _swap_tier(self) -> str:
+        return "ddr" if self.cluster.chip.has_tier("ddr") else "host"
+
+    def initial_events(self) -> list[Event]:
+        events: list[Event] = []
+        n_rep = len(self.replicas)
+        for i in range(len(self.trace)):
+            model = self.trace.model[i] if self.trace.model else self.model.name
+            r = Request(i, float(self.trace.arrival_s[i]), int(self.trace.prompt_len[i]),
+                        int(self.trace.output_len[i]), model)
+            rep = self.replicas[i % n_rep]
+            rep.requests.append(r)
+            rep.pending += 1
+            self.requests.append(r)
+            self.replica_of[i] = rep.index
+            events.append(Arrival(r.arrival_s, r, rep.index))
+        events += [FaultAt(f.time_s, f) for f in self.faults]
+        return events
+
+    # -- running --------------------------------------------------------------------------
+    def run(self) -> Tables:
+        """Start the sockets, run the trace, close the backend. `self.wall` keeps the wall
+        seconds of start-up and of the run (for reports only: never in a table)."""
+        t = time.perf_counter()
+        try:
+            self.start()
+            started = time.perf_counter()
+            end = loop.run(self, self.initial_events())
+            ran = time.perf_counter()
+        finally:
+            self.backend.close()
+        tables = self.tables(end)
+        self.wall = {"start_s": started - t, "run_s": ran - started,
+                     "tables_s": time.perf_counter() - ran}
+        return tables
+
+    def admit_to_queue(self, rep: Replica, r: Request) -> None:
+        reason = self._refusal(rep, r)
+        if reason:
+            r.state, r.reason = UNSERVED, reason
+        else:
+            rep.waiting.append(r)
+
+    def _refusal(self, rep: Replica, r: Request) -> str:
+        if getattr(rep, "refused", ""):
+            return rep.refused
+        if rep.kv.blocks_for(r.prompt_len + r.output_len) > rep.kv.config.capacity_blocks:
+            return "needs more KV cache than the replica holds"
+        lim = self.config.limits
+        if not lim.chunked_prefill and r.prompt_len > lim.token_budget:
+            return "prompt exceeds the token budget (use --chunked-prefill)"
+        return ""
+
+    def horizon(self, rep: Replica, plan) -> float:
+        """When `plan` could change: the next pending fault, and, for a plan that is not
+        saturated, the next arrival routed to this replica."""
+        h = min((f.time_s for f in self.faults if f.time_s > self.now), default=math.inf)
+        if not plan.saturated and rep.pending:
+            h = min(h, rep.requests[len(rep.requests) - rep.pending].arrival_s)
+        return h
+
+    def execute_window(self, rep: Replica, t0: float) -> float | None:
+        window = rep.plan_window(lambda p: self.horizon(rep, p))
+        if not window.spans:
+            return None
+        self.seq += 1
+        loads, load_max = self._loads(rep, window)
+        res = self.backend.run(self.seq, window.ops, window.columns(), loads, rep.sockets)
+        step = self._combine(rep, window, res)
+        step["expert_load_max"] = load_max
+        m = len(step["time_s"])
+        last = window.spans[-1]
+        if last.cut_at < math.inf:
+            ends = _ends(t0, step["time_s"])
+            m = min(last.steps, int(np.searchsorted(ends, last.cut_at, side="left")) + 1)
+            step = {k: v[:m] for k, v in step.items()}
+            rep.advance(last, m)
+        end = self._record(rep, window, step, res, t0, m)
+        self.windows += 1
+        for hook in self.hooks:
+            hook(self, self.windows)
+        return end
+
+    def _loads(self, rep: Replica, window: Window):
+        n = window.steps
+        if self.sampler is None:
+            return None, np.ones(n)
+        parts = []
+        for sp in window.spans:
+            tokens = len(sp.decode) + sum(t for _, t in sp.prefill)
+            parts.append(self.sampler.loads(rep.index, sp.first_step, tokens, sp.steps))
+        loads = np.concatenate(parts)  # (steps, ep)
+        per_group = self.plan.tp // self.plan.ep
+        out = {}
+        for stage in self.layouts[rep.index].stages:
+            for pos, s in enumerate(stage):
+                out[s] = np.ascontiguousarray(loads[:, pos // per_group])
+        return out, loads.max(axis=1)
+
+    def _combine(self, rep: Replica, window: Window, res: dict) -> dict:
+        """Per-step times of the replica: at each step the slowest socket of each stage holds
+        the others back (they synchronize at its collectives), stages run one after another
+        with the activations sent between them, and KV moves (swaps) run before the step."""
+        stages = self.layouts[rep.index].stages
+        n = window.steps
+        ar = np.arange(n)
+        time, causes = np.zeros(n), np.zeros((N_CAUSES, n))
+        straggler, straggler_s = np.zeros(n, dtype=np.int64), np.zeros(n)
+        for k, stage in enumerate(stages):
+            R = np.stack([res[s][0] for s in stage])  # (sockets, ROWS, steps)
+            j = np.argmax(R[:, 0, :], axis=0)
+            tmax = R[j, 0, ar]
+            time += tmax
+            causes += R[j, 1 : 1 + N_CAUSES, ar].T
+            straggler_s += tmax - R[:, 0, :].min(axis=0)
+            if k == 0:
+                straggler = np.asarray(stage)[j]
+        if len(stages) > 1:
+            self._add_transfers(window, stages, time, causes)
+        swap = self._moves_per_step(window, res, rep.sockets)
+        return {"time_s": time + swap, "causes": causes.T, "straggler_socket": straggler,
+                "straggler_s": straggler_s, "kv_swap_s": swap}
+
+    def _add_transfers(self, window: Window, stages, time, causes) -> None:
+        act = self.model.precision.activations.bytes * self.model.hidden_size
+        tokens = np.concatenate([
+            np.full(sp.steps, len(sp.decode) + sum(t for _, t in sp.prefill), dtype=float)
+            for sp in window.spans
+        ])
+        for a, b in zip(stages, stages[1:], strict=False):
+            msg = Message(a[0], b[0], "activations", tokens * act)
+            t = self.router.route(msg.encode())
+            time += t
+            causes[COMM_ROW - 1] += t
+
+    def _moves_per_step(self, window: Window, res: dict, sockets: list[int]) -> np.ndarray:
+        moves = np.max(np.stack([res[s][1] for s in sockets]), axis=0)
+        out = np.zeros(window.steps)
+        firsts = np.concatenate([[0], np.cumsum([sp.steps for sp in window.spans])[:-1]])
+        out[firsts.astype(np.int64)] = moves
+        return out
+
+    def _record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
+                m: int) -> float:
+        spans = window.spans
+        rep_n = lambda f, dt=np.int64: np.repeat(  # noqa: E731
+            np.fromiter((f(sp) for sp in spans), dtype=dt, count=len(spans)),
+            [sp.steps for sp in spans])
+        dur = step["time_s"]
+        ends = _ends(t0, dur)
+        starts = np.concatenate([[t0], ends[:-1]])
+        bb = rep.kv.config.block_bytes
+        cols = {
+            "replica": np.full(m, rep.index), "window": np.full(m, self.windows),
+            "step": np.concatenate([sp.first_step + np.arange(sp.steps) for sp in spans]),
+            "phase": PHASE_NAMES[rep_n(lambda sp: sp.kind)], "start_s": starts, "time_s": dur,
+            "batch": rep_n(lambda sp: len(sp.decode) + len(sp.prefill)),
+            "prefill_tokens": rep_n(lambda sp: sum(t for _, t in sp.prefill)),
+            "decode_tokens": rep_n(lambda sp: len(sp.decode)),
+            "kv_used_bytes": np.concatenate([sp.kv_blocks for sp in spans]) * bb,
+            "kv_swap_s": step["kv_swap_s"], "expert_load_max": step["expert_load_max"][:m],
+            "straggler_socket": step["straggler_socket"], "straggler_s": step["straggler_s"],
+        }
+        for i, c in enumerate(CAUSES):
+            cols[f"{c}_s"] = step["causes"][:, i]
+        self.rec.add_steps(rep.index, cols)
+        end = float(ends[-1])
+        self._record_sockets(rep, res, t0, end, m)
+        rep.window_end = end
+        return end
+
+    def _record_sockets(self, rep: Replica, res: dict, t0: float, end: float, m: int) -> None:
+        for stage in self.layouts[rep.index].stages:
+            for pos, s in enumerate(stage):
+                rows, _, occ = res[s]
+                busy, sent = float(rows[0, :m].sum()), float(rows[-1, :m].sum())
+                row = {"socket": s, "replica": rep.index, "node": self.cluster.node_of(s),
+                       "window": self.windows, "time_s": end, "window_s": end - t0,
+                       "busy_s": busy, "busy_fraction": busy / (end - t0) if end > t0 else 0.0,
+                       "sent_bytes": sent}
+                row.update({f"{t}_used_bytes": occ.get(t) for t in metrics.TIERS})
+                self.rec.sockets.append(row)
+                if len(stage) > 1:
+                    link = (s, stage[(pos + 1) % len(stage)])
+                    self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent
+
+    def report_progress(self) -> None:
+        if self.progress is not None:
+            done = sum(1 for r in self.requests if r.state in (DONE, UNSERVED))
+            self.progress(done, len(self.requests))
+
+    # -- faults ---------------------------------------------------------------------------
+    def apply_fault(self, f: Fault) -> list[Event]:
+        if f.target == "link":
+            factor = LINK_DETOUR_FACTOR if f.kind == "failed" else 1.0 / f.fraction
+            for lay in self.layouts.values():
+                for stage in lay.stages:
+                    if f.a in stage and f.b in stage:
+                        for s in stage:
+                            self._degrade(s, comm=factor)
+            return []
+        if f.kind == "degraded":
+            self._degrade(f.a, compute=1.0 / f.fraction)
+            return []
+        return self._fail_socket(f.a)
+
+    def _degrade(self, s: int, compute: float | None = None, comm: float | None = None) -> None:
+        d = self.degradation.setdefault(s, [1.0, 1.0])
+        d[0] = compute if compute is not None else d[0]
+        d[1] = max(d[1], comm) if comm is not None else d[1]
+        if s not in self.failed:
+            self.backend.set_fault(s, d[0], d[1], False)
+
+    def _fail_socket(self, s: int) -> list[Event]:
+        self.failed.add(s)
+        self.backend.set_fault(s, 1.0, 1.0, True)
+        for rep in self.replicas:
+            if s in rep.sockets:
+                self._route_around(rep)
+        return []
+
+    def _route_around(self, rep: Replica) -> None:
+        healthy = tuple(x for x in rep.sockets if x not in self.failed)
+        new = self._smaller_plan(len(healthy))
+        rep.drop_all_kv()
+        if new is None:
+            rep.refused = "a socket of its replica failed and no plan fits the remaining sockets"
+            rep.refuse_all(rep.refused)
+            return
+        lay = plans.layouts(self.model, self.cluster, new, self.config.options,
+                            self.config.execution_model, sockets=healthy[: new.group])[0]
+        setups = self._setups(lay, new.tp)
+        for s, setup in setups.items():
+            self.backend.reprogram(s, setup)
+            d = self.degradation.get(s)
+            if d:
+                self.backend.set_fault(s, d[0], d[1], False)
+        self.layouts[rep.index] = lay
+        rep.sockets, rep.kv = list(lay.sockets), self._kv(lay)
+        for r in list(rep.waiting):
+            if self._refusal(rep, r):
+                rep.waiting.remove(r)
+                r.state, r.reason = UNSERVED, self._refusal(rep, r)
+        self._recovery(rep, setups)
+
+    def _smaller_plan(self, healthy: int) -> plans.PlanSpec | None:
+        if self.plan.pp > 1:
+            return None  # re-staging a pipeline is left to partitioning/
+        tp = self.plan.tp // 2
+        while tp >= 1:
+            if tp <= healthy:
+                cand = replace(self.plan, tp=tp, ep=math.gcd(self.plan.ep, tp))
+                lay = plans.layouts(self.model, self.cluster, cand, sockets=tuple(range(tp)))[0]
+                w = max(plans.resident_weight_bytes(p) for p in lay.programs.values())
+                if w < self.cluster.chip.hbm.capacity_bytes:
+                    return cand
+            tp //= 2
+        return None
+
+    def _recovery(self, rep: Replica, setups: dict[int, SocketSetup]) -> None:
+        """The re-planned group reloads its weights: a recovery row in the steps table."""
+        mem = MemoryTiers.of(self.cluster.chip)
+        weights = max(op[3] for s in setups.values() for op in s.weights)
+        reload_s = mem.copy_time(weights, self._swap_tier(), "hbm")
+        start = max(self.now, getattr(rep, "window_end", 0.0))
+        rep.down_until = start + reload_s
+        cols = {f.name: np.zeros(1) for f in metrics.STEPS}
+        cols.update({"replica": np.array([rep.index]), "step": np.array([rep.step]),
+                     "window": np.array([self.windows]), "phase": np.array(["recovery"]),
+                     "start_s": np.array([start]), "time_s": np.array([reload_s]),
+                     "straggler_socket": np.array([-1]), "expert_load_max": np.ones(1)})
+        for name in ("batch", "prefill_tokens", "decode_tokens"):
+            cols[name] = np.zeros(1, dtype=np.int64)
+        self.rec.add_steps(rep.index, cols)
+
+    # -- results --------------------------------------------------------------------------
+    def tables(self, end: float) -> Tables:
+        meta = self.metadata()
+        req_cols = metrics.request_rows(self.requests, self.replica_of, self.rec)
+        steps = metrics.steps_columns(self.rec)
+        link_cols = self._link_columns(end)
+        return Tables(
+            requests=metrics.table(metrics.REQUESTS, req_cols, meta),
+            steps=metrics.table(metrics.STEPS, steps, meta),
+            sockets=metrics.table(metrics.SOCKETS, metrics.sockets_columns(self.rec), meta),
+            links=metrics.table(metrics.LINKS, link_cols, meta),
+            summary=self.summary(req_cols, steps, end),
+        )
+
+    def _link_columns(self, end: float) -> dict:
+        bw = self.cluster.topology.link_bandwidth_bytes_per_s
+        links = sorted(self.rec.link_bytes)
+        nbytes = [self.rec.link_bytes[k] for k in links]
+        return {"src": [a for a, _ in links], "dst": [b for _, b in links], "bytes": nbytes,
+                "bandwidth_bytes_per_s": [bw] * len(links),
+                "utilization": [b / (bw * end) if end > 0 else 0.0 for b in nbytes]}
+
+    def metadata(self) -> dict:
+        c = self.config
+        desc = repr((self.model.name, self.cluster.name, self.plan, c.scheduler, c.limits,
+                     c.seed, c.kv_memory_fraction, c.block_tokens, c.execution_model, c.faults,
+                     self.trace.source, len(self.trace)))
+        return {"model": self.model.name, "cluster": self.cluster.name,
+                "plan": f"tp={self.plan.tp},ep={self.plan.ep},pp={self.plan.pp}",
+                "scheduler": c.scheduler, "seed": c.seed, "trace": self.trace.source,
+                "config_hash": hashlib.sha256(desc.encode()).hexdigest()[:16]}
+
+    def summary(self, req: dict, steps: dict, end: float) -> dict:
+        served = [i for i, s in enumerate(req["state"]) if s == DONE]
+        ttft = metrics.percentiles([req["ttft_s"][i] for i in served])
+        tpot = metrics.percentiles([req["tpot_s"][i] for i in served])
+        tokens = int(sum(req["generated_tokens"][i] for i in served))
+        phase = np.asarray(steps["phase"]) if len(steps["phase"]) else np.zeros(0, dtype=str)
+        return {
+            "requests": len(self.requests), "served": len(served),
+            "unserved": sum(1 for s in req["state"] if s == UNSERVED),
+            "makespan_s": end, "output_tokens": tokens,
+            "tokens_per_s": tokens / end if end > 0 else 0.0,
+            "ttft_s": ttft, "tpot_s": tpot,
+            "steps": int(np.sum(phase != "recovery")),
+            "decode_steps": int(np.sum(phase == "decode")),
+            "windows": self.windows,
+            "preemptions": int(sum(req["preemptions"])),
+        }
+
+
+def _ends(t0: float, durations: np.ndarray) -> np.ndarray:
+    """Step end times, accumulated one step after another from t0 (a sequential sum, so the
+    same steps give the same times however they were grouped into windows)."""
+    return np.cumsum(np.concatenate([[t0], durations]))[1:]
+
+
+__all__ = ["Simulation", "ServeConfig", "Tables", "ROWS", "DECODE", "PREFILL", "MIXED"]

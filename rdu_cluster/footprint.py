@@ -1,0 +1,200 @@
+"""Hosting footprint: how many nodes a system needs to host N experts, and where each byte lives.
+
+Two placements per system, both with the experts tensor-parallel over the sockets of a node:
+- "tiered": every expert in the capacity tier (DDR on an RDU, host DRAM on a GPU); HBM holds the
+  router, a KV reserve and as many expert slots as fit. A request whose expert is not resident
+  waits for the switch (rdu_cluster/coe.py switch_time_s).
+- "hbm": every expert resident in HBM, spread over as many nodes as it takes (each node with its
+  own router and KV reserve); no switch.
+The latency target bounds the time to first token of a request: router + (switch on a miss) +
+the expert's prefill. Without a target the placement with fewer nodes wins (ties: "hbm", no
+switch); with one, the smallest placement that meets it, or none.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from partitioning.cluster import ClusterSpec
+from rdu_cluster.coe import DEFAULT_ROUTER, capacity_tier, switch_time_s
+from rdu_cluster.estimate import estimate
+from rdu_cluster.report import text_table
+from workloads import graph as graphs
+from workloads.catalog import load_model
+from workloads.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Placement:
+    name: str  # "tiered" | "hbm"
+    nodes: int
+    ttft_s: float  # worst case: a miss for "tiered"
+    hbm_bytes: dict[str, float]  # per node, by what: router, kv_reserve, experts
+    tier_bytes: dict[str, float]  # per node, capacity tier: experts
+    hbm_capacity: float  # per node
+    tier_capacity: float  # per node
+    tier_name: str
+    experts_in_hbm: int  # per node
+    fits: bool
+
+    def meets(self, target: float | None) -> bool:
+        return self.fits and (target is None or self.ttft_s <= target)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    cluster: str
+    chip: str
+    experts: int
+    expert_model: str
+    expert_bytes: float
+    sockets_per_node: int
+    latency_target_s: float | None
+    placements: tuple[Placement, ...]
+
+    @property
+    def chosen(self) -> Placement | None:
+        ok = [p for p in self.placements if p.meets(self.latency_target_s)]
+        return min(ok, key=lambda p: (p.nodes, p.name != "hbm")) if ok else None
+
+
+def footprint(
+    experts: int,
+    expert_model: str,
+    cluster: ClusterSpec,
+    latency_target_s: float | None = None,
+    router: str = DEFAULT_ROUTER,
+    batch: int = 1,
+    prompt_len: int = 512,
+    gen_len: int = 20,
+) -> Footprint:
+    if experts < 1:
+        raise ConfigError(f"--experts: expected a positive number, got {experts}")
+    if latency_target_s is not None and latency_target_s <= 0:
+        raise ConfigError(f"--latency-target: must be positive, got {latency_target_s}")
+    node = _node(cluster)
+    spec, r_spec = load_model(expert_model), load_model(router)
+    e_bytes = graphs.weight_bytes(spec)
+    r_bytes = graphs.weight_bytes(r_spec)
+    kv = float(np.max(graphs.kv_cache_bytes(spec, batch, prompt_len + gen_len)))
+    prefill = _first_token_s(spec, r_spec, node, batch, prompt_len)
+    switch = switch_time_s(spec, node)
+    tiered = _tiered(experts, e_bytes, r_bytes, kv, node, prefill + switch)
+    in_hbm = _all_in_hbm(experts, e_bytes, r_bytes, kv, node, prefill)
+    return Footprint(cluster.name, cluster.chip.name, experts, spec.name, e_bytes,
+                     node.sockets, latency_target_s, (tiered, in_hbm))
+
+
+def _node(cluster: ClusterSpec) -> ClusterSpec:
+    """One node of the cluster (the unit a footprint counts)."""
+    return replace(cluster, sockets=cluster.sockets_per_node)
+
+
+def _first_token_s(spec, r_spec, node: ClusterSpec, batch: int, prompt_len: int) -> float:
+    r = estimate(r_spec, node, batch=batch, prompt_len=prompt_len, gen_len=1)
+    e = estimate(spec, node, batch=batch, prompt_len=prompt_len, gen_len=1)
+    return _f(r.ttft_s) + _f(r.tpot_s) + _f(e.ttft_s)
+
+
+def _capacities(node: ClusterSpec) -> tuple[float, float, str]:
+    tier = capacity_tier(node)
+    n = node.sockets
+    return n * node.chip.hbm.capacity_bytes, n * node.chip.tier(tier).capacity_bytes, tier
+
+
+def _tiered(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: float) -> Placement:
+    hbm, cap, tier = _capacities(node)
+    slots = int((hbm - r - kv) // e)
+    nodes = max(1, math.ceil(n * e / cap - 1e-12))
+    per_node = math.ceil(n / nodes)
+    slots = max(0, min(slots, per_node))
+    return Placement(
+        name="tiered",
+        nodes=nodes,
+        ttft_s=ttft,
+        hbm_bytes={"router": r, "kv_reserve": kv, "expert_slots": slots * e},
+        tier_bytes={"experts": per_node * e},
+        hbm_capacity=hbm,
+        tier_capacity=cap,
+        tier_name=tier,
+        experts_in_hbm=slots,
+        fits=slots >= 1,
+    )
+
+
+def _all_in_hbm(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: float) -> Placement:
+    hbm, cap, tier = _capacities(node)
+    per_node = int((hbm - r - kv) // e)
+    fits = per_node >= 1
+    nodes = math.ceil(n / per_node) if fits else 0
+    held = min(per_node, n) if fits else 0
+    return Placement(
+        name="hbm",
+        nodes=nodes,
+        ttft_s=ttft,
+        hbm_bytes={"router": r, "kv_reserve": kv, "experts": held * e},
+        tier_bytes={"experts": 0.0},
+        hbm_capacity=hbm,
+        tier_capacity=cap,
+        tier_name=tier,
+        experts_in_hbm=held,
+        fits=fits,
+    )
+
+
+def report(fps: list[Footprint]) -> str:
+    """Text: one block per system, its placements and the chosen one, bytes per tier per node."""
+    lines = []
+    first = fps[0]
+    target = (f"{first.latency_target_s * 1e3:g} ms time to first token"
+              if first.latency_target_s else "none")
+    lines.append(f"{first.experts} experts of {first.expert_model} "
+                 f"({first.expert_bytes / 1e9:.2f} GB each, "
+                 f"{first.experts * first.expert_bytes / 1e12:.2f} TB in all); "
+                 f"latency target: {target}")
+    header = ["system", "placement", "nodes", "TTFT ms (miss)", "HBM per node GB",
+              "capacity tier per node GB", "experts in HBM per node", ""]
+    rows = []
+    for fp in fps:
+        chosen = fp.chosen
+        for p in fp.placements:
+            mark = "<- chosen" if p is chosen else ("" if p.meets(fp.latency_target_s) else
+                                                   "misses target" if p.fits else "does not fit")
+            rows.append([
+                f"{fp.cluster} ({fp.sockets_per_node} x {fp.chip})",
+                p.name,
+                str(p.nodes) if p.fits else "-",
+                f"{p.ttft_s * 1e3:.1f}",
+                _bytes_cell(p.hbm_bytes, p.hbm_capacity),
+                _bytes_cell(p.tier_bytes, p.tier_capacity, p.tier_name),
+                str(p.experts_in_hbm),
+                mark,
+            ])
+        if chosen is None:
+            rows.append([fp.cluster, "-", "-", "", "", "", "", "no placement meets the target"])
+    lines.append(text_table(header, rows))
+    lines.append(_ratio_line(fps))
+    return "\n".join(line for line in lines if line)
+
+
+def _bytes_cell(parts: dict[str, float], capacity: float, tier: str = "") -> str:
+    used = sum(parts.values())
+    detail = " + ".join(f"{k} {v / 1e9:.0f}" for k, v in parts.items() if v)
+    label = f"{tier}: " if tier else ""
+    return f"{label}{used / 1e9:,.0f} of {capacity / 1e9:,.0f} ({detail or 'none'})"
+
+
+def _ratio_line(fps: list[Footprint]) -> str:
+    chosen = [(fp.cluster, fp.chosen) for fp in fps if fp.chosen]
+    if len(chosen) < 2:
+        return ""
+    base_name, base = min(chosen, key=lambda c: c[1].nodes)
+    parts = [f"{name} {p.nodes / base.nodes:.1f}x" for name, p in chosen if name != base_name]
+    return f"nodes relative to {base_name} ({base.nodes}): " + ", ".join(parts)
+
+
+def _f(x) -> float:
+    return float(np.ravel(np.asarray(x, dtype=float))[0])

@@ -1,0 +1,405 @@
+"""Speculative decoding on a cluster: a composition on top of `estimate`, costed op by op.
+
+A step is k draft steps (each a real forward pass of the draft through the chip's execution
+model) plus one target verification of k+1 tokens (StepShape("decode", batch, k+1, context)), plus,
+when draft and target sit on separate sockets, the two hops that carry the drafts over and the
+verdict back. The expected tokens a step emits come from the acceptance model
+(workloads/speculative.py). Nothing here is tuned: the acceptance rate is an input with a stated
+basis (DEFAULT_ACCEPTANCE), and k, when not given, is the one that makes the step fastest per
+token on the hardware at hand (`best_k`), which is what a deployment would pick.
+
+Drafts:
+- a catalog model (or config.json path) with the target's tokenizer;
+- "mtp": the target's own multi-token-prediction module(s) (DeepSeek-V3: one), reused
+  autoregressively for k > mtp_layers as SGLang and vLLM do. Its graph is one decoder layer like
+  the model's last plus the 2h -> h projection (eh_proj) and the shared embedding / LM head.
+
+Placement: "shared" puts the draft on the target's sockets (its weights and KV cache take HBM
+there; it runs tensor-parallel over the divisor of the target's tp that makes it fastest, the
+other sockets waiting); "separate" puts it on `draft_sockets` more sockets of the same chip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from chip import execution
+from chip.cost import StepCost
+from partitioning.cluster import ClusterSpec
+from rdu_cluster import economics, results
+from rdu_cluster.config import load_cluster
+from rdu_cluster.estimate import Estimate, estimate, tp_comm_time
+from rdu_cluster.report import text_table
+from workloads import graph as graphs
+from workloads.catalog import load_model
+from workloads.errors import ConfigError
+from workloads.ops import Block, Op, OpClass, Shard, StepShape, Work
+from workloads.spec import ModelSpec
+from workloads.speculative import (
+    Acceptance,
+    ConstantAcceptance,
+    PositionalAcceptance,
+    Speculation,
+    parse_acceptance,
+    parse_tree,
+)
+
+PLACEMENTS = ("shared", "separate")
+
+# Conditional per-token acceptance rates with their basis. None of these was measured on SN40L or
+# with the exact pairs; each is the nearest public figure, stated. `--acceptance` overrides.
+_LLAMA_8B_70B = (
+    0.88,
+    ("devquasar.com 'Speculative decoding tradeoffs' (llama.cpp, greedy): Llama 3 8B drafting "
+    "Llama 3 70B accepts 58.68% of 8 drafted tokens; the constant rate giving that is 0.88"),
+)
+_LLAMA_1B = (
+    0.75,
+    ("gigagpu.com vLLM speculative decoding guide: Llama 3.2 1B drafting Llama 3 70B accepts "
+    "70-80% on factual Q&A (40-50% on creative text); midpoint of the factual range"),
+)
+_DEFAULT = (
+    0.8,
+    ("ggml-org/llama.cpp PR #24536: a Llama-family EAGLE-3 draft, cumulative per-position "
+    "0.805, 0.632, 0.483 (conditional 0.80, 0.79, 0.76)"),
+)
+DEFAULT_ACCEPTANCE: dict[tuple[str, str], tuple[float, str]] = {
+    ("llama-3.1-8b", "llama-3.1-70b"): _LLAMA_8B_70B,
+    ("llama-3.1-8b", "llama-3.1-405b"): (
+        _LLAMA_8B_70B[0],
+        "assumption: the 70B pair's rate (no public measurement of 8B drafting 405B)",
+    ),
+    ("llama-3.2-1b", "llama-3.1-70b"): _LLAMA_1B,
+    ("llama-3.2-1b", "llama-3.1-405b"): _LLAMA_1B,
+    ("llama-3.2-3b", "llama-3.1-70b"): _LLAMA_1B,
+    ("llama-3.2-3b", "llama-3.1-405b"): _LLAMA_1B,
+    ("mtp", "deepseek-v3"): (
+        0.85,
+        ("DeepSeek-V3 technical report (arXiv 2412.19437) 5.4.3: the second token's acceptance "
+        "rate is 85-90%; lower end"),
+    ),
+}
+
+
+def default_acceptance(draft: str, target: str) -> ConstantAcceptance:
+    rate, source = DEFAULT_ACCEPTANCE.get((draft, target), _DEFAULT)
+    return ConstantAcceptance(rate, source)
+
+
+@dataclass(frozen=True)
+class SpecEstimate:
+    base: Estimate  # the target alone: plain decode, prefill, fit
+    speculation: Speculation
+    draft: str
+    draft_tp: int
+    placement: str
+    draft_sockets: int  # sockets beyond the target's (0 when shared)
+    draft_steps: tuple[StepCost, ...]
+    verify: StepCost
+    transfer_s: Work
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def draft_s(self) -> Work:
+        return sum((c.time_s for c in self.draft_steps), 0.0)
+
+    @property
+    def step_time_s(self) -> Work:
+        return self.draft_s + self.verify.time_s + self.transfer_s
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.speculation.tokens_per_step()
+
+    @property
+    def tpot_s(self) -> Work:
+        return self.step_time_s / self.tokens_per_step
+
+    @property
+    def tokens_per_s_per_request(self) -> Work:
+        return self.tokens_per_step / self.step_time_s
+
+    @property
+    def tokens_per_s_total(self) -> Work:
+        return self.base.replicas * self.base.batch * self.tokens_per_s_per_request
+
+    @property
+    def speedup(self) -> Work:
+        """Over plain decode of the same target on the same sockets."""
+        return self.base.tpot_s / self.tpot_s
+
+    @property
+    def sockets_per_replica(self) -> int:
+        return self.base.tp + self.draft_sockets
+
+
+def resolve_draft(draft: str, target: ModelSpec) -> ModelSpec:
+    """The draft's ModelSpec: a catalog model / path, or "mtp" for the target's own module."""
+    if draft == "mtp":
+        if not target.mtp_layers:
+            raise ConfigError(
+                f"draft: {target.name} has no multi-token-prediction module; give a draft model"
+            )
+        layer = target.layers[-1]
+        return replace(target, name=f"{target.name}-mtp", layers=(layer,), mtp_layers=0)
+    spec = load_model(draft).with_precision(target.precision)
+    if spec.vocab_size != target.vocab_size:
+        raise ConfigError(
+            f"draft: {spec.name} has a vocabulary of {spec.vocab_size}, {target.name} of "
+            f"{target.vocab_size}; a draft must share the target's tokenizer"
+        )
+    return spec
+
+
+def speculative_estimate(
+    target: ModelSpec,
+    cluster: ClusterSpec,
+    speculation: Speculation,
+    draft: str,
+    batch: Work = 1,
+    prompt_len: Work = 1024,
+    gen_len: Work = 256,
+    tp: int | None = None,
+    placement: str = "shared",
+    draft_sockets: int = 1,
+    draft_tp: int | None = None,
+    options: Any = None,
+    execution_model: str | None = None,
+) -> SpecEstimate:
+    if placement not in PLACEMENTS:
+        raise ConfigError(f"placement: {placement!r} unknown; accepted: {', '.join(PLACEMENTS)}")
+    base = estimate(target, cluster, batch, prompt_len, gen_len, tp, options, execution_model)
+    spec_d = resolve_draft(draft, target)
+    ctx = base.prompt_len + (base.gen_len - 1.0) / 2.0
+    cost = _coster(cluster, options, execution_model)
+    verify_shape = StepShape("decode", base.batch, float(speculation.verify_tokens()), ctx)
+    verify = cost(graphs.step_graph(target, verify_shape, Shard.tensor(base.tp)), base.tp)
+    if placement == "shared":
+        candidates = [draft_tp] if draft_tp else (
+            [base.tp] if draft == "mtp" else _divisors(base.tp))
+        extra_sockets, hops = 0, 0
+    else:
+        candidates, extra_sockets, hops = [draft_tp or draft_sockets], draft_sockets, 2
+    _check_draft_tp(candidates, base.tp if placement == "shared" else draft_sockets)
+    runs = [(_draft_steps(spec_d, draft, target, speculation, base, ctx, t, cost), t)
+            for t in candidates]
+    steps, d_tp = min(runs, key=lambda r: float(np.max(sum(c.time_s for c in r[0]))))
+    _check_fit(target, spec_d, draft, cluster, base, d_tp, placement)
+    return SpecEstimate(
+        base=base,
+        speculation=speculation,
+        draft=draft,
+        draft_tp=d_tp,
+        placement=placement,
+        draft_sockets=extra_sockets,
+        draft_steps=steps,
+        verify=verify,
+        transfer_s=hops * cluster.topology.link_latency_s,
+    )
+
+
+def best_k(
+    target: ModelSpec,
+    cluster: ClusterSpec,
+    acceptance: Acceptance,
+    draft: str,
+    ks: range = range(1, 13),
+    branching: tuple[int, ...] | None = None,
+    **kwargs: Any,
+) -> SpecEstimate:
+    """The k (of `ks`) with the most tokens per second per request, on this hardware."""
+    best = None
+    limit = len(acceptance.values) if isinstance(acceptance, PositionalAcceptance) else None
+    for k in ks:
+        if limit is not None and k > limit:
+            break
+        spec = Speculation(k, acceptance, branching[:k] if branching else None)
+        est = speculative_estimate(target, cluster, spec, draft, **kwargs)
+        if best is None or _f(est.tokens_per_s_per_request) > _f(best.tokens_per_s_per_request):
+            best = est
+    if best is None:
+        raise ConfigError("spec-k: no k of the range is valid for this acceptance model")
+    return best
+
+
+def _coster(cluster: ClusterSpec, options: Any, model: str | None) -> Callable:
+    def cost(graph, tp: int) -> StepCost:
+        return execution.step_cost(graph, cluster.chip, tp_comm_time(cluster, tp), options, model)
+
+    return cost
+
+
+def _draft_steps(spec_d, draft, target, speculation, base, ctx, tp, cost) -> tuple:
+    out = []
+    for d, width in enumerate(speculation.frontier()):
+        shape = StepShape("decode", base.batch, float(width), ctx + d)
+        g = graphs.step_graph(spec_d, shape, Shard.tensor(tp))
+        if draft == "mtp":
+            g = _with_mtp_projection(g, target, shape, tp)
+        out.append(cost(g, tp))
+    return tuple(out)
+
+
+def _with_mtp_projection(g, target: ModelSpec, shape: StepShape, tp: int):
+    """DeepSeek-V3's MTP module concatenates the normed embedding and hidden state (2h) and
+    projects them to h (eh_proj) before its decoder layer; split like a dense MLP matrix."""
+    h, wb = target.hidden_size, target.precision.weights.bytes
+    ab = target.precision.activations.bytes
+    rows = np.asarray(shape.batch, dtype=float) * shape.new_tokens
+    op = Op(
+        "mtp_eh_proj",
+        OpClass.MATMUL,
+        flops=2.0 * rows * 2 * h * h / tp,
+        weight_bytes=2.0 * h * h * wb / tp,
+        act_in_bytes=rows * 2 * h * ab,
+        act_out_bytes=rows * h * ab / tp,
+    )
+    blocks = (g.blocks[0], Block("mtp_projection", (op,)), *g.blocks[1:])
+    return g.with_blocks(blocks)
+
+
+def _check_draft_tp(candidates: list[int], sockets: int) -> None:
+    for t in candidates:
+        if t < 1 or sockets % t:
+            raise ConfigError(f"draft-tp: {t} does not divide the draft's {sockets} sockets")
+
+
+def _check_fit(target, spec_d, draft, cluster, base, d_tp, placement) -> None:
+    hbm = cluster.chip.hbm.capacity_bytes
+    total = base.prompt_len + base.gen_len
+    d_w = (graphs.weight_bytes(target, include_mtp=True) - base.weight_bytes if draft == "mtp"
+           else graphs.weight_bytes(spec_d))
+    d_kv = graphs.kv_cache_bytes(spec_d, base.batch, total)
+    draft_per_socket = d_w / d_tp + d_kv / d_tp
+    used = (base.hbm_used_bytes + draft_per_socket) if placement == "shared" else draft_per_socket
+    if float(np.max(used)) > hbm:
+        where = "with the target" if placement == "shared" else "on its own sockets"
+        raise ConfigError(
+            f"draft {draft} does not fit {where} on {cluster.name}: "
+            f"{float(np.max(used)) / 1e9:.1f} GB of HBM per socket, {hbm / 1e9:.1f} GB available"
+        )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _f(x) -> float:
+    return float(np.ravel(np.asarray(x, dtype=float))[0])
+
+
+# ---- validation metrics (rdu_cluster/validate.py registers them) -----------------------------
+
+
+def case_estimate(case: dict[str, Any], cluster_key: str = "cluster") -> SpecEstimate:
+    """A validation case's speculative run: `model` (target), `draft`, `acceptance` (a rate;
+    default: DEFAULT_ACCEPTANCE for the pair), `spec_k` (default: best_k over 1..16)."""
+    target = load_model(case["model"])
+    draft = case["draft"]
+    acc = case.get("acceptance")
+    acceptance = default_acceptance(draft, target.name) if acc is None else ConstantAcceptance(acc)
+    cluster = load_cluster(case[cluster_key])
+    kw = {"batch": case.get("batch", 1), "prompt_len": case.get("prompt_len", 1024),
+          "gen_len": case.get("gen_len", 128), "placement": case.get("placement", "shared")}
+    if "spec_k" in case:
+        return speculative_estimate(target, cluster, Speculation(case["spec_k"], acceptance),
+                                    draft, **kw)
+    return best_k(target, cluster, acceptance, draft, ks=range(1, 17), **kw)
+
+
+VALIDATION_METRICS: dict[str, Callable[[dict], float]] = {
+    "spec_tokens_per_s": lambda c: _f(case_estimate(c).tokens_per_s_per_request),
+    "spec_speedup": lambda c: _f(case_estimate(c).speedup),
+    "spec_vs_baseline": lambda c: _f(case_estimate(c).tokens_per_s_per_request)
+    / _f(case_estimate(c, "baseline_cluster").tokens_per_s_per_request),
+}
+
+
+# ---- result rows and text (simulate --draft) ------------------------------------------------
+
+
+def records(sest: SpecEstimate, cluster: ClusterSpec) -> list[dict]:
+    """Result rows (rdu_cluster/results.py schema): the target's rows with the speculative
+    figures in place of plain decode's, and the speculative columns filled."""
+    rows = results.records(sest.base, cluster.chip.name, cluster.chip.execution_model, cluster)
+    spec_cols = {
+        "tokens_per_s_per_request": _f(sest.tokens_per_s_per_request),
+        "tokens_per_s_total": _f(sest.tokens_per_s_total),
+        "tpot_s": _f(sest.tpot_s),
+        "draft": sest.draft,
+        "spec_k": sest.speculation.k,
+        "acceptance": sest.speculation.acceptance.describe(),
+        "tokens_per_step": sest.tokens_per_step,
+        "spec_speedup": _f(sest.speedup),
+        **{k: (None if v is None else _f(v))
+           for k, v in economics.speculative_columns(sest, cluster).items()},
+    }
+    return [{**row, **spec_cols} for row in rows]
+
+
+def report(sests: list[SpecEstimate], clusters: list[ClusterSpec]) -> str:
+    first = sests[0]
+    s = first.speculation
+    tree = f", tree {','.join(map(str, s.branching))}" if s.branching else ""
+    title = (f"{first.base.model} speculative decoding: draft {first.draft}, acceptance "
+             f"{s.acceptance.describe()}{tree}; batch {_i(first.base.batch)}, prompt "
+             f"{_i(first.base.prompt_len)}, gen {_i(first.base.gen_len)}")
+    ms = lambda x: f"{_f(x) * 1e3:.3f}"
+    econ = [economics.speculative_columns(e, c) for e, c in zip(sests, clusters)]
+    rows = [
+        ["k (draft tokens a step)", *(str(e.speculation.k) for e in sests)],
+        ["placement (draft tp)", *(f"{e.placement} ({e.draft_tp})" for e in sests)],
+        ["expected tokens a step", *(f"{e.tokens_per_step:.3f}" for e in sests)],
+        ["draft steps ms (all k)", *(ms(e.draft_s) for e in sests)],
+        ["verification ms", *(ms(e.verify.time_s) for e in sests)],
+        ["step ms", *(ms(e.step_time_s) for e in sests)],
+        ["tokens/s per request", *(f"{_f(e.tokens_per_s_per_request):,.1f}" for e in sests)],
+        ["tokens/s plain decode", *(f"{_f(e.base.tokens_per_s_per_request):,.1f}" for e in sests)],
+        ["speed-up over plain decode", *(f"{_f(e.speedup):.2f}x" for e in sests)],
+        ["joules per token", *(_opt(x["joules_per_token"], "{:.3f}") for x in econ)],
+        ["USD per million tokens", *(_opt(x["cost_per_million_tokens_usd"], "{:.2f}")
+                                     for x in econ)],
+    ]
+    header = ["", *(f"{c.name} ({c.chip.name})" for c in clusters)]
+    return title + "\n" + text_table(header, rows)
+
+
+def _opt(x, fmt: str) -> str:
+    return "-" if x is None else fmt.format(_f(x))
+
+
+def _i(x) -> int:
+    return round(_f(x))
+
+
+def simulate(
+    target: ModelSpec,
+    clusters: list[ClusterSpec],
+    draft: str,
+    spec_k: int | None = None,
+    acceptance: str | None = None,
+    tree: str | None = None,
+    placement: str = "shared",
+    draft_sockets: int = 1,
+    **kw: Any,
+) -> tuple[list[dict], str]:
+    """`simulate --draft`: one speculative estimate per cluster (k: given, or the best in
+    1..16 for each cluster), its result rows and its text table."""
+    acc = (default_acceptance(draft, target.name) if acceptance is None
+           else parse_acceptance(acceptance))
+    branching = parse_tree(tree)
+    kw.update(placement=placement, draft_sockets=draft_sockets)
+    sests = []
+    for cluster in clusters:
+        if spec_k is None:
+            ks = range(1, (len(branching) if branching else 16) + 1)
+            sests.append(best_k(target, cluster, acc, draft, ks=ks, branching=branching, **kw))
+        else:
+            spec = Speculation(spec_k, acc, branching)
+            sests.append(speculative_estimate(target, cluster, spec, draft, **kw))
+    rows = [r for e, c in zip(sests, clusters) for r in records(e, c)]
+    return rows, report(sests, clusters)

@@ -1,0 +1,208 @@
+"""Axes (grid, zip, list) and filters, and their expansion into points.
+
+A sweep is the cartesian product of its axes: a grid axis is itself the product of its fields'
+value lists, a zip axis walks its lists in step, a list axis names its points one by one. The
+product is counted before it is built, so a spec of 10^12 points fails at once, and filters then
+keep (`filters`) or drop (`drop`) combinations.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from workloads.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Axis:
+    """`kind` grid | zip: `fields` and one value list per field; list: `points`."""
+
+    kind: str
+    where: str  # "axes[2]", for messages
+    fields: tuple[str, ...] = ()
+    values: tuple[tuple[Any, ...], ...] = ()
+    points: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def size(self) -> int:
+        if self.kind == "grid":
+            return math.prod(len(v) for v in self.values)
+        if self.kind == "zip":
+            return len(self.values[0])
+        return len(self.points)
+
+    def names(self) -> set[str]:
+        return set(self.fields) | {k for p in self.points for k in p}
+
+    def assignments(self) -> Iterator[dict[str, Any]]:
+        """Partial scenarios, in a fixed order (row-major for a grid: the last field fastest)."""
+        if self.kind == "grid":
+            for combo in itertools.product(*self.values):
+                yield dict(zip(self.fields, combo))
+        elif self.kind == "zip":
+            for combo in zip(*self.values):
+                yield dict(zip(self.fields, combo))
+        else:
+            for p in self.points:
+                yield dict(p)
+
+    def describe(self) -> str:
+        if self.kind == "list":
+            return f"list({len(self.points)} points)"
+        sep = " x " if self.kind == "grid" else ", "
+        inner = sep.join(f"{f}[{len(v)}]" for f, v in zip(self.fields, self.values))
+        return f"{self.kind}({inner})"
+
+
+_ALLOWED_NODES = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.UAdd,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Pow,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.In,
+    ast.NotIn,
+    ast.Is,
+    ast.IsNot,
+    ast.IfExp,
+    ast.Constant,
+    ast.Tuple,
+    ast.List,
+    ast.Load,
+    ast.Name,
+    ast.Attribute,
+    ast.Call,
+)
+_FUNCTIONS = {"min": min, "max": max, "abs": abs, "round": round}
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A boolean expression over scenario fields (dotted names allowed: chip.tiers.hbm.x).
+    Only arithmetic, comparisons, boolean logic and min/max/abs/round: no attribute access, no
+    calls to anything else, so a spec cannot run code."""
+
+    text: str
+    where: str
+    drop: bool  # True: drop the points where it holds; False: keep only those
+    names: tuple[str, ...]  # the dotted field names it reads, in the order of `code`'s arguments
+    code: Any
+
+    def keeps(self, fields: Mapping[str, Any]) -> bool:
+        env = {f"_f{i}": fields.get(n) for i, n in enumerate(self.names)}
+        env.update(_FUNCTIONS)
+        try:
+            holds = bool(eval(self.code, {"__builtins__": {}}, env))  # noqa: S307 (AST checked)
+        except Exception as e:  # any failure names the filter and the point
+            shown = {n: fields.get(n) for n in self.names}
+            raise ConfigError(
+                f"{self.where}: {self.text!r} fails at {shown}: {type(e).__name__}: {e}"
+            ) from None
+        return holds != self.drop
+
+
+def compile_filter(text: Any, where: str, drop: bool, known) -> Filter:
+    """`known(name)` says whether a dotted field name exists for the spec's kind."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{where}: expected an expression string, got {text!r}")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ConfigError(f"{where}: {text!r}: not an expression ({e.msg})") from None
+    names: list[str] = []
+    tree = _DottedNames(names, where, text).visit(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise ConfigError(f"{where}: {text!r}: {type(node).__name__} is not allowed")
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS and not node.keywords
+        ):
+            raise ConfigError(f"{where}: {text!r}: only min, max, abs, round may be called")
+    for name in names:
+        if not known(name):
+            raise ConfigError(f"{where}: {text!r}: {name}: unknown field")
+    code = compile(ast.fix_missing_locations(tree), where, "eval")
+    return Filter(text, where, drop, tuple(names), code)
+
+
+class _DottedNames(ast.NodeTransformer):
+    """Replaces each field name (a.b.c) by a local `_fN` so eval never does attribute access."""
+
+    def __init__(self, names: list[str], where: str, text: str):
+        self.names, self.where, self.text = names, where, text
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        node.args = [self.visit(a) for a in node.args]
+        return node  # the function name stays a plain Name (checked against _FUNCTIONS)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        return self._local(_dotted(node, self.where, self.text))
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in ("True", "False", "None"):
+            return ast.Constant({"True": True, "False": False, "None": None}[node.id])
+        return self._local(node.id)
+
+    def _local(self, name: str) -> ast.Name:
+        if name not in self.names:
+            self.names.append(name)
+        return ast.Name(id=f"_f{self.names.index(name)}", ctx=ast.Load())
+
+
+def _dotted(node: ast.AST, where: str, text: str) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        raise ConfigError(f"{where}: {text!r}: only field names may be dotted")
+    return ".".join([node.id, *reversed(parts)])
+
+
+def grid_size(axes: Sequence[Axis]) -> int:
+    return math.prod(a.size for a in axes)
+
+
+def point_id(kind: str, fields: Mapping[str, Any]) -> str:
+    """A point's id: a hash of its canonical scenario (kind and every set field, sorted)."""
+    return hashlib.sha256(canonical({"kind": kind, **fields}).encode()).hexdigest()[:20]
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def combinations(
+    base: Mapping[str, Any], axes: Sequence[Axis]
+) -> Iterator[dict[str, Any]]:
+    """Every scenario of the product, in a fixed order: base values overlaid with each axis's."""
+    for parts in itertools.product(*(list(a.assignments()) for a in axes)):
+        fields = dict(base)
+        for part in parts:
+            fields.update(part)
+        yield fields

@@ -1,0 +1,281 @@
+"""Built-in sweep runners. `simulate`: the analytic estimate (rdu_cluster.estimate) of decode and
+prefill, one row per point, with points that differ only in batch / prompt / generation length
+costed by one vectorized call.
+
+Nested fields: `options.<toggle>` (DataflowOptions on RDU clusters, GpuOptions on GPU clusters;
+a toggle of the other chip kind is ignored there), `chip.<path>` and `topology.<path>` (overrides
+of the cluster config, e.g. chip.tiers.hbm.bandwidth_bytes_per_s), `sockets`, `sockets_per_node`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rdu_cluster.sweep.fields import (
+    FieldDef,
+    Namespace,
+    boolean,
+    dtype,
+    positive_int,
+    scalar,
+    text,
+)
+from rdu_cluster.sweep.registry import Point, Runner, RunOutput, register
+from workloads.errors import ConfigError
+
+VECTOR = ("batch", "prompt_len", "gen_len")
+# The cluster-config override fields: a point's value goes to load_cluster(overrides=...) as is.
+CLUSTER_SCALARS = ("sockets", "sockets_per_node")
+CLUSTER_PREFIXES = ("chip.", "topology.")
+# The toggles the contract names, used where chip/ does not define its options classes yet.
+FALLBACK_TOGGLES = {
+    "rdu": ("kernel_looping", "batch_streaming", "schedule_offloading", "fused"),
+    "gpu": ("cuda_graphs", "overlap_comm"),
+}
+OPTION_CLASSES = {
+    "rdu": (("chip.dataflow", "DataflowOptions"),),
+    "gpu": (("chip.dataflow", "GpuOptions"), ("chip.kernel_by_kernel", "GpuOptions")),
+}
+
+
+@functools.cache
+def option_classes() -> dict[str, type]:
+    """Chip kind -> its options dataclass, where chip/ defines one."""
+    out: dict[str, type] = {}
+    for kind, places in OPTION_CLASSES.items():
+        for module, name in places:
+            try:
+                out[kind] = getattr(importlib.import_module(module), name)
+                break
+            except (ImportError, AttributeError):
+                continue
+    return out
+
+
+def toggles(kind: str) -> tuple[str, ...]:
+    cls = option_classes().get(kind)
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return FALLBACK_TOGGLES[kind]
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _estimate_takes(param: str) -> bool:
+    from rdu_cluster.estimate import estimate
+
+    return param in inspect.signature(estimate).parameters
+
+
+def simulate_fields() -> dict[str, FieldDef]:
+    i64, s = pa.int64(), pa.string()
+    fields = [
+        FieldDef("model", text, s, column="model_ref", doc="catalog name or config.json path"),
+        FieldDef("cluster", text, s, column="cluster_ref", doc="cluster name or TOML path"),
+        FieldDef("batch", positive_int, i64, default=1),
+        FieldDef("prompt_len", positive_int, i64, default=1024),
+        FieldDef("gen_len", positive_int, i64, default=256),
+        FieldDef("tp", positive_int, i64, doc="tensor-parallel degree [all sockets]"),
+        FieldDef("weights", dtype, s, column="weights_dtype"),
+        FieldDef("kv_dtype", dtype, s, column="kv_dtype"),
+        FieldDef("execution_model", text, s, doc="[the chip's]"),
+        FieldDef("sockets", positive_int, i64, doc="override of the cluster's socket count"),
+        FieldDef("sockets_per_node", positive_int, i64, column="sockets_per_node"),
+    ]
+    if _estimate_takes("plan"):
+        fields.append(FieldDef("plan", text, s, column="plan", doc="e.g. tp4pp2"))
+    return {f.name: f for f in fields}
+
+
+def simulate_namespaces() -> tuple[Namespace, ...]:
+    names = frozenset(toggles("rdu")) | frozenset(toggles("gpu"))
+    return (
+        Namespace("options.", boolean, names, doc="optimization toggles"),
+        Namespace("chip.", scalar, doc="chip config override, e.g. chip.tiers.hbm.*"),
+        Namespace("topology.", scalar, doc="topology override, e.g. topology.link_latency_s"),
+    )
+
+
+def cluster_overrides(fields: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(
+        sorted(
+            (k, v)
+            for k, v in fields.items()
+            if k in CLUSTER_SCALARS or k.startswith(CLUSTER_PREFIXES)
+        )
+    )
+
+
+def option_values(fields: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
+    return tuple(sorted((k[8:], v) for k, v in fields.items() if k.startswith("options.")))
+
+
+# Workers build each cluster and model once per process; a sweep reuses a few of them a lot.
+@functools.lru_cache(maxsize=256)
+def cached_cluster(ref: str, overrides: tuple[tuple[str, Any], ...]):
+    from rdu_cluster.config import load_cluster
+
+    return load_cluster(ref, dict(overrides))
+
+
+@functools.lru_cache(maxsize=256)
+def cached_model(ref: str, weights: str | None, kv: str | None):
+    from workloads.catalog import load_model
+    from workloads.dtypes import DType
+
+    spec = load_model(ref)
+    p = spec.precision
+    if weights:  # one weight dtype for all: as `simulate --weights` does
+        p = dataclasses.replace(p, weights=DType(weights), expert_weights=None)
+    if kv:
+        p = dataclasses.replace(p, kv_cache=DType(kv))
+    return spec.with_precision(p)
+
+
+def make_options(chip_kind: str, values: tuple[tuple[str, bool], ...]) -> Any:
+    """The options object for the chip kind, from the toggles that apply to it; None where the
+    point sets none (the execution model's defaults)."""
+    mine = {k: v for k, v in values if k in toggles(chip_kind)}
+    if not mine:
+        return None
+    cls = option_classes().get(chip_kind)
+    if cls is None:
+        raise ConfigError(
+            f"options.{min(mine)}: this build has no {chip_kind} options (chip.dataflow) yet"
+        )
+    return cls(**mine)
+
+
+def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
+    """Load every distinct cluster and model once, so that a bad name or override fails before
+    anything runs, naming where in the spec it came from."""
+    clusters, models, engines = set(), set(), set()
+    for p in points:
+        clusters.add((p.fields["cluster"], cluster_overrides(p.fields)))
+        models.add((p.fields["model"], p.get("weights"), p.get("kv_dtype")))
+        if p.get("execution_model"):
+            engines.add(p.get("execution_model"))
+    for ref, over in sorted(clusters, key=repr):
+        fields = ["cluster", *(k for k, _ in over)]
+        _blame(lambda: cached_cluster(ref, over), fields, origin)
+    for ref, w, kv in sorted(models, key=repr):
+        _blame(lambda: cached_model(ref, w, kv), ["model", "weights", "kv_dtype"], origin)
+    if engines:
+        from chip import execution
+
+        for name in sorted(engines):
+            _blame(lambda: execution.get(name), ["execution_model"], origin)
+
+
+def _blame(load, fields: Sequence[str], origin: Mapping[str, str]) -> None:
+    try:
+        load()
+    except ConfigError as e:
+        where = ", ".join(dict.fromkeys(f"{origin.get(f, 'base')}.{f}" for f in fields[:1]))
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def run_simulate(points: Sequence[Point], seed: int) -> RunOutput:
+    """Deterministic and seed-free: the analytic estimate has no randomness."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        key = tuple(sorted((k, v) for k, v in p.fields.items() if k not in VECTOR))
+        groups.setdefault(key, []).append(p)
+    tables, infeasible = [], {}
+    for pts in groups.values():
+        tbl, bad = _run_group(pts)
+        infeasible.update(bad)
+        if tbl is not None:
+            tables.append(tbl)
+    return RunOutput(pa.concat_tables(tables) if tables else None, infeasible)
+
+
+def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
+    from rdu_cluster import results
+    from rdu_cluster.estimate import estimate
+
+    f = points[0].fields
+    cluster = cached_cluster(f["cluster"], cluster_overrides(f))
+    model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
+    options = make_options(cluster.chip.kind, option_values(f))
+    engine = f.get("execution_model")
+    extra = {"plan": f["plan"]} if "plan" in f else {}
+
+    def call(pts: list[Point]):
+        arr = {k: np.array([p.fields[k] for p in pts], dtype=float) for k in VECTOR}
+        return estimate(
+            model, cluster, tp=f.get("tp"), options=options, execution_model=engine, **arr, **extra
+        )
+
+    feasible, est, bad = _feasible(points, call, model)
+    if not feasible:
+        return None, bad
+    tbl = results.estimate_table(est, cluster.chip.name, engine or cluster.chip.execution_model)
+    n = len(feasible)
+    tbl = tbl.append_column("point_id", pa.array([p.id for p in feasible], pa.string()))
+    chip = cluster.chip
+    peak = chip.flops(model.precision.weights.value)
+    tbl = tbl.append_column("chip_peak_flops_per_s", pa.array(np.full(n, peak)))
+    hbm_bw = chip.hbm.bandwidth_bytes_per_s
+    tbl = tbl.append_column("chip_hbm_bandwidth_bytes_per_s", pa.array(np.full(n, hbm_bw)))
+    return tbl, bad
+
+
+def _feasible(points: list[Point], call, model) -> tuple[list[Point], Any, dict[str, str]]:
+    """Cost the points with as few calls as possible when some of them do not fit.
+
+    The estimate refuses a whole array when its worst point does not fit in HBM. Within a group
+    (same model, cluster, tp) the footprint grows with the KV cache alone, so sorting by KV bytes
+    makes the feasible points a prefix, found by binary search in log2(n) calls; every point
+    kept was costed by a call that succeeded. The points past the prefix get the message of the
+    first one that failed.
+    """
+    try:
+        return points, call(points), {}
+    except ConfigError as e:
+        error = str(e)
+    demand = _kv_demand(model, points)
+    order = [points[i] for i in sorted(range(len(points)), key=lambda i: (demand[i], points[i].id))]
+    lo, hi, est = 0, len(order), None  # invariant: order[:lo] fits, order[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            est, lo = call(order[:mid]), mid
+        except ConfigError as e:
+            hi, error = mid, str(e)
+    bad = {p.id: error for p in order[lo:]}
+    return (order[:lo], est, bad) if lo else ([], None, bad)
+
+
+def _kv_demand(model, points: list[Point]) -> list[float]:
+    """KV-cache bytes of each point at full length: the part of the footprint that varies."""
+    batch = np.array([p.fields["batch"] for p in points], dtype=float)
+    length = np.array([p.fields["prompt_len"] + p.fields["gen_len"] for p in points], dtype=float)
+    try:
+        from workloads import graph
+
+        kv = np.broadcast_to(graph.kv_cache_bytes(model, batch, length), batch.shape)
+    except (ImportError, AttributeError):  # no graph module yet: the product is its proxy
+        kv = batch * length
+    return [float(x) for x in kv]
+
+
+SIMULATE = register(
+    Runner(
+        kind="simulate",
+        fields=simulate_fields(),
+        namespaces=simulate_namespaces(),
+        run=run_simulate,
+        check=check_simulate,
+        vector_fields=VECTOR,
+        points_per_task=4096,
+        required=("model", "cluster"),
+        doc="analytic decode + prefill estimate, one row per point",
+    )
+)

@@ -1,0 +1,34 @@
+"""Small serving runs shared by the engine tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from rdu_cluster.backends.local import LocalBackend
+from rdu_cluster.config import load_cluster
+from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from workloads import traces
+from workloads.catalog import load_model
+
+
+def simulate(model="llama-3.1-8b", cluster="sn40l-16", n=40, rate=20.0, backend=None,
+             prompt=traces.LengthDist("uniform", 64, 1024), output=traces.LengthDist("uniform", 4, 96),
+             seed=1, hooks=(), **config):
+    limits = config.pop("limits", Limits())
+    trace = traces.synthetic(n, rate, "poisson", prompt, output, seed=seed)
+    sim = Simulation(load_model(model), load_cluster(cluster), trace,
+                     ServeConfig(limits=limits, seed=seed, **config), backend or LocalBackend())
+    sim.hooks.extend(hooks)
+    return sim, sim.run()
+
+
+@pytest.fixture(scope="session")
+def serve():
+    """The `simulate` helper: (Simulation, Tables) of a small run."""
+    return simulate
+
+
+@pytest.fixture(scope="session")
+def small_run():
+    return simulate()

@@ -1,0 +1,135 @@
+"""The serving engine on the local backend: accounting, lookahead windows, policies, KV
+preemption, MoE stragglers, simulated hardware faults."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chip.cost import CAUSES
+from rdu_cluster.engine import replica
+from rdu_cluster.engine.schedulers import Limits, get
+from workloads import traces
+from workloads.errors import ConfigError
+
+
+def cols(tbl):
+    return tbl.to_pydict()
+
+
+def test_every_request_is_served_with_consistent_times(small_run):
+    sim, t = small_run
+    r = cols(t.requests)
+    assert set(r["state"]) == {"done"} and r["generated_tokens"] == r["output_len"]
+    for q, ttft, e2e, tpot in zip(r["queue_s"], r["ttft_s"], r["e2e_s"], r["tpot_s"], strict=True):
+        assert 0 <= q < ttft <= e2e and (tpot is None or tpot > 0)
+    s = cols(t.steps)
+    # every generated token is a step's token: prefill completions + decode tokens
+    assert sum(s["decode_tokens"]) + len(r["state"]) == sum(r["output_len"])
+    assert sum(s["prefill_tokens"]) == sum(r["prompt_len"])
+
+
+def test_step_causes_partition_step_time(small_run):
+    _, t = small_run
+    s = cols(t.steps)
+    parts = np.sum([s[f"{c}_s"] for c in CAUSES], axis=0) + np.asarray(s["kv_swap_s"])
+    assert np.allclose(parts, s["time_s"], rtol=1e-9)
+    starts, times = np.asarray(s["start_s"]), np.asarray(s["time_s"])
+    assert np.all(starts[1:] >= starts[:-1] + times[:-1] - 1e-12)  # steps never overlap
+
+
+def test_lookahead_windows_equal_a_step_by_step_loop(serve, monkeypatch):
+    """A window of many spans gives the same tables as one span per round trip."""
+    _, many = serve(n=30, rate=50.0, seed=4)
+    monkeypatch.setattr(replica, "MAX_SPANS", 1)
+    sim_one, one = serve(n=30, rate=50.0, seed=4)
+    assert sim_one.windows > many.summary["windows"]
+    assert many.requests.equals(one.requests)
+    drop = lambda tbl: tbl.drop_columns(["window"])  # noqa: E731
+    assert drop(many.steps).equals(drop(one.steps))
+
+
+def test_saturated_trace_needs_few_round_trips(serve):
+    sim, t = serve(n=200, rate=float("inf"), prompt=traces.LengthDist("fixed", 512),
+                   output=traces.LengthDist("fixed", 64))
+    assert t.summary["served"] == 200 and t.summary["windows"] <= 3
+
+
+def test_chunked_prefill_mixes_prefill_and_decode(serve):
+    _, t = serve(limits=Limits(max_batch=16, token_budget=512, chunked_prefill=True))
+    s = cols(t.steps)
+    assert "mixed" in s["phase"] and max(np.add(s["prefill_tokens"], s["decode_tokens"])) <= 512
+    assert t.summary["served"] == 40
+
+
+def test_static_batching_waits_for_the_whole_batch(serve):
+    _, cont = serve(n=24, rate=100.0, seed=2)
+    _, stat = serve(n=24, rate=100.0, seed=2, scheduler="static")
+    assert stat.summary["served"] == 24
+    assert stat.summary["ttft_s"][90] > cont.summary["ttft_s"][90]
+
+
+def test_unknown_scheduler_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown 'fifo'; accepted: continuous, static"):
+        get("fifo", Limits())
+    with pytest.raises(ConfigError, match="--max-batch"):
+        get("continuous", Limits(max_batch=0))
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_kv_pressure_preempts_and_still_serves_everything(serve, mode):
+    # DGX H100 with Llama 3.1 70B at tp=8 leaves ~1.2 GB of KV per GPU at kv_fraction 0.02.
+    _, t = serve(model="llama-3.1-70b", cluster="dgx-h100", n=48, rate=1000.0,
+                 prompt=traces.LengthDist("fixed", 2048), output=traces.LengthDist("fixed", 256),
+                 kv_memory_fraction=0.02, limits=Limits(max_batch=64, preemption=mode))
+    r = cols(t.requests)
+    assert set(r["state"]) == {"done"}
+    if mode == "recompute":
+        assert sum(r["preemptions"]) > 0
+    else:
+        assert sum(r["swaps"]) > 0 and max(cols(t.steps)["kv_swap_s"]) > 0
+    assert max(cols(t.steps)["kv_used_bytes"]) <= 0.02 * 80e9
+
+
+def test_requests_that_can_never_fit_are_reported_unserved(serve):
+    _, t = serve(n=5, prompt=traces.LengthDist("fixed", 9000))
+    r = cols(t.requests)
+    assert set(r["state"]) == {"unserved"} and "token budget" in r["reason"][0]
+
+
+def test_moe_expert_load_stragglers_show_in_the_steps_table(serve):
+    _, t = serve(model="mixtral-8x7b", plan="tp=16,ep=8", n=12, rate=50.0)
+    s = cols(t.steps)
+    assert min(s["expert_load_max"]) > 1.0  # the busiest group is always above the mean
+    assert max(s["straggler_s"]) > 0 and len(set(s["straggler_socket"])) > 1
+
+
+def test_degraded_socket_is_the_straggler(serve):
+    _, base = serve(n=10)
+    _, slow = serve(n=10, faults=("socket:5@0:degraded:0.5",))
+    s = cols(slow.steps)
+    assert set(s["straggler_socket"]) == {5}
+    assert slow.summary["makespan_s"] > base.summary["makespan_s"]
+
+
+def test_failed_socket_is_routed_around(serve):
+    _, t = serve(n=30, rate=10.0, faults=("socket:3@0.5",))
+    r, s = cols(t.requests), cols(t.steps)
+    assert set(r["state"]) == {"done"}
+    assert s["phase"].count("recovery") == 1
+    after = [sock for ph, st, sock in zip(s["phase"], s["start_s"], s["straggler_socket"],
+                                          strict=True) if st > 1.0 and ph != "recovery"]
+    assert after and 3 not in after and max(after) < 9  # re-planned at tp=8 on 0-2, 4-8
+    assert sum(r["preemptions"]) > 0  # the sequences cached at the failure were recomputed
+
+
+def test_failure_with_no_plan_left_reports_unserved(serve):
+    _, t = serve(model="llama-3.1-405b", n=6, rate=2.0, faults=("socket:0@1.0",))
+    states = cols(t.requests)["state"]
+    assert "unserved" in states and "done" in states
+
+
+def test_failed_link_slows_communication(serve):
+    _, base = serve(n=10)
+    _, t = serve(n=10, faults=("link:2-3@0",))
+    assert sum(cols(t.steps)["communication_s"]) > sum(cols(base.steps)["communication_s"])

@@ -1,0 +1,120 @@
+"""The dataset: partitioned Parquet with metadata, atomic parts, manifest, resume, refusal."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from rdu_cluster.sweep import LocalBackend, count_rows, expand, load_spec, read_manifest, run_sweep
+from rdu_cluster.sweep import dataset
+from tests.sweep import helpers
+from tests.sweep.helpers import write
+from workloads.errors import ConfigError
+
+SPEC = """
+[sweep]
+kind = "fake"
+seed = 7
+[[axes]]
+type = "grid"
+cluster = ["c1", "c2"]
+model = ["m1", "m2"]
+x = [{xs}]
+y = [1, 2]
+"""
+
+
+def spec_file(tmp_path, n=25, name="spec.toml"):
+    return write(tmp_path, SPEC.format(xs=", ".join(str(i) for i in range(1, n + 1))), name)
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    helpers.CALLS.clear()
+    helpers.FAIL_AFTER.clear()
+    yield
+    helpers.FAIL_AFTER.clear()
+
+
+def run(path, out, **kw):
+    spec = load_spec(path)
+    return spec, run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False, **kw)
+
+
+def test_layout_metadata_and_readers(tmp_path):
+    out = tmp_path / "out"
+    spec, s = run(spec_file(tmp_path), out, points_per_task=30)
+    assert s.points == 200 and s.infeasible == 8 and s.rows == 192 == count_rows(out)
+    folders = sorted(p.relative_to(out).as_posix() for p in out.glob("cluster=*/model=*"))
+    assert folders == [f"cluster=c{i}/model=m{j}" for i in (1, 2) for j in (1, 2)]
+    part = dataset.part_files(out)[0]
+    meta = pq.read_schema(part).metadata
+    assert meta[b"rdu_cluster.spec_hash"] == spec.hash.encode()
+    assert meta[b"rdu_cluster.seed"] == b"7"
+    assert meta[b"rdu_cluster.dataset_schema_version"] == b"1"
+    assert b"rdu_cluster.code_version" in meta
+    tbl = pq.read_table(out)  # pyarrow, as it is
+    assert tbl.num_rows == 192 and {"cluster", "model", "x", "y", "cluster_ref"} <= set(
+        tbl.column_names
+    )
+    df = pd.read_parquet(out)  # pandas, as it is
+    assert len(df) == 192 and df.point_id.is_unique
+    row = df[(df.x == 3) & (df.y == 2)].iloc[0]
+    assert row.value == 3 * 2 + 7 and str(row.cluster) == row.cluster_ref
+    assert not [p for p in out.rglob(".*")]  # no temporary file left
+    info = json.loads((out / dataset.SWEEP_FILE).read_text())
+    assert info["spec_hash"] == spec.hash and info["points"] == 200
+
+
+def test_interrupted_sweep_resumes_to_one_row_per_point(tmp_path):
+    path, out = spec_file(tmp_path), tmp_path / "out"
+    helpers.FAIL_AFTER.append(3)
+    with pytest.raises(KeyboardInterrupt):
+        run(path, out, points_per_task=20)
+    done = read_manifest(out).finished
+    assert len(done) == 60
+    # a crash between a part file and its manifest entry leaves an orphan: resume deletes it
+    orphan = out / "cluster=c1" / "model=m1" / "part-deadbeef.parquet"
+    orphan.write_bytes(dataset.part_files(out)[0].read_bytes())
+    (out / "cluster=c1" / ".part-x.parquet.tmp").write_bytes(b"half")
+    helpers.FAIL_AFTER.clear()
+    helpers.CALLS.clear()
+    _, s = run(path, out, points_per_task=20)
+    assert s.skipped == 60 and s.ran == 140 and sum(helpers.CALLS) == 140
+    assert not orphan.exists()
+    tbl = pq.read_table(out)
+    assert tbl.num_rows == 192 == len(set(tbl.column("point_id").to_pylist()))
+    helpers.CALLS.clear()
+    _, s = run(path, out)  # finished: nothing to run
+    assert s.ran == 0 and helpers.CALLS == [] and count_rows(out) == 192
+
+
+def test_changed_spec_refused_force_starts_anew(tmp_path):
+    out = tmp_path / "out"
+    run(spec_file(tmp_path, 5), out)
+    changed = spec_file(tmp_path, 6, "changed.toml")
+    with pytest.raises(ConfigError, match="holds a different sweep.*--force"):
+        run(changed, out)
+    _, s = run(changed, out, force=True)
+    assert s.skipped == 0 and count_rows(out) == 48
+
+
+def test_non_sweep_folder_refused(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not a sweep dataset"):
+        run(spec_file(tmp_path, 2), out)
+    assert (out / "notes.txt").exists()
+
+
+def test_rows_do_not_depend_on_task_size(tmp_path):
+    path = spec_file(tmp_path, 10)
+    run(path, tmp_path / "a", points_per_task=7)
+    run(path, tmp_path / "b", points_per_task=1000)
+    a = pq.read_table(tmp_path / "a").sort_by("point_id")
+    b = pq.read_table(tmp_path / "b").sort_by("point_id")
+    assert a.equals(b)

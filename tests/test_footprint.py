@@ -1,0 +1,60 @@
+"""Hosting footprint: nodes per system for N experts, and where the bytes live."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+from rdu_cluster.config import load_cluster
+from rdu_cluster.footprint import footprint
+from workloads.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def sn8():
+    return load_cluster("sn40l-8")
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_cluster("dgx-h100")
+
+
+def test_sn40l_hosts_850_experts_in_one_node(sn8):
+    fp = footprint(850, "llama-2-7b", sn8)
+    chosen = fp.chosen
+    assert chosen.name == "tiered" and chosen.nodes == 1  # 11.5 TB in 12 TB of DDR
+    assert chosen.tier_bytes["experts"] == pytest.approx(850 * fp.expert_bytes)
+
+
+def test_gpu_all_in_hbm_count(h100):
+    fp = footprint(850, "llama-2-7b", h100)
+    hbm = next(p for p in fp.placements if p.name == "hbm")
+    assert hbm.experts_in_hbm == 49 and hbm.nodes == 18  # ceil(850 / 49)
+    # tiered: host DRAM (2.048 TB a node) bounds it
+    tiered = next(p for p in fp.placements if p.name == "tiered")
+    assert tiered.nodes == 6
+
+
+def test_latency_target_selects_placement(h100):
+    loose = footprint(150, "llama-2-7b", h100, latency_target_s=1.0).chosen
+    tight = footprint(150, "llama-2-7b", h100, latency_target_s=0.02).chosen
+    assert loose.name == "tiered" and tight.name == "hbm" and tight.nodes > loose.nodes
+    assert footprint(150, "llama-2-7b", h100, latency_target_s=1e-4).chosen is None
+
+
+def test_bad_input(sn8):
+    with pytest.raises(ConfigError):
+        footprint(0, "llama-2-7b", sn8)
+    with pytest.raises(ConfigError):
+        footprint(10, "llama-2-7b", sn8, latency_target_s=-1)
+
+
+def test_cli():
+    r = CliRunner().invoke(main, ["footprint", "--experts", "150", "--cluster", "sn40l-8",
+                                  "--cluster", "dgx-h100"])
+    assert r.exit_code == 0, r.output
+    assert "chosen" in r.output and "ddr" in r.output and "host" in r.output
+    r = CliRunner().invoke(main, ["footprint", "--experts", "5", "--expert-model", "nope"])
+    assert r.exit_code == 2

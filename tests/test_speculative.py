@@ -1,0 +1,138 @@
+"""Speculative decoding: acceptance models, the closed form, and the costed composition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+from rdu_cluster.config import load_cluster
+from rdu_cluster.speculative import best_k, default_acceptance, speculative_estimate
+from workloads.catalog import load_model
+from workloads.errors import ConfigError
+from workloads.speculative import (
+    ConstantAcceptance,
+    PositionalAcceptance,
+    SampledAcceptance,
+    Speculation,
+    closed_form_tokens_per_step,
+    parse_acceptance,
+    parse_tree,
+)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 0.6, 0.8, 0.95, 1.0])
+@pytest.mark.parametrize("k", [1, 2, 4, 7, 16])
+def test_constant_rate_matches_closed_form(rate, k):
+    # Leviathan et al. 2023 eq. 1: (1 - a^(k+1)) / (1 - a); k + 1 at a = 1
+    expected = k + 1 if rate == 1.0 else (1 - rate ** (k + 1)) / (1 - rate)
+    spec = Speculation(k, ConstantAcceptance(rate))
+    assert spec.tokens_per_step() == pytest.approx(expected, rel=1e-12)
+    assert closed_form_tokens_per_step(rate, k) == pytest.approx(expected, rel=1e-12)
+    assert spec.verify_tokens() == k + 1
+
+
+def test_positional_vector_and_cumulative_conversion():
+    acc = PositionalAcceptance.from_cumulative((0.805, 0.632, 0.483))
+    assert acc.values[0] == pytest.approx(0.805)
+    spec = Speculation(3, acc)
+    assert spec.tokens_per_step() == pytest.approx(1 + 0.805 + 0.632 + 0.483)
+    with pytest.raises(ConfigError, match="exceeds"):
+        Speculation(4, acc).tokens_per_step()
+
+
+def test_sampled_acceptance_is_seeded_and_consistent():
+    a = Speculation(5, SampledAcceptance(0.7, 8.0, seed=3, samples=20000))
+    b = Speculation(5, SampledAcceptance(0.7, 8.0, seed=3, samples=20000))
+    assert a.tokens_per_step() == b.tokens_per_step()
+    assert a.expected_sampled() == b.expected_sampled()
+    # the Beta mixture's analytic expectation and a direct simulation agree to MC error
+    assert a.expected_sampled() == pytest.approx(a.tokens_per_step(), rel=0.03)
+    # per-step variation of the rate: E[r^i] >= E[r]^i (Jensen), so at least a constant rate's
+    assert a.tokens_per_step() > Speculation(5, ConstantAcceptance(0.7)).tokens_per_step() - 1e-9
+
+
+def test_sample_tokens_constant_rate_mean():
+    spec = Speculation(4, ConstantAcceptance(0.8))
+    draws = spec.sample_tokens(np.random.default_rng(0), 50000)
+    assert draws.min() >= 1 and draws.max() <= 5
+    assert draws.mean() == pytest.approx(spec.tokens_per_step(), rel=0.02)
+
+
+def test_tree_speculation():
+    acc = ConstantAcceptance(0.6)
+    chain = Speculation(3, acc)
+    flat = Speculation(3, acc, (1, 1, 1))
+    assert flat.tokens_per_step() == pytest.approx(chain.tokens_per_step())
+    tree = Speculation(3, acc, (4, 2, 1))
+    assert tree.tokens_per_step() > chain.tokens_per_step()
+    assert tree.verify_tokens() == 1 + 4 + 8 + 8
+    assert tree.frontier() == (1, 4, 8)
+    with pytest.raises(ConfigError):
+        Speculation(2, acc, (4, 2, 1))
+
+
+def test_parsers_and_bad_input():
+    assert isinstance(parse_acceptance("0.8"), ConstantAcceptance)
+    assert isinstance(parse_acceptance("0.9,0.8"), PositionalAcceptance)
+    assert isinstance(parse_acceptance("beta:0.7:5:1"), SampledAcceptance)
+    assert parse_tree("4,2,1") == (4, 2, 1)
+    for bad in ("x", "1.5", "beta:", "beta:1.2"):
+        with pytest.raises(ConfigError):
+            parse_acceptance(bad)
+    with pytest.raises(ConfigError):
+        Speculation(0, ConstantAcceptance(0.5))
+
+
+@pytest.fixture(scope="module")
+def sn16():
+    return load_cluster("sn40l-16")
+
+
+def test_step_is_k_drafts_plus_verification(sn16):
+    target = load_model("llama-3.1-70b")
+    spec = Speculation(4, ConstantAcceptance(0.8))
+    est = speculative_estimate(target, sn16, spec, "llama-3.2-1b", prompt_len=2048, gen_len=128)
+    assert len(est.draft_steps) == 4
+    total = sum(float(c.time_s) for c in est.draft_steps) + float(est.verify.time_s)
+    assert float(est.step_time_s) == pytest.approx(total)
+    assert est.tokens_per_step == pytest.approx(closed_form_tokens_per_step(0.8, 4))
+    # verification of 5 tokens does ~5x the matmul work of one decode step
+    assert float(est.verify.flops) == pytest.approx(5 * float(est.base.decode.flops), rel=0.1)
+    assert float(est.speedup) > 1.0
+    # nothing accepted: every step pays k drafts for one token, slower than plain decode
+    none = speculative_estimate(target, sn16, Speculation(4, ConstantAcceptance(0.0)),
+                                "llama-3.2-1b", prompt_len=2048, gen_len=128)
+    assert float(none.speedup) < 1.0
+
+
+def test_best_k_and_separate_placement(sn16):
+    target = load_model("llama-3.1-70b")
+    acc = default_acceptance("llama-3.1-8b", target.name)
+    assert acc.rate == 0.88 and acc.source
+    best = best_k(target, sn16, acc, "llama-3.1-8b", ks=range(1, 9), prompt_len=2048, gen_len=64)
+    for k in (1, 8):
+        other = speculative_estimate(target, sn16, Speculation(k, acc), "llama-3.1-8b",
+                                     prompt_len=2048, gen_len=64)
+        assert float(best.tokens_per_s_per_request) >= float(other.tokens_per_s_per_request)
+    sep = speculative_estimate(target, sn16, Speculation(3, acc), "llama-3.1-8b",
+                               placement="separate", draft_sockets=2, prompt_len=2048, gen_len=64)
+    assert sep.sockets_per_replica == 18 and sep.draft_tp == 2 and float(sep.transfer_s) > 0
+
+
+def test_draft_errors(sn16):
+    target = load_model("llama-3.1-70b")
+    with pytest.raises(ConfigError, match="tokenizer"):
+        speculative_estimate(target, sn16, Speculation(2, ConstantAcceptance(0.5)), "llama-2-7b")
+    with pytest.raises(ConfigError, match="multi-token"):
+        speculative_estimate(target, sn16, Speculation(2, ConstantAcceptance(0.5)), "mtp")
+
+
+def test_cli_draft_and_bad_acceptance():
+    r = CliRunner().invoke(main, ["simulate", "--model", "llama-3.1-70b", "--cluster", "sn40l-16",
+                                  "--draft", "llama-3.2-1b", "--spec-k", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    assert '"spec_k": 3' in r.output and '"joules_per_token"' in r.output
+    r = CliRunner().invoke(main, ["simulate", "--draft", "llama-3.2-1b", "--acceptance", "2"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1

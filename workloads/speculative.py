@@ -1,0 +1,267 @@
+"""Speculative decoding: acceptance models and their closed forms. Pure: no hardware, no time.
+
+One speculative step drafts k tokens (a chain) or a tree of candidates, then the target verifies
+them in one forward pass and keeps the longest accepted prefix plus one token of its own (the
+correction, or the bonus token when everything was accepted). So a step always emits at least one
+token, and at most depth + 1.
+
+Acceptance is described by the conditional rate a_i: the probability that the draft token at depth
+i is accepted given that depths 1..i-1 were. Then
+
+    E[tokens per step] = 1 + sum_{i=1..k} prod_{j<=i} a_j
+
+which for a constant rate a is the closed form of Leviathan et al. 2023 (arXiv 2211.17192, eq. 1):
+(1 - a^(k+1)) / (1 - a), and k + 1 when a = 1.
+
+Three acceptance models:
+- ConstantAcceptance(rate): a_i = rate at every depth.
+- PositionalAcceptance(rates): a vector of conditional rates a_1..a_k (a measured per-position
+  curve; where a tool reports cumulative rates p_i = prod a_j, convert with `from_cumulative`).
+- SampledAcceptance(mean, concentration, seed): acceptance is context-dependent (EAGLE-2, arXiv
+  2406.16858, finds it varies with the context, not only the position); each step's rate is drawn
+  from Beta(mean * c, (1 - mean) * c), and the accepted count of the step is drawn from that rate.
+  Expectations are Monte-Carlo over `samples` steps of a seeded numpy Generator: the same seed
+  gives bit-identical results.
+
+Tree speculation (SpecInfer arXiv 2305.09781, Sequoia arXiv 2402.12374): `branching` (b_1..b_D)
+keeps b_d candidates under each node of depth d-1. Approximation (stated, optimistic): siblings
+are accepted independently, so depth d is reached with probability 1 - (1 - a_d)^(b_d) given
+depth d-1 was. The target verifies every node of the tree in one pass (tree attention mask):
+sum_d prod_{j<=d} b_j draft tokens plus the root.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workloads.errors import ConfigError
+
+DEFAULT_SAMPLES = 4096
+
+
+def closed_form_tokens_per_step(rate: float, k: int) -> float:
+    """Leviathan et al. 2023 eq. 1: expected tokens a step emits with k drafts at a constant
+    conditional acceptance `rate`."""
+    _check_rate(rate, "acceptance")
+    _check_k(k)
+    if rate == 1.0:
+        return float(k + 1)
+    return (1.0 - rate ** (k + 1)) / (1.0 - rate)
+
+
+@dataclass(frozen=True)
+class ConstantAcceptance:
+    rate: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _check_rate(self.rate, "acceptance")
+
+    def rates(self, k: int) -> np.ndarray:
+        _check_k(k)
+        return np.full(k, self.rate)
+
+    def describe(self) -> str:
+        return f"constant {self.rate:g}"
+
+
+@dataclass(frozen=True)
+class PositionalAcceptance:
+    """Conditional acceptance per draft position, a_1 first. k may not exceed its length."""
+
+    values: tuple[float, ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise ConfigError("acceptance: a per-position vector needs at least one rate")
+        for i, r in enumerate(self.values):
+            _check_rate(r, f"acceptance[{i}]")
+
+    @classmethod
+    def from_cumulative(
+        cls, cumulative: tuple[float, ...], source: str = ""
+    ) -> PositionalAcceptance:
+        """From cumulative rates p_i = P(depths 1..i all accepted), as llama.cpp and vLLM print."""
+        conditional, prev = [], 1.0
+        for i, p in enumerate(cumulative):
+            _check_rate(p, f"acceptance[{i}]")
+            if p > prev:
+                raise ConfigError(f"acceptance[{i}]: cumulative rates must not increase")
+            conditional.append(p / prev if prev > 0 else 0.0)
+            prev = p
+        return cls(tuple(conditional), source)
+
+    def rates(self, k: int) -> np.ndarray:
+        _check_k(k)
+        if k > len(self.values):
+            raise ConfigError(
+                f"spec-k: {k} exceeds the {len(self.values)} positions of the acceptance vector"
+            )
+        return np.asarray(self.values[:k], dtype=float)
+
+    def describe(self) -> str:
+        return "per-position " + ",".join(f"{r:g}" for r in self.values)
+
+
+@dataclass(frozen=True)
+class SampledAcceptance:
+    """Per-step rate ~ Beta(mean * concentration, (1 - mean) * concentration), seeded."""
+
+    mean: float
+    concentration: float = 10.0
+    seed: int = 0
+    samples: int = DEFAULT_SAMPLES
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mean < 1.0:
+            raise ConfigError(f"acceptance: beta mean must be in (0, 1), got {self.mean!r}")
+        if not self.concentration > 0:
+            raise ConfigError(
+                f"acceptance: concentration must be positive, got {self.concentration!r}"
+            )
+        if self.samples < 1:
+            raise ConfigError(f"acceptance: samples must be positive, got {self.samples!r}")
+
+    def step_rates(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        a, b = self.mean * self.concentration, (1.0 - self.mean) * self.concentration
+        return rng.beta(a, b, size=n)
+
+    def rates(self, k: int) -> np.ndarray:
+        """The mean conditional rate per depth implied by the Beta mixture: E[r^i] / E[r^(i-1)]."""
+        _check_k(k)
+        r = self.step_rates(np.random.default_rng(self.seed), self.samples)
+        moments = np.array([np.mean(r**i) for i in range(k + 1)])
+        return moments[1:] / moments[:-1]
+
+    def describe(self) -> str:
+        return f"beta mean {self.mean:g} concentration {self.concentration:g} seed {self.seed}"
+
+
+Acceptance = ConstantAcceptance | PositionalAcceptance | SampledAcceptance
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What a speculative step drafts: a chain of k tokens, or a tree with `branching` per depth
+    (then k is the tree depth)."""
+
+    k: int
+    acceptance: Acceptance
+    branching: tuple[int, ...] | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        _check_k(self.k)
+        if self.branching is not None:
+            if len(self.branching) != self.k:
+                raise ConfigError(
+                    f"tree: {len(self.branching)} branching factors for depth k={self.k}"
+                )
+            if any(int(b) != b or b < 1 for b in self.branching):
+                raise ConfigError(f"tree: branching factors must be positive integers, got "
+                                  f"{self.branching}")
+
+    @property
+    def is_tree(self) -> bool:
+        return self.branching is not None and any(b > 1 for b in self.branching)
+
+    def depth_rates(self) -> np.ndarray:
+        """Probability of reaching depth d given depth d-1 was reached."""
+        a = self.acceptance.rates(self.k)
+        if self.branching is None:
+            return a
+        return 1.0 - (1.0 - a) ** np.asarray(self.branching, dtype=float)
+
+    def tokens_per_step(self) -> float:
+        """Expected tokens a step emits (accepted drafts plus the target's own token)."""
+        return float(1.0 + np.sum(np.cumprod(self.depth_rates())))
+
+    def accepted_per_step(self) -> float:
+        return self.tokens_per_step() - 1.0
+
+    def frontier(self) -> tuple[int, ...]:
+        """Tokens the draft processes at each of its k steps: 1 for a chain; for a tree, the
+        nodes of depth d-1 whose children it proposes (prod_{j<d} b_j)."""
+        if self.branching is None:
+            return (1,) * self.k
+        out, width = [], 1
+        for b in self.branching:
+            out.append(width)
+            width *= int(b)
+        return tuple(out)
+
+    def verify_tokens(self) -> int:
+        """New tokens a sequence brings to the target's verification: the root plus every
+        drafted node (k + 1 for a chain)."""
+        if self.branching is None:
+            return self.k + 1
+        return 1 + sum(math.prod(self.branching[: d + 1]) for d in range(self.k))
+
+    def sample_tokens(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Tokens emitted by each of n steps, drawn from the acceptance model (engine use)."""
+        if isinstance(self.acceptance, SampledAcceptance):
+            r = self.acceptance.step_rates(rng, n)[:, None] * np.ones(self.k)
+        else:
+            r = np.broadcast_to(self.acceptance.rates(self.k), (n, self.k))
+        if self.branching is not None:
+            r = 1.0 - (1.0 - r) ** np.asarray(self.branching, dtype=float)
+        ok = rng.random((n, self.k)) < r
+        return 1 + np.argmin(np.column_stack([ok, np.zeros(n, bool)]), axis=1)
+
+    def expected_sampled(self) -> float:
+        """tokens_per_step for a SampledAcceptance by direct simulation of its seeded steps (the
+        same expectation as tokens_per_step up to Monte-Carlo error; used by the tests)."""
+        seed = getattr(self.acceptance, "seed", 0)
+        n = getattr(self.acceptance, "samples", DEFAULT_SAMPLES)
+        return float(np.mean(self.sample_tokens(np.random.default_rng(seed), n)))
+
+
+def parse_acceptance(text: str, source: str = "") -> Acceptance:
+    """CLI form: "0.8" (constant), "0.9,0.8,0.7" (per position, conditional),
+    "beta:MEAN[:CONCENTRATION[:SEED]]" (sampled)."""
+    t = text.strip()
+    try:
+        if t.startswith("beta:"):
+            parts = [float(x) for x in t[5:].split(":")]
+            if not 1 <= len(parts) <= 3:
+                raise ValueError
+            mean = parts[0]
+            conc = parts[1] if len(parts) > 1 else 10.0
+            seed = int(parts[2]) if len(parts) > 2 else 0
+            return SampledAcceptance(mean, conc, seed, source=source)
+        values = tuple(float(x) for x in t.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"acceptance: {text!r} not understood; give a rate (0.8), a per-position list "
+            "(0.9,0.8,0.7) or beta:MEAN[:CONCENTRATION[:SEED]]"
+        ) from None
+    if len(values) == 1:
+        return ConstantAcceptance(values[0], source)
+    return PositionalAcceptance(values, source)
+
+
+def parse_tree(text: str | None) -> tuple[int, ...] | None:
+    """"4,2,1" -> (4, 2, 1): candidates kept under each node, depth by depth."""
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"tree: {text!r} not understood; give branching factors like 4,2,1"
+        ) from None
+
+
+def _check_rate(rate: float, name: str) -> None:
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"{name}: expected a rate in [0, 1], got {rate!r}")
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ConfigError(f"spec-k: expected a positive integer, got {k!r}")
