@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rdu_cluster.sweep import RayBackend, count_rows, expand, load_spec, run_sweep  # noqa: E402
+from rdu_cluster.sweep import RayBackend, count_rows, expand, load_spec, run_sweep
 
 SPEC = ROOT / "examples" / "sweeps" / "decode-10k.toml"
 LOCAL_LIMIT_S = 10.0

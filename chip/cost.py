@@ -26,6 +26,8 @@ CAUSES = (
     "synchronization",
     "host",
     "pipeline_fill",
+    "ddr_streaming",  # weights or KV spilled to DDR, streamed after the HBM stream
+    "pipeline_bubble",  # a pipeline stage waiting for the others
 )
 
 
@@ -45,10 +47,10 @@ class StepCost:
         """The cause that takes most of the time, per design point ("memory" folds the three
         streaming causes together, "overhead" the launch/sync/host/fill ones)."""
         groups = {
-            "memory": ("weight_streaming", "kv_streaming", "activations"),
+            "memory": ("weight_streaming", "kv_streaming", "activations", "ddr_streaming"),
             "compute": ("compute",),
             "communication": ("communication",),
-            "overhead": ("launch", "synchronization", "host", "pipeline_fill"),
+            "overhead": ("launch", "synchronization", "host", "pipeline_fill", "pipeline_bubble"),
         }
         names = list(groups)
         stacked = np.stack(

@@ -15,7 +15,12 @@ import numpy as np
 
 from chip import execution
 from chip.cost import CAUSES, StepCost
+from interconnect import comm_time_fn
 from partitioning.cluster import ClusterSpec
+from partitioning.evaluate import PlanEstimate, evaluate_plan, search_plans, topology_of
+from partitioning.footprint import PlanDoesNotFit
+from partitioning.plan import Plan
+from partitioning.program import concurrent_groups, groups_of
 from workloads import graph as graphs
 from workloads.errors import ConfigError
 from workloads.ops import Collective, Shard, StepShape, Work
@@ -39,6 +44,12 @@ class Estimate:
     hbm_used_bytes: Work  # per socket
     hbm_bandwidth: float
     extra: dict[str, Any] = field(default_factory=dict)
+    plan: str = ""  # the partitioning plan's name ("tp16", "tp4pp2", "tp8ep2")
+    model_sockets: int = 0  # sockets holding one copy of the model (default: tp)
+
+    @property
+    def group_sockets(self) -> int:
+        return self.model_sockets or self.tp
 
     @property
     def tpot_s(self) -> Work:
@@ -62,12 +73,12 @@ class Estimate:
 
     @property
     def flops_per_token(self) -> Work:
-        return self.tp * self.decode.flops / self.batch
+        return self.group_sockets * self.decode.flops / self.batch
 
     @property
     def bytes_per_token(self) -> Work:
         """HBM bytes the whole model group must read to emit one token of each sequence."""
-        return self.tp * self.decode.useful_hbm_bytes / self.batch
+        return self.group_sockets * self.decode.useful_hbm_bytes / self.batch
 
 
 def estimate(
@@ -118,24 +129,20 @@ def estimate(
         kv_cache_bytes=kv,
         hbm_used_bytes=used,
         hbm_bandwidth=cluster.chip.hbm.bandwidth_bytes_per_s,
+        plan=Plan(tp=tp, dp=cluster.sockets // tp).name,
     )
 
 
 def tp_comm_time(cluster: ClusterSpec, tp: int) -> Callable[[Collective], Work]:
-    """First cost path: a ring all-reduce with an alpha-beta cost per step, over one link of the
-    topology: 2(p-1) steps, each moving bytes/p and paying one hop of latency."""
-    topo = cluster.topology
+    """The interconnect's cost of each collective of a tensor-parallel plan over `tp` sockets,
+    replicated over the rest: the same network code (topology, routes, algorithm choice,
+    link sharing between replicas) that every plan goes through."""
+    return plan_comm_time(cluster, Plan(tp=tp, dp=cluster.sockets // tp))
 
-    def time(c: Collective) -> Work:
-        p = c.size
-        if p <= 1:
-            return 0.0
-        inter = cluster.nodes > 1 and tp > cluster.sockets_per_node
-        bw = topo.inter_node_bandwidth_bytes_per_s if inter else topo.link_bandwidth_bytes_per_s
-        alpha = topo.inter_node_latency_s if inter else topo.link_latency_s
-        return 2 * (p - 1) * (alpha + np.asarray(c.bytes) / p / bw)
 
-    return time
+def plan_comm_time(cluster: ClusterSpec, plan: Plan) -> Callable[[Collective], Work]:
+    """Collectives of socket 0's groups under `plan`, sharing links with the other groups."""
+    return comm_time_fn(topology_of(cluster), groups_of(plan, 0), concurrent_groups(plan))
 
 
 def _check_fit(model: ModelSpec, cluster: ClusterSpec, tp: int, used: Work) -> None:
@@ -156,3 +163,90 @@ def _check_positive(**values: Work) -> None:
 
 def cause_columns(cost: StepCost, prefix: str) -> dict[str, Work]:
     return {f"{prefix}_{c}_s": cost.cause(c) for c in CAUSES}
+
+
+def estimate_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    batch: int = 1,
+    prompt_len: int = 1024,
+    gen_len: int = 256,
+    options: Any = None,
+) -> Estimate:
+    """Any plan: tensor parallelism alone takes the vectorized path above; pipeline and expert
+    parallelism go through the partitioner's per-stage evaluation (stages, micro-batches,
+    bubbles, EP all-to-all, DDR spill), summarized as one Estimate whose decode breakdown is the
+    slowest stage's plus the bubble and the DDR stream."""
+    if plan.pp == 1 and plan.ep == 1 and not plan.mixer_tp and plan.sockets == cluster.sockets:
+        return estimate(model, cluster, batch, prompt_len, gen_len, tp=plan.tp, options=options)
+    pe = evaluate_plan(model, cluster, plan, batch, prompt_len, gen_len, options=options)
+    return from_plan_estimate(model, cluster, pe)
+
+
+def from_plan_estimate(model: ModelSpec, cluster: ClusterSpec, pe: PlanEstimate) -> Estimate:
+    times = pe.stage_times_s
+    slow = int(np.argmax(times))
+    crit = pe.stage_decode[slow]
+    bubble = pe.tpot_s - times[slow]
+    m, pp = pe.micro_batches, pe.plan.pp
+    by_cause = {k: float(np.max(v)) for k, v in crit.by_cause.items()}
+    by_class = {k: float(np.max(v)) for k, v in crit.by_class.items()}
+    for extra, t in (("ddr_streaming", pe.stage_ddr_s[slow]), ("pipeline_bubble", bubble)):
+        by_cause[extra] = by_cause.get(extra, 0.0) + t
+        by_class[extra] = by_class.get(extra, 0.0) + t
+    # Per token period each socket streams its stage once per micro-batch.
+    mean = lambda attr: m * sum(float(np.max(getattr(c, attr))) for c in pe.stage_decode) / pp
+    decode = StepCost(
+        pe.tpot_s,
+        by_cause,
+        by_class,
+        mean("useful_hbm_bytes"),
+        mean("flops"),
+        float(np.max(crit.kernels)),
+    )
+    prefill = StepCost(pe.ttft_s if pe.ttft_s is not None else np.nan)
+    return Estimate(
+        model=model.name,
+        cluster=cluster.name,
+        sockets=pe.plan.sockets,
+        tp=pe.plan.tp,
+        replicas=pe.plan.dp,
+        batch=np.asarray(pe.batch),
+        prompt_len=np.asarray(pe.prompt_len),
+        gen_len=np.asarray(pe.gen_len),
+        decode=decode,
+        prefill=prefill,
+        weight_bytes=float(graphs.weight_bytes(model)),
+        kv_cache_bytes=graphs.kv_cache_bytes(model, pe.batch, pe.prompt_len + pe.gen_len),
+        hbm_used_bytes=pe.hbm_used_bytes,
+        hbm_bandwidth=cluster.chip.hbm.bandwidth_bytes_per_s,
+        extra={
+            "expert_load": pe.expert_load,
+            "bubble_fraction": pe.bubble_fraction,
+            "ddr_used_bytes": pe.ddr_used_bytes,
+            "bound": pe.bound,
+        },
+        plan=pe.plan.name,
+        model_sockets=pe.plan.model_sockets,
+    )
+
+
+def best_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    objective: str = "latency",
+    batch: int = 1,
+    prompt_len: int = 1024,
+    gen_len: int = 256,
+    options: Any = None,
+) -> Plan:
+    """The feasible plan that ranks first for `objective` (latency | throughput | sockets)."""
+    result = search_plans(model, cluster, objective, batch, prompt_len, gen_len, options=options)
+    if not result.ranked:
+        reason = result.rejected[-1][1] if result.rejected else "no valid plan"
+        raise PlanDoesNotFit(
+            f"{model.name} on {cluster.name}: no plan of {result.evaluated} "
+            f"fits; the widest: {reason}"
+        )
+    return result.ranked[0].plan

@@ -28,7 +28,7 @@ def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec])
     )
     header = ["", *(f"{c.name} ({c.chip.name})" for c in clusters)]
     rows = [
-        ["sockets (tp x replicas)", *(f"{e.sockets} ({e.tp} x {e.replicas})" for e in estimates)],
+        ["sockets, plan", *(f"{e.sockets}, {e.plan or e.tp}" for e in estimates)],
         ["execution model", *(c.chip.execution_model for c in clusters)],
         ["tokens/s per request", *(f"{_f(e.tokens_per_s_per_request):,.1f}" for e in estimates)],
         ["tokens/s total", *(f"{_f(e.tokens_per_s_total):,.1f}" for e in estimates)],
@@ -45,7 +45,7 @@ def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec])
                 [f"  {cause}", *(_ms_share(e.decode.cause(cause), e.tpot_s) for e in estimates)]
             )
     rows.append(["decode ms per token, by op class:", *("" for _ in estimates)])
-    classes = sorted({k for e in estimates for k in e.decode.by_class})
+    classes = sorted({k for e in estimates for k, v in e.decode.by_class.items() if _f(v) > 0})
     for cls in classes:
         rows.append(
             [f"  {cls}", *(_ms_share(e.decode.by_class.get(cls, 0.0), e.tpot_s) for e in estimates)]

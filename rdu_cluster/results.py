@@ -44,6 +44,7 @@ PUBLIC = [
 ]
 DETAIL = (
     [
+        ("plan", pa.string()),
         ("tp", pa.int64()),
         ("replicas", pa.int64()),
         ("chip", pa.string()),
@@ -94,11 +95,12 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
         "tpot_s": est.tpot_s,
         "ttft_s": est.ttft_s,
         "hbm_bw_utilization": est.hbm_bw_utilization,
-        "bound": d.bound(),
+        "bound": est.extra.get("bound") or d.bound(),
         "weight_bytes": est.weight_bytes,
         "kv_cache_bytes": est.kv_cache_bytes,
         "flops_per_token": est.flops_per_token,
         "bytes_per_token": est.bytes_per_token,
+        "plan": est.plan,
         "tp": est.tp,
         "replicas": est.replicas,
         "chip": chip,
@@ -108,7 +110,8 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
     }
     cols.update({f"decode_{c}_s": d.cause(c) for c in CAUSES})
     cols.update({f"decode_class_{c.value}_s": d.by_class.get(c.value, 0.0) for c in OpClass})
-    cols.update({f"prefill_{c}_s": p.cause(c) for c in CAUSES})
+    # A pipeline or EP plan's prefill comes as a time without breakdown: null, not zero.
+    cols.update({f"prefill_{c}_s": p.cause(c) if p.by_cause else None for c in CAUSES})
     cluster = cluster or est.extra.get("cluster")
     if cluster is not None:
         cols.update(economics.estimate_columns(est, cluster))

@@ -82,9 +82,9 @@ def test_simulate_out_files(tmp_path, suffix):
     [
         (["--model", "gpt-5"], "unknown model"),
         (["--cluster", "sn50"], "unknown cluster"),
-        (["--batch", "0"], "batch"),
-        (["--gen-len", "-3"], "gen-len"),
-        (["--model", "llama-3.1-405b", "--cluster", "dgx-h100"], "does not fit"),
+        (["--batch", "0"], "--batch"),
+        (["--gen-len", "-3"], "--gen-len"),
+        (["--model", "llama-3.1-405b", "--cluster", "dgx-h100"], "overflows"),
         (["--weights", "fp2"], "--weights"),
         (["--tp", "3", "--cluster", "sn40l-16"], "tp"),
     ],
@@ -133,3 +133,31 @@ def test_simulate_ablate_table():
 def test_simulate_ablate_needs_an_rdu_cluster():
     r = run("simulate", "--cluster", "dgx-h100", "--ablate")
     assert r.exit_code == 2 and "dataflow" in r.stderr
+
+
+def test_simulate_plan_pipeline_pays_a_bubble_at_batch_1():
+    """tp4pp4 at batch 1: one micro-batch crosses four stages in turn, so it is slower than tp16
+    and the breakdown names the bubble."""
+    rows = {}
+    for plan in ("tp16", "tp4pp4"):
+        r = run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-16", "--plan", plan,
+                "--json")
+        assert r.exit_code == 0, r.stderr
+        rows[plan] = json.loads(r.output)
+    assert rows["tp4pp4"]["plan"] == "tp4pp4" and rows["tp16"]["plan"] == "tp16"
+    assert rows["tp4pp4"]["tpot_s"] > rows["tp16"]["tpot_s"]
+    assert rows["tp4pp4"]["decode_pipeline_bubble_s"] > 0
+    assert rows["tp16"]["decode_pipeline_bubble_s"] == 0
+
+
+def test_simulate_default_plan_is_the_search_winner():
+    r = run("simulate", "--model", "mixtral-8x7b", "--cluster", "sn40l-8", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.output)["plan"] == "tp8"  # TP over PP/EP at batch 1 on one node
+
+
+@pytest.mark.parametrize("args", [["--plan", "tp3"], ["--plan", "xyz"], ["--tp", "2", "--plan",
+                                                                          "tp2dp8"]])
+def test_simulate_bad_plans(args):
+    r = run("simulate", "--cluster", "sn40l-16", *args)
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1

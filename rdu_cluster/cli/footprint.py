@@ -24,9 +24,9 @@ DEFAULT_CLUSTERS = ("sn40l-8", "dgx-h100", "dgx-a100")
 @click.option("--latency-target", default=None, type=float,
               help="Most seconds to first token of a request whose expert is not in HBM.")
 @click.option("--router", default=DEFAULT_ROUTER, show_default=True, help="Router model.")
-@click.option("--batch", default=1, show_default=True, type=int, help="KV reserve: sequences.")
-@click.option("--prompt-len", default=512, show_default=True, type=int)
-@click.option("--gen-len", default=20, show_default=True, type=int)
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="KV reserve: sequences.")
+@click.option("--prompt-len", default=512, show_default=True, type=click.IntRange(min=1))
+@click.option("--gen-len", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per system.")
 def footprint(n, expert_model, cluster_refs, latency_target, router, batch, prompt_len, gen_len,
               as_json) -> None:

@@ -21,9 +21,9 @@ from workloads.errors import ConfigError
 @click.option("--cluster", "cluster_ref", required=True, help="Cluster name or TOML path.")
 @click.option("--objective", default="latency", show_default=True,
               type=click.Choice(["latency", "throughput", "sockets"]))
-@click.option("--batch", default=1, show_default=True, type=int, help="Sequences per replica.")
-@click.option("--context", default=8192, show_default=True, type=int, help="Prompt tokens.")
-@click.option("--gen-len", default=256, show_default=True, type=int)
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Sequences per replica.")
+@click.option("--context", default=8192, show_default=True, type=click.IntRange(min=1), help="Prompt tokens.")
+@click.option("--gen-len", default=256, show_default=True, type=click.IntRange(min=1))
 @click.option("--top", default=10, show_default=True, type=int, help="Plans to print.")
 @click.option("--weights", "weights_dtype", default=None, help="Weight dtype (bf16, fp8, ...).")
 @click.option("--spill", is_flag=True, help="Let weights, then KV cache, spill to DDR.")

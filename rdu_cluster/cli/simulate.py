@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+from partitioning.plan import Plan
 from rdu_cluster import coe, results, speculative
 from rdu_cluster.ablate import ablate as run_ablation
 from rdu_cluster.ablate import format_ablation
 from rdu_cluster.config import load_cluster
-from rdu_cluster.estimate import estimate
+from rdu_cluster.estimate import best_plan, estimate_plan
 from rdu_cluster.report import side_by_side
 from workloads.catalog import load_model
 from workloads.dtypes import DType, Precision
@@ -33,10 +34,30 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     help="Cluster name or TOML path; repeat to compare side by side. "
     f"[default: {', '.join(DEFAULT_CLUSTERS)}]",
 )
-@click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
-@click.option("--prompt-len", default=1024, show_default=True, type=int)
-@click.option("--gen-len", default=256, show_default=True, type=int)
-@click.option("--tp", default=None, type=int, help="Tensor-parallel degree [default: all sockets].")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Sequences decoded together.")
+@click.option("--prompt-len", default=1024, show_default=True, type=click.IntRange(min=1))
+@click.option("--gen-len", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--tp",
+    default=None,
+    type=int,
+    help="Tensor parallelism over this many sockets, "
+    "replicated over the rest (shorthand for --plan tpN).",
+)
+@click.option(
+    "--plan",
+    "plan_text",
+    default=None,
+    help="Partitioning plan: tp16, tp4pp2, ep16, tp8ep2, tp2pp2dp4, tp16@mamba2=8 "
+    "[default: the best plan for --objective].",
+)
+@click.option(
+    "--objective",
+    type=click.Choice(["latency", "throughput", "sockets"]),
+    default="latency",
+    show_default=True,
+    help="How the default plan is chosen.",
+)
 @click.option(
     "--weights",
     "weights_dtype",
@@ -52,22 +73,40 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     help="RDU clusters: each dataflow optimization off in turn, all off, and the "
     "unfused host-orchestrated baseline.",
 )
-@click.option("--draft", default=None,
-              help="Speculative decoding: draft model (catalog name or config.json), or 'mtp' "
-              "for the model's own multi-token-prediction module.")
-@click.option("--spec-k", default=None, type=int,
-              help="Draft tokens a step (tree: its depth) [default: the fastest in 1..16].")
-@click.option("--acceptance", default=None,
-              help="Acceptance: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
-              "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].")
+@click.option(
+    "--draft",
+    default=None,
+    help="Speculative decoding: draft model (catalog name or config.json), or 'mtp' "
+    "for the model's own multi-token-prediction module.",
+)
+@click.option(
+    "--spec-k",
+    default=None,
+    type=int,
+    help="Draft tokens a step (tree: its depth) [default: the fastest in 1..16].",
+)
+@click.option(
+    "--acceptance",
+    default=None,
+    help="Acceptance: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
+    "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].",
+)
 @click.option("--tree", default=None, help="Tree speculation: candidates per depth (4,2,1).")
-@click.option("--placement", default="shared", show_default=True,
-              type=click.Choice(speculative.PLACEMENTS),
-              help="Draft on the target's sockets, or on --draft-sockets sockets of its own.")
+@click.option(
+    "--placement",
+    default="shared",
+    show_default=True,
+    type=click.Choice(speculative.PLACEMENTS),
+    help="Draft on the target's sockets, or on --draft-sockets sockets of its own.",
+)
 @click.option("--draft-sockets", default=1, show_default=True, type=int)
-@click.option("--coe", "coe_flag", is_flag=True,
-              help="Composition of Experts, MICRO24 Table V setting: router at --batch (8), then "
-              "each (prompt, expert) pair; --model is the expert (default llama-2-7b).")
+@click.option(
+    "--coe",
+    "coe_flag",
+    is_flag=True,
+    help="Composition of Experts, MICRO24 Table V setting: router at --batch (8), then "
+    "each (prompt, expert) pair; --model is the expert (default llama-2-7b).",
+)
 @click.option("--experts", default=150, show_default=True, type=int, help="With --coe.")
 def simulate(
     model_ref,
@@ -76,6 +115,8 @@ def simulate(
     prompt_len,
     gen_len,
     tp,
+    plan_text,
+    objective,
     weights_dtype,
     kv_dtype,
     as_json,
@@ -101,23 +142,48 @@ def simulate(
         return
     if draft:
         rows, text = speculative.simulate(
-            spec, clusters, draft, spec_k, acceptance, tree, placement, draft_sockets,
-            batch=batch, prompt_len=prompt_len, gen_len=gen_len, tp=tp,
+            spec,
+            clusters,
+            draft,
+            spec_k,
+            acceptance,
+            tree,
+            placement,
+            draft_sockets,
+            batch=batch,
+            prompt_len=prompt_len,
+            gen_len=gen_len,
+            tp=tp,
         )
         tbl = results.table(rows)
         if out_path:
             results.write_table(tbl, out_path)
         click.echo(results.json_lines(tbl) if as_json else text)
         return
+    if tp and plan_text:
+        raise ConfigError("--tp and --plan: give one of them")
     rows, estimates = [], []
     for cluster in clusters:
-        est = estimate(spec, cluster, batch=batch, prompt_len=prompt_len, gen_len=gen_len, tp=tp)
+        plan = _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len)
+        est = estimate_plan(spec, cluster, plan, batch, prompt_len, gen_len)
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
     tbl = results.table(rows)
     if out_path:
         results.write_table(tbl, out_path)
     click.echo(results.json_lines(tbl) if as_json else side_by_side(estimates, clusters))
+
+
+def _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len) -> Plan:
+    if tp:
+        if tp < 1 or cluster.sockets % tp:
+            raise ConfigError(
+                f"--tp: {tp} does not divide the {cluster.sockets} sockets of {cluster.name}"
+            )
+        return Plan(tp=tp, dp=cluster.sockets // tp)
+    if plan_text:
+        return Plan.parse(plan_text)
+    return best_plan(spec, cluster, objective, batch, prompt_len, gen_len)
 
 
 def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts) -> str:
@@ -127,9 +193,14 @@ def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts) -> 
     expert = model_ref if given("model_ref") else coe.DEFAULT_EXPERT
     refs = cluster_refs or ("sn40l-8", "dgx-h100", "dgx-a100")
     tvs = [
-        coe.table_v(load_cluster(c), experts, batch if given("batch") else 8,
-                    prompt_len if given("prompt_len") else 512,
-                    gen_len if given("gen_len") else 20, expert)
+        coe.table_v(
+            load_cluster(c),
+            experts,
+            batch if given("batch") else 8,
+            prompt_len if given("prompt_len") else 512,
+            gen_len if given("gen_len") else 20,
+            expert,
+        )
         for c in refs
     ]
     return coe.table_v_report(tvs)

@@ -33,7 +33,8 @@ from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KV
 from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.routing import RoutingSampler
-from rdu_cluster.estimate import tp_comm_time
+from partitioning.plan import Plan as PartitionPlan
+from rdu_cluster.estimate import plan_comm_time
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
 from workloads.traces import Trace
@@ -105,7 +106,10 @@ class Simulation:
                                           self.config.seed)
 
     def _setups(self, lay: plans.ReplicaLayout, tp: int) -> dict[int, SocketSetup]:
-        comm = tp_comm_time(self.cluster, tp)
+        # The engine's tp is the stage width, ep a split of it (partitioning's tp x ep).
+        ep = self.plan.ep
+        comm = plan_comm_time(self.cluster, PartitionPlan(tp=tp // ep, ep=ep,
+                                                          dp=self.cluster.sockets // tp))
         out = {}
         for s, prog in lay.programs.items():
             w = plans.resident_weight_bytes(prog)

@@ -8,8 +8,15 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from rdu_cluster.sweep import LocalBackend, count_rows, expand, load_spec, read_manifest, run_sweep
-from rdu_cluster.sweep import dataset
+from rdu_cluster.sweep import (
+    LocalBackend,
+    count_rows,
+    dataset,
+    expand,
+    load_spec,
+    read_manifest,
+    run_sweep,
+)
 from tests.sweep import helpers
 from tests.sweep.helpers import write
 from workloads.errors import ConfigError

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from rdu_cluster.cli import main
 from rdu_cluster.sweep import expand, load_spec
-from tests.sweep.helpers import write  # noqa: F401  (registers the fake runner)
+from tests.sweep.helpers import write  # also registers the fake runner
 from workloads.errors import ConfigError
 
 SPEC = """

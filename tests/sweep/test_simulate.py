@@ -1,0 +1,136 @@
+"""The simulate runner on the real estimate: vectorized groups, infeasible points, the CLI
+end to end, and the HTML report."""
+
+from __future__ import annotations
+
+import builtins
+import re
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster import results
+from rdu_cluster.cli import main
+from rdu_cluster.config import load_cluster
+from rdu_cluster.estimate import estimate
+from rdu_cluster.sweep import LocalBackend, expand, load_spec, read_manifest, run_sweep
+from rdu_cluster.sweep.runners import run_simulate
+from tests.sweep.helpers import write
+from workloads.catalog import load_model
+
+SPEC = """
+[sweep]
+name = "t"
+[base]
+model = "llama-3.1-8b"
+gen_len = 128
+[[axes]]
+type = "zip"
+cluster = ["sn40l-16", "dgx-h100"]
+tp = [16, 8]
+[[axes]]
+type = "grid"
+batch = [1, 4, 16]
+prompt_len = [1024, 8192]
+chip.tiers.hbm.bandwidth_bytes_per_s = [1.6e12, 1.8e12]
+[[axes]]
+type = "list"
+points = [{ options.kernel_looping = true }, { options.kernel_looping = false }]
+[filters]
+drop = ["cluster == 'dgx-h100' and not options.kernel_looping"]
+"""
+
+
+def test_estimate_table_equals_records():
+    est = estimate(load_model("llama-3.1-8b"), load_cluster("sn40l-8"),
+                   batch=np.array([1.0, 3.0, 8.0]), prompt_len=np.array([512.0, 1000.0, 4096.0]))
+    a = results.table(results.records(est, "sn40l", "dataflow"))
+    b = results.estimate_table(est, "sn40l", "dataflow")
+    assert a.equals(b)
+
+
+def test_group_rows_equal_single_point_rows(tmp_path):
+    points = expand(load_spec(write(tmp_path, SPEC))).points
+    together = run_simulate(points, 0).table.sort_by("point_id")
+    alone = [run_simulate([p], 0).table for p in points[:6]]
+    for tbl in alone:
+        pid = tbl.column("point_id")[0].as_py()
+        row = together.filter(pc.equal(together.column("point_id"), pid))
+        assert row.to_pylist() == tbl.to_pylist()
+
+
+def test_nested_axes_reach_the_estimate(tmp_path):
+    points = expand(load_spec(write(tmp_path, SPEC))).points
+    df = run_simulate(points, 0).table.to_pandas()
+    assert len(df) == 36
+    assert set(df.chip_hbm_bandwidth_bytes_per_s) == {1.6e12, 1.8e12}
+    fields = {p.id: p.fields for p in points}
+    df["kl"] = [fields[i]["options.kernel_looping"] for i in df.point_id]
+    df["bw"] = [fields[i]["chip.tiers.hbm.bandwidth_bytes_per_s"] for i in df.point_id]
+    rdu = df[df.cluster == "sn40l-16"].set_index(["batch", "prompt_len", "bw", "kl"]).tpot_s
+    assert (rdu.xs(False, level="kl") > rdu.xs(True, level="kl")).all()  # KL off is slower
+    assert (rdu.xs(1.6e12, level="bw") > rdu.xs(1.8e12, level="bw")).all()  # less BW, slower
+
+
+def test_infeasible_points_dropped_and_listed(tmp_path):
+    body = """
+[base]
+model = "llama-3.1-70b"
+cluster = "dgx-h100"
+gen_len = 128
+[[axes]]
+type = "grid"
+batch = [1, 8, 64, 256]
+prompt_len = [1024, 131072]
+"""
+    spec = load_spec(write(tmp_path, body))
+    points = expand(spec).points
+    s = run_sweep(spec, points, tmp_path / "out", LocalBackend(), progress=False)
+    m = read_manifest(tmp_path / "out")
+    assert s.rows + s.infeasible == 8 and s.infeasible >= 2
+    assert all("does not fit" in why for why in m.infeasible.values())
+    kept = pq.read_table(tmp_path / "out").to_pandas()
+    assert len(kept) == s.rows
+    for p in points:  # every dropped point really fails alone, every kept one succeeds
+        out = run_simulate([p], 0)
+        assert (p.id in out.infeasible) == (p.id in m.infeasible)
+
+
+def test_cli_sweep_resume_and_report(tmp_path):
+    path, out = write(tmp_path, SPEC), tmp_path / "out"
+    r = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out)])
+    assert r.exit_code == 0, r.stderr
+    assert "36 points" in r.output and "36 rows" in r.output
+    assert re.search(r"36/36 points .* points/s .*ETA", r.stderr)
+    r = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--no-progress"])
+    assert "ran 0 now, 36 finished before" in r.output
+    changed = write(tmp_path, SPEC.replace("batch = [1, 4, 16]", "batch = [1, 4]"), "c.toml")
+    r = CliRunner().invoke(main, ["sweep", str(changed), "--out", str(out)])
+    assert r.exit_code == 2 and "different sweep" in r.stderr
+    pytest.importorskip("matplotlib")
+    html, pngs = tmp_path / "r.html", tmp_path / "png"
+    r = CliRunner().invoke(main, ["report", str(out), "--out", str(html), "--png-dir", str(pngs)])
+    assert r.exit_code == 0, r.stderr
+    page = html.read_text()
+    assert page.count("data:image/png;base64,") == 5 and "<script" not in page
+    assert "src='http" not in page
+    assert sorted(p.name for p in pngs.iterdir()) == [
+        "ablation.png", "breakdown.png", "pareto.png", "roofline.png", "tokens_vs_batch.png"]
+
+
+def test_report_without_matplotlib_says_so(tmp_path, monkeypatch):
+    real = builtins.__import__
+
+    def no_mpl(name, *a, **k):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    r = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    assert r.exit_code == 2
+    assert "pip install 'rdu-cluster[plot]'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
