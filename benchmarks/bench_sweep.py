@@ -98,7 +98,9 @@ def main() -> int:
         wall = bench_local(tmp)
         r1, r2 = bench_ray(tmp, args.points_per_task, args.repeats)
     speedup = r2 / r1
-    print(f"ray: speedup (best vs best) {speedup:.2f}x with 2 workers, parallel efficiency {speedup / 2:.0%}")
+    print(
+        f"ray: speedup (best vs best) {speedup:.2f}x with 2 workers, parallel efficiency {speedup / 2:.0%}"
+    )
     failed = []
     if wall >= LOCAL_LIMIT_S:
         failed.append(f"local {wall:.2f} s >= {LOCAL_LIMIT_S} s")

@@ -223,6 +223,12 @@ class CostTables:
         self.prefill: dict[tuple[int, int, int], np.ndarray] = {}
         self.evaluations = 0
 
+    def warm(self) -> None:
+        """Import the execution model and cost one step (a process's first evaluation pays
+        its module imports): called where a socket starts, so a run times only its steps."""
+        self._rows(self.program.graph(StepShape.decode(1.0, 1.0)), 1)
+        self.evaluations -= 1
+
     def window(self, spans: Spans) -> np.ndarray:
         parts = []
         loads = spans.expert_load

@@ -9,6 +9,7 @@ varying column at its most common value, named in the caption.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -80,7 +81,7 @@ def slice_mask(cols: Cols, keep: Sequence[str]) -> tuple[np.ndarray, str]:
             for name in names:
                 values, counts = _unique(cols[name][group], counts=True)
                 if len(values):
-                    value = values[int(np.argmax(counts))]
+                    value = _mode(values, counts)
                     group &= _equal(cols[name], value)
                     fixed.setdefault(name, set()).add(_fmt(value))
             mask |= group
@@ -98,14 +99,28 @@ def roofline(cols: Cols) -> tuple[bytes, str]:
         m = cols["cluster"] == cluster
         ax.scatter(intensity[m], achieved[m], s=8, alpha=0.5, color=color, label=cluster)
     x = np.logspace(np.log10(max(intensity.min() / 2, 1e-3)), np.log10(intensity.max() * 4), 200)
-    roofs = sorted(set(zip(cols["chip"], cols["chip_peak_flops_per_s"],
-                           cols["chip_hbm_bandwidth_bytes_per_s"])))
+    roofs = sorted(
+        set(
+            zip(cols["chip"], cols["chip_peak_flops_per_s"], cols["chip_hbm_bandwidth_bytes_per_s"])
+        )
+    )
     for chip, peak, bw in roofs:
         ax.plot(x, np.minimum(peak, x * bw), lw=1, ls="--", color="gray")
-        ax.annotate(f"{chip} {bw / 1e12:.2f} TB/s", (x[-1], min(peak, x[-1] * bw)),
-                    fontsize=7, ha="right", va="bottom", color="gray")
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / HBM byte)",
-           ylabel="achieved FLOP/s per socket", title="Roofline of the decode points")
+        ax.annotate(
+            f"{chip} {bw / 1e12:.2f} TB/s",
+            (x[-1], min(peak, x[-1] * bw)),
+            fontsize=7,
+            ha="right",
+            va="bottom",
+            color="gray",
+        )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (FLOP / HBM byte)",
+        ylabel="achieved FLOP/s per socket",
+        title="Roofline of the decode points",
+    )
     ax.legend(fontsize=8, markerscale=2)
     return _png(fig, plt), (
         "Each point: one design point's decode step (FLOPs per token over HBM bytes per token; "
@@ -124,10 +139,17 @@ def tokens_vs_batch(cols: Cols) -> tuple[bytes, str]:
             if not m.any():
                 continue
             order = np.argsort(cols["batch"][m])
-            ax.plot(cols["batch"][m][order], cols["tokens_per_s_total"][m][order], "o-",
-                    ms=3, color=color, label=cluster)
-        ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="tokens/s (total)",
-               title=str(model))
+            ax.plot(
+                cols["batch"][m][order],
+                cols["tokens_per_s_total"][m][order],
+                "o-",
+                ms=3,
+                color=color,
+                label=cluster,
+            )
+        ax.set(
+            xscale="log", yscale="log", xlabel="batch", ylabel="tokens/s (total)", title=str(model)
+        )
         ax.legend(fontsize=8)
     return _png(fig, plt), f"Total decode tokens/s against batch, per cluster. Slice: {fixed}."
 
@@ -139,10 +161,12 @@ def ablation(cols: Cols) -> tuple[bytes | None, str]:
         return None, "No optimization toggle (options.*) varies in this sweep: no ablation."
     plt = require_matplotlib()
     mask, fixed = slice_mask(cols, toggles)
-    labels = np.array([
-        ", ".join(f"{t[8:]}={'on' if v else 'off'}" for t, v in zip(toggles, row))
-        for row in zip(*(cols[t] for t in toggles))
-    ])
+    labels = np.array(
+        [
+            ", ".join(f"{t[8:]}={'on' if v else 'off'}" for t, v in zip(toggles, row))
+            for row in zip(*(cols[t] for t in toggles))
+        ]
+    )
     groups = [(c, m) for c in _unique(cols["cluster"][mask]) for m in _unique(cols["model"][mask])]
     combos = sorted(set(labels[mask]), reverse=True)
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) * len(combos) / 2), 4.5))
@@ -157,7 +181,10 @@ def ablation(cols: Cols) -> tuple[bytes | None, str]:
     ax.set_xticklabels([f"{c}\n{m}" for c, m in groups], fontsize=8)
     ax.set(ylabel="tokens/s per request", title="Ablation of the optimization toggles")
     ax.legend(fontsize=7)
-    return _png(fig, plt), f"Tokens/s per request by toggle combination. Slice: {fixed}."
+    return _png(fig, plt), (
+        f"Tokens/s per request by toggle combination. A toggle applies to its chip kind only "
+        f"(DataflowOptions on RDUs, GpuOptions on GPUs). Slice: {fixed}."
+    )
 
 
 def breakdown(cols: Cols) -> tuple[bytes, str]:
@@ -192,10 +219,14 @@ def pareto(cols: Cols) -> tuple[bytes, str]:
         m = cols["cluster"] == cluster
         ax.scatter(per_socket[m], per_request[m], s=6, alpha=0.25, color=color)
         front = pareto_front(per_socket[m], per_request[m])
-        ax.plot(per_socket[m][front], per_request[m][front], "o-", ms=3, color=color,
-                label=cluster)
-    ax.set(xscale="log", yscale="log", xlabel="tokens/s per socket",
-           ylabel="tokens/s per request", title="Pareto front: interactivity vs throughput")
+        ax.plot(per_socket[m][front], per_request[m][front], "o-", ms=3, color=color, label=cluster)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="tokens/s per socket",
+        ylabel="tokens/s per request",
+        title="Pareto front: interactivity vs throughput",
+    )
     ax.legend(fontsize=8)
     return _png(fig, plt), (
         "All points (faint) and each cluster's Pareto front (no other point of that cluster is "
@@ -214,6 +245,15 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.array(sorted(front, key=lambda i: x[i]), dtype=int)
 
 
+def _mode(values: np.ndarray, counts: np.ndarray):
+    """The most common value; on a tie, True for a toggle (the optimizations' default is on),
+    else the smallest."""
+    tied = [v for v, c in zip(values, counts) if c == counts.max()]
+    if all(isinstance(v, bool) for v in tied) and True in tied:
+        return True
+    return tied[0]
+
+
 def _palette(values: np.ndarray):
     import matplotlib
 
@@ -223,7 +263,7 @@ def _palette(values: np.ndarray):
 
 def _unique(values: np.ndarray, counts: bool = False):
     """np.unique that tolerates object columns holding None."""
-    items = [v for v in values.tolist() if v is not None and v == v]
+    items = [v for v in values.tolist() if v is not None and not _nan(v)]
     try:
         keys = sorted(set(items))
     except TypeError:  # mixed types: any fixed order will do
@@ -231,6 +271,10 @@ def _unique(values: np.ndarray, counts: bool = False):
     if not counts:
         return np.array(keys, dtype=object)
     return np.array(keys, dtype=object), np.array([items.count(k) for k in keys])
+
+
+def _nan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
 
 
 def _equal(column: np.ndarray, value) -> np.ndarray:

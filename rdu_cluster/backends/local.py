@@ -31,6 +31,7 @@ class LocalBackend:
         tables = self._tables.get(key)
         if tables is None:
             tables = self._tables[key] = CostTables(setup.chip, setup.program, setup.comm_time)
+            tables.warm()
         sock = Socket(index, setup.chip, setup.program, setup.comm_time, tables)
         sock.apply(setup.weights)
         self.sockets[index] = sock
@@ -55,6 +56,7 @@ class LocalBackend:
         old = self.sockets[index]
         self._create(index, setup)
         self.sockets[index].seq = old.seq
+        self.sockets[index].set_degradation(old.degradation, old.comm_degradation, old.failed)
 
     def set_fault(self, index: int, degradation: float, comm: float, failed: bool) -> None:
         self.sockets[index].set_degradation(degradation, comm, failed)

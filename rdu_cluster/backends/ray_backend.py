@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import numpy as np
@@ -33,6 +34,7 @@ class SocketActor:
     def __init__(self, index: int, setup: SocketSetup):
         self.socket = Socket(index, setup.chip, setup.program, setup.comm_time)
         self.socket.apply(setup.weights)
+        self.socket.tables.warm()
 
     def run(self, command: bytes, checkpoint: bool) -> tuple[bytes, bytes | None]:
         seq, ops, spans = wire.unpack_command(command)
@@ -63,6 +65,10 @@ class RayBackend:
         self.ray = ray
         self._owns_ray = False
         if not ray.is_initialized():
+            # No address: an embedded instance ("local"), not whatever cluster Ray would
+            # auto-detect on this machine, unless RAY_ADDRESS says which (ray job submit sets it).
+            if address is None and not os.environ.get("RAY_ADDRESS"):
+                address = "local"
             try:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
@@ -78,6 +84,7 @@ class RayBackend:
         self.log: dict[int, list[bytes]] = {}
         self.restarts = 0
         self._calls = 0
+        self.faults: dict[int, tuple] = {}
 
     @property
     def workers(self) -> int:
@@ -121,23 +128,39 @@ class RayBackend:
         return self.actors[index]
 
     def run(self, seq: int, ops: list, spans: Spans, loads: dict | None, sockets) -> dict:
+        """One round trip. Sockets whose cost is provably equal (same program key, same
+        degradation, same expert loads: the symmetric sockets of a tensor-parallel group) are
+        costed by one of them; the others get the region ops only, so each keeps its own state.
+        Asymmetric sockets (MoE loads, a degraded socket) each cost their own steps."""
         self._calls += 1
         checkpoint = self._calls % self.checkpoint_every == 0
-        commands = {}
+        commands, leader, packed = {}, {}, {}
+        seen: dict[tuple, int] = {}
         for i in sockets:
-            s = spans if not loads or i not in loads else _with_load(spans, loads[i])
-            commands[i] = wire.pack_command(seq, ops, s)
+            load = loads.get(i) if loads else None
+            lk = None if load is None else load.tobytes()
+            key = (self.setups[i].program.key(), self.faults.get(i), lk)
+            leader[i] = seen.setdefault(key, i)
+            wire_key = lk if leader[i] == i else "ops-only"
+            if wire_key not in packed:
+                s = _EMPTY if leader[i] != i else (spans if load is None
+                                                   else _with_load(spans, load))
+                packed[wire_key] = wire.pack_command(seq, ops, s)
+            commands[i] = packed[wire_key]
         futures = {i: self.actors[i].run.remote(commands[i], checkpoint) for i in sockets}
-        out = {}
-        for i, fut in futures.items():
-            result, state = self._get(i, fut, commands[i], checkpoint)
+        try:
+            got = dict(zip(futures, self.ray.get(list(futures.values())), strict=True))
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorDiedError):
+            got = {i: self._get(i, f, commands[i], checkpoint) for i, f in futures.items()}
+        raw = {}
+        for i in sockets:
+            result, state = got[i]
             if state is not None:
                 self.checkpoints[i], self.log[i] = state, []
             else:
                 self.log[i].append(commands[i])
-            rows, moves, occ = wire.unpack_result(result)
-            out[i] = (rows, moves, occ)
-        return out
+            raw[i] = wire.unpack_result(result)
+        return {i: (raw[leader[i]][0], raw[leader[i]][1], raw[i][2]) for i in sockets}
 
     def _get(self, index: int, future, command: bytes, checkpoint: bool):
         try:
@@ -169,6 +192,7 @@ class RayBackend:
         self.checkpoints[index], self.log[index] = wire.pack(fresh), []
 
     def set_fault(self, index: int, degradation: float, comm: float, failed: bool) -> None:
+        self.faults[index] = (degradation, comm, failed)
         self.ray.get(self.actors[index].set_fault.remote(degradation, comm, failed))
         self.checkpoints[index] = self.ray.get(self.actors[index].checkpoint.remote())
         self.log[index] = []
@@ -196,6 +220,10 @@ def _cpus_per_actor(ray, sockets: int, per_node: int) -> float:
         raise ConfigError("ray: the cluster has no CPUs to place socket actors on")
     share = min(1.0, smallest / per_node, total / sockets)
     return float(np.floor(share * 1000) / 1000)
+
+
+_Z = np.zeros(0, dtype=np.int64)
+_EMPTY = Spans(_Z, _Z, _Z, _Z, _Z, _Z, _Z)
 
 
 def _with_load(spans: Spans, load: np.ndarray) -> Spans:

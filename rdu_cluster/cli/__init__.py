@@ -44,7 +44,7 @@ main.add_command(simulate)
 main.add_command(models)
 main.add_command(clusters)
 
-from rdu_cluster.cli.sweep import sweep  # noqa: E402
+from rdu_cluster.cli.sweep import sweep
 
 main.add_command(sweep)
 
@@ -64,6 +64,6 @@ from rdu_cluster.cli.plan import plan
 
 main.add_command(plan)
 
-from rdu_cluster.cli.report import report  # noqa: E402
+from rdu_cluster.cli.report import report
 
 main.add_command(report)

@@ -15,54 +15,43 @@ from workloads import catalog, params
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per model.")
 def models(as_json: bool) -> None:
-    """List the model catalog: family, layers, parameters (total / active), weight dtype."""
-    rows = []
-    for name in catalog.list_models():
-        spec = catalog.load_model(name)
-        rows.append(
-            {
-                "model": name,
-                "family": spec.family,
-                "layers": spec.num_layers,
-                "hidden_size": spec.hidden_size,
-                "attention": spec.attention.kind if spec.attention else "none",
-                "moe": f"{spec.moe.top_k}/{spec.moe.num_experts}" if spec.moe else "",
-                "total_params": params.total_params(spec),
-                "active_params": params.active_params(spec, input_embedding=False),
-                "weights_dtype": _weights(spec),
-            }
-        )
+    """List the model catalog: shapes, parameters computed beside the published figures."""
+    rows = [_model_row(name) for name in catalog.list_models()]
     if as_json:
         click.echo("\n".join(json.dumps(r) for r in rows))
         return
-    header = [
-        "model",
-        "family",
-        "layers",
-        "hidden",
-        "attn",
-        "moe k/E",
-        "params",
-        "active",
-        "weights",
-    ]
-    body = [
-        [
-            r["model"],
-            r["family"],
-            r["layers"],
-            r["hidden_size"],
-            r["attention"],
-            r["moe"],
-            f"{r['total_params'] / 1e9:.2f}B",
-            f"{r['active_params'] / 1e9:.2f}B",
-            r["weights_dtype"],
-        ]
-        for r in rows
-    ]
+    header = ["model", "family", "layers", "hidden", "attn", "moe k/E", "params", "published",
+              "active", "published", "weights"]
+    body = [[r["model"], r["family"], r["layers"], r["hidden_size"], r["attention"], r["moe"],
+             _b(r["total_params"]), _b(r["published_total_params"]), _b(r["active_params"]),
+             _b(r["published_active_params"]), r["weights_dtype"]] for r in rows]
     click.echo(text_table(header, body))
-    click.echo("active: parameters a token's forward pass multiplies by, without the input-"
-               "embedding table (a lookup)")
+    click.echo("active: as each publisher counts it (with or without the input-embedding "
+               "table); sources in workloads/catalog/*.json")
+
+
+def _model_row(name: str) -> dict:
+    spec = catalog.load_model(name)
+    pub = catalog.published(name)
+    with_embedding = pub.get("active_counts_input_embedding", True)
+    return {
+        "model": name,
+        "family": spec.family,
+        "layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "attention": spec.attention.kind if spec.attention else "none",
+        "moe": f"{spec.moe.top_k}/{spec.moe.num_experts}" if spec.moe else "",
+        "total_params": params.total_params(spec),
+        "published_total_params": pub["total_params"],
+        "active_params": params.active_params(spec, input_embedding=with_embedding),
+        "published_active_params": pub["active_params"],
+        "weights_dtype": _weights(spec),
+        "source": pub["source"],
+    }
+
+
+def _b(n: float) -> str:
+    return f"{n / 1e9:.2f}B"
 
 
 def _weights(spec) -> str:

@@ -55,7 +55,10 @@ def _figures(cols) -> list[tuple[str, bytes | None, str]]:
         ("breakdown", plots.breakdown),
         ("pareto", plots.pareto),
     ):
-        png, caption = fn(cols)
+        try:
+            png, caption = fn(cols)
+        except KeyError as e:  # a kind without that column (a plan sweep has no roofline)
+            png, caption = None, f"Not available for this dataset: it has no column {e}."
         out.append((name, png, caption))
     return out
 
@@ -76,12 +79,10 @@ def _page(info, manifest, cols, figures) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{e(str(info.get('name')))}: rdu-cluster sweep report</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
-        "padding:3px 8px;text-align:right}th{background:#f3f3f3}img{max-width:100%}"
-        "figcaption{color:#555;font-size:90%}</style></head><body>",
+        _STYLE,
         f"<h1>Sweep {e(str(info.get('name')))}</h1>",
-        "<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in meta)
+        "<table>"
+        + "".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in meta)
         + "</table>",
         _summary_table(cols),
     ]
@@ -95,20 +96,48 @@ def _page(info, manifest, cols, figures) -> str:
     return "\n".join(parts)
 
 
+_STYLE = (
+    "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
+    "padding:3px 8px;text-align:right}th{background:#f3f3f3}img{max-width:100%}"
+    "figcaption{color:#555;font-size:90%}</style></head><body>"
+)
+
+
+def _best(cols, name: str, mask, fmt: str) -> str:
+    return fmt.format(np.max(cols[name][mask])) if name in cols else "-"
+
+
 def _summary_table(cols) -> str:
     e = html.escape
-    head = ["cluster", "model", "rows", "best tokens/s per request", "best tokens/s per socket",
-            "best HBM BW utilization"]
+    head = [
+        "cluster",
+        "model",
+        "rows",
+        "best tokens/s per request",
+        "best tokens/s per socket",
+        "best HBM BW utilization",
+    ]
     rows = []
     per_socket = cols["tokens_per_s_total"] / cols["sockets"]
     for cluster in plots._unique(cols["cluster"]):
         for model in plots._unique(cols["model"]):
             m = (cols["cluster"] == cluster) & (cols["model"] == model)
             if m.any():
-                rows.append([cluster, model, f"{int(m.sum()):,}",
-                             f"{np.max(cols['tokens_per_s_per_request'][m]):,.1f}",
-                             f"{np.max(per_socket[m]):,.1f}",
-                             f"{np.max(cols['hbm_bw_utilization'][m]):.1%}"])
-    return ("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"
-            + "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-            + "</table>")
+                rows.append(
+                    [
+                        cluster,
+                        model,
+                        f"{int(m.sum()):,}",
+                        f"{np.max(cols['tokens_per_s_per_request'][m]):,.1f}",
+                        f"{np.max(per_socket[m]):,.1f}",
+                        _best(cols, "hbm_bw_utilization", m, "{:.1%}"),
+                    ]
+                )
+    return (
+        "<table><tr>"
+        + "".join(f"<th>{e(h)}</th>" for h in head)
+        + "</tr>"
+        + "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+        + "</table>"
+    )

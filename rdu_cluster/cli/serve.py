@@ -135,18 +135,18 @@ def write_tables(tables: Tables, out: Path) -> None:
 
 def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster: str) -> str:
     s = tables.summary
-    ms = lambda d: " ".join(f"p{q} {v * 1e3:.1f}" for q, v in d.items())  # noqa: E731
+    ms = lambda d: " ".join(f"p{q} {v * 1e3:.1f}" for q, v in d.items())
     lines = [
-        f"{model} on {cluster} ({backend} backend): {s['served']}/{s['requests']} requests "
-        f"served, {s['unserved']} unserved, {s['preemptions']} preemptions",
+        (f"{model} on {cluster} ({backend} backend): {s['served']}/{s['requests']} requests "
+        f"served, {s['unserved']} unserved, {s['preemptions']} preemptions"),
         f"  TTFT ms   {ms(s['ttft_s'])}",
         f"  TPOT ms   {ms(s['tpot_s'])}",
-        f"  throughput {s['tokens_per_s']:.0f} output tokens/s over {s['makespan_s']:.2f} s "
-        f"simulated",
+        (f"  throughput {s['tokens_per_s']:.0f} output tokens/s over {s['makespan_s']:.2f} s "
+        f"simulated"),
         f"  {s['steps']} steps ({s['decode_steps']} decode) in {s['windows']} windows",
-        f"  wall: start-up {wall['start_s']:.2f} s, run {wall['run_s']:.2f} s "
+        (f"  wall: start-up {wall['start_s']:.2f} s, run {wall['run_s']:.2f} s "
         f"({s['decode_steps'] / max(wall['run_s'], 1e-9):.0f} decode steps/s), "
-        f"total {wall['total_s']:.2f} s",
+        f"total {wall['total_s']:.2f} s"),
     ]
     return "\n".join(lines)
 

@@ -15,8 +15,15 @@ from workloads.errors import ConfigError
 
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
-@click.option("--out", "out_dir", default=None, help="Dataset folder (created; resumed if it holds this spec).")
-@click.option("--dry-run", is_flag=True, help="Print the number of points and the first few; run nothing.")
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    help="Dataset folder (created; resumed if it holds this spec).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the number of points and the first few; run nothing."
+)
 @click.option("--show", default=5, show_default=True, help="Points --dry-run prints.")
 @click.option(
     "--backend",
@@ -25,8 +32,12 @@ from workloads.errors import ConfigError
     show_default=True,
     help="local: in this process; ray: Ray tasks (embedded instance unless --address).",
 )
-@click.option("--address", default=None, help="Ray cluster to join [default: $RAY_ADDRESS or embedded].")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Ray tasks in flight [all CPUs].")
+@click.option(
+    "--address", default=None, help="Ray cluster to join [default: $RAY_ADDRESS or embedded]."
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Ray tasks in flight [all CPUs]."
+)
 @click.option(
     "--max-points",
     type=click.IntRange(min=1),
@@ -34,8 +45,12 @@ from workloads.errors import ConfigError
     show_default=True,
     help="Refuse a grid larger than this.",
 )
-@click.option("--points-per-task", type=click.IntRange(min=1), default=None, help="Task size [auto].")
-@click.option("--force", is_flag=True, help="Discard a dataset of another spec in --out and start anew.")
+@click.option(
+    "--points-per-task", type=click.IntRange(min=1), default=None, help="Task size [auto]."
+)
+@click.option(
+    "--force", is_flag=True, help="Discard a dataset of another spec in --out and start anew."
+)
 @click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
 def sweep(
     spec_path,
@@ -115,4 +130,3 @@ def _summary(spec: Spec, exp: Expansion, s, out: Path) -> str:
         f"{s.backend} backend, {s.workers} worker(s), {s.tasks} tasks, {s.seconds:.2f} s, "
         f"{s.points_per_s:,.0f} points/s"
     )
-

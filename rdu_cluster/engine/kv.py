@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from rdu_cluster.engine.requests import Request
 
 BLOCK_TOKENS = 16
@@ -60,21 +58,6 @@ class KVManager:
         blocks = self.held.pop(req.id, 0)
         self.used -= blocks
         return blocks
-
-    def growth(self, cached: np.ndarray, steps: int) -> int:
-        """Extra blocks the running sequences need to decode `steps` more steps."""
-        bt = self.config.block_tokens
-        return int(np.sum(-(-(cached + steps) // bt) - -(-cached // bt)))
-
-    def decode_steps_that_fit(self, cached: np.ndarray, limit: int) -> int:
-        """The most decode steps (<= limit) whose KV growth fits the free blocks."""
-        if self.growth(cached, limit) <= self.free:
-            return limit
-        lo, hi = 0, limit  # growth(lo) fits, growth(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self.growth(cached, mid) <= self.free else (lo, mid)
-        return lo
 
     def used_bytes(self) -> float:
         return self.used * self.config.block_bytes

@@ -23,7 +23,7 @@ import numpy as np
 
 from chip.socket import DECODE, MIXED, PREFILL, Spans
 from rdu_cluster.engine.kv import KVManager
-from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, WAITING, Request
+from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, Request
 from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
 
 MAX_SPANS = 2048  # spans per window: bounds a command's size (about 50 bytes a span)
@@ -55,7 +55,7 @@ class Window:
 
     def columns(self) -> Spans:
         sp = self.spans
-        col = lambda f: np.fromiter((f(s) for s in sp), dtype=np.int64, count=len(sp))  # noqa: E731
+        col = lambda f: np.fromiter((f(s) for s in sp), dtype=np.int64, count=len(sp))
         return Spans(
             kind=col(lambda s: s.kind),
             steps=col(lambda s: s.steps),
@@ -268,4 +268,4 @@ def _order(r: Request) -> tuple:
     return (r.arrival_s, r.id)
 
 
-__all__ = ["Replica", "Window", "Span", "SWAPPED"]
+__all__ = ["SWAPPED", "Replica", "Span", "Window"]

@@ -11,6 +11,7 @@ tables.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -22,18 +23,17 @@ from chip.cost import CAUSES
 from chip.memory import MemoryTiers
 from chip.socket import COMM_ROW, DECODE, MIXED, PREFILL, ROWS
 from partitioning.cluster import ClusterSpec
+from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.backends import SocketSetup
 from rdu_cluster.backends.messages import Message, Router
-from rdu_cluster.engine import loop, metrics
+from rdu_cluster.engine import loop, metrics, schedulers
 from rdu_cluster.engine import plan as plans
-from rdu_cluster.engine import schedulers
 from rdu_cluster.engine.events import Arrival, Event, FaultAt
 from rdu_cluster.engine.faults import LINK_DETOUR_FACTOR, Fault
 from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KVManager
 from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.routing import RoutingSampler
-from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.estimate import plan_comm_time
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
@@ -165,10 +165,12 @@ class Simulation:
             end = loop.run(self, self.initial_events())
             ran = time.perf_counter()
         finally:
+            closing = time.perf_counter()
             self.backend.close()
+        closed = time.perf_counter()
         tables = self.tables(end)
         self.wall = {"start_s": started - t, "run_s": ran - started,
-                     "tables_s": time.perf_counter() - ran}
+                     "close_s": closed - closing, "tables_s": time.perf_counter() - closed}
         return tables
 
     def admit_to_queue(self, rep: Replica, r: Request) -> None:
@@ -264,7 +266,7 @@ class Simulation:
             np.full(sp.steps, len(sp.decode) + sum(t for _, t in sp.prefill), dtype=float)
             for sp in window.spans
         ])
-        for a, b in zip(stages, stages[1:], strict=False):
+        for a, b in itertools.pairwise(stages):
             msg = Message(a[0], b[0], "activations", tokens * act)
             t = self.router.route(msg.encode())
             time += t
@@ -280,7 +282,7 @@ class Simulation:
     def _record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
                 m: int) -> float:
         spans = window.spans
-        rep_n = lambda f, dt=np.int64: np.repeat(  # noqa: E731
+        rep_n = lambda f, dt=np.int64: np.repeat(
             np.fromiter((f(sp) for sp in spans), dtype=dt, count=len(spans)),
             [sp.steps for sp in spans])
         dur = step["time_s"]
@@ -467,4 +469,4 @@ def _ends(t0: float, durations: np.ndarray) -> np.ndarray:
     return np.cumsum(np.concatenate([[t0], durations]))[1:]
 
 
-__all__ = ["Simulation", "ServeConfig", "Tables", "ROWS", "DECODE", "PREFILL", "MIXED"]
+__all__ = ["DECODE", "MIXED", "PREFILL", "ROWS", "ServeConfig", "Simulation", "Tables"]

@@ -118,7 +118,7 @@ class Filter:
         env.update(_FUNCTIONS)
         try:
             holds = bool(eval(self.code, {"__builtins__": {}}, env))
-        except Exception as e:  # any failure names the filter and the point
+        except (TypeError, ValueError, ArithmeticError) as e:  # e.g. None > 8, 1 / 0
             shown = {n: fields.get(n) for n in self.names}
             raise ConfigError(
                 f"{self.where}: {self.text!r} fails at {shown}: {type(e).__name__}: {e}"
@@ -197,9 +197,7 @@ def canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def combinations(
-    base: Mapping[str, Any], axes: Sequence[Axis]
-) -> Iterator[dict[str, Any]]:
+def combinations(base: Mapping[str, Any], axes: Sequence[Axis]) -> Iterator[dict[str, Any]]:
     """Every scenario of the product, in a fixed order: base values overlaid with each axis's."""
     for parts in itertools.product(*(list(a.assignments()) for a in axes)):
         fields = dict(base)

@@ -14,13 +14,15 @@ resume. So a resumed sweep ends with exactly one row per feasible point.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from workloads.errors import ConfigError
 
 DATASET_SCHEMA_VERSION = "1"
 SWEEP_FILE = "_sweep.json"
+LOCK_FILE = "_sweep.lock"
 MANIFEST_DIR = "_manifest"
 FORMAT = "rdu-cluster-sweep"
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
@@ -160,15 +163,41 @@ def sweep_info(root: str | Path) -> dict[str, Any] | None:
         raise ConfigError(f"{path}: unreadable sweep file: {e}") from None
 
 
-def prepare(root: Path, spec, n_points: int, force: bool) -> Manifest:
-    """Open OUT for this spec: new, resumed (same spec hash and code version), or refused.
-    Returns what is already finished. Called only once the spec is known to be good."""
-    info = sweep_info(root) if root.exists() else None
-    if info is None and root.exists() and any(root.iterdir()):
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Hold an exclusive lock on OUT while a sweep writes it: two runs on one folder would
+    both run the unfinished points and commit them twice. flock dies with its process, so a
+    killed run leaves no stale lock."""
+    _refuse_foreign(root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_FILE, "a+b") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--out {root}: another sweep is writing this folder; wait for it or stop it"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _refuse_foreign(root: Path) -> None:
+    foreign = root.exists() and sweep_info(root) is None
+    if foreign and any(p.name != LOCK_FILE for p in root.iterdir()):
         raise ConfigError(
             f"--out {root}: exists and is not a sweep dataset (no {SWEEP_FILE}); "
             "choose an empty or new folder"
         )
+
+
+def prepare(root: Path, spec, n_points: int, force: bool) -> Manifest:
+    """Open OUT for this spec: new, resumed (same spec hash and code version), or refused.
+    Returns what is already finished. Called only once the spec is known to be good, under
+    `locked(root)`."""
+    _refuse_foreign(root)
+    info = sweep_info(root) if root.exists() else None
     if info is not None and force:
         wipe(root)
         info = None
@@ -228,7 +257,7 @@ def remove_leftovers(root: Path, manifest: Manifest) -> int:
     removed = 0
     for path in root.rglob("*"):
         rel = path.relative_to(root).as_posix()
-        if not path.is_file() or rel == SWEEP_FILE:
+        if not path.is_file() or rel in (SWEEP_FILE, LOCK_FILE):
             continue
         leftover_tmp = path.name.startswith(".")
         orphan = path.suffix == ".parquet" and rel not in manifest.files
@@ -241,7 +270,7 @@ def remove_leftovers(root: Path, manifest: Manifest) -> int:
 def wipe(root: Path) -> None:
     """Remove what a sweep wrote (and nothing else)."""
     for path in root.iterdir():
-        if path.name in (SWEEP_FILE, MANIFEST_DIR) or "=" in path.name:
+        if path.name in (SWEEP_FILE, MANIFEST_DIR) or "=" in path.name:  # not the lock: held
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
@@ -252,9 +281,7 @@ def count_rows(root: str | Path) -> int:
 
 def part_files(root: str | Path) -> list[Path]:
     root = Path(root)
-    return sorted(
-        p for p in root.rglob("part-*.parquet") if not p.name.startswith(".")
-    )
+    return sorted(p for p in root.rglob("part-*.parquet") if not p.name.startswith("."))
 
 
 def read_dataset(root: str | Path) -> pa.Table:

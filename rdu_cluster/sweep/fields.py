@@ -18,7 +18,7 @@ from workloads.errors import ConfigError
 
 # A normalizer takes a raw TOML value and returns the normalized one, or raises ValueError with
 # what was expected (the caller adds the field path).
-Normalizer = Callable[[Any], Any]
+Normalizer = Callable[[Any], Any]  # raises TypeError or ValueError saying what was expected
 
 
 def positive_int(value: Any) -> int:
@@ -41,14 +41,14 @@ def text(value: Any) -> str:
 
 def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
+        raise TypeError(f"expected true or false, got {value!r}")
     return value
 
 
 def scalar(value: Any) -> Any:
     """A config override: any TOML scalar; the config loader checks it against its field."""
     if isinstance(value, (dict, list)):
-        raise ValueError(f"expected a number, string or boolean, got {value!r}")
+        raise TypeError(f"expected a number, string or boolean, got {value!r}")
     return value
 
 
@@ -56,7 +56,7 @@ def dtype(value: Any) -> str:
     from workloads.dtypes import DType
 
     if not isinstance(value, str):
-        raise ValueError(f"expected a dtype name, got {value!r}")
+        raise TypeError(f"expected a dtype name, got {value!r}")
     try:
         return DType.parse(value).value
     except ConfigError as e:

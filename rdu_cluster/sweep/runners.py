@@ -162,23 +162,28 @@ def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
         if p.get("execution_model"):
             engines.add(p.get("execution_model"))
     for ref, over in sorted(clusters, key=repr):
-        fields = ["cluster", *(k for k, _ in over)]
-        _blame(lambda: cached_cluster(ref, over), fields, origin)
+        _blame(functools.partial(cached_cluster, ref, over), ["cluster", *dict(over)], origin)
     for ref, w, kv in sorted(models, key=repr):
-        _blame(lambda: cached_model(ref, w, kv), ["model", "weights", "kv_dtype"], origin)
+        _blame(
+            functools.partial(cached_model, ref, w, kv), ["model", "weights", "kv_dtype"], origin
+        )
     if engines:
         from chip import execution
 
         for name in sorted(engines):
-            _blame(lambda: execution.get(name), ["execution_model"], origin)
+            _blame(functools.partial(execution.get, name), ["execution_model"], origin)
 
 
 def _blame(load, fields: Sequence[str], origin: Mapping[str, str]) -> None:
+    """Run `load`; a ConfigError is prefixed with the spec field it most likely comes from: an
+    override whose name the message mentions, else the first field (the cluster or model)."""
     try:
         load()
     except ConfigError as e:
-        where = ", ".join(dict.fromkeys(f"{origin.get(f, 'base')}.{f}" for f in fields[:1]))
-        raise ConfigError(f"{where}: {e}") from None
+        text = str(e)
+        named = [f for f in fields[1:] if f.rsplit(".", 1)[-1] in text]
+        field = (named or list(fields))[0]
+        raise ConfigError(f"{origin.get(field, 'base')}.{field}: {text}") from None
 
 
 def run_simulate(points: Sequence[Point], seed: int) -> RunOutput:
@@ -277,5 +282,101 @@ SIMULATE = register(
         points_per_task=4096,
         required=("model", "cluster"),
         doc="analytic decode + prefill estimate, one row per point",
+    )
+)
+
+
+# --- plan: the best plan of a model on a cluster (partitioning.evaluate.search_plans), one row
+# per point: what `rdu-cluster plan` prints first, for every point of a grid.
+
+PLAN_OBJECTIVES = ("latency", "throughput", "sockets")
+
+
+def _objective(value: Any) -> str:
+    if value not in PLAN_OBJECTIVES:
+        raise ValueError(f"{value!r}; accepted: {', '.join(PLAN_OBJECTIVES)}")
+    return value
+
+
+def plan_fields() -> dict[str, FieldDef]:
+    base = simulate_fields()
+    keep = ("model", "cluster", "batch", "prompt_len", "gen_len", "weights", "sockets",
+            "sockets_per_node")
+    fields = {k: base[k] for k in keep}
+    for k in ("batch", "prompt_len", "gen_len"):  # not among the plan row's columns: add them
+        fields[k] = dataclasses.replace(fields[k], column=k)
+    s = pa.string()
+    for f in (
+        FieldDef("objective", _objective, s, default="latency", column="objective"),
+        FieldDef("spill", boolean, pa.bool_(), default=False, column="spill"),
+        FieldDef("routing", text, s, default="uniform", column="routing"),
+    ):
+        fields[f.name] = f
+    return fields
+
+
+def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
+    from partitioning.evaluate import search_plans
+    from partitioning.footprint import Placement
+    from rdu_cluster.cli.plan import parse_routing, plan_row
+
+    rows, bad = [], {}
+    for p in points:
+        f = p.fields
+        cluster = cached_cluster(f["cluster"], cluster_overrides(f))
+        model = cached_model(f["model"], f.get("weights"), None)
+        placement = Placement(weights="auto", kv_cache="auto") if f["spill"] else Placement()
+        options = make_options(cluster.chip.kind, option_values(f))
+        try:
+            result = search_plans(model, cluster, f["objective"], f["batch"], f["prompt_len"],
+                                  f["gen_len"], placement, parse_routing(f["routing"], seed),
+                                  options)
+        except ConfigError as e:
+            bad[p.id] = str(e)
+            continue
+        if not result.ranked:
+            worst = result.rejected[-1][1] if result.rejected else "no valid plan"
+            bad[p.id] = f"no plan of {result.evaluated} fits; the widest: {worst}"
+            continue
+        row = plan_row(result.ranked[0], cluster.chip.tiers)
+        row["mixer_tp"] = ",".join(f"{k}:{v}" for k, v in sorted(row["mixer_tp"].items()))
+        row.update(point_id=p.id, cluster=cluster.name, model=model.name,
+                   plans_evaluated=result.evaluated, plans_feasible=len(result.ranked))
+        rows.append(row)
+    return RunOutput(pa.Table.from_pylist(rows, schema=PLAN_SCHEMA) if rows else None, bad)
+
+
+PLAN_SCHEMA = pa.schema(
+    [("plan", pa.string()), ("sockets", pa.int64()), ("tp", pa.int64()), ("pp", pa.int64()),
+     ("ep", pa.int64()), ("dp", pa.int64()), ("mixer_tp", pa.string()),
+     ("tokens_per_s_per_request", pa.float64()), ("tokens_per_s_total", pa.float64()),
+     ("tpot_s", pa.float64()), ("hbm_used_bytes", pa.float64()), ("ddr_used_bytes", pa.float64()),
+     ("bubble_fraction", pa.float64()), ("expert_load", pa.float64()), ("bound", pa.string()),
+     ("plans_evaluated", pa.int64()), ("plans_feasible", pa.int64()),
+     ("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string())]
+)
+
+
+def check_plan(points: Sequence[Point], origin: Mapping[str, str]) -> None:
+    check_simulate(points, origin)
+    for p in points:
+        try:
+            from rdu_cluster.cli.plan import parse_routing
+
+            parse_routing(p.fields["routing"], 0)
+        except ConfigError as e:
+            raise ConfigError(f"{origin.get('routing', 'base')}.routing: {e}") from None
+
+
+PLAN = register(
+    Runner(
+        kind="plan",
+        fields=plan_fields(),
+        namespaces=simulate_namespaces(),
+        run=run_plan,
+        check=check_plan,
+        points_per_task=32,  # a plan search costs tens of plans: a few dozen points a task
+        required=("model", "cluster"),
+        doc="plan search: the best plan per point, one row per point",
     )
 )

@@ -326,7 +326,7 @@ class _Ctx:
 def _normalize(found: FieldDef | Namespace, value: Any, where: str) -> Any:
     try:
         return found.normalize(value)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
 
 

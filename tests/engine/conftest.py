@@ -11,10 +11,12 @@ from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from workloads import traces
 from workloads.catalog import load_model
 
+PROMPT = traces.LengthDist("uniform", 64, 1024)
+OUTPUT = traces.LengthDist("uniform", 4, 96)
+
 
 def simulate(model="llama-3.1-8b", cluster="sn40l-16", n=40, rate=20.0, backend=None,
-             prompt=traces.LengthDist("uniform", 64, 1024), output=traces.LengthDist("uniform", 4, 96),
-             seed=1, hooks=(), **config):
+             prompt=PROMPT, output=OUTPUT, seed=1, hooks=(), **config):
     limits = config.pop("limits", Limits())
     trace = traces.synthetic(n, rate, "poisson", prompt, output, seed=seed)
     sim = Simulation(load_model(model), load_cluster(cluster), trace,

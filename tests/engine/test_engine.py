@@ -18,7 +18,7 @@ def cols(tbl):
 
 
 def test_every_request_is_served_with_consistent_times(small_run):
-    sim, t = small_run
+    _sim, t = small_run
     r = cols(t.requests)
     assert set(r["state"]) == {"done"} and r["generated_tokens"] == r["output_len"]
     for q, ttft, e2e, tpot in zip(r["queue_s"], r["ttft_s"], r["e2e_s"], r["tpot_s"], strict=True):
@@ -45,12 +45,12 @@ def test_lookahead_windows_equal_a_step_by_step_loop(serve, monkeypatch):
     sim_one, one = serve(n=30, rate=50.0, seed=4)
     assert sim_one.windows > many.summary["windows"]
     assert many.requests.equals(one.requests)
-    drop = lambda tbl: tbl.drop_columns(["window"])  # noqa: E731
+    drop = lambda tbl: tbl.drop_columns(["window"])
     assert drop(many.steps).equals(drop(one.steps))
 
 
 def test_saturated_trace_needs_few_round_trips(serve):
-    sim, t = serve(n=200, rate=float("inf"), prompt=traces.LengthDist("fixed", 512),
+    _sim, t = serve(n=200, rate=float("inf"), prompt=traces.LengthDist("fixed", 512),
                    output=traces.LengthDist("fixed", 64))
     assert t.summary["served"] == 200 and t.summary["windows"] <= 3
 

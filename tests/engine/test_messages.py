@@ -18,7 +18,7 @@ def test_command_and_result_round_trip_bit_exact():
     for name in ("kind", "steps", "ctx_sum", "expert_load"):
         assert np.array_equal(getattr(back, name), getattr(spans, name))
     rows = np.random.default_rng(0).random((12, 50))
-    r, m, occ = wire.unpack_result(wire.pack_result(rows, np.zeros(2), {"hbm": 1.5}))
+    r, _m, occ = wire.unpack_result(wire.pack_result(rows, np.zeros(2), {"hbm": 1.5}))
     assert r.tobytes() == rows.tobytes() and occ == {"hbm": 1.5}
 
 

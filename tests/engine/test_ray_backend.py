@@ -40,6 +40,6 @@ def test_killed_socket_actor_restarts_from_checkpoint_with_identical_tables(
             ray_session.kill(sim.backend.actor(victim))
             killed.append(victim)
 
-    sim, disturbed = serve(backend=backend, hooks=[kill])
+    _sim, disturbed = serve(backend=backend, hooks=[kill])
     assert killed == [5, 11] and backend.restarts == 2
     _compare(undisturbed, disturbed)

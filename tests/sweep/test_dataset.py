@@ -125,3 +125,11 @@ def test_rows_do_not_depend_on_task_size(tmp_path):
     a = pq.read_table(tmp_path / "a").sort_by("point_id")
     b = pq.read_table(tmp_path / "b").sort_by("point_id")
     assert a.equals(b)
+
+
+def test_second_writer_refused_while_one_runs(tmp_path):
+    out = tmp_path / "out"
+    run(spec_file(tmp_path, 2), out)
+    # as if another sweep were writing
+    with dataset.locked(out), pytest.raises(ConfigError, match="another sweep is writing"):
+        run(spec_file(tmp_path, 2), out)

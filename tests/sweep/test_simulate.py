@@ -45,8 +45,12 @@ drop = ["cluster == 'dgx-h100' and not options.kernel_looping"]
 
 
 def test_estimate_table_equals_records():
-    est = estimate(load_model("llama-3.1-8b"), load_cluster("sn40l-8"),
-                   batch=np.array([1.0, 3.0, 8.0]), prompt_len=np.array([512.0, 1000.0, 4096.0]))
+    est = estimate(
+        load_model("llama-3.1-8b"),
+        load_cluster("sn40l-8"),
+        batch=np.array([1.0, 3.0, 8.0]),
+        prompt_len=np.array([512.0, 1000.0, 4096.0]),
+    )
     a = results.table(results.records(est, "sn40l", "dataflow"))
     b = results.estimate_table(est, "sn40l", "dataflow")
     assert a.equals(b)
@@ -118,7 +122,12 @@ def test_cli_sweep_resume_and_report(tmp_path):
     assert page.count("data:image/png;base64,") == 5 and "<script" not in page
     assert "src='http" not in page
     assert sorted(p.name for p in pngs.iterdir()) == [
-        "ablation.png", "breakdown.png", "pareto.png", "roofline.png", "tokens_vs_batch.png"]
+        "ablation.png",
+        "breakdown.png",
+        "pareto.png",
+        "roofline.png",
+        "tokens_vs_batch.png",
+    ]
 
 
 def test_report_without_matplotlib_says_so(tmp_path, monkeypatch):
@@ -134,3 +143,22 @@ def test_report_without_matplotlib_says_so(tmp_path, monkeypatch):
     assert r.exit_code == 2
     assert "pip install 'rdu-cluster[plot]'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+
+
+def test_plan_kind_best_plan_per_point(tmp_path):
+    body = """
+[sweep]
+kind = "plan"
+[base]
+model = "llama-3.1-8b"
+cluster = "sn40l-8"
+[[axes]]
+type = "grid"
+batch = [1, 4]
+"""
+    spec = load_spec(write(tmp_path, body))
+    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    df = pq.read_table(tmp_path / "out").to_pandas()
+    assert s.rows == 2 and sorted(df.batch) == [1, 4]
+    assert (df.plans_feasible >= 1).all() and df.plan.str.len().min() > 0
+    assert set(df.objective) == {"latency"}

@@ -38,7 +38,9 @@ def test_grid_zip_list_product_in_fixed_order(tmp_path):
     assert first["chip.tiers.hbm.bandwidth_bytes_per_s"] == 1.6e12
     assert first["options.turbo"] is True and first["y"] == 2
     assert exp.points[1].fields["y"] == 5  # the list axis varies fastest
-    zipped = {(p.fields["model"], p.fields["chip.tiers.hbm.bandwidth_bytes_per_s"]) for p in exp.points}
+    zipped = {
+        (p.fields["model"], p.fields["chip.tiers.hbm.bandwidth_bytes_per_s"]) for p in exp.points
+    }
     assert zipped == {("m1", 1.6e12), ("m2", 2e12)}
     assert len({p.id for p in exp.points}) == len(exp.points)
 
@@ -54,11 +56,14 @@ def test_ids_and_hash_ignore_spelling(tmp_path):
 
 
 def test_filters_keep_and_drop(tmp_path):
-    body = SPEC + """
+    body = (
+        SPEC
+        + """
 [filters]
 keep = ["x * y <= 6"]
 drop = ["cluster == 'b' and options.turbo"]
 """
+    )
     exp = expand(load_spec(write(tmp_path, body)))
     for p in exp.points:
         f = p.fields
@@ -75,16 +80,16 @@ drop = ["cluster == 'b' and options.turbo"]
         (("x = [1, 2, 3]", "x = []"), "axes[0].x: empty axis"),
         (("y = 2", "y = 2.5"), "base.y: expected a positive integer"),
         (("y = 2", "y = [2, 3]"), "base.y: a list belongs in an axis"),
-        (("model = [\"m1\", \"m2\"]", "model = [\"m1\"]"), "zip lists differ in length"),
-        (("type = \"grid\"", "type = \"mesh\""), "axes[0].type: 'mesh'"),
+        (('model = ["m1", "m2"]', 'model = ["m1"]'), "zip lists differ in length"),
+        (('type = "grid"', 'type = "mesh"'), "axes[0].type: 'mesh'"),
         (("options.turbo = true", "options.warp = true"), "options.warp: unknown field"),
-        (("kind = \"fake\"", "kind = \"fake\"\nseeds = 1"), "sweep.seeds: unknown field"),
-        (("kind = \"fake\"", "kind = \"nope\""), "sweep.kind: unknown kind 'nope'"),
+        (('kind = "fake"', 'kind = "fake"\nseeds = 1'), "sweep.seeds: unknown field"),
+        (('kind = "fake"', 'kind = "nope"'), "sweep.kind: unknown kind 'nope'"),
         (("[base]", "[filters]\nkeep = ['import os']\n[base]"), "filters.keep[0]"),
         (("[base]", "[filters]\nkeep = ['z > 1']\n[base]"), "z: unknown field"),
         (("[base]", "[filters]\nkeep = ['x.__class__ > 1']\n[base]"), "x.__class__: unknown"),
         (("[base]", "[filters]\nkeep = ['open(1)']\n[base]"), "only min, max, abs, round"),
-        (("cluster = [\"a\", \"b\"]", "cluster = [\"a\", \"b\"]\ny = [1]"), "already an axis"),
+        (('cluster = ["a", "b"]', 'cluster = ["a", "b"]\ny = [1]'), "already an axis"),
     ],
 )
 def test_bad_spec_is_one_line_naming_the_field(tmp_path, change, fragment):

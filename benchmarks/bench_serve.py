@@ -1,0 +1,75 @@
+"""Serving-simulation speed: 1,000 requests (prompt 1,024, output 256, batch up to 32) of
+Llama 3.1 70B on sn40l-16, on the local backend and on the Ray backend (16 socket actors).
+
+Targets (issue #5): local >= 20,000 decode steps per wall second; Ray <= 3x the local wall time
+on the same run. Prints the figures; exits 1 if a target is missed (start-up of the Ray workers
+is reported apart: it is paid once per session, not per simulated step).
+
+    python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from rdu_cluster.backends.local import LocalBackend
+from rdu_cluster.config import load_cluster
+from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from workloads import traces
+from workloads.catalog import load_model
+
+LOCAL_STEPS_PER_S = 20_000
+RAY_OVER_LOCAL = 3.0
+
+
+def one(backend, trace, model, cluster):
+    sim = Simulation(model, cluster, trace, ServeConfig(limits=Limits(max_batch=32)), backend)
+    t = time.perf_counter()
+    tables = sim.run()
+    return sim, tables, time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
+    ap.add_argument("--skip-ray", action="store_true")
+    args = ap.parse_args()
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("sn40l-16")
+    trace = traces.synthetic(args.requests, args.rate, "poisson",
+                             traces.LengthDist("fixed", 1024), traces.LengthDist("fixed", 256))
+    runs = [one(LocalBackend(), trace, model, cluster) for _ in range(3)]
+    sim, local, _ = runs[-1]
+    wall = statistics.median(r[2] for r in runs)
+    s = local.summary
+    rate = s["decode_steps"] / wall
+    print(f"trace: {args.requests} requests, Poisson {args.rate}/s, prompt 1024, output 256, "
+          f"max batch 32; {s['steps']} steps ({s['decode_steps']} decode), "
+          f"{s['windows']} windows")
+    print(f"local: {wall:.3f} s wall (median of 3) = {rate:,.0f} decode steps/s "
+          f"[target >= {LOCAL_STEPS_PER_S:,}]; simulated {s['makespan_s']:.1f} s, "
+          f"{s['tokens_per_s']:.0f} tokens/s, TPOT p50 {s['tpot_s'][50] * 1e3:.1f} ms")
+    ok = rate >= LOCAL_STEPS_PER_S
+    if not args.skip_ray:
+        from rdu_cluster.backends.ray_backend import RayBackend
+
+        rsim, remote, total = one(RayBackend(), trace, model, cluster)
+        same = all(getattr(local, n).equals(getattr(remote, n))
+                   for n in ("requests", "steps", "sockets", "links"))
+        run = rsim.wall["run_s"] + rsim.wall["tables_s"]
+        local_run = sim.wall["run_s"] + sim.wall["tables_s"]
+        print(f"ray:   {len(rsim.backend.setups)} actors; start-up {rsim.wall['start_s']:.2f} s, "
+              f"shut-down {rsim.wall['close_s']:.2f} s, "
+              f"run {run:.3f} s = {run / local_run:.2f}x local's {local_run:.3f} s "
+              f"[target <= {RAY_OVER_LOCAL}x]; whole call {total:.2f} s = {total / wall:.1f}x; "
+              f"tables identical to local: {same}")
+        ok = ok and same and run / local_run <= RAY_OVER_LOCAL
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""`rdu-cluster serve`: tables and summary, bad input as one line and exit code 2."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+
+ARGS = ["serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-16", "--requests", "20",
+        "--rate", "20", "--prompt-len", "uniform:32:512", "--output-len", "16"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_serve_writes_tables_and_prints_a_summary(tmp_path):
+    r = run(*ARGS, "--out", str(tmp_path / "out"))
+    assert r.exit_code == 0, r.output
+    for name in ("requests", "steps", "sockets", "links"):
+        tbl = pq.read_table(tmp_path / "out" / f"{name}.parquet")
+        assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"1"
+        assert tbl.schema.metadata[b"rdu_cluster.seed"] == b"0"
+    assert pq.read_table(tmp_path / "out" / "requests.parquet").num_rows == 20
+    assert "TTFT ms   p50" in r.output and "TPOT ms" in r.output and "output tokens/s" in r.output
+
+
+def test_serve_reads_a_trace_file(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_len,output_len\n0,100,8\n0.01,200,4\n")
+    r = run("serve", "--model", "llama-3.1-8b", "--trace", str(trace), "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "2/2 requests served" in r.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--scheduler", "fifo"], "--scheduler: unknown 'fifo'"),
+    (["--rate", "0"], "--rate: must be positive"),
+    (["--rate", "-3"], "--rate: must be positive"),
+    (["--plan", "tp=3"], "--plan: tp x pp = 3 must divide"),
+    (["--fault", "socket:99@1"], "--fault 'socket:99@1': socket out of range"),
+    (["--prompt-len", "normal:5"], "--prompt-len"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, extra, message):
+    args = list(ARGS)
+    if extra[0] in args:
+        i = args.index(extra[0])
+        args[i + 1] = extra[1]
+        extra = []
+    r = run(*args, *extra, "--out", str(tmp_path))
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.output
+
+
+def test_bad_trace_file_and_missing_trace(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("when,prompt_len,output_len\n0,1,1\n")
+    r = run("serve", "--trace", str(bad), "--out", str(tmp_path))
+    assert r.exit_code == 2 and "missing column 'arrival_s'" in r.output
+    r = run("serve", "--out", str(tmp_path))
+    assert r.exit_code == 2 and "give --trace FILE, or --requests N and --rate R" in r.output
