@@ -13,7 +13,10 @@ def ray_session():
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if not ray.is_initialized():
+        # address="local": always a fresh instance of our own, never a cluster that happens
+        # to run on the machine (RAY_ADDRESS or /tmp/ray/ray_current_cluster).
         ray.init(
+            address="local",
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,

@@ -39,7 +39,7 @@ def test_serve_reads_a_trace_file(tmp_path):
     (["--scheduler", "fifo"], "--scheduler: unknown 'fifo'"),
     (["--rate", "0"], "--rate: must be positive"),
     (["--rate", "-3"], "--rate: must be positive"),
-    (["--plan", "tp=3"], "--plan: tp x pp = 3 must divide"),
+    (["--plan", "tp3"], "--plan: tp x pp = 3 must divide"),
     (["--fault", "socket:99@1"], "--fault 'socket:99@1': socket out of range"),
     (["--prompt-len", "normal:5"], "--prompt-len"),
 ])

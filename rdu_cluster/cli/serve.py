@@ -28,7 +28,7 @@ TABLES = ("requests", "steps", "sockets", "links")
               help="Catalog name or path to a HuggingFace config.json.")
 @click.option("--cluster", "cluster_ref", default="sn40l-16", show_default=True,
               help="Cluster name or TOML path.")
-@click.option("--plan", default=None, help="tp=N[,ep=N][,pp=N]  [default: tp over all sockets]")
+@click.option("--plan", default=None, help="tp16, tp2ep8, tp4pp4, ... [default: tp over all sockets]")
 @click.option("--trace", "trace_path", default=None,
               help="Trace file (.csv, .parquet, .arrow): arrival_s, prompt_len, output_len[, model].")
 @click.option("--requests", "n_requests", default=None, type=int,

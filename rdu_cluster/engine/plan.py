@@ -1,9 +1,9 @@
 """The serving plan: tensor (tp), expert (ep) and pipeline (pp) degrees, replicated over the rest
 of the cluster, turned into one Program per socket.
 
-A stand-in until partitioning/ provides Plans with footprints and placement: `--plan tp=16`,
-`tp=16,ep=8` (attention, dense FFN, vocab over 16; routed experts over 8 groups of 2) or
-`tp=4,pp=4` (layers split evenly over 4 stages of 4). Replicas take consecutive sockets.
+`--plan` uses the partitioner's syntax: `tp16`, `tp2ep8` (attention, dense FFN and vocab over
+the stage's 16 sockets; routed experts over 8 groups of 2) or `tp4pp4` (layers split evenly
+over 4 stages of 4). Replicas take consecutive sockets.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 
 from chip.socket import Program
 from partitioning.cluster import ClusterSpec
+from partitioning.plan import Plan
 from workloads import graph as graphs
 from workloads import params
 from workloads.errors import ConfigError
@@ -29,15 +30,14 @@ class PlanSpec:
 
     @classmethod
     def parse(cls, text: str | None, cluster: ClusterSpec, model: ModelSpec) -> PlanSpec:
+        """The plan syntax of `simulate` and `plan` (tp16, tp4pp4, tp2ep8); data parallelism
+        is implied by the sockets left over. The engine's tp is the stage width (tp x ep)."""
         if not text:
             return cls(cluster.sockets)
-        degrees = {}
-        for part in text.split(","):
-            key, _, value = part.partition("=")
-            if key.strip() not in ("tp", "ep", "pp") or not value.strip().isdigit():
-                raise ConfigError(f"--plan: {part!r}: expected tp=N, ep=N or pp=N, comma-separated")
-            degrees[key.strip()] = int(value)
-        plan = cls(degrees.get("tp", 1), degrees.get("ep", 1), degrees.get("pp", 1))
+        p = Plan.parse(text)
+        if p.mixer_tp or p.micro_batches:
+            raise ConfigError(f"--plan: {text!r}: serve takes tp, ep and pp degrees only")
+        plan = cls(p.tp * p.ep, p.ep, p.pp)
         plan.check(cluster, model)
         return plan
 

@@ -1,6 +1,7 @@
 """A seeded MoE routing sampler: the per-step load of each expert-parallel group.
 
-Stand-in until partitioning/routing.py exists. Each token of a step is routed to top_k experts
+partitioning/routing.py gives analytic plans the *expected* load of the busiest group; a serving
+run needs the load of each step, drawn here. Each token of a step is routed to top_k experts
 drawn uniformly (balanced routing in expectation: the load-balancing loss's target); a step's
 N * top_k assignments are one multinomial draw over the experts (distinctness of a token's k
 experts is ignored: a few per cent at k/E = 1/4). A group's load is its assignments over the
