@@ -15,7 +15,9 @@ import msgpack
 import numpy as np
 
 from chip.socket import Spans
+from interconnect.routes import route, route_latency
 from partitioning.cluster import ClusterSpec
+from partitioning.evaluate import topology_of
 
 ND = 1
 
@@ -86,20 +88,22 @@ class Message:
 
 
 class Router:
-    """First-path delivery model until interconnect/ provides routes with contention: one hop on
-    a full mesh, two (socket -> switch -> socket) on a switch, the hop latency plus the bytes at
-    the link bandwidth; between nodes, the inter-node figures of the topology."""
+    """Delivery times over the interconnect's topology: the message takes the route the network
+    model picks (shortest by latency), pays each hop's latency and streams at the route's
+    narrowest link. Point-to-point stage messages do not share links with each other here (one
+    activation tensor per stage boundary per step); collectives' sharing is costed by the
+    interconnect inside each step."""
 
     def __init__(self, cluster: ClusterSpec):
         self.cluster = cluster
+        self.topology = topology_of(cluster)
 
     def delivery_s(self, msg: Message) -> Any:
-        topo, c = self.cluster.topology, self.cluster
-        if c.node_of(msg.src) != c.node_of(msg.dst) and topo.inter_node_bandwidth_bytes_per_s:
-            latency, bw = topo.inter_node_latency_s, topo.inter_node_bandwidth_bytes_per_s
-        else:
-            hops = 2 if topo.kind == "switch" else 1
-            latency, bw = hops * topo.link_latency_s, topo.link_bandwidth_bytes_per_s
+        r = route(self.topology, msg.src, msg.dst)
+        if not r:
+            return msg.sent_s + np.zeros(np.shape(msg.nbytes))
+        bw = min(self.topology.links[i].bandwidth_bytes_per_s for i in r)
+        latency = route_latency(self.topology, r)
         return msg.sent_s + latency + np.asarray(msg.nbytes, dtype=float) / bw
 
     def route(self, data: bytes) -> Any:
