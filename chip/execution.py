@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from chip.cost import StepCost
 from chip.spec import ChipSpec
+from workloads import checks
 from workloads.errors import ConfigError
 from workloads.ops import Collective, Graph, Work
 
@@ -74,20 +75,13 @@ def parse_params(cls: type[P], table: Mapping[str, Any], where: str) -> P:
     Every field is a non-negative number (seconds, bytes, counts); fields whose name ends in
     `_efficiency` or `_fraction` must lie in (0, 1]. Errors name `<where>.<key>`."""
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(table) - set(names))
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown field; accepted: {', '.join(names)}")
-    missing = [n for n in names if n not in table]
-    if missing:
-        raise ConfigError(f"{where}.{missing[0]}: missing field")
+    checks.exact_keys(table, names, where)
     values = {}
     for name in names:
-        v = table[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ConfigError(f"{where}.{name}: expected a non-negative number, got {v!r}")
+        v = checks.non_negative(table, name, where)
         if name.endswith(("_efficiency", "_fraction")) and not 0 < v <= 1:
             raise ConfigError(f"{where}.{name}: expected a fraction in (0, 1], got {v!r}")
-        values[name] = float(v)
+        values[name] = v
     return cls(**values)
 
 

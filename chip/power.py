@@ -22,6 +22,7 @@ import numpy as np
 
 from chip.cost import StepCost
 from chip.spec import ChipSpec
+from workloads import checks
 from workloads.errors import ConfigError
 from workloads.ops import Work
 
@@ -41,20 +42,9 @@ def parse_power(table: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Check a chip's [power] table (exact keys) and return it as a plain dict; {} if absent."""
     if not table:
         return {}
-    unknown = sorted(set(table) - set(POWER_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown field; accepted: {', '.join(POWER_KEYS)}")
-    missing = [k for k in POWER_KEYS if k not in table]
-    if missing:
-        raise ConfigError(f"{where}.{missing[0]}: missing field")
-    if not isinstance(table["source"], str) or not table["source"]:
-        raise ConfigError(f"{where}.source: expected a non-empty string naming the basis")
-    out: dict[str, Any] = {"source": table["source"]}
-    for key in POWER_KEYS[:-1]:
-        value = table[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"{where}.{key}: expected a non-negative number, got {value!r}")
-        out[key] = float(value)
+    checks.exact_keys(table, POWER_KEYS, where)
+    out: dict[str, Any] = {"source": checks.source(table, where)}
+    out.update({key: checks.non_negative(table, key, where) for key in POWER_KEYS[:-1]})
     if not 0 < out["peak_w"] or out["idle_w"] > out["peak_w"]:
         raise ConfigError(f"{where}: idle_w must not exceed peak_w, and peak_w must be positive")
     if abs(out["compute_share"] + out["memory_share"] - 1.0) > 1e-9:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from workloads import checks
 from workloads.errors import ConfigError
 
 KINDS = ("full_mesh", "switch", "ring", "torus2d")
@@ -48,23 +49,12 @@ class TopologySpec:
         required = {"kind", "link_bandwidth_bytes_per_s", "link_latency_s", "source"}
         numbers = {"inter_node_bandwidth_bytes_per_s", "inter_node_latency_s"}
         optional = numbers | {"links_per_pair", "torus_shape", "algorithms"}
-        unknown = set(d) - required - optional
-        if unknown:
-            raise ConfigError(
-                f"{where}.{min(unknown)}: unknown field; accepted: "
-                + ", ".join(sorted(required | optional))
-            )
-        missing = required - set(d)
-        if missing:
-            raise ConfigError(f"{where}.{min(missing)}: missing field")
+        checks.exact_keys(d, required, where, optional)
         if d["kind"] not in KINDS:
             raise ConfigError(f"{where}.kind: {d['kind']!r} unknown; accepted: {', '.join(KINDS)}")
-        if not isinstance(d["source"], str) or not d["source"]:
-            raise ConfigError(f"{where}.source: expected a non-empty string naming the source")
+        checks.source(d, where)
         for key in sorted(numbers | {"link_bandwidth_bytes_per_s", "link_latency_s"}):
-            v = d.get(key, 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ConfigError(f"{where}.{key}: expected a non-negative number, got {v!r}")
+            checks.non_negative({key: d.get(key, 0.0)}, key, where)
         if d["link_bandwidth_bytes_per_s"] <= 0:
             raise ConfigError(f"{where}.link_bandwidth_bytes_per_s: must be positive")
         lpp = d.get("links_per_pair", 1)

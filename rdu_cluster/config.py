@@ -20,6 +20,7 @@ from chip.spec import ChipSpec, TierSpec
 from interconnect.topology import TopologySpec
 from partitioning.cluster import ClusterSpec
 from rdu_cluster.economics import parse_cost
+from workloads import checks
 from workloads.errors import ConfigError
 
 CHIP_KEYS = {"name", "kind", "description", "source", "execution_model", "peak_flops", "tiers"}
@@ -170,13 +171,7 @@ def _deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:
 
 
 def _check_keys(raw: Mapping[str, Any], required: set, optional: set, where: str) -> None:
-    unknown = sorted(set(raw) - required - optional)
-    if unknown:
-        accepted = ", ".join(sorted(required | optional))
-        raise ConfigError(f"{where}: {unknown[0]}: unknown field; accepted: {accepted}")
-    missing = sorted(required - set(raw))
-    if missing:
-        raise ConfigError(f"{where}: {missing[0]}: missing field")
+    checks.exact_keys(raw, required, where, optional)
 
 
 def _table(raw: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:

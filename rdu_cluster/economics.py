@@ -17,7 +17,7 @@ import numpy as np
 from chip import power
 from chip.cost import StepCost
 from partitioning.cluster import ClusterSpec
-from workloads.errors import ConfigError
+from workloads import checks
 from workloads.ops import Work
 
 COST_KEYS = ("socket_hour_usd", "source")
@@ -28,18 +28,11 @@ def parse_cost(table: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Check a cluster's [cost] table (exact keys) and return it as a plain dict; {} if absent."""
     if not table:
         return {}
-    unknown = sorted(set(table) - set(COST_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown field; accepted: {', '.join(COST_KEYS)}")
-    missing = [k for k in COST_KEYS if k not in table]
-    if missing:
-        raise ConfigError(f"{where}.{missing[0]}: missing field")
-    price = table["socket_hour_usd"]
-    if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
-        raise ConfigError(f"{where}.socket_hour_usd: expected a non-negative number, got {price!r}")
-    if not isinstance(table["source"], str) or not table["source"]:
-        raise ConfigError(f"{where}.source: expected a non-empty string naming the basis")
-    return {"socket_hour_usd": float(price), "source": table["source"]}
+    checks.exact_keys(table, COST_KEYS, where)
+    return {
+        "socket_hour_usd": checks.non_negative(table, "socket_hour_usd", where),
+        "source": checks.source(table, where),
+    }
 
 
 def socket_hour_usd(cluster: ClusterSpec) -> float | None:
