@@ -67,7 +67,8 @@ def sweep(
 ) -> None:
     """Run the sweep SPEC (TOML: [sweep], [base], [[axes]], [filters]) into --out.
 
-    Kinds: the registered runners (simulate: the analytic estimate). Rerunning the same command
+    Kinds: simulate (the analytic estimate), plan (the best plan per point), serve (a serving
+    simulation per point). Rerunning the same command
     skips finished points; see docs/sweeps.md for the format.
     """
     spec = load_spec(spec_path)

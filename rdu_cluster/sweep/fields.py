@@ -8,6 +8,7 @@ that a point's canonical form, and hence its id, does not depend on how the TOML
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,57 @@ def positive_float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ValueError(f"expected a positive number, got {value!r}")
     return float(value)
+
+
+def nonnegative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def finite_positive_float(value: Any) -> float:
+    """A positive number that a point's canonical JSON can hold (no inf, no nan)."""
+    v = positive_float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"expected a finite positive number, got {value!r}")
+    return v
+
+
+def fraction(value: Any) -> float:
+    """A share in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"expected a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def choice(*accepted: str) -> Normalizer:
+    """One of a fixed set of names."""
+
+    def normalize(value: Any) -> str:
+        if value not in accepted:
+            raise ValueError(f"{value!r}; accepted: {', '.join(accepted)}")
+        return value
+
+    return normalize
+
+
+def length_dist(value: Any) -> str:
+    """A token-length distribution, as `serve --prompt-len` takes it: N, fixed:N, uniform:LO:HI
+    or lognormal:MEAN:SIGMA; normalized (1024, "1024" and "fixed:1024" are one value)."""
+    from workloads.traces import LengthDist
+
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"expected N or 'uniform:LO:HI' / 'lognormal:MEAN:SIGMA', got {value!r}")
+    try:
+        d = LengthDist.parse(str(value), "")
+    except ConfigError as e:
+        raise ValueError(str(e).lstrip(": ")) from None
+    if d.kind == "fixed":  # fixed and uniform lengths are whole tokens (the sampler rounds)
+        return str(round(d.a))
+    if d.kind == "uniform":
+        return f"uniform:{round(d.a)}:{round(d.b)}"
+    num = lambda x: str(int(x)) if float(x).is_integer() else repr(float(x))
+    return f"lognormal:{num(d.a)}:{num(d.b)}"
 
 
 def text(value: Any) -> str:

@@ -1,6 +1,7 @@
 """Built-in sweep runners. `simulate`: the analytic estimate (rdu_cluster.estimate) of decode and
 prefill, one row per point, with points that differ only in batch / prompt / generation length
-costed by one vectorized call.
+costed by one vectorized call. `plan`: the best plan of a plan search per point. `serve`: one
+serving simulation (the engine's Simulation on its local backend) per point, its summary a row.
 
 Nested fields: `options.<toggle>` (DataflowOptions on RDU clusters, GpuOptions on GPU clusters;
 a toggle of the other chip kind is ignored there), `chip.<path>` and `topology.<path>` (overrides
@@ -13,6 +14,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +25,13 @@ from rdu_cluster.sweep.fields import (
     FieldDef,
     Namespace,
     boolean,
+    choice,
     dtype,
+    finite_positive_float,
+    fraction,
+    length_dist,
+    nonnegative_int,
+    positive_float,
     positive_int,
     scalar,
     text,
@@ -378,5 +386,186 @@ PLAN = register(
         points_per_task=32,  # a plan search costs tens of plans: a few dozen points a task
         required=("model", "cluster"),
         doc="plan search: the best plan per point, one row per point",
+    )
+)
+
+
+# --- serve: a serving scenario (a synthetic request trace on a cluster under a plan and a
+# scheduler), run by the engine's Simulation on its local backend, one row per point: the
+# summary `rdu-cluster serve` prints, as columns.
+
+ARRIVALS = ("fixed", "poisson", "bursty")  # workloads.traces.ARRIVALS
+PREEMPTIONS = ("recompute", "swap")  # engine.schedulers.PREEMPTION
+
+
+def serve_fields() -> dict[str, FieldDef]:
+    base = simulate_fields()
+    i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+    fields = {k: base[k] for k in ("model", "cluster", "weights", "kv_dtype", "sockets",
+                                    "sockets_per_node")}
+    for f in (
+        FieldDef("plan", text, s, column="plan", doc="tp16, tp2ep8, tp4pp4 [tp over all sockets]"),
+        FieldDef("execution_model", text, s, column="execution_model", doc="[the chip's]"),
+        FieldDef("requests", positive_int, i64, doc="synthetic trace: number of requests"),
+        FieldDef("rate", finite_positive_float, f64, column="rate_requests_per_s",
+                 doc="synthetic trace: requests per second"),
+        FieldDef("arrival", choice(*ARRIVALS), s, default="poisson", column="arrival"),
+        FieldDef("burstiness", positive_float, f64, default=1.0, column="burstiness",
+                 doc="coefficient of variation of bursty gaps"),
+        FieldDef("prompt_len", length_dist, s, default="1024", column="prompt_len_dist",
+                 doc="N, uniform:LO:HI or lognormal:MEAN:SIGMA"),
+        FieldDef("output_len", length_dist, s, default="256", column="output_len_dist"),
+        FieldDef("seed", nonnegative_int, i64, doc="trace and routing seed [sweep.seed]"),
+        FieldDef("scheduler", text, s, default="continuous", column="scheduler"),
+        FieldDef("max_batch", positive_int, i64, default=32, column="max_batch"),
+        FieldDef("token_budget", positive_int, i64, default=8192, column="token_budget"),
+        FieldDef("chunked_prefill", boolean, b, default=False, column="chunked_prefill"),
+        FieldDef("preemption", choice(*PREEMPTIONS), s, default="recompute",
+                 column="preemption"),
+        FieldDef("kv_fraction", fraction, f64, default=0.9, column="kv_fraction"),
+        FieldDef("fault", text, s, column="fault", doc="one simulated fault: socket:N@T[...]"),
+    ):
+        fields[f.name] = f
+    return fields
+
+
+SERVE_SCHEMA = pa.schema(
+    [("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
+     ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()), ("ep", pa.int64()),
+     ("pp", pa.int64()), ("replicas", pa.int64()), ("requests", pa.int64()),
+     ("requests_served", pa.int64()), ("requests_unserved", pa.int64()),
+     ("preemptions", pa.int64()), ("swaps", pa.int64()), ("output_tokens", pa.int64()),
+     ("makespan_s", pa.float64()), ("throughput_tokens_per_s", pa.float64()),
+     *((f"{m}_p{q}_s", pa.float64()) for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)),
+     ("steps", pa.int64()), ("decode_steps", pa.int64()), ("windows", pa.int64())]
+)
+
+
+def _seed(f: Mapping[str, Any], seed: int) -> int:
+    return f.get("seed", seed)
+
+
+def _serve_config(f: Mapping[str, Any], chip_kind: str, seed: int):
+    from rdu_cluster.engine import schedulers
+    from rdu_cluster.engine.simulation import ServeConfig
+
+    limits = schedulers.Limits(f["max_batch"], f["token_budget"], f["chunked_prefill"],
+                               f["preemption"])
+    return ServeConfig(plan=f.get("plan"), scheduler=f["scheduler"], limits=limits,
+                       seed=_seed(f, seed), kv_memory_fraction=f["kv_fraction"],
+                       execution_model=f.get("execution_model"),
+                       options=make_options(chip_kind, option_values(f)),
+                       faults=(f["fault"],) if "fault" in f else ())
+
+
+def _trace(f: Mapping[str, Any], seed: int):
+    from workloads import traces
+
+    return traces.synthetic(
+        f["requests"], f["rate"], f["arrival"],
+        traces.LengthDist.parse(f["prompt_len"], "prompt_len"),
+        traces.LengthDist.parse(f["output_len"], "output_len"),
+        seed=_seed(f, seed), burstiness=f["burstiness"],
+    )
+
+
+def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
+    """Each point is one Simulation on a fresh local backend: deterministic given the point and
+    the seed (a point's `seed` field, else the sweep's). A point the engine refuses (the weights
+    do not fit at its plan) is infeasible, with the engine's message."""
+    from rdu_cluster.backends import make as make_backend
+    from rdu_cluster.engine import metrics
+    from rdu_cluster.engine.requests import DONE
+    from rdu_cluster.engine.simulation import Simulation
+
+    rows, bad = [], {}
+    for p in points:
+        f = p.fields
+        cluster = cached_cluster(f["cluster"], cluster_overrides(f))
+        model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
+        config = _serve_config(f, cluster.chip.kind, seed)
+        try:
+            sim = Simulation(model, cluster, _trace(f, seed), config, make_backend("local"))
+            tables = sim.run()
+        except ConfigError as e:
+            bad[p.id] = str(e)
+            continue
+        s = tables.summary  # the engine's own summary: what `rdu-cluster serve` prints
+        req = tables.requests
+        done = [st == DONE for st in req.column("state").to_pylist()]
+        e2e = metrics.percentiles([v for v, ok in zip(req.column("e2e_s").to_pylist(), done)
+                                   if ok])
+        row = {"point_id": p.id, "cluster": cluster.name, "model": model.name,
+               "seed": config.seed, "sockets": cluster.sockets, "tp": sim.plan.tp,
+               "ep": sim.plan.ep, "pp": sim.plan.pp, "replicas": len(sim.replicas),
+               "requests": s["requests"], "requests_served": s["served"],
+               "requests_unserved": s["unserved"], "preemptions": s["preemptions"],
+               "swaps": int(sum(v or 0 for v in req.column("swaps").to_pylist())),
+               "output_tokens": s["output_tokens"], "makespan_s": s["makespan_s"],
+               "throughput_tokens_per_s": s["tokens_per_s"], "steps": s["steps"],
+               "decode_steps": s["decode_steps"], "windows": s["windows"]}
+        for name, values in (("ttft", s["ttft_s"]), ("tpot", s["tpot_s"]), ("e2e", e2e)):
+            row.update({f"{name}_p{q}_s": v for q, v in values.items()})
+        rows.append(row)
+    return RunOutput(pa.Table.from_pylist(rows, schema=SERVE_SCHEMA) if rows else None, bad)
+
+
+def _unflag(message: str) -> str:
+    """An engine message names its CLI flag ("--plan: ..."); a spec error names the field."""
+    return re.sub(r"^--[a-z-]+:?\s*", "", message)
+
+
+def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
+    """Clusters and models as `simulate` checks them; then every distinct plan (on its cluster
+    and model), scheduler, fault and options set, so that a bad one fails before anything runs,
+    naming its field."""
+    from rdu_cluster.engine import plan as plans
+    from rdu_cluster.engine import schedulers
+    from rdu_cluster.engine.faults import Fault
+
+    check_simulate(points, origin)
+    checks: dict[tuple, tuple[str, str, Any]] = {}  # key -> (field, context, load)
+    for p in points:
+        f = p.fields
+        over = cluster_overrides(f)
+        cluster = cached_cluster(f["cluster"], over)
+        model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
+        if "plan" in f:
+            checks.setdefault(
+                ("plan", f["plan"], f["cluster"], over, model.name),
+                ("plan", f"{f['plan']!r} on {cluster.name} with {model.name}: ",
+                 functools.partial(plans.PlanSpec.parse, f["plan"], cluster, model)))
+        limits = schedulers.Limits(f["max_batch"], f["token_budget"], f["chunked_prefill"],
+                                   f["preemption"])
+        checks.setdefault(("scheduler", f["scheduler"], limits),
+                          ("scheduler", "", functools.partial(schedulers.get, f["scheduler"],
+                                                              limits)))
+        if "fault" in f:
+            checks.setdefault(("fault", f["fault"], cluster.sockets),
+                              ("fault", f"on {cluster.name}: ",
+                               functools.partial(Fault.parse, f["fault"], cluster.sockets)))
+        opts = option_values(f)
+        if opts:
+            checks.setdefault(("options", cluster.chip.kind, opts),
+                              (f"options.{opts[0][0]}", "",
+                               functools.partial(make_options, cluster.chip.kind, opts)))
+    for field, context, load in checks.values():
+        try:
+            load()
+        except ConfigError as e:
+            where = origin.get(field, "base")
+            raise ConfigError(f"{where}.{field}: {context}{_unflag(str(e))}") from None
+
+
+SERVE = register(
+    Runner(
+        kind="serve",
+        fields=serve_fields(),
+        namespaces=simulate_namespaces(),
+        run=run_serve,
+        check=check_serve,
+        points_per_task=4,  # a point is a whole serving simulation: tenths of a second to seconds
+        required=("model", "cluster", "requests", "rate"),
+        doc="serving simulation (engine, local backend): the summary of a trace, one row per point",
     )
 )

@@ -1,0 +1,149 @@
+"""The serve runner: serving simulations (engine, local backend) as sweep points. The example
+spec end to end with an interrupt and a resume, its exact columns, determinism, infeasible points
+and one-line errors naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+from rdu_cluster.sweep import LocalBackend, expand, load_spec, read_manifest, registry, run_sweep
+from rdu_cluster.sweep.runners import SERVE, SERVE_SCHEMA, run_serve
+from tests.sweep.helpers import write
+from workloads.errors import ConfigError
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "sweeps" / "serve-small.toml"
+SCENARIO_COLUMNS = {  # the fields the example sets or defaults, as columns
+    "arrival", "burstiness", "chunked_prefill", "cluster_ref", "kv_fraction", "max_batch",
+    "model_ref", "output_len_dist", "plan", "preemption", "prompt_len_dist",
+    "rate_requests_per_s", "scheduler", "token_budget",
+}
+
+SMALL = """
+[sweep]
+kind = "serve"
+[base]
+model = "llama-3.1-8b"
+cluster = "sn40l-8"
+requests = 8
+rate = 50.0
+prompt_len = 128
+output_len = 16
+"""
+
+
+def test_example_runs_resumes_one_row_per_point(tmp_path, monkeypatch):
+    spec = load_spec(EXAMPLE)
+    points = expand(spec).points
+    assert spec.kind == "serve" and len(points) == 12
+    out = tmp_path / "out"
+    ran: list[int] = []
+
+    def interrupted(pts, seed):  # the first task commits, the second is cut short
+        if ran:
+            raise KeyboardInterrupt
+        ran.append(len(pts))
+        return SERVE.run(pts, seed)
+
+    monkeypatch.setitem(registry.RUNNERS, "serve", dataclasses.replace(SERVE, run=interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, points, out, LocalBackend(), points_per_task=4, progress=False)
+    assert len(read_manifest(out).finished) == 4
+    monkeypatch.setitem(registry.RUNNERS, "serve", SERVE)
+    s = run_sweep(spec, points, out, LocalBackend(), points_per_task=4, progress=False)
+    assert (s.skipped, s.ran, s.rows, s.infeasible) == (4, 8, 12, 0)
+
+    tbl = pq.read_table(out)
+    ids = tbl.column("point_id").to_pylist()
+    assert sorted(ids) == sorted(p.id for p in points)  # one row per point
+    assert set(tbl.column_names) == set(SERVE_SCHEMA.names) | SCENARIO_COLUMNS
+    df = tbl.to_pandas()
+    assert (df.requests_served == 48).all() and (df.tp == 8).all()
+    assert set(df.cluster) == {"sn40l-8", "dgx-h100"} and set(df.max_batch) == {4, 16}
+    assert (df.ttft_p50_s <= df.ttft_p90_s).all() and (df.ttft_p90_s <= df.ttft_p99_s).all()
+    assert (df.throughput_tokens_per_s > 0).all() and (df.makespan_s > 0).all()
+    # at the highest rate, a larger batch limit queues less
+    hi = df[df.rate_requests_per_s == 160.0].set_index(["cluster", "max_batch"]).ttft_p90_s
+    for cluster in ("sn40l-8", "dgx-h100"):
+        assert hi[(cluster, 16)] < hi[(cluster, 4)]
+
+    # determinism: a point run alone gives the row the resumed sweep wrote
+    for p in (points[0], points[-1]):
+        alone = run_serve([p], spec.seed).table.to_pylist()[0]
+        row = tbl.filter(pc.equal(tbl.column("point_id"), p.id)).to_pylist()[0]
+        assert {k: row[k] for k in alone if k not in ("cluster", "model")} == {
+            k: v for k, v in alone.items() if k not in ("cluster", "model")
+        }
+
+
+def test_seed_field_infeasible_point_and_dry_run(tmp_path):
+    body = SMALL + """
+[[axes]]
+type = "list"
+points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
+"""
+    path = write(tmp_path, body)
+    spec = load_spec(path)
+    points = expand(spec).points
+    s = run_sweep(spec, points, tmp_path / "out", LocalBackend(), progress=False)
+    assert (s.rows, s.infeasible) == (2, 1)
+    reason = next(iter(read_manifest(tmp_path / "out").infeasible.values()))
+    assert "does not fit" in reason
+    df = pq.read_table(tmp_path / "out").to_pandas()
+    assert sorted(df.seed) == [1, 2]
+    assert df.makespan_s.nunique() == 2  # another seed, another trace
+    r = CliRunner().invoke(main, ["sweep", str(path), "--dry-run"])
+    assert r.exit_code == 0 and "serve, 3 points" in r.output
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ('plan = "tp3"', "base.plan: 'tp3' on sn40l-8 with llama-3.1-8b: tp x pp = 3 must divide"),
+        ('scheduler = "fifo"', "base.scheduler: unknown 'fifo'; accepted: "),
+        ('arrival = "gauss"', "base.arrival: 'gauss'; accepted: fixed, poisson, bursty"),
+        ('prompt_len = "uniform:512:128"', "base.prompt_len: lengths must be >= 1"),
+        ('fault = "socket:9@0.5"', "base.fault: on sn40l-8: 'socket:9@0.5': socket out of range"),
+        ("kv_fraction = 1.5", "base.kv_fraction: expected a number in (0, 1]"),
+        ('backend = "ray"', "base.backend: unknown field; accepted: arrival,"),
+        ("[[axes]]\ntype = 'grid'\nrate = [1.0, inf]", "axes[0].rate[1]: expected a finite"),
+    ],
+)
+def test_bad_serve_spec_is_one_line_naming_the_field(tmp_path, extra, fragment):
+    body = SMALL.replace("prompt_len = 128\n", "") + extra + "\n"  # nothing runs: no need
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as e:
+        spec = load_spec(write(tmp_path, body))
+        run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists()
+
+
+def test_missing_trace_field_named(tmp_path):
+    spec = load_spec(write(tmp_path, SMALL.replace("requests = 8\n", "")))
+    with pytest.raises(ConfigError, match=r"requests: missing field \(set it in \[base\]"):
+        expand(spec)
+
+
+def test_choices_match_the_engine():
+    from rdu_cluster.engine import schedulers
+    from rdu_cluster.sweep import runners
+    from workloads import traces
+
+    assert runners.ARRIVALS == traces.ARRIVALS
+    assert runners.PREEMPTIONS == schedulers.PREEMPTION
+
+
+def test_length_spellings_are_one_point(tmp_path):
+    ids = [
+        expand(load_spec(write(tmp_path, SMALL.replace("prompt_len = 128", f"prompt_len = {v}"))))
+        .points[0].id
+        for v in ("128", '"128"', '"fixed:128"')
+    ]
+    assert len(set(ids)) == 1
