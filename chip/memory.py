@@ -83,6 +83,13 @@ class MemoryTiers:
         self.allocate(name, tier, region.nbytes, region.kind)
         return seconds
 
+    def copy(self, name: str, tier: str, new_name: str) -> float:
+        """Copy a region to `tier` as `new_name`, the source staying where it is (an expert's
+        weights brought from its backing store into HBM); returns the copy time in seconds."""
+        region = self._region(name)
+        self.allocate(new_name, tier, region.nbytes, region.kind)
+        return self.copy_time(region.nbytes, region.tier, tier)
+
     def copy_time(self, nbytes: float, src: str, dst: str) -> float:
         bw = min(self._tier(src).bandwidth_bytes_per_s, self._tier(dst).bandwidth_bytes_per_s)
         return nbytes / bw

@@ -2,7 +2,8 @@
 execution model, answering coarse commands.
 
 Commands (the same in every backend; see rdu_cluster/backends/messages.py for the wire form):
-- `apply(ops)`: load / evict / resize / move named regions; returns the copy time of the moves;
+- `apply(ops)`: load / evict / resize / move / copy named regions; returns the copy time of the
+  moves and copies;
 - `cost(spans)`: per-step vectors for a window of spans (each a run of steps with a fixed batch
   composition), one vectorized cost evaluation per distinct composition, never an op-by-op loop;
 - `occupancy()`, `checkpoint()`, `restore(state)`, `set_degradation(factor, comm_factor)`.
@@ -57,11 +58,20 @@ class Program:
     group: tuple[int, ...] = ()
     execution_model: str | None = None
     options: Any = None
+    draft: ModelSpec | None = None  # speculative decoding: the draft, on this socket's tp
+    spec_k: int = 0  # draft tokens a speculative step (0: plain decoding)
 
     def key(self) -> tuple:
         """Identity of the cost function: sockets with equal keys cost equal steps equally."""
         shard = replace(self.shard, expert_load=1.0)
-        return (self.model.name, shard, self.layers, self.execution_model, repr(self.options))
+        draft = self.draft.name if self.draft is not None else None
+        return (self.model.name, shard, self.layers, self.execution_model, repr(self.options),
+                draft, self.spec_k)
+
+    def draft_graph(self, shape: StepShape) -> Graph:
+        """The draft's step, tensor-parallel over this socket's group (shared placement)."""
+        assert self.draft is not None
+        return graphs.step_graph(self.draft, shape, Shard.tensor(self.shard.attn_tp))
 
     def graph(self, shape: StepShape, expert_load: Work = 1.0) -> Graph:
         shard = (
@@ -135,7 +145,8 @@ class Socket:
     # -- memory ---------------------------------------------------------------------------
     def apply(self, ops: Iterable[list]) -> float:
         """Region ops: ["alloc", name, tier, bytes, kind], ["resize", name, bytes],
-        ["free", name], ["move", name, tier]. Returns the seconds the moves cost."""
+        ["free", name], ["move", name, tier], ["copy", name, tier, new_name]. Returns the
+        seconds the moves and copies cost."""
         seconds = 0.0
         m = self.memory
         for op in ops:
@@ -148,6 +159,8 @@ class Socket:
                 m.free(op[1])
             elif verb == "move":
                 seconds += m.move(op[1], op[2])
+            elif verb == "copy":
+                seconds += m.copy(op[1], op[2], op[3])
             else:
                 raise ValueError(f"unknown region op {verb!r}")
         return seconds
@@ -256,7 +269,7 @@ class CostTables:
     def decode_span(self, b: int, s0: int, n: int, load: np.ndarray | None) -> np.ndarray:
         if load is not None and np.any(load != 1.0):
             ctx = (s0 + b * np.arange(n, dtype=float)) / b
-            return self._rows(self.program.graph(StepShape.decode(float(b), ctx), load), n)
+            return self._decode_rows(b, ctx, n, load)
         sums = s0 + b * np.arange(n, dtype=np.int64)
         first, last = int(sums[0]) // CHUNK, int(sums[-1]) // CHUNK
         if first == last:
@@ -274,9 +287,21 @@ class CostTables:
         table = self.decode.get((b, j))
         if table is None:
             ctx = np.arange(j * CHUNK, (j + 1) * CHUNK, dtype=float) / b
-            table = self._rows(self.program.graph(StepShape.decode(float(b), ctx)), CHUNK)
+            table = self._decode_rows(b, ctx, CHUNK)
             self.decode[(b, j)] = table
         return table
+
+    def _decode_rows(self, b: int, ctx: np.ndarray, n: int, load: Work = 1.0) -> np.ndarray:
+        """A decode step at mean context `ctx`. Speculative (spec_k = k): k draft steps of one
+        token at contexts ctx + d, then the target verifies k + 1 tokens in one pass."""
+        p = self.program
+        if not p.spec_k:
+            return self._rows(p.graph(StepShape.decode(float(b), ctx), load), n)
+        verify = StepShape("decode", float(b), float(p.spec_k + 1), ctx)
+        rows = self._rows(p.graph(verify, load), n)
+        for d in range(p.spec_k):
+            rows += self._rows(p.draft_graph(StepShape("decode", float(b), 1.0, ctx + d)), n)
+        return rows
 
     def prefill_step(self, k: int, tokens: int, prefix: int, load: np.ndarray | None):
         """One prefill step: k sequences bring `tokens` new tokens over `prefix` cached ones,
@@ -289,6 +314,8 @@ class CostTables:
         if rows is None:
             shape = StepShape("prefill", float(k), tokens / k, prefix / k)
             rows = self._rows(self.program.graph(shape), 1)
+            if self.program.draft is not None:  # the draft prefills the prompt too
+                rows += self._rows(self.program.draft_graph(shape), 1)
             self.prefill[key] = rows
         return rows
 

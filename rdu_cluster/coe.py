@@ -8,12 +8,14 @@ request runs the router, then, if its expert is not in HBM, every socket copies 
 expert from the capacity tier into HBM (chip/memory.py MemoryTiers.copy_time: bytes over the
 slower tier's bandwidth, all sockets at once), and the request waits for it; then the expert runs.
 
-Two entry points:
+Two uses:
 - `table_v`: the per-request figures of MICRO24 Table V's setting: the router at batch 8, then
   each (prompt, expert) pair in turn, each a cold switch (8 prompts on 8 distinct experts).
-- `serve_coe`: a request trace through one node, FIFO, requests of the same expert batched.
-  A self-contained scheduler until the distributed engine (rdu_cluster/engine) takes the switch
-  as a socket operation; the figures it uses (switch time, step costs) are the same functions.
+- serving a trace (`serve --coe-experts N`) runs in the engine (rdu_cluster/engine): the sockets
+  hold every expert's shard as a region of the capacity tier (`socket_regions`), a switch is a
+  region copy the engine issues to every socket (`ExpertResidency.switch_ops`, victim by the
+  replacement policy), and the `coe` scheduler (engine/schedulers/coe.py) batches one expert's
+  requests at a time. The router's time per request is `router_s`.
 
 Expert popularity: uniform, Zipf with exponent s (p_i ~ 1 / i^s, expert 0 the most popular), or
 the trace's `model` column. Replacement policies: LRU, and LFU (least accesses so far, ties to the
@@ -24,14 +26,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
-import pyarrow as pa
 
 from chip.memory import MemoryTiers
 from partitioning.cluster import ClusterSpec
-from rdu_cluster import results
 from rdu_cluster.config import load_cluster
 from rdu_cluster.estimate import estimate
 from rdu_cluster.report import text_table
@@ -147,9 +146,11 @@ class Memory:
         return self.experts_in_tier / self.tier
 
 
-def memory(scenario: CoEScenario, cluster: ClusterSpec, batch: int, context: int) -> Memory:
-    """Per-socket layout: router + KV reserve + expert slots in HBM; every expert in the tier."""
-    tp = cluster.sockets
+def memory(scenario: CoEScenario, cluster: ClusterSpec, batch: int, context: int,
+           tp: int | None = None) -> Memory:
+    """Per-socket layout: router + KV reserve + expert slots in HBM; every expert in the tier
+    (tp: sockets the router and each expert are split over; default: the node's)."""
+    tp = tp or cluster.sockets
     router = graphs.weight_bytes(scenario.router) / tp
     expert = max(graphs.weight_bytes(e) for e in scenario.experts) / tp
     kv = max(float(graphs.kv_cache_bytes(e, batch, context)) for e in set(scenario.experts)) / tp
@@ -192,6 +193,70 @@ class ExpertCache:
             return next(iter(self.resident))
         order = {e: i for i, e in enumerate(self.resident)}
         return min(self.resident, key=lambda e: (self.uses[e], order[e]))
+
+
+# ---- in the engine -----------------------------------------------------------------------------
+
+
+def expert_region(expert: int) -> str:
+    """The region of an expert's shard in the capacity tier (its backing store)."""
+    return f"experts/{expert}"
+
+
+def hbm_region(expert: int) -> str:
+    return f"experts/{expert}@hbm"
+
+
+def socket_regions(scenario: CoEScenario, cluster: ClusterSpec, tp: int) -> tuple[list, ...]:
+    """Region ops that load one socket at start: the router in HBM, every expert's shard in the
+    capacity tier. No expert starts in HBM (the first request of each expert waits for it)."""
+    tier = capacity_tier(cluster)
+    ops = [["alloc", "weights/router", "hbm", graphs.weight_bytes(scenario.router) / tp,
+            "weights"]]
+    ops += [["alloc", expert_region(i), tier, graphs.weight_bytes(e) / tp, "weights"]
+            for i, e in enumerate(scenario.experts)]
+    return tuple(ops)
+
+
+class ExpertResidency:
+    """One replica's experts in HBM, as seen by the engine: `switch_ops(e)` is what the sockets
+    do before a step of expert e: nothing when e is the expert in use or still resident (a hit),
+    else free the policy's victim and copy e's shard from the capacity tier into HBM. The cache
+    is touched once per change of expert (a group of e's requests is one access)."""
+
+    def __init__(self, slots: int, policy: str, tier: str):
+        self.cache = ExpertCache(slots, policy)
+        self.tier = tier
+        self.current = -1
+
+    def switch_ops(self, expert: int) -> list:
+        if expert == self.current:
+            return []
+        self.current = expert
+        before = set(self.cache.resident)
+        if self.cache.access(expert):
+            return []
+        ops = [["free", hbm_region(v)] for v in sorted(before - set(self.cache.resident))]
+        return ops + [["copy", expert_region(expert), "hbm", hbm_region(expert)]]
+
+
+def router_s(scenario: CoEScenario, cluster: ClusterSpec, prompt_len: np.ndarray,
+             tp: int | None = None) -> np.ndarray:
+    """The router's time per request: one prefill of its prompt and one decode step (the label)
+    at batch 1, over `tp` sockets (assumption, see DEFAULT_ROUTER)."""
+    lengths, inverse = np.unique(np.asarray(prompt_len, dtype=float), return_inverse=True)
+    r = estimate(scenario.router, cluster, batch=1, prompt_len=lengths, gen_len=1, tp=tp)
+    per = np.broadcast_to(np.asarray(r.ttft_s, dtype=float) + np.asarray(r.tpot_s, dtype=float),
+                          lengths.shape)
+    return per[inverse]
+
+
+def oom_message(scenario: CoEScenario, cluster: ClusterSpec, mem: Memory) -> str:
+    return (
+        f"{cluster.name} runs out of memory for {scenario.n} experts: they need "
+        f"{mem.experts_in_tier * cluster.sockets / 1e12:.2f} TB of {mem.tier_name}, "
+        f"{mem.tier * cluster.sockets / 1e12:.2f} TB available"
+    )
 
 
 # ---- MICRO24 Table V ---------------------------------------------------------------------------
@@ -244,45 +309,7 @@ def table_v(cluster: ClusterSpec, experts: int = 150, batch: int = 8, prompt_len
     )
 
 
-# ---- serving a trace ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CoERun:
-    """Per-request arrays (request order) and the run's totals."""
-
-    cluster: str
-    expert: np.ndarray
-    arrival_s: np.ndarray
-    start_s: np.ndarray  # its group began (switch or prefill)
-    first_token_s: np.ndarray
-    finish_s: np.ndarray
-    switched: np.ndarray  # bool: its group paid a switch
-    output_len: np.ndarray
-    switch_s_total: float
-    router_s_total: float
-    busy_s: float
-    memory: Memory
-
-    @property
-    def ttft_s(self) -> np.ndarray:
-        return self.first_token_s - self.arrival_s
-
-    @property
-    def latency_s(self) -> np.ndarray:
-        return self.finish_s - self.arrival_s
-
-    @property
-    def makespan_s(self) -> float:
-        return float(self.finish_s.max() - self.arrival_s.min())
-
-    @property
-    def tokens_per_s(self) -> float:
-        return float(self.output_len.sum()) / self.makespan_s
-
-    @property
-    def hit_rate(self) -> float:
-        return 1.0 - float(self.switched.mean())
+# ---- request-to-expert --------------------------------------------------------------------
 
 
 def assign_experts(trace: Trace, scenario: CoEScenario, seed: int = 0) -> np.ndarray:
@@ -302,109 +329,6 @@ def assign_experts(trace: Trace, scenario: CoEScenario, seed: int = 0) -> np.nda
         raise ConfigError(f"trace model {unknown[0]!r} is not an expert; expected "
                           f"expert-0..expert-{scenario.n - 1} or an expert's catalog name")
     return np.array([names[m] for m in trace.model], dtype=np.int64)
-
-
-def serve_coe(scenario: CoEScenario, cluster: ClusterSpec, trace: Trace, seed: int = 0,
-              max_batch: int = 8, router_batch: int = 8) -> CoERun:
-    """FIFO through one node: route what has arrived (router batches of up to `router_batch`),
-    then serve the oldest routed request's expert with every routed request of that expert (up to
-    `max_batch`, static batch to the longest output), switching it in first on a miss."""
-    if max_batch < 1 or router_batch < 1:
-        raise ConfigError("max-batch and router-batch must be positive")
-    experts = assign_experts(trace, scenario, seed)
-    ctx = int(trace.prompt_len.max() + trace.output_len.max())
-    mem = memory(scenario, cluster, max_batch, ctx)
-    if not mem.fits_tier:
-        raise ConfigError(_oom_message(scenario, cluster, mem))
-    cache = ExpertCache(mem.slots, scenario.policy)
-    costs = _Costs(scenario, cluster)
-    state = _Serve.of(len(trace))
-    t, routed = 0.0, 0
-    pending: list[int] = []
-    n = len(trace)
-    while state.done < n:
-        if not pending and routed < n:
-            t = max(t, float(trace.arrival_s[routed]))
-        while routed < n and trace.arrival_s[routed] <= t:  # route every arrival so far
-            arrived = int(np.searchsorted(trace.arrival_s, t, side="right"))
-            group = list(range(routed, min(arrived, routed + router_batch)))
-            dt = costs.router(len(group), int(trace.prompt_len[group].max()))
-            t += dt
-            state.router_s += dt
-            pending += group
-            routed += len(group)
-        head = pending[0]
-        e = int(experts[head])
-        group = [i for i in pending if experts[i] == e][:max_batch]
-        chosen = set(group)
-        pending = [i for i in pending if i not in chosen]
-        t = _run_group(state, group, e, t, cache, costs, trace)
-    return CoERun(cluster.name, experts, trace.arrival_s.copy(), state.start, state.first,
-                  state.finish, state.switched, trace.output_len.copy(), state.switch_s,
-                  state.router_s, state.busy, mem)
-
-
-@dataclass
-class _Serve:
-    start: np.ndarray
-    first: np.ndarray
-    finish: np.ndarray
-    switched: np.ndarray
-    switch_s: float = 0.0
-    router_s: float = 0.0
-    busy: float = 0.0
-    done: int = 0
-
-    @classmethod
-    def of(cls, n: int) -> _Serve:
-        return cls(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool))
-
-
-def _run_group(state: _Serve, group, e: int, t: float, cache: ExpertCache, costs, trace) -> float:
-    start = t
-    hit = cache.access(e)
-    if not hit:
-        dt = costs.switch(e)
-        t += dt
-        state.switch_s += dt
-    b = len(group)
-    prompt = int(trace.prompt_len[group].max())
-    gen = int(trace.output_len[group].max())
-    ttft, tpot = costs.expert(e, b, prompt, gen)
-    for i in group:
-        state.start[i] = start
-        state.first[i] = t + ttft
-        state.finish[i] = t + ttft + (int(trace.output_len[i]) - 1) * tpot
-        state.switched[i] = not hit
-    state.busy += (t - start) + ttft + (gen - 1) * tpot
-    state.done += b
-    return t + ttft + (gen - 1) * tpot
-
-
-class _Costs:
-    """Memoized step costs of the router and the experts on one node."""
-
-    def __init__(self, scenario: CoEScenario, cluster: ClusterSpec):
-        self.s, self.c = scenario, cluster
-        self.router = lru_cache(maxsize=None)(self._router)
-        self.expert = lru_cache(maxsize=None)(self._expert)
-        self.switch = lru_cache(maxsize=None)(lambda e: switch_time_s(self.s.experts[e], self.c))
-
-    def _router(self, batch: int, prompt: int) -> float:
-        r = estimate(self.s.router, self.c, batch=batch, prompt_len=prompt, gen_len=1)
-        return _f(r.ttft_s) + _f(r.tpot_s)
-
-    def _expert(self, e: int, batch: int, prompt: int, gen: int) -> tuple[float, float]:
-        est = estimate(self.s.experts[e], self.c, batch=batch, prompt_len=prompt, gen_len=gen)
-        return _f(est.ttft_s), _f(est.tpot_s)
-
-
-def _oom_message(scenario: CoEScenario, cluster: ClusterSpec, mem: Memory) -> str:
-    return (
-        f"{cluster.name} runs out of memory for {scenario.n} experts: they need "
-        f"{mem.experts_in_tier * cluster.sockets / 1e12:.2f} TB of {mem.tier_name}, "
-        f"{mem.tier * cluster.sockets / 1e12:.2f} TB available"
-    )
 
 
 def _f(x) -> float:
@@ -458,52 +382,3 @@ def table_v_report(tvs: list[TableV]) -> str:
         ["fits", *("yes" if not t.out_of_memory else "OUT OF MEMORY" for t in tvs)],
     ]
     return title + "\n" + text_table(["", *(t.cluster for t in tvs)], rows)
-
-
-def serve_report(runs: list[CoERun]) -> str:
-    pct = lambda a, q: f"{float(np.percentile(a, q)) * 1e3:,.0f}"
-    rows = [
-        ["requests", *(str(len(r.arrival_s)) for r in runs)],
-        ["output tokens/s (all requests)", *(f"{r.tokens_per_s:,.1f}" for r in runs)],
-        ["makespan s", *(f"{r.makespan_s:.2f}" for r in runs)],
-        ["TTFT p50 / p99 ms", *(f"{pct(r.ttft_s, 50)} / {pct(r.ttft_s, 99)}" for r in runs)],
-        ["latency p50 / p99 ms",
-         *(f"{pct(r.latency_s, 50)} / {pct(r.latency_s, 99)}" for r in runs)],
-        ["requests that waited for a switch", *(f"{1 - r.hit_rate:.1%}" for r in runs)],
-        ["time switching s", *(f"{r.switch_s_total:.2f}" for r in runs)],
-        ["time routing s", *(f"{r.router_s_total:.2f}" for r in runs)],
-        ["expert slots in HBM", *(str(r.memory.slots) for r in runs)],
-        ["experts' bytes / capacity tier",
-         *(f"{r.memory.tier_fraction:.1%} of {r.memory.tier_name}" for r in runs)],
-    ]
-    return text_table(["", *(r.cluster for r in runs)], rows)
-
-
-def requests_table(run: CoERun):
-    """One row per request (Arrow): what `serve` writes for a CoE run."""
-    return pa.table({
-        "request": np.arange(len(run.arrival_s)),
-        "expert": run.expert,
-        "arrival_s": run.arrival_s,
-        "start_s": run.start_s,
-        "first_token_s": run.first_token_s,
-        "finish_s": run.finish_s,
-        "ttft_s": run.ttft_s,
-        "latency_s": run.latency_s,
-        "switched": run.switched,
-        "output_len": run.output_len,
-    }, metadata={"rdu_cluster.cluster": run.cluster})
-
-
-def serve_cli(expert: str, cluster: ClusterSpec, trace: Trace, experts: int, router: str,
-              distribution: str, policy: str, hbm_slots: int | None, max_batch: int,
-              seed: int, out_dir) -> str:
-    """`serve --coe-experts N`: run the trace, write requests.parquet, return the summary."""
-    scenario = CoEScenario.copies(experts, expert, router,
-                                  popularity=Popularity.parse(distribution),
-                                  hbm_slots=hbm_slots, policy=policy)
-    run = serve_coe(scenario, cluster, trace, seed=seed, max_batch=max_batch)
-    results.write_table(requests_table(run), out_dir / "requests.parquet")
-    title = (f"CoE on {cluster.name}: {experts} x {expert} experts, router {router}, "
-             f"{distribution} popularity, {policy} replacement, {len(trace)} requests")
-    return title + "\n" + serve_report([run])

@@ -11,7 +11,6 @@ from rdu_cluster.coe import (
     Popularity,
     assign_experts,
     capacity_tier,
-    serve_coe,
     switch_time_s,
     table_v,
 )
@@ -76,26 +75,63 @@ def test_assign_experts_from_trace_and_seed():
     assert np.array_equal(assign_experts(tr, uni, seed=1), assign_experts(tr, uni, seed=1))
 
 
-def test_serve_is_deterministic_and_hits_with_skew(clusters):
-    trace = synthetic(60, rate=5.0, prompt=LengthDist("fixed", 256),
-                      output=LengthDist("fixed", 32), seed=2)
+def _serve(cluster, trace, scenario, seed=7, backend=None):
+    from rdu_cluster.backends.local import LocalBackend
+    from rdu_cluster.engine.simulation import ServeConfig, Simulation
+
+    config = ServeConfig(scheduler="coe", seed=seed, coe=scenario)
+    sim = Simulation(scenario.experts[0], cluster, trace, config, backend or LocalBackend())
+    return sim.run()
+
+
+def coe_trace(n=60):
+    return synthetic(n, rate=5.0, prompt=LengthDist("fixed", 256), output=LengthDist("fixed", 32),
+                     seed=2)
+
+
+def test_engine_serves_coe_deterministically_with_switches_as_socket_copies(clusters):
+    trace = coe_trace()
     sc = CoEScenario.copies(20, popularity=Popularity("zipf", 1.5), hbm_slots=4)
-    a = serve_coe(sc, clusters["sn40l-8"], trace, seed=7)
-    b = serve_coe(sc, clusters["sn40l-8"], trace, seed=7)
-    assert np.array_equal(a.finish_s, b.finish_s) and a.hit_rate == b.hit_rate
-    assert 0.0 < a.hit_rate < 1.0
-    assert np.all(a.first_token_s >= a.arrival_s) and np.all(a.finish_s >= a.first_token_s)
-    g = serve_coe(sc, clusters["dgx-h100"], trace, seed=7)
-    assert g.switch_s_total > a.switch_s_total  # same misses (same cache), slower copies
+    a = _serve(clusters["sn40l-8"], trace, sc)
+    b = _serve(clusters["sn40l-8"], trace, sc)
+    assert a.requests.to_pylist() == b.requests.to_pylist()
+    req, steps = a.requests.to_pydict(), a.steps.to_pydict()
+    assert req["expert"] == assign_experts(trace, sc, 7).tolist()
+    assert set(req["state"]) == {"done"}
+    waited = [w for w in req["switch_wait_s"] if w > 0]
+    assert 0 < len(waited) < len(trace)  # hits and misses
+    switch = switch_time_s(sc.experts[0], clusters["sn40l-8"])
+    assert waited == pytest.approx([switch] * len(waited))  # the socket's copy time
+    for phase, expert, batch in zip(steps["phase"], steps["expert"], steps["batch"]):
+        assert expert >= 0 and batch > 0  # every step runs one expert
+    sw = [s for s in steps["switch_s"] if s > 0]
+    assert a.summary["switches"] == len(sw) and a.summary["switch_s"] == pytest.approx(sum(sw))
+    sockets = a.sockets.to_pydict()
+    assert sum(sockets["switches"]) == 8 * len(sw)  # every socket copies its shard
+    g = _serve(clusters["dgx-h100"], trace, sc)
+    assert g.summary["switches"] == a.summary["switches"]  # same policy, same order
+    assert g.summary["switch_s"] > a.summary["switch_s"]  # host DRAM over PCIe is slower
+
+
+def test_coe_batches_only_the_expert_in_use(clusters):
+    trace = synthetic(40, rate=float("inf"), prompt=LengthDist("fixed", 128),
+                      output=LengthDist("fixed", 8), seed=3)
+    sc = CoEScenario.copies(4, hbm_slots=1)
+    t = _serve(clusters["sn40l-8"], trace, sc)
+    req, steps = t.requests.to_pydict(), t.steps.to_pydict()
+    # all arrive at once: one group (one switch) per expert, each a single batch
+    assert t.summary["switches"] == len(set(req["expert"])) == 4
+    assert max(steps["batch"]) == max(req["expert"].count(e) for e in range(4))
 
 
 def test_out_of_memory_is_one_line(clusters):
     trace = synthetic(2, rate=1.0, seed=0)
     with pytest.raises(ConfigError, match="out of memory"):
-        serve_coe(CoEScenario.copies(200), clusters["dgx-h100"], trace)
+        _serve(clusters["dgx-h100"], trace, CoEScenario.copies(200))
 
 
 def test_serve_cli_coe(tmp_path):
+    import pyarrow.parquet as pq
     from click.testing import CliRunner
 
     from rdu_cluster.cli import main
@@ -105,3 +141,17 @@ def test_serve_cli_coe(tmp_path):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert (tmp_path / "requests.parquet").exists() and "switch" in r.output
+    assert "expert" in pq.read_table(tmp_path / "requests.parquet").column_names
+
+
+def test_coe_scheduler_and_experts_go_together(clusters):
+    from rdu_cluster.backends.local import LocalBackend
+    from rdu_cluster.engine.simulation import ServeConfig, Simulation
+
+    trace = coe_trace(4)
+    model = load_model("llama-2-7b")
+    for config in (ServeConfig(scheduler="coe"),
+                   ServeConfig(coe=CoEScenario.copies(4)),
+                   ServeConfig(scheduler="coe", coe=CoEScenario.copies(4), faults=("socket:1@1",))):
+        with pytest.raises(ConfigError, match="coe"):
+            Simulation(model, clusters["sn40l-8"], trace, config, LocalBackend())

@@ -62,3 +62,20 @@ def test_bad_trace_file_and_missing_trace(tmp_path):
     assert r.exit_code == 2 and "missing column 'arrival_s'" in r.output
     r = run("serve", "--out", str(tmp_path))
     assert r.exit_code == 2 and "give --trace FILE, or --requests N and --rate R" in r.output
+
+
+def test_serve_speculative_prints_tokens_per_step(tmp_path):
+    r = run(*ARGS, "--draft", "llama-3.2-1b", "--spec-k", "3", "--acceptance", "0.8",
+            "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "speculative:" in r.output and "tokens per sequence per step" in r.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--draft", "llama-3.2-1b", "--spec-k", "3", "--acceptance", "1.5"], "acceptance"),
+    (["--draft", "llama-3.2-1b", "--spec-k", "0", "--acceptance", "0.8"], "spec-k"),
+    (["--spec-k", "3"], "only with --draft"),
+])
+def test_serve_speculative_bad_input_is_one_line(tmp_path, extra, message):
+    r = run(*ARGS, *extra, "--out", str(tmp_path))
+    assert r.exit_code == 2 and message in r.output

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from rdu_cluster import coe, results
+from rdu_cluster import coe, results, speculative
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.config import load_cluster
@@ -19,6 +19,7 @@ from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from workloads import traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
+from workloads.speculative import Speculation, parse_acceptance
 
 TABLES = ("requests", "steps", "sockets", "links")
 
@@ -68,24 +69,38 @@ TABLES = ("requests", "steps", "sockets", "links")
 @click.option("--coe-policy", default="lru", show_default=True, type=click.Choice(("lru", "lfu")))
 @click.option("--coe-hbm-slots", default=None, type=int,
               help="Experts HBM may hold [default: as many as fit].")
+@click.option("--draft", default=None,
+              help="Speculative decoding: draft model (catalog name or config.json) on the "
+              "target's sockets.")
+@click.option("--spec-k", default=None, type=int,
+              help="With --draft: draft tokens a step [default: the fastest in 1..16].")
+@click.option("--acceptance", default=None,
+              help="With --draft: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
+              "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].")
 def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, burstiness,
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
           preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
-          coe_router, coe_distribution, coe_policy, coe_hbm_slots) -> None:
+          coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k,
+          acceptance) -> None:
     """Simulate serving a request trace on a cluster."""
     trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
                    seed)
-    if coe_experts is not None:  # CoE: a scheduler of its own until the engine switches experts
-        src = click.get_current_context().get_parameter_source("model_ref")
-        expert = "llama-2-7b" if src == click.core.ParameterSource.DEFAULT else model_ref
-        click.echo(coe.serve_cli(expert, load_cluster(cluster_ref), trace, coe_experts,
-                                 coe_router, coe_distribution, coe_policy, coe_hbm_slots,
-                                 max_batch, seed, _out_dir(out_dir)))
-        return
+    ctx = click.get_current_context()
+    if coe_experts is not None and _default(ctx, "model_ref"):
+        model_ref = coe.DEFAULT_EXPERT  # [MICRO24]'s experts
+    if coe_experts is not None and _default(ctx, "scheduler"):
+        scheduler = "coe"
     model, cluster = load_model(model_ref), load_cluster(cluster_ref)
     limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
+    scenario = (None if coe_experts is None else coe.CoEScenario.copies(
+        coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),
+        hbm_slots=coe_hbm_slots, policy=coe_policy))
+    speculation = _speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch)
+    if scenario is not None and speculation is not None:
+        raise ConfigError("--draft: not with --coe-experts")
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
-                         kv_memory_fraction=kv_fraction, faults=tuple(faults))
+                         kv_memory_fraction=kv_fraction, faults=tuple(faults),
+                         speculation=speculation, draft=draft, coe=scenario)
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     out = _out_dir(out_dir)
     bar = _ProgressBar(len(trace)) if sys.stderr.isatty() else None
@@ -101,6 +116,27 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     write_tables(tables, out)
     wall = dict(sim.wall, total_s=time.perf_counter() - started)
     click.echo(format_summary(tables, wall, backend_name, model.name, cluster.name))
+
+
+def _default(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT
+
+
+def _speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch):
+    """--draft/--spec-k/--acceptance as simulate parses them; k by default: the fastest per
+    request in 1..16 at the trace's mean lengths and --max-batch (speculative.best_k)."""
+    if draft is None:
+        if spec_k is not None or acceptance is not None:
+            raise ConfigError("--spec-k/--acceptance: only with --draft")
+        return None
+    acc = (speculative.default_acceptance(draft, model.name) if acceptance is None
+           else parse_acceptance(acceptance))
+    if spec_k is not None:
+        return Speculation(spec_k, acc)
+    best = speculative.best_k(model, cluster, acc, draft, ks=range(1, 17), batch=max_batch,
+                              prompt_len=float(trace.prompt_len.mean()),
+                              gen_len=float(trace.output_len.mean()))
+    return best.speculation
 
 
 def _trace(path, n, rate, arrival, burstiness, prompt_len, output_len, seed) -> traces.Trace:
@@ -144,11 +180,23 @@ def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster
         (f"  throughput {s['tokens_per_s']:.0f} output tokens/s over {s['makespan_s']:.2f} s "
         f"simulated"),
         f"  {s['steps']} steps ({s['decode_steps']} decode) in {s['windows']} windows",
+        *_extra_lines(s),
         (f"  wall: start-up {wall['start_s']:.2f} s, run {wall['run_s']:.2f} s "
         f"({s['decode_steps'] / max(wall['run_s'], 1e-9):.0f} decode steps/s), "
         f"total {wall['total_s']:.2f} s"),
     ]
     return "\n".join(lines)
+
+
+def _extra_lines(s: dict) -> list[str]:
+    out = []
+    if s["tokens_per_decode"] == s["tokens_per_decode"] and s["tokens_per_decode"] != 1.0:
+        out.append(f"  speculative: {s['tokens_per_decode']:.3f} tokens per sequence per step")
+    if s["switches"]:
+        out.append(f"  CoE: {s['switches']} expert switches of "
+                   f"{s['switch_s'] / s['switches'] * 1e3:.1f} ms, {s['switch_s']:.2f} s "
+                   f"switching; {s['switch_waited']} requests waited for one")
+    return out
 
 
 class _ProgressBar:

@@ -26,7 +26,7 @@ REQUESTS = pa.schema([
     ("output_len", pa.int64()), ("generated_tokens", pa.int64()), ("queue_s", pa.float64()),
     ("ttft_s", pa.float64()), ("tpot_s", pa.float64()), ("e2e_s", pa.float64()),
     ("finish_s", pa.float64()), ("preemptions", pa.int64()), ("swaps", pa.int64()),
-    ("reason", pa.string()),
+    ("reason", pa.string()), ("expert", pa.int64()), ("switch_wait_s", pa.float64()),
 ])
 STEPS = pa.schema(
     [("replica", pa.int64()), ("step", pa.int64()), ("window", pa.int64()),
@@ -35,13 +35,15 @@ STEPS = pa.schema(
      ("kv_used_bytes", pa.float64())]
     + [(f"{c}_s", pa.float64()) for c in CAUSES]
     + [("kv_swap_s", pa.float64()), ("expert_load_max", pa.float64()),
-       ("straggler_socket", pa.int64()), ("straggler_s", pa.float64())]
+       ("straggler_socket", pa.int64()), ("straggler_s", pa.float64()),
+       ("emitted_tokens", pa.int64()), ("expert", pa.int64()), ("switch_s", pa.float64())]
 )
 TIERS = ("sram", "hbm", "ddr", "host")
 SOCKETS = pa.schema(
     [("socket", pa.int64()), ("replica", pa.int64()), ("node", pa.int64()),
      ("window", pa.int64()), ("time_s", pa.float64()), ("window_s", pa.float64()),
-     ("busy_s", pa.float64()), ("busy_fraction", pa.float64()), ("sent_bytes", pa.float64())]
+     ("busy_s", pa.float64()), ("busy_fraction", pa.float64()), ("sent_bytes", pa.float64()),
+     ("switches", pa.int64()), ("switch_s", pa.float64())]
     + [(f"{t}_used_bytes", pa.float64()) for t in TIERS]
 )
 LINKS = pa.schema([
@@ -67,6 +69,7 @@ class Recorder:
     link_bytes: dict[tuple[int, int], float] = field(default_factory=dict)
     ends: dict[int, list[np.ndarray]] = field(default_factory=dict)  # replica -> step ends
     starts: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    switch_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (replica, step)
 
     def add_steps(self, replica: int, cols: dict[str, np.ndarray]) -> None:
         self.steps.append(StepColumns(cols))
@@ -94,6 +97,8 @@ def request_rows(reqs: list[Request], replica_of: dict[int, int], rec: Recorder)
         out["prompt_len"][i], out["output_len"][i] = q.prompt_len, q.output_len
         out["generated_tokens"][i], out["preemptions"][i] = q.generated, q.preemptions
         out["swaps"][i], out["reason"][i] = q.swaps, q.reason
+        out["expert"][i] = q.expert
+        out["switch_wait_s"][i] = rec.switch_s.get((rep, q.switch_step), 0.0)
         if q.admit_step >= 0:
             out["queue_s"][i] = float(starts[q.admit_step] - q.arrival_s)
         if q.first_token_step >= 0:

@@ -103,6 +103,8 @@ def resident_weight_bytes(program: Program) -> float:
                 total += params.embedding_params(program.model) * w / program.shard.vocab_tp
             continue
         total += block.repeat * float(np.max(op.weight_bytes))
+    if program.draft is not None:  # a speculative draft shares the sockets (its shard)
+        total += graphs.weight_bytes(program.draft) / program.shard.attn_tp
     return total
 
 
@@ -112,4 +114,7 @@ def kv_bytes_per_token(program: Program) -> float:
     token, an overestimate of their cache; recurrent state is not counted)."""
     g = program.graph(StepShape.decode(1.0, np.array([64.0, 65.0])))
     kv = np.asarray(g.total("kv_read_bytes"), dtype=float)
-    return float(kv[1] - kv[0]) or float(graphs.kv_bytes_per_token(program.model))
+    own = float(kv[1] - kv[0]) or float(graphs.kv_bytes_per_token(program.model))
+    if program.draft is not None:  # the draft caches every sequence's tokens as well
+        own += float(graphs.kv_bytes_per_token(program.draft)) / program.shard.attn_tp
+    return own

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +30,13 @@ from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
 
 MAX_SPANS = 2048  # spans per window: bounds a command's size (about 50 bytes a span)
 MAX_STEPS = 65536  # steps per window: bounds a result's size (12 rows x 8 bytes a step)
+
+
+class Experts(Protocol):
+    """CoE residency (rdu_cluster/coe.py ExpertResidency): the region ops that bring an expert
+    into HBM (empty when it is the one in use or resident), chosen by its replacement policy."""
+
+    def switch_ops(self, expert: int) -> list: ...
 
 
 @dataclass
@@ -42,6 +51,14 @@ class Span:
     running: int = 0
     kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0))
     cut_at: float = math.inf
+    tokens: np.ndarray | None = None  # speculative: tokens each decode emits (span of 1 step)
+    expert: int = -1  # CoE: the expert the span runs
+    switch: bool = False  # CoE: its ops switch the expert in (the request waits for the copy)
+
+    @property
+    def emitted(self) -> int:
+        """Tokens the decodes of one step of the span emit."""
+        return len(self.decode) if self.tokens is None else int(self.tokens.sum())
 
 
 @dataclass
@@ -69,8 +86,11 @@ class Window:
 
 class Replica:
     def __init__(self, index: int, sockets: list[int], scheduler: Scheduler, kv: KVManager,
-                 swap_tier: str):
+                 swap_tier: str, speculate: Callable[[int, int, int], np.ndarray] | None = None,
+                 experts: Experts | None = None):
         self.index = index
+        self.speculate = speculate  # (replica, step, n) -> tokens each of n decodes emits
+        self.experts = experts
         self.sockets = sockets
         self.scheduler = scheduler
         self.kv = kv
@@ -128,23 +148,37 @@ class Replica:
             self._preempt(r, ops)
         for r in plan.swap_in:
             self._swap_in(r, ops)
+        switch = self._switch(plan, ops)
         for r in plan.admit:
             self._admit(r, plan.reserve_output, ops)
+            if switch:
+                r.switch_step = self.step
         decode = [r for r in plan.decode if r.state == RUNNING] + list(plan.swap_in)
         if not decode and not plan.prefill:
             return None
         kind = MIXED if decode and plan.prefill else (PREFILL if plan.prefill else DECODE)
         steps = 1
         cached = np.fromiter((r.cached for r in decode), dtype=np.int64, count=len(decode))
-        if kind == DECODE:
+        if kind == DECODE and self.speculate is None:
             limit = min(r.remaining_output for r in decode)
             held = np.fromiter((self.kv.held.get(r.id, 0) for r in decode), np.int64, len(decode))
             steps = max(1, self._fit(cached, held, limit))
         span = Span(kind, steps, self.step, decode, list(plan.prefill),
                     ctx_sum=int(cached.sum()), pre_prefix=sum(r.cached for r, _ in plan.prefill),
-                    running=len(self.running))
+                    running=len(self.running), expert=plan.expert, switch=switch)
+        if self.speculate is not None and decode:
+            left = np.fromiter((r.remaining_output for r in decode), np.int64, len(decode))
+            span.tokens = np.minimum(self.speculate(self.index, self.step, len(decode)), left)
         span.kv_blocks = self._kv_per_step(cached, decode, steps)
         return span
+
+    def _switch(self, plan: StepPlan, ops: list) -> bool:
+        """CoE: bring the plan's expert into HBM first (region ops at the span's start)."""
+        if self.experts is None or plan.expert < 0:
+            return False
+        switch = self.experts.switch_ops(plan.expert)
+        ops += switch
+        return bool(switch)
 
     def _fit(self, cached: np.ndarray, held: np.ndarray, limit: int) -> int:
         bt = self.kv.config.block_tokens
@@ -181,8 +215,12 @@ class Replica:
         last = span.first_step + steps - 1
         for r, tokens in span.prefill:
             r.prefill(tokens, span.first_step)
-        for r in span.decode:
-            r.decode(steps, last)
+        if span.tokens is None:
+            for r in span.decode:
+                r.decode(steps, last)
+        else:
+            for r, t in zip(span.decode, span.tokens.tolist()):
+                r.decode_speculative(t, last)
         for r in span.decode + [r for r, _ in span.prefill]:
             if r.state == DONE:
                 self._finish(r)

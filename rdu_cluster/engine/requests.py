@@ -31,6 +31,13 @@ class Request:
     preemptions: int = 0
     swaps: int = 0
     reason: str = ""  # why it was not served
+    expert: int = -1  # Composition of Experts: the expert the router chose (-1: none)
+    ready_s: float = -1.0  # when the scheduler first sees it (after the router); -1: arrival
+    switch_step: int = -1  # CoE: the step whose expert switch it waited for
+
+    def __post_init__(self) -> None:
+        if self.ready_s < 0:
+            self.ready_s = self.arrival_s
 
     @property
     def prefilling(self) -> bool:
@@ -59,6 +66,12 @@ class Request:
         self.cached += steps
         self.generated += steps - 1
         self._sample(last_step)
+
+    def decode_speculative(self, tokens: int, step: int) -> None:
+        """One speculative step that emitted `tokens` (accepted drafts plus the target's own)."""
+        self.cached += tokens
+        self.generated += tokens - 1
+        self._sample(step)
 
     def _sample(self, step: int) -> None:
         self.generated += 1

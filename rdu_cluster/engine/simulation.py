@@ -24,6 +24,7 @@ from chip.memory import MemoryTiers
 from chip.socket import COMM_ROW, DECODE, MIXED, PREFILL, ROWS
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan as PartitionPlan
+from rdu_cluster import coe
 from rdu_cluster.backends import SocketSetup
 from rdu_cluster.backends.messages import Message, Router
 from rdu_cluster.engine import loop, metrics, schedulers
@@ -35,8 +36,10 @@ from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.routing import RoutingSampler
 from rdu_cluster.estimate import plan_comm_time
+from rdu_cluster.speculative import resolve_draft
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
+from workloads.speculative import Speculation
 from workloads.traces import Trace
 
 PHASE_NAMES = np.array(["decode", "prefill", "mixed"])
@@ -54,6 +57,9 @@ class ServeConfig:
     execution_model: str | None = None
     options: object = None
     faults: tuple[str, ...] = ()
+    speculation: Speculation | None = None  # speculative decoding with `draft` on the sockets
+    draft: str | None = None
+    coe: coe.CoEScenario | None = None  # Composition of Experts: `model` is ignored
 
 
 @dataclass
@@ -86,11 +92,16 @@ class Simulation:
         self.replica_of: dict[int, int] = {}
         self.requests: list[Request] = []
         self.sampler = None
+        self.draft = resolve_draft(config.draft, model) if config.speculation else None
+        if config.speculation and self.plan.pp > 1:
+            raise ConfigError("--draft: speculative decoding needs a plan without pipeline stages")
+        _check_coe(config)
+        self.coe_memory = self._coe_memory() if config.coe else None
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
-        layouts = plans.layouts(self.model, self.cluster, self.plan, self.config.options,
-                                self.config.execution_model)
+        layouts = [self._with_draft(lay) for lay in plans.layouts(
+            self.model, self.cluster, self.plan, self.config.options, self.config.execution_model)]
         setups = {}
         for r, lay in enumerate(layouts):
             self.layouts[r] = lay
@@ -99,11 +110,44 @@ class Simulation:
         for r, lay in enumerate(layouts):
             sched = schedulers.get(self.config.scheduler, self.config.limits)
             self.replicas.append(Replica(r, list(lay.sockets), sched, self._kv(lay),
-                                         self._swap_tier()))
+                                         self._swap_tier(), self._speculate(), self._experts()))
         if self.plan.ep > 1:
             moe = self.model.moe
             self.sampler = RoutingSampler(moe.num_experts, moe.top_k, self.plan.ep,
                                           self.config.seed)
+
+    def _with_draft(self, lay: plans.ReplicaLayout) -> plans.ReplicaLayout:
+        if self.draft is None:
+            return lay
+        k = self.config.speculation.k
+        progs = {s: replace(p, draft=self.draft, spec_k=k) for s, p in lay.programs.items()}
+        return replace(lay, programs=progs)
+
+    def _speculate(self) -> Callable[[int, int, int], np.ndarray] | None:
+        """Tokens each of a step's n decodes emits, drawn from the acceptance model, seeded by
+        (seed, replica, step): the same draw however the steps are grouped into windows."""
+        spec = self.config.speculation
+        if spec is None:
+            return None
+        seed = self.config.seed
+        return lambda rep, step, n: spec.sample_tokens(
+            np.random.default_rng([seed, rep, step]), n)
+
+    def _coe_memory(self) -> coe.Memory:
+        sc = self.config.coe
+        ctx = int(np.max(self.trace.prompt_len + self.trace.output_len, initial=1))
+        mem = coe.memory(sc, self.cluster, self.config.limits.max_batch, ctx, self.plan.tp)
+        if not mem.fits_tier:
+            raise ConfigError(coe.oom_message(sc, self.cluster, mem))
+        if self.plan.pp > 1 or self.plan.ep > 1:
+            raise ConfigError("--coe-experts: needs a tensor-parallel plan (tpN)")
+        return mem
+
+    def _experts(self) -> coe.ExpertResidency | None:
+        mem = self.coe_memory
+        if mem is None:
+            return None
+        return coe.ExpertResidency(mem.slots, self.config.coe.policy, mem.tier_name)
 
     def _setups(self, lay: plans.ReplicaLayout, tp: int) -> dict[int, SocketSetup]:
         # The engine's tp is the stage width, ep a split of it (partitioning's tp x ep).
@@ -116,8 +160,9 @@ class Simulation:
             first, last = prog.layers or (0, self.model.num_layers)
             name = f"weights/{self.model.name}/layers/{first}-{last - 1}"
             self._check_fits(w, tp)
-            out[s] = SocketSetup(self.cluster.chip, prog, comm, self.cluster.node_of(s),
-                                 (["alloc", name, "hbm", w, "weights"],))
+            weights = ((["alloc", name, "hbm", w, "weights"],) if self.config.coe is None
+                       else coe.socket_regions(self.config.coe, self.cluster, tp))
+            out[s] = SocketSetup(self.cluster.chip, prog, comm, self.cluster.node_of(s), weights)
         return out
 
     def _check_fits(self, weights: float, tp: int) -> None:
@@ -130,6 +175,8 @@ class Simulation:
 
     def _kv(self, lay: plans.ReplicaLayout) -> KVManager:
         weights = max(plans.resident_weight_bytes(p) for p in lay.programs.values())
+        if self.coe_memory is not None:  # the router and the HBM slots of the experts
+            weights = self.coe_memory.router + self.coe_memory.slots * self.coe_memory.expert
         per_token = max(plans.kv_bytes_per_token(p) for p in lay.programs.values())
         free = self.config.kv_memory_fraction * (self.cluster.chip.hbm.capacity_bytes - weights)
         blocks = int(free // (per_token * self.config.block_tokens))
@@ -141,18 +188,31 @@ class Simulation:
     def initial_events(self) -> list[Event]:
         events: list[Event] = []
         n_rep = len(self.replicas)
+        experts, ready = self._routing()
         for i in range(len(self.trace)):
             model = self.trace.model[i] if self.trace.model else self.model.name
             r = Request(i, float(self.trace.arrival_s[i]), int(self.trace.prompt_len[i]),
-                        int(self.trace.output_len[i]), model)
+                        int(self.trace.output_len[i]), model, expert=int(experts[i]),
+                        ready_s=float(ready[i]))
             rep = self.replicas[i % n_rep]
             rep.requests.append(r)
             rep.pending += 1
             self.requests.append(r)
             self.replica_of[i] = rep.index
-            events.append(Arrival(r.arrival_s, r, rep.index))
+            events.append(Arrival(r.ready_s, r, rep.index))
         events += [FaultAt(f.time_s, f) for f in self.faults]
         return events
+
+    def _routing(self) -> tuple[np.ndarray, np.ndarray]:
+        """CoE: each request's expert (coe.assign_experts) and when the scheduler sees it: after
+        the router's time, in arrival order (ready times never decrease). Else: -1, arrival."""
+        arrival = np.asarray(self.trace.arrival_s, dtype=float)
+        sc = self.config.coe
+        if sc is None:
+            return np.full(len(arrival), -1), arrival
+        experts = coe.assign_experts(self.trace, sc, self.config.seed)
+        routed = arrival + coe.router_s(sc, self.cluster, self.trace.prompt_len, self.plan.tp)
+        return experts, np.maximum.accumulate(routed) if len(routed) else routed
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> Tables:
@@ -195,7 +255,7 @@ class Simulation:
         saturated, the next arrival routed to this replica."""
         h = min((f.time_s for f in self.faults if f.time_s > self.now), default=math.inf)
         if not plan.saturated and rep.pending:
-            h = min(h, rep.requests[len(rep.requests) - rep.pending].arrival_s)
+            h = min(h, rep.requests[len(rep.requests) - rep.pending].ready_s)
         return h
 
     def execute_window(self, rep: Replica, t0: float) -> float | None:
@@ -256,9 +316,10 @@ class Simulation:
                 straggler = np.asarray(stage)[j]
         if len(stages) > 1:
             self._add_transfers(window, stages, time, causes)
-        swap = self._moves_per_step(window, res, rep.sockets)
-        return {"time_s": time + swap, "causes": causes.T, "straggler_socket": straggler,
-                "straggler_s": straggler_s, "kv_swap_s": swap}
+        swap, switch = self._moves_per_step(window, res, rep.sockets)
+        return {"time_s": time + swap + switch, "causes": causes.T,
+                "straggler_socket": straggler, "straggler_s": straggler_s, "kv_swap_s": swap,
+                "switch_s": switch}
 
     def _add_transfers(self, window: Window, stages, time, causes) -> None:
         act = self.model.precision.activations.bytes * self.model.hidden_size
@@ -272,12 +333,16 @@ class Simulation:
             time += t
             causes[COMM_ROW - 1] += t
 
-    def _moves_per_step(self, window: Window, res: dict, sockets: list[int]) -> np.ndarray:
+    def _moves_per_step(self, window: Window, res: dict, sockets: list[int]) -> tuple:
+        """Region copies before each span's first step: (KV swaps, CoE expert switches). A span
+        that switches has no swap (the coe policy switches only with nothing running)."""
         moves = np.max(np.stack([res[s][1] for s in sockets]), axis=0)
-        out = np.zeros(window.steps)
+        switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
         firsts = np.concatenate([[0], np.cumsum([sp.steps for sp in window.spans])[:-1]])
-        out[firsts.astype(np.int64)] = moves
-        return out
+        out = np.zeros((2, window.steps))
+        out[0, firsts.astype(np.int64)] = np.where(switch, 0.0, moves)
+        out[1, firsts.astype(np.int64)] = np.where(switch, moves, 0.0)
+        return out[0], out[1]
 
     def _record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
                 m: int) -> float:
@@ -296,6 +361,8 @@ class Simulation:
             "batch": rep_n(lambda sp: len(sp.decode) + len(sp.prefill)),
             "prefill_tokens": rep_n(lambda sp: sum(t for _, t in sp.prefill)),
             "decode_tokens": rep_n(lambda sp: len(sp.decode)),
+            "emitted_tokens": rep_n(lambda sp: sp.emitted), "expert": rep_n(lambda sp: sp.expert),
+            "switch_s": step["switch_s"],
             "kv_used_bytes": np.concatenate([sp.kv_blocks for sp in spans]) * bb,
             "kv_swap_s": step["kv_swap_s"], "expert_load_max": step["expert_load_max"][:m],
             "straggler_socket": step["straggler_socket"], "straggler_s": step["straggler_s"],
@@ -303,20 +370,25 @@ class Simulation:
         for i, c in enumerate(CAUSES):
             cols[f"{c}_s"] = step["causes"][:, i]
         self.rec.add_steps(rep.index, cols)
+        for i in np.flatnonzero(step["switch_s"]):
+            self.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
         end = float(ends[-1])
-        self._record_sockets(rep, res, t0, end, m)
+        self._record_sockets(rep, window, res, t0, end, m)
         rep.window_end = end
         return end
 
-    def _record_sockets(self, rep: Replica, res: dict, t0: float, end: float, m: int) -> None:
+    def _record_sockets(self, rep: Replica, window: Window, res: dict, t0: float, end: float,
+                        m: int) -> None:
+        switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
         for stage in self.layouts[rep.index].stages:
             for pos, s in enumerate(stage):
-                rows, _, occ = res[s]
+                rows, moves, occ = res[s]
                 busy, sent = float(rows[0, :m].sum()), float(rows[-1, :m].sum())
                 row = {"socket": s, "replica": rep.index, "node": self.cluster.node_of(s),
                        "window": self.windows, "time_s": end, "window_s": end - t0,
                        "busy_s": busy, "busy_fraction": busy / (end - t0) if end > t0 else 0.0,
-                       "sent_bytes": sent}
+                       "sent_bytes": sent, "switches": int(switch.sum()),
+                       "switch_s": float(np.sum(np.asarray(moves)[switch]))}
                 row.update({f"{t}_used_bytes": occ.get(t) for t in metrics.TIERS})
                 self.rec.sockets.append(row)
                 if len(stage) > 1:
@@ -366,8 +438,9 @@ class Simulation:
             rep.refused = "a socket of its replica failed and no plan fits the remaining sockets"
             rep.refuse_all(rep.refused)
             return
-        lay = plans.layouts(self.model, self.cluster, new, self.config.options,
-                            self.config.execution_model, sockets=healthy[: new.group])[0]
+        lay = self._with_draft(plans.layouts(self.model, self.cluster, new, self.config.options,
+                                             self.config.execution_model,
+                                             sockets=healthy[: new.group])[0])
         setups = self._setups(lay, new.tp)
         for s, setup in setups.items():
             self.backend.reprogram(s, setup)
@@ -407,8 +480,9 @@ class Simulation:
         cols.update({"replica": np.array([rep.index]), "step": np.array([rep.step]),
                      "window": np.array([self.windows]), "phase": np.array(["recovery"]),
                      "start_s": np.array([start]), "time_s": np.array([reload_s]),
-                     "straggler_socket": np.array([-1]), "expert_load_max": np.ones(1)})
-        for name in ("batch", "prefill_tokens", "decode_tokens"):
+                     "straggler_socket": np.array([-1]), "expert_load_max": np.ones(1),
+                     "expert": np.array([-1])})
+        for name in ("batch", "prefill_tokens", "decode_tokens", "emitted_tokens"):
             cols[name] = np.zeros(1, dtype=np.int64)
         self.rec.add_steps(rep.index, cols)
 
@@ -438,7 +512,7 @@ class Simulation:
         c = self.config
         desc = repr((self.model.name, self.cluster.name, self.plan, c.scheduler, c.limits,
                      c.seed, c.kv_memory_fraction, c.block_tokens, c.execution_model, c.faults,
-                     self.trace.source, len(self.trace)))
+                     self.trace.source, len(self.trace), c.speculation, c.draft, c.coe))
         return {"model": self.model.name, "cluster": self.cluster.name,
                 "plan": f"tp={self.plan.tp},ep={self.plan.ep},pp={self.plan.pp}",
                 "scheduler": c.scheduler, "seed": c.seed, "trace": self.trace.source,
@@ -460,7 +534,25 @@ class Simulation:
             "decode_steps": int(np.sum(phase == "decode")),
             "windows": self.windows,
             "preemptions": int(sum(req["preemptions"])),
+            "switches": len(self.rec.switch_s),
+            "switch_waited": int(sum(1 for w in req["switch_wait_s"] if w)),
+            "switch_s": float(sum(self.rec.switch_s.values())),
+            "tokens_per_decode": _tokens_per_decode(steps),
         }
+
+
+def _check_coe(config: ServeConfig) -> None:
+    if (config.coe is None) != (config.scheduler != "coe"):
+        raise ConfigError("--scheduler coe: goes with --coe-experts (and only with it)")
+    if config.coe is not None and config.faults:
+        raise ConfigError("--fault: not with --coe-experts (a re-planned group would lose its "
+                          "expert copies)")
+
+
+def _tokens_per_decode(steps: dict) -> float:
+    """Mean tokens a sequence's decode step emits (1 without speculation)."""
+    decodes = float(np.sum(steps["decode_tokens"]))
+    return float(np.sum(steps["emitted_tokens"])) / decodes if decodes else float("nan")
 
 
 def _ends(t0: float, durations: np.ndarray) -> np.ndarray:

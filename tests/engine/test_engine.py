@@ -70,7 +70,7 @@ def test_static_batching_waits_for_the_whole_batch(serve):
 
 
 def test_unknown_scheduler_is_a_config_error():
-    with pytest.raises(ConfigError, match="unknown 'fifo'; accepted: continuous, static"):
+    with pytest.raises(ConfigError, match="unknown 'fifo'; accepted: coe, continuous, static"):
         get("fifo", Limits())
     with pytest.raises(ConfigError, match="--max-batch"):
         get("continuous", Limits(max_batch=0))

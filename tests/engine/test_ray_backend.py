@@ -43,3 +43,23 @@ def test_killed_socket_actor_restarts_from_checkpoint_with_identical_tables(
     _sim, disturbed = serve(backend=backend, hooks=[kill])
     assert killed == [5, 11] and backend.restarts == 2
     _compare(undisturbed, disturbed)
+
+
+def test_ray_backend_matches_local_on_a_coe_run(ray_session):
+    """Expert switches are region copies sent through the same command path."""
+    from rdu_cluster.backends.local import LocalBackend
+    from rdu_cluster.backends.ray_backend import RayBackend
+    from rdu_cluster.coe import CoEScenario, Popularity
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.engine.simulation import ServeConfig, Simulation
+    from workloads.traces import LengthDist, synthetic
+
+    trace = synthetic(24, rate=float("inf"), prompt=LengthDist("fixed", 128),
+                      output=LengthDist("fixed", 16), seed=4)
+    sc = CoEScenario.copies(12, popularity=Popularity("zipf", 1.2), hbm_slots=3)
+    config = ServeConfig(scheduler="coe", seed=3, coe=sc)
+    cluster = load_cluster("sn40l-8")
+    runs = [Simulation(sc.experts[0], cluster, trace, config, b).run()
+            for b in (LocalBackend(), RayBackend())]
+    assert runs[0].summary["switches"] > 3
+    _compare(*runs)

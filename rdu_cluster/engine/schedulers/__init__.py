@@ -19,7 +19,8 @@ from rdu_cluster.engine.kv import KVManager
 from rdu_cluster.engine.requests import Request
 from workloads.errors import ConfigError
 
-BUILTIN = ("rdu_cluster.engine.schedulers.continuous", "rdu_cluster.engine.schedulers.static")
+BUILTIN = ("rdu_cluster.engine.schedulers.continuous", "rdu_cluster.engine.schedulers.static",
+           "rdu_cluster.engine.schedulers.coe")
 PREEMPTION = ("recompute", "swap")
 
 
@@ -67,6 +68,7 @@ class StepPlan:
     preempt: tuple[Request, ...] = ()  # running -> out of the cache
     saturated: bool = True
     reserve_output: bool = False  # admission reserves KV for prompt + output (no growth)
+    expert: int = -1  # Composition of Experts: the expert the step runs (-1: not a CoE)
 
     @property
     def empty(self) -> bool:
