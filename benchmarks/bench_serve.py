@@ -62,7 +62,8 @@ def main() -> int:
                    for n in ("requests", "steps", "sockets", "links"))
         run = rsim.wall["run_s"] + rsim.wall["tables_s"]
         local_run = sim.wall["run_s"] + sim.wall["tables_s"]
-        print(f"ray:   {len(rsim.backend.setups)} actors; start-up {rsim.wall['start_s']:.2f} s, "
+        mode = "compiled graph" if rsim.backend.compiled else "actor calls"
+        print(f"ray:   {len(rsim.backend.setups)} actors ({mode}); start-up {rsim.wall['start_s']:.2f} s, "
               f"shut-down {rsim.wall['close_s']:.2f} s, "
               f"run {run:.3f} s = {run / local_run:.2f}x local's {local_run:.3f} s "
               f"[target <= {RAY_OVER_LOCAL}x]; whole call {total:.2f} s = {total / wall:.1f}x; "
