@@ -11,6 +11,7 @@ is reported apart: it is paid once per session, not per simulated step).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -39,6 +40,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
     ap.add_argument("--skip-ray", action="store_true")
     args = ap.parse_args()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"machine: {os.cpu_count()} CPUs, load average {load}")
     model, cluster = load_model("llama-3.1-70b"), load_cluster("sn40l-16")
     trace = traces.synthetic(args.requests, args.rate, "poisson",
                              traces.LengthDist("fixed", 1024), traces.LengthDist("fixed", 256))
@@ -62,8 +65,7 @@ def main() -> int:
                    for n in ("requests", "steps", "sockets", "links"))
         run = rsim.wall["run_s"] + rsim.wall["tables_s"]
         local_run = sim.wall["run_s"] + sim.wall["tables_s"]
-        mode = "compiled graph" if rsim.backend.compiled else "actor calls"
-        print(f"ray:   {len(rsim.backend.setups)} actors ({mode}); start-up {rsim.wall['start_s']:.2f} s, "
+        print(f"ray:   {len(rsim.backend.setups)} actors; start-up {rsim.wall['start_s']:.2f} s, "
               f"shut-down {rsim.wall['close_s']:.2f} s, "
               f"run {run:.3f} s = {run / local_run:.2f}x local's {local_run:.3f} s "
               f"[target <= {RAY_OVER_LOCAL}x]; whole call {total:.2f} s = {total / wall:.1f}x; "

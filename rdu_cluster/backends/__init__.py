@@ -28,6 +28,25 @@ class SocketSetup:
     weights: tuple = ()  # region ops that load the weights at start: ["alloc", ...]
 
 
+def probe_address(address: str | None, timeout_s: float = 2.0) -> None:
+    """Fail fast on an explicit `host:port` (or `ray://host:port`) address that nothing listens
+    on: ray.init would wait for its connect timeout (over a minute) first. 'auto', 'local' and
+    None are left to Ray. One TCP connect, closed at once."""
+    import socket
+
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return  # not host:port: Ray reports what it makes of it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError(f"--address {address}: no Ray cluster reachable there ({reason})") from None
+
+
 def make(name: str, **kwargs):
     if name == "local":
         from rdu_cluster.backends.local import LocalBackend

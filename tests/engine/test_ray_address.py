@@ -1,0 +1,112 @@
+"""`rdu-cluster serve --backend ray --address HOST:PORT` joins a cluster started with
+`ray start --head` and gives the tables of a local run; a bad address fails at once.
+
+The head runs in its own process group and temp dir and is stopped by killing that group, never
+with `ray stop` (which stops every Ray instance on the machine, this session's included)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = "from rdu_cluster.cli import main; main()"
+RUN = ["--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "20", "--rate", "10"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["RAY_AUTH_MODE"] = "disabled"  # token auth is on by default in recent Ray
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", ENTRY, "serve", *RUN, *args], check=False,
+                          cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def ray_head():
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        pytest.skip("no ray script beside the interpreter")
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths have a limit
+    cmd = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+           "--include-dashboard=false", f"--dashboard-agent-listen-port={_free_port()}",
+           f"--ray-client-server-port={_free_port()}", f"--temp-dir={temp}",
+           "--disable-usage-stats"]
+    head = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if head.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"ray start --head did not come up (exit {head.poll()})")
+                time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(head.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                head.wait(timeout=wait)
+                time.sleep(1)  # let the group's other processes exit too
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # whatever of the group is left
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_serve_joins_a_ray_head_by_address_with_the_tables_of_a_local_run(ray_head, tmp_path):
+    import pyarrow.parquet as pq
+
+    remote = _serve("--backend", "ray", "--address", ray_head, "--out", str(tmp_path / "ray"))
+    assert remote.returncode == 0, remote.stderr[-2000:]
+    assert "(ray backend)" in remote.stdout
+    local = _serve("--out", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr[-2000:]
+    for name in ("requests", "steps", "sockets", "links"):
+        a = pq.read_table(tmp_path / "local" / f"{name}.parquet")
+        b = pq.read_table(tmp_path / "ray" / f"{name}.parquet")
+        assert a.to_pylist() == b.to_pylist(), name
+
+
+def test_an_unreachable_address_fails_at_once_with_one_line(tmp_path):
+    pytest.importorskip("ray")
+    start = time.monotonic()
+    out = _serve("--backend", "ray", "--address", f"127.0.0.1:{_free_port()}",
+                 "--out", str(tmp_path), timeout=60)
+    assert out.returncode == 2
+    assert "no Ray cluster reachable there" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - start < 30
