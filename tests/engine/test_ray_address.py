@@ -53,7 +53,7 @@ def ray_head():
     temp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths have a limit
     cmd = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
            "--include-dashboard=false", f"--dashboard-agent-listen-port={_free_port()}",
-           f"--ray-client-server-port={_free_port()}", f"--temp-dir={temp}",
+           f"--temp-dir={temp}",
            "--disable-usage-stats"]
     head = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
