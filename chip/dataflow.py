@@ -31,9 +31,8 @@ import numpy as np
 from chip import efficiency
 from chip.breakdown import OVERHEAD, Ledger
 from chip.cost import StepCost
-from chip.execution import CommTime, params_for, parse_params, register
+from chip.execution import CommTime, options_of, params_for, parse_params, register
 from chip.spec import ChipSpec
-from workloads.errors import ConfigError
 from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass
 
 ATTENTION_LIKE = {OpClass.ATTENTION, OpClass.LINEAR_ATTENTION}
@@ -126,13 +125,7 @@ class _Ctx:
 
 
 def _options(options: Any) -> DataflowOptions:
-    if options is None:
-        return DataflowOptions()
-    if not isinstance(options, DataflowOptions):
-        raise ConfigError(
-            f"options: the dataflow model takes DataflowOptions, got {type(options).__name__}"
-        )
-    return options
+    return options_of(options, DataflowOptions, "dataflow")
 
 
 def _program(block: Block) -> tuple:

@@ -54,6 +54,18 @@ def get(name: str) -> ExecutionModel:
         ) from None
 
 
+def options_of(options: Any, cls: type[P], model_name: str) -> P:
+    """The options an execution model was given, or its defaults; another model's options are
+    a ConfigError rather than silently ignored."""
+    if options is None:
+        return cls()
+    if not isinstance(options, cls):
+        raise ConfigError(
+            f"options: the {model_name} model takes {cls.__name__}, got {type(options).__name__}"
+        )
+    return options
+
+
 def check_params(model_name: str, table: Mapping[str, Any], where: str) -> None:
     get(model_name).check_params(table, where)
 

@@ -24,7 +24,7 @@ import numpy as np
 from chip import efficiency
 from chip.breakdown import OVERHEAD, Ledger
 from chip.cost import StepCost
-from chip.execution import CommTime, params_for, parse_params, register
+from chip.execution import CommTime, options_of, params_for, parse_params, register
 from chip.spec import ChipSpec
 from workloads.errors import ConfigError
 from workloads.ops import Block, Graph, Op, OpClass
@@ -163,13 +163,7 @@ class KernelByKernel:
 
 
 def _options(options: Any) -> GpuOptions:
-    if options is None:
-        return GpuOptions()
-    if not isinstance(options, GpuOptions):
-        raise ConfigError(
-            f"options: the kernel_by_kernel model takes GpuOptions, got {type(options).__name__}"
-        )
-    return options
+    return options_of(options, GpuOptions, "kernel_by_kernel")
 
 
 def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_time, opts) -> None:
