@@ -4,6 +4,8 @@ Both answer the same calls with the same values, bit for bit:
 - start(setups): create the sockets ({index: SocketSetup});
 - run(seq, ops, spans, loads, sockets): one command to each socket of a replica; `loads` maps a
   socket to its per-step expert loads (None: all 1). Returns {socket: (rows, moves, occupancy)};
+  `occupancy` is a mapping tier -> bytes that may be filled in only by the next `sync()`;
+- sync(): wait for every reply still owed (the run's time includes it);
 - reprogram(index, setup): a socket gets a new program (a plan routed around a failure);
 - set_fault(index, degradation, comm_degradation, failed); close().
 """

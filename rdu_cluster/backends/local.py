@@ -61,6 +61,9 @@ class LocalBackend:
     def set_fault(self, index: int, degradation: float, comm: float, failed: bool) -> None:
         self.sockets[index].set_degradation(degradation, comm, failed)
 
+    def sync(self) -> None:
+        """Nothing is owed: every reply came back in `run`."""
+
     def evaluations(self) -> int:
         return sum(t.evaluations for t in self._tables.values())
 

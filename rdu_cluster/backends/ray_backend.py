@@ -199,6 +199,9 @@ class RayBackend:
         self.checkpoints[index] = self.ray.get(self.actors[index].checkpoint.remote())
         self.log[index] = []
 
+    def sync(self) -> None:
+        pass
+
     def evaluations(self) -> int:
         return sum(self.ray.get([a.evaluations.remote() for a in self.actors.values()]))
 

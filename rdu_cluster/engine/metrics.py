@@ -130,7 +130,9 @@ def steps_columns(rec: Recorder) -> dict:
 
 
 def sockets_columns(rec: Recorder) -> dict:
-    return {f.name: [row.get(f.name) for row in rec.sockets] for f in SOCKETS}
+    occ = {f"{t}_used_bytes": t for t in TIERS}
+    return {f.name: [row["occupancy"].get(occ[f.name]) if f.name in occ else row.get(f.name)
+                     for row in rec.sockets] for f in SOCKETS}
 
 
 def percentiles(values, qs=(50, 90, 99)) -> dict[int, float]:
