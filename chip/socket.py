@@ -60,13 +60,15 @@ class Program:
     options: Any = None
     draft: ModelSpec | None = None  # speculative decoding: the draft, on this socket's tp
     spec_k: int = 0  # draft tokens a speculative step (0: plain decoding)
+    router: ModelSpec | None = None  # Composition of Experts: routes the prompts it prefills
 
     def key(self) -> tuple:
         """Identity of the cost function: sockets with equal keys cost equal steps equally."""
         shard = replace(self.shard, expert_load=1.0)
         draft = self.draft.name if self.draft is not None else None
+        router = self.router.name if self.router is not None else None
         return (self.model.name, shard, self.layers, self.execution_model, repr(self.options),
-                draft, self.spec_k)
+                draft, self.spec_k, router)
 
     def draft_graph(self, shape: StepShape) -> Graph:
         """The draft's step, tensor-parallel over this socket's group (shared placement)."""
@@ -234,6 +236,7 @@ class CostTables:
         self.chip, self.program, self.comm_time = chip, program, comm_time
         self.decode: dict[tuple[int, int], np.ndarray] = {}
         self.prefill: dict[tuple[int, int, int], np.ndarray] = {}
+        self.extra: dict[tuple[int, int, int], np.ndarray] = {}
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -306,18 +309,44 @@ class CostTables:
     def prefill_step(self, k: int, tokens: int, prefix: int, load: np.ndarray | None):
         """One prefill step: k sequences bring `tokens` new tokens over `prefix` cached ones,
         costed at the means (tokens / k new over prefix / k cached each)."""
+        shape = StepShape("prefill", float(k), tokens / k, prefix / k)
         if load is not None and np.any(load != 1.0):
-            shape = StepShape("prefill", float(k), tokens / k, prefix / k)
-            return self._rows(self.program.graph(shape, float(load[0])), 1)
+            target = self._rows(self.program.graph(shape, float(load[0])), 1)
+            return target + self._prefill_extra(k, tokens, prefix)
         key = (k, tokens, prefix)
         rows = self.prefill.get(key)
         if rows is None:
-            shape = StepShape("prefill", float(k), tokens / k, prefix / k)
-            rows = self._rows(self.program.graph(shape), 1)
-            if self.program.draft is not None:  # the draft prefills the prompt too
-                rows += self._rows(self.program.draft_graph(shape), 1)
+            rows = self._rows(self.program.graph(shape), 1) + self._prefill_extra(k, tokens, prefix)
             self.prefill[key] = rows
         return rows
+
+    def _prefill_extra(self, k: int, tokens: int, prefix: int) -> np.ndarray:
+        """What else a prefill step runs besides the target: the draft prefills the prompt too
+        (speculative decoding), the router routes the admitted prompts (CoE). Memoised apart
+        from the target, whose cost varies with the expert load."""
+        key = (k, tokens, prefix)
+        rows = self.extra.get(key)
+        if rows is None:
+            p = self.program
+            rows = np.zeros((len(ROWS), 1))
+            if p.draft is not None:
+                shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+                rows += self._rows(p.draft_graph(shape), 1)
+            if p.router is not None:
+                rows += self._router_rows(k, tokens, prefix)
+            self.extra[key] = rows
+        return rows
+
+    def _router_rows(self, k: int, tokens: int, prefix: int) -> np.ndarray:
+        """CoE: the router's pass over the k sequences this step admits, one prefill of their
+        new tokens and one decode step (the label), before their expert's prefill in the same
+        step. A later chunk of a chunked prompt routes only its own tokens (the router's
+        attention over the earlier chunks is left out: a small underestimate)."""
+        p = self.program
+        tp = Shard.tensor(p.shard.attn_tp)
+        pre = graphs.step_graph(p.router, StepShape("prefill", float(k), tokens / k, 0.0), tp)
+        label = graphs.step_graph(p.router, StepShape.decode(float(k), (tokens + prefix) / k), tp)
+        return self._rows(pre, 1) + self._rows(label, 1)
 
     def _rows(self, graph: Graph, n: int) -> np.ndarray:
         self.evaluations += 1

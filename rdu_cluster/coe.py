@@ -15,7 +15,8 @@ Two uses:
   hold every expert's shard as a region of the capacity tier (`socket_regions`), a switch is a
   region copy the engine issues to every socket (`ExpertResidency.switch_ops`, victim by the
   replacement policy), and the `coe` scheduler (engine/schedulers/coe.py) batches one expert's
-  requests at a time. The router's time per request is `router_s`.
+  requests at a time. The router runs on the sockets, in the prefill step that admits a request
+  (chip.socket.CostTables._router_rows).
 
 Expert popularity: uniform, Zipf with exponent s (p_i ~ 1 / i^s, expert 0 the most popular), or
 the trace's `model` column. Replacement policies: LRU, and LFU (least accesses so far, ties to the
@@ -238,17 +239,6 @@ class ExpertResidency:
             return []
         ops = [["free", hbm_region(v)] for v in sorted(before - set(self.cache.resident))]
         return ops + [["copy", expert_region(expert), "hbm", hbm_region(expert)]]
-
-
-def router_s(scenario: CoEScenario, cluster: ClusterSpec, prompt_len: np.ndarray,
-             tp: int | None = None) -> np.ndarray:
-    """The router's time per request: one prefill of its prompt and one decode step (the label)
-    at batch 1, over `tp` sockets (assumption, see DEFAULT_ROUTER)."""
-    lengths, inverse = np.unique(np.asarray(prompt_len, dtype=float), return_inverse=True)
-    r = estimate(scenario.router, cluster, batch=1, prompt_len=lengths, gen_len=1, tp=tp)
-    per = np.broadcast_to(np.asarray(r.ttft_s, dtype=float) + np.asarray(r.tpot_s, dtype=float),
-                          lengths.shape)
-    return per[inverse]
 
 
 def oom_message(scenario: CoEScenario, cluster: ClusterSpec, mem: Memory) -> str:

@@ -155,3 +155,29 @@ def test_coe_scheduler_and_experts_go_together(clusters):
                    ServeConfig(scheduler="coe", coe=CoEScenario.copies(4), faults=("socket:1@1",))):
         with pytest.raises(ConfigError, match="coe"):
             Simulation(model, clusters["sn40l-8"], trace, config, LocalBackend())
+
+
+def test_router_runs_on_the_sockets_in_the_admitting_prefill_step(clusters):
+    """CoE serve: the router's pass is charged to the step that admits a request (it holds the
+    sockets), not added to the request's arrival."""
+    import dataclasses
+
+    from chip.socket import CostTables
+    from rdu_cluster.engine import plan as plans
+
+    c = clusters["sn40l-8"]
+    sc = CoEScenario.copies(4, hbm_slots=1)
+    lay = plans.layouts(sc.experts[0], c, plans.PlanSpec.parse(None, c, sc.experts[0]))[0]
+    prog = next(iter(lay.programs.values()))
+    with_router = dataclasses.replace(prog, router=sc.router)
+    bare = CostTables(c.chip, prog, lambda coll: 0.0)
+    routed = CostTables(c.chip, with_router, lambda coll: 0.0)
+    for load in (None, np.array([1.6])):  # an expert-load straggler step charges it too
+        step = (8, 8 * 256, 0, load)
+        extra = routed.prefill_step(*step)[0, 0] - bare.prefill_step(*step)[0, 0]
+        assert extra > 0
+        assert extra == pytest.approx(routed._router_rows(8, 8 * 256, 0)[0, 0])
+    trace = synthetic(1, rate=1.0, prompt=LengthDist("fixed", 256), output=LengthDist("fixed", 4),
+                      seed=0)
+    req = _serve(c, trace, sc).requests.to_pydict()
+    assert req["queue_s"][0] == pytest.approx(0.0)  # the router does not delay admission

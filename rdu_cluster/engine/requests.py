@@ -32,7 +32,7 @@ class Request:
     swaps: int = 0
     reason: str = ""  # why it was not served
     expert: int = -1  # Composition of Experts: the expert the router chose (-1: none)
-    ready_s: float = -1.0  # when the scheduler first sees it (after the router); -1: arrival
+    ready_s: float = -1.0  # when the scheduler first sees it; -1: on arrival
     switch_step: int = -1  # CoE: the step whose expert switch it waited for
 
     def __post_init__(self) -> None:

@@ -100,7 +100,7 @@ class Simulation:
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
-        layouts = [self._with_draft(lay) for lay in plans.layouts(
+        layouts = [self._with_router(self._with_draft(lay)) for lay in plans.layouts(
             self.model, self.cluster, self.plan, self.config.options, self.config.execution_model)]
         setups = {}
         for r, lay in enumerate(layouts):
@@ -122,6 +122,14 @@ class Simulation:
         k = self.config.speculation.k
         progs = {s: replace(p, draft=self.draft, spec_k=k) for s, p in lay.programs.items()}
         return replace(lay, programs=progs)
+
+    def _with_router(self, lay: plans.ReplicaLayout) -> plans.ReplicaLayout:
+        """CoE: the router runs on the replica's sockets, in the step that admits a request."""
+        if self.config.coe is None:
+            return lay
+        router = self.config.coe.router
+        return replace(lay, programs={s: replace(p, router=router)
+                                      for s, p in lay.programs.items()})
 
     def _speculate(self) -> Callable[[int, int, int], np.ndarray] | None:
         """Tokens each of a step's n decodes emits, drawn from the acceptance model, seeded by
@@ -204,15 +212,16 @@ class Simulation:
         return events
 
     def _routing(self) -> tuple[np.ndarray, np.ndarray]:
-        """CoE: each request's expert (coe.assign_experts) and when the scheduler sees it: after
-        the router's time, in arrival order (ready times never decrease). Else: -1, arrival."""
+        """Each request's expert (CoE: coe.assign_experts; else -1) and when the scheduler
+        sees it: on arrival. The router's pass is costed on the sockets, in the prefill step
+        that admits the request (CostTables._router_rows), so it holds the sockets as the
+        experts do; its verdict is drawn up front (seeded), which lets planning stay
+        count-based."""
         arrival = np.asarray(self.trace.arrival_s, dtype=float)
         sc = self.config.coe
         if sc is None:
             return np.full(len(arrival), -1), arrival
-        experts = coe.assign_experts(self.trace, sc, self.config.seed)
-        routed = arrival + coe.router_s(sc, self.cluster, self.trace.prompt_len, self.plan.tp)
-        return experts, np.maximum.accumulate(routed) if len(routed) else routed
+        return coe.assign_experts(self.trace, sc, self.config.seed), arrival
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> Tables:
