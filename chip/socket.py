@@ -35,6 +35,7 @@ from chip.spec import ChipSpec
 from workloads import graph as graphs
 from workloads.ops import Block, Collective, Graph, Shard, StepShape, Work
 from workloads.spec import ModelSpec
+from workloads.speculative import frontier, verify_tokens
 
 CommTime = Callable[[Collective], Work]
 ROWS = ("time_s", *CAUSES, "comm_bytes")
@@ -59,7 +60,11 @@ class Program:
     execution_model: str | None = None
     options: Any = None
     draft: ModelSpec | None = None  # speculative decoding: the draft, on this socket's tp
-    spec_k: int = 0  # draft tokens a speculative step (0: plain decoding)
+    spec_k: int = 0  # draft depth of a speculative step (0: plain decoding)
+    spec_tree: tuple[int, ...] | None = None  # tree speculation: candidates kept per depth
+    # What a speculative decode step runs here: "both" (draft and target share the socket),
+    # "draft" (a separate draft socket: `model` is the draft) or "verify" (the target only).
+    spec_part: str = "both"
     router: ModelSpec | None = None  # Composition of Experts: routes the prompts it prefills
 
     def key(self) -> tuple:
@@ -68,12 +73,14 @@ class Program:
         draft = self.draft.name if self.draft is not None else None
         router = self.router.name if self.router is not None else None
         return (self.model.name, shard, self.layers, self.execution_model, repr(self.options),
-                draft, self.spec_k, router)
+                draft, self.spec_k, self.spec_tree, self.spec_part, router)
 
     def draft_graph(self, shape: StepShape) -> Graph:
-        """The draft's step, tensor-parallel over this socket's group (shared placement)."""
-        assert self.draft is not None
-        return graphs.step_graph(self.draft, shape, Shard.tensor(self.shard.attn_tp))
+        """The draft's step, tensor-parallel over this socket's group: the draft beside the
+        target (shared placement), or this socket's own model on a separate draft socket."""
+        model = self.draft if self.spec_part == "both" else self.model
+        assert model is not None
+        return graphs.step_graph(model, shape, Shard.tensor(self.shard.attn_tp))
 
     def graph(self, shape: StepShape, expert_load: Work = 1.0) -> Graph:
         shard = (
@@ -132,8 +139,12 @@ class Socket:
         program: Program,
         comm_time: CommTime,
         tables: CostTables | None = None,
+        kv_scale: float = 1.0,
     ):
         self.index = index
+        # This socket's KV bytes per replica KV byte: the replica's commands size KV regions
+        # for its target sockets; a separate draft socket caches the draft's smaller KV.
+        self.kv_scale = kv_scale
         self.chip = chip
         self.program = program
         self.memory = MemoryTiers.of(chip)
@@ -154,9 +165,10 @@ class Socket:
         for op in ops:
             verb = op[0]
             if verb == "alloc":
-                m.allocate(op[1], op[2], op[3], op[4])
+                m.allocate(op[1], op[2], op[3] * (self.kv_scale if op[4] == "kv" else 1.0), op[4])
             elif verb == "resize":
-                m.resize(op[1], op[2])
+                kv = getattr(m.regions.get(op[1]), "kind", "") == "kv"
+                m.resize(op[1], op[2] * (self.kv_scale if kv else 1.0))
             elif verb == "free":
                 m.free(op[1])
             elif verb == "move":
@@ -295,15 +307,21 @@ class CostTables:
         return table
 
     def _decode_rows(self, b: int, ctx: np.ndarray, n: int, load: Work = 1.0) -> np.ndarray:
-        """A decode step at mean context `ctx`. Speculative (spec_k = k): k draft steps of one
-        token at contexts ctx + d, then the target verifies k + 1 tokens in one pass."""
+        """A decode step at mean context `ctx`. Speculative (spec_k = k): k draft steps at
+        contexts ctx + d over the frontier's tokens (1 each for a chain; a tree's nodes of
+        depth d), then the target verifies every drafted token plus the root in one pass. A
+        socket runs the parts its `spec_part` names."""
         p = self.program
         if not p.spec_k:
             return self._rows(p.graph(StepShape.decode(float(b), ctx), load), n)
-        verify = StepShape("decode", float(b), float(p.spec_k + 1), ctx)
-        rows = self._rows(p.graph(verify, load), n)
-        for d in range(p.spec_k):
-            rows += self._rows(p.draft_graph(StepShape("decode", float(b), 1.0, ctx + d)), n)
+        rows = np.zeros((len(ROWS), n))
+        if p.spec_part != "draft":
+            tokens = float(verify_tokens(p.spec_k, p.spec_tree))
+            rows += self._rows(p.graph(StepShape("decode", float(b), tokens, ctx), load), n)
+        if p.spec_part != "verify":
+            for d, width in enumerate(frontier(p.spec_k, p.spec_tree)):
+                shape = StepShape("decode", float(b), float(width), ctx + d)
+                rows += self._rows(p.draft_graph(shape), n)
         return rows
 
     def prefill_step(self, k: int, tokens: int, prefix: int, load: np.ndarray | None):

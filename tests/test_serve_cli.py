@@ -79,3 +79,28 @@ def test_serve_speculative_prints_tokens_per_step(tmp_path):
 def test_serve_speculative_bad_input_is_one_line(tmp_path, extra, message):
     r = run(*ARGS, *extra, "--out", str(tmp_path))
     assert r.exit_code == 2 and message in r.output
+
+
+def test_serve_tree_speculation_with_a_separate_draft(tmp_path):
+    r = run("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp4",
+            "--requests", "8", "--rate", "inf", "--prompt-len", "128", "--output-len", "64",
+            "--draft", "llama-3.2-1b", "--tree", "3,2,1", "--spec-k", "3", "--acceptance", "0.7",
+            "--draft-placement", "separate", "--draft-sockets", "4", "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "8/8 requests served" in r.output and "tokens per sequence per step" in r.output
+    sockets = pq.read_table(tmp_path / "sockets.parquet").column("socket").to_pylist()
+    assert set(sockets) == set(range(8))  # 4 draft sockets and the tp4 target
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--draft", "llama-3.2-1b", "--tree", "3,2", "--spec-k", "3"], "tree: 2 branching factors"),
+    (["--draft", "llama-3.2-1b", "--tree", "3,x"], "tree: '3,x' not understood"),
+    (["--tree", "3,2,1"], "--tree: only with --draft"),
+    (["--draft-placement", "separate"], "--draft-placement/--draft-sockets: only with --draft"),
+    (["--draft", "llama-3.2-1b", "--draft-placement", "separate", "--draft-sockets", "16",
+      "--spec-k", "2"], "--draft-sockets: 16 must divide the 16 sockets and leave room"),
+])
+def test_serve_tree_and_placement_bad_input_is_one_line(tmp_path, extra, message):
+    r = run(*ARGS, *extra, "--out", str(tmp_path))
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output

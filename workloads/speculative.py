@@ -185,22 +185,10 @@ class Speculation:
         return self.tokens_per_step() - 1.0
 
     def frontier(self) -> tuple[int, ...]:
-        """Tokens the draft processes at each of its k steps: 1 for a chain; for a tree, the
-        nodes of depth d-1 whose children it proposes (prod_{j<d} b_j)."""
-        if self.branching is None:
-            return (1,) * self.k
-        out, width = [], 1
-        for b in self.branching:
-            out.append(width)
-            width *= int(b)
-        return tuple(out)
+        return frontier(self.k, self.branching)
 
     def verify_tokens(self) -> int:
-        """New tokens a sequence brings to the target's verification: the root plus every
-        drafted node (k + 1 for a chain)."""
-        if self.branching is None:
-            return self.k + 1
-        return 1 + sum(math.prod(self.branching[: d + 1]) for d in range(self.k))
+        return verify_tokens(self.k, self.branching)
 
     def sample_tokens(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """Tokens emitted by each of n steps, drawn from the acceptance model (engine use)."""
@@ -219,6 +207,26 @@ class Speculation:
         seed = getattr(self.acceptance, "seed", 0)
         n = getattr(self.acceptance, "samples", DEFAULT_SAMPLES)
         return float(np.mean(self.sample_tokens(np.random.default_rng(seed), n)))
+
+
+def frontier(k: int, branching: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Tokens the draft processes at each of its k steps: 1 for a chain; for a tree, the nodes
+    of depth d-1 whose children it proposes (prod_{j<d} b_j)."""
+    if branching is None:
+        return (1,) * k
+    out, width = [], 1
+    for b in branching:
+        out.append(width)
+        width *= int(b)
+    return tuple(out)
+
+
+def verify_tokens(k: int, branching: tuple[int, ...] | None = None) -> int:
+    """New tokens a sequence brings to the target's verification: the root plus every drafted
+    node (k + 1 for a chain)."""
+    if branching is None:
+        return k + 1
+    return 1 + sum(math.prod(branching[: d + 1]) for d in range(k))
 
 
 def parse_acceptance(text: str, source: str = "") -> Acceptance:

@@ -28,6 +28,7 @@ class SocketSetup:
     comm_time: CommTime
     node: int = 0
     weights: tuple = ()  # region ops that load the weights at start: ["alloc", ...]
+    kv_scale: float = 1.0  # the socket's KV bytes per byte of the replica's KV ops (Socket)
 
 
 def probe_address(address: str | None, timeout_s: float = 2.0) -> None:

@@ -32,7 +32,8 @@ class LocalBackend:
         if tables is None:
             tables = self._tables[key] = CostTables(setup.chip, setup.program, setup.comm_time)
             tables.warm()
-        sock = Socket(index, setup.chip, setup.program, setup.comm_time, tables)
+        sock = Socket(index, setup.chip, setup.program, setup.comm_time, tables,
+                      setup.kv_scale)
         sock.apply(setup.weights)
         self.sockets[index] = sock
 

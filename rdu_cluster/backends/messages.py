@@ -75,7 +75,7 @@ class Message:
 
     src: int
     dst: int
-    kind: str  # "activations" | "dispatch" | "kv"
+    kind: str  # "activations" | "dispatch" | "kv" | "drafts" | "verdict"
     nbytes: Any
     sent_s: Any = 0.0
 

@@ -57,7 +57,8 @@ class SocketActor:
     """The actor body: a Socket behind a bytes-in, bytes-out interface."""
 
     def __init__(self, index: int, setup: SocketSetup):
-        self.socket = Socket(index, setup.chip, setup.program, setup.comm_time)
+        self.socket = Socket(index, setup.chip, setup.program, setup.comm_time,
+                             kv_scale=setup.kv_scale)
         self.socket.apply(setup.weights)
         self.socket.tables.warm()
 

@@ -15,11 +15,12 @@ from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine import schedulers
+from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from workloads import traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
-from workloads.speculative import Speculation, parse_acceptance
+from workloads.speculative import Speculation, parse_acceptance, parse_tree
 
 TABLES = ("requests", "steps", "sockets", "links")
 
@@ -70,18 +71,25 @@ TABLES = ("requests", "steps", "sockets", "links")
 @click.option("--coe-hbm-slots", default=None, type=int,
               help="Experts HBM may hold [default: as many as fit].")
 @click.option("--draft", default=None,
-              help="Speculative decoding: draft model (catalog name or config.json) on the "
-              "target's sockets.")
+              help="Speculative decoding: draft model (catalog name or config.json).")
 @click.option("--spec-k", default=None, type=int,
-              help="With --draft: draft tokens a step [default: the fastest in 1..16].")
+              help="With --draft: draft tokens a step (tree: its depth) [default: the fastest "
+              "in 1..16].")
+@click.option("--tree", default=None,
+              help="With --draft: tree speculation, candidates kept per depth (4,2,1).")
+@click.option("--draft-placement", "--placement", "placement", default="shared",
+              show_default=True, type=click.Choice(speculative.PLACEMENTS),
+              help="With --draft: on the target's sockets, or on --draft-sockets of its own.")
+@click.option("--draft-sockets", default=1, show_default=True, type=int,
+              help="With --draft-placement separate: the draft's sockets in each replica.")
 @click.option("--acceptance", default=None,
               help="With --draft: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
               "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].")
 def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, burstiness,
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
           preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
-          coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k,
-          acceptance) -> None:
+          coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k, tree,
+          placement, draft_sockets, acceptance) -> None:
     """Simulate serving a request trace on a cluster."""
     trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
                    seed)
@@ -95,12 +103,14 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     scenario = (None if coe_experts is None else coe.CoEScenario.copies(
         coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),
         hbm_slots=coe_hbm_slots, policy=coe_policy))
-    speculation = _speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch)
+    speculation = _speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch,
+                               tree, placement, draft_sockets, plan)
     if scenario is not None and speculation is not None:
         raise ConfigError("--draft: not with --coe-experts")
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
                          kv_memory_fraction=kv_fraction, faults=tuple(faults),
-                         speculation=speculation, draft=draft, coe=scenario)
+                         speculation=speculation, draft=draft, coe=scenario,
+                         draft_placement=placement, draft_sockets=draft_sockets)
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     out = _out_dir(out_dir)
     bar = _ProgressBar(len(trace)) if sys.stderr.isatty() else None
@@ -122,20 +132,30 @@ def _default(ctx: click.Context, name: str) -> bool:
     return ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT
 
 
-def _speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch):
-    """--draft/--spec-k/--acceptance as simulate parses them; k by default: the fastest per
-    request in 1..16 at the trace's mean lengths and --max-batch (speculative.best_k)."""
+def _speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tree,
+                 placement, draft_sockets, plan):
+    """--draft/--spec-k/--acceptance/--tree as simulate parses them; k by default: the fastest
+    per request in 1..16 (a tree: up to its depth) at the trace's mean lengths, --max-batch and
+    the placement, on the plan's tp (speculative.best_k)."""
     if draft is None:
-        if spec_k is not None or acceptance is not None:
-            raise ConfigError("--spec-k/--acceptance: only with --draft")
+        given = [n for n, v in (("--spec-k", spec_k), ("--acceptance", acceptance),
+                                ("--tree", tree)) if v is not None]
+        if given or placement != "shared" or draft_sockets != 1:
+            raise ConfigError(f"{'/'.join(given) or '--draft-placement/--draft-sockets'}: "
+                              "only with --draft")
         return None
     acc = (speculative.default_acceptance(draft, model.name) if acceptance is None
            else parse_acceptance(acceptance))
+    branching = parse_tree(tree)
     if spec_k is not None:
-        return Speculation(spec_k, acc)
-    best = speculative.best_k(model, cluster, acc, draft, ks=range(1, 17), batch=max_batch,
+        return Speculation(spec_k, acc, branching)
+    tp = PlanSpec.parse(plan, cluster, model).tp
+    best = speculative.best_k(model, cluster, acc, draft,
+                              ks=range(1, (len(branching) if branching else 16) + 1),
+                              branching=branching, batch=max_batch, tp=tp,
                               prompt_len=float(trace.prompt_len.mean()),
-                              gen_len=float(trace.output_len.mean()))
+                              gen_len=float(trace.output_len.mean()), placement=placement,
+                              draft_sockets=draft_sockets)
     return best.speculation
 
 

@@ -94,6 +94,8 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
 @click.option("--tree", default=None, help="Tree speculation: candidates per depth (4,2,1).")
 @click.option(
     "--placement",
+    "--draft-placement",
+    "placement",
     default="shared",
     show_default=True,
     type=click.Choice(speculative.PLACEMENTS),

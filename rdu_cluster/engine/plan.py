@@ -8,7 +8,7 @@ over 4 stages of 4). Replicas take consecutive sockets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,6 +67,9 @@ class ReplicaLayout:
     sockets: tuple[int, ...]
     stages: tuple[tuple[int, ...], ...]  # sockets of each pipeline stage
     programs: dict  # socket -> Program
+    # Speculative decoding with the draft on its own sockets: stage 0 drafts, stage 1 (the
+    # target) verifies; they prefill a prompt side by side (simulation.Simulation._combine).
+    draft_stage: bool = False
 
 
 def layouts(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, options=None,
@@ -87,6 +90,39 @@ def layouts(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, options=None
                                       execution_model, options)
             stages.append(stage)
         out.append(ReplicaLayout(members, tuple(stages), programs))
+    return out
+
+
+def check_draft_sockets(cluster: ClusterSpec, plan: PlanSpec, draft_sockets: int) -> int:
+    """The replica's sockets with a separate draft (the draft's tp must divide the cluster:
+    its collectives are costed like a tp group's, estimate.tp_comm_time)."""
+    group = draft_sockets + plan.group
+    if draft_sockets < 1 or cluster.sockets % draft_sockets or group > cluster.sockets:
+        raise ConfigError(
+            f"--draft-sockets: {draft_sockets} must divide the {cluster.sockets} sockets and "
+            f"leave room for the plan's {plan.group} (with --draft-placement separate)"
+        )
+    return group
+
+
+def separate_draft_layouts(model: ModelSpec, draft: ModelSpec, cluster: ClusterSpec,
+                           plan: PlanSpec, draft_sockets: int, spec_k: int,
+                           spec_tree: tuple[int, ...] | None, options=None,
+                           execution_model: str | None = None) -> list[ReplicaLayout]:
+    """Replicas of `draft_sockets` draft sockets (the draft tensor-parallel over them) followed
+    by the target's tp x pp sockets; the sockets left over stay idle."""
+    group = check_draft_sockets(cluster, plan, draft_sockets)
+    spec = {"spec_k": spec_k, "spec_tree": spec_tree}
+    out = []
+    for r in range(cluster.sockets // group):
+        d = tuple(range(r * group, r * group + draft_sockets))
+        (target,) = layouts(model, cluster, plan, options, execution_model,
+                            sockets=tuple(range(d[-1] + 1, (r + 1) * group)))
+        programs = {s: Program(draft, Shard.tensor(draft_sockets), 0, 2, None, d,
+                               execution_model, options, spec_part="draft", **spec) for s in d}
+        programs.update({s: replace(p, stage=1, stages=2, spec_part="verify", **spec)
+                         for s, p in target.programs.items()})
+        out.append(ReplicaLayout(d + target.sockets, (d, *target.stages), programs, True))
     return out
 
 

@@ -35,14 +35,15 @@ from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KV
 from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.routing import RoutingSampler
-from rdu_cluster.estimate import plan_comm_time
-from rdu_cluster.speculative import resolve_draft
+from rdu_cluster.estimate import plan_comm_time, tp_comm_time
+from rdu_cluster.speculative import PLACEMENTS, resolve_draft
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
 from workloads.speculative import Speculation
 from workloads.traces import Trace
 
 PHASE_NAMES = np.array(["decode", "prefill", "mixed"])
+TOKEN_ID_BYTES = 4  # a token id on the wire: int32 (every catalog vocabulary is < 2^31)
 N_CAUSES = len(CAUSES)
 
 
@@ -57,8 +58,10 @@ class ServeConfig:
     execution_model: str | None = None
     options: object = None
     faults: tuple[str, ...] = ()
-    speculation: Speculation | None = None  # speculative decoding with `draft` on the sockets
+    speculation: Speculation | None = None  # speculative decoding with `draft`
     draft: str | None = None
+    draft_placement: str = "shared"  # the target's sockets, or `draft_sockets` of its own
+    draft_sockets: int = 1
     coe: coe.CoEScenario | None = None  # Composition of Experts: `model` is ignored
 
 
@@ -95,13 +98,15 @@ class Simulation:
         self.draft = resolve_draft(config.draft, model) if config.speculation else None
         if config.speculation and self.plan.pp > 1:
             raise ConfigError("--draft: speculative decoding needs a plan without pipeline stages")
+        _check_placement(config)
+        if self.draft is not None and config.draft_placement == "separate":
+            plans.check_draft_sockets(cluster, self.plan, config.draft_sockets)
         _check_coe(config)
         self.coe_memory = self._coe_memory() if config.coe else None
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
-        layouts = [self._with_router(self._with_draft(lay)) for lay in plans.layouts(
-            self.model, self.cluster, self.plan, self.config.options, self.config.execution_model)]
+        layouts = [self._with_router(lay) for lay in self._layouts()]
         setups = {}
         for r, lay in enumerate(layouts):
             self.layouts[r] = lay
@@ -116,11 +121,21 @@ class Simulation:
             self.sampler = RoutingSampler(moe.num_experts, moe.top_k, self.plan.ep,
                                           self.config.seed)
 
+    def _layouts(self) -> list[plans.ReplicaLayout]:
+        c = self.config
+        if self.draft is not None and c.draft_placement == "separate":
+            return plans.separate_draft_layouts(
+                self.model, self.draft, self.cluster, self.plan, c.draft_sockets,
+                c.speculation.k, c.speculation.branching, c.options, c.execution_model)
+        return [self._with_draft(lay) for lay in plans.layouts(
+            self.model, self.cluster, self.plan, c.options, c.execution_model)]
+
     def _with_draft(self, lay: plans.ReplicaLayout) -> plans.ReplicaLayout:
         if self.draft is None:
             return lay
-        k = self.config.speculation.k
-        progs = {s: replace(p, draft=self.draft, spec_k=k) for s, p in lay.programs.items()}
+        spec = self.config.speculation
+        progs = {s: replace(p, draft=self.draft, spec_k=spec.k, spec_tree=spec.branching)
+                 for s, p in lay.programs.items()}
         return replace(lay, programs=progs)
 
     def _with_router(self, lay: plans.ReplicaLayout) -> plans.ReplicaLayout:
@@ -162,33 +177,42 @@ class Simulation:
         ep = self.plan.ep
         comm = plan_comm_time(self.cluster, PartitionPlan(tp=tp // ep, ep=ep,
                                                           dp=self.cluster.sockets // tp))
+        ref = _kv_reference(lay)
         out = {}
         for s, prog in lay.programs.items():
             w = plans.resident_weight_bytes(prog)
-            first, last = prog.layers or (0, self.model.num_layers)
-            name = f"weights/{self.model.name}/layers/{first}-{last - 1}"
-            self._check_fits(w, tp)
+            first, last = prog.layers or (0, prog.model.num_layers)
+            name = f"weights/{prog.model.name}/layers/{first}-{last - 1}"
+            self._check_fits(prog, w)
             weights = ((["alloc", name, "hbm", w, "weights"],) if self.config.coe is None
                        else coe.socket_regions(self.config.coe, self.cluster, tp))
-            out[s] = SocketSetup(self.cluster.chip, prog, comm, self.cluster.node_of(s), weights)
+            own = comm if prog.spec_part != "draft" else tp_comm_time(self.cluster,
+                                                                       len(prog.group))
+            out[s] = SocketSetup(self.cluster.chip, prog, own, self.cluster.node_of(s), weights,
+                                 plans.kv_bytes_per_token(prog) / ref)
         return out
 
-    def _check_fits(self, weights: float, tp: int) -> None:
+    def _check_fits(self, prog, weights: float) -> None:
         hbm = self.cluster.chip.hbm.capacity_bytes
         if weights >= hbm:
             raise ConfigError(
-                f"{self.model.name} does not fit {self.cluster.name} at tp={tp}: "
+                f"{prog.model.name} does not fit {self.cluster.name} at tp={len(prog.group)}: "
                 f"{weights / 1e9:.1f} GB of weights per socket, {hbm / 1e9:.1f} GB of HBM"
             )
 
     def _kv(self, lay: plans.ReplicaLayout) -> KVManager:
-        weights = max(plans.resident_weight_bytes(p) for p in lay.programs.values())
+        """KV blocks the replica can hold: the fewest any of its sockets has room for (a
+        block takes each socket's own bytes per token; the replica counts the target's)."""
+        bt = self.config.block_tokens
+        blocks = min(self._kv_blocks(p, bt) for p in lay.programs.values())
+        return KVManager(KVConfig(blocks, bt, _kv_reference(lay)))
+
+    def _kv_blocks(self, prog, block_tokens: int) -> int:
+        weights = plans.resident_weight_bytes(prog)
         if self.coe_memory is not None:  # the router and the HBM slots of the experts
             weights = self.coe_memory.router + self.coe_memory.slots * self.coe_memory.expert
-        per_token = max(plans.kv_bytes_per_token(p) for p in lay.programs.values())
         free = self.config.kv_memory_fraction * (self.cluster.chip.hbm.capacity_bytes - weights)
-        blocks = int(free // (per_token * self.config.block_tokens))
-        return KVManager(KVConfig(blocks, self.config.block_tokens, per_token))
+        return int(free // (plans.kv_bytes_per_token(prog) * block_tokens))
 
     def _swap_tier(self) -> str:
         return "ddr" if self.cluster.chip.has_tier("ddr") else "host"
@@ -294,14 +318,17 @@ class Simulation:
         n = window.steps
         if self.sampler is None:
             return None, np.ones(n)
+        spec = self.config.speculation
+        per_decode = 1 if spec is None else spec.verify_tokens()  # tokens through the experts
         parts = []
         for sp in window.spans:
-            tokens = len(sp.decode) + sum(t for _, t in sp.prefill)
+            tokens = len(sp.decode) * per_decode + sum(t for _, t in sp.prefill)
             parts.append(self.sampler.loads(rep.index, sp.first_step, tokens, sp.steps))
         loads = np.concatenate(parts)  # (steps, ep)
         per_group = self.plan.tp // self.plan.ep
         out = {}
-        for stage in self.layouts[rep.index].stages:
+        lay = self.layouts[rep.index]
+        for stage in lay.stages[1:] if lay.draft_stage else lay.stages:
             for pos, s in enumerate(stage):
                 out[s] = np.ascontiguousarray(loads[:, pos // per_group])
         return out, loads.max(axis=1)
@@ -310,21 +337,26 @@ class Simulation:
         """Per-step times of the replica: at each step the slowest socket of each stage holds
         the others back (they synchronize at its collectives), stages run one after another
         with the activations sent between them, and KV moves (swaps) run before the step."""
-        stages = self.layouts[rep.index].stages
+        lay = self.layouts[rep.index]
+        stages = lay.stages
         n = window.steps
         ar = np.arange(n)
         time, causes = np.zeros(n), np.zeros((N_CAUSES, n))
         straggler, straggler_s = np.zeros(n, dtype=np.int64), np.zeros(n)
+        per_stage = []
         for k, stage in enumerate(stages):
             R = np.stack([res[s][0] for s in stage])  # (sockets, ROWS, steps)
             j = np.argmax(R[:, 0, :], axis=0)
             tmax = R[j, 0, ar]
+            per_stage.append((tmax, R[j, 1 : 1 + N_CAUSES, ar].T))
             time += tmax
-            causes += R[j, 1 : 1 + N_CAUSES, ar].T
+            causes += per_stage[-1][1]
             straggler_s += tmax - R[:, 0, :].min(axis=0)
-            if k == 0:
+            if k == (1 if lay.draft_stage else 0):  # the target's first stage
                 straggler = np.asarray(stage)[j]
-        if len(stages) > 1:
+        if lay.draft_stage:
+            self._draft_then_verify(window, stages, per_stage, time, causes)
+        elif len(stages) > 1:
             self._add_transfers(window, stages, time, causes)
         swap, switch = self._moves_per_step(window, res, rep.sockets)
         return {"time_s": time + swap + switch, "causes": causes.T,
@@ -342,6 +374,27 @@ class Simulation:
             t = self.router.route(msg.encode())
             time += t
             causes[COMM_ROW - 1] += t
+
+    def _draft_then_verify(self, window: Window, stages, per_stage, time, causes) -> None:
+        """A separate draft: in a decode step the drafts go to the target (token ids, the
+        tree's too) and the verdict (accepted count and the target's token) comes back, each
+        one routed message; a prefill step runs the draft's and the target's prefill side by
+        side, so it lasts the slower of the two (time and causes in place)."""
+        kind = np.repeat([sp.kind for sp in window.spans], [sp.steps for sp in window.spans])
+        seqs = np.repeat([len(sp.decode) for sp in window.spans],
+                         [sp.steps for sp in window.spans]).astype(float)
+        side = kind == PREFILL
+        (t0, c0), (t1, c1) = per_stage
+        time[side] = np.maximum(t0, t1)[side]
+        causes[:, side] = np.where((t0 >= t1)[None, :], c0, c1)[:, side]
+        spec = self.config.speculation
+        out = Message(stages[0][0], stages[1][0], "drafts",
+                      seqs * spec.verify_tokens() * TOKEN_ID_BYTES)
+        back = Message(stages[1][0], stages[0][0], "verdict", seqs * 2 * TOKEN_ID_BYTES)
+        hops = np.where(seqs > 0, self.router.route(out.encode()) + self.router.route(
+            back.encode()), 0.0)
+        time += hops
+        causes[COMM_ROW - 1] += hops
 
     def _moves_per_step(self, window: Window, res: dict, sockets: list[int]) -> tuple:
         """Region copies before each span's first step: (KV swaps, CoE expert switches). A span
@@ -522,7 +575,8 @@ class Simulation:
         c = self.config
         desc = repr((self.model.name, self.cluster.name, self.plan, c.scheduler, c.limits,
                      c.seed, c.kv_memory_fraction, c.block_tokens, c.execution_model, c.faults,
-                     self.trace.source, len(self.trace), c.speculation, c.draft, c.coe))
+                     self.trace.source, len(self.trace), c.speculation, c.draft, c.coe,
+                     c.draft_placement, c.draft_sockets))
         return {"model": self.model.name, "cluster": self.cluster.name,
                 "plan": f"tp={self.plan.tp},ep={self.plan.ep},pp={self.plan.pp}",
                 "scheduler": c.scheduler, "seed": c.seed, "trace": self.trace.source,
@@ -549,6 +603,21 @@ class Simulation:
             "switch_s": float(sum(self.rec.switch_s.values())),
             "tokens_per_decode": _tokens_per_decode(steps),
         }
+
+
+def _kv_reference(lay: plans.ReplicaLayout) -> float:
+    """KV bytes per token the replica's region ops count in: its target sockets' largest."""
+    return max(plans.kv_bytes_per_token(p) for p in lay.programs.values()
+               if p.spec_part != "draft")
+
+
+def _check_placement(config: ServeConfig) -> None:
+    if config.draft_placement not in PLACEMENTS:
+        raise ConfigError(f"--draft-placement: {config.draft_placement!r} unknown; accepted: "
+                          f"{', '.join(PLACEMENTS)}")
+    if config.draft_placement == "separate" and config.faults:
+        raise ConfigError("--fault: not with --draft-placement separate (re-planning a group "
+                          "keeps the draft on the target's sockets only)")
 
 
 def _check_coe(config: ServeConfig) -> None:

@@ -68,3 +68,17 @@ def test_ray_backend_matches_local_on_a_coe_run(ray_session):
             for b in (LocalBackend(), RayBackend())]
     assert runs[0].summary["switches"] > 3
     _compare(*runs)
+
+
+def test_ray_backend_matches_local_with_a_separate_tree_draft(ray_session, serve):
+    """Draft sockets run a program of their own (their own leader) and size their own KV."""
+    from rdu_cluster.backends.ray_backend import RayBackend
+    from workloads.speculative import ConstantAcceptance, Speculation
+
+    kw = {"cluster": "sn40l-8", "n": 12, "rate": 40.0, "plan": "tp4", "draft": "llama-3.2-1b",
+          "speculation": Speculation(3, ConstantAcceptance(0.7), (3, 2, 1)),
+          "draft_placement": "separate", "draft_sockets": 4}
+    _, local = serve(**kw)
+    _, remote = serve(backend=RayBackend(), **kw)
+    assert local.summary["tokens_per_decode"] > 2
+    _compare(local, remote)

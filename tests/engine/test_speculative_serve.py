@@ -52,3 +52,110 @@ def test_speculative_runs_are_seeded(serve, spec_run):
     _, again = serve(cluster="sn40l-8", n=16, rate=float("inf"), prompt=SHORT_PROMPT,
                      output=LONG, speculation=spec, draft="llama-3.2-1b")
     assert again.steps.to_pylist() == spec_run[1].steps.to_pylist()
+
+
+# ---- tree speculation and a draft on sockets of its own --------------------------------------
+
+TREE = Speculation(3, ConstantAcceptance(RATE), (3, 2, 1))  # verifies 1 + 3 + 6 + 6 = 16 tokens
+PROMPT_128 = traces.LengthDist("fixed", 128)
+SEPARATE = {"draft_placement": "separate", "draft_sockets": 4, "plan": "tp4"}
+
+
+def _one_request(serve, spec, output=40, **kw):
+    return serve(cluster="sn40l-8", n=1, rate=float("inf"), prompt=PROMPT_128,
+                 output=traces.LengthDist("fixed", output), speculation=spec,
+                 draft="llama-3.2-1b", **kw)
+
+
+def _estimate(spec, **kw):
+    """simulate's speculative step (rdu_cluster/speculative.py, its own composition of the
+    same execution model) at the context of the engine's first decode step: the 128 prompt
+    tokens cached."""
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.speculative import speculative_estimate
+    from workloads.catalog import load_model
+
+    return speculative_estimate(load_model("llama-3.1-8b"), load_cluster("sn40l-8"), spec,
+                                "llama-3.2-1b", batch=1, prompt_len=128, gen_len=1, **kw)
+
+
+def _first(t, phase):
+    steps = t.steps.to_pydict()
+    return steps["time_s"][steps["phase"].index(phase)]
+
+
+def test_tree_step_is_frontier_drafts_plus_one_verification_of_the_whole_tree(serve):
+    _, t = _one_request(serve, TREE)
+    est = _estimate(TREE, placement="shared", draft_tp=8)
+    assert [c.time_s for c in est.draft_steps] != [est.draft_steps[0].time_s] * 3  # widths 1,3,6
+    assert _first(t, "decode") == pytest.approx(float(est.step_time_s), rel=1e-12)
+    _, chain = _one_request(serve, Speculation(3, ConstantAcceptance(RATE)))
+    assert _first(t, "decode") > _first(chain, "decode")  # 16 tokens verified, not 4
+
+
+def test_tree_tokens_per_step_follow_its_depth_rates(serve):
+    _, t = serve(cluster="sn40l-8", n=16, rate=float("inf"), prompt=SHORT_PROMPT, output=LONG,
+                 speculation=TREE, draft="llama-3.2-1b")
+    steps = t.steps.to_pydict()
+    mean = np.sum(steps["emitted_tokens"]) / np.sum(steps["decode_tokens"])
+    # 1 + sum_d prod_{j<=d} (1 - (1 - 0.7)^b_j) = 3.48 (workloads/speculative.py); ~7,000
+    # sequence-steps: standard error ~0.012, so 2% is about 6 of them
+    assert mean == pytest.approx(TREE.tokens_per_step(), rel=0.02)
+    assert TREE.tokens_per_step() > closed_form_tokens_per_step(RATE, 3)
+
+
+def test_separate_draft_step_is_draft_then_verify_plus_two_routed_hops(serve):
+    spec = Speculation(K, ConstantAcceptance(RATE))
+    sim, t = _one_request(serve, spec, **SEPARATE)
+    lay = sim.layouts[0]
+    assert lay.draft_stage and lay.stages == ((0, 1, 2, 3), (4, 5, 6, 7))
+    est = _estimate(spec, placement="separate", draft_sockets=4, tp=4)
+    # the estimate charges the hops' latency only; the engine's routed messages also stream
+    # 20 and 8 bytes of token ids (~0.6 ns at 50 GB/s): a relative 1e-6 of the step
+    assert _first(t, "decode") == pytest.approx(float(est.step_time_s), rel=1e-6)
+    assert _first(t, "decode") > float(est.draft_s + est.verify.time_s)
+
+
+def test_separate_draft_prefills_side_by_side_with_the_target(serve):
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.estimate import estimate
+    from workloads.catalog import load_model
+
+    _, t = _one_request(serve, Speculation(K, ConstantAcceptance(RATE)), **SEPARATE)
+    cluster = load_cluster("sn40l-8")
+    prefill = lambda m: float(estimate(load_model(m), cluster, 1, 128, 1, tp=4).prefill.time_s)
+    target, draft = prefill("llama-3.1-8b"), prefill("llama-3.2-1b")
+    assert _first(t, "prefill") == pytest.approx(max(target, draft), rel=1e-12)
+    assert _first(t, "prefill") < target + draft
+
+
+def test_separate_draft_sockets_hold_the_draft_and_its_own_kv_cache(serve):
+    from rdu_cluster.engine.plan import resident_weight_bytes
+    from workloads import graph as graphs
+    from workloads.catalog import load_model
+
+    # arrivals 20 ms apart cut windows while earlier requests still hold their KV cache
+    sim, t = serve(cluster="sn40l-8", n=4, rate=50.0, prompt=PROMPT_128, output=LONG,
+                   speculation=Speculation(K, ConstantAcceptance(RATE)), draft="llama-3.2-1b",
+                   **SEPARATE)
+    programs = sim.layouts[0].programs
+    assert programs[0].model.name == "llama-3.2-1b" and programs[4].model.name == "llama-3.1-8b"
+    row = {r["socket"]: r for r in t.sockets.to_pylist() if r["window"] == 1}
+    kv = {s: row[s]["hbm_used_bytes"] - resident_weight_bytes(programs[s]) for s in (0, 4)}
+    draft, target = load_model("llama-3.2-1b"), load_model("llama-3.1-8b")
+    ratio = graphs.kv_bytes_per_token(draft) / graphs.kv_bytes_per_token(target)
+    assert kv[4] > 0 and kv[0] == pytest.approx(ratio * kv[4], rel=1e-9)
+    assert resident_weight_bytes(programs[0]) == pytest.approx(graphs.weight_bytes(draft) / 4,
+                                                               rel=0.02)
+
+
+def test_separate_placement_bad_input_names_the_field(serve):
+    from workloads.errors import ConfigError
+
+    spec = Speculation(K, ConstantAcceptance(RATE))
+    with pytest.raises(ConfigError, match="--draft-sockets: 3 must divide the 8 sockets"):
+        _one_request(serve, spec, draft_placement="separate", draft_sockets=3, plan="tp4")
+    with pytest.raises(ConfigError, match="--draft-sockets: 8 .* leave room"):
+        _one_request(serve, spec, draft_placement="separate", draft_sockets=8, plan="tp4")
+    with pytest.raises(ConfigError, match="--draft-placement: 'far' unknown"):
+        _one_request(serve, spec, draft_placement="far")
