@@ -16,8 +16,11 @@ chunks of CHUNK consecutive sums, each chunk ONE step_graph + step_cost evaluati
 of CHUNK contexts; a lookup is then a strided slice. The value at S does not depend on which span
 asked first, so results are the same in every backend and after a restart.
 
-Per-step rows are ROWS = ("time_s", *CAUSES, "comm_bytes"): total time, its partition by cause,
-and the bytes this socket sends over its links in the step (not a time).
+Per-step rows are ROWS = ("time_s", *CAUSES, "comm_bytes", "dynamic_j"): total time, its
+partition by cause, the bytes this socket sends over its links in the step (not a time), and the
+socket's dynamic energy in the step (not a time either): joules above idle draw, from the chip's
+power model (chip/power.py), 0 when the chip has no [power] table. Idle draw is left to the
+engine, which knows how long each socket is held (a step's slowest socket, swaps, copies).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from chip import execution
+from chip import execution, power
 from chip.cost import CAUSES, StepCost
 from chip.memory import MemoryTiers
 from chip.spec import ChipSpec
@@ -38,8 +41,10 @@ from workloads.spec import ModelSpec
 from workloads.speculative import frontier, verify_tokens
 
 CommTime = Callable[[Collective], Work]
-ROWS = ("time_s", *CAUSES, "comm_bytes")
+ROWS = ("time_s", *CAUSES, "comm_bytes", "dynamic_j")
 COMM_ROW = ROWS.index("communication")
+SENT_ROW = ROWS.index("comm_bytes")
+DYNAMIC_ROW = ROWS.index("dynamic_j")
 CHUNK = 4096  # context sums per table chunk: one evaluation covers 4096 / b decode steps
 
 # Span kinds (a span is one row of the arrays in `Spans`).
@@ -231,7 +236,9 @@ class Socket:
 
 def _degrade(rows: np.ndarray, factor: float, comm_factor: float) -> np.ndarray:
     """Scale the non-communication causes by `factor` and communication by `comm_factor`;
-    the total is rebuilt as their sum so the partition still holds."""
+    the total is rebuilt as their sum so the partition still holds. comm_bytes and dynamic_j
+    stay: a degraded socket does the same work (same bytes, same switching energy) more slowly;
+    its idle draw over the longer time is counted by the engine."""
     out = rows.copy()
     causes = out[1 : 1 + len(CAUSES)]
     comm = causes[COMM_ROW - 1].copy()
@@ -375,8 +382,21 @@ class CostTables:
         rows[0] = np.broadcast_to(np.asarray(cost.time_s, dtype=float), (n,))
         for r, cause in enumerate(CAUSES, start=1):
             rows[r] = np.broadcast_to(np.asarray(cost.cause(cause), dtype=float), (n,))
-        rows[-1] = np.broadcast_to(np.asarray(sent_bytes(graph), dtype=float), (n,))
+        rows[SENT_ROW] = np.broadcast_to(np.asarray(sent_bytes(graph), dtype=float), (n,))
+        rows[DYNAMIC_ROW] = np.broadcast_to(dynamic_energy_j(cost, self.chip), (n,))
         return rows
+
+
+def dynamic_energy_j(cost: StepCost, chip: ChipSpec) -> Work:
+    """Joules one socket draws above idle over the step: (socket_power_w - idle_w) * time_s
+    (chip/power.py); 0 without a [power] table, and for a step of no time (no utilization)."""
+    p = power.socket_power_w(cost, chip)
+    t = np.asarray(cost.time_s, dtype=float)
+    if p is None:
+        return np.zeros_like(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dyn = (np.asarray(p, dtype=float) - power.idle_power_w(chip)) * t
+    return np.where(t > 0, dyn, 0.0)
 
 
 # Bytes a rank sends per payload byte, by collective, under ring algorithms (all-reduce:

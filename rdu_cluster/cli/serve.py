@@ -201,6 +201,7 @@ def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster
         f"simulated"),
         f"  {s['steps']} steps ({s['decode_steps']} decode) in {s['windows']} windows",
         *_extra_lines(s),
+        *_energy_line(s),
         (f"  wall: start-up {wall['start_s']:.2f} s, run {wall['run_s']:.2f} s "
         f"({s['decode_steps'] / max(wall['run_s'], 1e-9):.0f} decode steps/s), "
         f"total {wall['total_s']:.2f} s"),
@@ -217,6 +218,33 @@ def _extra_lines(s: dict) -> list[str]:
                    f"{s['switch_s'] / s['switches'] * 1e3:.1f} ms, {s['switch_s']:.2f} s "
                    f"switching; {s['switch_waited']} requests waited for one")
     return out
+
+
+def _energy_line(s: dict) -> list[str]:
+    """Energy (chip/power.py) and cost ([cost] price) of the run; parts not configured are
+    left out (engine/energy.py)."""
+    parts = []
+    if s["energy_j"] is not None:
+        text = f"energy {_si(s['energy_j'], 'J')}"
+        if s["joules_per_token"] is not None:
+            text += f", {s['joules_per_token']:.3g} J/token"
+        if s["power_w"] is not None:
+            text += f", {_si(s['power_w'], 'W')} mean"
+        parts.append(text)
+    if s["cost_usd"] is not None:
+        text = f"cost USD {s['cost_usd']:.3g}"
+        if s["cost_per_million_tokens_usd"] is not None:
+            text += f", {s['cost_per_million_tokens_usd']:.3g} per million tokens"
+        parts.append(text)
+    return [f"  {'; '.join(parts)}"] if parts else []
+
+
+def _si(value: float, unit: str) -> str:
+    """3 significant figures with an SI prefix: 1.23 MJ, 9.9 kW, 456 J."""
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
 
 
 class _ProgressBar:

@@ -3,7 +3,8 @@ units in the column names and a schema version in their metadata.
 
 Steps are recorded a window at a time as numpy columns (never a Python dict per step); request
 times are resolved at the end from the step indices the engine recorded (admission, first token,
-completion) and each replica's step start / end times.
+completion) and each replica's step start / end times. Energy and cost columns (energy_j,
+cost_usd; null where the chip has no [power] or the cluster no [cost] table): engine/energy.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import rdu_cluster
 from chip.cost import CAUSES
 from rdu_cluster.engine.requests import Request
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: energy_j / cost_usd in requests, steps and sockets; steps.sockets
 PHASES = ("decode", "prefill", "mixed", "recovery")
 
 REQUESTS = pa.schema([
@@ -27,6 +28,7 @@ REQUESTS = pa.schema([
     ("ttft_s", pa.float64()), ("tpot_s", pa.float64()), ("e2e_s", pa.float64()),
     ("finish_s", pa.float64()), ("preemptions", pa.int64()), ("swaps", pa.int64()),
     ("reason", pa.string()), ("expert", pa.int64()), ("switch_wait_s", pa.float64()),
+    ("energy_j", pa.float64()), ("cost_usd", pa.float64()),
 ])
 STEPS = pa.schema(
     [("replica", pa.int64()), ("step", pa.int64()), ("window", pa.int64()),
@@ -36,14 +38,16 @@ STEPS = pa.schema(
     + [(f"{c}_s", pa.float64()) for c in CAUSES]
     + [("kv_swap_s", pa.float64()), ("expert_load_max", pa.float64()),
        ("straggler_socket", pa.int64()), ("straggler_s", pa.float64()),
-       ("emitted_tokens", pa.int64()), ("expert", pa.int64()), ("switch_s", pa.float64())]
+       ("emitted_tokens", pa.int64()), ("expert", pa.int64()), ("switch_s", pa.float64()),
+       ("sockets", pa.int64()), ("energy_j", pa.float64()), ("cost_usd", pa.float64())]
 )
 TIERS = ("sram", "hbm", "ddr", "host")
 SOCKETS = pa.schema(
     [("socket", pa.int64()), ("replica", pa.int64()), ("node", pa.int64()),
      ("window", pa.int64()), ("time_s", pa.float64()), ("window_s", pa.float64()),
      ("busy_s", pa.float64()), ("busy_fraction", pa.float64()), ("sent_bytes", pa.float64()),
-     ("switches", pa.int64()), ("switch_s", pa.float64())]
+     ("switches", pa.int64()), ("switch_s", pa.float64()), ("energy_j", pa.float64()),
+     ("cost_usd", pa.float64())]
     + [(f"{t}_used_bytes", pa.float64()) for t in TIERS]
 )
 LINKS = pa.schema([
@@ -70,6 +74,8 @@ class Recorder:
     ends: dict[int, list[np.ndarray]] = field(default_factory=dict)  # replica -> step ends
     starts: dict[int, list[np.ndarray]] = field(default_factory=dict)
     switch_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (replica, step)
+    # energy_j / cost_usd per request id, only the configured ones (engine/energy.py)
+    split: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def add_steps(self, replica: int, cols: dict[str, np.ndarray]) -> None:
         self.steps.append(StepColumns(cols))
@@ -99,6 +105,9 @@ def request_rows(reqs: list[Request], replica_of: dict[int, int], rec: Recorder)
         out["swaps"][i], out["reason"][i] = q.swaps, q.reason
         out["expert"][i] = q.expert
         out["switch_wait_s"][i] = rec.switch_s.get((rep, q.switch_step), 0.0)
+        for name in ("energy_j", "cost_usd"):  # None: no [power] / [cost] table
+            totals = rec.split.get(name)
+            out[name][i] = None if totals is None else totals.get(q.id, 0.0)
         if q.admit_step >= 0:
             out["queue_s"][i] = float(starts[q.admit_step] - q.arrival_s)
         if q.first_token_step >= 0:

@@ -29,7 +29,7 @@ from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, Reques
 from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
 
 MAX_SPANS = 2048  # spans per window: bounds a command's size (about 50 bytes a span)
-MAX_STEPS = 65536  # steps per window: bounds a result's size (12 rows x 8 bytes a step)
+MAX_STEPS = 65536  # steps per window: bounds a result's size (14 rows, ROWS, x 8 bytes a step)
 
 
 class Experts(Protocol):

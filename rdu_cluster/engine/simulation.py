@@ -21,13 +21,13 @@ import numpy as np
 
 from chip.cost import CAUSES
 from chip.memory import MemoryTiers
-from chip.socket import COMM_ROW, DECODE, MIXED, PREFILL, ROWS
+from chip.socket import COMM_ROW, DECODE, MIXED, PREFILL, ROWS, SENT_ROW
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster import coe
 from rdu_cluster.backends import SocketSetup
 from rdu_cluster.backends.messages import Message, Router
-from rdu_cluster.engine import loop, metrics, schedulers
+from rdu_cluster.engine import energy, loop, metrics, schedulers
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.events import Arrival, Event, FaultAt
 from rdu_cluster.engine.faults import LINK_DETOUR_FACTOR, Fault
@@ -86,7 +86,8 @@ class Simulation:
         self.plan = plans.PlanSpec.parse(config.plan, cluster, model)
         self.faults = [Fault.parse(f, cluster.sockets) for f in config.faults]
         self.router = Router(cluster)
-        self.rec = metrics.Recorder()
+        self.rates = energy.Rates.of(cluster)  # idle W, USD per socket-hour: engine/energy.py
+        self.rec = metrics.Recorder(split=energy.split_columns(self.rates))
         self.now, self.seq, self.windows = 0.0, 0, 0
         self.failed: set[int] = set()
         self.degradation: dict[int, list[float]] = {}
@@ -432,6 +433,10 @@ class Simulation:
         }
         for i, c in enumerate(CAUSES):
             cols[f"{c}_s"] = step["causes"][:, i]
+        cols["sockets"] = np.full(m, len(rep.sockets))
+        cols.update(energy.step_columns(self.rates, energy.dynamic_j(res, rep.sockets, m),
+                                        len(rep.sockets), dur))
+        energy.split_over_requests(spans, cols, self.rec.split)
         self.rec.add_steps(rep.index, cols)
         for i in np.flatnonzero(step["switch_s"]):
             self.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
@@ -446,12 +451,13 @@ class Simulation:
         for stage in self.layouts[rep.index].stages:
             for pos, s in enumerate(stage):
                 rows, moves, occ = res[s]
-                busy, sent = float(rows[0, :m].sum()), float(rows[-1, :m].sum())
+                busy, sent = float(rows[0, :m].sum()), float(rows[SENT_ROW, :m].sum())
                 row = {"socket": s, "replica": rep.index, "node": self.cluster.node_of(s),
                        "window": self.windows, "time_s": end, "window_s": end - t0,
                        "busy_s": busy, "busy_fraction": busy / (end - t0) if end > t0 else 0.0,
                        "sent_bytes": sent, "switches": int(switch.sum()),
-                       "switch_s": float(np.sum(np.asarray(moves)[switch]))}
+                       "switch_s": float(np.sum(np.asarray(moves)[switch])),
+                       **energy.socket_columns(self.rates, rows, m, end - t0)}
                 row["occupancy"] = occ  # a mapping the backend may fill in later (sync)
                 self.rec.sockets.append(row)
                 if len(stage) > 1:
@@ -544,9 +550,11 @@ class Simulation:
                      "window": np.array([self.windows]), "phase": np.array(["recovery"]),
                      "start_s": np.array([start]), "time_s": np.array([reload_s]),
                      "straggler_socket": np.array([-1]), "expert_load_max": np.ones(1),
-                     "expert": np.array([-1])})
+                     "expert": np.array([-1]), "sockets": np.array([len(setups)])})
         for name in ("batch", "prefill_tokens", "decode_tokens", "emitted_tokens"):
             cols[name] = np.zeros(1, dtype=np.int64)
+        # The reloading sockets draw idle power (the copy's energy beyond idle is not modelled).
+        cols.update(energy.step_columns(self.rates, None, len(setups), cols["time_s"]))
         self.rec.add_steps(rep.index, cols)
 
     # -- results --------------------------------------------------------------------------
@@ -602,6 +610,7 @@ class Simulation:
             "switch_waited": int(sum(1 for w in req["switch_wait_s"] if w)),
             "switch_s": float(sum(self.rec.switch_s.values())),
             "tokens_per_decode": _tokens_per_decode(steps),
+            **energy.summary(self.rates, steps, self.cluster.sockets, end, tokens),
         }
 
 

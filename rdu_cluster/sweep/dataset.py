@@ -35,7 +35,7 @@ import rdu_cluster
 from rdu_cluster.sweep.registry import Point
 from workloads.errors import ConfigError
 
-DATASET_SCHEMA_VERSION = "1"
+DATASET_SCHEMA_VERSION = "2"  # 2: serve rows carry the engine's energy and cost columns
 SWEEP_FILE = "_sweep.json"
 LOCK_FILE = "_sweep.lock"
 MANIFEST_DIR = "_manifest"

@@ -429,6 +429,10 @@ def serve_fields() -> dict[str, FieldDef]:
     return fields
 
 
+# The engine's energy and cost figures (rdu_cluster/engine/energy.py); null where the chip has no
+# [power] or the cluster no [cost] table.
+ENERGY_COLUMNS = ("energy_j", "power_w", "joules_per_token", "cost_usd",
+                  "cost_per_million_tokens_usd")
 SERVE_SCHEMA = pa.schema(
     [("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
      ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()), ("ep", pa.int64()),
@@ -437,7 +441,8 @@ SERVE_SCHEMA = pa.schema(
      ("preemptions", pa.int64()), ("swaps", pa.int64()), ("output_tokens", pa.int64()),
      ("makespan_s", pa.float64()), ("throughput_tokens_per_s", pa.float64()),
      *((f"{m}_p{q}_s", pa.float64()) for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)),
-     ("steps", pa.int64()), ("decode_steps", pa.int64()), ("windows", pa.int64())]
+     ("steps", pa.int64()), ("decode_steps", pa.int64()), ("windows", pa.int64()),
+     *((k, pa.float64()) for k in ENERGY_COLUMNS)]
 )
 
 
@@ -503,7 +508,8 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
                "swaps": int(sum(v or 0 for v in req.column("swaps").to_pylist())),
                "output_tokens": s["output_tokens"], "makespan_s": s["makespan_s"],
                "throughput_tokens_per_s": s["tokens_per_s"], "steps": s["steps"],
-               "decode_steps": s["decode_steps"], "windows": s["windows"]}
+               "decode_steps": s["decode_steps"], "windows": s["windows"],
+               **{k: s[k] for k in ENERGY_COLUMNS}}
         for name, values in (("ttft", s["ttft_s"]), ("tpot", s["tpot_s"]), ("e2e", e2e)):
             row.update({f"{name}_p{q}_s": v for q, v in values.items()})
         rows.append(row)

@@ -68,6 +68,8 @@ def test_example_runs_resumes_one_row_per_point(tmp_path, monkeypatch):
     assert set(df.cluster) == {"sn40l-8", "dgx-h100"} and set(df.max_batch) == {4, 16}
     assert (df.ttft_p50_s <= df.ttft_p90_s).all() and (df.ttft_p90_s <= df.ttft_p99_s).all()
     assert (df.throughput_tokens_per_s > 0).all() and (df.makespan_s > 0).all()
+    assert (df.joules_per_token > 0).all() and (df.cost_per_million_tokens_usd > 0).all()
+    assert (df.power_w == df.energy_j / df.makespan_s).all()
     # at the highest rate, a larger batch limit queues less
     hi = df[df.rate_requests_per_s == 160.0].set_index(["cluster", "max_batch"]).ttft_p90_s
     for cluster in ("sn40l-8", "dgx-h100"):
