@@ -88,6 +88,7 @@ def test_serve_tree_speculation_with_a_separate_draft(tmp_path):
             "--draft-placement", "separate", "--draft-sockets", "4", "--out", str(tmp_path))
     assert r.exit_code == 0, r.output
     assert "8/8 requests served" in r.output and "tokens per sequence per step" in r.output
+    assert "(draft llama-3.2-1b on 4 sockets of its own, tree 3,2,1, acceptance" in r.output
     sockets = pq.read_table(tmp_path / "sockets.parquet").column("socket").to_pylist()
     assert set(sockets) == set(range(8))  # 4 draft sockets and the tp4 target
 

@@ -212,7 +212,8 @@ def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster
 def _extra_lines(s: dict) -> list[str]:
     out = []
     if s["tokens_per_decode"] == s["tokens_per_decode"] and s["tokens_per_decode"] != 1.0:
-        out.append(f"  speculative: {s['tokens_per_decode']:.3f} tokens per sequence per step")
+        out.append(f"  speculative: {s['tokens_per_decode']:.3f} tokens per sequence per step "
+                   f"({s['speculation']})")
     if s["switches"]:
         out.append(f"  CoE: {s['switches']} expert switches of "
                    f"{s['switch_s'] / s['switches'] * 1e3:.1f} ms, {s['switch_s']:.2f} s "

@@ -248,6 +248,10 @@ class Simulation:
             return np.full(len(arrival), -1), arrival
         return coe.assign_experts(self.trace, sc, self.config.seed), arrival
 
+    def _spec_description(self) -> str:
+        spec = self.config.speculation
+        return "" if spec is None else _describe(spec, self.config)
+
     # -- running --------------------------------------------------------------------------
     def run(self) -> Tables:
         """Start the sockets, run the trace, close the backend. `self.wall` keeps the wall
@@ -610,6 +614,7 @@ class Simulation:
             "switch_waited": int(sum(1 for w in req["switch_wait_s"] if w)),
             "switch_s": float(sum(self.rec.switch_s.values())),
             "tokens_per_decode": _tokens_per_decode(steps),
+            "speculation": self._spec_description(),
             **energy.summary(self.rates, steps, self.cluster.sockets, end, tokens),
         }
 
@@ -627,6 +632,13 @@ def _check_placement(config: ServeConfig) -> None:
     if config.draft_placement == "separate" and config.faults:
         raise ConfigError("--fault: not with --draft-placement separate (re-planning a group "
                           "keeps the draft on the target's sockets only)")
+
+
+def _describe(spec: Speculation, config: ServeConfig) -> str:
+    shape = (f"tree {','.join(map(str, spec.branching))}" if spec.branching else f"k={spec.k}")
+    where = ("on the target's sockets" if config.draft_placement == "shared"
+             else f"on {config.draft_sockets} sockets of its own")
+    return f"draft {config.draft} {where}, {shape}, acceptance {spec.acceptance.describe()}"
 
 
 def _check_coe(config: ServeConfig) -> None:
