@@ -225,8 +225,12 @@ class RayBackend:
         return out
 
     def sync(self) -> None:
+        # every socket's queue goes out before any reply is awaited, so the actors work on
+        # their batches side by side rather than one round trip after another
         for index in self.actors:
-            self._resolve(index)
+            self._send(index)
+        for index in self.actors:
+            self._collect(index)
 
     def _recover(self, index: int, owed: list[list[int]]) -> list[tuple]:
         """Re-create a dead actor from its last checkpoint and replay the logged commands up to
