@@ -70,6 +70,12 @@ class Window:
     def steps(self) -> int:
         return sum(s.steps for s in self.spans)
 
+    def per_step(self, f: Callable[[Span], float], dtype=np.int64) -> np.ndarray:
+        """f(span) for every step of the window (each span's value repeated over its steps)."""
+        sp = self.spans
+        return np.repeat(np.fromiter((f(s) for s in sp), dtype=dtype, count=len(sp)),
+                         [s.steps for s in sp])
+
     def columns(self) -> Spans:
         sp = self.spans
         col = lambda f: np.fromiter((f(s) for s in sp), dtype=np.int64, count=len(sp))

@@ -248,10 +248,6 @@ class Simulation:
             return np.full(len(arrival), -1), arrival
         return coe.assign_experts(self.trace, sc, self.config.seed), arrival
 
-    def _spec_description(self) -> str:
-        spec = self.config.speculation
-        return "" if spec is None else _describe(spec, self.config)
-
     # -- running --------------------------------------------------------------------------
     def run(self) -> Tables:
         """Start the sockets, run the trace, build the tables, close the backend. The tables
@@ -372,10 +368,8 @@ class Simulation:
 
     def _add_transfers(self, window: Window, stages, time, causes) -> None:
         act = self.model.precision.activations.bytes * self.model.hidden_size
-        tokens = np.concatenate([
-            np.full(sp.steps, len(sp.decode) + sum(t for _, t in sp.prefill), dtype=float)
-            for sp in window.spans
-        ])
+        tokens = window.per_step(lambda sp: len(sp.decode) + sum(t for _, t in sp.prefill),
+                                 float)
         for a, b in itertools.pairwise(stages):
             msg = Message(a[0], b[0], "activations", tokens * act)
             t = self.router.route(msg.encode())
@@ -387,9 +381,8 @@ class Simulation:
         tree's too) and the verdict (accepted count and the target's token) comes back, each
         one routed message; a prefill step runs the draft's and the target's prefill side by
         side, so it lasts the slower of the two (time and causes in place)."""
-        kind = np.repeat([sp.kind for sp in window.spans], [sp.steps for sp in window.spans])
-        seqs = np.repeat([len(sp.decode) for sp in window.spans],
-                         [sp.steps for sp in window.spans]).astype(float)
+        kind = window.per_step(lambda sp: sp.kind)
+        seqs = window.per_step(lambda sp: len(sp.decode), float)
         side = kind == PREFILL
         (t0, c0), (t1, c1) = per_stage
         time[side] = np.maximum(t0, t1)[side]
@@ -417,9 +410,7 @@ class Simulation:
     def _record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
                 m: int) -> float:
         spans = window.spans
-        rep_n = lambda f, dt=np.int64: np.repeat(
-            np.fromiter((f(sp) for sp in spans), dtype=dt, count=len(spans)),
-            [sp.steps for sp in spans])
+        rep_n = window.per_step
         dur = step["time_s"]
         ends = _ends(t0, dur)
         starts = np.concatenate([[t0], ends[:-1]])
@@ -616,7 +607,7 @@ class Simulation:
             "switch_waited": int(sum(1 for w in req["switch_wait_s"] if w)),
             "switch_s": float(sum(self.rec.switch_s.values())),
             "tokens_per_decode": _tokens_per_decode(steps),
-            "speculation": self._spec_description(),
+            "speculation": _describe(self.config),
             **energy.summary(self.rates, steps, self.cluster.sockets, end, tokens),
         }
 
@@ -636,7 +627,11 @@ def _check_placement(config: ServeConfig) -> None:
                           "keeps the draft on the target's sockets only)")
 
 
-def _describe(spec: Speculation, config: ServeConfig) -> str:
+def _describe(config: ServeConfig) -> str:
+    """The speculation of the run, for the summary ("" without one)."""
+    spec = config.speculation
+    if spec is None:
+        return ""
     shape = (f"tree {','.join(map(str, spec.branching))}" if spec.branching else f"k={spec.k}")
     where = ("on the target's sockets" if config.draft_placement == "shared"
              else f"on {config.draft_sockets} sockets of its own")
