@@ -11,8 +11,8 @@ import time
 import numpy as np
 
 from chip import execution
+from partitioning.estimate import estimate, tp_comm_time
 from rdu_cluster.config import load_cluster
-from rdu_cluster.estimate import estimate, tp_comm_time
 from workloads import graph as graphs
 from workloads.catalog import load_model
 from workloads.ops import Shard, StepShape

@@ -11,7 +11,7 @@ from partitioning.evaluate import evaluate_plan
 from partitioning.plan import Plan
 from partitioning.sensitivity import FACTORS, link_sensitivity
 from rdu_cluster.config import load_cluster
-from rdu_cluster.report import text_table
+from rdu_cluster.output.report import text_table
 from workloads.catalog import load_model
 
 CASES = (  # model, plan, batch

@@ -2,7 +2,7 @@
 pipeline period, tokens/s, footprints, bound.
 
 Decode is costed at the mean context of the generation (prompt + (gen - 1) / 2), as
-rdu_cluster.estimate does. Pipeline: the batch is cut into m micro-batches (default min(batch,
+partitioning.estimate does. Pipeline: the batch is cut into m micro-batches (default min(batch,
 pp)); a micro-batch's next token needs its previous one, so its period is the longer of its
 trip through all stages (sum of stage times) and the time the busiest stage spends on all m
 micro-batches: period = max(sum_s t_s, m * max_s t_s). At batch 1 (m = 1) a pipeline only adds

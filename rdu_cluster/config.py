@@ -19,7 +19,7 @@ from chip.power import parse_power
 from chip.spec import ChipSpec, TierSpec
 from interconnect.topology import TopologySpec
 from partitioning.cluster import ClusterSpec
-from rdu_cluster.economics import parse_cost
+from rdu_cluster.scenarios.economics import parse_cost
 from workloads import checks
 from workloads.errors import ConfigError
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rdu_cluster.coe import (
+from rdu_cluster.config import load_cluster
+from rdu_cluster.scenarios.coe import (
     CoEScenario,
     ExpertCache,
     Popularity,
@@ -14,7 +15,6 @@ from rdu_cluster.coe import (
     switch_time_s,
     table_v,
 )
-from rdu_cluster.config import load_cluster
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.graph import weight_bytes

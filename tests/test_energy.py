@@ -6,10 +6,10 @@ import pytest
 
 from chip.cost import StepCost
 from chip.power import parse_power, socket_power_w
-from rdu_cluster import results
+from partitioning.estimate import estimate
 from rdu_cluster.config import load_chip, load_cluster
-from rdu_cluster.economics import cost_per_million_tokens, estimate_columns, parse_cost
-from rdu_cluster.estimate import estimate
+from rdu_cluster.output import results
+from rdu_cluster.scenarios.economics import cost_per_million_tokens, estimate_columns, parse_cost
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 

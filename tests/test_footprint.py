@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
-from rdu_cluster.footprint import footprint
+from rdu_cluster.scenarios.hosting import footprint
 from workloads.errors import ConfigError
 
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
-from rdu_cluster.speculative import best_k, default_acceptance, speculative_estimate
+from rdu_cluster.scenarios.speculative import best_k, default_acceptance, speculative_estimate
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.speculative import (

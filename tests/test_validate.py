@@ -7,8 +7,8 @@ import json
 
 from click.testing import CliRunner
 
-from rdu_cluster import validate as v
 from rdu_cluster.cli import main
+from rdu_cluster.validation import published as v
 
 REQUIRED = {"id", "source", "claim", "metric", "cluster", "kind", "published", "tolerance_basis"}
 

@@ -8,7 +8,7 @@ import click
 
 import cluster_configs
 from rdu_cluster.config import load_cluster
-from rdu_cluster.report import text_table
+from rdu_cluster.output.report import text_table
 from workloads import catalog, params
 
 

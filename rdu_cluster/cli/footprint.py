@@ -6,10 +6,10 @@ import json
 
 import click
 
-from rdu_cluster.coe import DEFAULT_EXPERT, DEFAULT_ROUTER
 from rdu_cluster.config import load_cluster
-from rdu_cluster.footprint import footprint as compute
-from rdu_cluster.footprint import report
+from rdu_cluster.scenarios.coe import DEFAULT_EXPERT, DEFAULT_ROUTER
+from rdu_cluster.scenarios.hosting import footprint as compute
+from rdu_cluster.scenarios.hosting import report
 
 DEFAULT_CLUSTERS = ("sn40l-8", "dgx-h100", "dgx-a100")
 

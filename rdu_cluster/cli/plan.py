@@ -10,7 +10,7 @@ from partitioning.evaluate import PlanEstimate, search_plans
 from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.routing import RoutingModel
 from rdu_cluster.config import load_cluster
-from rdu_cluster.report import text_table
+from rdu_cluster.output.report import text_table
 from workloads.catalog import load_model
 from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError

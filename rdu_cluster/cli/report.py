@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from rdu_cluster import plots
+from rdu_cluster.output import plots
 from rdu_cluster.sweep import dataset
 from workloads.errors import ConfigError
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import click
 
-from rdu_cluster import coe, results, speculative
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine import schedulers
 from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
+from rdu_cluster.output import results
+from rdu_cluster.scenarios import coe, speculative
 from workloads import traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError

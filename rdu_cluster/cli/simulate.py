@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import click
 
+from partitioning.estimate import best_plan, estimate_plan
 from partitioning.plan import Plan
-from rdu_cluster import coe, results, speculative
-from rdu_cluster.ablate import ablate as run_ablation
-from rdu_cluster.ablate import format_ablation
 from rdu_cluster.config import load_cluster
-from rdu_cluster.estimate import best_plan, estimate_plan
-from rdu_cluster.report import side_by_side
+from rdu_cluster.output import results
+from rdu_cluster.output.report import side_by_side
+from rdu_cluster.scenarios import coe, speculative
+from rdu_cluster.scenarios.ablate import ablate as run_ablation
+from rdu_cluster.scenarios.ablate import format_ablation
 from workloads.catalog import load_model
 from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError

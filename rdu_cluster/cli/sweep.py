@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from rdu_cluster.report import text_table
+from rdu_cluster.output.report import text_table
 from rdu_cluster.sweep import dataset
 from rdu_cluster.sweep.execute import LocalBackend, RayBackend, run_sweep
 from rdu_cluster.sweep.spec import DEFAULT_MAX_POINTS, Expansion, Spec, expand, load_spec

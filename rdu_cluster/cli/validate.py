@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from rdu_cluster import validate as v
-from rdu_cluster.report import text_table
+from rdu_cluster.output.report import text_table
+from rdu_cluster.validation import published as v
 
 
 @click.command()

@@ -28,8 +28,8 @@ import numpy as np
 from chip import power
 from chip.socket import DYNAMIC_ROW
 from partitioning.cluster import ClusterSpec
-from rdu_cluster import economics
 from rdu_cluster.engine.replica import Span
+from rdu_cluster.scenarios import economics
 
 HOUR_S = 3600.0
 

@@ -23,8 +23,8 @@ from chip.cost import CAUSES
 from chip.memory import MemoryTiers
 from chip.socket import COMM_ROW, DECODE, MIXED, PREFILL, ROWS, SENT_ROW
 from partitioning.cluster import ClusterSpec
+from partitioning.estimate import plan_comm_time, tp_comm_time
 from partitioning.plan import Plan as PartitionPlan
-from rdu_cluster import coe
 from rdu_cluster.backends import SocketSetup
 from rdu_cluster.backends.messages import Message, Router
 from rdu_cluster.engine import energy, loop, metrics, schedulers
@@ -35,8 +35,8 @@ from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KV
 from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.routing import RoutingSampler
-from rdu_cluster.estimate import plan_comm_time, tp_comm_time
-from rdu_cluster.speculative import PLACEMENTS, resolve_draft
+from rdu_cluster.scenarios import coe
+from rdu_cluster.scenarios.speculative import PLACEMENTS, resolve_draft
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
 from workloads.speculative import Speculation

@@ -1,4 +1,4 @@
-"""Built-in sweep runners. `simulate`: the analytic estimate (rdu_cluster.estimate) of decode and
+"""Built-in sweep runners. `simulate`: the analytic estimate (partitioning.estimate) of decode and
 prefill, one row per point, with points that differ only in batch / prompt / generation length
 costed by one vectorized call. `plan`: the best plan of a plan search per point. `serve`: one
 serving simulation (the engine's Simulation on its local backend) per point, its summary a row.
@@ -76,7 +76,7 @@ def toggles(kind: str) -> tuple[str, ...]:
 
 
 def _estimate_takes(param: str) -> bool:
-    from rdu_cluster.estimate import estimate
+    from partitioning.estimate import estimate
 
     return param in inspect.signature(estimate).parameters
 
@@ -210,8 +210,8 @@ def run_simulate(points: Sequence[Point], seed: int) -> RunOutput:
 
 
 def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
-    from rdu_cluster import results
-    from rdu_cluster.estimate import estimate
+    from partitioning.estimate import estimate
+    from rdu_cluster.output import results
 
     f = points[0].fields
     cluster = cached_cluster(f["cluster"], cluster_overrides(f))

@@ -54,9 +54,9 @@ def test_ray_backend_matches_local_on_a_coe_run(ray_session):
     """Expert switches are region copies sent through the same command path."""
     from rdu_cluster.backends.local import LocalBackend
     from rdu_cluster.backends.ray_backend import RayBackend
-    from rdu_cluster.coe import CoEScenario, Popularity
     from rdu_cluster.config import load_cluster
     from rdu_cluster.engine.simulation import ServeConfig, Simulation
+    from rdu_cluster.scenarios.coe import CoEScenario, Popularity
     from workloads.traces import LengthDist, synthetic
 
     trace = synthetic(24, rate=float("inf"), prompt=LengthDist("fixed", 128),

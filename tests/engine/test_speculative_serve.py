@@ -72,7 +72,7 @@ def _estimate(spec, **kw):
     same execution model) at the context of the engine's first decode step: the 128 prompt
     tokens cached."""
     from rdu_cluster.config import load_cluster
-    from rdu_cluster.speculative import speculative_estimate
+    from rdu_cluster.scenarios.speculative import speculative_estimate
     from workloads.catalog import load_model
 
     return speculative_estimate(load_model("llama-3.1-8b"), load_cluster("sn40l-8"), spec,
@@ -117,8 +117,8 @@ def test_separate_draft_step_is_draft_then_verify_plus_two_routed_hops(serve):
 
 
 def test_separate_draft_prefills_side_by_side_with_the_target(serve):
+    from partitioning.estimate import estimate
     from rdu_cluster.config import load_cluster
-    from rdu_cluster.estimate import estimate
     from workloads.catalog import load_model
 
     _, t = _one_request(serve, Speculation(K, ConstantAcceptance(RATE)), **SEPARATE)

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from rdu_cluster import results
+from partitioning.estimate import estimate
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
-from rdu_cluster.estimate import estimate
+from rdu_cluster.output import results
 from rdu_cluster.sweep import LocalBackend, expand, load_spec, read_manifest, run_sweep
 from rdu_cluster.sweep.runners import run_simulate
 from tests.sweep.helpers import write

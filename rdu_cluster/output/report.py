@@ -8,7 +8,7 @@ import numpy as np
 
 from chip.cost import CAUSES
 from partitioning.cluster import ClusterSpec
-from rdu_cluster.estimate import Estimate
+from partitioning.estimate import Estimate
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

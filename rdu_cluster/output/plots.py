@@ -60,7 +60,7 @@ def columns(table: pa.Table) -> dict[str, np.ndarray]:
 
 def axis_columns(cols: Cols) -> list[str]:
     """Scenario axes: the input columns that take more than one value in the dataset."""
-    from rdu_cluster.results import SCHEMA
+    from rdu_cluster.output.results import SCHEMA
 
     inputs = {"batch", "prompt_len", "gen_len", "tp", "cluster", "model"}
     outputs = {f.name for f in SCHEMA} - inputs

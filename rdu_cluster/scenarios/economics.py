@@ -64,7 +64,7 @@ def step_columns(
 
 
 def estimate_columns(est, cluster: ClusterSpec) -> dict[str, Any]:
-    """Columns for a rdu_cluster.estimate.Estimate: one replica's tp sockets, `batch` tokens a
+    """Columns for a partitioning.estimate.Estimate: one replica's tp sockets, `batch` tokens a
     decode step."""
     return step_columns(cluster, est.decode, est.group_sockets, est.batch)
 

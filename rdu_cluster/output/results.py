@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 
 import rdu_cluster
 from chip.cost import CAUSES
-from rdu_cluster import economics
-from rdu_cluster.economics import COLUMNS as ECONOMICS
-from rdu_cluster.estimate import Estimate
+from partitioning.estimate import Estimate
+from rdu_cluster.scenarios import economics
+from rdu_cluster.scenarios.economics import COLUMNS as ECONOMICS
 from workloads.errors import ConfigError
 from workloads.ops import OpClass
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from chip.dataflow import UNFUSED_BASELINE, DataflowOptions
 from partitioning.cluster import ClusterSpec
-from rdu_cluster.estimate import estimate
-from rdu_cluster.report import text_table
+from partitioning.estimate import estimate
+from rdu_cluster.output.report import text_table
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from partitioning.cluster import ClusterSpec
-from rdu_cluster.coe import DEFAULT_ROUTER, capacity_tier, switch_time_s
-from rdu_cluster.estimate import estimate
-from rdu_cluster.report import text_table
+from partitioning.estimate import estimate
+from rdu_cluster.output.report import text_table
+from rdu_cluster.scenarios.coe import DEFAULT_ROUTER, capacity_tier, switch_time_s
 from workloads import graph as graphs
 from workloads.catalog import load_model
 from workloads.errors import ConfigError

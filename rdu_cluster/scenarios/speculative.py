@@ -30,10 +30,11 @@ import numpy as np
 from chip import execution
 from chip.cost import StepCost
 from partitioning.cluster import ClusterSpec
-from rdu_cluster import economics, results
+from partitioning.estimate import Estimate, estimate, tp_comm_time
 from rdu_cluster.config import load_cluster
-from rdu_cluster.estimate import Estimate, estimate, tp_comm_time
-from rdu_cluster.report import text_table
+from rdu_cluster.output import results
+from rdu_cluster.output.report import text_table
+from rdu_cluster.scenarios import economics
 from workloads import graph as graphs
 from workloads.catalog import load_model
 from workloads.errors import ConfigError

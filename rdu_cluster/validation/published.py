@@ -1,4 +1,4 @@
-"""Run the validation table (rdu_cluster/data/validation.toml): each published figure, the
+"""Run the validation table (rdu_cluster/validation/published.toml): each published figure, the
 simulated one, the error and whether it is within the case's stated tolerance.
 
 A case's configuration is complete in the table; this module only maps a metric name to how it
@@ -17,8 +17,8 @@ import numpy as np
 
 from chip.dataflow import DataflowOptions
 from chip.kernel_by_kernel import GpuOptions
+from partitioning.estimate import Estimate, estimate
 from rdu_cluster.config import load_cluster
-from rdu_cluster.estimate import Estimate, estimate
 from workloads import catalog
 from workloads.errors import ConfigError
 
@@ -54,7 +54,7 @@ class Result:
 
 def load_cases(path: str | None = None) -> list[dict[str, Any]]:
     if path is None:
-        text = resources.files("rdu_cluster").joinpath("data/validation.toml").read_text()
+        text = resources.files("rdu_cluster").joinpath("validation/published.toml").read_text()
     else:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -135,8 +135,8 @@ METRICS: dict[str, Callable[[dict], float]] = {
 }
 
 # Speculative decoding and Composition of Experts (rdu_cluster/speculative.py, rdu_cluster/coe.py).
-from rdu_cluster.coe import VALIDATION_METRICS as _COE_METRICS
-from rdu_cluster.speculative import VALIDATION_METRICS as _SPEC_METRICS
+from rdu_cluster.scenarios.coe import VALIDATION_METRICS as _COE_METRICS
+from rdu_cluster.scenarios.speculative import VALIDATION_METRICS as _SPEC_METRICS
 
 METRICS.update(_SPEC_METRICS)
 METRICS.update(_COE_METRICS)

@@ -32,9 +32,9 @@ import numpy as np
 
 from chip.memory import MemoryTiers
 from partitioning.cluster import ClusterSpec
+from partitioning.estimate import estimate
 from rdu_cluster.config import load_cluster
-from rdu_cluster.estimate import estimate
-from rdu_cluster.report import text_table
+from rdu_cluster.output.report import text_table
 from workloads import graph as graphs
 from workloads.catalog import load_model
 from workloads.errors import ConfigError

@@ -1,0 +1,2 @@
+"""Scenarios built on the plan evaluator: speculative decoding, Composition of Experts,
+ablations, hosting footprints, energy and cost."""

@@ -1,0 +1,1 @@
+"""Published cases and measurements beside the simulated figures."""
