@@ -3,14 +3,20 @@
 One small importer per `model_type`, in `IMPORTERS`; adding a family is one function, one registry
 entry and one test. Field names and their meaning follow the transformers configuration classes of
 each family (LlamaConfig, MixtralConfig, Qwen3MoeConfig, DeepseekV3Config, GptOssConfig,
-Qwen3NextConfig, NemotronHConfig) and MiniMaxAI/MiniMax-M2's configuration_minimax_m2.py.
-Every error is a ConfigError with a one-line message naming the field or model_type.
+Qwen3NextConfig, NemotronHConfig, Llama4TextConfig, Gemma2Config, Gemma3TextConfig, Phi3Config,
+DeepseekV2Config, Qwen2MoeConfig, Glm4MoeConfig, Mistral3Config) and MiniMaxAI/MiniMax-M2's
+configuration_minimax_m2.py. Multimodal configs (llama4, gemma3, mistral3) nest the language model
+under `text_config`; only that part is imported (the vision encoder runs once per image, outside
+the decode loop this simulator costs). `quantization_config` sets the weight dtype (see
+`checkpoint_precision`). Every error is a ConfigError with a one-line message naming the file and
+the field or model_type.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,8 @@ from workloads.spec import (
 )
 
 _MISSING = object()
+# Top-level keys a nested text_config inherits when it does not set them itself.
+_INHERITED = ("quantization_config", "tie_word_embeddings", "_name_or_path", "_rdu")
 
 
 class _Cfg:
@@ -60,6 +68,56 @@ class _Cfg:
         value = self.data.get(key)
         return default if value is None else value
 
+    def count(self, key: str, default: int = 0, most: int | None = None) -> int:
+        """A non-negative integer field (a number of layers or experts), at most `most`."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(f"field {key!r} must be a non-negative integer, got {value!r}")
+        if most is not None and value > most:
+            raise self.fail(f"field {key!r} is {value}, more than {most}")
+        return value
+
+    def fraction(self, key: str, default: float) -> float:
+        """A share in (0, 1] (partial_rotary_factor)."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise self.fail(f"field {key!r} must be a number in (0, 1], got {value!r}")
+        return float(value)
+
+    def per_layer(self, key: str, n: int, accepted: tuple = (0, 1)) -> list:
+        """A list with one entry per layer, each one of `accepted`."""
+        value = self.data.get(key)
+        if not isinstance(value, list) or len(value) != n:
+            got = f"{len(value)} entries" if isinstance(value, list) else repr(value)
+            raise self.fail(f"field {key!r} must list one entry per layer ({n}), got {got}")
+        bad = [v for v in value if v not in accepted]
+        if bad:
+            listed = ", ".join(map(repr, accepted))
+            raise self.fail(f"field {key!r}: entry {bad[0]!r}; accepted: {listed}")
+        return value
+
+    def layer_indices(self, key: str, n: int) -> set[int]:
+        """A list of layer indices, each in [0, n)."""
+        value = self.data.get(key)
+        ok = isinstance(value, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in value)
+        if not ok:
+            raise self.fail(f"field {key!r} must list layer indices in 0..{n - 1}, got {value!r}")
+        return set(value)
+
+    def nested(self, key: str, default_type: str) -> _Cfg:
+        """The `text_config` of a multimodal config, inheriting the top-level keys it lacks
+        (quantization_config, tie_word_embeddings, _name_or_path); the config itself when it has
+        none (text-only exports of the same family are flat)."""
+        inner = self.data.get(key)
+        if inner is None:
+            return self
+        if not isinstance(inner, Mapping):
+            raise self.fail(f"field {key!r} must be a JSON object, got {type(inner).__name__}")
+        merged = {"model_type": default_type} | {
+            k: v for k, v in self.data.items() if k in _INHERITED} | dict(inner)
+        return _Cfg(merged, f"{self.source}: {key}", self.model_type)
+
 
 # --- shared pieces -----------------------------------------------------------------------------
 
@@ -91,6 +149,11 @@ def _base(c: _Cfg, name: str, layers: tuple[LayerSpec, ...], **fields: Any) -> M
     )
 
 
+def _dense_width(c: _Cfg, layers: tuple[LayerSpec, ...], key: str = "intermediate_size") -> int:
+    """The dense FFN width, required only when some layer has a dense FFN."""
+    return c.size(key) if any(la.ffn is FFN.DENSE for la in layers) else 0
+
+
 def _uniform(c: _Cfg, mixer: Mixer, ffn: FFN) -> tuple[LayerSpec, ...]:
     return (LayerSpec(mixer, ffn),) * c.size("num_hidden_layers")
 
@@ -102,6 +165,15 @@ def _window(c: _Cfg) -> int | None:
         return None
     window = c.get("sliding_window")
     return c.size("sliding_window") if window is not None else None
+
+
+def _pattern(c: _Cfg, n: int, default: Callable[[int], str]) -> tuple[Mixer, ...]:
+    """Per-layer attention kinds: `layer_types` when the config lists them (newer transformers
+    write them out), else the family's rule `default(i)`."""
+    if c.get("layer_types") is None:
+        return tuple(_layer_type(c, default(i)) for i in range(n))
+    kinds = c.per_layer("layer_types", n, ("full_attention", "sliding_attention"))
+    return tuple(_layer_type(c, k) for k in kinds)
 
 
 def _dense_family(c: _Cfg, name: str, **attn: Any) -> ModelSpec:
@@ -177,21 +249,32 @@ def _qwen3_moe(c: _Cfg, name: str) -> ModelSpec:
         top_k=c.size("num_experts_per_tok"),
         expert_intermediate=c.size("moe_intermediate_size"),
     )
-    dense = c.size("intermediate_size") if FFN.DENSE in {la.ffn for la in layers} else 0
-    return _base(
-        c, name, layers, attention=_gqa(c, qk_norm=True), moe=moe, intermediate_size=dense
-    )
+    return _base(c, name, layers, attention=_gqa(c, qk_norm=True), moe=moe,
+                 intermediate_size=_dense_width(c, layers))
 
 
 def _deepseek_v3(c: _Cfg, name: str) -> ModelSpec:
-    """MLA + MoE. Layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
-    (modeling_deepseek_v3). Natively FP8 (quantization_config fp8, 128x128 blocks); the import
-    keeps BF16 so that FP8 is an explicit choice (see catalog.load_model)."""
-    first_dense = c.get("first_k_dense_replace", 0)
+    """MLA + MoE with a multi-token-prediction module; natively FP8 (quantization_config fp8,
+    128x128 blocks), which sets the weight dtype."""
+    return _mla_moe(c, name)
+
+
+def _deepseek_v2(c: _Cfg, name: str) -> ModelSpec:
+    """DeepSeek-V2 / V2-Lite: the same MLA + MoE layout as V3 without MTP and with softmax
+    greedy routing (topk_method greedy / group_limited_greedy: no score-correction bias);
+    V2-Lite projects q directly (q_lora_rank null)."""
+    return _mla_moe(c, name)
+
+
+def _mla_moe(c: _Cfg, name: str) -> ModelSpec:
+    """Layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
+    (modeling_deepseek_v2 / _v3); n_shared_experts shared experts of moe_intermediate_size."""
+    n = c.size("num_hidden_layers")
+    first_dense = c.count("first_k_dense_replace", 0, most=n)
     freq = c.size("moe_layer_freq", 1)
     layers = tuple(
         LayerSpec(Mixer.FULL_ATTENTION, FFN.MOE if i >= first_dense and i % freq == 0 else FFN.DENSE)
-        for i in range(c.size("num_hidden_layers"))
+        for i in range(n)
     )
     rope, nope = c.size("qk_rope_head_dim"), c.size("qk_nope_head_dim")
     q_lora = c.get("q_lora_rank")
@@ -207,11 +290,11 @@ def _deepseek_v3(c: _Cfg, name: str) -> ModelSpec:
         qk_nope_head_dim=nope,
         rotary_dim=rope,
     )
-    shared = c.get("n_shared_experts", 0)
+    shared = c.count("n_shared_experts", 0)
     moe_inter = c.size("moe_intermediate_size")
     moe = MoESpec(
         num_experts=c.size("n_routed_experts"),
-        top_k=c.size("num_experts_per_tok"),
+        top_k=_top_k(c, "n_routed_experts"),
         expert_intermediate=moe_inter,
         num_shared_experts=shared,
         shared_intermediate=shared * moe_inter,
@@ -223,14 +306,22 @@ def _deepseek_v3(c: _Cfg, name: str) -> ModelSpec:
         layers,
         attention=attention,
         moe=moe,
-        intermediate_size=c.size("intermediate_size"),
-        mtp_layers=c.get("num_nextn_predict_layers", 0),
+        intermediate_size=_dense_width(c, layers),
+        mtp_layers=c.count("num_nextn_predict_layers", 0),
     )
+
+
+def _top_k(c: _Cfg, experts_key: str) -> int:
+    top_k = c.size("num_experts_per_tok")
+    if top_k > c.size(experts_key):
+        raise c.fail(f"field 'num_experts_per_tok' ({top_k}) exceeds {experts_key} "
+                     f"({c.size(experts_key)})")
+    return top_k
 
 
 def _gpt_oss(c: _Cfg, name: str) -> ModelSpec:
     """Alternating sliding (window `sliding_window`) and full attention by `layer_types`, learned
-    sinks per head, biases on attention and experts, MXFP4 experts when the checkpoint says so."""
+    sinks per head, biases on attention and experts (MXFP4 experts: quantization_config mxfp4)."""
     n = c.size("num_hidden_layers")
     types = c.get("layer_types") or [
         "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)
@@ -248,12 +339,7 @@ def _gpt_oss(c: _Cfg, name: str) -> ModelSpec:
     )
     attention = _gqa(c, sliding_window=c.size("sliding_window"), sinks=True, qkv_bias=True,
                      o_bias=True)
-    quant = c.get("quantization_config", {})
-    experts = DType.MXFP4 if quant.get("quant_method") == "mxfp4" else None
-    return _base(
-        c, name, layers, attention=attention, moe=moe,
-        precision=Precision(expert_weights=experts),
-    )
+    return _base(c, name, layers, attention=attention, moe=moe)
 
 
 def _layer_type(c: _Cfg, text: str) -> Mixer:
@@ -320,11 +406,158 @@ def _qwen3_next(c: _Cfg, name: str) -> ModelSpec:
     head_dim = c.size("head_dim")
     rotary = int(head_dim * c.get("partial_rotary_factor", 1.0))
     attention = _gqa(c, qk_norm=True, output_gate=True, rotary_dim=rotary)
-    dense = c.size("intermediate_size") if FFN.DENSE in {la.ffn for la in layers} else 0
     return _base(
         c, name, layers, attention=attention, moe=moe, linear_attention=linear,
-        intermediate_size=dense, mtp_layers=c.get("num_nextn_predict_layers", 0),
+        intermediate_size=_dense_width(c, layers),
+        mtp_layers=c.count("num_nextn_predict_layers", 0),
     )
+
+
+# --- 2025 families: interleaved MoE, local/global attention, nested text configs -------------
+
+
+def _llama4(c: _Cfg, name: str) -> ModelSpec:
+    """Llama 4 (Llama4TextConfig under `text_config`). MoE layers: `moe_layers`, else every
+    `interleave_moe_layer_step`-th layer (i = step-1, 2*step-1, ...); the others are dense MLPs of
+    `intermediate_size_mlp`. Each MoE layer has one shared expert as wide as a routed one. RoPE
+    layers (`no_rope_layers[i]` 1; default: all but every `no_rope_layer_interval`-th) use chunked
+    attention over `attention_chunk_size` tokens; NoPE layers attend globally.
+
+    Chunked attention is costed as a sliding window of the chunk size: the cache such a layer
+    holds is at most one chunk, as for a window, but a token at position p attends p mod C + 1
+    keys where a window reads min(p + 1, C), so attention reads of those layers are an upper
+    bound (up to 2x at long context). The query/key L2 norm of `use_qk_norm` has no weights and
+    is not counted."""
+    t = c.nested("text_config", "llama4_text")
+    n = t.size("num_hidden_layers")
+    step = t.size("interleave_moe_layer_step", 1)
+    moe_layers = (t.layer_indices("moe_layers", n) if t.get("moe_layers") is not None
+                  else set(range(step - 1, n, step)))
+    interval = t.size("no_rope_layer_interval", 4)
+    rope = (t.per_layer("no_rope_layers", n) if t.get("no_rope_layers")
+            else [int((i + 1) % interval != 0) for i in range(n)])
+    chunk = t.size("attention_chunk_size") if t.get("attention_chunk_size") is not None else None
+    local = Mixer.SLIDING_ATTENTION if chunk else Mixer.FULL_ATTENTION
+    layers = tuple(
+        LayerSpec(local if rope[i] else Mixer.FULL_ATTENTION,
+                  FFN.MOE if i in moe_layers else FFN.DENSE)
+        for i in range(n)
+    )
+    width = t.size("intermediate_size")
+    moe = MoESpec(
+        num_experts=t.size("num_local_experts"),
+        top_k=_top_k(t, "num_local_experts"),
+        expert_intermediate=width,
+        num_shared_experts=1,
+        shared_intermediate=width,
+    )
+    return _base(
+        t, name, layers, attention=_gqa(t, sliding_window=chunk), moe=moe,
+        intermediate_size=_dense_width(t, layers, "intermediate_size_mlp"),
+    )
+
+
+def _gemma(c: _Cfg, name: str, default: Callable[[int], str], **attn: Any) -> ModelSpec:
+    """Gemma 2 / 3: sliding (local) and full (global) attention layers, GeGLU MLP, tied
+    embeddings by default, a post-norm after attention and after the MLP besides the pre-norms.
+    Logit soft-capping and query_pre_attn_scalar change no shape and are not costed."""
+    n = c.size("num_hidden_layers")
+    layers = tuple(LayerSpec(m, FFN.DENSE) for m in _pattern(c, n, default))
+    window = c.size("sliding_window") if Mixer.SLIDING_ATTENTION in {la.mixer for la in layers} \
+        else None
+    return _base(
+        c, name, layers, attention=_gqa(c, sliding_window=window, **attn),
+        intermediate_size=c.size("intermediate_size"), sandwich_norms=True,
+        tie_embeddings=bool(c.get("tie_word_embeddings", True)),
+    )
+
+
+def _gemma2(c: _Cfg, name: str) -> ModelSpec:
+    """Gemma 2: even layers sliding, odd layers global (Gemma2DecoderLayer)."""
+    return _gemma(c, name, lambda i: "sliding_attention" if i % 2 == 0 else "full_attention")
+
+
+def _gemma3(c: _Cfg, name: str) -> ModelSpec:
+    """Gemma 3: every `sliding_window_pattern`-th layer global, the rest sliding; q/k RMSNorm.
+    The multimodal checkpoints nest the text model under `text_config` and leave out the keys at
+    Gemma3TextConfig's defaults; the ones that matter here are supplied as that class does:
+    vocab_size 262208, max_position_embeddings 131072, sliding_window_pattern 6."""
+    t = c.nested("text_config", "gemma3_text")
+    t = _Cfg({"vocab_size": 262208, "max_position_embeddings": 131072} | dict(t.data),
+             t.source, t.model_type)
+    every = t.size("sliding_window_pattern", 6)
+    rule = lambda i: "full_attention" if (i + 1) % every == 0 else "sliding_attention"
+    return _gemma(t, name, rule, qk_norm=True)
+
+
+def _phi3(c: _Cfg, name: str) -> ModelSpec:
+    """Phi-3 / Phi-4 (model_type phi3): Llama's shapes with fused qkv and gate_up projections
+    (the same parameter count); `sliding_window` applies to every layer; partial rope
+    (`partial_rotary_factor`, Phi-4-mini) where given."""
+    head_dim = c.size("head_dim", c.size("hidden_size") // c.size("num_attention_heads"))
+    rotary = round(head_dim * c.fraction("partial_rotary_factor", 1.0))
+    return _dense_family(c, name, rotary_dim=rotary if rotary != head_dim else None)
+
+
+def _qwen2_moe(c: _Cfg, name: str) -> ModelSpec:
+    """Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v biases, sparse layers by the Qwen rule,
+    one sigmoid-gated shared expert of its own width `shared_expert_intermediate_size`."""
+    n = c.size("num_hidden_layers")
+    layers = tuple(LayerSpec(Mixer.FULL_ATTENTION, _qwen_moe_ffn(c, i)) for i in range(n))
+    shared = c.count("shared_expert_intermediate_size", 0)
+    moe = MoESpec(
+        num_experts=c.size("num_experts"),
+        top_k=_top_k(c, "num_experts"),
+        expert_intermediate=c.size("moe_intermediate_size"),
+        num_shared_experts=1 if shared else 0,
+        shared_intermediate=shared,
+        shared_expert_gate=bool(shared),
+    )
+    return _base(c, name, layers, attention=_gqa(c, qkv_bias=True), moe=moe,
+                 intermediate_size=_dense_width(c, layers))
+
+
+def _glm4_moe(c: _Cfg, name: str) -> ModelSpec:
+    """GLM-4.5 / 4.6 (Glm4MoeConfig): the first `first_k_dense_replace` layers dense, the rest
+    MoE with `n_shared_experts` shared experts and sigmoid routing with a score-correction bias;
+    q/k/v biases (`attention_bias`), optional q/k RMSNorm (`use_qk_norm`), rope on
+    `partial_rotary_factor` of each head (default 0.5), `num_nextn_predict_layers` MTP layers."""
+    n = c.size("num_hidden_layers")
+    first_dense = c.count("first_k_dense_replace", 1, most=n)
+    layers = tuple(LayerSpec(Mixer.FULL_ATTENTION, FFN.MOE if i >= first_dense else FFN.DENSE)
+                   for i in range(n))
+    head_dim = c.size("head_dim", c.size("hidden_size") // c.size("num_attention_heads"))
+    shared = c.count("n_shared_experts", 1)
+    width = c.size("moe_intermediate_size")
+    moe = MoESpec(
+        num_experts=c.size("n_routed_experts"),
+        top_k=_top_k(c, "n_routed_experts"),
+        expert_intermediate=width,
+        num_shared_experts=shared,
+        shared_intermediate=shared * width,
+        router_bias=True,  # e_score_correction_bias, always present in Glm4MoeTopkRouter
+    )
+    attention = _gqa(
+        c, qkv_bias=bool(c.get("attention_bias", False)), qk_norm=bool(c.get("use_qk_norm", False)),
+        rotary_dim=round(head_dim * c.fraction("partial_rotary_factor", 0.5)),
+    )
+    return _base(c, name, layers, attention=attention, moe=moe,
+                 intermediate_size=_dense_width(c, layers),
+                 mtp_layers=c.count("num_nextn_predict_layers", 0))
+
+
+def _mistral3(c: _Cfg, name: str) -> ModelSpec:
+    """Mistral 3 (Mistral-Small-3.1/3.2, Magistral): a Pixtral vision encoder and a Mistral
+    language model under `text_config`, imported by the importer of its own model_type."""
+    t = c.nested("text_config", "mistral")
+    text_type = t.data["model_type"]
+    if t is c or text_type not in _TEXT_OF_MISTRAL3:
+        raise c.fail(f"field 'text_config.model_type': {text_type!r} unsupported; accepted: "
+                     + ", ".join(_TEXT_OF_MISTRAL3))
+    return IMPORTERS[text_type](t, name)
+
+
+_TEXT_OF_MISTRAL3 = ("mistral", "llama")
 
 
 _NEMOTRON_BLOCKS = {
@@ -384,6 +617,16 @@ IMPORTERS: dict[str, Callable[[_Cfg, str], ModelSpec]] = {
     "minimax_m2": _minimax_m2,
     "qwen3_next": _qwen3_next,
     "nemotron_h": _nemotron_h,
+    "llama4": _llama4,
+    "llama4_text": _llama4,  # text-only export: the same keys, not nested
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
+    "gemma3_text": _gemma3,  # Gemma 3 1B and text-only exports
+    "phi3": _phi3,
+    "deepseek_v2": _deepseek_v2,
+    "qwen2_moe": _qwen2_moe,
+    "glm4_moe": _glm4_moe,
+    "mistral3": _mistral3,
 }
 
 
@@ -407,19 +650,87 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# quant_method -> how its settings give the weight dtype. Sources: the transformers quantizer
+# configs (FbgemmFp8Config, FineGrainedFP8Config "fp8", AwqConfig, GPTQConfig, BitsAndBytesConfig,
+# Mxfp4Config) and compressed-tensors' QuantizationArgs (num_bits, type "float" | "int").
+QUANT_METHODS = ("awq", "bitsandbytes", "compressed-tensors", "fbgemm_fp8", "fp8", "gptq", "mxfp4")
+_INT_BITS = {4: DType.INT4, 8: DType.INT8}
+
+
+def checkpoint_precision(c: _Cfg, moe: bool) -> tuple[Precision, str]:
+    """The weight dtype a checkpoint's `quantization_config` gives, and a label saying so.
+
+    BF16 without one. The dtype applies to every weight matrix; checkpoints keep a few tensors
+    (embeddings, lm_head, norms, routers) in BF16, which this ignores (under 2% of the weights of
+    the catalog's quantized models). MXFP4 checkpoints (gpt-oss) quantize only the routed experts."""
+    q = c.data.get("quantization_config")
+    if q is None:
+        return Precision(), ""
+    if not isinstance(q, Mapping):
+        raise c.fail(f"field 'quantization_config' must be a JSON object, got {q!r}")
+    method = q.get("quant_method")
+    if method not in QUANT_METHODS:
+        raise c.fail(f"field 'quantization_config.quant_method': {method!r} unsupported; "
+                     f"accepted: {', '.join(QUANT_METHODS)}")
+    if method == "mxfp4":
+        p = Precision(expert_weights=DType.MXFP4) if moe else Precision(weights=DType.MXFP4)
+        return p, f"{'experts ' if moe else ''}mxfp4 (quantization_config mxfp4)"
+    dtype = _quant_dtype(c, method, q)
+    return Precision(weights=dtype), f"{dtype.value} (quantization_config {method})"
+
+
+def _quant_dtype(c: _Cfg, method: str, q: Mapping[str, Any]) -> DType:
+    if method in ("fp8", "fbgemm_fp8"):
+        return DType.FP8
+    if method == "bitsandbytes":
+        if q.get("load_in_4bit"):
+            return DType.INT4
+        if q.get("load_in_8bit"):
+            return DType.INT8
+        raise c.fail("field 'quantization_config': bitsandbytes needs load_in_4bit or load_in_8bit")
+    if method in ("awq", "gptq"):
+        return _bits(c, "quantization_config.bits", q.get("bits"), "int")
+    groups = q.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise c.fail("field 'quantization_config.config_groups' must be a non-empty object")
+    found = set()
+    for key, group in groups.items():
+        w = group.get("weights") if isinstance(group, Mapping) else None
+        if not isinstance(w, Mapping):
+            raise c.fail(f"field 'quantization_config.config_groups.{key}.weights' missing")
+        where = f"quantization_config.config_groups.{key}.weights"
+        found.add(_bits(c, f"{where}.num_bits", w.get("num_bits"), w.get("type", "int")))
+    if len(found) > 1:
+        raise c.fail("field 'quantization_config.config_groups': groups of different weight "
+                     f"dtypes ({', '.join(sorted(d.value for d in found))}) are not supported")
+    return found.pop()
+
+
+def _bits(c: _Cfg, where: str, bits: Any, kind: Any) -> DType:
+    if kind == "float" and bits == 8:
+        return DType.FP8
+    if kind == "int" and bits in _INT_BITS:
+        return _INT_BITS[bits]
+    raise c.fail(f"field {where!r}: {kind} {bits!r}-bit weights unsupported; "
+                 "accepted: int 4, int 8, float 8")
+
+
 def from_hf_config(
     config: str | Path | Mapping[str, Any],
     name: str | None = None,
     precision: Precision | None = None,
+    source: str | None = None,
 ) -> ModelSpec:
     """A ModelSpec from a config.json path, a directory with one, or its dict.
 
     `name` defaults to the catalog name in `_rdu.name`, else `_name_or_path`, else the model_type.
-    `precision`, when given, replaces the importer's default (BF16, gpt-oss experts MXFP4)."""
+    `source` names the file in errors (a dict's default: "config.json"). The weights take the
+    dtype of the checkpoint's `quantization_config` (BF16 without one); `precision`, when given,
+    replaces it."""
     if isinstance(config, Mapping):
-        data, source = config, "config.json"
+        data, source = config, source or "config.json"
     else:
-        data, source = read_config(config), str(config)
+        data, source = read_config(config), source or str(config)
     model_type = data.get("model_type")
     if model_type not in IMPORTERS:
         raise ConfigError(
@@ -428,5 +739,9 @@ def from_hf_config(
         )
     meta = data.get("_rdu", {})
     name = name or meta.get("name") or data.get("_name_or_path") or model_type
-    spec = IMPORTERS[model_type](_Cfg(data, source, model_type), name)
-    return spec.with_precision(precision) if precision is not None else spec
+    c = _Cfg(data, source, model_type)
+    spec = IMPORTERS[model_type](c, name)
+    if precision is not None:
+        return spec.with_precision(precision)
+    quant, label = checkpoint_precision(c, spec.is_moe)
+    return replace(spec, precision=quant, quantization=label)

@@ -120,6 +120,8 @@ def layer_params(spec: ModelSpec, layer: LayerSpec, active: bool = False) -> dic
         out["mamba"] = mamba_params(spec)
     # One RMSNorm scale in front of each sub-block (input_layernorm, post_attention_layernorm).
     out["norms"] = h * ((layer.mixer is not Mixer.NONE) + (layer.ffn is not FFN.NONE))
+    if spec.sandwich_norms:  # and one after each (Gemma 2/3)
+        out["norms"] *= 2
     if layer.ffn is FFN.DENSE:
         out["dense_ffn"] = spec.ffn_matrices * h * spec.intermediate_size
     elif layer.ffn is FFN.MOE:
@@ -169,13 +171,19 @@ def total_params(spec: ModelSpec, include_mtp: bool = False) -> int:
 
 
 def active_params(
-    spec: ModelSpec, include_mtp: bool = False, input_embedding: bool = True
+    spec: ModelSpec,
+    include_mtp: bool = False,
+    input_embedding: bool = True,
+    output_embedding: bool = True,
 ) -> int:
     """Parameters one token touches. `input_embedding=False` leaves out the embedding table
     (OpenAI's gpt-oss model card counts only the unembedding as active); a tied head is then
-    still counted once, as the unembedding."""
+    still counted once, as the unembedding. `output_embedding=False` leaves out the unembedding
+    too (a non-embedding count)."""
     parts = param_breakdown(spec, active=True)
     n = sum(parts.values()) - (0 if include_mtp else parts["mtp"])
     if not input_embedding and not spec.tie_embeddings:
         n -= parts["embedding"]
+    if not output_embedding:
+        n -= parts["lm_head"] if not spec.tie_embeddings else parts["embedding"]
     return n

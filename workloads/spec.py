@@ -121,9 +121,14 @@ class ModelSpec:
     linear_attention: LinearAttentionSpec | None = None
     mamba: Mamba2Spec | None = None
     tie_embeddings: bool = False
+    # Gemma 2/3: RMSNorms after attention and after the MLP besides the two pre-norms.
+    sandwich_norms: bool = False
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), usable as self-speculation
     max_context: int = 0
     precision: Precision = field(default_factory=Precision)
+    # Where the weight dtype came from, e.g. "fp8 (quantization_config fbgemm_fp8)"; "" when the
+    # precision is the default or was chosen by the caller.
+    quantization: str = ""
     source: str = ""
 
     @property
@@ -131,7 +136,10 @@ class ModelSpec:
         return len(self.layers)
 
     def with_precision(self, precision: Precision) -> ModelSpec:
-        return replace(self, precision=precision)
+        """The same model at `precision`; the checkpoint's label goes when the weights change."""
+        same = (precision.weights, precision.expert_weights) == (
+            self.precision.weights, self.precision.expert_weights)
+        return replace(self, precision=precision, quantization=self.quantization if same else "")
 
     @property
     def is_moe(self) -> bool:

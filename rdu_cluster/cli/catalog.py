@@ -8,7 +8,7 @@ import click
 
 import cluster_configs
 from rdu_cluster.config import load_cluster
-from rdu_cluster.output.report import text_table
+from rdu_cluster.output.report import text_table, weights_text
 from workloads import catalog, params
 
 
@@ -26,14 +26,16 @@ def models(as_json: bool) -> None:
              _b(r["total_params"]), _b(r["published_total_params"]), _b(r["active_params"]),
              _b(r["published_active_params"]), r["weights_dtype"]] for r in rows]
     click.echo(text_table(header, body))
-    click.echo("active: as each publisher counts it (with or without the input-embedding "
-               "table); sources in workloads/catalog/*.json")
+    click.echo("active: as each publisher counts it (with or without the embedding tables); "
+               "weights: the checkpoint's quantization_config, else bf16; sources in "
+               "workloads/catalog/*.json")
 
 
 def _model_row(name: str) -> dict:
     spec = catalog.load_model(name)
     pub = catalog.published(name)
     with_embedding = pub.get("active_counts_input_embedding", True)
+    with_head = pub.get("active_counts_output_embedding", True)
     return {
         "model": name,
         "family": spec.family,
@@ -43,22 +45,16 @@ def _model_row(name: str) -> dict:
         "moe": f"{spec.moe.top_k}/{spec.moe.num_experts}" if spec.moe else "",
         "total_params": params.total_params(spec),
         "published_total_params": pub["total_params"],
-        "active_params": params.active_params(spec, input_embedding=with_embedding),
+        "active_params": params.active_params(spec, input_embedding=with_embedding,
+                                              output_embedding=with_head),
         "published_active_params": pub["active_params"],
-        "weights_dtype": _weights(spec),
+        "weights_dtype": weights_text(spec.precision),
         "source": pub["source"],
     }
 
 
 def _b(n: float) -> str:
     return f"{n / 1e9:.2f}B"
-
-
-def _weights(spec) -> str:
-    p = spec.precision
-    if p.expert_weights and p.expert_weights != p.weights:
-        return f"{p.weights.value}, experts {p.expert_weights.value}"
-    return p.weights.value
 
 
 @click.command()

@@ -8,7 +8,7 @@ from partitioning.estimate import best_plan, estimate_plan
 from partitioning.plan import Plan
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
-from rdu_cluster.output.report import side_by_side
+from rdu_cluster.output.report import model_summary, side_by_side
 from rdu_cluster.scenarios import coe, speculative
 from rdu_cluster.scenarios.ablate import ablate as run_ablation
 from rdu_cluster.scenarios.ablate import format_ablation
@@ -174,7 +174,10 @@ def simulate(
     tbl = results.table(rows)
     if out_path:
         results.write_table(tbl, out_path)
-    click.echo(results.json_lines(tbl) if as_json else side_by_side(estimates, clusters))
+    if as_json:
+        click.echo(results.json_lines(tbl))
+    else:
+        click.echo(model_summary(spec) + "\n" + side_by_side(estimates, clusters))
 
 
 def _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len) -> Plan:

@@ -9,6 +9,9 @@ import numpy as np
 from chip.cost import CAUSES
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import Estimate
+from workloads import params
+from workloads.dtypes import Precision
+from workloads.spec import ModelSpec
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -17,6 +20,24 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
     )
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def weights_text(p: Precision) -> str:
+    """The weight dtype, with the routed experts' where it differs (gpt-oss: bf16, experts mxfp4)."""
+    if p.expert_weights and p.expert_weights != p.weights:
+        return f"{p.weights.value}, experts {p.expert_weights.value}"
+    return p.weights.value
+
+
+def model_summary(spec: ModelSpec) -> str:
+    """One line: the model, its parameter count and the dtypes it is costed at, naming the
+    checkpoint's quantization_config when that chose the weight dtype."""
+    size = f"{params.total_params(spec) / 1e9:,.1f}B params"
+    if spec.is_moe:
+        size += f", {params.active_params(spec) / 1e9:,.1f}B active"
+    weights = spec.quantization or weights_text(spec.precision)
+    return (f"model {spec.name} ({spec.family}): {size}; weights {weights}, "
+            f"KV cache {spec.precision.kv_cache.value}")
 
 
 def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec]) -> str:

@@ -14,7 +14,7 @@ from partitioning.program import build_programs, groups_of
 from partitioning.routing import RoutingModel, expert_load
 from rdu_cluster.config import load_cluster
 from workloads import graph, params
-from workloads.catalog import FP8_WEIGHTS, load_model
+from workloads.catalog import BF16_WEIGHTS, FP8_WEIGHTS, load_model
 from workloads.errors import ConfigError
 
 HBM = 68719476736  # SN40L HBM per socket: 64 GiB (cluster_configs/chips/sn40l.toml)
@@ -105,7 +105,7 @@ def test_llama_405b_bf16_needs_16_sockets(sn8, sn16):
 
 
 def test_deepseek_v3_fits_16_only_with_fp8_or_ddr_spill(sn16):
-    spec = load_model("deepseek-v3")
+    spec = load_model("deepseek-v3", BF16_WEIGHTS)
     bf16 = graph.weight_bytes(spec)
     assert bf16 == pytest.approx(1342e9, rel=2e-3)  # 671B x 2 bytes
     assert bf16 > 16 * HBM  # 1,099.5 GB
@@ -185,4 +185,4 @@ def test_resolve_plan_defaults_to_best(sn16):
     assert resolve_plan(spec, sn16, None, batch=1, prompt_len=2048).plan.name == "tp16"
     assert resolve_plan(spec, sn16, "tp4pp2", batch=1, prompt_len=2048).plan.sockets == 8
     with pytest.raises(PlanDoesNotFit, match="overflows by"):
-        resolve_plan(load_model("deepseek-v3"), sn16, None, prompt_len=2048)
+        resolve_plan(load_model("deepseek-v3", BF16_WEIGHTS), sn16, None, prompt_len=2048)

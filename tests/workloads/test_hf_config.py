@@ -25,11 +25,21 @@ BY_TYPE = {
     "minimax_m2": "minimax-m2",
     "qwen3_next": "qwen3-next-80b-a3b",
     "nemotron_h": "nemotron-h-56b",
+    "llama4": "llama-4-maverick",
+    "gemma2": "gemma-2-9b",
+    "gemma3": "gemma-3-27b",
+    "phi3": "phi-3-mini-4k",
+    "deepseek_v2": "deepseek-v2",
+    "qwen2_moe": "qwen1.5-moe-a2.7b",
+    "glm4_moe": "glm-4.5-air",
+    "mistral3": "mistral-small-3.1-24b",
 }
+# Text-only spellings of nested families: the same importer on the flat text_config.
+FLAT = {"llama4_text": "llama-4-maverick", "gemma3_text": "gemma-3-27b"}
 
 
 def test_every_importer_has_a_catalog_file():
-    assert set(IMPORTERS) - {"minimax"} == set(BY_TYPE)
+    assert set(IMPORTERS) - {"minimax"} - set(FLAT) == set(BY_TYPE)
 
 
 @pytest.mark.parametrize("model_type", sorted(BY_TYPE))
@@ -37,9 +47,141 @@ def test_importer_on_its_catalog_file(model_type):
     cfg = catalog.model_config(BY_TYPE[model_type])
     assert cfg["model_type"] == model_type
     spec = from_hf_config(cfg)
+    text = cfg.get("text_config", cfg)
     assert spec.family == model_type
-    assert spec.num_layers == cfg["num_hidden_layers"]
-    assert spec.hidden_size == cfg["hidden_size"]
+    assert spec.num_layers == text["num_hidden_layers"]
+    assert spec.hidden_size == text["hidden_size"]
+
+
+@pytest.mark.parametrize("model_type", sorted(FLAT))
+def test_flat_text_configs(model_type):
+    cfg = catalog.model_config(FLAT[model_type])
+    flat = dict(cfg["text_config"], model_type=model_type, tie_word_embeddings=cfg.get(
+        "tie_word_embeddings", model_type == "gemma3_text"))
+    nested, text = from_hf_config(cfg), from_hf_config(flat)
+    assert (text.layers, text.attention, text.moe) == (nested.layers, nested.attention, nested.moe)
+
+
+def test_llama4_interleaved_moe_and_chunked_attention():
+    spec = from_hf_config(catalog.model_config("llama-4-maverick"))
+    ffn, mixers = [la.ffn for la in spec.layers], [la.mixer for la in spec.layers]
+    assert ffn[:4] == [FFN.DENSE, FFN.MOE, FFN.DENSE, FFN.MOE] and ffn.count(FFN.MOE) == 24
+    # RoPE layers chunk over 8192 tokens; every 4th layer (NoPE) is global.
+    assert mixers[:4] == [Mixer.SLIDING_ATTENTION] * 3 + [Mixer.FULL_ATTENTION]
+    assert mixers.count(Mixer.FULL_ATTENTION) == 12 and spec.attention.sliding_window == 8192
+    assert spec.moe.num_shared_experts == 1 and spec.moe.shared_intermediate == 8192
+    assert spec.intermediate_size == 16384 and spec.moe.num_experts == 128
+    cfg = catalog.model_config("llama-4-maverick")
+    cfg["text_config"] |= {"moe_layers": [0], "no_rope_layers": [0] * 48}
+    spec = from_hf_config(cfg)
+    assert [la.ffn for la in spec.layers].count(FFN.MOE) == 1
+    assert {la.mixer for la in spec.layers} == {Mixer.FULL_ATTENTION}
+
+
+def test_gemma_local_global_patterns():
+    g2 = from_hf_config(catalog.model_config("gemma-2-9b"))
+    assert [la.mixer for la in g2.layers][:2] == [Mixer.SLIDING_ATTENTION, Mixer.FULL_ATTENTION]
+    assert g2.attention.head_dim == 256 and g2.tie_embeddings and g2.sandwich_norms
+    g3 = from_hf_config(catalog.model_config("gemma-3-27b"))
+    mixers = [la.mixer for la in g3.layers]
+    assert mixers[:6] == [Mixer.SLIDING_ATTENTION] * 5 + [Mixer.FULL_ATTENTION]
+    assert mixers.count(Mixer.FULL_ATTENTION) == 10 and g3.attention.sliding_window == 1024
+    assert g3.vocab_size == 262208 and g3.attention.qk_norm and g3.tie_embeddings
+
+
+def test_deepseek_v2_and_qwen2_moe_shared_width():
+    ds = from_hf_config(catalog.model_config("deepseek-v2"))
+    assert ds.attention.q_lora_rank == 1536 and ds.moe.shared_intermediate == 2 * 1536
+    assert [la.ffn for la in ds.layers][:2] == [FFN.DENSE, FFN.MOE] and not ds.moe.router_bias
+    assert ds.mtp_layers == 0 and ds.moe.top_k == 6
+    # V2-Lite projects q directly: q_lora_rank null (DeepSeek-V2-Lite config.json).
+    lite = from_hf_config(dict(catalog.model_config("deepseek-v2"), q_lora_rank=None))
+    assert lite.attention.q_lora_rank is None
+    qw = from_hf_config(catalog.model_config("qwen1.5-moe-a2.7b"))
+    assert qw.moe.shared_intermediate == 5632 and qw.moe.expert_intermediate == 1408
+    assert qw.moe.shared_expert_gate and qw.attention.qkv_bias
+
+
+def test_glm4_moe_and_mistral3():
+    glm = from_hf_config(catalog.model_config("glm-4.5-air"))
+    assert [la.ffn for la in glm.layers].count(FFN.DENSE) == 1 and glm.mtp_layers == 1
+    assert glm.attention.rotary_dim == 64 and glm.moe.router_bias and glm.attention.qkv_bias
+    m3 = from_hf_config(catalog.model_config("mistral-small-3.1-24b"))
+    assert m3.family == "mistral3" and m3.attention.head_dim == 128
+    assert m3.attention.sliding_window is None and m3.num_layers == 40
+
+
+@pytest.mark.parametrize(
+    "quant, weights, experts",
+    [
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, DType.FP8, None),
+        ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}, DType.FP8, None),
+        ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+            "weights": {"num_bits": 8, "type": "float"}}}}, DType.FP8, None),
+        ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+            "weights": {"num_bits": 4, "type": "int"}}}}, DType.INT4, None),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128}, DType.INT4, None),
+        ({"quant_method": "gptq", "bits": 8}, DType.INT8, None),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, DType.INT4, None),
+        ({"quant_method": "mxfp4"}, DType.MXFP4, None),
+    ],
+)
+def test_quantization_config_sets_weight_dtype(quant, weights, experts):
+    cfg = dict(catalog.model_config("llama-3.1-8b"), quantization_config=quant)
+    spec = from_hf_config(cfg)
+    assert spec.precision.weights is weights and spec.precision.expert_weights is experts
+    assert spec.quantization.startswith(weights.value) and quant["quant_method"] in spec.quantization
+    # A nested config's quantization_config sits at the top level.
+    nested = dict(catalog.model_config("mistral-small-3.1-24b"), quantization_config=quant)
+    assert from_hf_config(nested).precision.weights is weights
+
+
+def test_mxfp4_quantizes_only_experts_of_moe_models():
+    gpt = from_hf_config(catalog.model_config("gpt-oss-120b"))
+    assert (gpt.precision.weights, gpt.precision.expert_weights) == (DType.BF16, DType.MXFP4)
+    assert gpt.quantization == "experts mxfp4 (quantization_config mxfp4)"
+
+
+@pytest.mark.parametrize(
+    "quant, fragment",
+    [
+        ({"quant_method": "hqq"},
+         "'quantization_config.quant_method': 'hqq' unsupported; accepted: awq, bitsandbytes"),
+        ({"quant_method": "awq", "bits": 3}, "'quantization_config.bits': int 3-bit"),
+        ({"quant_method": "compressed-tensors", "config_groups": {"g": {
+            "weights": {"num_bits": 4, "type": "float"}}}}, "float 4-bit weights unsupported"),
+        ("fp8", "'quantization_config' must be a JSON object"),
+    ],
+)
+def test_bad_quantization_config(quant, fragment):
+    cfg = dict(catalog.model_config("llama-3.1-8b"), quantization_config=quant)
+    assert fragment in _one_line_error(cfg)
+
+
+@pytest.mark.parametrize(
+    "name, key, value, fragment",
+    [
+        ("llama-4-maverick", "interleave_moe_layer_step", 0, "must be a positive integer"),
+        ("llama-4-maverick", "no_rope_layers", [1, 0], "one entry per layer (48), got 2"),
+        ("llama-4-maverick", "moe_layers", [48], "layer indices in 0..47"),
+        ("llama-4-maverick", "num_experts_per_tok", 129, "exceeds num_local_experts (128)"),
+        ("gemma-3-27b", "layer_types", ["full_attention"] * 61 + ["chunked"], "entry 'chunked'"),
+        ("gemma-3-27b", "sliding_window_pattern", "6", "must be a positive integer"),
+        ("gemma-2-9b", "sliding_window", -1, "'sliding_window' must be a positive integer"),
+        ("phi-3-mini-4k", "partial_rotary_factor", 1.5, "must be a number in (0, 1]"),
+        ("deepseek-v2", "first_k_dense_replace", 61, "is 61, more than 60"),
+        ("deepseek-v2", "n_shared_experts", -2, "must be a non-negative integer"),
+        ("qwen1.5-moe-a2.7b", "shared_expert_intermediate_size", 1.5, "non-negative integer"),
+        ("glm-4.5-air", "partial_rotary_factor", 0, "must be a number in (0, 1]"),
+        ("mistral-small-3.1-24b", "text_config", [], "'text_config' must be a JSON object"),
+    ],
+)
+def test_new_family_fields_validated(name, key, value, fragment):
+    cfg = catalog.model_config(name)
+    target = cfg["text_config"] if "text_config" in cfg and key != "text_config" else cfg
+    target[key] = value
+    msg = _one_line_error(cfg)
+    assert fragment in msg and msg.startswith("config.json")
 
 
 def test_minimax_alias():
@@ -74,7 +216,7 @@ def test_deepseek_v3_first_k_dense_and_mla():
     assert (a.qk_rope_head_dim, a.qk_nope_head_dim, a.v_head_dim) == (64, 128, 128)
     assert spec.moe.num_shared_experts == 1 and spec.moe.shared_intermediate == 2048
     assert spec.mtp_layers == 1
-    assert spec.precision.weights is DType.BF16  # native FP8, BF16 by default (documented)
+    assert spec.precision.weights is DType.FP8  # the quantization_config: fp8, 128x128 blocks
 
 
 def test_gpt_oss_layer_types_sinks_mxfp4():

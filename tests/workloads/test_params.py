@@ -11,7 +11,8 @@ Active-parameter conventions differ by publisher and are taken from each source,
 fit: Meta, Mistral and Qwen count the embedding table; OpenAI's gpt-oss model card does not
 (Table 1 arithmetic: 4/128 of 114.71B MLP + 0.96B attention + 0.58B unembedding = 5.13B), nor
 does DeepSeek (DeepSeek-V2-Lite's published 2.4B active is 2.45B without it, 2.66B with it).
-MiniMax does not say; see the note in the catalog file.
+MiniMax and Zhipu (GLM-4.5) do not say; see the notes in their catalog files. Llama 4 Maverick's
+"17B" and GLM-4.5-Air's "12B" active are quoted to the billion (half a unit: 0.5B).
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ PUBLISHED = {
         ),
     ),
     "nemotron-h-56b": (56 * B, 56 * B, "Nemotron-H, arXiv 2504.03624: Nemotron-H-56B"),
+    # The families of issue 17, one or more per importer.
+    "llama-4-maverick": (400 * B, 17 * B, "Llama-4-Maverick-17B-128E model card: 400B / 17B"),
+    "gemma-2-9b": (9_241_705_984, 9_241_705_984, "Gemma 2 report, arXiv 2408.00118, Table 2"),
+    "gemma-3-27b": (27.016 * B, 27.016 * B, "Gemma 3 report, arXiv 2503.19786, Table 1 (text)"),
+    "phi-3-mini-4k": (3.8 * B, 3.8 * B, "Phi-3 report, arXiv 2404.14219: phi-3-mini 3.8B"),
+    "deepseek-v2": (236 * B, 21 * B, "DeepSeek-V2, arXiv 2405.04434: 236B / 21B"),
+    "qwen1.5-moe-a2.7b": (14.3 * B, 2.7 * B, "Qwen/Qwen1.5-MoE-A2.7B model card: 14.3B / 2.7B"),
+    "glm-4.5-air": (106 * B, 12 * B, "GLM-4.5 report, arXiv 2508.06471: GLM-4.5-Air 106B / 12B"),
+    "mistral-small-3.1-24b": (
+        23.6 * B, 23.6 * B, "mistralai/Mistral-Small-24B-Base-2501 safetensors: 23.6B (text)"),
 }
 
 
@@ -84,7 +95,9 @@ def test_active_params_match_published(name):
     _, active, source = PUBLISHED[name]
     pub = catalog.published(name)
     counted = params.active_params(
-        spec, input_embedding=pub.get("active_counts_input_embedding", True)
+        spec,
+        input_embedding=pub.get("active_counts_input_embedding", True),
+        output_embedding=pub.get("active_counts_output_embedding", True),
     )
     assert abs(counted - active) <= _tolerance(active, pub.get("active_rounding", 0.0)), source
 

@@ -1,16 +1,18 @@
 """The bundled model catalog: one HuggingFace config.json per model, as published (keys the
-importer does not read trimmed), plus an `_rdu` key with the catalog name, the HF repository, the
+importer does not read trimmed), plus an `_rdu` key with the catalog name, the HF repository
+(`hf_repo`, and `hf_aliases`: the instruct / base / renamed repositories of the same weights), the
 published total/active parameter figures and their source.
 
 Files are read with importlib.resources, so the catalog works from an installed (non-editable)
-package. Default precision is BF16 everywhere except where the published checkpoint is natively
-lower and nothing else is published: gpt-oss experts are MXFP4. DeepSeek-V3 and MiniMax-M2 ship
-FP8 checkpoints, but stay BF16 by default so FP8 is an explicit choice (a 671B model fits 16 SN40L
-only with FP8 weights or DDR spill; `load_model("deepseek-v3", FP8_WEIGHTS)` says so).
+package. A model is named by its catalog name or a HF repository id, either in any case. The
+weight dtype is the checkpoint's: its `quantization_config` (DeepSeek-V3 fp8, gpt-oss experts
+mxfp4, ...) or BF16 without one; `load_model(name, precision)` chooses another (a 671B model at
+BF16 fits 16 SN40L only with DDR spill: `load_model("deepseek-v3", BF16_WEIGHTS)`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib import resources
 from pathlib import Path
@@ -22,6 +24,7 @@ from workloads.hf_config import from_hf_config, read_config
 from workloads.spec import ModelSpec
 
 FP8_WEIGHTS = Precision(weights=DType.FP8)
+BF16_WEIGHTS = Precision(weights=DType.BF16)
 
 
 def _files() -> dict[str, Any]:
@@ -38,15 +41,37 @@ def list_models() -> list[str]:
     return sorted(_files())
 
 
+@functools.cache
+def _hf_ids() -> dict[str, str]:
+    """Lower-cased HF repository id -> catalog name."""
+    out: dict[str, str] = {}
+    for name in _files():
+        meta = _read(name)["_rdu"]
+        for repo in [meta["hf_repo"], *meta.get("hf_aliases", [])]:
+            out[repo.lower()] = name
+    return out
+
+
+def catalog_name(ref: str) -> str | None:
+    """The catalog name `ref` stands for (a name or HF repository id in any case), or None."""
+    key = ref.strip().lower()
+    names = {n.lower(): n for n in _files()}
+    return names.get(key) or _hf_ids().get(key)
+
+
 def model_config(name: str) -> dict[str, Any]:
-    """The catalog's config.json for `name`, as a dict (with its `_rdu` key)."""
-    files = _files()
-    if name not in files:
+    """The catalog's config.json for `name` (or its HF repository id), with its `_rdu` key."""
+    found = catalog_name(name)
+    if found is None:
         raise ConfigError(
-            f"model: unknown model {name!r}; catalog: {', '.join(sorted(files))} "
-            "(or give a path to a config.json)"
+            f"model: unknown model {name!r}; catalog: {', '.join(list_models())} "
+            "(or a HuggingFace repository id of one, or a path to a config.json)"
         )
-    return json.loads(files[name].read_text())
+    return _read(found)
+
+
+def _read(name: str) -> dict[str, Any]:
+    return json.loads(_files()[name].read_text())
 
 
 def published(name: str) -> dict[str, Any]:
@@ -55,12 +80,15 @@ def published(name: str) -> dict[str, Any]:
 
 
 def load_model(name_or_path: str | Path, precision: Precision | None = None) -> ModelSpec:
-    """A catalog name, or a path to a config.json (or a directory holding one)."""
+    """A catalog name or HF repository id (any case), or a path to a config.json (or a
+    directory holding one). An existing path wins over a repository id of the same spelling."""
     key = str(name_or_path)
-    if key in _files():
-        return from_hf_config(model_config(key), name=key, precision=precision)
+    name = key if key in _files() else None
     path = Path(key)
-    if path.suffix == ".json" or path.is_dir() or path.exists():
+    if name is None and (path.suffix == ".json" or path.exists()):
+        source = str(path / "config.json" if path.is_dir() else path)
         return from_hf_config(read_config(path), name=path.stem if path.is_file() else key,
-                              precision=precision)
-    return from_hf_config(model_config(key))  # raises the unknown-name error
+                              precision=precision, source=source)
+    name = name or catalog_name(key)
+    cfg = model_config(key)  # raises the unknown-name error when name is None
+    return from_hf_config(cfg, name=name, precision=precision, source=f"catalog {name}.json")
