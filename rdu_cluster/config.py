@@ -1,8 +1,13 @@
 """Load chip and cluster TOML files into specs, checking exact key sets and value ranges.
 
 A name is looked up among the bundled files of `cluster_configs`; anything with a path
-separator or a .toml suffix is read as a path. Every problem is a ConfigError whose message
-names the file and the dotted field.
+separator or a .toml suffix is read as a path. A file may `extends = "other"` (a name or a path
+relative to it) and then holds only what differs: tables merge, values replace.
+
+Overrides (sweep fields and `--set KEY=VALUE` alike) are dotted paths into the cluster file:
+`chip.<path>` into its chip, `topology.<path>`, `cost.<path>`, `sockets`, `sockets_per_node`.
+They may set any field the file format accepts, optional ones included; the loader's own checks
+then judge them. Every problem is a ConfigError whose message names the file and the dotted field.
 """
 
 from __future__ import annotations
@@ -29,11 +34,49 @@ TIER_KEYS = {"capacity_bytes", "bandwidth_bytes_per_s", "source"}
 TIER_NAMES = {"rdu": ("sram", "hbm", "ddr"), "gpu": ("hbm", "host")}
 CLUSTER_KEYS = {"name", "description", "chip", "sockets", "sockets_per_node", "source", "topology"}
 CLUSTER_OPTIONAL = {"chip_overrides", "cost"}
+# The override paths a sweep point or --set may give: these names, or a path under these tables.
+OVERRIDE_SCALARS = ("sockets", "sockets_per_node")
+OVERRIDE_PREFIXES = ("chip.", "topology.", "cost.")
+
+
+def is_override(key: str) -> bool:
+    return key in OVERRIDE_SCALARS or (key.startswith(OVERRIDE_PREFIXES) and not key.endswith("."))
+
+
+def check_override(key: str, where: str = "--set") -> None:
+    if not is_override(key):
+        accepted = ", ".join([f"{p}<field>" for p in OVERRIDE_PREFIXES] + list(OVERRIDE_SCALARS))
+        raise ConfigError(f"{where}: unknown key {key!r}; accepted: {accepted}")
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` of --set: the value as TOML reads it (3.6e12, 16, true, [4, 4]), a bare word
+    as a string (switch)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. "
+                          "chip.tiers.hbm.bandwidth_bytes_per_s=3.6e12")
+    check_override(key, f"--set {text}")
+    try:
+        return key, tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key, value.strip()
+
+
+def cli_overrides(assignments: tuple[str, ...], sockets: int | None = None) -> dict[str, Any]:
+    """The overrides of repeated --set KEY=VALUE (a later one wins) and --sockets N."""
+    out = dict(parse_assignment(a) for a in assignments)
+    if sockets is not None:
+        if out.get("sockets", sockets) != sockets:
+            raise ConfigError(f"--sockets {sockets} and --set sockets={out['sockets']}: give one")
+        out["sockets"] = sockets
+    return out
 
 
 def load_chip(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> ChipSpec:
     path = _resolve("chips", name_or_path)
-    raw = _apply_overrides(_read(path), overrides or {}, path.name)
+    raw = _apply_overrides(_read_extended("chips", path), overrides or {}, path.name)
     return parse_chip(raw, path.name)
 
 
@@ -44,20 +87,29 @@ def load_cluster(
     {"chip.tiers.hbm.bandwidth_bytes_per_s": 1.6e12, "topology.link_latency_s": 2e-6}."""
     path = _resolve("clusters", name_or_path)
     where = path.name
-    raw = _read(path)
-    chip_over = {k[5:]: v for k, v in (overrides or {}).items() if k.startswith("chip.")}
-    rest = {k: v for k, v in (overrides or {}).items() if not k.startswith("chip.")}
+    overrides = dict(overrides or {})
+    for key in overrides:
+        check_override(key, f"{where}: override")
+    raw = _read_extended("clusters", path)
+    chip_over = {k[5:]: v for k, v in overrides.items() if k.startswith("chip.")}
+    rest = _scaled({k: v for k, v in overrides.items() if not k.startswith("chip.")}, raw)
     raw = _apply_overrides(raw, rest, where)
     _check_keys(raw, CLUSTER_KEYS, CLUSTER_OPTIONAL, where)
     chip_ref = _typed(raw, "chip", str, where)
     chip_path = _resolve("chips", chip_ref, relative_to=path.parent)
-    chip_raw = _deep_merge(_read(chip_path), raw.get("chip_overrides", {}))
+    chip_raw = _merge(_read_extended("chips", chip_path), _table(raw, "chip_overrides", where, {}))
     chip = parse_chip(_apply_overrides(chip_raw, chip_over, chip_path.name), chip_path.name)
     sockets = _positive_int(raw, "sockets", where)
     per_node = _positive_int(raw, "sockets_per_node", where)
     if sockets % per_node:
-        raise ConfigError(f"{where}: sockets ({sockets}) must be a multiple of sockets_per_node")
+        raise ConfigError(f"{where}: sockets ({sockets}) must be a multiple of sockets_per_node "
+                          f"({per_node})")
     topology = TopologySpec.from_dict(_table(raw, "topology", where), f"{where}: topology")
+    if sockets > per_node and topology.inter_node_bandwidth_bytes_per_s <= 0:
+        raise ConfigError(
+            f"{where}: topology.inter_node_bandwidth_bytes_per_s: {sockets // per_node} nodes of "
+            f"{per_node} sockets need the inter-node fabric's figure (none given; e.g. --set "
+            "topology.inter_node_bandwidth_bytes_per_s=50e9)")
     return ClusterSpec(
         name=_typed(raw, "name", str, where),
         chip=chip,
@@ -133,6 +185,32 @@ def _resolve(kind: str, ref: str | Path, relative_to: Path | None = None) -> Pat
     return found[text]
 
 
+def _scaled(overrides: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A `sockets` override below one node shrinks the node to it (a part of a system); above,
+    the cluster grows by whole nodes joined through the inter-node fabric."""
+    sockets, per_node = overrides.get("sockets"), raw.get("sockets_per_node")
+    if ("sockets_per_node" not in overrides and isinstance(sockets, int)
+            and isinstance(per_node, int) and 0 < sockets < per_node):
+        return overrides | {"sockets_per_node": sockets}
+    return overrides
+
+
+def _read_extended(kind: str, path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A chip or cluster file with its `extends` chain merged in (the file's own values win)."""
+    raw = _read(path)
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path.name}: extends: expected a {kind[:-1]} name or path, "
+                          f"got {parent!r}")
+    parent_path = _resolve(kind, parent, relative_to=path.parent)
+    chain = (*seen, path.resolve())
+    if parent_path.resolve() in chain:
+        raise ConfigError(f"{path.name}: extends: {parent!r} leads back to {path.name} (a cycle)")
+    return _merge(_read_extended(kind, parent_path, chain), raw)
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
@@ -144,29 +222,28 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _apply_overrides(raw: dict, overrides: Mapping[str, Any], where: str) -> dict:
+    """Set each dotted path, creating the tables and fields the file leaves out; what the file
+    format does not accept is reported by its parser, naming the accepted fields."""
     out = copy.deepcopy(raw)
     for dotted, value in overrides.items():
         node = out
         *parents, leaf = dotted.split(".")
         for key in parents:
-            if not isinstance(node.get(key), dict):
-                raise ConfigError(f"{where}: override {dotted}: no table {key!r}")
-            node = node[key]
-        if leaf not in node:
-            raise ConfigError(f"{where}: override {dotted}: no field {leaf!r}")
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{where}: override {dotted}: {key!r} is a value, not a table")
         node[leaf] = value
     return out
 
 
-def _deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:
-    out = copy.deepcopy(base)
+def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict:
+    """`base` with `extra` laid over it: tables merge key by key, anything else replaces."""
+    out = copy.deepcopy(dict(base))
     for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        elif key not in out:
-            raise ConfigError(f"chip_overrides.{key}: the chip has no such field")
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)
     return out
 
 
@@ -174,8 +251,8 @@ def _check_keys(raw: Mapping[str, Any], required: set, optional: set, where: str
     checks.exact_keys(raw, required, where, optional)
 
 
-def _table(raw: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    value = raw.get(key)
+def _table(raw: Mapping[str, Any], key: str, where: str, default: Any = None) -> Mapping[str, Any]:
+    value = raw.get(key, default)
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}: {key}: expected a table")
     return value

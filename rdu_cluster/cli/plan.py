@@ -9,6 +9,7 @@ import click
 from partitioning.evaluate import PlanEstimate, search_plans
 from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.routing import RoutingModel
+from rdu_cluster.cli.options import hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output.report import text_table
 from workloads.catalog import load_model
@@ -31,8 +32,9 @@ from workloads.errors import ConfigError
               help="Expert routing: uniform, or zipf:S (popularity ~ 1/rank^S).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Routing-model seed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per plan.")
+@hardware_options
 def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype, spill,
-         routing, seed, as_json) -> None:
+         routing, seed, as_json, overrides) -> None:
     """Enumerate and rank the plans (tp, pp, ep, dp, per-block degrees) of MODEL on CLUSTER."""
     if min(batch, context, gen_len, top) < 1:
         raise ConfigError("--batch, --context, --gen-len and --top must be positive")
@@ -41,7 +43,7 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
         p = spec.precision
         spec = spec.with_precision(Precision(DType.parse(weights_dtype, "--weights"),
                                              p.kv_cache, p.activations, None, p.state))
-    cluster = load_cluster(cluster_ref)
+    cluster = load_cluster(cluster_ref, overrides)
     placement = Placement(weights="auto", kv_cache="auto") if spill else Placement()
     result = search_plans(spec, cluster, objective, batch, context, gen_len, placement,
                           parse_routing(routing, seed))

@@ -12,6 +12,7 @@ import click
 
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
+from rdu_cluster.cli.options import hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine import schedulers
 from rdu_cluster.engine.plan import PlanSpec
@@ -86,11 +87,12 @@ TABLES = ("requests", "steps", "sockets", "links")
 @click.option("--acceptance", default=None,
               help="With --draft: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
               "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].")
+@hardware_options
 def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, burstiness,
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
           preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
           coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k, tree,
-          placement, draft_sockets, acceptance) -> None:
+          placement, draft_sockets, acceptance, overrides) -> None:
     """Simulate serving a request trace on a cluster."""
     trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
                    seed)
@@ -99,7 +101,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         model_ref = coe.DEFAULT_EXPERT  # [MICRO24]'s experts
     if coe_experts is not None and _default(ctx, "scheduler"):
         scheduler = "coe"
-    model, cluster = load_model(model_ref), load_cluster(cluster_ref)
+    model, cluster = load_model(model_ref), load_cluster(cluster_ref, overrides)
     limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
     scenario = (None if coe_experts is None else coe.CoEScenario.copies(
         coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),

@@ -6,6 +6,7 @@ import click
 
 from partitioning.estimate import best_plan, estimate_plan
 from partitioning.plan import Plan
+from rdu_cluster.cli.options import hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
 from rdu_cluster.output.report import model_summary, side_by_side
@@ -111,6 +112,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     "each (prompt, expert) pair; --model is the expert (default llama-2-7b).",
 )
 @click.option("--experts", default=150, show_default=True, type=int, help="With --coe.")
+@hardware_options
 def simulate(
     model_ref,
     cluster_refs,
@@ -133,13 +135,15 @@ def simulate(
     draft_sockets,
     coe_flag,
     experts,
+    overrides,
 ) -> None:
-    """Estimate decode and prefill of MODEL on each CLUSTER."""
+    """Estimate decode and prefill of MODEL on each CLUSTER (--set and --sockets apply to each)."""
     if coe_flag:
-        click.echo(_coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts))
+        click.echo(_coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts,
+                              overrides))
         return
     spec = _with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
-    clusters = [load_cluster(c) for c in (cluster_refs or DEFAULT_CLUSTERS)]
+    clusters = [load_cluster(c, overrides) for c in (cluster_refs or DEFAULT_CLUSTERS)]
     if ablate:
         click.echo(_ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp))
         return
@@ -192,7 +196,7 @@ def _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len) -
     return best_plan(spec, cluster, objective, batch, prompt_len, gen_len)
 
 
-def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts) -> str:
+def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, overrides) -> str:
     """MICRO24 Table V's setting; options left at simulate's defaults take the table's values."""
     ctx = click.get_current_context()
     given = lambda name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
@@ -200,7 +204,7 @@ def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts) -> 
     refs = cluster_refs or ("sn40l-8", "dgx-h100", "dgx-a100")
     tvs = [
         coe.table_v(
-            load_cluster(c),
+            load_cluster(c, overrides),
             experts,
             batch if given("batch") else 8,
             prompt_len if given("prompt_len") else 512,

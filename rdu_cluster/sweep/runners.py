@@ -4,8 +4,9 @@ costed by one vectorized call. `plan`: the best plan of a plan search per point.
 serving simulation (the engine's Simulation on its local backend) per point, its summary a row.
 
 Nested fields: `options.<toggle>` (DataflowOptions on RDU clusters, GpuOptions on GPU clusters;
-a toggle of the other chip kind is ignored there), `chip.<path>` and `topology.<path>` (overrides
-of the cluster config, e.g. chip.tiers.hbm.bandwidth_bytes_per_s), `sockets`, `sockets_per_node`.
+a toggle of the other chip kind is ignored there), `chip.<path>`, `topology.<path>` and
+`cost.<path>` (overrides of the cluster config, e.g. chip.tiers.hbm.bandwidth_bytes_per_s, the
+same paths as `--set`: rdu_cluster.config), `sockets`, `sockets_per_node`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rdu_cluster.config import OVERRIDE_PREFIXES, is_override
 from rdu_cluster.sweep.fields import (
     FieldDef,
     Namespace,
@@ -40,9 +42,13 @@ from rdu_cluster.sweep.registry import Point, Runner, RunOutput, register
 from workloads.errors import ConfigError
 
 VECTOR = ("batch", "prompt_len", "gen_len")
-# The cluster-config override fields: a point's value goes to load_cluster(overrides=...) as is.
-CLUSTER_SCALARS = ("sockets", "sockets_per_node")
-CLUSTER_PREFIXES = ("chip.", "topology.")
+# The cluster-config override fields (OVERRIDE_SCALARS, OVERRIDE_PREFIXES): a point's value goes
+# to load_cluster(overrides=...) as is, as --set's do.
+_OVERRIDE_DOCS = {
+    "chip.": "chip config override, e.g. chip.tiers.hbm.*",
+    "topology.": "topology override, e.g. topology.link_latency_s",
+    "cost.": "cost override, e.g. cost.socket_hour_usd",
+}
 # The toggles the contract names, used where chip/ does not define its options classes yet.
 FALLBACK_TOGGLES = {
     "rdu": ("kernel_looping", "batch_streaming", "schedule_offloading", "fused"),
@@ -105,19 +111,12 @@ def simulate_namespaces() -> tuple[Namespace, ...]:
     names = frozenset(toggles("rdu")) | frozenset(toggles("gpu"))
     return (
         Namespace("options.", boolean, names, doc="optimization toggles"),
-        Namespace("chip.", scalar, doc="chip config override, e.g. chip.tiers.hbm.*"),
-        Namespace("topology.", scalar, doc="topology override, e.g. topology.link_latency_s"),
+        *(Namespace(p, scalar, doc=_OVERRIDE_DOCS[p]) for p in OVERRIDE_PREFIXES),
     )
 
 
 def cluster_overrides(fields: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(
-        sorted(
-            (k, v)
-            for k, v in fields.items()
-            if k in CLUSTER_SCALARS or k.startswith(CLUSTER_PREFIXES)
-        )
-    )
+    return tuple(sorted((k, v) for k, v in fields.items() if is_override(k)))
 
 
 def option_values(fields: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
