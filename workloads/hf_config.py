@@ -233,9 +233,9 @@ def _mixtral(c: _Cfg, name: str) -> ModelSpec:
 def _qwen_moe_ffn(c: _Cfg, layer: int) -> FFN:
     """Qwen2/3-MoE rule (modeling_qwen3_moe): layer i is sparse when it is not listed in
     `mlp_only_layers`, num_experts > 0 and (i + 1) % decoder_sparse_step == 0."""
-    sparse = layer not in c.get("mlp_only_layers", []) and (layer + 1) % c.size(
-        "decoder_sparse_step", 1
-    ) == 0
+    n = c.size("num_hidden_layers")
+    dense = c.layer_indices("mlp_only_layers", n) if c.get("mlp_only_layers") else set()
+    sparse = layer not in dense and (layer + 1) % c.size("decoder_sparse_step", 1) == 0
     return FFN.MOE if sparse else FFN.DENSE
 
 

@@ -76,6 +76,11 @@ def test_llama4_interleaved_moe_and_chunked_attention():
     spec = from_hf_config(cfg)
     assert [la.ffn for la in spec.layers].count(FFN.MOE) == 1
     assert {la.mixer for la in spec.layers} == {Mixer.FULL_ATTENTION}
+    # Scout's text model (Llama-4-Scout-17B-16E config.json): every layer MoE, 16 experts.
+    cfg = catalog.model_config("llama-4-maverick")
+    cfg["text_config"] |= {"interleave_moe_layer_step": 1, "num_local_experts": 16}
+    scout = from_hf_config(cfg)
+    assert {la.ffn for la in scout.layers} == {FFN.MOE} and scout.intermediate_size == 0
 
 
 def test_gemma_local_global_patterns():
@@ -172,6 +177,7 @@ def test_bad_quantization_config(quant, fragment):
         ("deepseek-v2", "first_k_dense_replace", 61, "is 61, more than 60"),
         ("deepseek-v2", "n_shared_experts", -2, "must be a non-negative integer"),
         ("qwen1.5-moe-a2.7b", "shared_expert_intermediate_size", 1.5, "non-negative integer"),
+        ("qwen1.5-moe-a2.7b", "mlp_only_layers", "0,1", "must list layer indices in 0..23"),
         ("glm-4.5-air", "partial_rotary_factor", 0, "must be a number in (0, 1]"),
         ("mistral-small-3.1-24b", "text_config", [], "'text_config' must be a JSON object"),
     ],
