@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from pyarrow import ipc
 
 from rdu_cluster.cli import main
+from workloads import catalog
 
 PUBLIC_FIELDS = {
     "model",
@@ -161,3 +162,20 @@ def test_simulate_default_plan_is_the_search_winner():
 def test_simulate_bad_plans(args):
     r = run("simulate", "--cluster", "sn40l-16", *args)
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_summary_names_the_weight_dtype_and_its_origin(tmp_path):
+    cfg = catalog.model_config("llama-3.1-8b")
+    cfg["quantization_config"] = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    r = CliRunner().invoke(main, ["simulate", "--model", str(path), "--cluster", "sn40l-16"])
+    assert r.exit_code == 0, r.output
+    first = r.output.splitlines()[0]
+    assert "8.0B params" in first and "weights fp8 (quantization_config fbgemm_fp8)" in first
+    r = CliRunner().invoke(main, ["simulate", "--model", str(path), "--cluster", "sn40l-16",
+                                  "--weights", "int4"])
+    assert r.exit_code == 0 and "; weights int4, KV cache bf16" in r.output.splitlines()[0]
+    r = CliRunner().invoke(main, ["simulate", "--model", "openai/GPT-OSS-20B", "--cluster",
+                                  "sn40l-16"])
+    assert "weights experts mxfp4 (quantization_config mxfp4)" in r.output.splitlines()[0]

@@ -25,7 +25,15 @@ SOCKETS_HELP = (
 
 
 def hardware_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add --set and --sockets to a click command; it receives `overrides` (a dict) instead."""
+    """Add --set and --sockets to a click command; it receives `overrides` (a dict) instead and
+    passes it to `load_cluster(ref, overrides)`. Apply it under `@click.command()`, like an
+    option:
+
+        @click.command()
+        @click.option("--cluster", ...)
+        @hardware_options
+        def capacity(cluster, ..., overrides): ...
+    """
 
     @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
     @click.option("--sockets", "sockets", default=None, type=click.IntRange(min=1),
