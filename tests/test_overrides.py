@@ -138,6 +138,7 @@ def test_simulate_and_plan_take_set_and_sockets():
                "--set", "chip.tiers.hbm.bandwidth_bytes_per_s=3.6e12")
     assert base.exit_code == fast.exit_code == 0, fast.output
     assert _tpot(fast.output) < _tpot(base.output)
+    assert fast.output.startswith("overrides: chip.tiers.hbm.bandwidth_bytes_per_s=3600000000000.0")
     r = run("plan", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--sockets", 16,
             "--objective", "throughput", "--json")
     assert r.exit_code == 0, r.output

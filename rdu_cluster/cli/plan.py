@@ -11,7 +11,7 @@ from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.routing import RoutingModel
 from rdu_cluster.cli.options import hardware_options
 from rdu_cluster.config import load_cluster
-from rdu_cluster.output.report import text_table, weights_text
+from rdu_cluster.output.report import overrides_line, text_table, weights_text
 from workloads.catalog import load_model
 from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
@@ -54,6 +54,8 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     if as_json:
         click.echo("\n".join(json.dumps(r) for r in rows))
         return
+    if overrides:
+        click.echo(overrides_line(overrides))
     click.echo(
         f"{spec.name}, weights {spec.quantization or weights_text(spec.precision)}, on "
         f"{cluster.name}: batch {batch}, "

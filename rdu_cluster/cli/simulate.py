@@ -9,7 +9,7 @@ from partitioning.plan import Plan
 from rdu_cluster.cli.options import hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
-from rdu_cluster.output.report import model_summary, side_by_side
+from rdu_cluster.output.report import model_summary, overrides_line, side_by_side
 from rdu_cluster.scenarios import coe, speculative
 from rdu_cluster.scenarios.ablate import ablate as run_ablation
 from rdu_cluster.scenarios.ablate import format_ablation
@@ -181,6 +181,8 @@ def simulate(
     if as_json:
         click.echo(results.json_lines(tbl))
     else:
+        if overrides:
+            click.echo(overrides_line(overrides))
         click.echo(model_summary(spec) + "\n" + side_by_side(estimates, clusters))
 
 

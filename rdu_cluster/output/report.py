@@ -40,6 +40,11 @@ def model_summary(spec: ModelSpec) -> str:
             f"KV cache {spec.precision.kv_cache.value}")
 
 
+def overrides_line(overrides: dict) -> str:
+    """The --set / --sockets overrides a run was given, so its output says what it changed."""
+    return "overrides: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+
+
 def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec]) -> str:
     """One column per cluster: headline figures, then decode time per token by cause."""
     first = estimates[0]
