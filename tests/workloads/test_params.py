@@ -2,8 +2,9 @@
 
 Tolerance: 1% of the published figure, or half a unit of its last quoted digit when the figure is
 quoted so coarsely that 1% is finer than its own rounding ("37B" stands for 36.5B..37.5B; "10B"
-for 9.5B..10.5B). Only three figures need that: DeepSeek-V3 active (37B), Qwen3-235B-A22B active
-(22B) and MiniMax-M2 active (10B). Qwen3-Next-80B-A3B's "3B activated" is the A3B of its name,
+for 9.5B..10.5B). Only five figures need that: DeepSeek-V3 active (37B), Qwen3-235B-A22B active
+(22B), MiniMax-M2 active (10B), Llama 4 Maverick active (17B; counted 17.18B) and GLM-4.5-Air
+active (12B; counted 12.18B). Qwen3-Next-80B-A3B's "3B activated" is the A3B of its name,
 not a count (the model's own shapes give 3.87B with embeddings, 3.25B without any); its exact
 active figure comes from safetensors tensor shapes instead (see the source below).
 
@@ -11,8 +12,9 @@ Active-parameter conventions differ by publisher and are taken from each source,
 fit: Meta, Mistral and Qwen count the embedding table; OpenAI's gpt-oss model card does not
 (Table 1 arithmetic: 4/128 of 114.71B MLP + 0.96B attention + 0.58B unembedding = 5.13B), nor
 does DeepSeek (DeepSeek-V2-Lite's published 2.4B active is 2.45B without it, 2.66B with it).
-MiniMax and Zhipu (GLM-4.5) do not say; see the notes in their catalog files. Llama 4 Maverick's
-"17B" and GLM-4.5-Air's "12B" active are quoted to the billion (half a unit: 0.5B).
+MiniMax and Zhipu (GLM-4.5) do not say; see the notes in their catalog files. Multimodal models
+are held to figures of their language model (Gemma 3's report gives it apart; Llama 4 Maverick's
+400B includes a vision encoder under 1B, inside the 1%).
 """
 
 from __future__ import annotations
