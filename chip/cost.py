@@ -22,6 +22,8 @@ CAUSES = (
     "activations",
     "compute",
     "communication",
+    "collective_latency",  # each collective's fixed latency on a layer's dependency chain
+    "router_wait",  # MoE: routed experts' weights stream only after the router's result
     "launch",
     "synchronization",
     "host",
@@ -47,9 +49,11 @@ class StepCost:
         """The cause that takes most of the time, per design point ("memory" folds the three
         streaming causes together, "overhead" the launch/sync/host/fill ones)."""
         groups = {
-            "memory": ("weight_streaming", "kv_streaming", "activations", "ddr_streaming"),
+            "memory": (
+                "weight_streaming", "kv_streaming", "activations", "ddr_streaming", "router_wait"
+            ),
             "compute": ("compute",),
-            "communication": ("communication",),
+            "communication": ("communication", "collective_latency"),
             "overhead": ("launch", "synchronization", "host", "pipeline_fill", "pipeline_bubble"),
         }
         names = list(groups)

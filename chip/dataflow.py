@@ -62,6 +62,8 @@ class DataflowParams:
     device_command_s: float
     host_step_s: float
     sram_activation_fraction: float
+    collective_latency_s: float
+    prefetch_buffer_bytes: float
 
 
 @dataclass(frozen=True)
@@ -193,15 +195,16 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
         # as the SRAM left for stream buffers allows. A layer then costs the longer of its HBM
         # stream and its data path (compute or P2P, plus the chain), but no less than the
         # unlooped time minus what the buffers can absorb. The first layer pays the full chain.
-        buffer_s = (
-            (1.0 - p.sram_activation_fraction)
-            * ctx.chip.tier("sram").capacity_bytes
-            / (p.hbm_efficiency * ctx.bw)
-        )
+        buffer_s = p.prefetch_buffer_bytes / (p.hbm_efficiency * ctx.bw)
         steady = np.maximum(np.maximum(hbm, data + chain), pipe + chain - buffer_s)
         steady = np.maximum(steady, pipe)  # it hides the chain, not the phases' serialization
         full = 1 if head else 0  # the loop's first layer pays its whole chain
         exposed = (full * chain + (r - full) * (steady - pipe)) / r
+        # MoE: the routed experts' weights cannot be prefetched (the router picks them), so
+        # the data path waits for their stream after the router; shared experts and attention
+        # weights still prefetch. Unlooped, the layer already pays pipe + chain >= that path.
+        wait = np.maximum(0.0, data + chain + _routed_stream(ops, ctx) - steady)
+        ledger.add("router_wait", OpClass.EXPERT.value, (r - full) * wait)
     _book_chain(ledger, ops, colls, ctx, r * exposed / np.maximum(chain, 1e-300))
     ncalls = (1 if head else 0) if looped else r
     reload = head or not looped
@@ -217,6 +220,16 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
         launch = launch + p.program_load_s + ctx.command_s
     ledger.add("launch", OVERHEAD, launch)
     return float(ncalls)
+
+
+def _routed_stream(ops: list[Op], ctx: _Ctx):
+    """Seconds from the router's result to the last routed-expert weight byte: a fresh HBM
+    request (its latency) and the routed experts' weights at the sustained rate. Zero for a
+    layer without a router."""
+    if not any(op.cls is OpClass.ROUTER for op in ops):
+        return np.zeros(())
+    routed = sum((op.weight_bytes for op in ops if op.cls is OpClass.EXPERT), 0.0)
+    return ctx.p.hbm_latency_s + efficiency.stream_time(routed, ctx.bw, ctx.p.hbm_efficiency)
 
 
 def _phases(ops: tuple[Op, ...]) -> list[list[Op]]:
@@ -305,7 +318,7 @@ def _book_chain(ledger: Ledger, ops, colls, ctx: _Ctx, scale) -> None:
     for op in ops:
         ledger.add("pipeline_fill", op.cls.value, scale * ctx.p.op_latency_s)
     for c in colls:
-        ledger.add("communication", OpClass.COLLECTIVE.value, scale * _latency(c, ctx))
+        ledger.add("collective_latency", OpClass.COLLECTIVE.value, scale * _latency(c, ctx))
 
 
 # ---- unfused baseline: one op a kernel --------------------------------------------------------
@@ -318,7 +331,8 @@ def _unfused_block(ledger: Ledger, block: Block, ctx: _Ctx) -> float:
     for op in block.ops:
         cls = op.cls.value
         if op.cls is OpClass.COLLECTIVE:
-            ledger.add("communication", cls, r * np.asarray(ctx.comm_time(op.comm), dtype=float))
+            ledger.add("communication", cls, r * _bandwidth_part(op.comm, ctx))
+            ledger.add("collective_latency", cls, r * _latency(op.comm, ctx))
         else:
             act = op.act_in_bytes + op.act_out_bytes
             res = _Res(
@@ -348,8 +362,11 @@ def _unfused_block(ledger: Ledger, block: Block, ctx: _Ctx) -> float:
 
 def _latency(c: Collective, ctx: _Ctx):
     """The part of a collective's time that does not depend on its size: on the critical path of
-    a pipelined kernel. Taken from the interconnect's own cost of an empty message."""
-    return np.asarray(ctx.comm_time(replace(c, bytes=0.0)), dtype=float)
+    a pipelined kernel. The interconnect's own cost of an empty message (hops) plus the
+    protocol's fixed cost per collective (`collective_latency_s`: handshakes, flag polling,
+    the reduction's pipeline depth; unpublished, see docs/calibration.md)."""
+    hops = np.asarray(ctx.comm_time(replace(c, bytes=0.0)), dtype=float)
+    return hops + (ctx.p.collective_latency_s if c.size > 1 else 0.0)
 
 
 def _bandwidth_part(c: Collective, ctx: _Ctx):
@@ -359,9 +376,7 @@ def _bandwidth_part(c: Collective, ctx: _Ctx):
 
 def _barrier(c: Collective, ctx: _Ctx):
     """A kernel call's end is a barrier across the sockets of its group: an empty all-reduce."""
-    return np.asarray(
-        ctx.comm_time(Collective(CollectiveKind.ALL_REDUCE, 0.0, c.group, c.size)), dtype=float
-    )
+    return _latency(Collective(CollectiveKind.ALL_REDUCE, 0.0, c.group, c.size), ctx)
 
 
 def _share(part, total):

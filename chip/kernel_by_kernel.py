@@ -27,7 +27,7 @@ from chip.cost import StepCost
 from chip.execution import CommTime, options_of, params_for, parse_params, register
 from chip.spec import ChipSpec
 from workloads.errors import ConfigError
-from workloads.ops import Block, Graph, Op, OpClass
+from workloads.ops import Block, CollectiveKind, Graph, Op, OpClass
 
 # Ops with weights: each is a GEMM (or gather) kernel of its own, never fused with another.
 WEIGHTED = {OpClass.MATMUL, OpClass.EXPERT, OpClass.LM_HEAD, OpClass.EMBEDDING}
@@ -43,6 +43,17 @@ FUSED_FAMILIES = (frozenset({OpClass.ATTENTION}), frozenset({OpClass.LINEAR_ATTE
 class GpuOptions:
     cuda_graphs: bool = False
     overlap_comm: bool = False
+    host: str = "cpp"  # per-step host time: "cpp" (host_step_s) or "python" (python_host_step_s)
+    allreduce: str = "nccl"  # "nccl" (nccl_overhead_s) or "custom" (custom_allreduce_s)
+    stack: str = ""  # the serving-stack profile these came from (chip/serving_stacks.py)
+
+    def __post_init__(self) -> None:
+        if self.host not in ("cpp", "python"):
+            raise ConfigError(f"options.host: {self.host!r} unknown; accepted: cpp, python")
+        if self.allreduce not in ("nccl", "custom"):
+            raise ConfigError(
+                f"options.allreduce: {self.allreduce!r} unknown; accepted: nccl, custom"
+            )
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,17 @@ class GpuParams:
     graph_launch_s: float
     nccl_overhead_s: float
     host_step_s: float
+    python_host_step_s: float
+    custom_allreduce_s: float
+
+    def host_s(self, opts: GpuOptions) -> float:
+        return self.python_host_step_s if opts.host == "python" else self.host_step_s
+
+    def collective_overhead_s(self, opts: GpuOptions, kind: CollectiveKind) -> float:
+        """Software cost of one collective beyond the interconnect's alpha-beta time."""
+        if opts.allreduce == "custom" and kind is CollectiveKind.ALL_REDUCE:
+            return self.custom_allreduce_s
+        return self.nccl_overhead_s
 
 
 @dataclass(frozen=True)
@@ -175,7 +197,8 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
         cls = k.anchor.cls.value
         ledger.add("synchronization", cls, r * gap)
         if k.is_collective:
-            t = r * (np.asarray(comm_time(k.ops[0].comm), dtype=float) + p.nccl_overhead_s)
+            c = k.ops[0].comm
+            t = r * (np.asarray(comm_time(c), dtype=float) + p.collective_overhead_s(opts, c.kind))
             comm_parts.append(t)
             comm_total = comm_total + t
             continue
@@ -216,14 +239,15 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
 
 def _host(ledger, p: GpuParams, opts: GpuOptions, n_kernels: float, by_class) -> None:
     """Host time that the GPU's own work does not cover."""
-    ledger.add("host", OVERHEAD, p.host_step_s)
+    host = p.host_s(opts)
+    ledger.add("host", OVERHEAD, host)
     if opts.cuda_graphs:
         ledger.add("launch", OVERHEAD, p.graph_launch_s)
         return
     # Asynchronous issue: the host runs ahead while the GPU works, so launch time is exposed
     # only where issuing all kernels takes longer than running them (plus the first launch,
     # which nothing covers).
-    gpu = ledger.total() - p.host_step_s
+    gpu = ledger.total() - host
     exposed = p.launch_host_s + np.maximum(0.0, n_kernels * p.launch_host_s - gpu)
     for cls, count in by_class.items():
         ledger.add("launch", cls, exposed * count / n_kernels)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def config_dir(kind: str) -> Path:
-    """The folder of bundled `kind` files: "chips" or "clusters"."""
+    """The folder of bundled `kind` files: "chips", "clusters" or "calibration"."""
     return Path(str(resources.files(__name__).joinpath(kind)))
 
 

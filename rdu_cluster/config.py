@@ -77,7 +77,7 @@ def cli_overrides(assignments: tuple[str, ...], sockets: int | None = None) -> d
 def load_chip(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> ChipSpec:
     path = _resolve("chips", name_or_path)
     raw = _apply_overrides(_read_extended("chips", path), overrides or {}, path.name)
-    return parse_chip(raw, path.name)
+    return _calibrated(parse_chip(raw, path.name), overrides or {})
 
 
 def load_cluster(
@@ -112,7 +112,7 @@ def load_cluster(
             "topology.inter_node_bandwidth_bytes_per_s=50e9)")
     return ClusterSpec(
         name=_typed(raw, "name", str, where),
-        chip=chip,
+        chip=_calibrated(chip, {**chip_over, **_dotted(raw.get("chip_overrides", {}))}),
         sockets=sockets,
         sockets_per_node=per_node,
         topology=topology,
@@ -120,6 +120,25 @@ def load_cluster(
         source=_typed(raw, "source", str, where),
         cost=parse_cost(raw.get("cost", {}), f"{where}: cost"),
     )
+
+
+def _calibrated(chip: ChipSpec, overrides: Mapping[str, Any]) -> ChipSpec:
+    """The active calibration profile's fitted values (rdu_cluster/validation/calibration.py);
+    an [execution] value the user overrides explicitly keeps the user's value."""
+    from rdu_cluster.validation import calibration
+
+    keep = {k.split(".", 1)[1] for k in overrides if k.startswith("execution.")}
+    return calibration.apply_chip(chip, keep=keep)
+
+
+def _dotted(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, Mapping):
+            out.update(_dotted(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:

@@ -15,7 +15,7 @@ class Main(click.Group):
     def main(self, *args, **kwargs):  # type: ignore[override]
         kwargs["standalone_mode"] = False
         try:
-            rv = super().main(*args, **kwargs)
+            rv = self._run(*args, **kwargs)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         except click.exceptions.Abort:
@@ -29,6 +29,16 @@ class Main(click.Group):
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def _run(self, *args, **kwargs):
+        """One command; the calibration profile its --calibration activated ends with it (an
+        in-process caller, a test runner, must not inherit it)."""
+        from rdu_cluster.validation import calibration
+
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            calibration.activate(None)
 
 
 @click.group(cls=Main)
@@ -51,6 +61,10 @@ main.add_command(sweep)
 from rdu_cluster.cli.validate import validate
 
 main.add_command(validate)
+
+from rdu_cluster.cli.calibrate import calibrate
+
+main.add_command(calibrate)
 
 from rdu_cluster.cli.footprint import footprint
 

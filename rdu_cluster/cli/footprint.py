@@ -6,6 +6,7 @@ import json
 
 import click
 
+from rdu_cluster.cli.options import calibration_option
 from rdu_cluster.config import load_cluster
 from rdu_cluster.scenarios.coe import DEFAULT_EXPERT, DEFAULT_ROUTER
 from rdu_cluster.scenarios.hosting import footprint as compute
@@ -15,6 +16,7 @@ DEFAULT_CLUSTERS = ("sn40l-8", "dgx-h100", "dgx-a100")
 
 
 @click.command()
+@calibration_option
 @click.option("--experts", "n", required=True, type=int, help="Number of experts to host.")
 @click.option("--expert-model", default=DEFAULT_EXPERT, show_default=True,
               help="Catalog name or config.json of each expert.")

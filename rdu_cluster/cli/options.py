@@ -1,6 +1,7 @@
 """Options several commands share. `hardware_options` gives a command `--set KEY=VALUE`
 (repeatable) and `--sockets N`, and hands it one `overrides` dict for `load_cluster`: the same
-dotted paths and checks as a sweep's override fields (rdu_cluster.config)."""
+dotted paths and checks as a sweep's override fields (rdu_cluster.config). `calibration_option`
+gives it `--calibration PROFILE|none` (rdu_cluster/validation/calibration.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import click
 
 from rdu_cluster.config import cli_overrides
+from rdu_cluster.validation import calibration
 
 SET_HELP = (
     "Override one figure of the cluster or its chip, e.g. "
@@ -44,3 +46,25 @@ def hardware_options(command: Callable[..., Any]) -> Callable[..., Any]:
         return command(*args, overrides=cli_overrides(assignments, sockets), **kwargs)
 
     return wrapper
+
+
+def _activate(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    calibration.activate(calibration.load(value))
+    return value
+
+
+def calibration_options(default: str = calibration.DEFAULT):
+    """--calibration: the profile `load_cluster` applies for the rest of the command."""
+    return click.option(
+        "--calibration",
+        default=default,
+        show_default=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_activate,
+        help="Calibration profile (cluster_configs/calibration/NAME.toml or a path) applied to the "
+        "chips' fitted parameters, or 'none' for first-principles values only.",
+    )
+
+
+calibration_option = calibration_options()

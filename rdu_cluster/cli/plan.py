@@ -9,7 +9,7 @@ import click
 from partitioning.evaluate import PlanEstimate, search_plans
 from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.routing import RoutingModel
-from rdu_cluster.cli.options import hardware_options
+from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output.report import overrides_line, text_table, weights_text
 from workloads.catalog import load_model
@@ -18,6 +18,7 @@ from workloads.errors import ConfigError
 
 
 @click.command()
+@calibration_option
 @click.option("--model", "model_ref", required=True, help="Catalog name or config.json path.")
 @click.option("--cluster", "cluster_ref", required=True, help="Cluster name or TOML path.")
 @click.option("--objective", default="latency", show_default=True,

@@ -12,7 +12,7 @@ import click
 
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
-from rdu_cluster.cli.options import hardware_options
+from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine import schedulers
 from rdu_cluster.engine.plan import PlanSpec
@@ -28,6 +28,7 @@ TABLES = ("requests", "steps", "sockets", "links")
 
 
 @click.command()
+@calibration_option
 @click.option("--model", "model_ref", default="llama-3.1-70b", show_default=True,
               help="Catalog name or path to a HuggingFace config.json.")
 @click.option("--cluster", "cluster_ref", default="sn40l-16", show_default=True,

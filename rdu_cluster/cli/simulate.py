@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
+from chip import serving_stacks
 from partitioning.estimate import best_plan, estimate_plan
 from partitioning.plan import Plan
-from rdu_cluster.cli.options import hardware_options
+from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
 from rdu_cluster.output.report import model_summary, overrides_line, side_by_side
@@ -22,6 +23,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
 
 
 @click.command()
+@calibration_option
 @click.option(
     "--model",
     "model_ref",
@@ -113,6 +115,13 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
 )
 @click.option("--experts", default=150, show_default=True, type=int, help="With --coe.")
 @hardware_options
+@click.option(
+    "--stack",
+    "stack_name",
+    default=None,
+    help="GPU clusters: a serving-stack profile (tensorrt-llm, vllm, sglang, eager; "
+    "chip/serving_stacks.py) [default: the execution model's defaults]. RDU clusters ignore it.",
+)
 def simulate(
     model_ref,
     cluster_refs,
@@ -136,6 +145,7 @@ def simulate(
     coe_flag,
     experts,
     overrides,
+    stack_name,
 ) -> None:
     """Estimate decode and prefill of MODEL on each CLUSTER (--set and --sockets apply to each)."""
     if coe_flag:
@@ -172,7 +182,9 @@ def simulate(
     rows, estimates = [], []
     for cluster in clusters:
         plan = _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len)
-        est = estimate_plan(spec, cluster, plan, batch, prompt_len, gen_len)
+        gpu_stack = stack_name and cluster.chip.kind == "gpu"
+        options = serving_stacks.stack(stack_name) if gpu_stack else None
+        est = estimate_plan(spec, cluster, plan, batch, prompt_len, gen_len, options=options)
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
     tbl = results.table(rows)

@@ -117,12 +117,40 @@ def capacity_tier(cluster: ClusterSpec) -> str:
     return "ddr" if cluster.chip.has_tier("ddr") else "host"
 
 
-def switch_time_s(expert: ModelSpec, cluster: ClusterSpec, tp: int | None = None) -> float:
-    """Every socket of the group copies its shard (weights / tp) from the capacity tier into HBM
-    at once; the switch takes one shard's copy time."""
+# How a model switch is costed (validate names the one each row uses):
+# - "per-socket": the simulator's default: every socket copies its shard at its own tier
+#   bandwidth, all at once (SN40L DDR 200 GB/s per socket; a GPU's host link 64 / 32 GB/s).
+# - "micro24": [MICRO24] VI-C's arithmetic, a named assumption: the RDU node's aggregate DDR->HBM
+#   rate (">1 TB/s", MICRO24_NODE_COPY) against ONE host-to-GPU figure for the whole DGX (the
+#   chip's host-link bandwidth: 64 GB/s H100, 32 GB/s A100).
+# - "pcie-topology": the simulator's own estimate of the DGX: GPUS_PER_PCIE_SWITCH GPUs share
+#   each PCIe switch's x16 uplink to the CPUs (DGX H100 / A100 system topology: four switches,
+#   two GPUs each), pinned host buffers at PINNED_PCIE_EFFICIENCY of the link; RDU as per-socket.
+SWITCH_MODELS = ("per-socket", "micro24", "pcie-topology")
+MICRO24_NODE_COPY = 1e12  # [MICRO24]: "over 1 TB/s" DDR -> HBM per 8-socket node
+GPUS_PER_PCIE_SWITCH = 2  # DGX H100 / DGX A100 user guides (system topology); assumption for others
+# Pinned host-to-device copies reach ~80% of a PCIe link (x16 Gen4: ~25 of 32 GB/s and Gen5:
+# ~50 of 64 GB/s in public bandwidthTest runs); pageable copies far less. Range 0.7-0.9.
+PINNED_PCIE_EFFICIENCY = 0.8
+
+
+def switch_time_s(expert: ModelSpec, cluster: ClusterSpec, tp: int | None = None,
+                  model: str = "per-socket") -> float:
+    """Seconds to bring one expert into the HBM of the `tp` sockets serving it (see
+    SWITCH_MODELS; default: every socket copies its shard at once at its tier bandwidth)."""
+    if model not in SWITCH_MODELS:
+        raise ConfigError(f"switch_model: {model!r} unknown; accepted: {', '.join(SWITCH_MODELS)}")
     tp = tp or cluster.sockets
+    nbytes = graphs.weight_bytes(expert)
+    tier = capacity_tier(cluster)
+    link = cluster.chip.tier(tier).bandwidth_bytes_per_s
+    if model == "micro24":
+        return nbytes / (MICRO24_NODE_COPY if tier == "ddr" else link)
+    if model == "pcie-topology" and tier == "host":
+        uplinks = -(-tp // GPUS_PER_PCIE_SWITCH)  # switches the group's GPUs sit behind
+        return nbytes / (uplinks * link * PINNED_PCIE_EFFICIENCY)
     tiers = MemoryTiers.of(cluster.chip)
-    return tiers.copy_time(graphs.weight_bytes(expert) / tp, capacity_tier(cluster), "hbm")
+    return tiers.copy_time(nbytes / tp, tier, "hbm")
 
 
 @dataclass(frozen=True)
@@ -279,7 +307,7 @@ class TableV:
 
 def table_v(cluster: ClusterSpec, experts: int = 150, batch: int = 8, prompt_len: int = 512,
             gen_len: int = 20, expert: str = DEFAULT_EXPERT,
-            router: str = DEFAULT_ROUTER) -> TableV:
+            router: str = DEFAULT_ROUTER, switch_model: str = "per-socket") -> TableV:
     """MICRO24 Table V's setting. prompt_len is not given in the text we rely on: 512 is an
     assumption (a chat prompt), a parameter. Each pair is a cold switch."""
     scenario = CoEScenario.copies(experts, expert, router)
@@ -293,7 +321,7 @@ def table_v(cluster: ClusterSpec, experts: int = 150, batch: int = 8, prompt_len
         prompt_len=prompt_len,
         gen_len=gen_len,
         router_s=_f(r.ttft_s) + _f(r.tpot_s),
-        switch_s=switch_time_s(scenario.experts[0], cluster),
+        switch_s=switch_time_s(scenario.experts[0], cluster, model=switch_model),
         expert_s=_f(e.ttft_s) + (gen_len - 1) * _f(e.tpot_s),
         memory=mem,
     )
@@ -332,7 +360,22 @@ def _f(x) -> float:
 def _case_table_v(case: dict, key: str = "cluster") -> TableV:
     return table_v(load_cluster(case[key]), case.get("experts", 150), case.get("batch", 8),
                    case.get("prompt_len", 512), case.get("gen_len", 20),
-                   case.get("model", DEFAULT_EXPERT), case.get("router", DEFAULT_ROUTER))
+                   case.get("model", DEFAULT_EXPERT), case.get("router", DEFAULT_ROUTER),
+                   case.get("switch_model", "per-socket"))
+
+
+# Host memory the OS and the serving runtime keep for themselves (kernel, page tables, the
+# runtime's pinned staging pools): not published for DGX; assumption 5% (range 2-10%).
+HOST_RESERVE_FRACTION = 0.05
+
+
+def tier_demand(case: dict) -> float:
+    """The DGX out-of-memory accounting of [MICRO24] Table V: every expert's bytes over the host
+    DRAM left after the OS and runtime reserve (the experts' backing store; HBM holds the
+    router, the KV reserve and the expert slots). >= 1: out of memory. Reading "host_reserve"
+    from the row (default HOST_RESERVE_FRACTION)."""
+    mem = _case_table_v(case).memory
+    return mem.experts_in_tier / (mem.tier * (1.0 - case.get("host_reserve", HOST_RESERVE_FRACTION)))
 
 
 VALIDATION_METRICS = {
@@ -341,8 +384,9 @@ VALIDATION_METRICS = {
     / _case_table_v(c).total_s,
     "coe_switch_speedup": lambda c: _case_table_v(c, "baseline_cluster").switch_s
     / _case_table_v(c).switch_s,
-    # bytes the experts need in the capacity tier over what it holds: >= 1 is out of memory
-    "coe_tier_demand": lambda c: _case_table_v(c).memory.tier_fraction,
+    # bytes the experts need in the capacity tier over what it can give them: >= 1 is out of
+    # memory (tier_demand states the accounting)
+    "coe_tier_demand": tier_demand,
 }
 
 

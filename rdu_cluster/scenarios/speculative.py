@@ -170,7 +170,10 @@ def speculative_estimate(
     draft_tp: int | None = None,
     options: Any = None,
     execution_model: str | None = None,
+    memo: dict | None = None,
 ) -> SpecEstimate:
+    """`memo`: draft-step costs shared between calls on the same target, cluster and options
+    (best_k's k values repeat each other's first draft steps)."""
     if placement not in PLACEMENTS:
         raise ConfigError(f"placement: {placement!r} unknown; accepted: {', '.join(PLACEMENTS)}")
     base = estimate(target, cluster, batch, prompt_len, gen_len, tp, options, execution_model)
@@ -186,7 +189,7 @@ def speculative_estimate(
     else:
         candidates, extra_sockets, hops = [draft_tp or draft_sockets], draft_sockets, 2
     _check_draft_tp(candidates, base.tp if placement == "shared" else draft_sockets)
-    runs = [(_draft_steps(spec_d, draft, target, speculation, base, ctx, t, cost), t)
+    runs = [(_draft_steps(spec_d, draft, target, speculation, base, ctx, t, cost, memo), t)
             for t in candidates]
     steps, d_tp = min(runs, key=lambda r: float(np.max(sum(c.time_s for c in r[0]))))
     _check_fit(target, spec_d, draft, cluster, base, d_tp, placement)
@@ -214,12 +217,13 @@ def best_k(
 ) -> SpecEstimate:
     """The k (of `ks`) with the most tokens per second per request, on this hardware."""
     best = None
+    memo: dict = {}
     limit = len(acceptance.values) if isinstance(acceptance, PositionalAcceptance) else None
     for k in ks:
         if limit is not None and k > limit:
             break
         spec = Speculation(k, acceptance, branching[:k] if branching else None)
-        est = speculative_estimate(target, cluster, spec, draft, **kwargs)
+        est = speculative_estimate(target, cluster, spec, draft, memo=memo, **kwargs)
         if best is None or _f(est.tokens_per_s_per_request) > _f(best.tokens_per_s_per_request):
             best = est
     if best is None:
@@ -234,14 +238,21 @@ def _coster(cluster: ClusterSpec, options: Any, model: str | None) -> Callable:
     return cost
 
 
-def _draft_steps(spec_d, draft, target, speculation, base, ctx, tp, cost) -> tuple:
+def _draft_steps(spec_d, draft, target, speculation, base, ctx, tp, cost, memo=None) -> tuple:
     out = []
+    scalar = np.ndim(ctx) == 0 and np.ndim(base.batch) == 0
     for d, width in enumerate(speculation.frontier()):
+        key = (draft, float(width), float(ctx + d), float(base.batch), tp) if scalar else None
+        if memo is not None and key in memo:
+            out.append(memo[key])
+            continue
         shape = StepShape("decode", base.batch, float(width), ctx + d)
         g = graphs.step_graph(spec_d, shape, Shard.tensor(tp))
         if draft == "mtp":
             g = _with_mtp_projection(g, target, shape, tp)
         out.append(cost(g, tp))
+        if memo is not None and key is not None:
+            memo[key] = out[-1]
     return tuple(out)
 
 
@@ -306,6 +317,11 @@ def case_estimate(case: dict[str, Any], cluster_key: str = "cluster") -> SpecEst
     cluster = load_cluster(case[cluster_key])
     kw = {"batch": case.get("batch", 1), "prompt_len": case.get("prompt_len", 1024),
           "gen_len": case.get("gen_len", 128), "placement": case.get("placement", "shared")}
+    stack_name = case.get("stack" if cluster_key == "cluster" else "baseline_stack")
+    if stack_name:  # a GPU serving-stack profile (chip/serving_stacks.py)
+        from chip.serving_stacks import stack
+
+        kw["options"] = stack(stack_name)
     if "spec_k" in case:
         return speculative_estimate(target, cluster, Speculation(case["spec_k"], acceptance),
                                     draft, **kw)

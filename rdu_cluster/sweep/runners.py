@@ -124,11 +124,15 @@ def option_values(fields: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
 
 
 # Workers build each cluster and model once per process; a sweep reuses a few of them a lot.
+# Sweeps use first-principles values (no calibration profile): a Ray worker does not share the
+# driver's active profile, and local and Ray runs must give the same rows.
 @functools.lru_cache(maxsize=256)
 def cached_cluster(ref: str, overrides: tuple[tuple[str, Any], ...]):
     from rdu_cluster.config import load_cluster
+    from rdu_cluster.validation import calibration
 
-    return load_cluster(ref, dict(overrides))
+    with calibration.use(None):
+        return load_cluster(ref, dict(overrides))
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,26 +1,32 @@
-"""Run the validation table (rdu_cluster/validation/published.toml): each published figure, the
-simulated one, the error and whether it is within the case's stated tolerance.
+"""Run the measurement reference set (rdu_cluster/validation/measurements.toml): each measured or
+published figure, the simulated one, the error and whether it is within the row's stated
+tolerance.
 
-A case's configuration is complete in the table; this module only maps a metric name to how it
-is computed from `estimate`. Nothing here adjusts a model to a published value.
+A row's configuration is complete in the table; this module only maps a metric name to how it
+is computed from `estimate` (or the interconnect, for a collective). Nothing here adjusts a model
+to a measured value: rdu_cluster/validation/fit.py fits the unknown parameters to the rows whose
+role is "calibrate", and only through a calibration profile.
 """
 
 from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from chip.dataflow import DataflowOptions
-from chip.kernel_by_kernel import GpuOptions
-from partitioning.estimate import Estimate, estimate
+from chip.execution import params_for
+from chip.kernel_by_kernel import GpuOptions, GpuParams
+from chip.serving_stacks import STACKS
+from partitioning.estimate import Estimate, estimate, tp_comm_time
 from rdu_cluster.config import load_cluster
 from workloads import catalog
 from workloads.errors import ConfigError
+from workloads.ops import Collective, CollectiveKind
 
 GIB = 2.0**30
 # Options by name: what a case's `options` field may say.
@@ -32,6 +38,13 @@ OPTIONS: dict[str, Any] = {
     "micro24_fused_host": DataflowOptions(False, False, False, True),
     "micro24_fused_hw": DataflowOptions(False, False, True, True),
     "micro24_unfused_host": DataflowOptions(False, False, False, False),
+    **STACKS,  # GPU serving-stack profiles: tensorrt-llm, vllm, sglang, eager
+}
+ROLES = ("calibrate", "check")
+TIERS = ("primary", "vendor", "third-party")
+# How a value row is summarized: a single system's speed (or time), or a ratio or fraction.
+SPEED_METRICS = {
+    "tokens_per_s", "spec_tokens_per_s", "e2e_tokens_per_s", "allreduce_time_us", "host_step_ms",
 }
 
 
@@ -40,6 +53,9 @@ class Result:
     id: str
     claim: str
     source: str
+    role: str
+    tier: str
+    group: str  # "speed", "ratio" or "other" (accounting rows, bounds, ranges, categories)
     kind: str
     published: Any
     simulated: Any
@@ -52,13 +68,38 @@ class Result:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def load_cases(path: str | None = None) -> list[dict[str, Any]]:
+def load_table(path: str | None = None) -> dict[str, Any]:
     if path is None:
-        text = resources.files("rdu_cluster").joinpath("validation/published.toml").read_text()
+        text = resources.files("rdu_cluster").joinpath("validation/measurements.toml").read_text()
     else:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-    return tomllib.loads(text)["case"]
+    table = tomllib.loads(text)
+    for row in table.get("row", []):
+        _check_row(row)
+    return table
+
+
+def load_cases(path: str | None = None) -> list[dict[str, Any]]:
+    """The rows of the reference set (one concept: a measured figure and how to simulate it)."""
+    return load_table(path)["row"]
+
+
+def _check_row(row: dict[str, Any]) -> None:
+    rid = row.get("id", "?")
+    for key, accepted in (("role", ROLES), ("tier", TIERS)):
+        if row.get(key) not in accepted:
+            raise ConfigError(
+                f"measurements row {rid}: {key} {row.get(key)!r}; accepted: {', '.join(accepted)}"
+            )
+    if row["role"] == "calibrate" and row.get("kind") != "value":
+        raise ConfigError(f"measurements row {rid}: a calibrate row must be kind = \"value\"")
+
+
+def group_of(case: dict[str, Any]) -> str:
+    if case["kind"] != "value" or case["metric"] in ACCOUNTING_METRICS:
+        return "other"
+    return "speed" if case["metric"] in SPEED_METRICS else "ratio"
 
 
 def run(cases: list[dict[str, Any]] | None = None) -> list[Result]:
@@ -69,11 +110,14 @@ def run_case(case: dict[str, Any]) -> Result:
     kind = case["kind"]
     metric = METRICS.get(case["metric"])
     if metric is None:
-        raise ConfigError(f"validation case {case['id']}: unknown metric {case['metric']!r}")
+        raise ConfigError(f"measurements row {case['id']}: unknown metric {case['metric']!r}")
     if kind in ("range", "argmax"):
         values = {m: metric({**case, "model": m}) for m in case["models"]}
         return _judge_set(case, values)
-    return _judge(case, metric(case))
+    result = _judge(case, metric(case))
+    if "switch_model" in case:  # validate says which switching model a row uses
+        result = replace(result, detail={**result.detail, "switch_model": case["switch_model"]})
+    return result
 
 
 # ---- metrics --------------------------------------------------------------------------------
@@ -115,7 +159,50 @@ def _speedup(slow: str, fast: str) -> Callable[[dict], float]:
     return metric
 
 
+def _e2e_tokens_per_s(case) -> float:
+    """Output tokens/s including prefill, as end-to-end benchmarks report it: gen / latency."""
+    est = _estimate(case)
+    gen = _scalar(est.gen_len)
+    return gen / (_scalar(est.ttft_s) + gen * _scalar(est.tpot_s))
+
+
+def _allreduce_time_us(case) -> float:
+    """One all-reduce over `ranks` GPUs: the interconnect's alpha-beta time plus the stack's
+    software cost (NCCL or a custom kernel), as the GPU execution model charges it."""
+    cluster = load_cluster(case["cluster"])
+    ranks = int(case["ranks"])
+    c = Collective(CollectiveKind.ALL_REDUCE, float(case["collective_bytes"]), "attn_tp", ranks)
+    opts = OPTIONS[case.get("options", "default")] or GpuOptions()
+    network = _scalar(tp_comm_time(cluster, ranks)(c))
+    return 1e6 * (network + params_for(GpuParams, cluster.chip).collective_overhead_s(opts, c.kind))
+
+
+def _tp_speedup(case) -> float:
+    slow = _estimate({**case, "tp": case["baseline_tp"]})
+    return _scalar(slow.tpot_s) / _scalar(_estimate(case).tpot_s)
+
+
+def _hosting_nodes(case) -> float:
+    """Nodes a system needs to host `experts` copies of `model` in the row's `placement`
+    ("tiered": experts in the capacity tier; "hbm": all resident in HBM)."""
+    from rdu_cluster.scenarios.hosting import footprint
+
+    fp = footprint(case["experts"], case["model"], load_cluster(case["cluster"]))
+    (placement,) = [p for p in fp.placements if p.name == case["placement"]]
+    return float(placement.nodes) if placement.fits else float("inf")
+
+
+ACCOUNTING_METRICS = {
+    "weight_gib", "kv_gib", "model_gib_per_token", "gflop_per_token", "flop_per_byte",
+    "hosting_nodes",
+}
+
 METRICS: dict[str, Callable[[dict], float]] = {
+    "e2e_tokens_per_s": _e2e_tokens_per_s,
+    "allreduce_time_us": _allreduce_time_us,
+    "tp_speedup": _tp_speedup,
+    "hosting_nodes": _hosting_nodes,
+    "host_step_ms": lambda c: 1e3 * _scalar(_estimate(c).decode.cause("host")),
     "weight_gib": lambda c: _estimate(c).weight_bytes / GIB,
     "kv_gib": lambda c: _scalar(_estimate(c).kv_cache_bytes) / GIB,
     "model_gib_per_token": lambda c: (
@@ -146,7 +233,7 @@ METRICS.update(_COE_METRICS)
 
 
 def _judge(case: dict[str, Any], sim: float) -> Result:
-    kind, pub = case["kind"], case["published"]
+    kind, pub = case["kind"], case["value"]
     if kind == "value":
         err = (sim - pub) / pub
         passed, tol = abs(err) <= case["rtol"], f"±{case['rtol']:.0%}"
@@ -155,12 +242,12 @@ def _judge(case: dict[str, Any], sim: float) -> Result:
     elif kind == "max":
         err, passed, tol = (pub - sim) / pub, sim <= pub, f"<= {pub:g}"
     else:
-        raise ConfigError(f"validation case {case['id']}: unknown kind {kind!r}")
+        raise ConfigError(f"measurements row {case['id']}: unknown kind {kind!r}")
     return _result(case, sim, err, passed, tol)
 
 
 def _judge_set(case: dict[str, Any], values: dict[str, float]) -> Result:
-    pub = case["published"]
+    pub = case["value"]
     if case["kind"] == "argmax":
         best = max(values, key=values.get)
         return _result(case, best, None, best == pub, "categorical", values)
@@ -176,8 +263,11 @@ def _result(case, sim, err, passed, tol, detail=None) -> Result:
         id=case["id"],
         claim=case["claim"],
         source=case["source"],
+        role=case["role"],
+        tier=case["tier"],
+        group=group_of(case),
         kind=case["kind"],
-        published=case["published"],
+        published=case["value"],
         simulated=sim,
         error=None if err is None else float(err),
         passed=bool(passed),

@@ -1,0 +1,44 @@
+"""Named GPU serving-stack profiles: what a kernel-by-kernel step pays besides its kernels.
+
+A profile fixes three choices of the stack (interpretation: docs/execution_models.md):
+- `cuda_graphs`: a decode step replayed as one CUDA graph (one launch, shorter kernel gaps);
+- `host`: which per-step host time the chip TOML's [execution] gives it -- "cpp" (`host_step_s`:
+  a C++ runtime, or a Python scheduler overlapped with the GPU) or "python" (`python_host_step_s`:
+  a Python engine that schedules, prepares inputs, samples and detokenizes between steps);
+- `allreduce`: "nccl" (`nccl_overhead_s` on top of the interconnect's alpha-beta time) or
+  "custom" (a one-shot NVLink all-reduce kernel of the stack: `custom_allreduce_s`).
+Which stack uses what is public documentation of each project (cited per entry); the seconds are
+parameters of the chip, each with its basis and calibration status (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+from chip.kernel_by_kernel import GpuOptions
+from workloads.errors import ConfigError
+
+STACKS: dict[str, GpuOptions] = {
+    # TensorRT-LLM: C++ runtime (in-flight batching in C++), CUDA graphs for generation. It ships
+    # a custom all-reduce plugin, but [DF]'s Fig. 1 run does not say which one was used; NCCL is
+    # taken (the library's default path, and the only one with public latency measurements).
+    "tensorrt-llm": GpuOptions(cuda_graphs=True, host="cpp", allreduce="nccl",
+                               stack="tensorrt-llm"),
+    # vLLM (v0.x, as profiled by Vidur): Python scheduler and input preparation between steps,
+    # CUDA graphs for decode, its custom all-reduce for TP <= 8 on NVLink (vLLM docs,
+    # `disable_custom_all_reduce=False` by default).
+    "vllm": GpuOptions(cuda_graphs=True, host="python", allreduce="custom", stack="vllm"),
+    # SGLang: CUDA graphs for decode, custom all-reduce (from vLLM), and an overlap scheduler
+    # that prepares the next batch while the GPU runs (SGLang v0.4 release notes), so its
+    # exposed host time is taken to be the C++-class figure.
+    "sglang": GpuOptions(cuda_graphs=True, host="cpp", allreduce="custom", stack="sglang"),
+    # A plain eager PyTorch loop (no graphs), NCCL: the stack behind Vidur's operator profiles.
+    "eager": GpuOptions(cuda_graphs=False, host="python", allreduce="nccl", stack="eager"),
+}
+
+
+def stack(name: str) -> GpuOptions:
+    try:
+        return STACKS[name]
+    except KeyError:
+        raise ConfigError(
+            f"stack: {name!r} unknown; accepted: {', '.join(sorted(STACKS))}"
+        ) from None

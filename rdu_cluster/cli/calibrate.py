@@ -1,0 +1,35 @@
+"""`rdu-cluster calibrate`: fit the unknown parameters to the calibrate rows, write a profile."""
+
+from __future__ import annotations
+
+import click
+
+from rdu_cluster.cli.options import calibration_options
+from rdu_cluster.output.report import text_table
+from rdu_cluster.validation import calibration, fit
+from rdu_cluster.validation import published as v
+
+
+@click.command()
+@calibration_options("none")
+@click.option("--chip", default=None, help="Fit only the parameters of this chip.")
+@click.option("--name", default=calibration.DEFAULT, show_default=True,
+              help="Profile name: written to cluster_configs/calibration/NAME.toml.")
+@click.option("--out", default=None, help="Write the profile to this path instead.")
+@click.option("--cases", "cases_path", default=None, help="A measurements TOML.")
+def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | None) -> None:
+    """Bounded least squares on log error over each unknown parameter's declared range (from its
+    middle); every other parameter at its first-principles value. --calibration is accepted for
+    uniformity and ignored: a fit never starts from another fit."""
+    table = v.load_table(cases_path)
+    with calibration.use(None):
+        result = fit.fit(table["row"], chip=chip)
+    text = fit.profile_text(result, table["row"], table.get("version", ""), name)
+    path = calibration.profile_path(out or name)
+    path.write_text(text)
+    rows = [[g_d.key, ",".join(g_d.chips), f"{result.values[(g_d.key, *g_d.chips)]:.4g}",
+             f"{fit.prior(g_d):.4g}", f"[{g_d.range[0]:.3g}, {g_d.range[1]:.3g}]", len(g.rows)]
+            for g in result.groups for g_d in g.params]
+    click.echo(text_table(["parameter", "chips", "fitted", "first principles", "range", "rows"],
+                          rows))
+    click.echo(f"wrote {path}")

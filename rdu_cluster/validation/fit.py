@@ -1,0 +1,237 @@
+"""Fit the unknown parameters to the `calibrate` rows; leave-one-out cross-validation.
+
+Each unknown parameter of rdu_cluster/validation/parameters.toml that some calibrate row
+simulates (a row simulates the chips of its `cluster` and `baseline_cluster`) is fitted by
+bounded least squares on log error, log(simulated / measured), over its declared range, starting
+from its first-principles value (the chip TOML's). Parameters that share rows are fitted
+together; independent groups separately, so leaving one row out refits only its group.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+import rdu_cluster
+from rdu_cluster.config import load_cluster
+from rdu_cluster.validation import calibration, published
+from rdu_cluster.validation.calibration import Declaration, Profile
+
+
+@dataclass(frozen=True)
+class Group:
+    """Parameters fitted together and the calibrate rows that constrain them."""
+
+    params: tuple[Declaration, ...]
+    rows: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fit:
+    values: dict[tuple[str, ...], float]  # (key, *chips) -> fitted value
+    groups: tuple[Group, ...]
+    residuals: dict[str, float]  # row id -> log error at the fit
+
+
+def fitted_declarations(chip: str | None = None) -> list[Declaration]:
+    return [
+        d
+        for d in calibration.declarations()
+        if d.status == "unknown" and d.chips and (chip is None or chip in d.chips)
+    ]
+
+
+def _pid(d: Declaration) -> tuple[str, ...]:
+    return (d.key, *d.chips)
+
+
+def row_chips(row: dict[str, Any]) -> set[str]:
+    with calibration.use(None):
+        return {load_cluster(row[k]).chip.name for k in ("cluster", "baseline_cluster") if k in row}
+
+
+def groups(rows: Sequence[dict[str, Any]], decls: Sequence[Declaration]) -> list[Group]:
+    """Connected components of the parameter-row graph (calibrate rows only)."""
+    cal = [r for r in rows if r["role"] == "calibrate"]
+    chips = {r["id"]: row_chips(r) for r in cal}
+    touching = {_pid(d): {r["id"] for r in cal if chips[r["id"]] & set(d.chips)} for d in decls}
+    out, seen = [], set()
+    for d in decls:
+        if _pid(d) in seen or not touching[_pid(d)]:
+            continue
+        members, ids, grew = [d], set(touching[_pid(d)]), True
+        while grew:
+            grew = False
+            for e in decls:
+                if e not in members and touching[_pid(e)] & ids:
+                    members.append(e)
+                    ids |= touching[_pid(e)]
+                    grew = True
+        seen |= {_pid(m) for m in members}
+        out.append(Group(tuple(members), tuple(r["id"] for r in cal if r["id"] in ids)))
+    return out
+
+
+def prior(d: Declaration) -> float:
+    """The first-principles value: the chip TOML's, clipped into the declared range."""
+    with calibration.use(None):
+        from rdu_cluster.config import load_chip
+
+        v = float(load_chip(d.chips[0]).execution[d.key])
+    lo, hi = d.range
+    return min(max(v, lo), hi)
+
+
+def profile_of(values: dict[tuple[str, ...], float], name: str = "fit") -> Profile:
+    return Profile(name, {(chip, pid[0]): v for pid, v in values.items() for chip in pid[1:]})
+
+
+class Simulator:
+    """Simulated value of a row under a set of parameter values, cached per row and the values
+    of the parameters it depends on (a fit perturbs one parameter at a time)."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]]):
+        self.rows = {r["id"]: r for r in rows}
+        self.cache: dict[tuple, float] = {}
+
+    def __call__(self, rid: str, values: dict[tuple[str, ...], float]) -> float:
+        key = (rid, tuple(sorted(values.items())))
+        if key not in self.cache:
+            with calibration.use(profile_of(values)):
+                self.cache[key] = float(published.run_case(self.rows[rid]).simulated)
+        return self.cache[key]
+
+
+def log_error(sim: float, row: dict[str, Any]) -> float:
+    return math.log(sim / row["value"])
+
+
+def fit_group(group: Group, sim: Simulator, exclude: str | None = None) -> dict:
+    """Least squares on log error over the group's rows (but `exclude`); no rows: priors."""
+    decls = group.params
+    ids = [r for r in group.rows if r != exclude]
+    if not ids:
+        return {_pid(d): prior(d) for d in decls}
+    lo = np.log([d.range[0] for d in decls])
+    hi = np.log([d.range[1] for d in decls])
+    x0 = (lo + hi) / 2  # the range's geometric middle: a prior at a flat end has no gradient
+
+    def values(x) -> dict:
+        return {_pid(d): float(math.exp(v)) for d, v in zip(decls, x)}
+
+    def residuals(x) -> np.ndarray:
+        vals = values(x)
+        return np.array([log_error(sim(r, vals), sim.rows[r]) for r in ids])
+
+    res = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3, xtol=1e-4, ftol=1e-6)
+    return values(res.x)
+
+
+def identifiable(
+    decls: Sequence[Declaration], rows: Sequence[dict[str, Any]], sim: Simulator
+) -> list[Declaration]:
+    """The parameters some calibrate row responds to (moving the value to the far end of its
+    range changes the row by > 1e-6 in log):
+    the others keep their first-principles value and are not written as fitted."""
+    base = {_pid(d): prior(d) for d in decls}
+    cal = [r for r in rows if r["role"] == "calibrate"]
+    chips = {r["id"]: row_chips(r) for r in cal}
+    out = []
+    for d in decls:
+        far = d.range[0] if base[_pid(d)] ** 2 > d.range[0] * d.range[1] else d.range[1]
+        step = {**base, _pid(d): far}
+        ids = [r["id"] for r in cal if chips[r["id"]] & set(d.chips)]
+        if any(abs(math.log(sim(i, step) / sim(i, base))) > 1e-6 for i in ids):
+            out.append(d)
+    return out
+
+
+def fit(
+    rows: Sequence[dict[str, Any]], chip: str | None = None, sim: Simulator | None = None
+) -> Fit:
+    sim = sim or Simulator(rows)
+    gs = groups(rows, identifiable(fitted_declarations(chip), rows, sim))
+    values: dict = {}
+    for g in gs:
+        values.update(fit_group(g, sim))
+    residuals = {r: log_error(sim(r, values), sim.rows[r]) for g in gs for r in g.rows}
+    return Fit(values, tuple(gs), residuals)
+
+
+def leave_one_out(rows: Sequence[dict[str, Any]], full: Fit, sim: Simulator) -> dict[str, float]:
+    """Row id -> simulated value when the row's group is refitted without it."""
+    out = {}
+    for g in full.groups:
+        for rid in g.rows:
+            values = {**full.values, **fit_group(g, sim, exclude=rid)}
+            out[rid] = sim(rid, values)
+    return out
+
+
+# ---- the profile file ------------------------------------------------------------------------
+
+
+def code_version() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        ).stdout.strip()
+    except OSError:
+        rev = ""
+    return f"{rdu_cluster.__version__}" + (f"+g{rev}" if rev else "")
+
+
+def profile_text(
+    result: Fit, rows: Sequence[dict[str, Any]], measurements_version: str, name: str
+) -> str:
+    by_id = {r["id"]: r for r in rows}
+    lines = [
+        "# Calibration profile written by `rdu-cluster calibrate`: the fitted values of the unknown",
+        "# parameters (rdu_cluster/validation/parameters.toml), never edited by hand. Rerun it to",
+        "# refresh; `--calibration none` runs without it.",
+        f'name = "{name}"',
+        f'date = "{date.today().isoformat()}"',
+        f'code_version = "{code_version()}"',
+        f'measurements_version = "{measurements_version}"',
+        'method = "scipy.optimize.least_squares, bounded, residual = log(simulated / measured)"',
+    ]
+    for g in result.groups:
+        for d in g.params:
+            lines += [
+                "",
+                "[[parameter]]",
+                f"chips = [{', '.join(repr(c).replace(chr(39), chr(34)) for c in d.chips)}]",
+                f'key = "{d.key}"',
+                f"value = {result.values[_pid(d)]:.6g}",
+                f"first_principles = {prior(d):.6g}",
+                f"range = [{d.range[0]:.6g}, {d.range[1]:.6g}]",
+                f"basis = {_q(d.basis)}",
+                f"rows = [{', '.join(_q(r) for r in g.rows)}]",
+            ]
+    for rid, e in result.residuals.items():
+        lines += [
+            "",
+            "[[residual]]",
+            f"id = {_q(rid)}",
+            f"measured = {by_id[rid]['value']:.6g}",
+            f"simulated = {by_id[rid]['value'] * math.exp(e):.6g}",
+            f"error = {math.expm1(e):+.4f}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,86 @@
+"""validate's report: every row with its error, leave-one-out over the calibrate rows, summary."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rdu_cluster.validation import calibration, fit, published
+
+# The goal (issue 14): LOO and check rows, single-system speeds: median |error| <= 10%, max <= 25%;
+# ratios within 15%.
+GOAL = {"speed": (0.10, 0.25), "ratio": (0.15, 0.15)}
+
+
+@dataclass(frozen=True)
+class Report:
+    results: list[published.Result]
+    loo: dict[str, dict[str, float]]  # row id -> {"simulated", "error"}
+    profile: str
+
+    def errors(self, sample: str, group: str) -> list[float]:
+        if sample == "loo":
+            ids = {r.id: r.group for r in self.results}
+            return [abs(v["error"]) for k, v in self.loo.items() if ids[k] == group]
+        role = "calibrate" if sample == "in-sample" else "check"
+        return [abs(r.error) for r in self.results
+                if r.role == role and r.group == group and r.error is not None]
+
+    def summary(self) -> dict[str, Any]:
+        out = {}
+        for sample in ("in-sample", "loo", "check"):
+            for group in ("speed", "ratio"):
+                e = self.errors(sample, group)
+                out[f"{sample}/{group}"] = {
+                    "n": len(e),
+                    "median": float(np.median(e)) if e else None,
+                    "max": float(max(e)) if e else None,
+                }
+        return out
+
+    def summary_lines(self) -> list[str]:
+        lines = []
+        for group in ("speed", "ratio"):
+            parts = []
+            for sample in ("in-sample", "loo", "check"):
+                s = self.summary()[f"{sample}/{group}"]
+                parts.append(f"{sample} n={s['n']} median {_pct(s['median'])} max {_pct(s['max'])}")
+            goal = GOAL[group]
+            lines.append(f"{group}: " + "; ".join(parts)
+                         + f"  (goal for loo and check: median <= {goal[0]:.0%}, max <= {goal[1]:.0%})")
+        return lines
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "rows": [r.as_dict() for r in self.results],
+            "leave_one_out": self.loo,
+            "summary": self.summary(),
+        }
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def build(rows: list[dict[str, Any]], loo: bool = True) -> Report:
+    """Run every row under the active profile; leave-one-out refits its fitted groups."""
+    profile = calibration.active()
+    results = [published.run_case(r) for r in rows]
+    out: dict[str, dict[str, float]] = {}
+    if loo and profile is not None:
+        sim = fit.Simulator(rows)
+        full = fit.fit(rows, sim=sim)
+        by_id = {r["id"]: r for r in rows}
+        for rid, value in fit.leave_one_out(rows, full, sim).items():
+            out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
+    name = profile.name if profile is not None else "none"
+    return Report(results, out, name)
+
+
+def loo_cell(report: Report, rid: str) -> str:
+    v = report.loo.get(rid)
+    return "" if v is None or math.isnan(v["error"]) else f"{v['error']:+.1%}"
