@@ -1,16 +1,22 @@
-"""Plots of a sweep dataset (matplotlib, the optional `plot` extra), as PNG bytes.
+"""Interactive plots of a dataset (Plotly, the optional `plot` extra) for the HTML report.
 
-Each function takes the dataset as a dict of numpy columns (`columns(table)`) and returns
-(png bytes, caption). Figures are drawn with the non-interactive Agg backend, so no display is
-needed. Where a sweep varies more than the plotted axes, a plot shows one slice: every other
-varying column at its most common value, named in the caption.
+A dataset is a flat mapping of numpy columns: a sweep's rows (`columns(table)`), or a `serve`
+output folder's tables with the table name in front ("requests.ttft_s", `run_columns`). Each
+plot is a `Plot`: the columns it needs and a function returning (figure or None, caption). The
+report checks the columns first, so a dataset without one gets a sentence, not a traceback.
+
+Where a sweep varies more than a plot shows, it shows one slice (every other varying column at
+its most common value, chosen per cluster and model; named in the caption). Fronts and curves
+are drawn per model (one panel each) and per setting (one trace per cluster and workload
+setting), never over points of different models or settings. Legends and panel titles carry
+the labels (no free-floating annotations), so labels cannot overlap the data or each other.
 """
 
 from __future__ import annotations
 
-import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -21,50 +27,63 @@ from workloads.errors import ConfigError
 Cols = Mapping[str, np.ndarray]
 # Columns that are results or bookkeeping, never a sweep axis to slice on.
 _NOT_AXES = {
-    "point_id",
-    "chip",
-    "execution_model",
-    "bound",
-    "sockets",
-    "replicas",
-    "cluster_ref",
-    "model_ref",
-    "chip_peak_flops_per_s",
-    "chip_hbm_bandwidth_bytes_per_s",
+    "point_id", "chip", "execution_model", "bound", "sockets", "replicas", "cluster_ref",
+    "model_ref", "chip_peak_flops_per_s", "chip_hbm_bandwidth_bytes_per_s", "seed", "tp", "ep",
+    "pp", "dp", "plan", "mixer_tp", "requests", "plans_evaluated", "plans_feasible",
 }
+# Axes an operator chooses (batch limits, plan, load): a Pareto front runs over them; every
+# other varying axis (prompt and output lengths, dtypes, ...) is a setting with its own front.
+KNOBS = {"batch", "tp", "plan", "rate_requests_per_s", "max_batch", "token_budget",
+         "chunked_prefill", "preemption", "scheduler", "kv_fraction", "objective", "spill"}
+MAX_GROUPS = 12  # traces per panel before a plot slices the settings instead
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")  # Plotly's D3 / matplotlib tab10 order
+QUANTILES = (50, 90, 99)  # the percentiles a serve row carries (engine/metrics.percentiles)
+MAX_POINTS = 2000  # time series are binned to this many points (the page stays small)
 
 
-def require_matplotlib():
+@dataclass(frozen=True)
+class Plot:
+    name: str
+    title: str
+    needs: tuple[str, ...]
+    draw: Callable[[Cols], tuple[object | None, str]]
+
+
+def require_plotly():
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import plotly.graph_objects as go
     except ImportError:
         raise ConfigError(
-            "report: plots need matplotlib, which is not installed; "
+            "report: plots need plotly, which is not installed; "
             "install the plot extra: pip install 'rdu-cluster[plot]'"
         ) from None
-    return plt
+    return go
 
 
-def columns(table: pa.Table) -> dict[str, np.ndarray]:
+def columns(table: pa.Table, prefix: str = "") -> dict[str, np.ndarray]:
     out = {}
     for name in table.column_names:
         col = table.column(name)
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
-        out[name] = col.to_numpy(zero_copy_only=False)
+        out[prefix + name] = col.to_numpy(zero_copy_only=False)
     return out
 
 
+def missing(plot: Plot, cols: Cols) -> list[str]:
+    return [c for c in plot.needs if c not in cols]
+
+
+# --- slicing and grouping ------------------------------------------------------------------
 def axis_columns(cols: Cols) -> list[str]:
     """Scenario axes: the input columns that take more than one value in the dataset."""
     from rdu_cluster.output.results import SCHEMA
+    from rdu_cluster.sweep.runners import SERVE_SCHEMA
 
-    inputs = {"batch", "prompt_len", "gen_len", "tp", "cluster", "model"}
-    outputs = {f.name for f in SCHEMA} - inputs
-    names = [n for n in cols if n not in outputs and n not in _NOT_AXES]
+    inputs = {"batch", "prompt_len", "gen_len", "cluster", "model"}
+    outputs = ({f.name for f in SCHEMA} | {f.name for f in SERVE_SCHEMA}) - inputs
+    names = [n for n in cols if n not in outputs and n not in _NOT_AXES and "." not in n]
     return [n for n in names if len(_unique(cols[n])) > 1]
 
 
@@ -89,149 +108,31 @@ def slice_mask(cols: Cols, keep: Sequence[str]) -> tuple[np.ndarray, str]:
     return mask, text or "all points"
 
 
-def roofline(cols: Cols) -> tuple[bytes, str]:
-    """Achieved FLOP/s per socket against arithmetic intensity, under each chip's roof."""
-    plt = require_matplotlib()
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    intensity = cols["flops_per_token"] / cols["bytes_per_token"]
-    achieved = cols["flops_per_token"] * cols["tokens_per_s_total"] / cols["sockets"]
-    for color, cluster in _palette(cols["cluster"]):
-        m = cols["cluster"] == cluster
-        ax.scatter(intensity[m], achieved[m], s=8, alpha=0.5, color=color, label=cluster)
-    x = np.logspace(np.log10(max(intensity.min() / 2, 1e-3)), np.log10(intensity.max() * 4), 200)
-    roofs = sorted(
-        set(
-            zip(cols["chip"], cols["chip_peak_flops_per_s"], cols["chip_hbm_bandwidth_bytes_per_s"])
-        )
-    )
-    for chip, peak, bw in roofs:
-        ax.plot(x, np.minimum(peak, x * bw), lw=1, ls="--", color="gray")
-        ax.annotate(
-            f"{chip} {bw / 1e12:.2f} TB/s",
-            (x[-1], min(peak, x[-1] * bw)),
-            fontsize=7,
-            ha="right",
-            va="bottom",
-            color="gray",
-        )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="arithmetic intensity (FLOP / HBM byte)",
-        ylabel="achieved FLOP/s per socket",
-        title="Roofline of the decode points",
-    )
-    ax.legend(fontsize=8, markerscale=2)
-    return _png(fig, plt), (
-        "Each point: one design point's decode step (FLOPs per token over HBM bytes per token; "
-        "FLOP/s per socket). Dashed: min(peak, intensity x HBM bandwidth) of each chip."
-    )
+def groups(cols: Cols, mask: np.ndarray, by: Sequence[str]) -> list[tuple[str, np.ndarray]]:
+    """(label, rows) per combination of the cluster and the `by` columns within `mask`: the
+    label names the cluster and each `by` value, e.g. "sn40l-8, max_batch=4"."""
+    keys = [cols["cluster"]] + [cols[b] for b in by]
+    combos = sorted({tuple(_fmt(k[i]) for k in keys) for i in np.flatnonzero(mask)})
+    out = []
+    for combo in combos:
+        m = mask.copy()
+        for k, v in zip(keys, combo):
+            m &= np.array([_fmt(x) == v for x in k.tolist()], dtype=bool)
+        label = ", ".join([combo[0], *(f"{b}={v}" for b, v in zip(by, combo[1:]))])
+        out.append((label, m))
+    return out
 
 
-def tokens_vs_batch(cols: Cols) -> tuple[bytes, str]:
-    plt = require_matplotlib()
-    mask, fixed = slice_mask(cols, ["batch"])
-    models = list(_unique(cols["model"][mask]))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        for color, cluster in _palette(cols["cluster"]):
-            m = mask & (cols["model"] == model) & (cols["cluster"] == cluster)
-            if not m.any():
-                continue
-            order = np.argsort(cols["batch"][m])
-            ax.plot(
-                cols["batch"][m][order],
-                cols["tokens_per_s_total"][m][order],
-                "o-",
-                ms=3,
-                color=color,
-                label=cluster,
-            )
-        ax.set(
-            xscale="log", yscale="log", xlabel="batch", ylabel="tokens/s (total)", title=str(model)
-        )
-        ax.legend(fontsize=8)
-    return _png(fig, plt), f"Total decode tokens/s against batch, per cluster. Slice: {fixed}."
-
-
-def ablation(cols: Cols) -> tuple[bytes | None, str]:
-    """Tokens/s per request for each combination of the swept optimization toggles."""
-    toggles = [n for n in cols if n.startswith("options_") and len(_unique(cols[n])) > 1]
-    if not toggles:
-        return None, "No optimization toggle (options.*) varies in this sweep: no ablation."
-    plt = require_matplotlib()
-    mask, fixed = slice_mask(cols, toggles)
-    labels = np.array(
-        [
-            ", ".join(f"{t[8:]}={'on' if v else 'off'}" for t, v in zip(toggles, row))
-            for row in zip(*(cols[t] for t in toggles))
-        ]
-    )
-    groups = [(c, m) for c in _unique(cols["cluster"][mask]) for m in _unique(cols["model"][mask])]
-    combos = sorted(set(labels[mask]), reverse=True)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) * len(combos) / 2), 4.5))
-    width = 0.8 / max(1, len(combos))
-    for j, combo in enumerate(combos):
-        heights = []
-        for cluster, model in groups:
-            m = mask & (labels == combo) & (cols["cluster"] == cluster) & (cols["model"] == model)
-            heights.append(float(np.mean(cols["tokens_per_s_per_request"][m])) if m.any() else 0)
-        ax.bar(np.arange(len(groups)) + j * width, heights, width, label=combo)
-    ax.set_xticks(np.arange(len(groups)) + width * (len(combos) - 1) / 2)
-    ax.set_xticklabels([f"{c}\n{m}" for c, m in groups], fontsize=8)
-    ax.set(ylabel="tokens/s per request", title="Ablation of the optimization toggles")
-    ax.legend(fontsize=7)
-    return _png(fig, plt), (
-        f"Tokens/s per request by toggle combination. A toggle applies to its chip kind only "
-        f"(DataflowOptions on RDUs, GpuOptions on GPUs). Slice: {fixed}."
-    )
-
-
-def breakdown(cols: Cols) -> tuple[bytes, str]:
-    """Decode time per token by cause, per cluster and model, at the base slice."""
-    plt = require_matplotlib()
-    mask, fixed = slice_mask(cols, [])
-    groups = [(c, m) for c in _unique(cols["cluster"][mask]) for m in _unique(cols["model"][mask])]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups)), 4.5))
-    bottom = np.zeros(len(groups))
-    for cause in CAUSES:
-        vals = []
-        for cluster, model in groups:
-            m = mask & (cols["cluster"] == cluster) & (cols["model"] == model)
-            vals.append(float(np.mean(cols[f"decode_{cause}_s"][m])) * 1e3 if m.any() else 0)
-        if any(vals):
-            ax.bar(range(len(groups)), vals, bottom=bottom, label=cause)
-            bottom += np.array(vals)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([f"{c}\n{m}" for c, m in groups], fontsize=8)
-    ax.set(ylabel="ms per decode step", title="Decode time by cause")
-    ax.legend(fontsize=7)
-    return _png(fig, plt), f"Decode step time split by cause. Slice: {fixed}."
-
-
-def pareto(cols: Cols) -> tuple[bytes, str]:
-    """Tokens/s per request against tokens/s per socket; the line joins each cluster's front."""
-    plt = require_matplotlib()
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    per_socket = cols["tokens_per_s_total"] / cols["sockets"]
-    per_request = cols["tokens_per_s_per_request"]
-    for color, cluster in _palette(cols["cluster"]):
-        m = cols["cluster"] == cluster
-        ax.scatter(per_socket[m], per_request[m], s=6, alpha=0.25, color=color)
-        front = pareto_front(per_socket[m], per_request[m])
-        ax.plot(per_socket[m][front], per_request[m][front], "o-", ms=3, color=color, label=cluster)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="tokens/s per socket",
-        ylabel="tokens/s per request",
-        title="Pareto front: interactivity vs throughput",
-    )
-    ax.legend(fontsize=8)
-    return _png(fig, plt), (
-        "All points (faint) and each cluster's Pareto front (no other point of that cluster is "
-        "better on both axes)."
-    )
+def settings_slice(cols: Cols, x_axes: Sequence[str]) -> tuple[np.ndarray, list[str], str]:
+    """Rows and the varying axes to draw one trace per value of: every varying axis not on the
+    x axis (`x_axes`); if that makes more than MAX_GROUPS traces a panel, the settings (not
+    knobs) are fixed at their most common value instead, named in the returned text."""
+    varying = [a for a in axis_columns(cols) if a not in ("cluster", "model", *x_axes)]
+    mask = np.ones(len(cols["cluster"]), dtype=bool)
+    if len(groups(cols, mask, varying)) <= MAX_GROUPS * max(1, len(_unique(cols["model"]))):
+        return mask, varying, ""
+    mask, fixed = slice_mask(cols, [*x_axes, *(a for a in varying if a in KNOBS)])
+    return mask, [a for a in varying if a in KNOBS], f" Slice: {fixed}."
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -245,6 +146,453 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.array(sorted(front, key=lambda i: x[i]), dtype=int)
 
 
+# --- figure helpers ------------------------------------------------------------------------
+def _panels(titles: Sequence[str], shared_y: bool = False, cols_max: int = 2):
+    """One panel per title, at most `cols_max` a row; titles sit above their panel."""
+    from plotly.subplots import make_subplots
+
+    n = max(1, len(titles))
+    ncols = min(cols_max, n)
+    nrows = math.ceil(n / ncols)
+    fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=[str(t) for t in titles],
+                        shared_yaxes=shared_y, horizontal_spacing=0.12,
+                        vertical_spacing=min(0.3, 0.5 / nrows) if nrows > 1 else 0.1)
+    fig.update_layout(height=max(380, 340 * nrows), template="plotly_white",
+                      hovermode="closest", legend={"title_text": "click to hide / show"},
+                      margin={"l": 70, "r": 30, "t": 60, "b": 60})
+    return fig, [(i // ncols + 1, i % ncols + 1) for i in range(n)]
+
+
+def _log_if_wide(values: np.ndarray) -> str:
+    v = np.asarray([x for x in values.tolist() if x is not None], dtype=float)
+    v = v[np.isfinite(v)]
+    return "log" if len(v) and v.min() > 0 and v.max() / v.min() > 20 else "linear"
+
+
+def _color(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def _hover(cols: Cols, m: np.ndarray, names: Sequence[str]) -> list[str]:
+    """Per-point hover text: each named column's value."""
+    present = [n for n in names if n in cols]
+    return ["<br>".join(f"{n}: {_fmt(cols[n][i])}" for n in present) for i in np.flatnonzero(m)]
+
+
+def _axes(fig, where, x: str, y: str, xtype: str | None = None, ytype: str | None = None) -> None:
+    """Titles and scales of each panel; a type left None is Plotly's guess (category for bar
+    labels). nticks: a log axis over less than a decade otherwise labels 2, 5, ... in between."""
+    for row, col in where:
+        fig.update_xaxes(title_text=x, type=xtype, automargin=True, nticks=8, row=row, col=col)
+        fig.update_yaxes(title_text=y, type=ytype, automargin=True, nticks=8, row=row, col=col)
+
+
+def _scatter(go, n: int):
+    """SVG scatter, WebGL beyond MAX_POINTS points (SVG slows down there)."""
+    return go.Scattergl if n > MAX_POINTS else go.Scatter
+
+
+# --- simulate / plan sweeps ----------------------------------------------------------------
+def roofline(cols: Cols):
+    """Achieved FLOP/s per socket against arithmetic intensity, under each chip's roof."""
+    go = require_plotly()
+    fig, where = _panels(["Roofline of the decode points"], cols_max=1)
+    intensity = cols["flops_per_token"] / cols["bytes_per_token"]
+    achieved = cols["flops_per_token"] * cols["tokens_per_s_total"] / cols["sockets"]
+    for i, cluster in enumerate(_unique(cols["cluster"])):
+        m = cols["cluster"] == cluster
+        fig.add_trace(_scatter(go, int(m.sum()))(
+            x=intensity[m], y=achieved[m], mode="markers", name=cluster,
+                                   marker={"size": 5, "opacity": 0.6, "color": _color(i)},
+                                   text=_hover(cols, m, ["model", "batch", "prompt_len", "tp"])))
+    x = np.logspace(np.log10(max(intensity.min() / 2, 1e-3)), np.log10(intensity.max() * 4), 200)
+    roofs = sorted(set(zip(cols["chip"].tolist(), cols["chip_peak_flops_per_s"].tolist(),
+                           cols["chip_hbm_bandwidth_bytes_per_s"].tolist())))
+    for chip, peak, bw in roofs:
+        fig.add_trace(go.Scatter(x=x, y=np.minimum(peak, x * bw), mode="lines",
+                                 name=f"roof: {chip} ({bw / 1e12:.2f} TB/s)",
+                                 line={"dash": "dash", "width": 1, "color": "gray"}))
+    _axes(fig, where, "arithmetic intensity (FLOP / HBM byte)", "achieved FLOP/s per socket",
+          "log", "log")
+    return fig, ("Each point: one design point's decode step (FLOPs per token over HBM bytes per "
+                 "token; FLOP/s per socket). Dashed: min(peak, intensity x HBM bandwidth) of each "
+                 "chip.")
+
+
+def tokens_vs_batch(cols: Cols):
+    go = require_plotly()
+    mask, fixed = slice_mask(cols, ["batch"])
+    models = list(_unique(cols["model"][mask]))
+    fig, where = _panels(models)
+    for (row, col), model in zip(where, models):
+        for i, cluster in enumerate(_unique(cols["cluster"])):
+            m = mask & (cols["model"] == model) & (cols["cluster"] == cluster)
+            if not m.any():
+                continue
+            order = np.argsort(cols["batch"][m])
+            fig.add_trace(go.Scatter(
+                x=cols["batch"][m][order], y=cols["tokens_per_s_total"][m][order],
+                mode="lines+markers", name=cluster, legendgroup=cluster,
+                showlegend=bool(model == models[0]), line={"color": _color(i)}), row=row, col=col)
+    _axes(fig, where, "batch", "tokens/s (total)", "log", "log")
+    return fig, f"Total decode tokens/s against batch, per cluster and model. Slice: {fixed}."
+
+
+def ablation(cols: Cols):
+    """Tokens/s per request for each combination of the swept optimization toggles."""
+    toggles = [n for n in cols if n.startswith("options_") and len(_unique(cols[n])) > 1]
+    if not toggles:
+        return None, "No optimization toggle (options.*) varies in this sweep: no ablation."
+    go = require_plotly()
+    mask, fixed = slice_mask(cols, toggles)
+    labels = np.array([
+        ", ".join(f"{t[8:]}={'on' if v else 'off'}" for t, v in zip(toggles, row))
+        for row in zip(*(cols[t] for t in toggles))
+    ])
+    pairs = [(c, m) for c in _unique(cols["cluster"][mask]) for m in _unique(cols["model"][mask])]
+    fig, where = _panels(["Ablation of the optimization toggles"], cols_max=1)
+    for j, combo in enumerate(sorted(set(labels[mask]), reverse=True)):
+        heights = []
+        for cluster, model in pairs:
+            m = mask & (labels == combo) & (cols["cluster"] == cluster) & (cols["model"] == model)
+            heights.append(float(np.mean(cols["tokens_per_s_per_request"][m])) if m.any() else 0)
+        fig.add_trace(go.Bar(x=[f"{c} / {m}" for c, m in pairs], y=heights, name=combo,
+                             marker_color=_color(j)))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(tickangle=-20)
+    _axes(fig, where, "cluster / model", "tokens/s per request")
+    return fig, (f"Tokens/s per request by toggle combination. A toggle applies to its chip kind "
+                 f"only (DataflowOptions on RDUs, GpuOptions on GPUs). Slice: {fixed}.")
+
+
+def breakdown(cols: Cols):
+    """Decode time per token by cause, per cluster and model, at the base slice."""
+    go = require_plotly()
+    mask, fixed = slice_mask(cols, [])
+    pairs = [(c, m) for c in _unique(cols["cluster"][mask]) for m in _unique(cols["model"][mask])]
+    fig, where = _panels(["Decode time by cause"], cols_max=1)
+    for j, cause in enumerate(CAUSES):
+        vals = []
+        for cluster, model in pairs:
+            m = mask & (cols["cluster"] == cluster) & (cols["model"] == model)
+            vals.append(float(np.mean(cols[f"decode_{cause}_s"][m])) * 1e3 if m.any() else 0)
+        if any(vals):
+            fig.add_trace(go.Bar(x=[f"{c} / {m}" for c, m in pairs], y=vals, name=cause,
+                                 marker_color=_color(j)))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(tickangle=-20)
+    _axes(fig, where, "cluster / model", "ms per decode step")
+    return fig, f"Decode step time split by cause. Slice: {fixed}."
+
+
+def pareto(cols: Cols):
+    """Tokens/s per request against tokens/s per socket: a front per model (panel) and per
+    cluster and setting (trace), over the knobs (batch, plan)."""
+    return _pareto(cols, cols["tokens_per_s_total"] / cols["sockets"],
+                   cols["tokens_per_s_per_request"], "tokens/s per socket",
+                   "tokens/s per request", ["batch", "tp", "plan", "prompt_len", "gen_len"])
+
+
+def _pareto(cols: Cols, x: np.ndarray, y: np.ndarray, xlabel: str, ylabel: str,
+            hover: Sequence[str]):
+    go = require_plotly()
+    knobs = [a for a in axis_columns(cols) if a in KNOBS or a.startswith("options_")]
+    mask, by, fixed = settings_slice(cols, knobs)
+    ok = mask & np.isfinite(x) & np.isfinite(y)
+    models = list(_unique(cols["model"][ok]))
+    fig, where = _panels(models)
+    labels = groups(cols, ok, by)
+    for (row, col), model in zip(where, models):
+        for i, (label, m) in enumerate(labels):
+            m = m & (cols["model"] == model)
+            if not m.any():
+                continue
+            idx = np.flatnonzero(m)
+            front = idx[pareto_front(x[m], y[m])]
+            text = _hover(cols, m, hover)
+            fig.add_trace(go.Scatter(x=x[m], y=y[m], mode="markers", name=label,
+                                     legendgroup=label, showlegend=False, text=text,
+                                     marker={"color": _color(i), "opacity": 0.3, "size": 6}),
+                          row=row, col=col)
+            fig.add_trace(go.Scatter(
+                x=x[front], y=y[front], mode="lines+markers", name=label, legendgroup=label,
+                showlegend=bool(model == models[0]), line={"color": _color(i)},
+                text=[text[list(idx).index(k)] for k in front]), row=row, col=col)
+    _axes(fig, where, xlabel, ylabel, _log_if_wide(x[ok]), _log_if_wide(y[ok]))
+    return fig, ("All points (faint) and the Pareto front (no other point of the same model, "
+                 "cluster and setting is better on both axes), one panel per model, one trace per "
+                 f"cluster and setting; hover a point for its knobs.{fixed}")
+
+
+# --- serve sweeps --------------------------------------------------------------------------
+SERVE_HOVER = ["rate_requests_per_s", "max_batch", "throughput_tokens_per_s", "ttft_p50_s",
+               "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "requests_unserved"]
+
+
+def _vs_rate(cols: Cols, metric: str, label: str, scale: float = 1e3):
+    """A metric's p50 (solid) and p99 (dotted) against the request rate: a panel per model, a
+    curve per cluster and setting."""
+    go = require_plotly()
+    mask, by, fixed = settings_slice(cols, ["rate_requests_per_s"])
+    models = list(_unique(cols["model"][mask]))
+    fig, where = _panels(models)
+    rate = cols["rate_requests_per_s"].astype(float)
+    for (row, col), model in zip(where, models):
+        for i, (name, m) in enumerate(groups(cols, mask, by)):
+            m = m & (cols["model"] == model)
+            if not m.any():
+                continue
+            order = np.flatnonzero(m)[np.argsort(rate[m])]
+            hover = ["<br>".join(f"{h}: {_fmt(cols[h][k])}" for h in SERVE_HOVER if h in cols)
+                     for k in order]
+            for q, dash in ((50, "solid"), (99, "dot")):
+                fig.add_trace(go.Scatter(
+                    x=rate[order], y=cols[f"{metric}_p{q}_s"][order].astype(float) * scale,
+                    mode="lines+markers", name=f"{name} p{q}", legendgroup=name,
+                    showlegend=bool(model == models[0]), text=hover,
+                    line={"color": _color(i), "dash": dash}), row=row, col=col)
+    _axes(fig, where, "request rate (requests/s)", f"{label} ms", _log_if_wide(rate[mask]),
+          _log_if_wide(cols[f"{metric}_p99_s"][mask]))
+    return fig, (f"{label} p50 (solid) and p99 (dotted) against the arrival rate, one panel per "
+                 f"model and one curve per cluster and setting.{fixed}")
+
+
+def ttft_vs_rate(cols: Cols):
+    return _vs_rate(cols, "ttft", "time to first token")
+
+
+def tpot_vs_rate(cols: Cols):
+    return _vs_rate(cols, "tpot", "time per output token")
+
+
+def latency_vs_throughput(cols: Cols):
+    """p50 end-to-end latency (and TPOT) against output tokens/s, a point per rate."""
+    go = require_plotly()
+    mask, by, fixed = settings_slice(cols, ["rate_requests_per_s"])
+    models = list(_unique(cols["model"][mask]))
+    fig, where = _panels(models)
+    thr = cols["throughput_tokens_per_s"].astype(float)
+    rate = cols["rate_requests_per_s"].astype(float)
+    for (row, col), model in zip(where, models):
+        for i, (name, m) in enumerate(groups(cols, mask, by)):
+            m = m & (cols["model"] == model)
+            if not m.any():
+                continue
+            order = np.flatnonzero(m)[np.argsort(rate[m])]
+            hover = ["<br>".join(f"{h}: {_fmt(cols[h][k])}" for h in SERVE_HOVER if h in cols)
+                     for k in order]
+            fig.add_trace(go.Scatter(
+                x=thr[order], y=cols["e2e_p50_s"][order].astype(float), mode="lines+markers",
+                name=name, legendgroup=name, showlegend=bool(model == models[0]), text=hover,
+                line={"color": _color(i)}), row=row, col=col)
+    _axes(fig, where, "output tokens/s (whole cluster)", "end-to-end latency p50 s",
+          _log_if_wide(thr[mask]), _log_if_wide(cols["e2e_p50_s"][mask]))
+    return fig, ("Median end-to-end latency against throughput, a point per arrival rate (in "
+                 "rising order along each curve; hover for the rate, TTFT and TPOT), one panel "
+                 f"per model, one curve per cluster and setting.{fixed}")
+
+
+def quantiles_cdf(cols: Cols):
+    """The latency quantiles a serve sweep stores (p50, p90, p99), drawn as points of each
+    point's CDF: a panel per metric, a trace per cluster, setting and rate."""
+    go = require_plotly()
+    mask, by, fixed = settings_slice(cols, [])
+    metrics = [("ttft", "TTFT ms"), ("tpot", "TPOT ms"), ("e2e", "end-to-end ms")]
+    fig, where = _panels([t for _, t in metrics], cols_max=1)
+    models = ["model"] if len(_unique(cols["model"][mask])) > 1 else []
+    for (row, col), (metric, _) in zip(where, metrics):
+        for i, (name, m) in enumerate(groups(cols, mask, [*models, *by])):
+            for j, k in enumerate(np.flatnonzero(m)):
+                x = [float(cols[f"{metric}_p{q}_s"][k]) * 1e3 for q in QUANTILES]
+                fig.add_trace(go.Scatter(
+                    x=x, y=[q / 100 for q in QUANTILES], mode="lines+markers", name=name,
+                    legendgroup=name, showlegend=metric == "ttft" and j == 0,
+                    line={"color": _color(i)}, hovertemplate="%{x:.2f} ms at p%{customdata}",
+                    customdata=list(QUANTILES)), row=row, col=col)
+    _axes(fig, where, "ms", "fraction of requests", "log")
+    return fig, ("The latency distribution of each point, as far as a sweep row holds it: its "
+                 "p50, p90 and p99 (a sweep keeps these three; `rdu-cluster report` on one "
+                 "`serve --out` folder draws the full CDF from every request). A curve per "
+                 f"point, coloured by cluster, model and setting.{fixed}")
+
+
+def serve_pareto(cols: Cols):
+    """Interactivity (1 / TPOT p50) against output tokens/s per socket, over rate and limits."""
+    per_socket = cols["throughput_tokens_per_s"] / cols["sockets"]
+    with np.errstate(divide="ignore"):
+        interactive = 1.0 / cols["tpot_p50_s"].astype(float)
+    return _pareto(cols, per_socket.astype(float), interactive, "output tokens/s per socket",
+                   "tokens/s per request (1 / TPOT p50)", SERVE_HOVER)
+
+
+# --- one `serve --out` folder --------------------------------------------------------------
+def run_columns(tables: Mapping[str, pa.Table]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for name, table in tables.items():
+        out.update(columns(table, f"{name}."))
+    return out
+
+
+def latency_cdf(cols: Cols):
+    """The empirical CDF of TTFT, TPOT and end-to-end latency over the served requests."""
+    go = require_plotly()
+    served = cols["requests.state"] == "done"
+    metrics = [("ttft_s", "TTFT ms"), ("tpot_s", "TPOT ms"), ("e2e_s", "end-to-end ms")]
+    fig, where = _panels([t for _, t in metrics], cols_max=3)
+    for (row, col), (metric, title) in zip(where, metrics):
+        v = np.sort(np.asarray([x for x in cols[f"requests.{metric}"][served].tolist()
+                                if x is not None], dtype=float)) * 1e3
+        v = v[np.isfinite(v)]
+        if not len(v):
+            continue
+        frac = np.arange(1, len(v) + 1) / len(v)
+        keep = _thin(len(v))
+        fig.add_trace(go.Scatter(x=v[keep], y=frac[keep], mode="lines", name=title,
+                                 line={"shape": "hv", "color": _color(row * 3 + col)}),
+                      row=row, col=col)
+    _axes(fig, where, "ms", "fraction of served requests")
+    return fig, (f"Empirical CDF over the {int(served.sum()):,} served requests (unserved ones "
+                 "have no latency).")
+
+
+def latency_over_time(cols: Cols):
+    """Each request's TTFT and end-to-end latency at its arrival time."""
+    go = require_plotly()
+    served = cols["requests.state"] == "done"
+    fig, where = _panels(["latency by arrival time"], cols_max=1)
+    t = cols["requests.arrival_s"][served].astype(float)
+    for j, (metric, name) in enumerate((("ttft_s", "TTFT"), ("e2e_s", "end-to-end"))):
+        y = cols[f"requests.{metric}"][served].astype(float) * 1e3
+        fig.add_trace(_scatter(go, len(t))(x=t, y=y, mode="markers", name=name,
+                                           marker={"size": 4, "color": _color(j), "opacity": 0.6}))
+    _axes(fig, where, "arrival s", "ms")
+    return fig, "Queueing shows as latency rising with arrival time."
+
+
+def batch_over_time(cols: Cols):
+    """Running batch per replica over simulated time (binned to MAX_POINTS points)."""
+    go = require_plotly()
+    fig, where = _panels(["batch over time"], cols_max=1)
+    rep = cols["steps.replica"]
+    for i, r in enumerate(_unique(rep)):
+        m = rep == r
+        t, b = _binned(cols["steps.start_s"][m].astype(float), cols["steps.batch"][m].astype(float))
+        fig.add_trace(go.Scatter(x=t, y=b, mode="lines", name=f"replica {r}",
+                                   line={"color": _color(i), "shape": "hv"}))
+    _axes(fig, where, "simulated time s", "sequences in the step")
+    return fig, (f"Sequences in each step (prefill and decode), per replica; means over at most "
+                 f"{MAX_POINTS:,} time bins.")
+
+
+def time_by_cause(cols: Cols):
+    """Where the steps' time went: seconds per cause, per phase."""
+    go = require_plotly()
+    phase = cols["steps.phase"]
+    phases = list(_unique(phase))
+    fig, where = _panels(["step time by cause and phase"], cols_max=1)
+    extra = [c for c in ("kv_swap_s", "switch_s") if f"steps.{c}" in cols]
+    for j, cause in enumerate([f"{c}_s" for c in CAUSES] + extra):
+        vals = [float(np.sum(cols[f"steps.{cause}"][phase == p])) for p in phases]
+        if any(vals):
+            fig.add_trace(go.Bar(x=phases, y=vals, name=cause[:-2], marker_color=_color(j)))
+    fig.update_layout(barmode="stack")
+    _axes(fig, where, "phase", "seconds (summed over steps)")
+    return fig, ("Step time summed by cause within each phase (kv_swap and switch: copies before "
+                 "a step).")
+
+
+def socket_busy(cols: Cols):
+    go = require_plotly()
+    sock = cols["sockets.socket"]
+    ids = list(_unique(sock))
+    busy = [float(np.sum(cols["sockets.busy_s"][sock == s])) for s in ids]
+    span = [float(np.sum(cols["sockets.window_s"][sock == s])) for s in ids]
+    fig, where = _panels(["busy fraction per socket"], cols_max=1)
+    fig.add_trace(go.Bar(x=[f"socket {s}" for s in ids],
+                         y=[b / w if w > 0 else 0.0 for b, w in zip(busy, span)],
+                         name="busy fraction", marker_color=_color(0)))
+    _axes(fig, where, "socket", "busy / window time")
+    return fig, "Share of its replica's window time each socket computed or communicated."
+
+
+def link_use(cols: Cols):
+    if not len(cols["links.src"]):
+        return None, "The run has no link traffic (a single-socket plan): no link plot."
+    go = require_plotly()
+    fig, where = _panels(["utilization per link"], cols_max=1)
+    names = [f"{a}->{b}" for a, b in zip(cols["links.src"].tolist(), cols["links.dst"].tolist())]
+    fig.add_trace(go.Bar(x=names, y=cols["links.utilization"], name="utilization",
+                         text=[f"{b / 1e9:.2f} GB" for b in cols["links.bytes"].tolist()],
+                         marker_color=_color(1)))
+    fig.update_xaxes(tickangle=-45)
+    _axes(fig, where, "link (src->dst socket)", "bytes / (bandwidth x run time)")
+    return fig, "Bytes each ring link carried over the run, as a share of its capacity."
+
+
+def _thin(n: int) -> np.ndarray:
+    return np.unique(np.linspace(0, n - 1, min(n, MAX_POINTS)).astype(int)) if n else np.zeros(
+        0, dtype=int)
+
+
+def _binned(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(t) <= MAX_POINTS:
+        return t, v
+    edges = np.linspace(t.min(), t.max(), MAX_POINTS + 1)
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, MAX_POINTS - 1)
+    count = np.bincount(idx, minlength=MAX_POINTS)
+    total = np.bincount(idx, weights=v, minlength=MAX_POINTS)
+    keep = count > 0
+    return edges[:-1][keep], total[keep] / count[keep]
+
+
+# --- the plots of each dataset kind --------------------------------------------------------
+_RATE, _THR = "rate_requests_per_s", "throughput_tokens_per_s"
+_Q = lambda m: tuple(f"{m}_p{q}_s" for q in QUANTILES)
+PLOTS: dict[str, tuple[Plot, ...]] = {
+    "simulate": (
+        Plot("roofline", "Roofline", ("cluster", "chip", "flops_per_token", "bytes_per_token",
+             "tokens_per_s_total", "sockets", "chip_peak_flops_per_s",
+             "chip_hbm_bandwidth_bytes_per_s"), roofline),
+        Plot("tokens_vs_batch", "Tokens/s against batch",
+             ("cluster", "model", "batch", "tokens_per_s_total"), tokens_vs_batch),
+        Plot("ablation", "Ablation", ("cluster", "model", "tokens_per_s_per_request"), ablation),
+        Plot("breakdown", "Decode time by cause",
+             ("cluster", "model", *(f"decode_{c}_s" for c in CAUSES)), breakdown),
+        Plot("pareto", "Pareto front", ("cluster", "model", "sockets", "tokens_per_s_total",
+             "tokens_per_s_per_request"), pareto),
+    ),
+    "serve": (
+        Plot("latency_vs_throughput", "Latency against throughput",
+             ("cluster", "model", _RATE, _THR, "e2e_p50_s"), latency_vs_throughput),
+        Plot("ttft_vs_rate", "TTFT against rate", ("cluster", "model", _RATE, *_Q("ttft")),
+             ttft_vs_rate),
+        Plot("tpot_vs_rate", "TPOT against rate", ("cluster", "model", _RATE, *_Q("tpot")),
+             tpot_vs_rate),
+        Plot("latency_cdf", "Latency quantiles (CDF points)",
+             ("cluster", "model", *_Q("ttft"), *_Q("tpot"), *_Q("e2e")), quantiles_cdf),
+        Plot("pareto", "Pareto front", ("cluster", "model", "sockets", _THR, "tpot_p50_s"),
+             serve_pareto),
+    ),
+    "run": (
+        Plot("latency_cdf", "Latency CDFs", ("requests.state", "requests.ttft_s",
+             "requests.tpot_s", "requests.e2e_s"), latency_cdf),
+        Plot("latency_over_time", "Latency by arrival time",
+             ("requests.state", "requests.arrival_s", "requests.ttft_s", "requests.e2e_s"),
+             latency_over_time),
+        Plot("batch_over_time", "Batch over time",
+             ("steps.replica", "steps.start_s", "steps.batch"), batch_over_time),
+        Plot("time_by_cause", "Where the time went",
+             ("steps.phase", *(f"steps.{c}_s" for c in CAUSES)), time_by_cause),
+        Plot("socket_busy", "Socket busy fraction",
+             ("sockets.socket", "sockets.busy_s", "sockets.window_s"), socket_busy),
+        Plot("link_use", "Link utilization",
+             ("links.src", "links.dst", "links.bytes", "links.utilization"), link_use),
+    ),
+}
+PLOTS["plan"] = PLOTS["simulate"]  # a plan row has what it has; missing columns are named
+
+
+# --- small helpers -------------------------------------------------------------------------
 def _mode(values: np.ndarray, counts: np.ndarray):
     """The most common value; on a tie, True for a toggle (the optimizations' default is on),
     else the smallest."""
@@ -252,13 +600,6 @@ def _mode(values: np.ndarray, counts: np.ndarray):
     if all(isinstance(v, bool) for v in tied) and True in tied:
         return True
     return tied[0]
-
-
-def _palette(values: np.ndarray):
-    import matplotlib
-
-    cmap = matplotlib.colormaps["tab10"]
-    return [(cmap(i % 10), v) for i, v in enumerate(_unique(values))]
 
 
 def _unique(values: np.ndarray, counts: bool = False):
@@ -282,12 +623,6 @@ def _equal(column: np.ndarray, value) -> np.ndarray:
 
 
 def _fmt(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _png(fig, plt) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,240 @@
+"""`rdu-cluster report` on every dataset kind: serve sweeps, one `serve --out` folder, simulate
+sweeps; skipped plots say why; fronts never mix models or settings; the page works in a real
+browser (slow: headless Chromium, skipped without one)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+from rdu_cluster.output import plots
+from rdu_cluster.output import report_page as report_cli
+
+pytest.importorskip("plotly")
+
+SERVE_SPEC = """
+[sweep]
+name = "serve-tiny"
+kind = "serve"
+[base]
+model = "llama-3.1-8b"
+cluster = "sn40l-8"
+plan = "tp8"
+requests = 12
+prompt_len = 256
+output_len = 16
+[[axes]]
+type = "grid"
+rate = [5.0, 50.0]
+max_batch = [4, 16]
+"""
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert r.exit_code == 0, r.output + (r.stderr or "")
+    return r
+
+
+@pytest.fixture(scope="module")
+def serve_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-sweep")
+    spec = root / "spec.toml"
+    spec.write_text(textwrap.dedent(SERVE_SPEC))
+    _cli("sweep", spec, "--out", root / "data", "--no-progress")
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def serve_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve-run")
+    _cli("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "16",
+         "--rate", "20", "--output-len", "16", "--prompt-len", "128", "--out", out)
+    return out
+
+
+def _figures(page: str) -> list[str]:
+    return re.findall(r"<div id=\"(plot-\d+-[a-z_]+)\"", page)
+
+
+def test_serve_sweep_report_has_its_plots(serve_sweep, tmp_path):
+    html = tmp_path / "r.html"
+    r = _cli("report", serve_sweep, "--out", html)
+    assert "serve dataset, 4 rows, 5 plots" in r.output
+    page = html.read_text()
+    assert [f.split("-", 2)[2] for f in _figures(page)] == [
+        "latency_vs_throughput", "ttft_vs_rate", "tpot_vs_rate", "latency_cdf", "pareto"]
+    assert not re.search(r"<script[^>]*\ssrc=", page)  # plotly.js embedded: opens offline
+    assert "Plotly.newPlot" in page and "max_batch=16" in page
+
+
+def test_bundled_serve_example_is_reported(tmp_path):
+    """The example the issue found crashing: examples/sweeps/serve-small.toml."""
+    _cli("sweep", "examples/sweeps/serve-small.toml", "--out", tmp_path / "d", "--no-progress")
+    r = _cli("report", tmp_path / "d", "--out", tmp_path / "r.html")
+    assert "5 plots" in r.output and "skipped" not in r.output
+
+
+def test_serve_folder_report(serve_run, tmp_path):
+    html = tmp_path / "run.html"
+    r = _cli("report", serve_run, "--out", html)
+    assert "run dataset, 16 rows, 6 plots" in r.output
+    page = html.read_text()
+    assert "Serving run: llama-3.1-8b on sn40l-8" in page
+    assert len(_figures(page)) == 6
+
+
+def test_a_missing_column_skips_the_plot_with_a_sentence(serve_sweep):
+    data = report_cli.load(serve_sweep)
+    cols = {k: v for k, v in data.cols.items() if k != "tpot_p50_s"}
+    figs = report_cli.render(report_cli.Dataset(data.kind, data.title, data.meta, cols))
+    skipped = {f.name: f.caption for f in figs if f.html is None}
+    assert set(skipped) == {"tpot_vs_rate", "latency_cdf", "pareto"}
+    assert skipped["pareto"] == ("Skipped: this dataset has no column tpot_p50_s, which this "
+                                 "plot needs.")
+    page = report_cli.page(data, figs)
+    assert page.count("class='skipped'") == 3
+
+
+def test_unknown_kind_and_bad_folder_are_one_line(tmp_path):
+    r = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    assert r.exit_code == 2 and "neither a sweep dataset" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+    data = report_cli.Dataset("capacity", "t", [], {"point_id": np.array(["a"])})
+    (fig,) = report_cli.render(data)
+    assert fig.html is None and "No plots for a 'capacity' dataset" in fig.caption
+
+
+def test_report_without_plotly_says_so(tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_plotly(name, *a, **k):
+        if name.startswith("plotly"):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_plotly)
+    r = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    assert r.exit_code == 2 and "pip install 'rdu-cluster[plot]'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+
+
+def test_pareto_fronts_never_mix_models_or_settings():
+    """Two models, two prompt lengths (a setting), batch (a knob): one panel per model, one
+    front per cluster and prompt length, and every front point is really undominated within
+    its own group."""
+    rng = np.random.default_rng(0)
+    n = 48
+    cols = {
+        "point_id": np.array([str(i) for i in range(n)], dtype=object),
+        "cluster": np.array(["c1", "c2"] * (n // 2), dtype=object),
+        "model": np.array((["m1"] * 2 + ["m2"] * 2) * (n // 4), dtype=object),
+        "prompt_len": np.repeat([128, 4096], n // 2),
+        "batch": np.tile(np.repeat([1, 2, 4, 8, 16, 32], 4), 2),
+        "sockets": np.full(n, 8),
+        "tokens_per_s_total": rng.uniform(10, 1000, n),
+        "tokens_per_s_per_request": rng.uniform(1, 100, n),
+    }
+    fig, _caption = plots.pareto(cols)
+    fronts = [t for t in fig.data if t.mode == "lines+markers"]
+    assert len(fronts) == 8  # 2 models x 2 clusters x 2 prompt lengths
+    assert {t.name for t in fronts} == {f"{c}, prompt_len={p}" for c in ("c1", "c2")
+                                        for p in (128, 4096)}
+    x = cols["tokens_per_s_total"] / 8
+    y = cols["tokens_per_s_per_request"]
+    for t in fronts:
+        panel_model = "m1" if t.xaxis in ("x", None) else "m2"
+        cluster, setting = t.name.split(", prompt_len=")
+        group = ((cols["model"] == panel_model) & (cols["cluster"] == cluster)
+                 & (cols["prompt_len"] == int(setting)))
+        for fx, fy in zip(t.x, t.y):
+            k = np.flatnonzero(group & np.isclose(x, fx) & np.isclose(y, fy))
+            assert len(k) == 1, "a front point comes from its own model and setting"
+            assert not np.any(group & (x > fx) & (y > fy)), "dominated point on the front"
+
+
+# --- in a real browser ----------------------------------------------------------------------
+# Injected at the top of the page: collects JavaScript errors (and console.error, where Plotly
+# reports), then after load counts each chart's drawn marks (bar, line and marker paths with a
+# real shape: an unplottable bar is "M0,0Z", an unplottable line has NaN) into a <pre>.
+PROBE = """
+(function () {
+  var errors = [];
+  window.addEventListener('error', function (e) { errors.push(String(e.message || e)); });
+  window.addEventListener('unhandledrejection', function (e) {
+    errors.push('unhandled rejection: ' + String(e.reason)); });
+  var orig = console.error;
+  console.error = function () {
+    errors.push(Array.prototype.join.call(arguments, ' ')); orig.apply(console, arguments); };
+  window.addEventListener('load', function () {
+    setTimeout(function () {
+      var charts = [];
+      document.querySelectorAll('.plotly-graph-div').forEach(function (gd) {
+        var marks = 0;
+        gd.querySelectorAll('.barlayer path, .scatterlayer path.js-line, .scatterlayer path.point')
+          .forEach(function (p) {
+            var d = p.getAttribute('d') || '';
+            if (d && d.indexOf('NaN') < 0 && d !== 'M0,0Z') { marks += 1; }
+          });
+        charts.push({id: gd.id, traces: (gd.data || []).length, marks: marks});
+      });
+      var pre = document.createElement('pre');
+      pre.id = 'rdu-check';
+      pre.textContent = JSON.stringify({errors: errors, charts: charts});
+      document.body.appendChild(pre);
+    }, 1500);
+  });
+})();
+"""
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def browser_check(page_path, tmp_path) -> dict:
+    """Open the page (with the probe) in headless Chromium; the probe's verdict."""
+    probed = tmp_path / f"probed-{page_path.name}"
+    probed.write_text(page_path.read_text().replace("<head>", f"<head><script>{PROBE}</script>",
+                                                    1))
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000",
+           "--dump-dom", probed.as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False).stdout
+    found = re.search(r'<pre id="rdu-check">(.*?)</pre>', dom, re.DOTALL)
+    assert found, f"the page did not finish loading in Chromium: {dom[-500:]!r}"
+    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(chromium() is None, reason="no chromium binary on PATH (CI installs it: "
+                    "apt-get install chromium); the browser check needs one")
+@pytest.mark.parametrize("which", ["serve_sweep", "serve_run", "simulate_sweep"])
+def test_report_renders_in_headless_chromium(which, request, tmp_path):
+    if which == "simulate_sweep":
+        _cli("sweep", "examples/sweeps/decode-small.toml", "--out", tmp_path / "d",
+             "--no-progress")
+        source = tmp_path / "d"
+    else:
+        source = request.getfixturevalue(which)
+    html = tmp_path / "r.html"
+    _cli("report", source, "--out", html)
+    verdict = browser_check(html, tmp_path)
+    assert verdict["errors"] == []
+    assert len(verdict["charts"]) == len(_figures(html.read_text())) >= 5
+    empty = [c["id"] for c in verdict["charts"] if c["traces"] == 0 or c["marks"] == 0]
+    assert empty == [], f"charts with nothing drawn: {empty}"
