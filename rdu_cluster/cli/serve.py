@@ -18,6 +18,7 @@ from rdu_cluster.engine import schedulers
 from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import results
+from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
 from workloads import traces
 from workloads.catalog import load_model
@@ -64,6 +65,9 @@ TABLES = ("requests", "steps", "sockets", "links")
 @click.option("--address", default=None,
               help="Ray address ('auto': join a running cluster) [default: start one].")
 @click.option("--out", "out_dir", required=True, help="Output folder (created if missing).")
+@click.option("--timeline", "timeline_path", default=None,
+              help="Also write the run as Chrome/Perfetto trace-event JSON to this file (open it "
+              "in ui.perfetto.dev): a track per socket and per link, a slice per step.")
 @click.option("--coe-experts", default=None, type=int,
               help="Composition of Experts: N copies of --model (default llama-2-7b) behind a "
               "router (rdu_cluster/coe.py).")
@@ -93,7 +97,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
           preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
           coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k, tree,
-          placement, draft_sockets, acceptance, overrides) -> None:
+          placement, draft_sockets, acceptance, timeline_path, overrides) -> None:
     """Simulate serving a request trace on a cluster."""
     trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
                    seed)
@@ -117,6 +121,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                          draft_placement=placement, draft_sockets=draft_sockets)
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     out = _out_dir(out_dir)
+    timeline = _timeline(timeline_path)
     bar = _ProgressBar(len(trace)) if sys.stderr.isatty() else None
     kwargs = {"address": address} if backend_name == "ray" else {}
     if backend_name == "local" and address:
@@ -124,10 +129,16 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     started = time.perf_counter()
     sim = Simulation(model, cluster, trace, config, make_backend(backend_name, **kwargs),
                      progress=bar.update if bar else None)
+    if timeline is not None:
+        sim.observers.append(timeline)
     tables = sim.run()
     if bar:
         bar.close()
     write_tables(tables, out)
+    if timeline is not None:
+        events = timeline.write(timeline_path, tables)
+        click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
+                   "ui.perfetto.dev)", err=True)
     wall = dict(sim.wall, total_s=time.perf_counter() - started)
     click.echo(format_summary(tables, wall, backend_name, model.name, cluster.name))
 
@@ -178,6 +189,17 @@ def _trace(path, n, rate, arrival, burstiness, prompt_len, output_len, seed) -> 
         traces.LengthDist.parse(output_len, "--output-len"),
         seed=seed, burstiness=burstiness,
     )
+
+
+def _timeline(path: str | None) -> Timeline | None:
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"--timeline {target}: is a folder; give a file name (run.json)")
+    if not target.parent.is_dir():
+        raise ConfigError(f"--timeline {target}: folder {target.parent} does not exist")
+    return Timeline()
 
 
 def _out_dir(path: str) -> Path:

@@ -83,6 +83,9 @@ class Simulation:
         self.backend = backend
         self.progress = progress
         self.hooks: list[Callable[[Simulation, int], None]] = []
+        # Called after each window with what it ran (output/timeline.py records the run):
+        # observer.window(sim, replica, window, per-socket results, per-step dict, t0, steps).
+        self.observers: list = []
         self.plan = plans.PlanSpec.parse(config.plan, cluster, model)
         self.faults = [Fault.parse(f, cluster.sockets) for f in config.faults]
         self.router = Router(cluster)
@@ -312,6 +315,8 @@ class Simulation:
             step = {k: v[:m] for k, v in step.items()}
             rep.advance(last, m)
         end = self._record(rep, window, step, res, t0, m)
+        for obs in self.observers:
+            obs.window(self, rep, window, res, step, t0, m)
         self.windows += 1
         for hook in self.hooks:
             hook(self, self.windows)
@@ -357,26 +362,35 @@ class Simulation:
             straggler_s += tmax - R[:, 0, :].min(axis=0)
             if k == (1 if lay.draft_stage else 0):  # the target's first stage
                 straggler = np.asarray(stage)[j]
+        hops = np.zeros((n, 0))
         if lay.draft_stage:
-            self._draft_then_verify(window, stages, per_stage, time, causes)
+            hops = self._draft_then_verify(window, stages, per_stage, time, causes)
         elif len(stages) > 1:
-            self._add_transfers(window, stages, time, causes)
+            hops = self._add_transfers(window, stages, time, causes)
         swap, switch = self._moves_per_step(window, res, rep.sockets)
+        # stage_s / hop_s (steps first, so a cut window keeps its rows): each stage's slowest
+        # socket and each message between stages, for timelines (output/timeline.py)
         return {"time_s": time + swap + switch, "causes": causes.T,
                 "straggler_socket": straggler, "straggler_s": straggler_s, "kv_swap_s": swap,
-                "switch_s": switch}
+                "switch_s": switch, "stage_s": np.stack([t for t, _ in per_stage], axis=1),
+                "hop_s": hops}
 
-    def _add_transfers(self, window: Window, stages, time, causes) -> None:
+    def _add_transfers(self, window: Window, stages, time, causes) -> np.ndarray:
+        """The activations sent from each stage to the next (time and causes in place); returns
+        each transfer's seconds, (steps, stages - 1)."""
         act = self.model.precision.activations.bytes * self.model.hidden_size
         tokens = window.per_step(lambda sp: len(sp.decode) + sum(t for _, t in sp.prefill),
                                  float)
+        hops = []
         for a, b in itertools.pairwise(stages):
             msg = Message(a[0], b[0], "activations", tokens * act)
-            t = self.router.route(msg.encode())
+            t = np.broadcast_to(self.router.route(msg.encode()), time.shape)
             time += t
             causes[COMM_ROW - 1] += t
+            hops.append(t)
+        return np.stack(hops, axis=1)
 
-    def _draft_then_verify(self, window: Window, stages, per_stage, time, causes) -> None:
+    def _draft_then_verify(self, window: Window, stages, per_stage, time, causes) -> np.ndarray:
         """A separate draft: in a decode step the drafts go to the target (token ids, the
         tree's too) and the verdict (accepted count and the target's token) comes back, each
         one routed message; a prefill step runs the draft's and the target's prefill side by
@@ -391,10 +405,11 @@ class Simulation:
         out = Message(stages[0][0], stages[1][0], "drafts",
                       seqs * spec.verify_tokens() * TOKEN_ID_BYTES)
         back = Message(stages[1][0], stages[0][0], "verdict", seqs * 2 * TOKEN_ID_BYTES)
-        hops = np.where(seqs > 0, self.router.route(out.encode()) + self.router.route(
-            back.encode()), 0.0)
-        time += hops
-        causes[COMM_ROW - 1] += hops
+        hops = np.stack([np.where(seqs > 0, self.router.route(m.encode()), 0.0)
+                         for m in (out, back)], axis=1)  # (steps, 2): drafts out, verdict back
+        time += hops.sum(axis=1)
+        causes[COMM_ROW - 1] += hops.sum(axis=1)
+        return hops
 
     def _moves_per_step(self, window: Window, res: dict, sockets: list[int]) -> tuple:
         """Region copies before each span's first step: (KV swaps, CoE expert switches). A span

@@ -1,0 +1,165 @@
+"""`serve --timeline FILE.json`: the run as Chrome trace-event JSON, which ui.perfetto.dev and
+chrome://tracing open (the format: "Trace Event Format", Google, ph "X" complete events, "C"
+counters, "M" metadata; times in microseconds).
+
+One process per socket ("socket 3 (replica 0, node 0)"), one slice per step it runs: the copies
+before the step (KV swaps, CoE expert copies), then its stage's part of the step (prefill,
+decode, mixed; with speculation: the draft's steps and the target's verification on their own
+sockets, or "speculative decode (draft + verify)" where they share them), then, if another
+socket of its stage was slower, the wait for it ("sync wait": the straggler holds the group at
+its collectives). One process per link: a counter of the tensor-parallel ring's bytes/s on each
+link of a stage, and a slice for each message between stages (pipeline activations, drafts and
+verdicts). A replica's steps run one after another, so the slices of a socket's step add up to
+the step's time in the steps table less the messages between stages (on the link tracks).
+
+Built by an observer the Simulation calls after each window (Simulation.observers), from the
+per-socket results and the per-step times the engine already computed; recovery rows (weights
+reloaded after a failure) come from the steps table at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from chip.socket import DECODE, MIXED, PREFILL, SENT_ROW
+from rdu_cluster.engine.simulation import PHASE_NAMES
+from rdu_cluster.sweep.dataset import atomic_write
+
+US = 1e6  # trace-event times are microseconds
+COPIES = (("kv_swap_s", "KV swap copy"), ("switch_s", "expert copy (CoE switch)"))
+LINK_PID = 100_000  # link processes after the sockets'
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.sockets: dict[int, tuple[int, int]] = {}  # socket -> (replica, node), last seen
+        self.links: dict[tuple[int, int], int] = {}  # (src, dst) -> pid
+
+    # -- the observer -----------------------------------------------------------------------
+    def window(self, sim, rep, window, res: dict, step: dict, t0: float, m: int) -> None:
+        lay = sim.layouts[rep.index]
+        for s in lay.sockets:
+            self.sockets[s] = (rep.index, sim.cluster.node_of(s))
+        dur = step["time_s"]
+        starts = np.concatenate([[t0], t0 + np.cumsum(dur)[:-1]])  # as Simulation._ends
+        kinds = window.per_step(lambda sp: sp.kind)[:m]
+        steps = np.concatenate([sp.first_step + np.arange(sp.steps) for sp in window.spans])[:m]
+        batch = window.per_step(lambda sp: len(sp.decode) + len(sp.prefill))[:m]
+        spec = sim.config.speculation is not None
+        for i in range(m):
+            args = {"replica": rep.index, "step": int(steps[i]), "batch": int(batch[i])}
+            cursor = float(starts[i])
+            for col, name in COPIES:
+                c = float(step[col][i])
+                if c > 0:
+                    for s in lay.sockets:
+                        self._slice(s, name, "copy", cursor, c, args)
+                    cursor += c
+            self._stages(lay, res, step, i, int(kinds[i]), cursor, spec, args)
+        self._ring_counters(lay, res, starts, dur, m)
+
+    def _stages(self, lay, res, step, i, kind, cursor, spec, args) -> None:
+        """Each stage's part of step i from `cursor`: stages in turn with the messages between
+        them; a separate draft's prefill runs beside the target's."""
+        stage_s, hop_s = step["stage_s"][i], step["hop_s"][i]
+        side = lay.draft_stage and kind == PREFILL
+        base = cursor
+        for k, stage in enumerate(lay.stages):
+            name = _name(kind, spec, lay.draft_stage, k)
+            start = base if side else cursor
+            for s in stage:
+                busy = float(res[s][0][0, i])
+                self._slice(s, name, PHASE_NAMES[kind], start, busy, args)
+                if stage_s[k] - busy > 0:
+                    self._slice(s, "sync wait", "wait", start + busy, stage_s[k] - busy, args)
+            cursor = start + float(stage_s[k])
+            if side:
+                continue
+            if k < len(lay.stages) - 1 and k < len(hop_s) and hop_s[k] > 0:
+                nxt = lay.stages[k + 1][0]
+                what = "drafts" if lay.draft_stage else "activations"
+                self._link_slice(stage[0], nxt, what, cursor, float(hop_s[k]), args)
+                cursor += float(hop_s[k])
+        if lay.draft_stage and not side and len(hop_s) > 1 and hop_s[1] > 0:
+            self._link_slice(lay.stages[1][0], lay.stages[0][0], "verdict", cursor,
+                             float(hop_s[1]), args)
+
+    def _ring_counters(self, lay, res, starts, dur, m) -> None:
+        """Bytes/s each socket sends to the next of its stage's ring, per step (the ring the
+        sockets table's link bytes count)."""
+        for stage in lay.stages:
+            if len(stage) < 2:
+                continue
+            for pos, s in enumerate(stage):
+                pid = self._link(s, stage[(pos + 1) % len(stage)])
+                rate = res[s][0][SENT_ROW, :m] / np.where(dur > 0, dur, 1.0)
+                keep = np.concatenate([[True], np.diff(rate) != 0])  # only changes
+                for t, v in zip(starts[keep], rate[keep]):
+                    self.events.append({"name": "ring bytes/s", "ph": "C", "pid": pid,
+                                        "ts": float(t) * US, "args": {"bytes/s": float(v)}})
+
+    # -- events -----------------------------------------------------------------------------
+    def _slice(self, s: int, name: str, cat: str, start: float, seconds: float, args) -> None:
+        self.events.append({"name": name, "cat": cat, "ph": "X", "pid": s, "tid": 0,
+                            "ts": start * US, "dur": seconds * US, "args": args})
+
+    def _link(self, a: int, b: int) -> int:
+        return self.links.setdefault((a, b), LINK_PID + len(self.links))
+
+    def _link_slice(self, a: int, b: int, name: str, start: float, seconds: float,
+                    args) -> None:
+        self.events.append({"name": name, "cat": "message", "ph": "X", "pid": self._link(a, b),
+                            "tid": 0, "ts": start * US, "dur": seconds * US, "args": args})
+
+    def _recoveries(self, steps, sockets) -> None:
+        """Recovery rows of the steps table (weights reloaded after a failure) on the sockets
+        the replica runs on in the window after."""
+        phase = steps.column("phase").to_pylist()
+        rows = [i for i, p in enumerate(phase) if p == "recovery"]
+        sock_rep = sockets.column("replica").to_pylist()
+        sock_win = sockets.column("window").to_pylist()
+        sock_id = sockets.column("socket").to_pylist()
+        for i in rows:
+            rep, win = steps.column("replica")[i].as_py(), steps.column("window")[i].as_py()
+            members = {s for s, r, w in zip(sock_id, sock_rep, sock_win) if r == rep and w == win}
+            for s in sorted(members):
+                self._slice(s, "weight reload (recovery)", "recovery",
+                            steps.column("start_s")[i].as_py(),
+                            steps.column("time_s")[i].as_py(), {"replica": rep})
+
+    def trace(self, tables=None) -> dict:
+        if tables is not None:
+            self._recoveries(tables.steps, tables.sockets)
+        meta = []
+        for s, (rep, node) in sorted(self.sockets.items()):
+            meta += _names(s, f"socket {s} (replica {rep}, node {node})", s, "steps")
+        for (a, b), pid in sorted(self.links.items(), key=lambda kv: kv[1]):
+            meta += _names(pid, f"link {a}->{b}", pid, "messages")
+        return {"traceEvents": meta + self.events, "displayTimeUnit": "ms",
+                "otherData": {"source": "rdu-cluster serve --timeline", "time_unit": "us"}}
+
+    def write(self, path: str | Path, tables=None) -> int:
+        """The trace as JSON, written atomically (a hidden temporary file, then renamed)."""
+        trace = self.trace(tables)
+        atomic_write(Path(path), json.dumps(trace, separators=(",", ":")).encode())
+        return len(trace["traceEvents"])
+
+
+def _names(pid: int, process: str, sort: int, thread: str) -> list[dict]:
+    return [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": process}},
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": sort}},
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": thread}}]
+
+
+def _name(kind: int, spec: bool, draft_stage: bool, stage: int) -> str:
+    """A step's slice name on a socket of `stage`."""
+    phase = str(PHASE_NAMES[kind])
+    if not spec or kind not in (DECODE, MIXED):
+        return phase if not (draft_stage and stage == 0) else f"draft {phase}"
+    if not draft_stage:
+        return f"speculative {phase} (draft + verify)"
+    return f"draft ({phase})" if stage == 0 else f"verify ({phase})"
