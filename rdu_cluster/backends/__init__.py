@@ -50,6 +50,85 @@ def probe_address(address: str | None, timeout_s: float = 2.0) -> None:
         raise ConfigError(f"--address {address}: no Ray cluster reachable there ({reason})") from None
 
 
+AUTH_HINT = ("the Ray cluster requires token authentication and this process has no valid "
+             "token: set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) to the "
+             "cluster's token (`ray get-auth-token` on its head) and RAY_AUTH_MODE=token")
+
+
+def join_ray(address: str | None, **init_kwargs) -> None:
+    """ray.init(address) for both Ray backends, every failure one ConfigError naming what to
+    fix: nothing listening (probe_address), a cluster that needs Ray's auth token (Ray >= 2.52,
+    RAY_AUTH_MODE=token; checked before ray.init, which would otherwise retry for ~10 s and end
+    in a bare ConnectionError), or whatever else Ray reports."""
+    import ray
+
+    probe_address(address)
+    _check_token(address)
+    try:
+        ray.init(address=address, **init_kwargs)
+    except Exception as e:
+        if type(e).__name__ == "AuthenticationError":  # ray.exceptions (Ray >= 2.52)
+            raise ConfigError(f"--address {address}: {AUTH_HINT}") from None
+        if not isinstance(e, (ConnectionError, ValueError, RuntimeError)):
+            raise
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"--address {address}: cannot join Ray ({reason})") from None
+
+
+def _check_token(address: str | None) -> None:
+    """Ask the cluster's GCS once, quietly, whether it accepts this process: Ray's client
+    raises AuthenticationError at once where ray.init would retry. Skipped where Ray has no
+    token authentication or the address is not a cluster's (None, "local")."""
+    if address in (None, "local"):
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            ensure_token_if_auth_enabled,
+        )
+        from ray._private.services import canonicalize_bootstrap_address
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # a Ray without token authentication: nothing to check
+        return
+    try:  # RAY_AUTH_MODE=token without a token: Ray's C++ client would abort the process
+        ensure_token_if_auth_enabled(create_token_if_missing=False)
+    except AuthenticationError:
+        raise ConfigError(f"--address {address}: {AUTH_HINT}") from None
+    try:
+        target = canonicalize_bootstrap_address(address)
+    except (ValueError, ConnectionError, OSError, RuntimeError):
+        return  # ray.init reports a bad or missing address in its own words
+    if target is None:
+        return
+    try:
+        with _quiet_stderr():  # Ray's C++ client logs a warning line per failed attempt
+            GcsClient(address=target)
+    except AuthenticationError:
+        raise ConfigError(f"--address {address}: {AUTH_HINT}") from None
+    except (ConnectionError, OSError, RuntimeError, ValueError):
+        return  # anything else: ray.init says it
+
+
+class _quiet_stderr:
+    """Send file descriptor 2 to /dev/null for a moment (C++ logging bypasses sys.stderr)."""
+
+    def __enter__(self):
+        import os
+        import sys
+
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def __exit__(self, *exc):
+        import os
+
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+
+
 def make(name: str, **kwargs):
     if name == "local":
         from rdu_cluster.backends.local import LocalBackend

@@ -30,7 +30,7 @@ import uuid
 import numpy as np
 
 from chip.socket import Socket, Spans
-from rdu_cluster.backends import SocketSetup, probe_address
+from rdu_cluster.backends import SocketSetup, join_ray
 from rdu_cluster.backends import messages as wire
 from workloads.errors import ConfigError
 
@@ -98,13 +98,8 @@ class RayBackend:
             # auto-detect on this machine, unless RAY_ADDRESS says which (ray job submit sets it).
             if address is None and not os.environ.get("RAY_ADDRESS"):
                 address = "local"
-            probe_address(address or os.environ.get("RAY_ADDRESS"))
-            try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
-            except (ConnectionError, ValueError, RuntimeError) as e:
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ConfigError(f"--address {address}: cannot join Ray ({reason})") from None
+            join_ray(address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
             self._owns_ray = True
         self.run_name = run_name or f"rdu-{uuid.uuid4().hex[:8]}"
         self.checkpoint_every = checkpoint_every

@@ -160,14 +160,9 @@ class RayBackend:
             addr = address or os.environ.get("RAY_ADDRESS")
             kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
             if addr:
-                from rdu_cluster.backends import probe_address
+                from rdu_cluster.backends import join_ray
 
-                probe_address(addr)
-                try:
-                    ray.init(address=addr, **kwargs)
-                except (ConnectionError, RuntimeError) as e:
-                    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    raise ConfigError(f"--address {addr}: cannot join the Ray cluster: {reason}") from None
+                join_ray(addr, **kwargs)
             else:
                 # "local": always an instance of our own, never a cluster that happens to
                 # run on this machine (/tmp/ray/ray_current_cluster).

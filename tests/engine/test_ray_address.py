@@ -6,6 +6,7 @@ with `ray stop` (which stops every Ray instance on the machine, this session's i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -44,8 +45,9 @@ def _serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def ray_head():
+@contextlib.contextmanager
+def _head(**env_extra: str):
+    """`ray start --head` in its own process group and temp dir; yields its address."""
     ray_bin = Path(sys.executable).with_name("ray")
     if not ray_bin.exists():
         pytest.skip("no ray script beside the interpreter")
@@ -55,8 +57,8 @@ def ray_head():
            "--include-dashboard=false", f"--dashboard-agent-listen-port={_free_port()}",
            f"--temp-dir={temp}",
            "--disable-usage-stats"]
-    head = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    head = subprocess.Popen(cmd, env={**_env(), **env_extra}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -86,6 +88,14 @@ def ray_head():
         shutil.rmtree(temp, ignore_errors=True)
 
 
+
+
+@pytest.fixture
+def ray_head():
+    with _head() as address:
+        yield address
+
+
 @pytest.mark.slow
 def test_serve_joins_a_ray_head_by_address_with_the_tables_of_a_local_run(ray_head, tmp_path):
     import pyarrow.parquet as pq
@@ -110,3 +120,29 @@ def test_an_unreachable_address_fails_at_once_with_one_line(tmp_path):
     assert "no Ray cluster reachable there" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.slow
+def test_a_cluster_that_needs_the_auth_token_is_one_line_naming_it(tmp_path):
+    """A head started with RAY_AUTH_MODE=token (Ray >= 2.52): joining without its token is
+    one line that names RAY_AUTH_TOKEN, at once (ray.init alone retries ~10 s, then raises a
+    bare ConnectionError), from serve and from sweep."""
+    ray = pytest.importorskip("ray")
+    if not hasattr(ray.exceptions, "AuthenticationError"):
+        pytest.skip(f"Ray {ray.__version__} has no token authentication")
+    token = "rdu-test-token-0123456789abcdef0123456789abcdef"
+    spec = ROOT / "examples" / "sweeps" / "serve-small.toml"
+    with _head(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token) as address:
+        no_token = {"HOME": str(tmp_path)}  # no ~/.ray/auth_token either
+        for env in ({"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_MODE": "token"}):
+            for args in (["serve", *RUN, "--backend", "ray", "--out", str(tmp_path / "o")],
+                         ["sweep", str(spec), "--backend", "ray", "--out", str(tmp_path / "s")]):
+                start = time.monotonic()
+                out = subprocess.run([sys.executable, "-c", ENTRY, *args, "--address", address],
+                                     cwd=ROOT, env={**_env(), **no_token, **env},
+                                     capture_output=True, text=True, timeout=120, check=False)
+                assert out.returncode == 2, out.stderr[-2000:]
+                lines = out.stderr.strip().splitlines()
+                assert len(lines) == 1 and "RAY_AUTH_TOKEN" in lines[0], out.stderr[-2000:]
+                assert "token authentication" in lines[0]
+                assert time.monotonic() - start < 30
