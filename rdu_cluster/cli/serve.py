@@ -4,7 +4,6 @@ backend; writes requests / steps / sockets / links tables (Parquet) and prints a
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from rdu_cluster.engine import schedulers
 from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import results
+from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
 from workloads import traces
@@ -65,6 +65,9 @@ TABLES = ("requests", "steps", "sockets", "links")
 @click.option("--address", default=None,
               help="Ray address ('auto': join a running cluster) [default: start one].")
 @click.option("--out", "out_dir", required=True, help="Output folder (created if missing).")
+@click.option("--no-progress", is_flag=True,
+              help="No progress on stderr (a bar on a terminal, a line every few seconds "
+              "otherwise).")
 @click.option("--timeline", "timeline_path", default=None,
               help="Also write the run as Chrome/Perfetto trace-event JSON to this file (open it "
               "in ui.perfetto.dev): a track per socket and per link, a slice per step.")
@@ -97,7 +100,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
           preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
           coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k, tree,
-          placement, draft_sockets, acceptance, timeline_path, overrides) -> None:
+          placement, draft_sockets, acceptance, no_progress, timeline_path,
+          overrides) -> None:
     """Simulate serving a request trace on a cluster."""
     trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
                    seed)
@@ -122,18 +126,16 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     out = _out_dir(out_dir)
     timeline = _timeline(timeline_path)
-    bar = _ProgressBar(len(trace)) if sys.stderr.isatty() else None
     kwargs = {"address": address} if backend_name == "ray" else {}
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
     started = time.perf_counter()
-    sim = Simulation(model, cluster, trace, config, make_backend(backend_name, **kwargs),
-                     progress=bar.update if bar else None)
-    if timeline is not None:
-        sim.observers.append(timeline)
-    tables = sim.run()
-    if bar:
-        bar.close()
+    with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
+        sim = Simulation(model, cluster, trace, config, make_backend(backend_name, **kwargs),
+                         progress=bar.set_done)
+        if timeline is not None:
+            sim.observers.append(timeline)
+        tables = sim.run()
     write_tables(tables, out)
     if timeline is not None:
         events = timeline.write(timeline_path, tables)
@@ -272,17 +274,3 @@ def _si(value: float, unit: str) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}"
-
-
-class _ProgressBar:
-    def __init__(self, total: int):
-        self.bar = click.progressbar(length=total, label="serving", file=sys.stderr)
-        self.bar.__enter__()
-        self.done = 0
-
-    def update(self, done: int, total: int) -> None:
-        self.bar.update(done - self.done)
-        self.done = done
-
-    def close(self) -> None:
-        self.bar.__exit__(None, None, None)

@@ -36,7 +36,10 @@ from workloads.errors import ConfigError
     "--address", default=None, help="Ray cluster to join [default: $RAY_ADDRESS or embedded]."
 )
 @click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="Ray tasks in flight [all CPUs]."
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ray tasks in flight [all CPUs]; with --backend local, processes in a pool [1].",
 )
 @click.option(
     "--max-points",
@@ -80,7 +83,7 @@ def sweep(
         raise ConfigError("--out: required (a dataset folder), unless --dry-run")
     if not exp.points:
         raise ConfigError(f"{spec.source}: filters leave no points")
-    engine = RayBackend(address, workers) if backend == "ray" else LocalBackend()
+    engine = RayBackend(address, workers) if backend == "ray" else LocalBackend(workers)
     try:
         summary = run_sweep(
             spec, exp.points, out_dir, engine, force, points_per_task, progress=not no_progress

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any, TextIO
 
 import msgpack
 
+from rdu_cluster.output.progress import Progress
 from rdu_cluster.sweep import dataset, registry
 from rdu_cluster.sweep.registry import Point
 from rdu_cluster.sweep.spec import Column, Spec
@@ -120,15 +120,38 @@ def task_size(n: int, runner: registry.Runner, workers: int, override: int | Non
 
 
 class LocalBackend:
+    """Tasks in this process, or with `workers` > 1 in a pool of that many processes (spawned:
+    fresh interpreters, safe beside threads and an in-process Ray). Results come back as tasks
+    end; the dataset is the same either way (a task's rows depend only on its points)."""
+
     name = "local"
-    workers = 1
+
+    def __init__(self, workers: int | None = None):
+        self.workers = workers or 1
+        self._pool: Any = None
 
     def map(self, chunks: Sequence[Chunk], ctx: Context) -> Iterator[ChunkResult]:
-        for chunk in chunks:
-            yield run_chunk(chunk, ctx)
+        if self.workers == 1:
+            for chunk in chunks:
+                yield run_chunk(chunk, ctx)
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        self._pool = ProcessPoolExecutor(self.workers,
+                                         mp_context=multiprocessing.get_context("spawn"))
+        futures = [self._pool.submit(run_chunk, chunk, ctx) for chunk in chunks]
+        try:
+            for done in as_completed(futures):
+                yield done.result()
+        finally:
+            for f in futures:  # interrupted or failed: start nothing more
+                f.cancel()
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 class _Worker:
@@ -209,55 +232,6 @@ class RayBackend:
             self._ray.shutdown()
 
 
-class Progress:
-    """Points done, rate and ETA on stderr: redrawn in place on a terminal, a line every few
-    seconds otherwise (a `ray job submit` log)."""
-
-    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True):
-        self.total, self.done = total, 0
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and getattr(self.stream, "isatty", lambda: False)()
-        self.start = self.last = time.perf_counter()
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        now = time.perf_counter()
-        if self.enabled and (now - self.last >= (0.1 if self.tty else 5.0)):
-            self.last = now
-            self._draw(now)
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw(time.perf_counter())
-            if self.tty:
-                self.stream.write("\n")
-            self.stream.flush()
-
-    def line(self, now: float) -> str:
-        elapsed = max(now - self.start, 1e-9)
-        rate = self.done / elapsed
-        left = (self.total - self.done) / rate if rate > 0 else float("inf")
-        frac = self.done / self.total if self.total else 1.0
-        bar = "#" * round(30 * frac) + "-" * (30 - round(30 * frac))
-        eta = _clock(left) if math.isfinite(left) else "?"
-        return (
-            f"[{bar}] {self.done:,}/{self.total:,} points  {rate:,.0f} points/s  "
-            f"elapsed {_clock(elapsed)}  ETA {eta}"
-        )
-
-    def _draw(self, now: float) -> None:
-        self.stream.write(("\r" if self.tty else "") + self.line(now) + ("" if self.tty else "\n"))
-        self.stream.flush()
-
-
-def _clock(seconds: float) -> str:
-    s = round(seconds)
-    return (
-        f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-    )
-
-
 @dataclass
 class Summary:
     points: int  # in the spec, after filters
@@ -303,20 +277,19 @@ def _run_locked(spec, points, root, backend, force, points_per_task, progress, s
     size = task_size(len(todo), runner, backend.workers, points_per_task or spec.points_per_task)
     chunks = make_chunks(todo, runner, size)
     ctx = Context(spec.kind, spec.seed, tuple(spec.columns()), dataset.file_metadata(spec))
-    bar = Progress(len(todo), stream, progress)
     start, wall0, times, timeline = time.perf_counter(), time.time(), [], []
-    for result in backend.map(chunks, ctx):
-        if result.infeasible and spec.on_infeasible == "error":
-            pid, why = next(iter(sorted(result.infeasible.items())))
-            raise ConfigError(f"point {pid} is infeasible (sweep.on_infeasible = 'error'): {why}")
-        dataset.commit_chunk(
-            root, result.chunk_id, result.point_ids, result.parts, result.infeasible
-        )
-        times.append(result.seconds)
-        t0 = result.started_at - wall0
-        timeline.append((result.worker, t0, t0 + result.seconds, time.time() - wall0))
-        bar.advance(len(result.point_ids))
-    bar.close()
+    with Progress(len(todo), "points", "sweep", stream, progress) as bar:
+        for result in backend.map(chunks, ctx):
+            if result.infeasible and spec.on_infeasible == "error":
+                pid, why = next(iter(sorted(result.infeasible.items())))
+                raise ConfigError(f"point {pid} is infeasible (sweep.on_infeasible = 'error'): {why}")
+            dataset.commit_chunk(
+                root, result.chunk_id, result.point_ids, result.parts, result.infeasible
+            )
+            times.append(result.seconds)
+            t0 = result.started_at - wall0
+            timeline.append((result.worker, t0, t0 + result.seconds, time.time() - wall0))
+            bar.update(len(result.point_ids))
     seconds = time.perf_counter() - start
     final = dataset.read_manifest(root)
     return Summary(
