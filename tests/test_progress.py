@@ -56,7 +56,7 @@ def test_serve_reports_progress_in_a_log_and_no_progress_silences_it(tmp_path):
             "--rate", "20", "--output-len", "8", "--prompt-len", "64"]
     r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
     assert r.exit_code == 0
-    assert re.search(r"^serve: 8/8 requests \(100%\) .*requests/s .*ETA", r.stderr, re.M)
+    assert re.search(r"^serve: 8/8 requests \(100%\) .*requests/s .*ETA", r.stderr, re.MULTILINE)
     r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b"), "--no-progress"])
     assert r.exit_code == 0 and "requests/s" not in r.stderr
 
