@@ -35,9 +35,11 @@ _NOT_AXES = {
 # other varying axis (prompt and output lengths, dtypes, ...) is a setting with its own front.
 KNOBS = {"batch", "tp", "plan", "rate_requests_per_s", "max_batch", "token_budget",
          "chunked_prefill", "preemption", "scheduler", "kv_fraction", "objective", "spill"}
-MAX_GROUPS = 12  # traces per panel before a plot slices the settings instead
+MAX_GROUPS = 20  # traces per panel (one colour each) before a plot slices the settings
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf")  # Plotly's D3 / matplotlib tab10 order
+           "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#e7ba52",
+           "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363")
+# D3's category10, then darker picks of category20b/c: 20 traces a panel before a colour repeats
 QUANTILES = (50, 90, 99)  # the percentiles a serve row carries (engine/metrics.percentiles)
 MAX_POINTS = 2000  # time series are binned to this many points (the page stays small)
 
@@ -112,15 +114,22 @@ def groups(cols: Cols, mask: np.ndarray, by: Sequence[str]) -> list[tuple[str, n
     """(label, rows) per combination of the cluster and the `by` columns within `mask`: the
     label names the cluster and each `by` value, e.g. "sn40l-8, max_batch=4"."""
     keys = [cols["cluster"]] + [cols[b] for b in by]
-    combos = sorted({tuple(_fmt(k[i]) for k in keys) for i in np.flatnonzero(mask)})
+    raw = {tuple(k[i] for k in keys) for i in np.flatnonzero(mask)}
     out = []
-    for combo in combos:
+    for combo in sorted(raw, key=lambda c: tuple(_order(v) for v in c)):  # 4 < 16 < 160
         m = mask.copy()
         for k, v in zip(keys, combo):
-            m &= np.array([_fmt(x) == v for x in k.tolist()], dtype=bool)
-        label = ", ".join([combo[0], *(f"{b}={v}" for b, v in zip(by, combo[1:]))])
+            m &= _equal(k, v)
+        label = ", ".join([_fmt(combo[0]), *(f"{b}={_fmt(v)}" for b, v in zip(by, combo[1:]))])
         out.append((label, m))
     return out
+
+
+def _order(value) -> tuple:
+    """Numbers by value, before anything else by text."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
 
 
 def settings_slice(cols: Cols, x_axes: Sequence[str]) -> tuple[np.ndarray, list[str], str]:
