@@ -8,7 +8,7 @@ decode, mixed; with speculation: the draft's steps and the target's verification
 sockets, or "speculative decode (draft + verify)" where they share them), then, if another
 socket of its stage was slower, the wait for it ("sync wait": the straggler holds the group at
 its collectives). One process per link: a counter of the tensor-parallel ring's bytes/s on each
-link of a stage, and a slice for each message between stages (pipeline activations, drafts and
+link of a stage (a new point where it moves by 1%), and a slice for each message between stages (pipeline activations, drafts and
 verdicts). A replica's steps run one after another, so the slices of a socket's step add up to
 the step's time in the steps table less the messages between stages (on the link tracks).
 
@@ -31,6 +31,7 @@ from rdu_cluster.sweep.dataset import atomic_write
 US = 1e6  # trace-event times are microseconds
 COPIES = (("kv_swap_s", "KV swap copy"), ("switch_s", "expert copy (CoE switch)"))
 LINK_PID = 100_000  # link processes after the sockets'
+COUNTER_STEP = 0.01  # a link counter gets a new point when its rate moves by this fraction
 
 
 class Timeline:
@@ -97,7 +98,11 @@ class Timeline:
             for pos, s in enumerate(stage):
                 pid = self._link(s, stage[(pos + 1) % len(stage)])
                 rate = res[s][0][SENT_ROW, :m] / np.where(dur > 0, dur, 1.0)
-                keep = np.concatenate([[True], np.diff(rate) != 0])  # only changes
+                # a point where the rate moves by 1% or more: a counter is for the eye, and a
+                # point per step would double the file
+                with np.errstate(divide="ignore"):
+                    level = np.floor(np.log(np.maximum(rate, 1.0)) / np.log1p(COUNTER_STEP))
+                keep = np.concatenate([[True], np.diff(level) != 0])
                 for t, v in zip(starts[keep], rate[keep]):
                     self.events.append({"name": "ring bytes/s", "ph": "C", "pid": pid,
                                         "ts": float(t) * US, "args": {"bytes/s": float(v)}})

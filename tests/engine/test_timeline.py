@@ -116,3 +116,18 @@ def test_timeline_path_errors_are_one_line(tmp_path):
         r = CliRunner().invoke(main, [*BASE, "--out", str(tmp_path / "o"), "--timeline",
                                       str(bad)])
         assert r.exit_code == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_shared_draft_and_a_failure_recovery(tmp_path):
+    trace, _, _ = _run(tmp_path, "--draft", "llama-3.2-1b", "--spec-k", "3")
+    by_pid, names = _slices(trace)
+    s0 = next(p for p, n in names.items() if n.startswith("socket 0 "))
+    assert "speculative decode (draft + verify)" in {e["name"] for e in by_pid[s0]}
+
+    trace, steps, _ = _run(tmp_path / "f", "--fault", "socket:3@0.05", "--plan", "tp8")
+    by_pid, names = _slices(trace)
+    reloads = [e for evs in by_pid.values() for e in evs if e["name"] == "weight reload (recovery)"]
+    rec = steps[steps.phase == "recovery"]
+    assert len(rec) == 1 and len(reloads) == int(rec.sockets.iloc[0]) > 0
+    assert all(e["dur"] / 1e6 == pytest.approx(rec.time_s.iloc[0]) for e in reloads)
+    assert all(e["pid"] != 3 for e in reloads)  # the failed socket reloads nothing
