@@ -82,3 +82,25 @@ def test_ray_backend_matches_local_with_a_separate_tree_draft(ray_session, serve
     _, remote = serve(backend=RayBackend(), **kw)
     assert local.summary["tokens_per_decode"] > 2
     _compare(local, remote)
+
+
+def test_ray_timeline_is_the_local_one(ray_session):
+    """serve --timeline records the same trace events on either backend."""
+    from rdu_cluster.backends.local import LocalBackend
+    from rdu_cluster.backends.ray_backend import RayBackend
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.engine.simulation import ServeConfig, Simulation
+    from rdu_cluster.output.timeline import Timeline
+    from workloads.catalog import load_model
+    from workloads.traces import LengthDist, synthetic
+
+    trace = synthetic(12, 20.0, "poisson", LengthDist("uniform", 64, 512),
+                      LengthDist("fixed", 16, 16), seed=2)
+    out = []
+    for backend in (LocalBackend(), RayBackend()):
+        sim = Simulation(load_model("llama-3.1-8b"), load_cluster("sn40l-8"), trace,
+                         ServeConfig(plan="tp4pp2", seed=2), backend)
+        timeline = Timeline()
+        sim.observers.append(timeline)
+        out.append(timeline.trace(sim.run()))
+    assert len(out[0]["traceEvents"]) > 100 and out[0] == out[1]
