@@ -72,3 +72,11 @@ def test_local_workers_run_a_process_pool_with_the_same_rows(tmp_path):
         assert f"local backend, {workers} worker(s)" in r.output
         runs[workers] = pq.read_table(out).sort_by("point_id").to_pylist()
     assert runs[1] == runs[2] and len(runs[1]) == 126
+
+
+def test_nothing_is_drawn_before_the_first_update():
+    """A command that fails while setting up prints its error line alone."""
+    out = io.StringIO()
+    with Progress(10, "requests", "serve", out):
+        pass
+    assert out.getvalue() == ""

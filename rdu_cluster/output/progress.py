@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Self, TextIO
 
 LOG_EVERY_S = 5.0  # seconds between lines when the stream is not a terminal
@@ -38,38 +39,53 @@ class _Lines:
 
 
 class Progress:
-    """A progress bar of `total` `unit`s on `stream` (stderr); `enabled=False`: silent."""
+    """A progress bar of `total` `unit`s on `stream` (stderr); `enabled=False`: silent. Nothing
+    is drawn before the first update or `start()`, so a command that fails while setting up
+    prints its one-line error alone; rate and elapsed time count from construction."""
 
     def __init__(self, total: int, unit: str, desc: str, stream: TextIO | None = None,
                  enabled: bool = True):
+        self.total, self.unit, self.desc, self.enabled = total, unit, desc, enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.done = 0
+        self.bar = None
+        self.t0 = time.time()
+
+    def start(self) -> None:
+        """Draw the bar now (at 0) rather than at the first update."""
+        if self.bar is not None:
+            return
         from tqdm import tqdm
 
-        out = stream or sys.stderr
-        self.tty = bool(getattr(out, "isatty", lambda: False)())
-        self.done = 0
+        out = self.stream
         sized = self.tty and _columns(out) > 0  # a pty may report 0 columns: tqdm draws nothing
         self.bar = tqdm(
-            total=total, unit=unit, desc=desc, disable=not enabled, leave=True,
-            file=out if self.tty else _Lines(out), dynamic_ncols=sized,
+            total=self.total, unit=self.unit, desc=self.desc, disable=not self.enabled,
+            leave=True, file=out if self.tty else _Lines(out), dynamic_ncols=sized,
             ncols=None if sized or not self.tty else 100, nrows=None if sized else 24,
-            ascii=not self.tty,
-            bar_format=TTY_FORMAT if self.tty else LOG_FORMAT,
+            ascii=not self.tty, bar_format=TTY_FORMAT if self.tty else LOG_FORMAT,
             mininterval=0.1 if self.tty else LOG_EVERY_S, maxinterval=LOG_EVERY_S * 2,
         )
+        self.bar.start_t = self.bar.last_print_t = self.t0  # tqdm's clock is time.time
 
     def update(self, n: int = 1) -> None:
+        self.start()
         self.done += n
         self.bar.update(n)
 
     def set_done(self, done: int, total: int | None = None) -> None:
         """Absolute progress (the Simulation's callback: requests finished, of total)."""
-        if total is not None and total != self.bar.total:
-            self.bar.total = total
+        if total is not None and total != self.total:
+            self.total = total
+            if self.bar is not None:
+                self.bar.total = total
         if done > self.done:
             self.update(done - self.done)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
     def __enter__(self) -> Self:
         return self

@@ -279,6 +279,7 @@ def _run_locked(spec, points, root, backend, force, points_per_task, progress, s
     ctx = Context(spec.kind, spec.seed, tuple(spec.columns()), dataset.file_metadata(spec))
     start, wall0, times, timeline = time.perf_counter(), time.time(), [], []
     with Progress(len(todo), "points", "sweep", stream, progress) as bar:
+        bar.start()  # the spec and the folder are checked: show the bar from 0
         for result in backend.map(chunks, ctx):
             if result.infeasible and spec.on_infeasible == "error":
                 pid, why = next(iter(sorted(result.infeasible.items())))
