@@ -166,7 +166,8 @@ def test_pareto_fronts_never_mix_models_or_settings():
 # --- in a real browser ----------------------------------------------------------------------
 # Injected at the top of the page: collects JavaScript errors (and console.error, where Plotly
 # reports), then after load counts each chart's drawn marks (bar, line and marker paths with a
-# real shape: an unplottable bar is "M0,0Z", an unplottable line has NaN) into a <pre>.
+# real shape: an unplottable bar is "M0,0Z", an unplottable line has NaN) and lists the pairs of
+# its labels (every SVG text: ticks, titles, legend) whose boxes overlap, into a <pre>.
 PROBE = """
 (function () {
   var errors = [];
@@ -186,7 +187,22 @@ PROBE = """
             var d = p.getAttribute('d') || '';
             if (d && d.indexOf('NaN') < 0 && d !== 'M0,0Z') { marks += 1; }
           });
-        charts.push({id: gd.id, traces: (gd.data || []).length, marks: marks});
+        var boxes = [], overlaps = [];
+        gd.querySelectorAll('text').forEach(function (t) {
+          var r = t.getBoundingClientRect();
+          if (t.textContent.trim() && r.width > 0 && r.height > 0) {
+            boxes.push([t.textContent, r]); }
+        });
+        for (var i = 0; i < boxes.length; i++) {
+          for (var j = i + 1; j < boxes.length; j++) {
+            var a = boxes[i][1], b = boxes[j][1];
+            if (Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1 &&
+                Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1) {
+              overlaps.push(boxes[i][0] + ' / ' + boxes[j][0]); }
+          }
+        }
+        charts.push({id: gd.id, traces: (gd.data || []).length, marks: marks,
+                     overlaps: overlaps});
       });
       var pre = document.createElement('pre');
       pre.id = 'rdu-check';
@@ -213,6 +229,7 @@ def browser_check(page_path, tmp_path) -> dict:
                                                     1))
     cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000",
+           "--window-size=1280,1000",
            "--dump-dom", probed.as_uri()]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False).stdout
     found = re.search(r'<pre id="rdu-check">(.*?)</pre>', dom, re.DOTALL)
@@ -238,3 +255,5 @@ def test_report_renders_in_headless_chromium(which, request, tmp_path):
     assert len(verdict["charts"]) == len(_figures(html.read_text())) >= 5
     empty = [c["id"] for c in verdict["charts"] if c["traces"] == 0 or c["marks"] == 0]
     assert empty == [], f"charts with nothing drawn: {empty}"
+    overlaps = {c["id"]: c["overlaps"] for c in verdict["charts"] if c["overlaps"]}
+    assert overlaps == {}, f"labels drawn over each other (1280 px wide): {overlaps}"

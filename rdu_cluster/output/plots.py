@@ -172,10 +172,17 @@ def _panels(titles: Sequence[str], shared_y: bool = False, cols_max: int = 2):
     return fig, [(i // ncols + 1, i % ncols + 1) for i in range(n)]
 
 
-def _log_if_wide(values: np.ndarray) -> str:
-    v = np.asarray([x for x in values.tolist() if x is not None], dtype=float)
-    v = v[np.isfinite(v)]
-    return "log" if len(v) and v.min() > 0 and v.max() / v.min() > 20 else "linear"
+def _scale(values, log: bool | None = None) -> dict:
+    """A numeric axis: log where asked, or (log=None) where the values span more than 20x.
+    Log ticks: a label per decade over 2 decades or more, else at 1, 2, 5 (Plotly would
+    otherwise label every digit of a short decade, and those labels collide)."""
+    v = np.asarray([x for x in np.ravel(values).tolist() if x is not None], dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    wide = len(v) > 0 and v.max() / v.min() > 20
+    if not len(v) or not (log or (log is None and wide)):
+        return {"type": "linear"}
+    decades = np.log10(v.max() / v.min())
+    return {"type": "log", "dtick": 1 if decades >= 2 else "D2"}
 
 
 def _color(i: int) -> str:
@@ -188,12 +195,13 @@ def _hover(cols: Cols, m: np.ndarray, names: Sequence[str]) -> list[str]:
     return ["<br>".join(f"{n}: {_fmt(cols[n][i])}" for n in present) for i in np.flatnonzero(m)]
 
 
-def _axes(fig, where, x: str, y: str, xtype: str | None = None, ytype: str | None = None) -> None:
-    """Titles and scales of each panel; a type left None is Plotly's guess (category for bar
-    labels). nticks: a log axis over less than a decade otherwise labels 2, 5, ... in between."""
+def _axes(fig, where, x: str, y: str, xscale: dict | None = None,
+          yscale: dict | None = None) -> None:
+    """Titles and scales (`_scale`) of each panel; a scale left None is Plotly's guess
+    (category for bar labels)."""
     for row, col in where:
-        fig.update_xaxes(title_text=x, type=xtype, automargin=True, nticks=8, row=row, col=col)
-        fig.update_yaxes(title_text=y, type=ytype, automargin=True, nticks=8, row=row, col=col)
+        fig.update_xaxes(title_text=x, automargin=True, row=row, col=col, **(xscale or {}))
+        fig.update_yaxes(title_text=y, automargin=True, row=row, col=col, **(yscale or {}))
 
 
 def _scatter(go, n: int):
@@ -222,7 +230,7 @@ def roofline(cols: Cols):
                                  name=f"roof: {chip} ({bw / 1e12:.2f} TB/s)",
                                  line={"dash": "dash", "width": 1, "color": "gray"}))
     _axes(fig, where, "arithmetic intensity (FLOP / HBM byte)", "achieved FLOP/s per socket",
-          "log", "log")
+          _scale(intensity, True), _scale(achieved, True))
     return fig, ("Each point: one design point's decode step (FLOPs per token over HBM bytes per "
                  "token; FLOP/s per socket). Dashed: min(peak, intensity x HBM bandwidth) of each "
                  "chip.")
@@ -243,7 +251,8 @@ def tokens_vs_batch(cols: Cols):
                 x=cols["batch"][m][order], y=cols["tokens_per_s_total"][m][order],
                 mode="lines+markers", name=cluster, legendgroup=cluster,
                 showlegend=bool(model == models[0]), line={"color": _color(i)}), row=row, col=col)
-    _axes(fig, where, "batch", "tokens/s (total)", "log", "log")
+    _axes(fig, where, "batch", "tokens/s (total)", _scale(cols["batch"][mask], True),
+          _scale(cols["tokens_per_s_total"][mask], True))
     return fig, f"Total decode tokens/s against batch, per cluster and model. Slice: {fixed}."
 
 
@@ -265,10 +274,9 @@ def ablation(cols: Cols):
         for cluster, model in pairs:
             m = mask & (labels == combo) & (cols["cluster"] == cluster) & (cols["model"] == model)
             heights.append(float(np.mean(cols["tokens_per_s_per_request"][m])) if m.any() else 0)
-        fig.add_trace(go.Bar(x=[f"{c} / {m}" for c, m in pairs], y=heights, name=combo,
+        fig.add_trace(go.Bar(x=[f"{c}<br>{m}" for c, m in pairs], y=heights, name=combo,
                              marker_color=_color(j)))
     fig.update_layout(barmode="group")
-    fig.update_xaxes(tickangle=-20)
     _axes(fig, where, "cluster / model", "tokens/s per request")
     return fig, (f"Tokens/s per request by toggle combination. A toggle applies to its chip kind "
                  f"only (DataflowOptions on RDUs, GpuOptions on GPUs). Slice: {fixed}.")
@@ -286,10 +294,9 @@ def breakdown(cols: Cols):
             m = mask & (cols["cluster"] == cluster) & (cols["model"] == model)
             vals.append(float(np.mean(cols[f"decode_{cause}_s"][m])) * 1e3 if m.any() else 0)
         if any(vals):
-            fig.add_trace(go.Bar(x=[f"{c} / {m}" for c, m in pairs], y=vals, name=cause,
+            fig.add_trace(go.Bar(x=[f"{c}<br>{m}" for c, m in pairs], y=vals, name=cause,
                                  marker_color=_color(j)))
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(tickangle=-20)
     _axes(fig, where, "cluster / model", "ms per decode step")
     return fig, f"Decode step time split by cause. Slice: {fixed}."
 
@@ -327,7 +334,7 @@ def _pareto(cols: Cols, x: np.ndarray, y: np.ndarray, xlabel: str, ylabel: str,
                 x=x[front], y=y[front], mode="lines+markers", name=label, legendgroup=label,
                 showlegend=bool(model == models[0]), line={"color": _color(i)},
                 text=[text[list(idx).index(k)] for k in front]), row=row, col=col)
-    _axes(fig, where, xlabel, ylabel, _log_if_wide(x[ok]), _log_if_wide(y[ok]))
+    _axes(fig, where, xlabel, ylabel, _scale(x[ok]), _scale(y[ok]))
     return fig, ("All points (faint) and the Pareto front (no other point of the same model, "
                  "cluster and setting is better on both axes), one panel per model, one trace per "
                  f"cluster and setting; hover a point for its knobs.{fixed}")
@@ -360,8 +367,8 @@ def _vs_rate(cols: Cols, metric: str, label: str, scale: float = 1e3):
                     mode="lines+markers", name=f"{name} p{q}", legendgroup=name,
                     showlegend=bool(model == models[0]), text=hover,
                     line={"color": _color(i), "dash": dash}), row=row, col=col)
-    _axes(fig, where, "request rate (requests/s)", f"{label} ms", _log_if_wide(rate[mask]),
-          _log_if_wide(cols[f"{metric}_p99_s"][mask]))
+    ms = np.concatenate([cols[f"{metric}_p{q}_s"][mask] for q in (50, 99)]).astype(float) * scale
+    _axes(fig, where, "request rate (requests/s)", f"{label} ms", _scale(rate[mask]), _scale(ms))
     return fig, (f"{label} p50 (solid) and p99 (dotted) against the arrival rate, one panel per "
                  f"model and one curve per cluster and setting.{fixed}")
 
@@ -395,7 +402,7 @@ def latency_vs_throughput(cols: Cols):
                 name=name, legendgroup=name, showlegend=bool(model == models[0]), text=hover,
                 line={"color": _color(i)}), row=row, col=col)
     _axes(fig, where, "output tokens/s (whole cluster)", "end-to-end latency p50 s",
-          _log_if_wide(thr[mask]), _log_if_wide(cols["e2e_p50_s"][mask]))
+          _scale(thr[mask]), _scale(cols["e2e_p50_s"][mask]))
     return fig, ("Median end-to-end latency against throughput, a point per arrival rate (in "
                  "rising order along each curve; hover for the rate, TTFT and TPOT), one panel "
                  f"per model, one curve per cluster and setting.{fixed}")
@@ -418,7 +425,9 @@ def quantiles_cdf(cols: Cols):
                     legendgroup=name, showlegend=metric == "ttft" and j == 0,
                     line={"color": _color(i)}, hovertemplate="%{x:.2f} ms at p%{customdata}",
                     customdata=list(QUANTILES)), row=row, col=col)
-    _axes(fig, where, "ms", "fraction of requests", "log")
+    for panel, (metric, _) in zip(where, metrics):
+        ms = np.concatenate([cols[f"{metric}_p{q}_s"][mask] for q in QUANTILES]) * 1e3
+        _axes(fig, [panel], "ms", "fraction of requests", _scale(ms, True))
     return fig, ("The latency distribution of each point, as far as a sweep row holds it: its "
                  "p50, p90 and p99 (a sweep keeps these three; `rdu-cluster report` on one "
                  "`serve --out` folder draws the full CDF from every request). A curve per "
