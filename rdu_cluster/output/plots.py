@@ -173,15 +173,15 @@ def _panels(titles: Sequence[str], shared_y: bool = False, cols_max: int = 2):
 
 
 def _scale(values, log: bool | None = None) -> dict:
-    """A numeric axis: log where asked, or (log=None) where the values span more than 20x.
+    """A numeric axis: log where asked, or (log=None) where the values span more than 20x;
+    linear within one decade.
     Log ticks: a label per decade over 2 decades or more, else at 1, 2, 5 (Plotly would
     otherwise label every digit of a short decade, and those labels collide)."""
     v = np.asarray([x for x in np.ravel(values).tolist() if x is not None], dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
-    wide = len(v) > 0 and v.max() / v.min() > 20
-    if not len(v) or not (log or (log is None and wide)):
-        return {"type": "linear"}
-    decades = np.log10(v.max() / v.min())
+    decades = float(np.log10(v.max() / v.min())) if len(v) else 0.0
+    if decades < 1 or not (log or (log is None and decades > np.log10(20))):
+        return {"type": "linear"}  # within a decade a log axis shows next to no labels
     return {"type": "log", "dtick": 1 if decades >= 2 else "D2"}
 
 
