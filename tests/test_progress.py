@@ -80,3 +80,12 @@ def test_nothing_is_drawn_before_the_first_update():
     with Progress(10, "requests", "serve", out):
         pass
     assert out.getvalue() == ""
+
+
+def test_calibrate_reports_its_groups(tmp_path):
+    out = tmp_path / "fit.toml"
+    r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--out", str(out)])
+    assert r.exit_code == 0, r.output + r.stderr
+    assert re.search(r"^calibrate: 1/1 groups \(100%\) .*groups/s .*ETA", r.stderr,
+                     re.MULTILINE)
+    assert out.is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rdu_cluster.cli.options import calibration_options
+from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.report import text_table
 from rdu_cluster.validation import calibration, fit
 from rdu_cluster.validation import published as v
@@ -22,8 +23,8 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     middle); every other parameter at its first-principles value. --calibration is accepted for
     uniformity and ignored: a fit never starts from another fit."""
     table = v.load_table(cases_path)
-    with calibration.use(None):
-        result = fit.fit(table["row"], chip=chip)
+    with calibration.use(None), Progress(0, "groups", "calibrate") as bar:
+        result = fit.fit(table["row"], chip=chip, progress=bar.set_done)
     text = fit.profile_text(result, table["row"], table.get("version", ""), name)
     path = calibration.profile_path(out or name)
     path.write_text(text)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -155,13 +155,17 @@ def identifiable(
 
 
 def fit(
-    rows: Sequence[dict[str, Any]], chip: str | None = None, sim: Simulator | None = None
+    rows: Sequence[dict[str, Any]], chip: str | None = None, sim: Simulator | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Fit:
+    """`progress(done, total)` after each group is fitted (output/progress.py)."""
     sim = sim or Simulator(rows)
     gs = groups(rows, identifiable(fitted_declarations(chip), rows, sim))
     values: dict = {}
-    for g in gs:
+    for i, g in enumerate(gs):
         values.update(fit_group(g, sim))
+        if progress is not None:
+            progress(i + 1, len(gs))
     residuals = {r: log_error(sim(r, values), sim.rows[r]) for g in gs for r in g.rows}
     return Fit(values, tuple(gs), residuals)
 
