@@ -3,6 +3,7 @@ backend; writes requests / steps / sockets / links tables (Parquet) and prints a
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -12,8 +13,9 @@ import click
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli.options import calibration_option, hardware_options
+from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_cluster
-from rdu_cluster.engine import schedulers
+from rdu_cluster.engine import bench, replica_routing, schedulers
 from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import results
@@ -92,6 +94,21 @@ TABLES = ("requests", "steps", "sockets", "links")
               help="With --draft: on the target's sockets, or on --draft-sockets of its own.")
 @click.option("--draft-sockets", default=1, show_default=True, type=int,
               help="With --draft-placement separate: the draft's sockets in each replica.")
+@click.option("--concurrency", default=None, type=int,
+              help="Closed loop: N clients, each sending its next request when its last one "
+              "finishes (vLLM's --max-concurrency); with --rate, no request before its arrival.")
+@click.option("--routing", default=replica_routing.DEFAULT, show_default=True,
+              help=f"Replica routing policy: {', '.join(replica_routing.names())}.")
+@click.option("--weights", "weights_dtype", default=None,
+              help="Weight dtype (bf16, fp8, int4, mxfp4) [default: the model's].")
+@click.option("--kv-dtype", default=None, help="KV-cache dtype [default: the model's].")
+@click.option("--metric-percentiles", default="50,90,99", show_default=True,
+              help="Percentiles of TTFT, TPOT, ITL and E2EL in the summary (vLLM's option).")
+@click.option("--goodput", multiple=True,
+              help="KEY:MS bounds (ttft, tpot, e2el; vLLM's --goodput): request_goodput counts "
+              "the requests meeting all of them. Repeatable, or space-separated.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary as one JSON object with vllm bench serve's key names.")
 @click.option("--acceptance", default=None,
               help="With --draft: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
               "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].")
@@ -100,17 +117,23 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
           preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
           coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k, tree,
-          placement, draft_sockets, acceptance, no_progress, timeline_path,
+          placement, draft_sockets, concurrency, routing, weights_dtype, kv_dtype,
+          metric_percentiles, goodput, as_json, acceptance, no_progress, timeline_path,
           overrides) -> None:
     """Simulate serving a request trace on a cluster."""
+    if concurrency is not None and rate is None and trace_path is None:
+        rate = math.inf  # closed loop: every request is ready, the clients pace them
     trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
                    seed)
+    bench_spec = bench.MetricSpec.parse(metric_percentiles,
+                                        [g for item in goodput for g in item.split()])
     ctx = click.get_current_context()
     if coe_experts is not None and _default(ctx, "model_ref"):
         model_ref = coe.DEFAULT_EXPERT  # [MICRO24]'s experts
     if coe_experts is not None and _default(ctx, "scheduler"):
         scheduler = "coe"
-    model, cluster = load_model(model_ref), load_cluster(cluster_ref, overrides)
+    model = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
+    cluster = load_cluster(cluster_ref, overrides)
     limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
     scenario = (None if coe_experts is None else coe.CoEScenario.copies(
         coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),
@@ -122,7 +145,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
                          kv_memory_fraction=kv_fraction, faults=tuple(faults),
                          speculation=speculation, draft=draft, coe=scenario,
-                         draft_placement=placement, draft_sockets=draft_sockets)
+                         draft_placement=placement, draft_sockets=draft_sockets,
+                         metrics=bench_spec, routing=routing, concurrency=concurrency)
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     out = _out_dir(out_dir)
     timeline = _timeline(timeline_path)
@@ -142,7 +166,38 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
                    "ui.perfetto.dev)", err=True)
     wall = dict(sim.wall, total_s=time.perf_counter() - started)
-    click.echo(format_summary(tables, wall, backend_name, model.name, cluster.name))
+    doc = bench_json(tables.summary, model=model.name, cluster=cluster.name,
+                     plan=sim.metadata()["plan"], backend=backend_name, routing=routing,
+                     num_prompts=len(trace), request_rate=rate, burstiness=burstiness,
+                     max_concurrency=concurrency)
+    results.write_json(doc, out / "summary.json")
+    if tables.summary["overloaded"]:
+        click.echo(OVERLOAD_WARNING, err=True)
+    if as_json:
+        click.echo(json.dumps(doc))
+    else:
+        click.echo(format_summary(tables, wall, backend_name, model.name, cluster.name))
+
+
+OVERLOAD_WARNING = ("warning: overloaded: the queue of requests waiting for admission grew "
+                    "through the run (arrivals outpace service; latencies depend on the run's "
+                    "length)")
+
+
+def bench_json(summary: dict, **context) -> dict:
+    """The summary as one object with vllm bench serve's key names (engine/bench.py), beside
+    the run's context (vLLM's model_id, num_prompts, request_rate, burstiness,
+    max_concurrency) and the simulator's own figures."""
+    rate = context.pop("request_rate")
+    return {
+        "model_id": context.pop("model"), **context,
+        "request_rate": "inf" if rate is None or math.isinf(rate) else rate,
+        **summary["bench"],
+        "failed": summary["unserved"], "overloaded": summary["overloaded"],
+        "preemptions": summary["preemptions"],
+        **{k: summary[k] for k in ("energy_j", "joules_per_token", "power_w", "cost_usd",
+                                   "cost_per_million_tokens_usd") if k in summary},
+    }
 
 
 def _default(ctx: click.Context, name: str) -> bool:
@@ -219,14 +274,17 @@ def write_tables(tables: Tables, out: Path) -> None:
 
 def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster: str) -> str:
     s = tables.summary
-    ms = lambda d: " ".join(f"p{q} {v * 1e3:.1f}" for q, v in d.items())
+    b = s["bench"]
     lines = [
         (f"{model} on {cluster} ({backend} backend): {s['served']}/{s['requests']} requests "
         f"served, {s['unserved']} unserved, {s['preemptions']} preemptions"),
-        f"  TTFT ms   {ms(s['ttft_s'])}",
-        f"  TPOT ms   {ms(s['tpot_s'])}",
-        (f"  throughput {s['tokens_per_s']:.0f} output tokens/s over {s['makespan_s']:.2f} s "
-        f"simulated"),
+        *(f"  {name:<4} ms  {_stats_text(b, key)}" for name, key in bench_rows()),
+        (f"  throughput {b['request_throughput']:.3g} req/s, {b['output_throughput']:.0f} output "
+         f"tokens/s, {b['total_token_throughput']:.0f} total tokens/s over "
+         f"{s['makespan_s']:.2f} s simulated; max concurrent requests "
+         f"{b['max_concurrent_requests']} (vLLM's 1-s buckets)"
+         + ("" if b["request_goodput"] is None
+            else f"; goodput {b['request_goodput']:.3g} req/s")),
         f"  {s['steps']} steps ({s['decode_steps']} decode) in {s['windows']} windows",
         *_extra_lines(s),
         *_energy_line(s),
@@ -235,6 +293,17 @@ def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster
         f"total {wall['total_s']:.2f} s"),
     ]
     return "\n".join(lines)
+
+
+def bench_rows() -> tuple[tuple[str, str], ...]:
+    return (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2EL", "e2el"))
+
+
+def _stats_text(b: dict, key: str) -> str:
+    """mean, median and the chosen percentiles of one metric (vLLM's key names, ms)."""
+    prefix = [(k.split("_")[0], v) for k, v in b.items()
+              if k.endswith(f"_{key}_ms") and not k.startswith("std_")]
+    return " ".join(f"{name} {'-' if v is None else f'{v:.1f}'}" for name, v in prefix)
 
 
 def _extra_lines(s: dict) -> list[str]:

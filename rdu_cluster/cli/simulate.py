@@ -152,7 +152,7 @@ def simulate(
         click.echo(_coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts,
                               overrides))
         return
-    spec = _with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
+    spec = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     clusters = [load_cluster(c, overrides) for c in (cluster_refs or DEFAULT_CLUSTERS)]
     if ablate:
         click.echo(_ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp))
@@ -243,7 +243,7 @@ def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp) -> str:
     return "\n\n".join(tables)
 
 
-def _with_dtypes(spec, weights: str | None, kv: str | None):
+def with_dtypes(spec, weights: str | None, kv: str | None):
     p = spec.precision
     if weights:
         w = DType.parse(weights, "--weights")

@@ -29,14 +29,14 @@ class Event:
 @dataclass(frozen=True)
 class Arrival(Event):
     request: Request
-    replica: int
+    replica: int | None  # None: routed on arrival (engine/dispatch.py)
     priority = 0
 
     def handle(self, sim: Simulation) -> list[Event]:
-        rep = sim.replicas[self.replica]
-        rep.pending -= 1
-        sim.admit_to_queue(rep, self.request)
-        return [] if rep.busy else [Schedule(self.time, self.replica)]
+        rep = sim.dispatch.arrive(self.request, self.replica, self.time)
+        sim.replica_of[self.request.id] = rep.index
+        out = sim.admit_to_queue(rep, self.request)
+        return out if rep.busy else [*out, Schedule(self.time, rep.index)]
 
 
 @dataclass(frozen=True)
@@ -74,4 +74,4 @@ class Schedule(Event):
         if end is None:
             return []
         rep.busy = True
-        return [WindowEnd(end, self.replica)]
+        return [WindowEnd(end, self.replica), *sim.take_spawned()]

@@ -106,6 +106,8 @@ class Replica:
         self.swapped: list[Request] = []
         self.requests: list[Request] = []
         self.pending = 0  # requests routed here that have not arrived yet
+        self.expecting: Callable[[], bool] = lambda: self.pending > 0  # more may arrive
+        self.window_end = 0.0  # end of its last (while busy: current) window
         self.step = 0
         self.busy = False
         self.down_until = 0.0
@@ -114,7 +116,7 @@ class Replica:
 
     # -- planning -----------------------------------------------------------------------
     def view(self) -> View:
-        return View(self.running, self.waiting, self.swapped, self.kv, self.pending > 0)
+        return View(self.running, self.waiting, self.swapped, self.kv, self.expecting())
 
     def plan_window(self, horizon_of) -> Window:
         """Spans until a time-dependent boundary, MAX_SPANS or MAX_STEPS. `horizon_of(plan)`
@@ -220,13 +222,18 @@ class Replica:
         span.steps = steps
         last = span.first_step + steps - 1
         for r, tokens in span.prefill:
+            before = r.generated
             r.prefill(tokens, span.first_step)
+            if r.generated > before:
+                r.emits.append((self.index, span.first_step, 1))
         if span.tokens is None:
             for r in span.decode:
                 r.decode(steps, last)
+                r.emits.append((self.index, span.first_step, steps))
         else:
             for r, t in zip(span.decode, span.tokens.tolist()):
                 r.decode_speculative(t, last)
+                r.emits.append((self.index, last, 1))
         for r in span.decode + [r for r, _ in span.prefill]:
             if r.state == DONE:
                 self._finish(r)

@@ -9,7 +9,7 @@ and resolves them to times once the steps' times are known.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 WAITING, RUNNING, SWAPPED, DONE, UNSERVED = "waiting", "running", "swapped", "done", "unserved"
 
@@ -34,6 +34,9 @@ class Request:
     expert: int = -1  # Composition of Experts: the expert the router chose (-1: none)
     ready_s: float = -1.0  # when the scheduler first sees it; -1: on arrival
     switch_step: int = -1  # CoE: the step whose expert switch it waited for
+    # Steps that streamed tokens to the client, as runs (replica, first step, steps): one chunk
+    # a step (a speculative step's accepted tokens arrive together), for the ITL (bench.py).
+    emits: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.ready_s < 0:

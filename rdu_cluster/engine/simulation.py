@@ -10,6 +10,7 @@ tables.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -27,9 +28,10 @@ from partitioning.estimate import plan_comm_time, tp_comm_time
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.backends import SocketSetup
 from rdu_cluster.backends.messages import Message, Router
-from rdu_cluster.engine import energy, loop, metrics, schedulers
+from rdu_cluster.engine import bench, energy, loop, metrics, replica_routing, schedulers
 from rdu_cluster.engine import plan as plans
-from rdu_cluster.engine.events import Arrival, Event, FaultAt
+from rdu_cluster.engine.dispatch import Dispatcher
+from rdu_cluster.engine.events import Event, FaultAt
 from rdu_cluster.engine.faults import LINK_DETOUR_FACTOR, Fault
 from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KVManager
 from rdu_cluster.engine.replica import Replica, Window
@@ -63,6 +65,9 @@ class ServeConfig:
     draft_placement: str = "shared"  # the target's sockets, or `draft_sockets` of its own
     draft_sockets: int = 1
     coe: coe.CoEScenario | None = None  # Composition of Experts: `model` is ignored
+    metrics: bench.MetricSpec = field(default_factory=bench.MetricSpec)  # vLLM's statistics
+    routing: str = replica_routing.DEFAULT  # replica routing policy (engine/replica_routing/)
+    concurrency: int | None = None  # closed loop: clients (vLLM --max-concurrency); None: open
 
 
 @dataclass
@@ -99,6 +104,11 @@ class Simulation:
         self.replica_of: dict[int, int] = {}
         self.requests: list[Request] = []
         self.sampler = None
+        self.dispatch = Dispatcher(config.routing, config.concurrency)
+        self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
+        if config.concurrency is not None and self.faults:
+            raise ConfigError("--fault: not with --concurrency (a refused request's slot would "
+                              "not be freed at the fault)")
         self.draft = resolve_draft(config.draft, model) if config.speculation else None
         if config.speculation and self.plan.pp > 1:
             raise ConfigError("--draft: speculative decoding needs a plan without pipeline stages")
@@ -120,6 +130,8 @@ class Simulation:
             sched = schedulers.get(self.config.scheduler, self.config.limits)
             self.replicas.append(Replica(r, list(lay.sockets), sched, self._kv(lay),
                                          self._swap_tier(), self._speculate(), self._experts()))
+            self.replicas[-1].expecting = functools.partial(self.dispatch.more_arrivals,
+                                                            self.replicas[-1])
         if self.plan.ep > 1:
             moe = self.model.moe
             self.sampler = RoutingSampler(moe.num_experts, moe.top_k, self.plan.ep,
@@ -223,19 +235,14 @@ class Simulation:
 
     def initial_events(self) -> list[Event]:
         events: list[Event] = []
-        n_rep = len(self.replicas)
         experts, ready = self._routing()
         for i in range(len(self.trace)):
             model = self.trace.model[i] if self.trace.model else self.model.name
             r = Request(i, float(self.trace.arrival_s[i]), int(self.trace.prompt_len[i]),
                         int(self.trace.output_len[i]), model, expert=int(experts[i]),
                         ready_s=float(ready[i]))
-            rep = self.replicas[i % n_rep]
-            rep.requests.append(r)
-            rep.pending += 1
             self.requests.append(r)
-            self.replica_of[i] = rep.index
-            events.append(Arrival(r.ready_s, r, rep.index))
+        events += self.dispatch.initial(self.requests, self.replicas)
         events += [FaultAt(f.time_s, f) for f in self.faults]
         return events
 
@@ -273,12 +280,18 @@ class Simulation:
                      "close_s": time.perf_counter() - closing}
         return tables
 
-    def admit_to_queue(self, rep: Replica, r: Request) -> None:
+    def admit_to_queue(self, rep: Replica, r: Request) -> list[Event]:
+        """Queue an arrived request, or refuse it (what follows: closed loop, a freed slot)."""
         reason = self._refusal(rep, r)
         if reason:
             r.state, r.reason = UNSERVED, reason
-        else:
-            rep.waiting.append(r)
+            return self.dispatch.refused(r, self.now)
+        rep.waiting.append(r)
+        return []
+
+    def take_spawned(self) -> list[Event]:
+        out, self.spawned = self.spawned, []
+        return out
 
     def _refusal(self, rep: Replica, r: Request) -> str:
         if getattr(rep, "refused", ""):
@@ -294,8 +307,8 @@ class Simulation:
         """When `plan` could change: the next pending fault, and, for a plan that is not
         saturated, the next arrival routed to this replica."""
         h = min((f.time_s for f in self.faults if f.time_s > self.now), default=math.inf)
-        if not plan.saturated and rep.pending:
-            h = min(h, rep.requests[len(rep.requests) - rep.pending].ready_s)
+        if not plan.saturated:
+            h = min(h, self.dispatch.next_arrival(rep, self.now))
         return h
 
     def execute_window(self, rep: Replica, t0: float) -> float | None:
@@ -317,6 +330,7 @@ class Simulation:
         end = self._record(rep, window, step, res, t0, m)
         for obs in self.observers:
             obs.window(self, rep, window, res, step, t0, m)
+        self.spawned += self.dispatch.after_window(rep, window, _ends(t0, step["time_s"]))
         self.windows += 1
         for hook in self.hooks:
             hook(self, self.windows)
@@ -555,7 +569,7 @@ class Simulation:
         mem = MemoryTiers.of(self.cluster.chip)
         weights = max(op[3] for s in setups.values() for op in s.weights)
         reload_s = mem.copy_time(weights, self._swap_tier(), "hbm")
-        start = max(self.now, getattr(rep, "window_end", 0.0))
+        start = max(self.now, rep.window_end)
         rep.down_until = start + reload_s
         cols = {f.name: np.zeros(1) for f in metrics.STEPS}
         cols.update({"replica": np.array([rep.index]), "step": np.array([rep.step]),
@@ -596,7 +610,7 @@ class Simulation:
         desc = repr((self.model.name, self.cluster.name, self.plan, c.scheduler, c.limits,
                      c.seed, c.kv_memory_fraction, c.block_tokens, c.execution_model, c.faults,
                      self.trace.source, len(self.trace), c.speculation, c.draft, c.coe,
-                     c.draft_placement, c.draft_sockets))
+                     c.draft_placement, c.draft_sockets, c.routing, c.concurrency))
         return {"model": self.model.name, "cluster": self.cluster.name,
                 "plan": f"tp={self.plan.tp},ep={self.plan.ep},pp={self.plan.pp}",
                 "scheduler": c.scheduler, "seed": c.seed, "trace": self.trace.source,
@@ -624,7 +638,30 @@ class Simulation:
             "tokens_per_decode": _tokens_per_decode(steps),
             "speculation": _describe(self.config),
             **energy.summary(self.rates, steps, self.cluster.sockets, end, tokens),
+            "bench": bench.summary(self._measured(req), end, self.config.metrics),
+            "overloaded": self._overloaded(req, end),
         }
+
+    def _measured(self, req: dict) -> bench.Measured:
+        """The completed requests' client-side times (engine/bench.py)."""
+        done = [i for i, s in enumerate(req["state"]) if s == DONE]
+        ends = {r: self.rec.step_times(r)[1] for r in self.rec.ends}
+        col = lambda name: np.array([req[name][i] for i in done], dtype=float)
+        chunks = [bench.itls(self.requests[i].emits, ends) for i in done]
+        return bench.Measured(
+            send_s=col("arrival_s"), ttft_s=col("ttft_s"), e2el_s=col("e2e_s"),
+            output_len=col("generated_tokens").astype(np.int64),
+            prompt_len=col("prompt_len").astype(np.int64),
+            itl_s=np.concatenate([np.diff(c) for c in chunks]) if chunks else np.zeros(0),
+            chunk_s=np.concatenate(chunks) if chunks else np.zeros(0))
+
+    def _overloaded(self, req: dict, end: float) -> bool:
+        if self.config.concurrency is not None:
+            return False  # closed loop: the clients bound the queue
+        arrival = np.asarray(req["arrival_s"], dtype=float)
+        admit = np.array([math.inf if q is None else a + q
+                          for a, q in zip(req["arrival_s"], req["queue_s"])], dtype=float)
+        return bench.overloaded(arrival, admit)
 
 
 def _kv_reference(lay: plans.ReplicaLayout) -> float:

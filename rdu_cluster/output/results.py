@@ -169,6 +169,21 @@ def write_table(tbl: pa.Table, path: str | Path) -> Path:
     return path
 
 
+def write_json(obj: Mapping, path: str | Path) -> Path:
+    """Write one JSON object atomically (a temporary file in the same folder, then a rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def json_lines(tbl: pa.Table) -> str:
     return "\n".join(json.dumps(r) for r in tbl.to_pylist())
 

@@ -1,0 +1,169 @@
+"""Serving metrics as `vllm bench serve` reports them, so a simulated run can be set beside a
+real one (vLLM's vllm/benchmarks/serve.py, `calculate_metrics` and the result JSON it saves).
+
+Per completed request, as vLLM measures them at the client:
+- TTFT: first token's time minus the request's send time;
+- E2EL: last token's time minus the send time;
+- TPOT: (E2EL - TTFT) / (output tokens - 1), for requests of more than one output token
+  (goodput counts TPOT as 0 for the others, as vLLM does);
+- ITL: the gaps between successive streamed chunks. The engine streams one chunk per step a
+  request takes part in, so a speculative step that accepts several drafts is one chunk and
+  one ITL (vLLM's client sees it the same way), and a recompute preemption's wait is inside
+  the gap that spans it.
+Run-wide: duration (first send to last completion: 0 to the makespan), request_throughput
+(completed / duration), output_throughput, total_token_throughput (prompt + output tokens of
+the completed requests / duration), request_goodput (completed requests meeting every bound of
+--goodput, per second), and, as vLLM computes them over one-second buckets from the first send,
+max_output_tokens_per_s (chunks per bucket) and max_concurrent_requests (requests in flight
+during a bucket). Statistics are in ms: mean_, median_, std_ and p<P>_ with P from
+--metric-percentiles (vLLM's p_word: 99 -> "p99", 99.9 -> "p99.9").
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from workloads.errors import ConfigError
+
+METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")  # vLLM's --goodput keys, bounds in ms
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)  # vLLM's default is 99 alone; the issue asks these
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    goodput: tuple[tuple[str, float], ...] = ()  # (key, bound in ms)
+
+    @classmethod
+    def parse(cls, percentiles: str | None, goodput: Sequence[str] = ()) -> MetricSpec:
+        """`--metric-percentiles 50,90,99` and `--goodput ttft:500 tpot:50` (vLLM's syntax)."""
+        ps = DEFAULT_PERCENTILES if not percentiles else tuple(
+            _number(p, "--metric-percentiles") for p in percentiles.split(","))
+        for p in ps:
+            if not 0 < p < 100:
+                raise ConfigError(f"--metric-percentiles: {p:g} must be in (0, 100)")
+        return cls(ps, tuple(_goodput(g) for g in goodput))
+
+
+def _number(text: str, flag: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not a number") from None
+
+
+def _goodput(item: str) -> tuple[str, float]:
+    key, _, ms = item.partition(":")
+    if key not in GOODPUT_KEYS or not ms:
+        raise ConfigError(f"--goodput: {item!r}; accepted: KEY:MS with KEY one of "
+                          f"{', '.join(GOODPUT_KEYS)}")
+    bound = _number(ms, "--goodput")
+    if bound <= 0:
+        raise ConfigError(f"--goodput: {item!r}: the bound must be positive (ms)")
+    return key, bound
+
+
+def p_word(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
+
+
+@dataclass
+class Measured:
+    """Per completed request: send time, TTFT, E2EL, output tokens, prompt tokens (s, arrays),
+    and every ITL (s) with each chunk's time."""
+
+    send_s: np.ndarray
+    ttft_s: np.ndarray
+    e2el_s: np.ndarray
+    output_len: np.ndarray
+    prompt_len: np.ndarray
+    itl_s: np.ndarray
+    chunk_s: np.ndarray
+
+
+def itls(emits: list[tuple[int, int, int]], ends: dict[int, np.ndarray]) -> np.ndarray:
+    """Chunk times of one request from its emission runs (replica, first step, steps) and each
+    replica's step end times."""
+    if not emits:
+        return np.zeros(0)
+    return np.concatenate([ends[rep][first:first + n] for rep, first, n in emits])
+
+
+def summary(m: Measured, duration: float, spec: MetricSpec) -> dict:
+    """vLLM's result keys (the lists of per-request values left out)."""
+    n = len(m.ttft_s)
+    tpot = np.where(m.output_len > 1, (m.e2el_s - m.ttft_s) / np.maximum(m.output_len - 1, 1),
+                    0.0)
+    per = {"ttft": m.ttft_s, "tpot": tpot[m.output_len > 1], "itl": m.itl_s, "e2el": m.e2el_s}
+    out_tokens = int(m.output_len.sum())
+    rate = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    res = {
+        "duration": duration, "completed": n,
+        "total_input_tokens": int(m.prompt_len.sum()), "total_output_tokens": out_tokens,
+        "request_throughput": rate(n),
+        "request_goodput": rate(_good(m, tpot, spec)) if spec.goodput else None,
+        "output_throughput": rate(out_tokens),
+        "total_token_throughput": rate(out_tokens + int(m.prompt_len.sum())),
+        **_peaks(m),
+    }
+    for name in METRICS:
+        res.update(_stats(name, per[name], spec.percentiles))
+    return res
+
+
+def _good(m: Measured, tpot: np.ndarray, spec: MetricSpec) -> int:
+    values = {"ttft": m.ttft_s, "tpot": tpot, "e2el": m.e2el_s}
+    ok = np.ones(len(m.ttft_s), dtype=bool)
+    for key, ms in spec.goodput:
+        ok &= values[key] <= ms / 1e3
+    return int(ok.sum())
+
+
+def _stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict:
+    v = np.asarray(values_s, dtype=float) * 1e3
+    have = len(v) > 0
+    out = {f"mean_{name}_ms": float(v.mean()) if have else None,
+           f"median_{name}_ms": float(np.median(v)) if have else None,
+           f"std_{name}_ms": float(v.std()) if have else None}
+    for p in percentiles:
+        out[f"p{p_word(p)}_{name}_ms"] = float(np.percentile(v, p)) if have else None
+    return out
+
+
+def _peaks(m: Measured) -> dict:
+    """vLLM's peak figures over one-second buckets from the first send: chunks per bucket, and
+    requests in flight at some time of a bucket (a request counts in every bucket from its
+    send's to its completion's)."""
+    if not len(m.send_s):
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    t0 = float(m.send_s.min())
+    last = float((m.send_s + m.e2el_s).max())
+    buckets = int(np.ceil(last - t0)) + 1
+    tokens = np.bincount(np.floor(m.chunk_s - t0).astype(np.int64), minlength=buckets)
+    first = np.floor(m.send_s - t0).astype(np.int64)
+    stop = np.floor(m.send_s + m.e2el_s - t0).astype(np.int64) + 1
+    delta = np.bincount(first, minlength=buckets + 1) - np.bincount(stop, minlength=buckets + 1)
+    return {"max_output_tokens_per_s": float(tokens.max()),
+            "max_concurrent_requests": int(np.cumsum(delta).max())}
+
+
+def overloaded(arrival_s: np.ndarray, admit_s: np.ndarray) -> bool:
+    """The queue grows through the run: the number of requests waiting for admission, sampled
+    at each arrival, has a larger mean in every quarter of the arrivals than in the one before,
+    and the last quarter's is at least twice the first's plus one. A stable queue fluctuates
+    around its mean; an overloaded one grows linearly. (A request never admitted waits to the
+    end: admit_s = inf.)"""
+    n = len(arrival_s)
+    if n < 8:
+        return False
+    order = np.argsort(arrival_s, kind="stable")
+    arr, adm = arrival_s[order], np.sort(admit_s)
+    waiting = (np.arange(1, n + 1) - np.searchsorted(adm, arr, side="right")).astype(float)
+    quarters = [q.mean() for q in np.array_split(waiting, 4)]
+    rising = all(b > a for a, b in itertools.pairwise(quarters))
+    return bool(rising and quarters[-1] >= 2 * quarters[0] + 1)

@@ -1,0 +1,182 @@
+"""The front end of a serving run: how requests are sent (open loop at the trace's arrival
+times, or closed loop: `--concurrency N` clients) and to which replica (a routing policy from
+engine/replica_routing/), and what that means for how far a replica may plan ahead.
+
+Open loop with a stateless policy (round-robin, the default) routes the whole trace up front:
+each replica knows its own next arrival, replicas never interact, and any interleaving of their
+windows gives the same tables (the engine's original mode).
+
+Otherwise replicas are coupled in time, and the engine advances conservatively:
+- A stateful policy routes a request at its arrival, on each replica's state at that instant.
+  Every replica's unsaturated window is cut at the first step boundary at or after the next
+  arrival anywhere, so when an arrival is handled each replica has planned at least up to it.
+  The view at time t is exact even when a saturated window ran past t: a request counts as
+  outstanding until its completion time, and the KV in use is looked up in the step running at
+  t of the replica's last window.
+- Closed loop (`--concurrency N`, vLLM's --max-concurrency): N clients; request i belongs to
+  client i mod N, which sends it when its previous request (i - N) completes or is refused (the
+  first N at 0), and not before its trace arrival. With a stateless policy each client is
+  pinned to the replica its first request is routed to, so a replica's new arrivals come only
+  from its own completions, at the end of one of its spans, and replicas stay independent
+  (round-robin by request id is the same pinning when N is a multiple of the replicas). With a
+  stateful policy a completion on one replica sends a request anywhere, so an unsaturated window
+  is also cut at the earliest time another replica could complete a request not yet known: the
+  end of its current window, or now if it is idle with work to schedule. This is exact, and
+  costs about one window per step per replica while several replicas decode.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from rdu_cluster.engine import replica_routing
+from rdu_cluster.engine.replica import Replica, Window
+from rdu_cluster.engine.replica_routing import ReplicaView
+from rdu_cluster.engine.requests import DONE, Request
+from workloads.errors import ConfigError
+
+# Closed loop: a replica's own completion may send a request to it. Spans end at completions,
+# so the first span needs no cut, but no unsaturated plan may follow it in the same window: a
+# finite horizon beyond any time does exactly that (replica.plan_window).
+OWN_COMPLETION = sys.float_info.max
+
+
+class Dispatcher:
+    def __init__(self, policy: str = replica_routing.DEFAULT, concurrency: int | None = None):
+        if concurrency is not None and concurrency < 1:
+            raise ConfigError(f"--concurrency: must be a positive number of clients, got "
+                              f"{concurrency}")
+        self.policy = replica_routing.get(policy)
+        self.concurrency = concurrency
+        self.coupled = self.policy.stateful
+        self.replicas: list[Replica] = []
+        self.requests: Sequence[Request] = ()
+        self.route: dict[int, int] = {}  # stateless policy: request id -> replica, up front
+        self.pending: dict[int | None, list[float]] = {}  # replica (None: any) -> arrival heap
+        self.unsent = 0  # closed loop: requests not sent yet
+        self.unsent_to: dict[int | None, int] = {}  # ... by the replica they are pinned to
+        self.finish: dict[int, float] = {}  # request id -> when it completed or was refused
+        self.outstanding: dict[int, list[Request]] = {}
+        self.last: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # replica -> (ends, kv blocks)
+
+    # -- sending --------------------------------------------------------------------------
+    def initial(self, requests: Sequence[Request], replicas: list[Replica]) -> list:
+        """The first events: every arrival (open loop) or each client's first (closed loop)."""
+        self.replicas, self.requests = replicas, requests
+        self.outstanding = {rep.index: [] for rep in replicas}
+        self.pending = {None: []} | {rep.index: [] for rep in replicas}
+        if not self.coupled:
+            blank = [ReplicaView(q.index, (), 0, q.kv.config.capacity_blocks, q)
+                     for q in replicas]
+            n = self.concurrency or len(requests)
+            for r in requests:  # a stateless policy; closed loop: a client's first request
+                self.route[r.id] = (self.policy.choose(r, blank) if r.id < n
+                                    else self.route[r.id % n])
+        first = requests if self.concurrency is None else requests[:self.concurrency]
+        self.unsent = len(requests) - len(first)
+        for r in requests[len(first):]:
+            rep = self.route.get(r.id)
+            self.unsent_to[rep] = self.unsent_to.get(rep, 0) + 1
+        return [self._send(r, r.arrival_s) for r in first]
+
+    def _send(self, r: Request, t: float):
+        from rdu_cluster.engine.events import Arrival
+
+        r.arrival_s = r.ready_s = max(t, r.ready_s)
+        rep = self.route.get(r.id)
+        heapq.heappush(self.pending[rep], r.ready_s)
+        if rep is not None:
+            self.replicas[rep].pending += 1
+        return Arrival(r.ready_s, r, rep)
+
+    def arrive(self, r: Request, replica: int | None, t: float) -> Replica:
+        """A request arrives at t: its replica (routed now unless routed up front)."""
+        heapq.heappop(self.pending[replica])
+        if replica is not None:
+            rep = self.replicas[replica]
+            rep.pending -= 1
+        else:
+            index = self.policy.choose(r, self.views(t))
+            if not 0 <= index < len(self.replicas):
+                raise ConfigError(f"routing policy {self.policy.name!r} chose replica "
+                                  f"{index}; there are {len(self.replicas)}")
+            rep = self.replicas[index]
+        rep.requests.append(r)
+        self.outstanding[rep.index].append(r)
+        return rep
+
+    def views(self, t: float) -> list[ReplicaView]:
+        out = []
+        for rep in self.replicas:
+            live = [r for r in self.outstanding[rep.index] if self.finish.get(r.id, math.inf) > t]
+            self.outstanding[rep.index] = live
+            out.append(ReplicaView(rep.index, tuple(live), self._kv_at(rep, t),
+                                   rep.kv.config.capacity_blocks, rep))
+        return out
+
+    def _kv_at(self, rep: Replica, t: float) -> int:
+        ends, blocks = self.last.get(rep.index, (np.zeros(0), np.zeros(0)))
+        if len(ends) and t < ends[-1]:
+            return int(blocks[int(np.searchsorted(ends, t, side="left"))])
+        return rep.kv.used
+
+    # -- what a replica may assume --------------------------------------------------------
+    def next_arrival(self, rep: Replica, now: float) -> float:
+        """The earliest time a request its plan has not seen could arrive at `rep`."""
+        own = OWN_COMPLETION if self._unsent_for(rep) else math.inf
+        if not self.coupled:
+            heap = self.pending[rep.index]
+            return min(heap[0], own) if heap else own
+        heap = self.pending[None]
+        h = min(heap[0], own) if heap else own
+        if self.unsent:
+            for q in self.replicas:
+                if q is rep:
+                    continue
+                if q.busy:
+                    h = min(h, q.window_end)
+                elif q.running or q.waiting or q.swapped:
+                    h = min(h, now)
+        return h
+
+    def more_arrivals(self, rep: Replica) -> bool:
+        if not self.coupled:
+            return rep.pending > 0 or self._unsent_for(rep)
+        return bool(self.pending[None]) or self.unsent > 0
+
+    def _unsent_for(self, rep: Replica) -> bool:
+        """Closed loop: a request still to be sent may come to this replica (one of its
+        clients', or any, with a stateful policy)."""
+        return (self.unsent if self.coupled else self.unsent_to.get(rep.index, 0)) > 0
+
+    # -- completions ----------------------------------------------------------------------
+    def after_window(self, rep: Replica, window: Window, ends: np.ndarray) -> list:
+        """Record the completion times of the window's requests (and the KV per step); closed
+        loop: each completion sends the client's next request."""
+        first = window.spans[0].first_step
+        blocks = np.concatenate([sp.kv_blocks for sp in window.spans])
+        self.last[rep.index] = (ends, blocks)
+        out = []
+        for sp in window.spans:
+            for r in [*sp.decode, *(q for q, _ in sp.prefill)]:
+                if r.state == DONE and r.id not in self.finish:
+                    self.finish[r.id] = float(ends[r.done_step - first])
+                    out += self._next(r)
+        return out
+
+    def refused(self, r: Request, t: float) -> list:
+        self.finish[r.id] = t
+        return self._next(r)
+
+    def _next(self, r: Request) -> list:
+        if self.concurrency is None or r.id + self.concurrency >= len(self.requests):
+            return []
+        nxt = self.requests[r.id + self.concurrency]
+        self.unsent -= 1
+        self.unsent_to[self.route.get(nxt.id)] -= 1
+        return [self._send(nxt, self.finish[r.id])]
