@@ -24,7 +24,54 @@ def test_serve_writes_tables_and_prints_a_summary(tmp_path):
         assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"2"
         assert tbl.schema.metadata[b"rdu_cluster.seed"] == b"0"
     assert pq.read_table(tmp_path / "out" / "requests.parquet").num_rows == 20
-    assert "TTFT ms   p50" in r.output and "TPOT ms" in r.output and "output tokens/s" in r.output
+    for metric in ("TTFT", "TPOT", "ITL ", "E2EL"):
+        assert f"{metric} ms  mean" in r.output
+    assert "p99" in r.output and "output tokens/s" in r.output and "overloaded" not in r.output
+
+
+VLLM_KEYS = {  # what `vllm bench serve --save-result` writes (lists of per-request values aside)
+    "duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+    "request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+    "max_concurrent_requests", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
+    "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "model_id", "num_prompts",
+    "request_rate", "burstiness", "max_concurrency"}
+
+
+def test_serve_json_has_vllm_keys_and_is_saved(tmp_path):
+    import json
+
+    r = run(*ARGS, "--json", "--metric-percentiles", "50,99.9", "--goodput", "ttft:1000 tpot:50",
+            "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert VLLM_KEYS - {"p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms"} <= set(doc)
+    assert "p99.9_itl_ms" in doc and "p50_ttft_ms" in doc
+    assert doc == json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert doc["completed"] == 20 and doc["request_goodput"] == doc["request_throughput"]
+    assert doc["total_output_tokens"] == 20 * 16
+    # TPOT = (E2EL - TTFT) / (output - 1) for every request; the means agree
+    assert doc["mean_tpot_ms"] == pytest.approx((doc["mean_e2el_ms"] - doc["mean_ttft_ms"]) / 15)
+
+
+def test_serve_closed_loop_and_dtypes(tmp_path):
+    import json
+
+    r = run("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "24",
+            "--concurrency", "4", "--output-len", "8", "--weights", "fp8", "--kv-dtype", "fp8",
+            "--json", "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["max_concurrency"] == 4 and doc["request_rate"] == "inf"
+    assert doc["completed"] == 24
+
+
+def test_overload_warns(tmp_path):
+    r = run("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp8",
+            "--requests", "120", "--rate", "400", "--prompt-len", "2048", "--output-len", "64",
+            "--max-batch", "4", "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "warning: overloaded" in r.output
 
 
 def test_serve_reads_a_trace_file(tmp_path):
@@ -42,6 +89,11 @@ def test_serve_reads_a_trace_file(tmp_path):
     (["--plan", "tp3"], "--plan: tp x pp = 3 must divide"),
     (["--fault", "socket:99@1"], "--fault 'socket:99@1': socket out of range"),
     (["--prompt-len", "normal:5"], "--prompt-len"),
+    (["--goodput", "ttfb:5"], "--goodput: 'ttfb:5'"),
+    (["--metric-percentiles", "50,x"], "--metric-percentiles: 'x' is not a number"),
+    (["--routing", "random"], "--routing: unknown 'random'"),
+    (["--concurrency", "0"], "--concurrency: must be a positive"),
+    (["--weights", "fp7"], "--weights"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, extra, message):
     args = list(ARGS)
