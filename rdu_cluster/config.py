@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,32 @@ def _dotted(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    """An inter-node fabric (cluster_configs/fabrics/): one port per socket into a non-blocking
+    switch; bandwidth per port each way, latency of one NIC -> switch -> NIC traversal."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    description: str = ""
+    source: str = ""
+
+
+def load_fabric(name_or_path: str | Path) -> FabricSpec:
+    path = _resolve("fabrics", name_or_path)
+    where = path.name
+    raw = _read(path)
+    _check_keys(raw, {"name", "bandwidth_bytes_per_s", "latency_s", "source"}, {"description"},
+                where)
+    checks.source(raw, where)
+    latency = float(raw["latency_s"])
+    if latency < 0:
+        raise ConfigError(f"{where}: latency_s must be non-negative, got {latency}")
+    return FabricSpec(_typed(raw, "name", str, where), _positive(raw, "bandwidth_bytes_per_s",
+                      where), latency, str(raw.get("description", "")), str(raw["source"]))
 
 
 def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:

@@ -21,7 +21,7 @@ def test_serve_writes_tables_and_prints_a_summary(tmp_path):
     assert r.exit_code == 0, r.output
     for name in ("requests", "steps", "sockets", "links"):
         tbl = pq.read_table(tmp_path / "out" / f"{name}.parquet")
-        assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"2"
+        assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"3"
         assert tbl.schema.metadata[b"rdu_cluster.seed"] == b"0"
     assert pq.read_table(tmp_path / "out" / "requests.parquet").num_rows == 20
     for metric in ("TTFT", "TPOT", "ITL ", "E2EL"):
@@ -157,3 +157,31 @@ def test_serve_tree_and_placement_bad_input_is_one_line(tmp_path, extra, message
     r = run(*ARGS, *extra, "--out", str(tmp_path))
     lines = r.output.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output
+
+
+def test_serve_disaggregated_pools(tmp_path):
+    import json
+
+    r = run("serve", "--model", "llama-3.1-8b", "--requests", "12", "--rate", "4",
+            "--prefill-pool", "dgx-h100:tp8:1", "--decode-pool", "sn40l-16:tp16:1", "--json",
+            "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["completed"] == 12 and "ib-ndr" in doc["cluster"]
+    req = pq.read_table(tmp_path / "requests.parquet").to_pydict()
+    assert min(req["kv_transfer_s"]) > 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prefill-pool", "dgx-h100:tp8:1"], "--prefill-pool/--decode-pool: give both"),
+    (["--prefill-pool", "dgx-h100:tp8:1", "--decode-pool", "sn40l-16:tp16:1", "--plan", "tp8"],
+     "--plan: not with --prefill-pool"),
+    (["--prefill-pool", "dgx-h100:tp8:1", "--decode-pool", "sn40l-16:tp16:1", "--fabric",
+      "nvlink9"], "unknown fabric 'nvlink9'"),
+])
+def test_bad_pools_are_one_line(tmp_path, extra, message):
+    r = run("serve", "--model", "llama-3.1-8b", "--requests", "4", "--rate", "4", *extra,
+            "--out", str(tmp_path))
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.output

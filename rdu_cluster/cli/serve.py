@@ -14,8 +14,8 @@ from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.cli.simulate import with_dtypes
-from rdu_cluster.config import load_cluster
-from rdu_cluster.engine import bench, replica_routing, schedulers
+from rdu_cluster.config import load_cluster, load_fabric
+from rdu_cluster.engine import bench, disagg, replica_routing, schedulers
 from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import results
@@ -109,6 +109,12 @@ TABLES = ("requests", "steps", "sockets", "links")
               "the requests meeting all of them. Repeatable, or space-separated.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object with vllm bench serve's key names.")
+@click.option("--prefill-pool", default=None,
+              help="Disaggregated serving: CLUSTER:PLAN:N prefill replicas (with --decode-pool).")
+@click.option("--decode-pool", default=None,
+              help="Disaggregated serving: CLUSTER:PLAN:M decode replicas (with --prefill-pool).")
+@click.option("--fabric", default="ib-ndr", show_default=True,
+              help="Inter-node fabric for the KV hand-over (cluster_configs/fabrics/).")
 @click.option("--acceptance", default=None,
               help="With --draft: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
               "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].")
@@ -118,8 +124,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
           coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k, tree,
           placement, draft_sockets, concurrency, routing, weights_dtype, kv_dtype,
-          metric_percentiles, goodput, as_json, acceptance, no_progress, timeline_path,
-          overrides) -> None:
+          metric_percentiles, goodput, as_json, prefill_pool, decode_pool, fabric,
+          acceptance, no_progress, timeline_path, overrides) -> None:
     """Simulate serving a request trace on a cluster."""
     if concurrency is not None and rate is None and trace_path is None:
         rate = math.inf  # closed loop: every request is ready, the clients pace them
@@ -154,10 +160,20 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
     started = time.perf_counter()
+    pools = _pools(prefill_pool, decode_pool, fabric, ctx)
     with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
-        sim = Simulation(model, cluster, trace, config, make_backend(backend_name, **kwargs),
-                         progress=bar.set_done)
+        if pools:
+            sim = disagg.Disaggregated(model, *pools, trace, config,
+                                       lambda: make_backend(backend_name, **kwargs),
+                                       progress=bar.set_done)
+            cluster_name = f"{pools[0]} -> {pools[1]} over {pools[2].name}"
+        else:
+            sim = Simulation(model, cluster, trace, config,
+                             make_backend(backend_name, **kwargs), progress=bar.set_done)
+            cluster_name = cluster.name
         if timeline is not None:
+            if pools:
+                raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
             sim.observers.append(timeline)
         tables = sim.run()
     write_tables(tables, out)
@@ -166,8 +182,9 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
                    "ui.perfetto.dev)", err=True)
     wall = dict(sim.wall, total_s=time.perf_counter() - started)
-    doc = bench_json(tables.summary, model=model.name, cluster=cluster.name,
-                     plan=sim.metadata()["plan"], backend=backend_name, routing=routing,
+    doc = bench_json(tables.summary, model=model.name, cluster=cluster_name,
+                     plan=tables.requests.schema.metadata[b"rdu_cluster.plan"].decode(),
+                     backend=backend_name, routing=routing,
                      num_prompts=len(trace), request_rate=rate, burstiness=burstiness,
                      max_concurrency=concurrency)
     results.write_json(doc, out / "summary.json")
@@ -176,7 +193,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     if as_json:
         click.echo(json.dumps(doc))
     else:
-        click.echo(format_summary(tables, wall, backend_name, model.name, cluster.name))
+        click.echo(format_summary(tables, wall, backend_name, model.name, cluster_name))
 
 
 OVERLOAD_WARNING = ("warning: overloaded: the queue of requests waiting for admission grew "
@@ -198,6 +215,20 @@ def bench_json(summary: dict, **context) -> dict:
         **{k: summary[k] for k in ("energy_j", "joules_per_token", "power_w", "cost_usd",
                                    "cost_per_million_tokens_usd") if k in summary},
     }
+
+
+def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Context):
+    """(prefill Pool, decode Pool, FabricSpec), or None for aggregated serving."""
+    if prefill is None and decode is None:
+        return None
+    if prefill is None or decode is None:
+        raise ConfigError("--prefill-pool/--decode-pool: give both (or neither: aggregated)")
+    for name, flag in (("cluster_ref", "--cluster"), ("plan", "--plan")):
+        if not _default(ctx, name):
+            raise ConfigError(f"{flag}: not with --prefill-pool/--decode-pool (each pool names "
+                              "its cluster and plan)")
+    return (disagg.Pool.parse(prefill, "--prefill-pool"),
+            disagg.Pool.parse(decode, "--decode-pool"), load_fabric(fabric))
 
 
 def _default(ctx: click.Context, name: str) -> bool:
@@ -308,6 +339,12 @@ def _stats_text(b: dict, key: str) -> str:
 
 def _extra_lines(s: dict) -> list[str]:
     out = []
+    if "pools" in s:
+        k = s["kv_transfer_ms"]
+        out.append(f"  disaggregated: prefill {s['pools']['prefill']}, decode "
+                   f"{s['pools']['decode']}; KV hand-over over {s['pools']['fabric']}: "
+                   f"{s['kv_transfer_bytes_mean'] / 1e6:.1f} MB mean, ms "
+                   + " ".join(f"p{q} {v:.2f}" for q, v in k.items()))
     if s["tokens_per_decode"] == s["tokens_per_decode"] and s["tokens_per_decode"] != 1.0:
         out.append(f"  speculative: {s['tokens_per_decode']:.3f} tokens per sequence per step "
                    f"({s['speculation']})")

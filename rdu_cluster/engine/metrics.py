@@ -18,7 +18,8 @@ import rdu_cluster
 from chip.cost import CAUSES
 from rdu_cluster.engine.requests import Request
 
-SCHEMA_VERSION = "2"  # 2: energy_j / cost_usd in requests, steps and sockets; steps.sockets
+SCHEMA_VERSION = "3"  # 2: energy_j / cost_usd in requests, steps and sockets; steps.sockets
+# 3: requests.prefill_replica, kv_transfer_s, kv_transfer_bytes (disaggregated serving)
 PHASES = ("decode", "prefill", "mixed", "recovery")
 
 REQUESTS = pa.schema([
@@ -29,6 +30,10 @@ REQUESTS = pa.schema([
     ("finish_s", pa.float64()), ("preemptions", pa.int64()), ("swaps", pa.int64()),
     ("reason", pa.string()), ("expert", pa.int64()), ("switch_wait_s", pa.float64()),
     ("energy_j", pa.float64()), ("cost_usd", pa.float64()),
+    # the replica that ran its prefill (itself when aggregated) and the KV hand-over to the
+    # decode replica (0 when aggregated): engine/disagg.py
+    ("prefill_replica", pa.int64()), ("kv_transfer_s", pa.float64()),
+    ("kv_transfer_bytes", pa.float64()),
 ])
 STEPS = pa.schema(
     [("replica", pa.int64()), ("step", pa.int64()), ("window", pa.int64()),
@@ -104,6 +109,8 @@ def request_rows(reqs: list[Request], replica_of: dict[int, int], rec: Recorder)
         out["generated_tokens"][i], out["preemptions"][i] = q.generated, q.preemptions
         out["swaps"][i], out["reason"][i] = q.swaps, q.reason
         out["expert"][i] = q.expert
+        out["prefill_replica"][i] = rep
+        out["kv_transfer_s"][i] = out["kv_transfer_bytes"][i] = 0.0
         out["switch_wait_s"][i] = rec.switch_s.get((rep, q.switch_step), 0.0)
         for name in ("energy_j", "cost_usd"):  # None: no [power] / [cost] table
             totals = rec.split.get(name)

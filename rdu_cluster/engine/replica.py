@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -157,11 +157,16 @@ class Replica:
         for r in plan.swap_in:
             self._swap_in(r, ops)
         switch = self._switch(plan, ops)
+        received = [r for r in plan.admit if r.received is not None]
         for r in plan.admit:
             self._admit(r, plan.reserve_output, ops)
             if switch:
                 r.switch_step = self.step
-        decode = [r for r in plan.decode if r.state == RUNNING] + list(plan.swap_in)
+        decode = [r for r in plan.decode if r.state == RUNNING] + list(plan.swap_in) + received
+        if received:  # their KV came from a prefill replica: they decode, nothing to prefill
+            plan = replace(plan, prefill=tuple(p for p in plan.prefill if p[0] not in received))
+            if not plan.prefill:  # no prefill step after all: every running sequence decodes
+                decode = [r for r in self.running if not r.prefilling]
         if not decode and not plan.prefill:
             return None
         kind = MIXED if decode and plan.prefill else (PREFILL if plan.prefill else DECODE)
@@ -245,6 +250,9 @@ class Replica:
     def _admit(self, r: Request, reserve_output: bool, ops: list) -> None:
         self.waiting.remove(r)
         r.admit(self.step)
+        if r.received is not None:  # disaggregated: the prompt's KV arrived with it
+            r.cached = r.target = r.received
+            r.received = None
         tokens = r.prompt_len + (r.output_len if reserve_output else r.generated)
         self.kv.set(r, tokens)
         self.running.append(r)

@@ -37,6 +37,9 @@ class Request:
     # Steps that streamed tokens to the client, as runs (replica, first step, steps): one chunk
     # a step (a speculative step's accepted tokens arrive together), for the ITL (bench.py).
     emits: list[tuple[int, int, int]] = field(default_factory=list)
+    # Disaggregated decode: tokens whose KV arrives with the request from its prefill replica
+    # (None: it prefills here). Admission then allocates that KV and decodes at once.
+    received: int | None = None
 
     def __post_init__(self) -> None:
         if self.ready_s < 0:
@@ -66,6 +69,8 @@ class Request:
             self._sample(step)
 
     def decode(self, steps: int, last_step: int) -> None:
+        if self.first_token_step < 0:  # disaggregated: its first token is a decode step's
+            self.first_token_step = last_step - steps + 1
         self.cached += steps
         self.generated += steps - 1
         self._sample(last_step)

@@ -106,6 +106,7 @@ class Simulation:
         self.sampler = None
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
+        self.received: np.ndarray | None = None  # per request: KV tokens it arrives with
         if config.concurrency is not None and self.faults:
             raise ConfigError("--fault: not with --concurrency (a refused request's slot would "
                               "not be freed at the fault)")
@@ -241,6 +242,8 @@ class Simulation:
             r = Request(i, float(self.trace.arrival_s[i]), int(self.trace.prompt_len[i]),
                         int(self.trace.output_len[i]), model, expert=int(experts[i]),
                         ready_s=float(ready[i]))
+            if self.received is not None:  # disaggregated decode (engine/disagg.py)
+                r.received = int(self.received[i])
             self.requests.append(r)
         events += self.dispatch.initial(self.requests, self.replicas)
         events += [FaultAt(f.time_s, f) for f in self.faults]
