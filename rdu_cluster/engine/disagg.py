@@ -175,7 +175,7 @@ class Disaggregated:
             summary=self._summary(req, p, d, idx))
 
     def _summary(self, req: dict, p: Tables, d: Tables, idx) -> dict:
-        pre, dec = self.sims
+        dec = self.sims[1]
         end = max(p.summary["makespan_s"], d.summary["makespan_s"])
         out = dict(d.summary)
         served = [i for i, s in enumerate(req["state"]) if s == DONE]

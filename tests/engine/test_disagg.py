@@ -37,7 +37,7 @@ def test_transfer_time_is_the_fabric_ports_bottleneck():
 
 
 def test_disaggregated_run_hands_each_kv_over_and_counts_it_in_ttft():
-    d, t = _run()
+    _, t = _run()
     r = t.requests.to_pydict()
     assert set(r["state"]) == {"done"} and r["generated_tokens"] == r["output_len"]
     per_token = float(graph.kv_cache_bytes(load_model(MODEL), 1, 1))
