@@ -427,6 +427,16 @@ def serve_fields() -> dict[str, FieldDef]:
                  column="preemption"),
         FieldDef("kv_fraction", fraction, f64, default=0.9, column="kv_fraction"),
         FieldDef("fault", text, s, column="fault", doc="one simulated fault: socket:N@T[...]"),
+        FieldDef("concurrency", positive_int, i64, column="concurrency",
+                 doc="closed loop: clients (vLLM --max-concurrency); rate then paces sends"),
+        FieldDef("routing", text, s, default="round-robin", column="routing",
+                 doc="replica routing policy (engine/replica_routing/)"),
+        FieldDef("prefill_pool", text, s, column="prefill_pool",
+                 doc="disaggregated: CLUSTER:PLAN:N prefill replicas (with decode_pool)"),
+        FieldDef("decode_pool", text, s, column="decode_pool",
+                 doc="disaggregated: CLUSTER:PLAN:M decode replicas (with prefill_pool)"),
+        FieldDef("fabric", text, s, default="ib-ndr", column="fabric",
+                 doc="disaggregated: inter-node fabric of the KV hand-over"),
     ):
         fields[f.name] = f
     return fields
@@ -445,7 +455,11 @@ SERVE_SCHEMA = pa.schema(
      ("makespan_s", pa.float64()), ("throughput_tokens_per_s", pa.float64()),
      *((f"{m}_p{q}_s", pa.float64()) for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)),
      ("steps", pa.int64()), ("decode_steps", pa.int64()), ("windows", pa.int64()),
-     *((k, pa.float64()) for k in ENERGY_COLUMNS)]
+     *((k, pa.float64()) for k in ENERGY_COLUMNS),
+     # vllm bench serve's names (engine/bench.py); the KV hand-over of a disaggregated run
+     ("request_throughput", pa.float64()), ("mean_itl_ms", pa.float64()),
+     ("p99_itl_ms", pa.float64()), ("max_concurrent_requests", pa.int64()),
+     ("kv_transfer_p50_s", pa.float64())]
 )
 
 
@@ -463,7 +477,37 @@ def _serve_config(f: Mapping[str, Any], chip_kind: str, seed: int):
                        seed=_seed(f, seed), kv_memory_fraction=f["kv_fraction"],
                        execution_model=f.get("execution_model"),
                        options=make_options(chip_kind, option_values(f)),
-                       faults=(f["fault"],) if "fault" in f else ())
+                       faults=(f["fault"],) if "fault" in f else (),
+                       concurrency=f.get("concurrency"), routing=f["routing"])
+
+
+def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
+    """A Simulation, or a Disaggregated pair of pools when the point names them."""
+    from rdu_cluster.backends import make as make_backend
+    from rdu_cluster.config import load_fabric
+    from rdu_cluster.engine import disagg
+    from rdu_cluster.engine.simulation import Simulation
+
+    if "prefill_pool" not in f and "decode_pool" not in f:
+        return Simulation(model, cluster, trace, config, make_backend("local"))
+    if "prefill_pool" not in f or "decode_pool" not in f:
+        raise ConfigError("prefill_pool/decode_pool: give both (or neither: aggregated)")
+    return disagg.Disaggregated(model, disagg.Pool.parse(f["prefill_pool"], "prefill_pool"),
+                                disagg.Pool.parse(f["decode_pool"], "decode_pool"),
+                                load_fabric(f["fabric"]), trace, config,
+                                lambda: make_backend("local"))
+
+
+def _shape(sim) -> dict:
+    """Sockets, plan and replicas of a run (a disaggregated run: its decode pool's plan)."""
+    if hasattr(sim, "clusters"):
+        pre, dec = sim.sims
+        return {"cluster": "+".join(c.name for c in sim.clusters),
+                "sockets": sum(c.sockets for c in sim.clusters), "tp": dec.plan.tp,
+                "ep": dec.plan.ep, "pp": dec.plan.pp,
+                "replicas": len(pre.replicas) + len(dec.replicas)}
+    return {"cluster": sim.cluster.name, "sockets": sim.cluster.sockets, "tp": sim.plan.tp,
+            "ep": sim.plan.ep, "pp": sim.plan.pp, "replicas": len(sim.replicas)}
 
 
 def _trace(f: Mapping[str, Any], seed: int):
@@ -481,10 +525,8 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
     """Each point is one Simulation on a fresh local backend: deterministic given the point and
     the seed (a point's `seed` field, else the sweep's). A point the engine refuses (the weights
     do not fit at its plan) is infeasible, with the engine's message."""
-    from rdu_cluster.backends import make as make_backend
     from rdu_cluster.engine import metrics
     from rdu_cluster.engine.requests import DONE
-    from rdu_cluster.engine.simulation import Simulation
 
     rows, bad = [], {}
     for p in points:
@@ -493,7 +535,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
         model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
         config = _serve_config(f, cluster.chip.kind, seed)
         try:
-            sim = Simulation(model, cluster, _trace(f, seed), config, make_backend("local"))
+            sim = _serve_sim(f, model, cluster, _trace(f, seed), config)
             tables = sim.run()
         except ConfigError as e:
             bad[p.id] = str(e)
@@ -503,9 +545,13 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
         done = [st == DONE for st in req.column("state").to_pylist()]
         e2e = metrics.percentiles([v for v, ok in zip(req.column("e2e_s").to_pylist(), done)
                                    if ok])
-        row = {"point_id": p.id, "cluster": cluster.name, "model": model.name,
-               "seed": config.seed, "sockets": cluster.sockets, "tp": sim.plan.tp,
-               "ep": sim.plan.ep, "pp": sim.plan.pp, "replicas": len(sim.replicas),
+        b = s["bench"]
+        row = {"point_id": p.id, "model": model.name, "seed": config.seed, **_shape(sim),
+               "request_throughput": b["request_throughput"],
+               "mean_itl_ms": b["mean_itl_ms"], "p99_itl_ms": b.get("p99_itl_ms"),
+               "max_concurrent_requests": b["max_concurrent_requests"],
+               "kv_transfer_p50_s": (s["kv_transfer_ms"][50] / 1e3 if "kv_transfer_ms" in s
+                                     else 0.0),
                "requests": s["requests"], "requests_served": s["served"],
                "requests_unserved": s["unserved"], "preemptions": s["preemptions"],
                "swaps": int(sum(v or 0 for v in req.column("swaps").to_pylist())),
@@ -528,8 +574,8 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     """Clusters and models as `simulate` checks them; then every distinct plan (on its cluster
     and model), scheduler, fault and options set, so that a bad one fails before anything runs,
     naming its field."""
+    from rdu_cluster.engine import disagg, replica_routing, schedulers
     from rdu_cluster.engine import plan as plans
-    from rdu_cluster.engine import schedulers
     from rdu_cluster.engine.faults import Fault
 
     check_simulate(points, origin)
@@ -553,6 +599,12 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
             checks.setdefault(("fault", f["fault"], cluster.sockets),
                               ("fault", f"on {cluster.name}: ",
                                functools.partial(Fault.parse, f["fault"], cluster.sockets)))
+        checks.setdefault(("routing", f["routing"]), ("routing", "", functools.partial(
+            replica_routing.get, f["routing"])))
+        for key in ("prefill_pool", "decode_pool"):
+            if key in f:
+                checks.setdefault((key, f[key]), (key, "", functools.partial(
+                    disagg.Pool.parse, f[key], "--" + key.replace("_", "-"))))
         opts = option_values(f)
         if opts:
             checks.setdefault(("options", cluster.chip.kind, opts),

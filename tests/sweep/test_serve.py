@@ -22,7 +22,7 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "sweeps" / "serve-small.toml"
 SCENARIO_COLUMNS = {  # the fields the example sets or defaults, as columns
     "arrival", "burstiness", "chunked_prefill", "cluster_ref", "kv_fraction", "max_batch",
     "model_ref", "output_len_dist", "plan", "preemption", "prompt_len_dist",
-    "rate_requests_per_s", "scheduler", "token_budget",
+    "rate_requests_per_s", "scheduler", "token_budget", "routing", "fabric",
 }
 
 SMALL = """
@@ -113,6 +113,8 @@ points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
         ('prompt_len = "uniform:512:128"', "base.prompt_len: lengths must be >= 1"),
         ('fault = "socket:9@0.5"', "base.fault: on sn40l-8: 'socket:9@0.5': socket out of range"),
         ("kv_fraction = 1.5", "base.kv_fraction: expected a number in (0, 1]"),
+        ('routing = "random"', "base.routing: unknown 'random'"),
+        ('prefill_pool = "dgx-h100:tp8"', "base.prefill_pool: 'dgx-h100:tp8'; expected"),
         ('backend = "ray"', "base.backend: unknown field; accepted: arrival,"),
         ("[[axes]]\ntype = 'grid'\nrate = [1.0, inf]", "axes[0].rate[1]: expected a finite"),
     ],
@@ -149,3 +151,25 @@ def test_length_spellings_are_one_point(tmp_path):
         for v in ("128", '"128"', '"fixed:128"')
     ]
     assert len(set(ids)) == 1
+
+
+def test_serve_sweep_axes_over_closed_loop_routing_and_disaggregation(tmp_path):
+    body = SMALL + """concurrency = 4
+[[axes]]
+type = "zip"
+routing = ["round-robin", "least-outstanding"]
+prefill_pool = ["dgx-h100:tp4:1", "dgx-h100:tp4:1"]
+decode_pool = ["sn40l-8:tp4:1", "sn40l-8:tp8:1"]
+"""
+    body = body.replace("concurrency = 4\n", "")  # disaggregated runs are open loop
+    spec = load_spec(write(tmp_path, body))
+    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    assert s.rows == 2
+    df = pq.read_table(tmp_path / "out").to_pandas()
+    assert (df.kv_transfer_p50_s > 0).all() and (df.requests_served == 8).all()
+    assert set(df.cluster) == {"dgx-h100+sn40l-8"} and sorted(df.sockets) == [8, 12]
+    closed = load_spec(write(tmp_path, SMALL + "concurrency = 2\n"))
+    s = run_sweep(closed, expand(closed).points, tmp_path / "o2", LocalBackend(),
+                  progress=False)
+    df = pq.read_table(tmp_path / "o2").to_pandas()
+    assert (df.requests_served == 8).all() and (df.concurrency == 2).all()
