@@ -81,3 +81,7 @@ main.add_command(plan)
 from rdu_cluster.cli.report import report
 
 main.add_command(report)
+
+from rdu_cluster.cli.capacity import capacity
+
+main.add_command(capacity)

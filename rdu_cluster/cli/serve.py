@@ -3,12 +3,14 @@ backend; writes requests / steps / sockets / links tables (Parquet) and prints a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from pathlib import Path
 
 import click
+import numpy as np
 
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
@@ -109,6 +111,12 @@ TABLES = ("requests", "steps", "sockets", "links")
               "the requests meeting all of them. Repeatable, or space-separated.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object with vllm bench serve's key names.")
+@click.option("--replicas", default=None, type=int,
+              help="N replicas of --plan on --cluster's chip and node network (nodes added as "
+              "needed, joined by --fabric) [default: as many as the cluster holds].")
+@click.option("--ramp-up", default=0.0, show_default=True, type=float,
+              help="With --concurrency: the clients start one after another over this many "
+              "seconds (client i at i x S / N) instead of all at 0.")
 @click.option("--prefill-pool", default=None,
               help="Disaggregated serving: CLUSTER:PLAN:N prefill replicas (with --decode-pool).")
 @click.option("--decode-pool", default=None,
@@ -124,13 +132,14 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           preemption, kv_fraction, faults, backend_name, address, out_dir, coe_experts,
           coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k, tree,
           placement, draft_sockets, concurrency, routing, weights_dtype, kv_dtype,
-          metric_percentiles, goodput, as_json, prefill_pool, decode_pool, fabric,
-          acceptance, no_progress, timeline_path, overrides) -> None:
+          metric_percentiles, goodput, as_json, replicas, ramp_up, prefill_pool, decode_pool,
+          fabric, acceptance, no_progress, timeline_path, overrides) -> None:
     """Simulate serving a request trace on a cluster."""
     if concurrency is not None and rate is None and trace_path is None:
         rate = math.inf  # closed loop: every request is ready, the clients pace them
     trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
                    seed)
+    trace = _ramped(trace, concurrency, ramp_up)
     bench_spec = bench.MetricSpec.parse(metric_percentiles,
                                         [g for item in goodput for g in item.split()])
     ctx = click.get_current_context()
@@ -140,6 +149,13 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         scheduler = "coe"
     model = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     cluster = load_cluster(cluster_ref, overrides)
+    if replicas is not None:
+        if plan is None:
+            raise ConfigError("--replicas: give the replica's --plan too")
+        if overrides:
+            raise ConfigError("--replicas: not with --set/--sockets (a pool loads its cluster as "
+                              "bundled)")
+        cluster = disagg.Pool(cluster_ref, plan, replicas).spec(model, load_fabric(fabric))
     limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
     scenario = (None if coe_experts is None else coe.CoEScenario.copies(
         coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),
@@ -215,6 +231,19 @@ def bench_json(summary: dict, **context) -> dict:
         **{k: summary[k] for k in ("energy_j", "joules_per_token", "power_w", "cost_usd",
                                    "cost_per_million_tokens_usd") if k in summary},
     }
+
+
+def _ramped(trace: traces.Trace, concurrency: int | None, ramp_up: float) -> traces.Trace:
+    """Closed loop: client i's first request no earlier than i x ramp_up / N."""
+    if ramp_up < 0 or (ramp_up and concurrency is None):
+        raise ConfigError(f"--ramp-up: a non-negative number of seconds with --concurrency, "
+                          f"got {ramp_up}")
+    if not ramp_up:
+        return trace
+    n = min(concurrency, len(trace))
+    arrival = trace.arrival_s.astype(float).copy()
+    arrival[:n] = np.maximum(arrival[:n], np.arange(n) * ramp_up / concurrency)
+    return dataclasses.replace(trace, arrival_s=arrival)
 
 
 def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Context):

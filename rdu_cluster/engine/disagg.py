@@ -36,6 +36,7 @@ from interconnect.contention import max_min_rates
 from interconnect.routes import route, route_latency
 from interconnect.topology import TopologySpec, build_topology
 from partitioning.cluster import ClusterSpec
+from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.config import FabricSpec, load_cluster
 from rdu_cluster.engine import bench, energy, metrics
 from rdu_cluster.engine import plan as plans
@@ -72,17 +73,25 @@ class Pool:
         """The pool as a cluster: N plan groups on the cluster's chip; the nodes (when a pool
         spans several) are joined by the fabric unless the cluster names its own."""
         base = load_cluster(self.cluster)
-        group = plans.PlanSpec.parse(self.plan, base, model)
-        sockets = self.replicas * group.tp * group.pp
+        group = group_sockets(self.plan)
+        sockets = self.replicas * group
         per_node = math.gcd(sockets, base.sockets_per_node)
         topo = base.topology
         if sockets > per_node and topo.inter_node_bandwidth_bytes_per_s <= 0:
             topo = replace(topo, inter_node_bandwidth_bytes_per_s=fabric.bandwidth_bytes_per_s,
                            inter_node_latency_s=fabric.latency_s)
-        return replace(base, sockets=sockets, sockets_per_node=per_node, topology=topo)
+        out = replace(base, sockets=sockets, sockets_per_node=per_node, topology=topo)
+        plans.PlanSpec.parse(self.plan, out, model)  # ep against the model, pp the layers
+        return out
 
     def __str__(self) -> str:
         return f"{self.cluster}:{self.plan}:{self.replicas}"
+
+
+def group_sockets(plan: str) -> int:
+    """Sockets of one replica of `plan` (tp x ep x pp in the partitioner's syntax)."""
+    p = PartitionPlan.parse(plan)
+    return p.tp * p.ep * p.pp
 
 
 def transfer_time(fabric: FabricSpec, senders: int, receivers: int,

@@ -1,0 +1,247 @@
+"""`rdu-cluster capacity`: the cheapest deployments that serve a traffic within a latency SLO
+(rdu_cluster/scenarios/capacity.py): an analytic pre-filter, then serving-engine runs of the
+short list. Exit code 1 when nothing meets the SLO (the closest is shown, with its miss)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from rdu_cluster.backends import BACKENDS
+from rdu_cluster.backends import make as make_backend
+from rdu_cluster.cli.simulate import with_dtypes
+from rdu_cluster.config import load_fabric
+from rdu_cluster.scenarios import capacity as cap
+from workloads.catalog import load_model
+from workloads.errors import ConfigError
+
+
+@click.command()
+@click.option("--model", "model_ref", required=True, help="Catalog name or config.json path.")
+@click.option("--weights", "weights", multiple=True,
+              help="Weight dtype(s) to try (fp8, bf16, ...) [default: the model's]; repeatable.")
+@click.option("--cluster", "clusters", multiple=True, required=True,
+              help="A system to consider (a cluster: its chip, node and price); repeatable.")
+@click.option("--plan", "plans", multiple=True,
+              help="Replica plans to try [default: tp over 1/4, 1/2, 1 and 2 nodes, tpNpp2].")
+@click.option("--max-nodes", default=16, show_default=True, type=int,
+              help="Upper bound on the nodes of a deployment (per pool when disaggregated).")
+@click.option("--concurrency", default=None, type=int, help="Traffic: N closed-loop users.")
+@click.option("--rate", default=None, type=float, help="Traffic: requests per second (open loop).")
+@click.option("--prompt-len", default="1024", show_default=True,
+              help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
+@click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
+@click.option("--requests", default=None, type=int,
+              help="Requests per verification run [default: 2 per user, or 30 s of the rate].")
+@click.option("--slo", "slos", multiple=True, required=True,
+              help="ttft:MS and/or tpot:MS (a user's tokens/s is 1000 / TPOT ms); repeatable.")
+@click.option("--slo-percentile", default=99.0, show_default=True, type=float)
+@click.option("--disaggregated", is_flag=True,
+              help="Also try prefill / decode pools: every ordered pair of --cluster, or --pair.")
+@click.option("--pair", "pairs", multiple=True,
+              help="PREFILL_CLUSTER:DECODE_CLUSTER pools to try (implies --disaggregated).")
+@click.option("--fabric", default="ib-ndr", show_default=True,
+              help="Inter-node fabric (KV hand-over; nodes of a multi-node replica).")
+@click.option("--shortlist", default=2, show_default=True, type=int,
+              help="Deployments per system verified by the serving engine.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--backend", "backend_name", type=click.Choice(BACKENDS), default="local",
+              show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@click.option("--plot", "plot_path", default=None,
+              help="Write the Pareto front (tokens/s per user vs per socket) per system (.png).")
+def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, prompt_len,
+             output_len, requests, slos, slo_percentile, disaggregated, pairs, fabric, shortlist,
+             seed, backend_name, as_json, plot_path) -> None:
+    """Find the cheapest deployments that meet a latency SLO for a traffic."""
+    started = time.perf_counter()
+    if (concurrency is None) == (rate is None):
+        raise ConfigError("give --concurrency N or --rate R (one of them)")
+    if concurrency is not None and concurrency < 1:
+        raise ConfigError(f"--concurrency: must be positive, got {concurrency}")
+    if rate is not None and not 0 < rate < math.inf:
+        raise ConfigError(f"--rate: must be a positive finite number, got {rate}")
+    if max_nodes < 1 or shortlist < 1:
+        raise ConfigError("--max-nodes/--shortlist: must be positive")
+    if plot_path and Path(plot_path).suffix != ".png":
+        raise ConfigError(f"--plot {plot_path}: expected a .png file name")
+    slo = cap.SLO.parse(slos, slo_percentile)
+    traffic = cap.Traffic(concurrency, rate, prompt_len, output_len, requests, seed)
+    prompt, gen = traffic.mean_lengths()
+    fab = load_fabric(fabric)
+    pairs = _pairs(pairs, clusters, disaggregated)
+    results, costs = [], []
+    for w in weights or (None,):
+        model = with_dtypes(load_model(model_ref), w, None)
+        per = {c: _costs(model, c, plans, max_nodes, prompt, gen, fab) for c in clusters}
+        costs += [(w, c) for cs in per.values() for c in cs]
+        cands = _shortlist(per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab,
+                           shortlist)
+        for dep in cands:
+            results.append(_verified(dep, model, model_ref, w, traffic, slo, fab,
+                                     backend_name))
+    results = cap.ranked([r for r in results if r is not None])
+    wall = time.perf_counter() - started
+    if plot_path:
+        _plot(costs, Path(plot_path))
+    if as_json:
+        for r in results:
+            click.echo(json.dumps(_record(r, slo)))
+    else:
+        click.echo(_table(results, slo, traffic, wall))
+    if not any(r.meets_slo for r in results):
+        if not as_json:
+            click.echo(_closest(results, slo))
+        sys.exit(1)
+
+
+def _pairs(pairs, clusters, disaggregated) -> list[tuple[str, str]]:
+    out = []
+    for text in pairs:
+        p, _, d = text.partition(":")
+        if not p or not d:
+            raise ConfigError(f"--pair: {text!r}; expected PREFILL_CLUSTER:DECODE_CLUSTER")
+        out.append((p, d))
+    if disaggregated and not out:
+        out = [(p, d) for p in clusters for d in clusters]
+    return out
+
+
+def _costs(model, cluster, plans, max_nodes, prompt, gen, fab) -> list[cap.ReplicaCost]:
+    names = plans or cap.replica_plans(model, cluster, max_nodes)
+    out = [cap.replica_cost(model, cluster, p, prompt, gen, fab) for p in names]
+    return [c for c in out if c is not None]
+
+
+def _shortlist(per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab, k):
+    """The `k` cheapest analytic candidates of each system and of each pair."""
+    out = []
+    for cluster, costs in per.items():
+        deps = [cap.aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
+        out += _cheapest([d for d in deps if d is not None], k)
+    for p, d in pairs:
+        pre = per.get(p) or _costs(model, p, (), max_nodes, prompt, gen, fab)
+        dec = per.get(d) or _costs(model, d, (), max_nodes, prompt, gen, fab)
+        if not pre or not dec:
+            continue
+        prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
+        deps = [cap.disaggregated(prefill, c, traffic, slo, max_nodes, prompt, gen, model, fab)
+                for c in dec]
+        out += _cheapest([x for x in deps if x is not None], k)
+    return out
+
+
+def _cheapest(deps, k):
+    key = lambda d: (d.price_per_hour if d.price_per_hour is not None else math.inf, d.sockets)
+    return sorted(deps, key=key)[:k]
+
+
+def _verified(dep, model, model_ref, w, traffic, slo, fab, backend_name):
+    """Serve the deployment; one size up (at most GROW_TRIES times) while it misses."""
+    kwargs = {}
+    res = None
+    for _ in range(cap.GROW_TRIES + 1):
+        try:
+            res = cap.verify(dep, model, model_ref, w, traffic, slo, fab,
+                             lambda: make_backend(backend_name, **kwargs))
+        except ConfigError:  # the engine refuses it (weights do not fit at its plan)
+            return res
+        if res.meets_slo:
+            return res
+        dep = dep.grown()
+    return res
+
+
+def _record(r: cap.Result, slo: cap.SLO) -> dict:
+    d, s, b = r.deployment, r.summary, r.summary["bench"]
+    return {
+        "system": d.label, "weights": _weights(r), "sockets": d.sockets, "nodes": d.nodes,
+        "plan": " + ".join(str(p) for p in d.pools),
+        "disaggregated": d.disaggregated, "max_batch": d.max_batch,
+        "tokens_per_s_per_user": 1e3 / b["mean_tpot_ms"] if b["mean_tpot_ms"] else None,
+        "tokens_per_s_per_socket": b["output_throughput"] / d.sockets,
+        "usd_per_million_tokens": s.get("cost_per_million_tokens_usd"),
+        "joules_per_token": s.get("joules_per_token"),
+        "usd_per_hour": d.price_per_hour,
+        f"p{_pw(slo)}_ttft_ms": r.ttft_ms, f"p{_pw(slo)}_tpot_ms": r.tpot_ms,
+        "meets_slo": r.meets_slo, "miss": r.miss,
+        "traffic": "open loop (rate)" if d.rate is not None or not r.summary else "closed loop",
+        "serve_args": r.serve_args,
+    }
+
+
+def _weights(r: cap.Result) -> str | None:
+    args = r.serve_args
+    return args[args.index("--weights") + 1] if "--weights" in args else None
+
+
+def _pw(slo: cap.SLO) -> str:
+    from rdu_cluster.engine.bench import p_word
+
+    return p_word(slo.percentile)
+
+
+def _table(results, slo, traffic, wall) -> str:
+    pw = _pw(slo)
+    load = (f"{traffic.concurrency} users" if traffic.concurrency else f"{traffic.rate:g} req/s")
+    bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo.ttft_ms),
+                                                         ("TPOT", slo.tpot_ms)) if v)
+    head = (f"{'#':>2} {'system':<20} {'sockets':>7} {'nodes':>5} {'plan':<34} {'batch':>5} "
+            f"{'tok/s/user':>10} {'tok/s/sock':>10} {'$/Mtok':>7} {'J/tok':>6} "
+            f"{f'p{pw} TTFT':>10} {f'p{pw} TPOT':>10}  SLO")
+    lines = [f"capacity: {load}, {bounds} at p{pw}; {len(results)} deployments verified "
+             f"by the serving engine in {wall:.1f} s", head]
+    for i, r in enumerate(results, 1):
+        rec = _record(r, slo)
+        lines.append(
+            f"{i:>2} {rec['system'] + (' ' + rec['weights'] if rec['weights'] else ''):<20} "
+            f"{rec['sockets']:>7} {rec['nodes']:>5} {rec['plan']:<34} {rec['max_batch']:>5} "
+            f"{_f(rec['tokens_per_s_per_user'], '.1f'):>10} "
+            f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
+            f"{_f(rec['usd_per_million_tokens'], '.2f'):>7} "
+            f"{_f(rec['joules_per_token'], '.2f'):>6} {r.ttft_ms:>10.1f} {r.tpot_ms:>10.2f}  "
+            f"{'meets' if r.meets_slo else f'misses by {r.miss:.0%}'}")
+    lines.append("serve_args (rdu-cluster serve ...):")
+    lines += [f"{i:>2} {shlex.join(r.serve_args)}" for i, r in enumerate(results, 1)]
+    return "\n".join(lines)
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _closest(results, slo) -> str:
+    if not results:
+        return "nothing meets the SLO: no candidate passed the analytic pre-filter (raise " \
+               "--max-nodes, add --cluster or relax --slo)"
+    best = min(results, key=lambda r: r.miss)
+    return (f"nothing meets the SLO; closest: {best.deployment.label} "
+            f"{' + '.join(str(p) for p in best.deployment.pools)}, p{_pw(slo)} TTFT "
+            f"{best.ttft_ms:.1f} ms, TPOT {best.tpot_ms:.2f} ms: misses by {best.miss:.0%}")
+
+
+def _plot(costs, path: Path) -> None:
+    """Each system's analytic front: a replica of each plan at each batch (tokens/s per user
+    = 1 / TPOT, per socket = batch / TPOT / sockets)."""
+    from rdu_cluster.output import plots
+
+    label = lambda w, c: c.cluster + (f" {w}" if w else "")
+    rows = [(label(w, c), b / t / c.group, 1 / t)
+            for w, c in costs for b, t in zip(c.batches, c.tpot_s)]
+    if not rows:
+        raise ConfigError("--plot: no plan fits, nothing to plot")
+    cols = {"cluster": np.array([r[0] for r in rows]),
+            "tokens_per_s_total": np.array([r[1] for r in rows]),
+            "sockets": np.ones(len(rows)),
+            "tokens_per_s_per_request": np.array([r[2] for r in rows])}
+    png, _ = plots.pareto(cols)
+    if not path.parent.exists():
+        raise ConfigError(f"--plot {path}: folder {path.parent} does not exist")
+    path.write_bytes(png)

@@ -1,0 +1,363 @@
+"""Capacity planning to a latency SLO: the cheapest deployments of a model that serve a traffic
+at a TTFT / TPOT bound, found in two passes (as AIConfigurator and Vidur's config search do):
+
+1. Analytic pre-filter, from the step costs of partitioning.estimate. Per system and replica
+   plan: the largest batch whose decode step keeps TPOT within the bound (and whose KV fits),
+   one prompt's prefill time, and for each deployment size (whole nodes) the load it would see:
+   with N closed-loop users (or a rate, through Little's law) each replica runs about N / n
+   sequences and prefills its share of the arrivals, lambda = N / E2E. In an aggregated replica
+   prefill steps stall the decodes, so the decode share of time is 1 - rho (rho = lambda / n x
+   prefill time) and the TPOT seen is TPOT(batch) / (1 - rho). The smallest deployment that
+   passes is the system's candidate. A disaggregated pair sizes its decode pool from the TPOT
+   bound alone and its prefill pool to keep rho <= PREFILL_RHO_MAX.
+2. Verification: each short-listed deployment is served by the engine (engine/simulation.py
+   or engine/disagg.py) and the SLO percentile of TTFT and TPOT is measured (engine/bench.py).
+   A candidate that misses is retried one size up, at most GROW_TRIES times.
+
+Aggregated candidates are verified closed loop (N clients, ramped up over one estimated E2E so
+that they do not all prefill at once); disaggregated ones open loop at the analytic request rate
+(engine/disagg.py runs open loop only), which the table says.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from partitioning.estimate import estimate_plan
+from partitioning.plan import Plan as PartitionPlan
+from rdu_cluster.config import FabricSpec, load_cluster
+from rdu_cluster.engine import bench
+from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transfer_time
+from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
+from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from workloads import graph, traces
+from workloads.errors import ConfigError
+from workloads.spec import ModelSpec
+
+BATCHES = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512])
+PREFILL_RHO_MAX = 0.8  # a prefill pool's utilization cap: queueing grows as 1/(1-rho) (M/D/1)
+GROW_TRIES = 2  # verification retries one size up
+MAX_BATCH_CAP = 512  # the engine's --max-batch ceiling tried here (vLLM's max_num_seqs is 256-1024)
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    percentile: float = 99.0
+
+    @classmethod
+    def parse(cls, items: Sequence[str], percentile: float) -> SLO:
+        bounds = dict(bench.MetricSpec.parse(None, [f.replace("slo", "") for f in items]).goodput)
+        unknown = set(bounds) - {"ttft", "tpot"}
+        if unknown:
+            raise ConfigError(f"--slo: {sorted(unknown)[0]}: accepted keys ttft, tpot")
+        if not 0 < percentile < 100:
+            raise ConfigError(f"--slo-percentile: {percentile} must be in (0, 100)")
+        if not bounds:
+            raise ConfigError("--slo: give at least one bound (ttft:MS, tpot:MS)")
+        return cls(bounds.get("ttft"), bounds.get("tpot"), percentile)
+
+    def misses(self, ttft_ms: float, tpot_ms: float) -> float:
+        """How far the worse measure is over its bound (0.1: 10% over; <= 0 meets)."""
+        parts = [m / b - 1 for m, b in ((ttft_ms, self.ttft_ms), (tpot_ms, self.tpot_ms))
+                 if b is not None]
+        return max(parts)
+
+    def goodput_args(self) -> str:
+        return " ".join(f"{k}:{v:g}" for k, v in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms))
+                        if v is not None)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    concurrency: int | None
+    rate: float | None
+    prompt: str = "1024"
+    output: str = "256"
+    requests: int | None = None  # default: 2 per user (closed loop) or 2 x rate x 30 s
+    seed: int = 0
+
+    def dists(self) -> tuple[traces.LengthDist, traces.LengthDist]:
+        return (traces.LengthDist.parse(self.prompt, "--prompt-len"),
+                traces.LengthDist.parse(self.output, "--output-len"))
+
+    def mean_lengths(self) -> tuple[float, float]:
+        p, o = self.dists()
+        draw = lambda d: float(np.mean(d.sample(np.random.default_rng(0), 4096)))
+        return draw(p), draw(o)
+
+    def n_requests(self, rate: float) -> int:
+        if self.requests:
+            return self.requests
+        return 2 * self.concurrency if self.concurrency else max(50, int(rate * 30))
+
+
+@dataclass(frozen=True)
+class ReplicaCost:
+    """Analytic costs of one replica of `plan` on `cluster`: TPOT at each batch of BATCHES up
+    to the KV limit, one prompt's prefill, and the KV limit itself."""
+
+    cluster: str
+    plan: str
+    group: int
+    batches: np.ndarray
+    tpot_s: np.ndarray
+    prefill_s: float
+    kv_batch: int
+    price_per_socket_hour: float | None
+    sockets_per_node: int
+
+    def max_batch(self, tpot_bound_s: float | None) -> int:
+        ok = self.batches if tpot_bound_s is None else self.batches[self.tpot_s <= tpot_bound_s]
+        return int(min(ok.max(), self.kv_batch, MAX_BATCH_CAP)) if len(ok) else 0
+
+    def tpot_at(self, batch: float) -> float:
+        """TPOT at `batch`: the next evaluated batch up (conservative), inf beyond the KV."""
+        if batch > self.kv_batch:
+            return math.inf
+        i = int(np.searchsorted(self.batches, batch, side="left"))
+        return float(self.tpot_s[min(i, len(self.batches) - 1)])
+
+
+def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, gen: float,
+                 fabric: FabricSpec) -> ReplicaCost | None:
+    """None when the plan does not fit the chip (weights, or no room for one sequence's KV)."""
+    try:
+        cl = Pool(cluster_ref, plan, 1).spec(model, fabric)
+    except ConfigError:
+        return None
+    g = cl.sockets
+    hbm = cl.chip.hbm.capacity_bytes
+    weights = float(graph.weight_bytes(model)) / g
+    per_seq = float(graph.kv_cache_bytes(model, 1, prompt + gen)) / g
+    kv_batch = int(KV_MEMORY_FRACTION * (hbm - weights) // per_seq) if hbm > weights else 0
+    batches = BATCHES[BATCHES <= kv_batch]
+    if not len(batches):
+        return None
+    p = PartitionPlan.parse(plan)
+    at = lambda b: estimate_plan(model, cl, p, batch=b, prompt_len=int(prompt),
+                                 gen_len=int(gen))
+    try:
+        if p.pp == 1 and p.ep == 1:  # tensor parallel: one vectorized call over the batches
+            est = at(batches)
+            tpot = np.asarray(est.tpot_s, dtype=float)
+            prefill = float(np.asarray(est.ttft_s).ravel()[0])  # one prompt's forward pass
+        else:
+            tpot = np.array([float(at(int(b)).tpot_s) for b in batches])
+            prefill = float(at(1).ttft_s)
+    except ConfigError:
+        return None
+    price = cl.cost.get("socket_hour_usd") if cl.cost else None
+    return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
+                       load_cluster(cluster_ref).sockets_per_node)
+
+
+def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[str]:
+    """Tensor-parallel plans over a quarter of a node up to two nodes, and tp x pp over two
+    nodes (a node per stage): the replica shapes a serving deployment uses. Wider replicas
+    cost more analytic time (pipeline plans go through the partitioner per batch) and rarely
+    win for serving; give them with --plan."""
+    spn = load_cluster(cluster_ref).sockets_per_node
+    out = [f"tp{g}" for g in (spn // 4, spn // 2, spn) if g >= 1]
+    if max_nodes >= 2:
+        out += [f"tp{spn * 2}", f"tp{spn}pp2"]
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class Deployment:
+    label: str  # the system: a cluster name, or PREFILL->DECODE
+    pools: tuple[Pool, ...]  # one (aggregated) or (prefill, decode)
+    max_batch: int
+    rate: float | None  # disaggregated: the open-loop rate it is verified at
+    ramp_s: float  # aggregated closed loop: clients' ramp-up
+    sockets_per_node: tuple[int, ...]
+    price_per_hour: float | None
+    analytic: dict = field(default_factory=dict)
+
+    @property
+    def disaggregated(self) -> bool:
+        return len(self.pools) == 2
+
+    @property
+    def sockets(self) -> int:
+        return sum(p.replicas * group_sockets(p.plan) for p in self.pools)
+
+    @property
+    def nodes(self) -> int:
+        return sum(-(-p.replicas * group_sockets(p.plan) // n)
+                   for p, n in zip(self.pools, self.sockets_per_node))
+
+    def grown(self) -> Deployment:
+        """One size up: a replica more (of the decode pool when disaggregated)."""
+        last = self.pools[-1]
+        step = max(1, self.sockets_per_node[-1] // group_sockets(last.plan))
+        pools = (*self.pools[:-1], replace(last, replicas=last.replicas + step))
+        per = (self.price_per_hour or 0) / self.sockets if self.price_per_hour else None
+        d = replace(self, pools=pools)
+        d.price_per_hour = None if per is None else per * d.sockets
+        return d
+
+
+def aggregated(cost: ReplicaCost, traffic: Traffic, slo: SLO, max_nodes: int,
+               prompt: float, gen: float) -> Deployment | None:
+    """The smallest whole-node deployment of `cost`'s replica that passes the analytic test."""
+    bound = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
+    b_max = cost.max_batch(bound)
+    if not b_max or (slo.ttft_ms is not None and cost.prefill_s > slo.ttft_ms / 1e3):
+        return None
+    per_node = max(1, cost.sockets_per_node // cost.group)  # replicas a node holds
+    nodes_per = max(1, cost.group // cost.sockets_per_node)
+    for nodes in range(nodes_per, max_nodes + 1, nodes_per):
+        n = nodes // nodes_per * per_node
+        ok, e2e, tpot_eff, rho = _load(cost, traffic, n, prompt, gen, b_max)
+        if ok and (bound is None or tpot_eff <= bound):
+            price = (None if cost.price_per_socket_hour is None
+                     else cost.price_per_socket_hour * n * cost.group)
+            return Deployment(cost.cluster, (Pool(cost.cluster, cost.plan, n),), b_max, None,
+                              e2e, (cost.sockets_per_node,), price,
+                              {"tpot_s": tpot_eff, "rho": rho, "e2e_s": e2e})
+    return None
+
+
+def _load(cost: ReplicaCost, traffic: Traffic, n: int, prompt: float, gen: float,
+          b_max: int) -> tuple[bool, float, float, float]:
+    """(fits, E2E, TPOT with prefill stalls, prefill utilization) of n replicas."""
+    tpot = cost.tpot_at(1)
+    for _ in range(4):  # fixed point: the batch depends on E2E under a rate
+        e2e = cost.prefill_s + (gen - 1) * tpot
+        users = traffic.concurrency or traffic.rate * e2e
+        batch = users / n
+        if batch > b_max:
+            return False, e2e, math.inf, 1.0
+        lam = (traffic.concurrency / e2e) if traffic.concurrency else traffic.rate
+        rho = lam / n * cost.prefill_s
+        if rho >= 1:
+            return False, e2e, math.inf, rho
+        tpot = cost.tpot_at(max(1.0, batch)) / (1 - rho)
+    return True, e2e, tpot, rho
+
+
+def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO,
+                  max_nodes: int, prompt: float, gen: float, model: ModelSpec,
+                  fabric: FabricSpec) -> Deployment | None:
+    bound = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
+    b_max = dec.max_batch(bound)
+    if not b_max or (slo.ttft_ms is not None and pre.prefill_s > slo.ttft_ms / 1e3):
+        return None
+    move = float(transfer_time(fabric, pre.group, dec.group,
+                               np.array([prompt * float(graph.kv_cache_bytes(model, 1, 1))]))[0])
+    users = traffic.concurrency
+    n_d = 1
+    while True:
+        if n_d * dec.group > max_nodes * dec.sockets_per_node:
+            return None
+        batch = (users / n_d) if users else None
+        tpot = dec.tpot_at(max(1.0, batch or 1.0))
+        e2e = pre.prefill_s + move + gen * tpot
+        if not users:
+            batch = traffic.rate * e2e / n_d
+            tpot = dec.tpot_at(max(1.0, batch))
+        if batch <= b_max and (bound is None or tpot <= bound):
+            break
+        n_d += 1
+    lam = users / e2e if users else traffic.rate
+    n_p = max(1, math.ceil(lam * pre.prefill_s / PREFILL_RHO_MAX))
+    if n_p * pre.group > max_nodes * pre.sockets_per_node:
+        return None
+    prices = [c.price_per_socket_hour for c in (pre, dec)]
+    price = (None if None in prices
+             else prices[0] * n_p * pre.group + prices[1] * n_d * dec.group)
+    return Deployment(f"{pre.cluster}->{dec.cluster}", (Pool(pre.cluster, pre.plan, n_p),
+                      Pool(dec.cluster, dec.plan, n_d)), b_max, lam, 0.0,
+                      (pre.sockets_per_node, dec.sockets_per_node), price,
+                      {"tpot_s": tpot, "rho": lam / n_p * pre.prefill_s, "e2e_s": e2e,
+                       "kv_transfer_s": move})
+
+
+# -- verification -----------------------------------------------------------------------------
+@dataclass
+class Result:
+    deployment: Deployment
+    summary: dict
+    ttft_ms: float
+    tpot_ms: float
+    miss: float
+    serve_args: list[str]
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.miss <= 0
+
+
+def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | None,
+           traffic: Traffic, slo: SLO, fabric: FabricSpec,
+           backend: Callable[[], object]) -> Result:
+    pct = slo.percentile
+    spec = bench.MetricSpec((50.0, pct), tuple(
+        (k, v) for k, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms)) if v is not None))
+    rate = dep.rate if dep.disaggregated else traffic.rate
+    trace = _trace(dep, traffic, rate)
+    config = ServeConfig(plan=dep.pools[0].plan, limits=Limits(max_batch=dep.max_batch),
+                         seed=traffic.seed, metrics=spec,
+                         concurrency=None if dep.disaggregated else traffic.concurrency)
+    if dep.disaggregated:
+        sim = Disaggregated(model, *dep.pools, fabric, trace, config, backend)
+    else:
+        cl = dep.pools[0].spec(model, fabric)
+        sim = Simulation(model, cl, trace, config, backend())
+    s = sim.run().summary
+    b = s["bench"]
+    w = bench.p_word(pct)
+    ttft, tpot = b[f"p{w}_ttft_ms"] or math.inf, b[f"p{w}_tpot_ms"] or math.inf
+    return Result(dep, s, ttft, tpot, slo.misses(ttft, tpot),
+                  serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace))
+
+
+def _trace(dep: Deployment, traffic: Traffic, rate: float | None) -> traces.Trace:
+    p, o = traffic.dists()
+    n = traffic.n_requests(rate or 0.0)
+    if dep.disaggregated or traffic.concurrency is None:
+        return traces.synthetic(n, rate, "poisson", p, o, seed=traffic.seed)
+    t = traces.synthetic(n, math.inf, "poisson", p, o, seed=traffic.seed)
+    first = min(traffic.concurrency, n)
+    arrival = t.arrival_s.astype(float).copy()
+    arrival[:first] = np.arange(first) * dep.ramp_s / traffic.concurrency
+    return replace(t, arrival_s=arrival)
+
+
+def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Traffic,
+               slo: SLO, rate: float | None, fabric: FabricSpec, trace: traces.Trace) -> list:
+    """`rdu-cluster serve` arguments that reproduce the verified run."""
+    args = ["--model", model_ref, *(["--weights", weights] if weights else [])]
+    if dep.disaggregated:
+        args += ["--prefill-pool", str(dep.pools[0]), "--decode-pool", str(dep.pools[1]),
+                 "--fabric", fabric.name]
+    else:
+        pool = dep.pools[0]
+        args += ["--cluster", pool.cluster, "--plan", pool.plan, "--replicas",
+                 str(pool.replicas)]
+        if pool.replicas * group_sockets(pool.plan) > dep.sockets_per_node[0]:
+            args += ["--fabric", fabric.name]
+    args += ["--requests", str(len(trace)), "--prompt-len", traffic.prompt, "--output-len",
+             traffic.output, "--max-batch", str(dep.max_batch), "--seed", str(traffic.seed)]
+    if not dep.disaggregated and traffic.concurrency:
+        args += ["--concurrency", str(traffic.concurrency), "--ramp-up", f"{dep.ramp_s:.6g}"]
+    else:
+        args += ["--rate", f"{rate:.6g}"]
+    args += ["--metric-percentiles", f"50,{bench.p_word(slo.percentile)}", "--goodput",
+             slo.goodput_args()]
+    return args
+
+
+def ranked(results: list[Result]) -> list[Result]:
+    """Meeting the SLO first, then the cheapest per hour, then the fewest sockets."""
+    return sorted(results, key=lambda r: (not r.meets_slo, r.deployment.price_per_hour
+                                          if r.deployment.price_per_hour is not None
+                                          else math.inf, r.deployment.sockets, r.miss))
