@@ -123,7 +123,7 @@ def _costs(model, cluster, plans, max_nodes, prompt, gen, fab) -> list[cap.Repli
 def _shortlist(per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab, k):
     """The `k` cheapest analytic candidates of each system and of each pair."""
     out = []
-    for cluster, costs in per.items():
+    for costs in per.values():
         deps = [cap.aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
         out += _cheapest([d for d in deps if d is not None], k)
     for p, d in pairs:
@@ -172,7 +172,8 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
         "usd_per_hour": d.price_per_hour,
         f"p{_pw(slo)}_ttft_ms": r.ttft_ms, f"p{_pw(slo)}_tpot_ms": r.tpot_ms,
         "meets_slo": r.meets_slo, "miss": r.miss,
-        "traffic": "open loop (rate)" if d.rate is not None or not r.summary else "closed loop",
+        "verified": (f"open loop {d.rate:.4g} req/s" if d.disaggregated
+                     else "closed loop" if r.serve_args.count("--concurrency") else "open loop"),
         "serve_args": r.serve_args,
     }
 
@@ -196,8 +197,9 @@ def _table(results, slo, traffic, wall) -> str:
     head = (f"{'#':>2} {'system':<20} {'sockets':>7} {'nodes':>5} {'plan':<34} {'batch':>5} "
             f"{'tok/s/user':>10} {'tok/s/sock':>10} {'$/Mtok':>7} {'J/tok':>6} "
             f"{f'p{pw} TTFT':>10} {f'p{pw} TPOT':>10}  SLO")
-    lines = [f"capacity: {load}, {bounds} at p{pw}; {len(results)} deployments verified "
-             f"by the serving engine in {wall:.1f} s", head]
+    title = (f"capacity: {load}, {bounds} at p{pw}; {len(results)} deployments verified "
+             f"by the serving engine in {wall:.1f} s")
+    lines = [title, head]
     for i, r in enumerate(results, 1):
         rec = _record(r, slo)
         lines.append(
@@ -207,7 +209,11 @@ def _table(results, slo, traffic, wall) -> str:
             f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
             f"{_f(rec['usd_per_million_tokens'], '.2f'):>7} "
             f"{_f(rec['joules_per_token'], '.2f'):>6} {r.ttft_ms:>10.1f} {r.tpot_ms:>10.2f}  "
-            f"{'meets' if r.meets_slo else f'misses by {r.miss:.0%}'}")
+            f"{'meets' if r.meets_slo else f'misses by {r.miss:.0%}'}"
+            f"{' (open loop)' if r.deployment.disaggregated and traffic.concurrency else ''}")
+    if traffic.concurrency and any(r.deployment.disaggregated for r in results):
+        lines.append("(open loop): disaggregated pools are verified at the users' request rate "
+                     "from the analytic E2E (engine/disagg.py runs open loop only)")
     lines.append("serve_args (rdu-cluster serve ...):")
     lines += [f"{i:>2} {shlex.join(r.serve_args)}" for i, r in enumerate(results, 1)]
     return "\n".join(lines)

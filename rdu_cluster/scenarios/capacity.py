@@ -56,7 +56,7 @@ class SLO:
         bounds = dict(bench.MetricSpec.parse(None, [f.replace("slo", "") for f in items]).goodput)
         unknown = set(bounds) - {"ttft", "tpot"}
         if unknown:
-            raise ConfigError(f"--slo: {sorted(unknown)[0]}: accepted keys ttft, tpot")
+            raise ConfigError(f"--slo: {min(unknown)}: accepted keys ttft, tpot")
         if not 0 < percentile < 100:
             raise ConfigError(f"--slo-percentile: {percentile} must be in (0, 100)")
         if not bounds:
@@ -197,8 +197,7 @@ class Deployment:
     def grown(self) -> Deployment:
         """One size up: a replica more (of the decode pool when disaggregated)."""
         last = self.pools[-1]
-        step = max(1, self.sockets_per_node[-1] // group_sockets(last.plan))
-        pools = (*self.pools[:-1], replace(last, replicas=last.replicas + step))
+        pools = (*self.pools[:-1], replace(last, replicas=last.replicas + 1))
         per = (self.price_per_hour or 0) / self.sockets if self.price_per_hour else None
         d = replace(self, pools=pools)
         d.price_per_hour = None if per is None else per * d.sockets
@@ -207,21 +206,19 @@ class Deployment:
 
 def aggregated(cost: ReplicaCost, traffic: Traffic, slo: SLO, max_nodes: int,
                prompt: float, gen: float) -> Deployment | None:
-    """The smallest whole-node deployment of `cost`'s replica that passes the analytic test."""
+    """The fewest replicas of `cost`'s plan that pass the analytic test (sockets are priced
+    by the socket-hour, so a deployment need not fill its last node)."""
     bound = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
     b_max = cost.max_batch(bound)
     if not b_max or (slo.ttft_ms is not None and cost.prefill_s > slo.ttft_ms / 1e3):
         return None
-    per_node = max(1, cost.sockets_per_node // cost.group)  # replicas a node holds
-    nodes_per = max(1, cost.group // cost.sockets_per_node)
-    for nodes in range(nodes_per, max_nodes + 1, nodes_per):
-        n = nodes // nodes_per * per_node
+    for n in range(1, max_nodes * cost.sockets_per_node // cost.group + 1):
         ok, e2e, tpot_eff, rho = _load(cost, traffic, n, prompt, gen, b_max)
         if ok and (bound is None or tpot_eff <= bound):
             price = (None if cost.price_per_socket_hour is None
                      else cost.price_per_socket_hour * n * cost.group)
             return Deployment(cost.cluster, (Pool(cost.cluster, cost.plan, n),), b_max, None,
-                              e2e, (cost.sockets_per_node,), price,
+                              _short(e2e), (cost.sockets_per_node,), price,
                               {"tpot_s": tpot_eff, "rho": rho, "e2e_s": e2e})
     return None
 
@@ -275,10 +272,15 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
     price = (None if None in prices
              else prices[0] * n_p * pre.group + prices[1] * n_d * dec.group)
     return Deployment(f"{pre.cluster}->{dec.cluster}", (Pool(pre.cluster, pre.plan, n_p),
-                      Pool(dec.cluster, dec.plan, n_d)), b_max, lam, 0.0,
+                      Pool(dec.cluster, dec.plan, n_d)), b_max, _short(lam), 0.0,
                       (pre.sockets_per_node, dec.sockets_per_node), price,
                       {"tpot_s": tpot, "rho": lam / n_p * pre.prefill_s, "e2e_s": e2e,
                        "kv_transfer_s": move})
+
+
+def _short(x: float) -> float:
+    """6 significant figures: the value serve_args prints is the value verified."""
+    return float(f"{x:.6g}")
 
 
 # -- verification -----------------------------------------------------------------------------
@@ -348,9 +350,9 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
     args += ["--requests", str(len(trace)), "--prompt-len", traffic.prompt, "--output-len",
              traffic.output, "--max-batch", str(dep.max_batch), "--seed", str(traffic.seed)]
     if not dep.disaggregated and traffic.concurrency:
-        args += ["--concurrency", str(traffic.concurrency), "--ramp-up", f"{dep.ramp_s:.6g}"]
+        args += ["--concurrency", str(traffic.concurrency), "--ramp-up", repr(dep.ramp_s)]
     else:
-        args += ["--rate", f"{rate:.6g}"]
+        args += ["--rate", repr(rate)]
     args += ["--metric-percentiles", f"50,{bench.p_word(slo.percentile)}", "--goodput",
              slo.goodput_args()]
     return args

@@ -1,0 +1,90 @@
+"""`rdu-cluster capacity`: the analytic pre-filter, engine verification, the ranked table with
+serve_args that reproduce each row, --json / --plot, and exit 1 when nothing meets the SLO."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+from rdu_cluster.config import load_fabric
+from rdu_cluster.scenarios import capacity as cap
+from workloads.catalog import load_model
+from workloads.errors import ConfigError
+
+BASE = ["capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--cluster", "dgx-h100",
+        "--concurrency", "16", "--prompt-len", "512", "--output-len", "32", "--max-nodes", "2",
+        "--shortlist", "1"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_max_batch_keeps_tpot_within_the_bound():
+    rc = cap.replica_cost(load_model("llama-3.1-8b"), "dgx-h100", "tp2", 512, 32,
+                          load_fabric("ib-ndr"))
+    assert np.all(np.diff(rc.tpot_s) >= 0)  # a bigger batch never steps faster
+    b = rc.max_batch(0.006)
+    assert rc.tpot_at(b) <= 0.006 and 0 < b <= rc.kv_batch
+    assert rc.max_batch(1e-6) == 0  # faster than a batch of one: nothing
+    # the smallest deployment that passes: one replica fewer fails the analytic test
+    dep = cap.aggregated(rc, cap.Traffic(64, None), cap.SLO(500, 6), 2, 512, 32)
+    assert dep is not None and dep.pools[0].replicas >= 1
+    assert dep.max_batch == b and dep.sockets == 2 * dep.pools[0].replicas
+
+
+def test_capacity_ranks_verified_rows_and_their_serve_args_reproduce_them(tmp_path):
+    r = run(*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.output.splitlines()]
+    assert rows and rows[0]["meets_slo"] and {row["system"] for row in rows} == {
+        "sn40l-8", "dgx-h100"}
+    prices = [row["usd_per_hour"] for row in rows if row["meets_slo"]]
+    assert prices == sorted(prices)
+    best = rows[0]
+    again = run("serve", *best["serve_args"], "--json", "--out", str(tmp_path))
+    assert again.exit_code == 0, again.output
+    doc = json.loads(again.output)
+    assert doc["p99_ttft_ms"] == pytest.approx(best["p99_ttft_ms"])
+    assert doc["p99_tpot_ms"] == pytest.approx(best["p99_tpot_ms"])
+    assert doc["p99_ttft_ms"] <= 500 and doc["p99_tpot_ms"] <= 10
+
+
+def test_disaggregated_pair_and_plot(tmp_path):
+    png = tmp_path / "front.png"
+    r = run(*BASE, "--pair", "dgx-h100:sn40l-8", "--slo", "tpot:10", "--plot", str(png))
+    assert r.exit_code == 0, r.output
+    assert "dgx-h100->sn40l-8" in r.output and "--prefill-pool dgx-h100:" in r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_nothing_meets_the_slo_shows_the_closest_and_exits_1():
+    r = run(*BASE, "--slo", "tpot:0.5", "--slo", "ttft:1")
+    assert r.exit_code == 1
+    assert "nothing meets the SLO" in r.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--slo", "tpot:10", "--rate", "5"], "give --concurrency N or --rate R"),
+    (["--slo", "ttfb:10"], "--goodput: 'ttfb:10'"),
+    (["--slo", "e2el:10"], "--slo: e2el: accepted keys ttft, tpot"),
+    (["--slo", "tpot:10", "--pair", "dgx-h100"], "--pair: 'dgx-h100'"),
+    (["--slo", "tpot:10", "--plot", "x.svg"], "--plot x.svg: expected a .png"),
+])
+def test_bad_input_is_one_line(extra, message):
+    r = run(*BASE, *extra)
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.output
+
+
+def test_slo_parse():
+    slo = cap.SLO.parse(["ttft:2000", "tpot:20"], 99)
+    assert (slo.ttft_ms, slo.tpot_ms) == (2000, 20)
+    assert slo.misses(1000, 22) == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="--slo-percentile"):
+        cap.SLO.parse(["tpot:1"], 100)
