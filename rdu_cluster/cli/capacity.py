@@ -144,18 +144,27 @@ def _cheapest(deps, k):
 
 
 def _verified(dep, model, model_ref, w, traffic, slo, fab, backend_name):
-    """Serve the deployment; one size up (at most GROW_TRIES times) while it misses."""
-    kwargs = {}
-    res = None
-    for _ in range(cap.GROW_TRIES + 1):
-        try:
-            res = cap.verify(dep, model, model_ref, w, traffic, slo, fab,
-                             lambda: make_backend(backend_name, **kwargs))
-        except ConfigError:  # the engine refuses it (weights do not fit at its plan)
-            return res
-        if res.meets_slo:
-            return res
-        dep = dep.grown()
+    """Serve the deployment; one size up (at most GROW_TRIES times) while it misses; one size
+    down (at most SHRINK_TRIES times) while it meets with a margin (the pre-filter is
+    conservative: TPOT at the next evaluated batch up, one prompt's prefill unbatched)."""
+    serve = lambda d: cap.verify(d, model, model_ref, w, traffic, slo, fab,
+                                 lambda: make_backend(backend_name))
+    try:
+        res = serve(dep)
+        for _ in range(cap.GROW_TRIES):
+            if res.meets_slo:
+                break
+            res = serve(res.deployment.grown())
+        for _ in range(cap.SHRINK_TRIES):
+            smaller = res.deployment.shrunk()
+            if not res.meets_slo or res.miss > -cap.SHRINK_MARGIN or smaller is None:
+                break
+            trial = serve(smaller)
+            if not trial.meets_slo:
+                break
+            res = trial
+    except ConfigError:  # the engine refuses it (weights do not fit at its plan)
+        return None
     return res
 
 

@@ -42,6 +42,8 @@ from workloads.spec import ModelSpec
 BATCHES = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512])
 PREFILL_RHO_MAX = 0.8  # a prefill pool's utilization cap: queueing grows as 1/(1-rho) (M/D/1)
 GROW_TRIES = 2  # verification retries one size up
+SHRINK_TRIES = 2  # ... and one size down, while the SLO is met with SHRINK_MARGIN to spare
+SHRINK_MARGIN = 0.15  # 15% under the tighter bound
 MAX_BATCH_CAP = 512  # the engine's --max-batch ceiling tried here (vLLM's max_num_seqs is 256-1024)
 
 
@@ -196,11 +198,22 @@ class Deployment:
 
     def grown(self) -> Deployment:
         """One size up: a replica more (of the decode pool when disaggregated)."""
+        return self._resized(1)
+
+    def shrunk(self) -> Deployment | None:
+        """One size down (None at one replica)."""
+        return self._resized(-1) if self.pools[-1].replicas > 1 else None
+
+    def _resized(self, by: int) -> Deployment:
         last = self.pools[-1]
-        pools = (*self.pools[:-1], replace(last, replicas=last.replicas + 1))
-        per = (self.price_per_hour or 0) / self.sockets if self.price_per_hour else None
+        pools = (*self.pools[:-1], replace(last, replicas=last.replicas + by))
+        rates = [(self.price_per_hour or 0.0) / self.sockets] if self.price_per_hour else []
         d = replace(self, pools=pools)
-        d.price_per_hour = None if per is None else per * d.sockets
+        if rates and self.disaggregated:  # the decode pool's own price per socket
+            rates = [self.analytic.get("decode_socket_hour", rates[0])]
+            d.price_per_hour = self.price_per_hour + by * rates[0] * group_sockets(last.plan)
+        elif rates:
+            d.price_per_hour = rates[0] * d.sockets
         return d
 
 
@@ -275,7 +288,7 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                       Pool(dec.cluster, dec.plan, n_d)), b_max, _short(lam), 0.0,
                       (pre.sockets_per_node, dec.sockets_per_node), price,
                       {"tpot_s": tpot, "rho": lam / n_p * pre.prefill_s, "e2e_s": e2e,
-                       "kv_transfer_s": move})
+                       "kv_transfer_s": move, "decode_socket_hour": prices[1]})
 
 
 def _short(x: float) -> float:
