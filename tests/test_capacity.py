@@ -88,3 +88,11 @@ def test_slo_parse():
     assert slo.misses(1000, 22) == pytest.approx(0.1)
     with pytest.raises(ConfigError, match="--slo-percentile"):
         cap.SLO.parse(["tpot:1"], 100)
+
+
+def test_serve_args_carry_a_non_default_calibration():
+    r = run(BASE[0], "--calibration", "none", *BASE[1:], "--slo", "tpot:10", "--json")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output.splitlines()[0])
+    i = row["serve_args"].index("--calibration")
+    assert row["serve_args"][i + 1] == "none"

@@ -16,6 +16,7 @@ import numpy as np
 
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
+from rdu_cluster.cli.options import calibration_option
 from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_fabric
 from rdu_cluster.scenarios import capacity as cap
@@ -24,6 +25,7 @@ from workloads.errors import ConfigError
 
 
 @click.command()
+@calibration_option
 @click.option("--model", "model_ref", required=True, help="Catalog name or config.json path.")
 @click.option("--weights", "weights", multiple=True,
               help="Weight dtype(s) to try (fp8, bf16, ...) [default: the model's]; repeatable.")

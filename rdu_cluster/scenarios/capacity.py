@@ -35,6 +35,7 @@ from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transf
 from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from rdu_cluster.validation import calibration
 from workloads import graph, traces
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
@@ -351,6 +352,9 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
                slo: SLO, rate: float | None, fabric: FabricSpec, trace: traces.Trace) -> list:
     """`rdu-cluster serve` arguments that reproduce the verified run."""
     args = ["--model", model_ref, *(["--weights", weights] if weights else [])]
+    profile = calibration.active()  # the profile load_cluster applied (serve's --calibration)
+    if profile is None or profile.name != calibration.DEFAULT:
+        args += ["--calibration", "none" if profile is None else profile.name]
     if dep.disaggregated:
         args += ["--prefill-pool", str(dep.pools[0]), "--decode-pool", str(dep.pools[1]),
                  "--fabric", fabric.name]
