@@ -30,7 +30,7 @@ SYSTEMS = ("sn40l-16", "dgx-h100", "hgx-h200", "dgx-h100->sn40l-16")
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shortlist", type=int, default=1)
-    ap.add_argument("--max-nodes", type=int, default=16)
+    ap.add_argument("--max-nodes", type=int, default=24)
     a = ap.parse_args()
     args = ["capacity", "--model", "deepseek-v3", "--weights", "fp8", "--cluster", "sn40l-16",
             "--cluster", "dgx-h100", "--cluster", "hgx-h200", "--pair", "dgx-h100:sn40l-16",

@@ -12,7 +12,8 @@ at a TTFT / TPOT bound, found in two passes (as AIConfigurator and Vidur's confi
    bound alone and its prefill pool to keep rho <= PREFILL_RHO_MAX.
 2. Verification: each short-listed deployment is served by the engine (engine/simulation.py
    or engine/disagg.py) and the SLO percentile of TTFT and TPOT is measured (engine/bench.py).
-   A candidate that misses is retried one size up, at most GROW_TRIES times.
+   A candidate that misses is retried one size up, at most GROW_TRIES times; one that meets
+   with SHRINK_MARGIN to spare one size down, at most SHRINK_TRIES times.
 
 Aggregated candidates are verified closed loop (N clients, ramped up over one estimated E2E so
 that they do not all prefill at once); disaggregated ones open loop at the analytic request rate
@@ -121,11 +122,12 @@ class ReplicaCost:
         return int(min(ok.max(), self.kv_batch, MAX_BATCH_CAP)) if len(ok) else 0
 
     def tpot_at(self, batch: float) -> float:
-        """TPOT at `batch`: the next evaluated batch up (conservative), inf beyond the KV."""
-        if batch > self.kv_batch:
+        """TPOT at `batch`, linear between the evaluated batches (a decode step's cost is
+        close to linear in batch between them: weights once, KV and FLOPs per sequence); inf
+        beyond the KV capacity or the largest batch evaluated."""
+        if batch > self.kv_batch or batch > self.batches[-1]:
             return math.inf
-        i = int(np.searchsorted(self.batches, batch, side="left"))
-        return float(self.tpot_s[min(i, len(self.batches) - 1)])
+        return float(np.interp(batch, self.batches, self.tpot_s))
 
 
 def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, gen: float,
