@@ -48,18 +48,19 @@ def test_capacity_ranks_verified_rows_and_their_serve_args_reproduce_them(tmp_pa
     best = rows[0]
     again = run("serve", *best["serve_args"], "--json", "--out", str(tmp_path))
     assert again.exit_code == 0, again.output
-    doc = json.loads(again.output)
+    doc = json.loads(again.stdout)
     assert doc["p99_ttft_ms"] == pytest.approx(best["p99_ttft_ms"])
     assert doc["p99_tpot_ms"] == pytest.approx(best["p99_tpot_ms"])
     assert doc["p99_ttft_ms"] <= 500 and doc["p99_tpot_ms"] <= 10
 
 
 def test_disaggregated_pair_and_plot(tmp_path):
-    png = tmp_path / "front.png"
-    r = run(*BASE, "--pair", "dgx-h100:sn40l-8", "--slo", "tpot:10", "--plot", str(png))
+    page = tmp_path / "front.html"
+    r = run(*BASE, "--pair", "dgx-h100:sn40l-8", "--slo", "tpot:10", "--plot", str(page))
     assert r.exit_code == 0, r.output
     assert "dgx-h100->sn40l-8" in r.output and "--prefill-pool dgx-h100:" in r.output
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = page.read_text()
+    assert "Pareto front per system" in html and "dgx-h100" in html and "sn40l-8" in html
 
 
 def test_nothing_meets_the_slo_shows_the_closest_and_exits_1():
@@ -73,7 +74,7 @@ def test_nothing_meets_the_slo_shows_the_closest_and_exits_1():
     (["--slo", "ttfb:10"], "--goodput: 'ttfb:10'"),
     (["--slo", "e2el:10"], "--slo: e2el: accepted keys ttft, tpot"),
     (["--slo", "tpot:10", "--pair", "dgx-h100"], "--pair: 'dgx-h100'"),
-    (["--slo", "tpot:10", "--plot", "x.svg"], "--plot x.svg: expected a .png"),
+    (["--slo", "tpot:10", "--plot", "x.svg"], "--plot x.svg: expected an .html"),
 ])
 def test_bad_input_is_one_line(extra, message):
     r = run(*BASE, *extra)

@@ -44,7 +44,7 @@ def test_serve_json_has_vllm_keys_and_is_saved(tmp_path):
     r = run(*ARGS, "--json", "--metric-percentiles", "50,99.9", "--goodput", "ttft:1000 tpot:50",
             "--out", str(tmp_path / "o"))
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert VLLM_KEYS - {"p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms"} <= set(doc)
     assert "p99.9_itl_ms" in doc and "p50_ttft_ms" in doc
     assert doc == json.loads((tmp_path / "o" / "summary.json").read_text())
@@ -61,7 +61,7 @@ def test_serve_closed_loop_and_dtypes(tmp_path):
             "--concurrency", "4", "--output-len", "8", "--weights", "fp8", "--kv-dtype", "fp8",
             "--json", "--out", str(tmp_path))
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["max_concurrency"] == 4 and doc["request_rate"] == "inf"
     assert doc["completed"] == 24
 
@@ -166,7 +166,7 @@ def test_serve_disaggregated_pools(tmp_path):
             "--prefill-pool", "dgx-h100:tp8:1", "--decode-pool", "sn40l-16:tp16:1", "--json",
             "--out", str(tmp_path))
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["completed"] == 12 and "ib-ndr" in doc["cluster"]
     req = pq.read_table(tmp_path / "requests.parquet").to_pydict()
     assert min(req["kv_transfer_s"]) > 0

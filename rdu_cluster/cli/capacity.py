@@ -58,7 +58,8 @@ from workloads.errors import ConfigError
               show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
 @click.option("--plot", "plot_path", default=None,
-              help="Write the Pareto front (tokens/s per user vs per socket) per system (.png).")
+              help="Write the Pareto front (tokens/s per user vs per socket) per system: an "
+              "interactive .html page (Plotly).")
 def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, prompt_len,
              output_len, requests, slos, slo_percentile, disaggregated, pairs, fabric, shortlist,
              seed, backend_name, as_json, plot_path) -> None:
@@ -72,8 +73,8 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
         raise ConfigError(f"--rate: must be a positive finite number, got {rate}")
     if max_nodes < 1 or shortlist < 1:
         raise ConfigError("--max-nodes/--shortlist: must be positive")
-    if plot_path and Path(plot_path).suffix != ".png":
-        raise ConfigError(f"--plot {plot_path}: expected a .png file name")
+    if plot_path and Path(plot_path).suffix != ".html":
+        raise ConfigError(f"--plot {plot_path}: expected an .html file name")
     slo = cap.SLO.parse(slos, slo_percentile)
     traffic = cap.Traffic(concurrency, rate, prompt_len, output_len, requests, seed)
     prompt, gen = traffic.mean_lengths()
@@ -245,20 +246,32 @@ def _closest(results, slo) -> str:
 
 
 def _plot(costs, path: Path) -> None:
-    """Each system's analytic front: a replica of each plan at each batch (tokens/s per user
-    = 1 / TPOT, per socket = batch / TPOT / sockets)."""
-    from rdu_cluster.output import plots
+    """Each system's analytic front as an interactive page (Plotly, as `report` draws): a
+    replica of each plan at each batch (tokens/s per user = 1 / TPOT, per socket = batch /
+    TPOT / sockets), faint points, the front as a line, plan and batch on hover."""
+    from rdu_cluster.output.plots import pareto_front, require_plotly
 
-    label = lambda w, c: c.cluster + (f" {w}" if w else "")
-    rows = [(label(w, c), b / t / c.group, 1 / t)
-            for w, c in costs for b, t in zip(c.batches, c.tpot_s)]
-    if not rows:
+    go = require_plotly()
+    if not costs:
         raise ConfigError("--plot: no plan fits, nothing to plot")
-    cols = {"cluster": np.array([r[0] for r in rows]),
-            "tokens_per_s_total": np.array([r[1] for r in rows]),
-            "sockets": np.ones(len(rows)),
-            "tokens_per_s_per_request": np.array([r[2] for r in rows])}
-    png, _ = plots.pareto(cols)
     if not path.parent.exists():
         raise ConfigError(f"--plot {path}: folder {path.parent} does not exist")
-    path.write_bytes(png)
+    systems: dict[str, list] = {}
+    for w, c in costs:
+        pts = systems.setdefault(c.cluster + (f" {w}" if w else ""), [[], [], []])
+        pts[0] += list(c.batches / c.tpot_s / c.group)
+        pts[1] += list(1 / c.tpot_s)
+        pts[2] += [f"{c.plan}, batch {b}" for b in c.batches]
+    fig = go.Figure()
+    for name, (x, y, text) in systems.items():
+        x, y, text = np.array(x), np.array(y), np.array(text)
+        front = pareto_front(x, y)
+        fig.add_trace(go.Scatter(x=x, y=y, text=text, mode="markers", opacity=0.3,
+                                 name=f"{name} (all)", legendgroup=name))
+        fig.add_trace(go.Scatter(x=x[front], y=y[front], text=text[front],
+                                 mode="lines+markers", name=name, legendgroup=name))
+    fig.update_layout(title="Pareto front per system (analytic step costs)",
+                      xaxis={"type": "log", "title": "tokens/s per socket"},
+                      yaxis={"type": "log", "title": "tokens/s per user"},
+                      template="plotly_white")
+    path.write_text(fig.to_html(include_plotlyjs="cdn", full_html=True))
