@@ -1,19 +1,30 @@
-"""Cost a plan: programs -> per-stage step costs (chip execution model + interconnect) ->
-pipeline period, tokens/s, footprints, bound.
+"""THE plan evaluator: a Plan plus arrays of batch, prompt and generation lengths -> per-stage
+step costs, the per-socket footprint of every tier, whether each point fits, and the derived
+figures (TPOT, TTFT, tokens/s, bound). Every command goes through `evaluate_plan`; the flat
+`Estimate` that tables print (partitioning.estimate) is a view of its result.
 
-Decode is costed at the mean context of the generation (prompt + (gen - 1) / 2), as
-partitioning.estimate does. Pipeline: the batch is cut into m micro-batches (default min(batch,
-pp)); a micro-batch's next token needs its previous one, so its period is the longer of its
-trip through all stages (sum of stage times) and the time the busiest stage spends on all m
-micro-batches: period = max(sum_s t_s, m * max_s t_s). At batch 1 (m = 1) a pipeline only adds
-hops: the bubble is (pp - 1) / pp, which is why TP beats PP for single-stream decode.
-Bytes spilled to DDR stream at DDR bandwidth, after (not overlapped with) the HBM stream: a
-conservative rule, stated here. Expert-load imbalance comes from the routing model.
+Decode is costed at the mean context of the generation, prompt + (gen - 1) / 2: exact for every
+term linear in context (KV streaming, attention FLOPs), the bulk of decode cost. Pipeline: the
+batch is cut into m micro-batches (default min(batch, pp)); a micro-batch's next token needs its
+previous one, so its period is the longer of its trip through all stages (sum of stage times)
+and the time the busiest stage spends on all m micro-batches: period = max(sum_s t_s,
+m * max_s t_s). At batch 1 (m = 1) a pipeline only adds hops: the bubble is (pp - 1) / pp,
+which is why TP beats PP for single-stream decode. Bytes spilled to DDR stream at DDR
+bandwidth, after (not overlapped with) the HBM stream: a conservative rule, stated here.
+Expert-load imbalance comes from the routing model, per point (it depends on the tokens a step
+routes). Prefill is the prompt's forward pass through every stage in turn.
+
+Vectorized: every array input broadcasts; a stage is costed by one step_cost call over all the
+points. What plans share is cached (graphs per shard shape in partitioning.program, footprints
+per stage, collective cost functions per group layout), so a plan search costs each distinct
+stage shape once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -22,145 +33,312 @@ from chip import execution
 from chip.cost import StepCost
 from interconnect import build_topology, comm_time_fn
 from partitioning.cluster import ClusterSpec
-from partitioning.footprint import Footprint, Placement, PlanDoesNotFit, check_fit, footprints
+from partitioning.footprint import Footprint, Placement, PlanDoesNotFit, footprints, misfits
 from partitioning.plan import Plan, validate
-from partitioning.program import Program, build_programs, concurrent_groups
+from partitioning.program import Program, build_programs, concurrent_groups, groups_of
 from partitioning.routing import RoutingModel, expert_load
-from workloads.ops import Graph, OpClass, StepShape
+from workloads.errors import ConfigError
+from workloads.ops import Collective, Graph, OpClass, StepShape, Work
 from workloads.spec import ModelSpec
+
+CommTime = Callable[[Collective], Work]
 
 
 @dataclass(frozen=True)
 class PlanEstimate:
+    """The evaluator's result; every figure broadcasts over the design points."""
+
     plan: Plan
     model: str
     cluster: str
-    batch: float
-    prompt_len: float
-    gen_len: float
+    batch: Work
+    prompt_len: Work
+    gen_len: Work
     stage_decode: tuple[StepCost, ...]  # one micro-batch decode step per stage
-    stage_ddr_s: tuple[float, ...]  # DDR streaming added to each stage's decode step
-    micro_batches: int
-    tpot_s: float
-    ttft_s: float | None
+    stage_ddr_s: tuple[Work, ...]  # DDR streaming added to each stage's decode step
+    micro_batches: Work
+    tpot_s: Work
+    prefill: StepCost | None  # the prompt through every stage, None when not asked for
     footprints: tuple[Footprint, ...]
-    expert_load: float
+    expert_load: Work
+    misfit: Any  # per point: "" where it fits, else the one-line reason (footprint.misfits)
+    hbm_bandwidth: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def tokens_per_s_per_request(self) -> float:
+    def ttft_s(self) -> Work | None:
+        return None if self.prefill is None else self.prefill.time_s
+
+    @property
+    def fits(self) -> Work:
+        return self.misfit == ""
+
+    @property
+    def tokens_per_s_per_request(self) -> Work:
         return 1.0 / self.tpot_s
 
     @property
-    def tokens_per_s_total(self) -> float:
+    def tokens_per_s_total(self) -> Work:
         return self.plan.dp * self.batch / self.tpot_s
 
     @property
-    def stage_times_s(self) -> tuple[float, ...]:
-        return tuple(float(np.max(c.time_s)) + d for c, d in zip(self.stage_decode,
-                                                                   self.stage_ddr_s))
+    def stage_times_s(self) -> tuple[Work, ...]:
+        return tuple(c.time_s + d for c, d in zip(self.stage_decode, self.stage_ddr_s))
 
     @property
-    def bubble_fraction(self) -> float:
+    def slowest_stage(self) -> Work:
+        """Per point, the index of the stage that takes longest."""
+        return np.argmax(np.stack(np.broadcast_arrays(*self.stage_times_s)), axis=0)
+
+    @property
+    def bubble_fraction(self) -> Work:
         busy = self.micro_batches * sum(self.stage_times_s)
         return 1.0 - busy / (self.plan.pp * self.tpot_s)
 
     @property
-    def hbm_used_bytes(self) -> float:
-        return max(fp.tier("hbm") for fp in self.footprints)
+    def hbm_used_bytes(self) -> Work:
+        return _max(fp.tier("hbm") for fp in self.footprints)
 
     @property
-    def ddr_used_bytes(self) -> float:
-        return max(fp.tier("ddr") for fp in self.footprints)
+    def ddr_used_bytes(self) -> Work:
+        return _max(fp.tier("ddr") for fp in self.footprints)
 
     @property
-    def bound(self) -> str:
-        """What sets the step time: the slowest stage's dominant cause, or the DDR stream, or
-        the pipeline bubble when stages idle more than half the time."""
-        times = self.stage_times_s
-        s = int(np.argmax(times))
-        if self.stage_ddr_s[s] > times[s] / 2:
-            return "ddr"
-        if self.bubble_fraction > 0.5:
-            return "pipeline_bubble"
-        return str(np.ravel(self.stage_decode[s].bound())[0])
+    def decode(self) -> StepCost:
+        """One token period of the slowest stage, as one StepCost: its breakdown plus the DDR
+        stream and the pipeline bubble, so the causes still add up to the TPOT."""
+        idx = self.slowest_stage
+        crit = _pick_cost(self.stage_decode, idx)
+        ddr = _pick(self.stage_ddr_s, idx)
+        bubble = self.tpot_s - _pick(self.stage_times_s, idx)
+        by_cause, by_class = dict(crit.by_cause), dict(crit.by_class)
+        for extra, t in (("ddr_streaming", ddr), ("pipeline_bubble", bubble)):
+            by_cause[extra] = by_cause.get(extra, 0.0) + t
+            by_class[extra] = by_class.get(extra, 0.0) + t
+        # Per token period each socket streams its stage once per micro-batch.
+        m, pp = self.micro_batches, self.plan.pp
+        mean = lambda attr: m * sum(getattr(c, attr) for c in self.stage_decode) / pp
+        return StepCost(self.tpot_s, by_cause, by_class, mean("useful_hbm_bytes"),
+                        mean("flops"), crit.kernels)
+
+    @property
+    def bound(self) -> Work:
+        """What sets the step time, per point: the slowest stage's dominant cause, or the DDR
+        stream, or the pipeline bubble when stages idle more than half the time."""
+        idx = self.slowest_stage
+        crit = _pick_cost(self.stage_decode, idx)
+        times = _pick(self.stage_times_s, idx)
+        ddr = _pick(self.stage_ddr_s, idx)
+        shape = np.shape(self.tpot_s)
+        out = np.broadcast_to(crit.bound(), shape).astype(object)
+        out = np.where(np.broadcast_to(self.bubble_fraction > 0.5, shape), "pipeline_bubble", out)
+        out = np.where(np.broadcast_to(ddr > times / 2, shape), "ddr", out)
+        return out if out.ndim else str(out)
+
+
+def _max(values) -> Work:
+    out: Work = 0.0
+    for v in values:
+        out = np.maximum(out, v)
+    return out
+
+
+def _pick(values: tuple[Work, ...], idx: Work) -> Work:
+    if len(values) == 1:
+        return values[0]
+    stacked = np.stack(np.broadcast_arrays(*values, idx)[:-1])
+    return np.take_along_axis(stacked, np.asarray(idx)[None, ...], axis=0)[0]
+
+
+def _pick_cost(costs: tuple[StepCost, ...], idx: Work) -> StepCost:
+    if len(costs) == 1:
+        return costs[0]
+    pick = lambda attr: _pick(tuple(getattr(c, attr) for c in costs), idx)
+    keyed = lambda attr, k: _pick(tuple(getattr(c, attr).get(k, 0.0) for c in costs), idx)
+    causes = {k for c in costs for k in c.by_cause}
+    classes = {k for c in costs for k in c.by_class}
+    return StepCost(pick("time_s"), {k: keyed("by_cause", k) for k in sorted(causes)},
+                    {k: keyed("by_class", k) for k in sorted(classes)},
+                    pick("useful_hbm_bytes"), pick("flops"), pick("kernels"))
 
 
 def topology_of(cluster: ClusterSpec):
-    key = (cluster.topology, cluster.sockets, cluster.sockets_per_node)
-    if key not in _topologies:
-        _topologies[key] = build_topology(*key)
-    return _topologies[key]
+    return _topology(cluster.topology, cluster.sockets, cluster.sockets_per_node)
 
 
-_topologies: dict = {}
+@lru_cache(maxsize=64)
+def _topology(spec, sockets: int, per_node: int):
+    return build_topology(spec, sockets, per_node)
+
+
+def plan_comm_time(cluster: ClusterSpec, plan: Plan, socket: int = 0) -> CommTime:
+    """Collectives of `socket`'s groups under `plan`, sharing links with the other groups (they
+    run the same collective at once). Cached per group layout: plans that share it share the
+    collective costs."""
+    return _comm(topology_of(cluster), _frozen(groups_of(plan, socket)),
+                 _frozen(concurrent_groups(plan)))
+
+
+def tp_comm_time(cluster: ClusterSpec, tp: int) -> CommTime:
+    """A tensor-parallel plan over `tp` sockets, replicated over the rest."""
+    return plan_comm_time(cluster, Plan(tp=tp, dp=cluster.sockets // tp))
+
+
+def _frozen(groups: dict) -> tuple:
+    return tuple(sorted(groups.items(), key=repr))
+
+
+@lru_cache(maxsize=1024)
+def _comm(topology, groups: tuple, concurrent: tuple) -> CommTime:
+    return comm_time_fn(topology, dict(groups), dict(concurrent))
 
 
 def evaluate_plan(
     spec: ModelSpec,
     cluster: ClusterSpec,
     plan: Plan,
-    batch: float = 1,
-    prompt_len: float = 1024,
-    gen_len: float = 256,
+    batch: Work = 1,
+    prompt_len: Work = 1024,
+    gen_len: Work = 256,
     placement: Placement | None = None,
     routing: RoutingModel | None = None,
     options: Any = None,
     prefill: bool = True,
     check: bool = True,
+    execution_model: str | None = None,
+    comm_time: CommTime | None = None,
 ) -> PlanEstimate:
-    """Cost `plan` for `spec` on `cluster`; raises ConfigError / PlanDoesNotFit first."""
+    """Cost `plan` for `spec` on `cluster` at every (batch, prompt_len, gen_len) point.
+
+    Raises ConfigError for a plan that cannot run the model on the cluster, and, with `check`,
+    PlanDoesNotFit (the one footprint message) when a point does not fit; with check=False the
+    points that do not fit are costed all the same and carry their reason in `misfit`.
+    `comm_time` replaces the interconnect's costs (a what-if), `execution_model` the chip's."""
+    _check_positive(batch=batch, prompt_len=prompt_len, gen_len=gen_len)
     validate(plan, spec, cluster.sockets)
+    batch, prompt_len, gen_len = (_num(x) for x in (batch, prompt_len, gen_len))
     placement = placement or Placement()
+    routing = routing or RoutingModel()
     programs = build_programs(spec, plan)
-    fps = footprints(spec, programs, cluster.chip, batch, prompt_len + gen_len, prompt_len,
-                     placement)
-    if check:
-        check_fit(fps, plan, spec.name, cluster.name)
-    topo = topology_of(cluster)
-    conc = concurrent_groups(plan)
-    m = plan.micro_batches or int(min(batch, plan.pp))
-    mb = batch / m
-    load = _load(spec, plan, routing or RoutingModel(), mb)
-    context = prompt_len + (gen_len - 1) / 2
-    costs, ddr = [], []
-    stage_heads = [p for p in programs if p.coords.dp == 0 and p.coords.ep == 0
-                   and p.coords.tp == 0]
-    for prog in stage_heads:
-        g = prog.graph(spec, StepShape.decode(mb, context), load)
-        cost, ddr_s = _stage_cost(g, prog, fps[prog.socket], cluster, topo, conc, options)
-        costs.append(cost)
-        ddr.append(ddr_s)
-    times = [float(np.max(c.time_s)) + d for c, d in zip(costs, ddr)]
-    tpot = max(sum(times), m * max(times))
-    ttft = _prefill_time(spec, cluster, plan, stage_heads, fps, topo, conc, batch, prompt_len,
-                         routing, options) if prefill else None
-    return PlanEstimate(plan, spec.name, cluster.name, float(batch), float(prompt_len),
-                        float(gen_len), tuple(costs), tuple(ddr), m, tpot, ttft, fps, load)
+    fps = _footprints(spec, plan, programs, cluster, batch, prompt_len + gen_len, prompt_len,
+                      placement)
+    misfit = misfits(fps, plan, spec.name, cluster.name)
+    if check and np.any(misfit != ""):
+        raise PlanDoesNotFit(next(r for r in np.ravel(misfit) if r))
+    heads = [p for p in programs if p.coords.dp == 0 and p.coords.ep == 0 and p.coords.tp == 0]
+    m = plan.micro_batches or np.maximum(1.0, np.minimum(batch, plan.pp))
+    if plan.micro_batches:
+        m = float(m)
+    load = _load(spec, plan, routing, batch / m)
+    context = prompt_len + (gen_len - 1.0) / 2.0
+    cost = _Stager(spec, cluster, plan, fps, options, execution_model, comm_time)
+    decode = [cost(p, StepShape.decode(batch / m, context), load) for p in heads]
+    costs, ddr = tuple(c for c, _ in decode), tuple(d for _, d in decode)
+    times = [c.time_s + d for c, d in zip(costs, ddr)]
+    tpot = np.maximum(sum(times), m * _max(times))
+    pre = None
+    if prefill:
+        pload = _load(spec, plan, routing, batch * prompt_len)
+        pre = _sum_costs([cost(p, StepShape.prefill(batch, prompt_len), pload) for p in heads])
+    return PlanEstimate(plan, spec.name, cluster.name, batch, prompt_len, gen_len, costs, ddr,
+                        m, tpot, pre, fps, load, misfit, cluster.chip.hbm.bandwidth_bytes_per_s)
 
 
-def _load(spec: ModelSpec, plan: Plan, routing: RoutingModel, tokens: float) -> float:
+def _num(x: Work) -> Work:
+    a = np.asarray(x, dtype=float)
+    return float(a) if a.ndim == 0 else a
+
+
+def _check_positive(**values: Work) -> None:
+    for name, value in values.items():
+        if np.any(np.asarray(value) <= 0):
+            raise ConfigError(f"{name.replace('_', '-')}: must be positive, got {value}")
+
+
+_FOOTPRINTS: dict = {}
+
+
+def _footprints(spec, plan, programs, cluster, batch, context, prompt_len, placement):
+    """footprints(), cached for scalar points by what decides them (the model, the shard
+    degrees, the stages, the chip, the shape and the placement): a plan search asks for the
+    same ones again and again (plans that differ only in dp)."""
+    if any(np.ndim(x) for x in (batch, context, prompt_len)):
+        return footprints(spec, programs, cluster.chip, batch, context, prompt_len, placement)
+    # Keyed by identity (a spec or chip is not cheap to hash); the entry keeps both alive and
+    # is used only while they are the very same objects.
+    key = (id(spec), id(cluster.chip), plan.tp, plan.ep, plan.pp, plan.mixer_tp, batch,
+           context, prompt_len, placement)
+    hit = _FOOTPRINTS.get(key)
+    if hit is not None and hit[0] is spec and hit[1] is cluster.chip:
+        stage = hit[2]
+    else:
+        stage = footprints(spec, programs[:: plan.width][: plan.pp], cluster.chip, batch,
+                           context, prompt_len, placement)
+        if len(_FOOTPRINTS) > 4096:
+            _FOOTPRINTS.clear()
+        _FOOTPRINTS[key] = (spec, cluster.chip, stage)
+    return tuple(replace(stage[p.coords.pp], socket=p.socket) for p in programs)
+
+
+def _load(spec: ModelSpec, plan: Plan, routing: RoutingModel, tokens: Work) -> Work:
     if spec.moe is None or plan.ep <= 1:
         return 1.0
-    return expert_load(routing, spec.moe.num_experts, spec.moe.top_k, plan.ep, tokens)
+    one = lambda t: expert_load(routing, spec.moe.num_experts, spec.moe.top_k, plan.ep, t)
+    if np.ndim(tokens) == 0:
+        return one(float(tokens))
+    flat = np.ravel(tokens)
+    values, inverse = np.unique(flat, return_inverse=True)
+    return np.array([one(v) for v in values])[inverse].reshape(np.shape(tokens))
 
 
-def _stage_cost(g: Graph, prog: Program, fp: Footprint, cluster: ClusterSpec, topo, conc,
-                options) -> tuple[StepCost, float]:
-    g, ddr_bytes = _spill(g, fp)
-    comm = comm_time_fn(topo, prog.groups, conc)
-    cost = execution.step_cost(g, cluster.chip, comm, options)
-    ddr_s = 0.0
-    if ddr_bytes:
-        ddr_s = ddr_bytes / cluster.chip.tier("ddr").bandwidth_bytes_per_s
-    return cost, ddr_s
+@dataclass
+class _Stager:
+    """Costs one stage's step: its graph on the chip's execution model, its collectives on the
+    interconnect, and the DDR stream of what its socket spilled."""
+
+    spec: ModelSpec
+    cluster: ClusterSpec
+    plan: Plan
+    fps: tuple[Footprint, ...]
+    options: Any
+    execution_model: str | None
+    comm_time: CommTime | None
+
+    def __call__(self, prog: Program, shape: StepShape, load: Work) -> tuple[StepCost, Work]:
+        g, ddr_bytes = _spill(prog.graph(self.spec, shape, load), self.fps[prog.socket])
+        comm = self.comm_time or plan_comm_time(self.cluster, self.plan, prog.socket)
+        cost = execution.step_cost(g, self.cluster.chip, comm, self.options,
+                                   self.execution_model)
+        ddr_s: Work = 0.0
+        if np.any(ddr_bytes):
+            ddr_s = ddr_bytes / self.cluster.chip.tier("ddr").bandwidth_bytes_per_s
+        return cost, ddr_s
 
 
-def _spill(g: Graph, fp: Footprint) -> tuple[Graph, float]:
+def _sum_costs(parts: list[tuple[StepCost, Work]]) -> StepCost:
+    """Stages one after another (a prompt through the pipeline): times and breakdowns add."""
+    if len(parts) == 1 and not np.any(parts[0][1]):
+        return parts[0][0]
+    by_cause: dict = {}
+    by_class: dict = {}
+    for c, ddr in parts:
+        for k, v in c.by_cause.items():
+            by_cause[k] = by_cause.get(k, 0.0) + v
+        for k, v in c.by_class.items():
+            by_class[k] = by_class.get(k, 0.0) + v
+        if np.any(ddr):
+            by_cause["ddr_streaming"] = by_cause.get("ddr_streaming", 0.0) + ddr
+            by_class["ddr_streaming"] = by_class.get("ddr_streaming", 0.0) + ddr
+    total = lambda attr: sum(getattr(c, attr) for c, _ in parts)
+    return StepCost(sum(c.time_s + d for c, d in parts), by_cause, by_class,
+                    total("useful_hbm_bytes"), total("flops"), total("kernels"))
+
+
+def _spill(g: Graph, fp: Footprint) -> tuple[Graph, Work]:
     """Move the spilled share of each op's weight / KV reads off HBM; return the DDR bytes."""
     fe, fd, fk = (fp.spilled_fraction.get(k, 0.0) for k in ("experts", "dense_weights",
                                                             "kv_cache"))
-    if not (fe or fd or fk):
+    if not (np.any(fe) or np.any(fd) or np.any(fk)):
         return g, 0.0
     blocks, ddr = [], 0.0
     for block in g.blocks:
@@ -168,24 +346,12 @@ def _spill(g: Graph, fp: Footprint) -> tuple[Graph, float]:
         for op in block.ops:
             fw = fe if op.cls is OpClass.EXPERT else fd
             kv = op.kv_read_bytes + op.kv_write_bytes
-            ddr += block.repeat * float(np.max(op.weight_bytes * fw + kv * fk))
+            ddr = ddr + block.repeat * (op.weight_bytes * fw + kv * fk)
             ops.append(replace(op, weight_bytes=op.weight_bytes * (1 - fw),
                                kv_read_bytes=op.kv_read_bytes * (1 - fk),
                                kv_write_bytes=op.kv_write_bytes * (1 - fk)))
         blocks.append(replace(block, ops=tuple(ops)))
     return g.with_blocks(tuple(blocks)), ddr
-
-
-def _prefill_time(spec, cluster, plan, stage_heads, fps, topo, conc, batch, prompt_len, routing,
-                  options) -> float:
-    """The prompt's forward pass through every stage in turn (no chunked pipelining)."""
-    load = _load(spec, plan, routing or RoutingModel(), batch * prompt_len)
-    total = 0.0
-    for prog in stage_heads:
-        g = prog.graph(spec, StepShape.prefill(batch, prompt_len), load)
-        cost, ddr_s = _stage_cost(g, prog, fps[prog.socket], cluster, topo, conc, options)
-        total += float(np.max(cost.time_s)) + ddr_s
-    return total
 
 
 def search_plans(
@@ -208,24 +374,3 @@ def search_plans(
                              routing, options, prefill=prefill)
 
     return search(enumerate_plans(spec, cluster.sockets), evaluator, objective)
-
-
-def resolve_plan(
-    spec: ModelSpec,
-    cluster: ClusterSpec,
-    plan: str | Plan | None = None,
-    objective: str = "latency",
-    **kwargs: Any,
-) -> PlanEstimate:
-    """`simulate --plan`: evaluate the named plan, or, with none, the best plan for `objective`
-    (raises PlanDoesNotFit when no plan fits, with the widest plan's overflow)."""
-    if plan is not None:
-        p = plan if isinstance(plan, Plan) else Plan.parse(plan)
-        return evaluate_plan(spec, cluster, p, **kwargs)
-    prefill = kwargs.pop("prefill", True)
-    result = search_plans(spec, cluster, objective, **kwargs)
-    if not result.ranked:
-        reason = result.rejected[-1][1] if result.rejected else "no valid plan"
-        raise PlanDoesNotFit(f"no plan of {result.evaluated} fits; the widest: {reason}")
-    best = result.ranked[0].plan
-    return evaluate_plan(spec, cluster, best, prefill=prefill, **kwargs)

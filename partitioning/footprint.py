@@ -19,7 +19,8 @@ bandwidth by the evaluator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from partitioning.plan import Plan
 from partitioning.program import Program
 from workloads import params
 from workloads.errors import ConfigError
-from workloads.ops import Graph, OpClass, StepShape
+from workloads.ops import Graph, OpClass, StepShape, Work
 from workloads.spec import FFN, ModelSpec
 
 SPILL_ORDER = ("experts", "dense_weights", "kv_cache")
@@ -58,19 +59,22 @@ class Placement:
 
 @dataclass(frozen=True)
 class Footprint:
+    """Bytes per (region, tier) of one socket; values broadcast over the design points."""
+
     socket: int
-    regions: dict[tuple[str, str], float]  # (region, tier) -> bytes
+    regions: dict[tuple[str, str], Work]  # (region, tier) -> bytes
     capacity: dict[str, float]  # tier -> bytes
-    spilled_fraction: dict[str, float]  # "experts" | "dense_weights" | "kv_cache" -> share in DDR
+    spilled_fraction: dict[str, Work]  # "experts" | "dense_weights" | "kv_cache" -> DDR share
 
-    def tier(self, name: str) -> float:
-        return sum(b for (_, t), b in self.regions.items() if t == name)
+    def tier(self, name: str) -> Work:
+        return sum((b for (_, t), b in self.regions.items() if t == name), 0.0)
 
-    def region(self, name: str) -> float:
-        return sum(b for (r, _), b in self.regions.items() if r == name)
+    def region(self, name: str) -> Work:
+        return sum((b for (r, _), b in self.regions.items() if r == name), 0.0)
 
-    def overflow(self) -> dict[str, float]:
-        return {t: self.tier(t) - cap for t, cap in self.capacity.items() if self.tier(t) > cap}
+    def overflow(self, name: str) -> Work:
+        """Bytes beyond the tier's capacity (0 where it fits)."""
+        return np.maximum(0.0, self.tier(name) - self.capacity.get(name, np.inf))
 
 
 @dataclass(frozen=True)
@@ -88,17 +92,19 @@ class Demand:
         return self.experts + self.dense_weights
 
 
-def demand(spec: ModelSpec, program: Program, batch: float, context: float,
-           prompt_len: float) -> Demand:
-    decode = program.graph(spec, StepShape.decode(float(batch), float(context)))
+def demand(spec: ModelSpec, program: Program, batch: Work, context: Work,
+           prompt_len: Work) -> Demand:
+    """Per-socket bytes before placement; batch, context and prompt_len may be arrays (one
+    value per design point), and the result broadcasts over them."""
+    decode = program.graph(spec, StepShape.decode(batch, context))
     # Prompts are prefilled one at a time (a batch fills up by continuous batching), so the
     # activation peak is one prompt's.
-    prefill = program.graph(spec, StepShape.prefill(1.0, float(prompt_len)))
+    prefill = program.graph(spec, StepShape.prefill(1.0, prompt_len))
     experts = _expert_bytes(spec, program)
     return Demand(
         experts=experts,
         dense_weights=_dense_weight_bytes(spec, program, decode),
-        kv_cache=float(decode.total("kv_read_bytes")),
+        kv_cache=decode.total("kv_read_bytes"),
         activations=_peak_activation(prefill),
         sram_working_set=_peak_activation(decode),
     )
@@ -128,68 +134,93 @@ def _expert_bytes(spec: ModelSpec, program: Program) -> float:
     return layers * e_local * per * spec.precision.routed_expert_weights.bytes
 
 
-def _peak_activation(g: Graph) -> float:
-    peaks = [op.act_in_bytes + op.act_out_bytes for block in g.blocks for op in block.ops]
-    return float(np.max(np.stack(np.broadcast_arrays(*peaks)))) if peaks else 0.0
+def _peak_activation(g: Graph) -> Work:
+    peak: Work = 0.0
+    for block in g.blocks:
+        for op in block.ops:
+            peak = np.maximum(peak, op.act_in_bytes + op.act_out_bytes)
+    return peak
 
 
 def place(d: Demand, socket: int, chip: ChipSpec, policy: Placement) -> Footprint:
-    """Put a socket's demand into tiers per the policy (spilling to DDR where allowed)."""
+    """Put a socket's demand into tiers per the policy (spilling to DDR where allowed), point
+    by point where the demand is an array."""
     cap = {t.name: t.capacity_bytes * (1 - policy.reserved_fraction.get(t.name, 0.0))
            for t in chip.tiers if t.name in ("sram", "hbm", "ddr")}
-    regions: dict[tuple[str, str], float] = {}
+    regions: dict[tuple[str, str], Work] = {}
     for t in chip.tiers:
         frac = policy.reserved_fraction.get(t.name, 0.0)
         if frac:
             regions[("reserved", t.name)] = t.capacity_bytes * frac
-    sram = "sram" in cap
-    if sram:
+    if "sram" in cap:
         regions[("activations", "sram")] = d.sram_working_set
     regions[("activations", "hbm")] = d.activations
     sizes = {"experts": d.experts, "dense_weights": d.dense_weights, "kv_cache": d.kv_cache}
     mode = {"experts": policy.weights, "dense_weights": policy.weights, "kv_cache": policy.kv_cache}
-    in_ddr = {k: (v if mode[k] == "ddr" else 0.0) for k, v in sizes.items()}
+    in_ddr = {k: (v if mode[k] == "ddr" else 0.0 * np.asarray(v)) for k, v in sizes.items()}
     need = d.activations + sum(sizes.values()) - sum(in_ddr.values())
-    free = cap["hbm"]
     for k in SPILL_ORDER:
-        if need <= free:
-            break
         if mode[k] == "auto" and "ddr" in cap:
-            moved = min(sizes[k], need - free)
-            in_ddr[k] += moved
-            need -= moved
+            moved = np.clip(need - cap["hbm"], 0.0, sizes[k])
+            in_ddr[k] = in_ddr[k] + moved
+            need = need - moved
     for k, v in sizes.items():
         region = "weights" if k != "kv_cache" else "kv_cache"
         key_h, key_d = (region, "hbm"), (region, "ddr")
         regions[key_h] = regions.get(key_h, 0.0) + v - in_ddr[k]
-        if in_ddr[k]:
+        if np.any(in_ddr[k]):
             regions[key_d] = regions.get(key_d, 0.0) + in_ddr[k]
-    spilled = {k: (in_ddr[k] / v if v else 0.0) for k, v in sizes.items()}
+    spilled = {k: np.divide(in_ddr[k], v, out=np.zeros(np.shape(in_ddr[k])),
+                            where=np.asarray(v) > 0) for k, v in sizes.items()}
     return Footprint(socket, regions, cap, spilled)
 
 
-def footprints(spec: ModelSpec, programs: tuple[Program, ...], chip: ChipSpec, batch: float,
-               context: float, prompt_len: float, policy: Placement) -> tuple[Footprint, ...]:
+def footprints(spec: ModelSpec, programs: tuple[Program, ...], chip: ChipSpec, batch: Work,
+               context: Work, prompt_len: Work, policy: Placement) -> tuple[Footprint, ...]:
     """Footprint of every socket (sockets of one stage position share their demand)."""
     cache: dict = {}
     out = []
     for p in programs:
         key = (p.layers, p.first_stage, p.last_stage)
         if key not in cache:
-            cache[key] = demand(spec, p, batch, context, prompt_len)
-        out.append(place(cache[key], p.socket, chip, policy))
+            d = demand(spec, p, batch, context, prompt_len)
+            cache[key] = place(d, p.socket, chip, policy)
+        out.append(replace(cache[key], socket=p.socket))
     return tuple(out)
 
 
-def check_fit(fps: tuple[Footprint, ...], plan: Plan, model: str, cluster: str) -> None:
-    """Raise PlanDoesNotFit naming the first overflowing tier and socket, and by how much."""
-    for tier in ("hbm", "sram", "ddr"):
+TIER_ORDER = ("hbm", "sram", "ddr")
+
+
+def misfits(fps: tuple[Footprint, ...], plan: Plan, model: str, cluster: str) -> Any:
+    """Per design point: "" where every tier of every socket fits, else the one-line reason
+    (the first overflowing tier, in TIER_ORDER, of the lowest-numbered socket): the one
+    message every command gives for a point that does not fit. A str for scalar points, else
+    an object array of their shape."""
+    shape = np.broadcast_shapes(*(np.shape(fp.tier(t)) for fp in fps for t in TIER_ORDER))
+    n = int(np.prod(shape))
+    reasons = np.full(n, "", dtype=object)
+    for tier in TIER_ORDER:
         for fp in fps:
-            over = fp.overflow().get(tier)
-            if over:
-                need, cap = fp.tier(tier), fp.capacity[tier]
-                raise PlanDoesNotFit(
-                    f"plan {plan.name}: {model} does not fit {cluster}: {tier} of socket "
-                    f"{fp.socket} overflows by {over:,.0f} bytes ({over / 1e9:.1f} GB: needs "
-                    f"{need / 1e9:.1f} GB, has {cap / 1e9:.1f} GB)"
-                )
+            if tier not in fp.capacity:
+                continue
+            need = np.ravel(np.broadcast_to(fp.tier(tier), shape))
+            for i in np.flatnonzero((need > fp.capacity[tier]) & (reasons == "")):
+                reasons[i] = fit_message(plan, model, cluster, tier, fp.socket, float(need[i]),
+                                         fp.capacity[tier])
+    return reasons.reshape(shape) if shape else reasons[0]
+
+
+def fit_message(plan: Plan, model: str, cluster: str, tier: str, socket: int, need: float,
+                capacity: float) -> str:
+    over = need - capacity
+    return (f"plan {plan.name}: {model} does not fit {cluster}: {tier} of socket {socket} "
+            f"overflows by {over / 1e9:.1f} GB (needs {need / 1e9:.1f} GB, has "
+            f"{capacity / 1e9:.1f} GB)")
+
+
+def check_fit(fps: tuple[Footprint, ...], plan: Plan, model: str, cluster: str) -> None:
+    """Raise PlanDoesNotFit with the reason of the first design point that does not fit."""
+    bad = [r for r in np.ravel(misfits(fps, plan, model, cluster)) if r]
+    if bad:
+        raise PlanDoesNotFit(bad[0])

@@ -19,7 +19,17 @@ import numpy as np
 from partitioning.plan import Plan
 from workloads import graph as graphs
 from workloads import params
-from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass, Shard, StepShape
+from workloads.ops import (
+    Block,
+    Collective,
+    CollectiveKind,
+    Graph,
+    Op,
+    OpClass,
+    Shard,
+    StepShape,
+    Work,
+)
 from workloads.spec import Mixer, ModelSpec
 
 GROUPS = ("attn_tp", "mlp_tp", "expert_tp", "ep", "vocab_tp", "pp")
@@ -48,9 +58,11 @@ class Program:
     def stage(self) -> int:
         return self.coords.pp
 
-    def graph(self, spec: ModelSpec, shape: StepShape, expert_load: float = 1.0) -> Graph:
-        """The socket's work for one step: its stage's blocks plus the communication ops."""
-        shard = Shard(**{**_fields(self.shard), "expert_load": float(expert_load)})
+    def graph(self, spec: ModelSpec, shape: StepShape, expert_load: Work = 1.0) -> Graph:
+        """The socket's work for one step: its stage's blocks plus the communication ops
+        (`expert_load` may be an array, one value per design point of `shape`)."""
+        load = float(expert_load) if np.ndim(expert_load) == 0 else expert_load
+        shard = Shard(**{**_fields(self.shard), "expert_load": load})
         full = {m: _step_graph(spec, shape, _with_attn(shard, d)) for m, d in self.mixer_tp}
         base = _step_graph(spec, shape, shard)
         blocks: list[Block] = []

@@ -97,7 +97,7 @@ def test_llama_405b_bf16_needs_16_sockets(sn8, sn16):
     assert weights > 8 * HBM > weights / 2  # 8 x 68.7 GB = 549.8 GB < 811.5 GB
     with pytest.raises(PlanDoesNotFit, match=r"hbm of socket 0 overflows by") as err:
         evaluate_plan(spec, sn8, Plan.parse("tp8"), batch=1, prompt_len=8192, gen_len=256)
-    over = int(str(err.value).split("overflows by ")[1].split(" bytes")[0].replace(",", ""))
+    over = float(str(err.value).split("overflows by ")[1].split(" GB")[0]) * 1e9
     assert over == pytest.approx(weights / 8 - HBM, rel=0.05)  # ~32.7 GB of weights, + KV
     assert not search_plans(spec, sn8, prompt_len=8192, gen_len=256).ranked
     e = evaluate_plan(spec, sn16, Plan.parse("tp16"), batch=1, prompt_len=8192, gen_len=256)
@@ -178,11 +178,11 @@ def test_cli_plan_json_and_errors():
     assert r.exit_code == 2 and "overflows by" in r.output
 
 
-def test_resolve_plan_defaults_to_best(sn16):
-    from partitioning.evaluate import resolve_plan
+def test_best_plan_and_named_plan(sn16):
+    from partitioning.estimate import best_plan, estimate_plan
 
     spec = load_model("llama-3.1-70b")
-    assert resolve_plan(spec, sn16, None, batch=1, prompt_len=2048).plan.name == "tp16"
-    assert resolve_plan(spec, sn16, "tp4pp2", batch=1, prompt_len=2048).plan.sockets == 8
+    assert best_plan(spec, sn16, batch=1, prompt_len=2048).name == "tp16"
+    assert estimate_plan(spec, sn16, Plan.parse("tp4pp2"), prompt_len=2048).sockets == 8
     with pytest.raises(PlanDoesNotFit, match="overflows by"):
-        resolve_plan(load_model("deepseek-v3", BF16_WEIGHTS), sn16, None, prompt_len=2048)
+        best_plan(load_model("deepseek-v3", BF16_WEIGHTS), sn16, prompt_len=2048)
