@@ -93,10 +93,11 @@ class Dataflow:
         ledger = Ledger()
         calls = 0.0
         if opts.fused:
+            memo = _memo(chip)
             for segment in _segments(graph.blocks, opts.kernel_looping):
                 looped = opts.kernel_looping and sum(b.repeat for b in segment) > 1
                 for i, block in enumerate(segment):
-                    calls += _fused_block(ledger, block, ctx, looped, head=i == 0)
+                    calls += _fused_block_once(memo, ledger, block, ctx, looped, i == 0)
         else:
             for block in graph.blocks:
                 calls += _unfused_block(ledger, block, ctx)
@@ -165,6 +166,60 @@ def _periodic(programs: list[tuple]) -> bool:
 
 
 # ---- fused: one kernel per layer -------------------------------------------------------------
+
+
+_MEMOS: dict[int, tuple[ChipSpec, dict]] = {}
+MEMO_ENTRIES = 50_000  # a plan search of a large hybrid fills a few thousand
+
+
+def _memo(chip: ChipSpec) -> dict:
+    """Blocks already costed on this chip (the entry keeps the chip alive, so its id is not
+    reused while it is in use)."""
+    entry = _MEMOS.get(id(chip))
+    if entry is None or entry[0] is not chip:
+        entry = _MEMOS[id(chip)] = (chip, {})
+    if len(entry[1]) > MEMO_ENTRIES:
+        entry[1].clear()
+    return entry[1]
+
+
+def _fused_block_once(memo: dict, ledger: Ledger, block: Block, ctx: _Ctx, looped: bool,
+                      head: bool) -> float:
+    """_fused_block, costed once per distinct block: a hybrid's layers repeat a few blocks
+    dozens of times, and the plans of a search share most blocks. A block's cost depends only
+    on its ops, its repeat, its place in a looped call, the options, the batch and what the
+    interconnect charges for its collectives, which is the key. Each block's time is booked
+    through its own ledger whether or not it was costed before, so the sums do not depend on
+    what the memo holds."""
+    base = _ops_key(block, ctx)
+    key = None if base is None else (base, block.repeat, looped, head)
+    hit = memo.get(key) if key is not None else None
+    if hit is None:
+        sub = Ledger()
+        hit = (sub, _fused_block(sub, block, ctx, looped, head))
+        if key is not None:
+            memo[key] = hit
+    ledger.merge(hit[0])
+    return hit[1]
+
+
+def _ops_key(block: Block, ctx: _Ctx) -> tuple | None:
+    if ctx.batch.ndim:
+        return None  # a grid of design points: costed as a whole, once
+    comm = []
+    for op in block.ops:
+        if op.cls is OpClass.COLLECTIVE:
+            c = op.comm
+            if np.ndim(c.bytes):
+                return None
+            comm.append((float(ctx.comm_time(c)), float(_latency(c, ctx)),
+                         float(_barrier(c, ctx))))
+    key = (block.ops, ctx.opts, float(ctx.batch), tuple(comm))
+    try:
+        hash(key)
+        return key
+    except TypeError:  # array-valued ops
+        return None
 
 
 def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bool) -> float:
