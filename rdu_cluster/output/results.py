@@ -21,7 +21,7 @@ from rdu_cluster.scenarios.economics import COLUMNS as ECONOMICS
 from workloads.errors import ConfigError
 from workloads.ops import OpClass
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: feasible / infeasible_reason
 
 # The first columns are a public interface (`simulate --json`): keep their names.
 PUBLIC = [
@@ -50,6 +50,10 @@ DETAIL = (
         ("chip", pa.string()),
         ("execution_model", pa.string()),
         ("hbm_used_bytes_per_socket", pa.float64()),
+        # false where the point does not fit (partitioning.footprint.misfits), with the reason;
+        # its speed columns are then null (sweeps keep such points as rows)
+        ("feasible", pa.bool_()),
+        ("infeasible_reason", pa.string()),
         ("decode_kernels", pa.float64()),
     ]
     + [(f"decode_{c}_s", pa.float64()) for c in CAUSES]
@@ -95,7 +99,7 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
         "tpot_s": est.tpot_s,
         "ttft_s": est.ttft_s,
         "hbm_bw_utilization": est.hbm_bw_utilization,
-        "bound": est.extra.get("bound") or d.bound(),
+        "bound": None,  # set below
         "weight_bytes": est.weight_bytes,
         "kv_cache_bytes": est.kv_cache_bytes,
         "flops_per_token": est.flops_per_token,
@@ -106,12 +110,15 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
         "chip": chip,
         "execution_model": model,
         "hbm_used_bytes_per_socket": est.hbm_used_bytes,
+        "feasible": np.asarray(est.misfit) == "",
+        "infeasible_reason": np.where(np.asarray(est.misfit) == "", None, est.misfit),
         "decode_kernels": d.kernels,
     }
     cols.update({f"decode_{c}_s": d.cause(c) for c in CAUSES})
     cols.update({f"decode_class_{c.value}_s": d.by_class.get(c.value, 0.0) for c in OpClass})
     # A pipeline or EP plan's prefill comes as a time without breakdown: null, not zero.
     cols.update({f"prefill_{c}_s": p.cause(c) if p.by_cause else None for c in CAUSES})
+    cols["bound"] = est.extra["bound"] if "bound" in est.extra else d.bound()
     cluster = cluster or est.extra.get("cluster")
     if cluster is not None:
         cols.update(economics.estimate_columns(est, cluster))
@@ -119,7 +126,7 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
 
 
 def _pick(value, i: int, n: int):
-    if isinstance(value, str):
+    if value is None or isinstance(value, str):
         return value
     arr = np.broadcast_to(np.asarray(value), (n,)) if np.ndim(value) <= 1 else value.ravel()
     item = arr[i] if np.ndim(arr) else arr
@@ -139,6 +146,8 @@ def table(rows: Iterable[Mapping], extra_metadata: Mapping[str, str] | None = No
 def _cast(value, typ):
     if value is None:
         return None
+    if pa.types.is_boolean(typ):
+        return bool(value)
     if pa.types.is_integer(typ):
         return round(float(value))
     if pa.types.is_floating(typ):
@@ -215,8 +224,10 @@ def _column(value, typ, n: int) -> pa.Array:
         return pa.array([value] * n, typ)
     arr = np.asarray(value)
     arr = np.broadcast_to(arr, (n,)) if arr.ndim <= 1 else arr.ravel()
+    if pa.types.is_boolean(typ):
+        return pa.array(arr.astype(bool), typ)
     if pa.types.is_integer(typ):  # as _cast: round half to even, like Python's round
         return pa.array(np.round(arr.astype(float)).astype(np.int64), typ)
     if pa.types.is_floating(typ):
         return pa.array(arr.astype(np.float64), typ)
-    return pa.array([str(x) for x in arr], typ)
+    return pa.array([None if x is None else str(x) for x in arr], typ)

@@ -9,7 +9,7 @@ polars, DuckDB and Ray Data all do, and all skip names starting with "_" or ".")
 committed by writing its part files (each to a hidden temporary name, then renamed) and then
 its manifest entry the same way: a point counts as finished only once its manifest entry
 exists, and a part file no manifest entry names is a leftover of an interrupted run, deleted on
-resume. So a resumed sweep ends with exactly one row per feasible point.
+resume. So a resumed sweep ends with exactly one row per point (feasible or not).
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ import rdu_cluster
 from rdu_cluster.sweep.registry import Point
 from workloads.errors import ConfigError
 
-DATASET_SCHEMA_VERSION = "2"  # 2: serve rows carry the engine's energy and cost columns
+# 2: serve rows carry the engine's energy and cost columns; 3: a point that does not fit is a
+# row (feasible = false, infeasible_reason) in every kind
+DATASET_SCHEMA_VERSION = "3"
 SWEEP_FILE = "_sweep.json"
 LOCK_FILE = "_sweep.lock"
 MANIFEST_DIR = "_manifest"

@@ -1,6 +1,8 @@
-"""Built-in sweep runners. `simulate`: the analytic estimate (partitioning.estimate) of decode and
-prefill, one row per point, with points that differ only in batch / prompt / generation length
-costed by one vectorized call. `plan`: the best plan of a plan search per point. `serve`: one
+"""Built-in sweep runners. `simulate`: the plan evaluator (partitioning.evaluate, through
+partitioning.estimate) of decode and prefill, one row per point, with points that differ only in
+batch / prompt / generation length costed by one vectorized call. In every kind a point that
+does not fit (or cannot run) is a row with feasible = false and the reason, and is listed in the
+manifest as well. `plan`: the best plan of a plan search per point. `serve`: one
 serving simulation (the engine's Simulation on its local backend) per point, its summary a row.
 
 Nested fields: `options.<toggle>` (DataflowOptions on RDU clusters, GpuOptions on GPU clusters;
@@ -213,6 +215,9 @@ def run_simulate(points: Sequence[Point], seed: int) -> RunOutput:
 
 
 def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
+    """One vectorized evaluation of every point of the group. A point that does not fit is a
+    row all the same: feasible = false, its reason (the footprint check's one message), its
+    footprint columns, and null speed columns."""
     from partitioning.estimate import estimate
     from rdu_cluster.output import results
 
@@ -222,19 +227,16 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     options = make_options(cluster.chip.kind, option_values(f))
     engine = f.get("execution_model")
     extra = {"plan": f["plan"]} if "plan" in f else {}
-
-    def call(pts: list[Point]):
-        arr = {k: np.array([p.fields[k] for p in pts], dtype=float) for k in VECTOR}
-        return estimate(
-            model, cluster, tp=f.get("tp"), options=options, execution_model=engine, **arr, **extra
-        )
-
-    feasible, est, bad = _feasible(points, call, model)
-    if not feasible:
-        return None, bad
+    arr = {k: np.array([p.fields[k] for p in points], dtype=float) for k in VECTOR}
+    est = estimate(model, cluster, tp=f.get("tp"), options=options, execution_model=engine,
+                   check=False, **arr, **extra)
+    misfit = np.broadcast_to(np.asarray(est.misfit, dtype=object), (len(points),))
+    bad = {p.id: str(why) for p, why in zip(points, misfit) if why}
     tbl = results.estimate_table(est, cluster.chip.name, engine or cluster.chip.execution_model)
-    n = len(feasible)
-    tbl = tbl.append_column("point_id", pa.array([p.id for p in feasible], pa.string()))
+    if bad:
+        tbl = _null_speed(tbl, pa.array(misfit == ""))
+    n = len(points)
+    tbl = tbl.append_column("point_id", pa.array([p.id for p in points], pa.string()))
     chip = cluster.chip
     peak = chip.flops(model.precision.weights.value)
     tbl = tbl.append_column("chip_peak_flops_per_s", pa.array(np.full(n, peak)))
@@ -243,43 +245,22 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     return tbl, bad
 
 
-def _feasible(points: list[Point], call, model) -> tuple[list[Point], Any, dict[str, str]]:
-    """Cost the points with as few calls as possible when some of them do not fit.
-
-    The estimate refuses a whole array when its worst point does not fit in HBM. Within a group
-    (same model, cluster, tp) the footprint grows with the KV cache alone, so sorting by KV bytes
-    makes the feasible points a prefix, found by binary search in log2(n) calls; every point
-    kept was costed by a call that succeeded. The points past the prefix get the message of the
-    first one that failed.
-    """
-    try:
-        return points, call(points), {}
-    except ConfigError as e:
-        error = str(e)
-    demand = _kv_demand(model, points)
-    order = [points[i] for i in sorted(range(len(points)), key=lambda i: (demand[i], points[i].id))]
-    lo, hi, est = 0, len(order), None  # invariant: order[:lo] fits, order[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        try:
-            est, lo = call(order[:mid]), mid
-        except ConfigError as e:
-            hi, error = mid, str(e)
-    bad = {p.id: error for p in order[lo:]}
-    return (order[:lo], est, bad) if lo else ([], None, bad)
+# What a point that does not fit keeps: who it is and what it would hold.
+KEPT_WHEN_INFEASIBLE = frozenset({
+    "model", "cluster", "sockets", "batch", "prompt_len", "gen_len", "weight_bytes",
+    "kv_cache_bytes", "plan", "tp", "replicas", "chip", "execution_model",
+    "hbm_used_bytes_per_socket", "feasible", "infeasible_reason",
+})
 
 
-def _kv_demand(model, points: list[Point]) -> list[float]:
-    """KV-cache bytes of each point at full length: the part of the footprint that varies."""
-    batch = np.array([p.fields["batch"] for p in points], dtype=float)
-    length = np.array([p.fields["prompt_len"] + p.fields["gen_len"] for p in points], dtype=float)
-    try:
-        from workloads import graph
+def _null_speed(tbl: pa.Table, feasible: pa.Array) -> pa.Table:
+    import pyarrow.compute as pc
 
-        kv = np.broadcast_to(graph.kv_cache_bytes(model, batch, length), batch.shape)
-    except (ImportError, AttributeError):  # no graph module yet: the product is its proxy
-        kv = batch * length
-    return [float(x) for x in kv]
+    for i, name in enumerate(tbl.column_names):
+        if name not in KEPT_WHEN_INFEASIBLE:
+            col = tbl.column(i)
+            tbl = tbl.set_column(i, name, pc.if_else(feasible, col, pa.nulls(len(col), col.type)))
+    return tbl
 
 
 SIMULATE = register(
@@ -338,23 +319,33 @@ def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
         model = cached_model(f["model"], f.get("weights"), None)
         placement = Placement(weights="auto", kv_cache="auto") if f["spill"] else Placement()
         options = make_options(cluster.chip.kind, option_values(f))
+        who = {"point_id": p.id, "cluster": cluster.name, "model": model.name}
         try:
             result = search_plans(model, cluster, f["objective"], f["batch"], f["prompt_len"],
                                   f["gen_len"], placement, parse_routing(f["routing"], seed),
                                   options)
         except ConfigError as e:
             bad[p.id] = str(e)
+            rows.append(_infeasible_row(who, bad[p.id]))
             continue
         if not result.ranked:
             worst = result.rejected[-1][1] if result.rejected else "no valid plan"
             bad[p.id] = f"no plan of {result.evaluated} fits; the widest: {worst}"
+            rows.append(_infeasible_row({**who, "plans_evaluated": result.evaluated,
+                                         "plans_feasible": 0}, bad[p.id]))
             continue
         row = plan_row(result.ranked[0], cluster.chip.tiers)
         row["mixer_tp"] = ",".join(f"{k}:{v}" for k, v in sorted(row["mixer_tp"].items()))
-        row.update(point_id=p.id, cluster=cluster.name, model=model.name,
-                   plans_evaluated=result.evaluated, plans_feasible=len(result.ranked))
+        row.update(who, plans_evaluated=result.evaluated, plans_feasible=len(result.ranked),
+                   feasible=True)
         rows.append(row)
     return RunOutput(pa.Table.from_pylist(rows, schema=PLAN_SCHEMA) if rows else None, bad)
+
+
+def _infeasible_row(known: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """A point that cannot run is a row too: who it is, feasible = false and why; the figures
+    it has none of stay null."""
+    return {**known, "feasible": False, "infeasible_reason": reason}
 
 
 PLAN_SCHEMA = pa.schema(
@@ -364,7 +355,8 @@ PLAN_SCHEMA = pa.schema(
      ("tpot_s", pa.float64()), ("hbm_used_bytes", pa.float64()), ("ddr_used_bytes", pa.float64()),
      ("bubble_fraction", pa.float64()), ("expert_load", pa.float64()), ("bound", pa.string()),
      ("plans_evaluated", pa.int64()), ("plans_feasible", pa.int64()),
-     ("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string())]
+     ("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
+     ("feasible", pa.bool_()), ("infeasible_reason", pa.string())]
 )
 
 
@@ -459,7 +451,8 @@ SERVE_SCHEMA = pa.schema(
      # vllm bench serve's names (engine/bench.py); the KV hand-over of a disaggregated run
      ("request_throughput", pa.float64()), ("mean_itl_ms", pa.float64()),
      ("p99_itl_ms", pa.float64()), ("max_concurrent_requests", pa.int64()),
-     ("kv_transfer_p50_s", pa.float64())]
+     ("kv_transfer_p50_s", pa.float64()),
+     ("feasible", pa.bool_()), ("infeasible_reason", pa.string())]
 )
 
 
@@ -539,6 +532,9 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
             tables = sim.run()
         except ConfigError as e:
             bad[p.id] = str(e)
+            rows.append(_infeasible_row({"point_id": p.id, "cluster": cluster.name,
+                                         "model": model.name, "seed": config.seed,
+                                         "sockets": cluster.sockets}, bad[p.id]))
             continue
         s = tables.summary  # the engine's own summary: what `rdu-cluster serve` prints
         req = tables.requests
@@ -558,7 +554,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
                "output_tokens": s["output_tokens"], "makespan_s": s["makespan_s"],
                "throughput_tokens_per_s": s["tokens_per_s"], "steps": s["steps"],
                "decode_steps": s["decode_steps"], "windows": s["windows"],
-               **{k: s[k] for k in ENERGY_COLUMNS}}
+               **{k: s[k] for k in ENERGY_COLUMNS}, "feasible": True}
         for name, values in (("ttft", s["ttft_s"]), ("tpot", s["tpot_s"]), ("e2e", e2e)):
             row.update({f"{name}_p{q}_s": v for q, v in values.items()})
         rows.append(row)

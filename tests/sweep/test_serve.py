@@ -94,10 +94,12 @@ points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
     spec = load_spec(path)
     points = expand(spec).points
     s = run_sweep(spec, points, tmp_path / "out", LocalBackend(), progress=False)
-    assert (s.rows, s.infeasible) == (2, 1)
+    assert (s.rows, s.infeasible) == (3, 1)
     reason = next(iter(read_manifest(tmp_path / "out").infeasible.values()))
     assert "does not fit" in reason
-    df = pq.read_table(tmp_path / "out").to_pandas()
+    every = pq.read_table(tmp_path / "out").to_pandas()
+    assert list(every[~every.feasible].infeasible_reason) == [reason]
+    df = every[every.feasible]
     assert sorted(df.seed) == [1, 2]
     assert df.makespan_s.nunique() == 2  # another seed, another trace
     r = CliRunner().invoke(main, ["sweep", str(path), "--dry-run"])

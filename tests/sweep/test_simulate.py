@@ -78,7 +78,7 @@ def test_nested_axes_reach_the_estimate(tmp_path):
     assert (rdu.xs(1.6e12, level="bw") > rdu.xs(1.8e12, level="bw")).all()  # less BW, slower
 
 
-def test_infeasible_points_dropped_and_listed(tmp_path):
+def test_infeasible_points_kept_as_rows_and_listed(tmp_path):
     body = """
 [base]
 model = "llama-3.1-70b"
@@ -93,13 +93,16 @@ prompt_len = [1024, 131072]
     points = expand(spec).points
     s = run_sweep(spec, points, tmp_path / "out", LocalBackend(), progress=False)
     m = read_manifest(tmp_path / "out")
-    assert s.rows + s.infeasible == 8 and s.infeasible >= 2
+    assert s.rows == 8 and s.infeasible >= 2
     assert all("does not fit" in why for why in m.infeasible.values())
-    kept = pq.read_table(tmp_path / "out").to_pandas()
-    assert len(kept) == s.rows
-    for p in points:  # every dropped point really fails alone, every kept one succeeds
+    rows = pq.read_table(tmp_path / "out").to_pandas().set_index("point_id")
+    assert len(rows) == s.rows and (~rows.feasible).sum() == s.infeasible
+    for p in points:  # every infeasible row is refused alone, with the manifest's reason
         out = run_simulate([p], 0)
-        assert (p.id in out.infeasible) == (p.id in m.infeasible)
+        assert (p.id in out.infeasible) == (p.id in m.infeasible) == (not rows.feasible[p.id])
+        if p.id in m.infeasible:
+            assert rows.infeasible_reason[p.id] == m.infeasible[p.id]
+            assert rows.tpot_s.isna()[p.id] and rows.hbm_used_bytes_per_socket[p.id] > 80e9
 
 
 def test_cli_sweep_resume_and_report(tmp_path):
