@@ -220,11 +220,8 @@ def evaluate_plan(
     placement = placement or Placement()
     routing = routing or RoutingModel()
     programs = build_programs(spec, plan)
-    fps = _footprints(spec, plan, programs, cluster, batch, prompt_len + gen_len, prompt_len,
-                      placement)
-    misfit = misfits(fps, plan, spec.name, cluster.name)
-    if check and np.any(misfit != ""):
-        raise PlanDoesNotFit(next(r for r in np.ravel(misfit) if r))
+    fps, misfit = _fit(spec, cluster, plan, programs, batch, prompt_len, gen_len, placement,
+                       check)
     heads = [p for p in programs if p.coords.dp == 0 and p.coords.ep == 0 and p.coords.tp == 0]
     m = plan.micro_batches or np.maximum(1.0, np.minimum(batch, plan.pp))
     if plan.micro_batches:
@@ -242,6 +239,35 @@ def evaluate_plan(
         pre = _sum_costs([cost(p, StepShape.prefill(batch, prompt_len), pload) for p in heads])
     return PlanEstimate(plan, spec.name, cluster.name, batch, prompt_len, gen_len, costs, ddr,
                         m, tpot, pre, fps, load, misfit, cluster.chip.hbm.bandwidth_bytes_per_s)
+
+
+def footprint(
+    spec: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    batch: Work = 1,
+    prompt_len: Work = 1024,
+    gen_len: Work = 256,
+    placement: Placement | None = None,
+    check: bool = True,
+) -> tuple[tuple[Footprint, ...], Any]:
+    """The footprint of every socket of `plan` and, per point, why it does not fit ("" where
+    it does): the one fit check, for commands that need memory without the step costs (the
+    serving engine's socket set-up)."""
+    _check_positive(batch=batch, prompt_len=prompt_len, gen_len=gen_len)
+    validate(plan, spec, cluster.sockets)
+    batch, prompt_len, gen_len = (_num(x) for x in (batch, prompt_len, gen_len))
+    return _fit(spec, cluster, plan, build_programs(spec, plan), batch, prompt_len, gen_len,
+                placement or Placement(), check)
+
+
+def _fit(spec, cluster, plan, programs, batch, prompt_len, gen_len, placement, check):
+    fps = _footprints(spec, plan, programs, cluster, batch, prompt_len + gen_len, prompt_len,
+                      placement)
+    misfit = misfits(fps, plan, spec.name, cluster.name)
+    if check and np.any(misfit != ""):
+        raise PlanDoesNotFit(next(r for r in np.ravel(misfit) if r))
+    return fps, misfit
 
 
 def _num(x: Work) -> Work:

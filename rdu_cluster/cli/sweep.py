@@ -130,7 +130,7 @@ def _summary(spec: Spec, exp: Expansion, s, out: Path) -> str:
         f"{spec.name}: {s.points:,} points ({exp.grid_size:,} in the grid, "
         f"{exp.filtered_out:,} filtered out) -> {out}\n"
         f"ran {s.ran:,} now, {s.skipped:,} finished before; dataset: {s.rows:,} rows, "
-        f"{s.infeasible:,} infeasible points (dropped; reasons in {out / dataset.MANIFEST_DIR})\n"
+        f"{s.infeasible:,} of them infeasible (feasible = false, with infeasible_reason)\n"
         f"{s.backend} backend, {s.workers} worker(s), {s.tasks} tasks, {s.seconds:.2f} s, "
         f"{s.points_per_s:,.0f} points/s"
     )

@@ -24,7 +24,8 @@ from chip.cost import CAUSES
 from chip.memory import MemoryTiers
 from chip.socket import COMM_ROW, DECODE, MIXED, PREFILL, ROWS, SENT_ROW
 from partitioning.cluster import ClusterSpec
-from partitioning.estimate import plan_comm_time, tp_comm_time
+from partitioning.evaluate import footprint, plan_comm_time, tp_comm_time
+from partitioning.footprint import PlanDoesNotFit, fit_message
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.backends import SocketSetup
 from rdu_cluster.backends.messages import Message, Router
@@ -118,6 +119,7 @@ class Simulation:
             plans.check_draft_sockets(cluster, self.plan, config.draft_sockets)
         _check_coe(config)
         self.coe_memory = self._coe_memory() if config.coe else None
+        self._fps = None  # the plan's footprint, once asked for (_footprint)
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -200,8 +202,11 @@ class Simulation:
             w = plans.resident_weight_bytes(prog)
             first, last = prog.layers or (0, prog.model.num_layers)
             name = f"weights/{prog.model.name}/layers/{first}-{last - 1}"
-            self._check_fits(prog, w)
-            weights = ((["alloc", name, "hbm", w, "weights"],) if self.config.coe is None
+            act = self._activations(lay, s)
+            self._check_fits(prog, w + act)
+            weights = ((["alloc", name, "hbm", w, "weights"],
+                        ["alloc", f"activations/{prog.model.name}", "hbm", act, "activations"])
+                       if self.config.coe is None
                        else coe.socket_regions(self.config.coe, self.cluster, tp))
             own = comm if prog.spec_part != "draft" else tp_comm_time(self.cluster,
                                                                        len(prog.group))
@@ -209,23 +214,50 @@ class Simulation:
                                  plans.kv_bytes_per_token(prog) / ref)
         return out
 
-    def _check_fits(self, prog, weights: float) -> None:
+    def partition_plan(self) -> PartitionPlan:
+        """The serving plan in the partitioner's terms (the engine's tp is the stage width)."""
+        p = self.plan
+        return PartitionPlan(tp=p.tp // p.ep, ep=p.ep, pp=p.pp, dp=self.cluster.sockets // p.group)
+
+    def _footprint(self):
+        """The one footprint check (partitioning.evaluate.footprint) at the trace's longest
+        request, alone: what a replica must hold to serve anything. Raises PlanDoesNotFit
+        with the message every command gives."""
+        if self._fps is None:
+            longest = (int(np.max(self.trace.prompt_len, initial=1)),
+                       int(np.max(self.trace.output_len, initial=1)))
+            self._fps, _ = footprint(self.model, self.cluster, self.partition_plan(), 1,
+                                     *longest)
+        return self._fps
+
+    def _activations(self, lay: plans.ReplicaLayout, socket: int) -> float:
+        """HBM the socket keeps for one prompt's activations (the footprint's region); a draft
+        on sockets of its own and CoE (coe.memory sizes its sockets) keep none here."""
+        prog = lay.programs[socket]
+        if self.config.coe is not None or prog.spec_part == "draft":
+            return 0.0
+        fps = self._footprint()
+        local = lay.sockets.index(socket) - (len(lay.sockets) - self.plan.group)
+        return float(np.max(fps[local].regions.get(("activations", "hbm"), 0.0)))
+
+    def _check_fits(self, prog, needed: float) -> None:
+        """What the footprint does not see (a draft's weights beside the target's), against
+        the same capacity, in the same words."""
         hbm = self.cluster.chip.hbm.capacity_bytes
-        if weights >= hbm:
-            raise ConfigError(
-                f"{prog.model.name} does not fit {self.cluster.name} at tp={len(prog.group)}: "
-                f"{weights / 1e9:.1f} GB of weights per socket, {hbm / 1e9:.1f} GB of HBM"
-            )
+        if needed >= hbm:
+            raise PlanDoesNotFit(fit_message(self.partition_plan(), prog.model.name,
+                                             self.cluster.name, "hbm", 0, needed, hbm))
 
     def _kv(self, lay: plans.ReplicaLayout) -> KVManager:
         """KV blocks the replica can hold: the fewest any of its sockets has room for (a
         block takes each socket's own bytes per token; the replica counts the target's)."""
         bt = self.config.block_tokens
-        blocks = min(self._kv_blocks(p, bt) for p in lay.programs.values())
+        blocks = min(self._kv_blocks(p, bt, self._activations(lay, s))
+                     for s, p in lay.programs.items())
         return KVManager(KVConfig(blocks, bt, _kv_reference(lay)))
 
-    def _kv_blocks(self, prog, block_tokens: int) -> int:
-        weights = plans.resident_weight_bytes(prog)
+    def _kv_blocks(self, prog, block_tokens: int, activations: float) -> int:
+        weights = plans.resident_weight_bytes(prog) + activations
         if self.coe_memory is not None:  # the router and the HBM slots of the experts
             weights = self.coe_memory.router + self.coe_memory.slots * self.coe_memory.expert
         free = self.config.kv_memory_fraction * (self.cluster.chip.hbm.capacity_bytes - weights)
