@@ -6,9 +6,11 @@ import json
 
 import click
 
-from partitioning.evaluate import PlanEstimate, search_plans
+from partitioning.evaluate import PlanEstimate, evaluate_plan, search_plans
 from partitioning.footprint import Placement, PlanDoesNotFit
+from partitioning.plan import Plan
 from partitioning.routing import RoutingModel
+from partitioning.search import SearchResult
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output.report import overrides_line, text_table, weights_text
@@ -33,9 +35,11 @@ from workloads.errors import ConfigError
               help="Expert routing: uniform, or zipf:S (popularity ~ 1/rank^S).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Routing-model seed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per plan.")
+@click.option("--plan", "plan_text", default=None,
+              help="Evaluate this plan only (tp16, tp4pp2, ...) instead of searching.")
 @hardware_options
 def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype, spill,
-         routing, seed, as_json, overrides) -> None:
+         routing, seed, as_json, plan_text, overrides) -> None:
     """Enumerate and rank the plans (tp, pp, ep, dp, per-block degrees) of MODEL on CLUSTER."""
     if min(batch, context, gen_len, top) < 1:
         raise ConfigError("--batch, --context, --gen-len and --top must be positive")
@@ -46,8 +50,14 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
                                              p.kv_cache, p.activations, None, p.state))
     cluster = load_cluster(cluster_ref, overrides)
     placement = Placement(weights="auto", kv_cache="auto") if spill else Placement()
-    result = search_plans(spec, cluster, objective, batch, context, gen_len, placement,
-                          parse_routing(routing, seed))
+    routing_model = parse_routing(routing, seed)
+    if plan_text:  # one plan: refused, if it does not fit, with the message every command gives
+        one = evaluate_plan(spec, cluster, Plan.parse(plan_text), batch, context, gen_len,
+                            placement, routing_model, prefill=False)
+        result = SearchResult((one,), (), 1)
+    else:
+        result = search_plans(spec, cluster, objective, batch, context, gen_len, placement,
+                              routing_model)
     if not result.ranked:
         worst = result.rejected[-1][1] if result.rejected else "no valid plan"
         raise PlanDoesNotFit(f"no plan of {result.evaluated} fits; the widest: {worst}")

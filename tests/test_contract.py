@@ -1,0 +1,127 @@
+"""The one-evaluator contract: for a few (model, cluster, plan, shape) points, `simulate --json`,
+`plan --json`, a simulate-kind sweep row and the serving engine's first decode step report the
+same per-socket HBM and the same TPOT, and a point that does not fit is refused with the same
+one-line message by every command.
+
+Conventions the comparison relies on, stated once:
+- `batch` is per replica: the engine serves batch x replicas requests, dealt round robin.
+- simulate's TPOT is the decode step at the mean context prompt + (gen - 1) / 2; the engine's
+  first decode step is at context = prompt, which is simulate's TPOT at --gen-len 1.
+- The engine holds weights and one prompt's activations from the start, and the KV cache of
+  each request (prompt + output, the static scheduler reserves it at admission) while it runs;
+  prompt + output is a multiple of the KV block (16 tokens), so blocks add no rounding.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from partitioning.plan import Plan
+from rdu_cluster.backends.local import LocalBackend
+from rdu_cluster.cli import main
+from rdu_cluster.config import load_cluster
+from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from rdu_cluster.sweep.registry import Point
+from rdu_cluster.sweep.runners import SIMULATE
+from workloads import traces
+from workloads.catalog import load_model
+
+POINTS = [  # model, cluster, plan, batch per replica, prompt, gen
+    # MoE, 4 KV heads replicated over 16 sockets
+    ("qwen3-235b-a22b", "sn40l-16", "tp16", 4, 2032, 16),
+    ("llama-3.1-70b", "sn40l-16", "tp8", 4, 2032, 16),  # dense, two replicas
+    ("llama-3.1-8b", "dgx-h100", "tp4", 8, 1008, 16),  # GPU (kernel by kernel), two replicas
+]
+REL = 1e-9  # one evaluator: the same figures up to float summation order
+
+
+def _cli(*args: str) -> list[dict]:
+    r = CliRunner().invoke(main, list(args))
+    assert r.exit_code == 0, r.output
+    return [json.loads(line) for line in r.output.splitlines()]
+
+
+def _simulate(model, cluster, plan, batch, prompt, gen) -> dict:
+    (row,) = _cli("simulate", "--model", model, "--cluster", cluster, "--plan", plan,
+                  "--batch", str(batch), "--prompt-len", str(prompt), "--gen-len", str(gen),
+                  "--json")
+    return row
+
+
+def _sweep_row(model, cluster, plan, batch, prompt, gen) -> dict:
+    fields = {"model": model, "cluster": cluster, "plan": plan, "batch": batch,
+              "prompt_len": prompt, "gen_len": gen}
+    out = SIMULATE.run([Point("p", fields)], 0)
+    (row,) = out.table.to_pylist()
+    return row
+
+
+def _engine(model, cluster, plan, batch, prompt, gen) -> tuple[float, float]:
+    """(HBM of socket 0 at the first decode step, that step's time)."""
+    spec, c = load_model(model), load_cluster(cluster)
+    p = Plan.parse(plan)
+    n = batch * c.sockets // (p.tp * p.ep * p.pp)
+    trace = traces.Trace(np.zeros(n), np.full(n, prompt), np.full(n, gen))
+    config = ServeConfig(plan=plan, scheduler="static",
+                         limits=Limits(max_batch=batch, token_budget=batch * prompt))
+    t = Simulation(spec, c, trace, config, LocalBackend()).run()
+    steps = t.steps.to_pandas()
+    first = steps[(steps.phase == "decode") & (steps.replica == 0)].iloc[0]
+    assert first.batch == batch
+    sockets = t.sockets.to_pandas()
+    # every request has finished by the last window: what socket 0 holds then is resident
+    resident = sockets[sockets.socket == 0].sort_values("window").hbm_used_bytes.iloc[-1]
+    return resident + first.kv_used_bytes, first.time_s
+
+
+@pytest.mark.parametrize("point", POINTS, ids=[f"{p[0]}-{p[2]}" for p in POINTS])
+def test_every_command_reports_the_same_hbm_and_tpot(point):
+    model, cluster, plan, batch, prompt, gen = point
+    sim = _simulate(*point)
+    (planned,) = _cli("plan", "--model", model, "--cluster", cluster, "--plan", plan,
+                      "--batch", str(batch), "--context", str(prompt), "--gen-len", str(gen),
+                      "--json")
+    swept = _sweep_row(*point)
+    hbm, step_s = _engine(*point)
+    assert sim["plan"] == planned["plan"] == swept["plan"] == plan
+    assert sim["feasible"] and swept["feasible"]
+    for other in (planned["hbm_used_bytes"], swept["hbm_used_bytes_per_socket"], hbm):
+        assert other == pytest.approx(sim["hbm_used_bytes_per_socket"], rel=REL)
+    for other in (planned["tpot_s"], swept["tpot_s"]):
+        assert other == pytest.approx(sim["tpot_s"], rel=REL)
+    at_prompt = _simulate(model, cluster, plan, batch, prompt, 1)
+    assert step_s == pytest.approx(at_prompt["tpot_s"], rel=REL)
+    assert at_prompt["tpot_s"] < sim["tpot_s"]  # a longer mean context costs more
+
+
+def test_kv_head_replication_counts_in_every_footprint():
+    """qwen3-235b-a22b has 4 KV heads: at tp16 each socket holds one whole head, so its KV
+    cache is a quarter of the whole (not the sixteenth the old estimate path counted), and
+    simulate's HBM per socket is that footprint's."""
+    from partitioning.evaluate import evaluate_plan
+
+    spec, cluster = load_model("qwen3-235b-a22b"), load_cluster("sn40l-16")
+    sim = _simulate("qwen3-235b-a22b", "sn40l-16", "tp16", 4, 2032, 16)
+    fp = evaluate_plan(spec, cluster, Plan.parse("tp16"), 4, 2032, 16).footprints[0]
+    assert fp.region("kv_cache") == pytest.approx(sim["kv_cache_bytes"] / 4, rel=REL)
+    assert fp.tier("hbm") == pytest.approx(sim["hbm_used_bytes_per_socket"], rel=REL)
+
+
+def test_a_point_that_does_not_fit_is_refused_alike_everywhere():
+    args = ["--model", "qwen3-235b-a22b", "--cluster", "sn40l-16", "--plan", "tp16",
+            "--batch", "128"]
+    sim = CliRunner().invoke(main, ["simulate", *args, "--prompt-len", "8192"])
+    planned = CliRunner().invoke(main, ["plan", *args, "--context", "8192"])
+    assert sim.exit_code == planned.exit_code == 2
+    message = sim.output.strip()
+    assert message == planned.output.strip()
+    assert message.startswith("error: plan tp16: qwen3-235b-a22b does not fit sn40l-16: hbm")
+    assert "\n" not in message
+    row = _sweep_row("qwen3-235b-a22b", "sn40l-16", "tp16", 128, 8192, 256)
+    assert not row["feasible"] and row["tpot_s"] is None
+    assert "error: " + row["infeasible_reason"] == message
