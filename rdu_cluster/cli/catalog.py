@@ -87,7 +87,7 @@ def clusters(as_json: bool) -> None:
         "nodes",
         "execution",
         "BF16 TFLOP/s",
-        "HBM GiB",
+        "HBM GB",
         "HBM TB/s",
         "topology",
     ]
@@ -99,7 +99,7 @@ def clusters(as_json: bool) -> None:
             r["nodes"],
             r["execution_model"],
             f"{r['bf16_flops_per_s'] / 1e12:.0f}",
-            f"{r['hbm_bytes'] / 2**30:.0f}",
+            f"{r['hbm_bytes'] / 1e9:.1f}",
             f"{r['hbm_bytes_per_s'] / 1e12:.2f}",
             r["topology"],
         ]

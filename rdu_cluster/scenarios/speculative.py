@@ -31,6 +31,8 @@ from chip import execution
 from chip.cost import StepCost
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import Estimate, estimate, tp_comm_time
+from partitioning.footprint import PlanDoesNotFit, fit_message
+from partitioning.plan import Plan
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
 from rdu_cluster.output.report import text_table
@@ -281,19 +283,22 @@ def _check_draft_tp(candidates: list[int], sockets: int) -> None:
 
 
 def _check_fit(target, spec_d, draft, cluster, base, d_tp, placement) -> None:
+    """The target's footprint (base: the one footprint check passed) plus the draft's
+    weights and KV cache on each of its sockets (its KV sharded as the graph shards it, heads
+    replicated where d_tp exceeds them), against HBM, in the footprint check's words."""
     hbm = cluster.chip.hbm.capacity_bytes
     total = base.prompt_len + base.gen_len
     d_w = (graphs.weight_bytes(target, include_mtp=True) - base.weight_bytes if draft == "mtp"
            else graphs.weight_bytes(spec_d))
-    d_kv = graphs.kv_cache_bytes(spec_d, base.batch, total)
-    draft_per_socket = d_w / d_tp + d_kv / d_tp
+    shape = StepShape.decode(base.batch, total)
+    d_kv = graphs.step_graph(spec_d, shape, Shard.tensor(d_tp)).total("kv_read_bytes")
+    draft_per_socket = d_w / d_tp + d_kv
     used = (base.hbm_used_bytes + draft_per_socket) if placement == "shared" else draft_per_socket
-    if float(np.max(used)) > hbm:
+    worst = float(np.max(used))
+    if worst > hbm:
         where = "with the target" if placement == "shared" else "on its own sockets"
-        raise ConfigError(
-            f"draft {draft} does not fit {where} on {cluster.name}: "
-            f"{float(np.max(used)) / 1e9:.1f} GB of HBM per socket, {hbm / 1e9:.1f} GB available"
-        )
+        raise PlanDoesNotFit(fit_message(Plan.parse(base.plan), f"{target.name} + draft {draft} "
+                                         f"({where})", cluster.name, "hbm", 0, worst, hbm))
 
 
 def _divisors(n: int) -> list[int]:
