@@ -22,6 +22,7 @@ Toggles (DataflowOptions), all on by default; see docs/execution_models.md:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -207,19 +208,54 @@ def _ops_key(block: Block, ctx: _Ctx) -> tuple | None:
     if ctx.batch.ndim:
         return None  # a grid of design points: costed as a whole, once
     comm = []
+    known = _COMM.setdefault(ctx.comm_time, {})
     for op in block.ops:
         if op.cls is OpClass.COLLECTIVE:
             c = op.comm
             if np.ndim(c.bytes):
                 return None
-            comm.append((float(ctx.comm_time(c)), float(_latency(c, ctx)),
-                         float(_barrier(c, ctx))))
-    key = (block.ops, ctx.opts, float(ctx.batch), tuple(comm))
+            if c not in known:
+                known[c] = (float(ctx.comm_time(c)), float(_latency(c, ctx)),
+                            float(_barrier(c, ctx)))
+            comm.append(known[c])
+    ops = _hashable(block.ops)
+    return None if ops is None else (ops, ctx.opts, float(ctx.batch), tuple(comm))
+
+
+_OPS: dict[int, tuple] = {}
+# What each comm_time function charges for a collective (its time, latency and barrier).
+_COMM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _OpsKey:
+    """An op tuple as a memo key: hashed once (an op has a dozen fields), equal by content."""
+
+    __slots__ = ("hash", "ops")
+
+    def __init__(self, ops: tuple) -> None:
+        self.ops, self.hash = ops, hash(ops)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _OpsKey) and (self.ops is other.ops or self.ops == other.ops)
+
+
+def _hashable(ops: tuple) -> _OpsKey | None:
+    """The tuple's key, made once per tuple object (the entry keeps it alive); None for
+    array-valued ops."""
+    hit = _OPS.get(id(ops))
+    if hit is not None and hit[0] is ops:
+        return hit[1]
     try:
-        hash(key)
-        return key
-    except TypeError:  # array-valued ops
+        key = _OpsKey(ops)
+    except TypeError:
         return None
+    if len(_OPS) > MEMO_ENTRIES:
+        _OPS.clear()
+    _OPS[id(ops)] = (ops, key)
+    return key
 
 
 def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bool) -> float:

@@ -264,7 +264,8 @@ def footprint(
 def _fit(spec, cluster, plan, programs, batch, prompt_len, gen_len, placement, check):
     fps = _footprints(spec, plan, programs, cluster, batch, prompt_len + gen_len, prompt_len,
                       placement)
-    misfit = misfits(fps, plan, spec.name, cluster.name)
+    # Sockets of a stage hold the same; its first socket is the lowest-numbered.
+    misfit = misfits(fps[:: plan.width][: plan.pp], plan, spec.name, cluster.name)
     if check and np.any(misfit != ""):
         raise PlanDoesNotFit(next(r for r in np.ravel(misfit) if r))
     return fps, misfit

@@ -29,7 +29,7 @@ from partitioning.plan import Plan
 from partitioning.program import Program
 from workloads import params
 from workloads.errors import ConfigError
-from workloads.ops import Graph, OpClass, StepShape, Work
+from workloads.ops import Op, OpClass, StepShape, Work
 from workloads.spec import FFN, ModelSpec
 
 SPILL_ORDER = ("experts", "dense_weights", "kv_cache")
@@ -100,28 +100,46 @@ def demand(spec: ModelSpec, program: Program, batch: Work, context: Work,
     # Prompts are prefilled one at a time (a batch fills up by continuous batching), so the
     # activation peak is one prompt's.
     prefill = program.graph(spec, StepShape.prefill(1.0, prompt_len))
-    experts = _expert_bytes(spec, program)
-    return Demand(
-        experts=experts,
-        dense_weights=_dense_weight_bytes(spec, program, decode),
-        kv_cache=decode.total("kv_read_bytes"),
-        activations=_peak_activation(prefill),
-        sram_working_set=_peak_activation(decode),
-    )
-
-
-def _dense_weight_bytes(spec: ModelSpec, program: Program, g: Graph) -> float:
-    total = 0.0
-    for block, op in g.ops():
-        if op.cls in (OpClass.EXPERT, OpClass.EMBEDDING):
-            continue
-        if op.cls is OpClass.LM_HEAD and spec.tie_embeddings and program.first_stage:
-            continue  # a tied head reuses the embedding rows this socket already holds
-        total += block.repeat * float(np.max(op.weight_bytes))
+    # A tied head reuses the embedding rows the first stage already holds.
+    skip_head = spec.tie_embeddings and program.first_stage
+    dense, kv, sram = 0.0, 0.0, 0.0
+    for block in decode.blocks:
+        w, k, peak = _block_bytes(block.ops, skip_head)
+        dense, kv, sram = dense + block.repeat * w, kv + block.repeat * k, np.maximum(sram, peak)
     if program.first_stage:
         rows = -(-spec.vocab_size // program.shard.vocab_tp)
-        total += rows * spec.hidden_size * spec.precision.weights.bytes
-    return total
+        dense += rows * spec.hidden_size * spec.precision.weights.bytes
+    act = 0.0
+    for block in prefill.blocks:
+        act = np.maximum(act, _block_bytes(block.ops, skip_head)[2])
+    return Demand(experts=_expert_bytes(spec, program), dense_weights=dense, kv_cache=kv,
+                  activations=act, sram_working_set=sram)
+
+
+_BLOCKS: dict[tuple[int, bool], tuple] = {}
+
+
+def _block_bytes(ops: tuple[Op, ...], skip_head: bool) -> tuple[float, Work, Work]:
+    """One layer's dense weight bytes, KV-cache reads and peak op working set (inputs +
+    outputs). Memoised by the op tuple's identity (the entry keeps the tuple alive): the
+    stages of every plan of a search are cut from the same cached graphs."""
+    hit = _BLOCKS.get((id(ops), skip_head))
+    if hit is not None and hit[0] is ops:
+        return hit[1]
+    weights, kv, peak = 0.0, 0.0, 0.0
+    for op in ops:
+        if op.cls not in (OpClass.EXPERT, OpClass.EMBEDDING) and not (
+            op.cls is OpClass.LM_HEAD and skip_head
+        ):
+            weights += float(np.max(op.weight_bytes))
+        kv = kv + op.kv_read_bytes
+        peak = np.maximum(peak, op.act_in_bytes + op.act_out_bytes)
+    out = (weights, kv, peak)
+    if all(np.ndim(x) == 0 for x in out):
+        if len(_BLOCKS) > 65536:
+            _BLOCKS.clear()
+        _BLOCKS[(id(ops), skip_head)] = (ops, out)
+    return out
 
 
 def _expert_bytes(spec: ModelSpec, program: Program) -> float:
@@ -132,14 +150,6 @@ def _expert_bytes(spec: ModelSpec, program: Program) -> float:
     e_local = -(-spec.moe.num_experts // program.shard.ep)
     per = params.expert_params(spec) / program.shard.expert_tp
     return layers * e_local * per * spec.precision.routed_expert_weights.bytes
-
-
-def _peak_activation(g: Graph) -> Work:
-    peak: Work = 0.0
-    for block in g.blocks:
-        for op in block.ops:
-            peak = np.maximum(peak, op.act_in_bytes + op.act_out_bytes)
-    return peak
 
 
 def place(d: Demand, socket: int, chip: ChipSpec, policy: Placement) -> Footprint:
