@@ -175,8 +175,12 @@ def plan_comm_time(cluster: ClusterSpec, plan: Plan, socket: int = 0) -> CommTim
     """Collectives of `socket`'s groups under `plan`, sharing links with the other groups (they
     run the same collective at once). Cached per group layout: plans that share it share the
     collective costs."""
-    return _comm(topology_of(cluster), _frozen(groups_of(plan, socket)),
-                 _frozen(concurrent_groups(plan)))
+    return _plan_comm(topology_of(cluster), plan, socket)
+
+
+@lru_cache(maxsize=4096)
+def _plan_comm(topology, plan: Plan, socket: int) -> CommTime:
+    return _comm(topology, _frozen(groups_of(plan, socket)), _frozen(concurrent_groups(plan)))
 
 
 def tp_comm_time(cluster: ClusterSpec, tp: int) -> CommTime:
@@ -334,12 +338,50 @@ class _Stager:
     def __call__(self, prog: Program, shape: StepShape, load: Work) -> tuple[StepCost, Work]:
         g, ddr_bytes = _spill(prog.graph(self.spec, shape, load), self.fps[prog.socket])
         comm = self.comm_time or plan_comm_time(self.cluster, self.plan, prog.socket)
-        cost = execution.step_cost(g, self.cluster.chip, comm, self.options,
-                                   self.execution_model)
+        cost = shared_step_cost(g, self.cluster.chip, comm, self.options, self.execution_model)
         ddr_s: Work = 0.0
         if np.any(ddr_bytes):
             ddr_s = ddr_bytes / self.cluster.chip.tier("ddr").bandwidth_bytes_per_s
         return cost, ddr_s
+
+
+_COSTS: dict[tuple, tuple] = {}
+CACHED_COSTS = 4096
+
+
+def shared_step_cost(g: Graph, chip, comm: CommTime, options: Any = None,
+                     model: str | None = None) -> StepCost:
+    """execution.step_cost, shared by the plans whose stage is the same graph and whose
+    interconnect answers the same for every collective the execution model asked about (plans
+    that differ in dp, or in groups whose links nothing else shares). Exact: the execution
+    model is a function of the graph, the chip, the options and those answers. A graph of
+    arrays (a grid of points) is costed as is."""
+    try:
+        key = (id(g), id(chip), options, model)
+        entry = _COSTS.get(key)
+    except TypeError:
+        return execution.step_cost(g, chip, comm, options, model)
+    if entry is None or entry[0] is not g or entry[1] is not chip:
+        if len(_COSTS) >= CACHED_COSTS:
+            _COSTS.clear()
+        entry = _COSTS[key] = (g, chip, [])
+    for asked, answers, cost in entry[2]:
+        if tuple(float(comm(c)) for c in asked) == answers:
+            return cost
+    asked: dict = {}
+
+    def recording(c: Collective) -> Work:
+        t = comm(c)
+        try:
+            asked[c] = float(t)
+        except TypeError:  # array-valued: the cost is not shared (below)
+            pass
+        return t
+
+    cost = execution.step_cost(g, chip, recording, options, model)
+    if np.ndim(cost.time_s) == 0:
+        entry[2].append((tuple(asked), tuple(asked.values()), cost))
+    return cost
 
 
 def _sum_costs(parts: list[tuple[StepCost, Work]]) -> StepCost:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -62,6 +61,19 @@ class Program:
         """The socket's work for one step: its stage's blocks plus the communication ops
         (`expert_load` may be an array, one value per design point of `shape`)."""
         load = float(expert_load) if np.ndim(expert_load) == 0 else expert_load
+        try:  # the sockets of a stage, and plans that share a stage, share its graph
+            key = (id(spec), self.layers, self.first_stage, self.last_stage, self.shard,
+                   self.mixer_tp, shape, load)
+            hit = _STAGES.get(key)
+        except TypeError:  # arrays in the shape: built afresh
+            return self._graph(spec, shape, load)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        g = self._graph(spec, shape, load)
+        _bounded(_STAGES)[key] = (spec, g)
+        return g
+
+    def _graph(self, spec: ModelSpec, shape: StepShape, load: Work) -> Graph:
         shard = Shard(**{**_fields(self.shard), "expert_load": load})
         full = {m: _step_graph(spec, shape, _with_attn(shard, d)) for m, d in self.mixer_tp}
         base = _step_graph(spec, shape, shard)
@@ -89,16 +101,30 @@ def _with_attn(shard: Shard, degree: int) -> Shard:
     return Shard(**{**_fields(shard), "attn_tp": degree})
 
 
+# Graphs by (model identity, shape, shard) and stage graphs by the stage's key too: an entry
+# keeps its model alive, so an id is not reused while it is a key.
+_GRAPHS: dict[tuple, tuple] = {}
+_STAGES: dict[tuple, tuple] = {}
+CACHED_GRAPHS = 2048
+
+
+def _bounded(cache: dict) -> dict:
+    if len(cache) >= CACHED_GRAPHS:
+        cache.clear()
+    return cache
+
+
 def _step_graph(spec: ModelSpec, shape: StepShape, shard: Shard) -> Graph:
     try:
-        return _cached_graph(spec, shape, shard)
+        key = (id(spec), shape, shard)
+        hit = _GRAPHS.get(key)
     except TypeError:  # unhashable (numpy arrays in the shape): build it afresh
         return graphs.step_graph(spec, shape, shard)
-
-
-@lru_cache(maxsize=512)
-def _cached_graph(spec: ModelSpec, shape: StepShape, shard: Shard) -> Graph:
-    return graphs.step_graph(spec, shape, shard)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    g = graphs.step_graph(spec, shape, shard)
+    _bounded(_GRAPHS)[key] = (spec, g)
+    return g
 
 
 def _clip(block: Block, first: int, end: int) -> Block | None:

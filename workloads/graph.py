@@ -455,8 +455,11 @@ def step_graph(spec: ModelSpec, shape: StepShape, shard: Shard | None = None) ->
     shard = shard or Shard()
     s = _Step.of(spec, shape, shard)
     blocks = [_prologue(s)]
+    kinds: dict[LayerSpec, tuple[Op, ...]] = {}  # a hybrid alternates a few layer kinds
     for first, count, layer in layer_runs(spec.layers):
-        ops = tuple(_mixer_ops(s, layer.mixer) + _ffn_ops(s, layer))
+        if layer not in kinds:
+            kinds[layer] = tuple(_mixer_ops(s, layer.mixer) + _ffn_ops(s, layer))
+        ops = kinds[layer]
         name = f"layers_{first}-{first + count - 1}_{layer.mixer.value}_{layer.ffn.value}"
         blocks.append(Block(name, ops, repeat=count, first_layer=first))
     blocks.append(_epilogue(s))
