@@ -27,9 +27,10 @@ import numpy as np
 from chip.spec import ChipSpec
 from partitioning.plan import Plan
 from partitioning.program import Program
+from workloads import graph as graphs
 from workloads import params
 from workloads.errors import ConfigError
-from workloads.ops import Op, OpClass, StepShape, Work
+from workloads.ops import Op, OpClass, Shard, StepShape, Work
 from workloads.spec import FFN, ModelSpec
 
 SPILL_ORDER = ("experts", "dense_weights", "kv_cache")
@@ -114,6 +115,15 @@ def demand(spec: ModelSpec, program: Program, batch: Work, context: Work,
         act = np.maximum(act, _block_bytes(block.ops, skip_head)[2])
     return Demand(experts=_expert_bytes(spec, program), dense_weights=dense, kv_cache=kv,
                   activations=act, sram_working_set=sram)
+
+
+def kv_cache_per_socket(spec: ModelSpec, tp: int, batch: Work, context: Work) -> Work:
+    """The KV cache (and recurrent state) one socket of a tensor-parallel group of `tp` holds
+    for `batch` sequences of `context` tokens: KV heads replicated where tp exceeds them. The
+    rule `demand` applies (the decode graph's KV reads), for scenarios that size memory
+    themselves (a speculative draft, CoE experts, hosting)."""
+    return graphs.step_graph(spec, StepShape.decode(batch, context),
+                             Shard.tensor(tp)).total("kv_read_bytes")
 
 
 _BLOCKS: dict[tuple[int, bool], tuple] = {}

@@ -33,6 +33,7 @@ import numpy as np
 from chip.memory import MemoryTiers
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import estimate
+from partitioning.footprint import kv_cache_per_socket
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output.report import text_table
 from workloads import graph as graphs
@@ -182,7 +183,8 @@ def memory(scenario: CoEScenario, cluster: ClusterSpec, batch: int, context: int
     tp = tp or cluster.sockets
     router = graphs.weight_bytes(scenario.router) / tp
     expert = max(graphs.weight_bytes(e) for e in scenario.experts) / tp
-    kv = max(float(graphs.kv_cache_bytes(e, batch, context)) for e in set(scenario.experts)) / tp
+    kv = max(float(np.max(kv_cache_per_socket(e, tp, batch, context)))
+             for e in set(scenario.experts))
     hbm = cluster.chip.hbm.capacity_bytes
     tier = cluster.chip.tier(capacity_tier(cluster)).capacity_bytes
     free = hbm - router - kv

@@ -20,6 +20,7 @@ import numpy as np
 
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import estimate
+from partitioning.footprint import kv_cache_per_socket
 from rdu_cluster.output.report import text_table
 from rdu_cluster.scenarios.coe import DEFAULT_ROUTER, capacity_tier, switch_time_s
 from workloads import graph as graphs
@@ -79,7 +80,9 @@ def footprint(
     spec, r_spec = load_model(expert_model), load_model(router)
     e_bytes = graphs.weight_bytes(spec)
     r_bytes = graphs.weight_bytes(r_spec)
-    kv = float(np.max(graphs.kv_cache_bytes(spec, batch, prompt_len + gen_len)))
+    # the node's sockets hold the KV cache tensor-parallel (heads replicated past their count)
+    kv = node.sockets * float(np.max(kv_cache_per_socket(spec, node.sockets, batch,
+                                                         prompt_len + gen_len)))
     prefill = _first_token_s(spec, r_spec, node, batch, prompt_len)
     switch = switch_time_s(spec, node)
     tiered = _tiered(experts, e_bytes, r_bytes, kv, node, prefill + switch)

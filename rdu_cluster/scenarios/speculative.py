@@ -31,7 +31,7 @@ from chip import execution
 from chip.cost import StepCost
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import Estimate, estimate, tp_comm_time
-from partitioning.footprint import PlanDoesNotFit, fit_message
+from partitioning.footprint import PlanDoesNotFit, fit_message, kv_cache_per_socket
 from partitioning.plan import Plan
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
@@ -290,8 +290,7 @@ def _check_fit(target, spec_d, draft, cluster, base, d_tp, placement) -> None:
     total = base.prompt_len + base.gen_len
     d_w = (graphs.weight_bytes(target, include_mtp=True) - base.weight_bytes if draft == "mtp"
            else graphs.weight_bytes(spec_d))
-    shape = StepShape.decode(base.batch, total)
-    d_kv = graphs.step_graph(spec_d, shape, Shard.tensor(d_tp)).total("kv_read_bytes")
+    d_kv = kv_cache_per_socket(spec_d, d_tp, base.batch, total)
     draft_per_socket = d_w / d_tp + d_kv
     used = (base.hbm_used_bytes + draft_per_socket) if placement == "shared" else draft_per_socket
     worst = float(np.max(used))

@@ -4,7 +4,7 @@
     kind = "simulate"            # a registered runner: rdu-cluster sweep --help lists them
     name = "decode-grid"
     seed = 0
-    on_infeasible = "drop"       # or "error"
+    on_infeasible = "record"     # or "error"
     points_per_task = 2048
 
     [base]                       # any scenario field; nested ones as TOML dotted keys
@@ -69,7 +69,7 @@ TOP_KEYS = {"sweep", "base", "axes", "filters"}
 FILTER_KEYS = {"keep", "drop"}
 SWEEP_KEYS = {"kind", "name", "description", "seed", "on_infeasible", "points_per_task"}
 AXIS_TYPES = ("grid", "zip", "list")
-ON_INFEASIBLE = ("drop", "error")
+ON_INFEASIBLE = ("record", "error")  # record: a row with feasible = false and the reason
 DEFAULT_MAX_POINTS = 1_000_000
 
 
@@ -173,9 +173,9 @@ def parse_spec(raw: Mapping[str, Any], source: str = "spec", default_name: str =
         for i, t in enumerate(_strings(ftable, key, f"{source}: filters.{key}"))
     )
     seed = _get(head, "seed", int, 0, f"{source}: sweep.seed")
-    on_inf = _get(head, "on_infeasible", str, "drop", f"{source}: sweep.on_infeasible")
+    on_inf = _get(head, "on_infeasible", str, "record", f"{source}: sweep.on_infeasible")
     if on_inf not in ON_INFEASIBLE:
-        raise ConfigError(f"{source}: sweep.on_infeasible: {on_inf!r}; accepted: drop, error")
+        raise ConfigError(f"{source}: sweep.on_infeasible: {on_inf!r}; accepted: record, error")
     ppt = _get(head, "points_per_task", int, None, f"{source}: sweep.points_per_task")
     if ppt is not None and ppt <= 0:
         raise ConfigError(f"{source}: sweep.points_per_task: expected a positive integer")
