@@ -119,7 +119,7 @@ class Simulation:
             plans.check_draft_sockets(cluster, self.plan, config.draft_sockets)
         _check_coe(config)
         self.coe_memory = self._coe_memory() if config.coe else None
-        self._fps = None  # the plan's footprint, once asked for (_footprint)
+        self._fps: dict = {}  # plan -> (footprints, reason), once asked for (_footprint)
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -214,21 +214,25 @@ class Simulation:
                                  plans.kv_bytes_per_token(prog) / ref)
         return out
 
-    def partition_plan(self) -> PartitionPlan:
-        """The serving plan in the partitioner's terms (the engine's tp is the stage width)."""
-        p = self.plan
+    def partition_plan(self, plan: plans.PlanSpec | None = None) -> PartitionPlan:
+        """A serving plan (default: the run's) in the partitioner's terms (the engine's tp is
+        the stage width), replicated over the cluster."""
+        p = plan or self.plan
         return PartitionPlan(tp=p.tp // p.ep, ep=p.ep, pp=p.pp, dp=self.cluster.sockets // p.group)
 
-    def _footprint(self):
+    def _footprint(self, plan: plans.PlanSpec, check: bool = True):
         """The one footprint check (partitioning.evaluate.footprint) at the trace's longest
-        request, alone: what a replica must hold to serve anything. Raises PlanDoesNotFit
-        with the message every command gives."""
-        if self._fps is None:
+        request, alone: what a replica must hold to serve anything. (footprints, reason); with
+        check, a plan that does not fit raises PlanDoesNotFit in the words of every command."""
+        if plan not in self._fps:
             longest = (int(np.max(self.trace.prompt_len, initial=1)),
                        int(np.max(self.trace.output_len, initial=1)))
-            self._fps, _ = footprint(self.model, self.cluster, self.partition_plan(), 1,
-                                     *longest)
-        return self._fps
+            self._fps[plan] = footprint(self.model, self.cluster, self.partition_plan(plan), 1,
+                                        *longest, check=False)
+        fps, why = self._fps[plan]
+        if check and why:
+            raise PlanDoesNotFit(why)
+        return fps, why
 
     def _activations(self, lay: plans.ReplicaLayout, socket: int) -> float:
         """HBM the socket keeps for one prompt's activations (the footprint's region); a draft
@@ -236,9 +240,11 @@ class Simulation:
         prog = lay.programs[socket]
         if self.config.coe is not None or prog.spec_part == "draft":
             return 0.0
-        fps = self._footprint()
-        local = lay.sockets.index(socket) - (len(lay.sockets) - self.plan.group)
-        return float(np.max(fps[local].regions.get(("activations", "hbm"), 0.0)))
+        stages = lay.stages[1:] if lay.draft_stage else lay.stages
+        target = [s for stage in stages for s in stage]
+        plan = replace(self.plan, tp=len(stages[0]), ep=prog.shard.ep, pp=len(stages))
+        fps, _ = self._footprint(plan)
+        return float(np.max(fps[target.index(socket)].regions.get(("activations", "hbm"), 0.0)))
 
     def _check_fits(self, prog, needed: float) -> None:
         """What the footprint does not see (a draft's weights beside the target's), against
@@ -592,10 +598,11 @@ class Simulation:
         while tp >= 1:
             if tp <= healthy:
                 cand = replace(self.plan, tp=tp, ep=math.gcd(self.plan.ep, tp))
-                lay = plans.layouts(self.model, self.cluster, cand, sockets=tuple(range(tp)))[0]
-                w = max(plans.resident_weight_bytes(p) for p in lay.programs.values())
-                if w < self.cluster.chip.hbm.capacity_bytes:
-                    return cand
+                try:
+                    if not self._footprint(cand, check=False)[1]:
+                        return cand
+                except ConfigError:  # a degree the model does not divide: try the next
+                    pass
             tp //= 2
         return None
 

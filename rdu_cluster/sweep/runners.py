@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import inspect
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -83,12 +82,6 @@ def toggles(kind: str) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def _estimate_takes(param: str) -> bool:
-    from partitioning.estimate import estimate
-
-    return param in inspect.signature(estimate).parameters
-
-
 def simulate_fields() -> dict[str, FieldDef]:
     i64, s = pa.int64(), pa.string()
     fields = [
@@ -103,9 +96,8 @@ def simulate_fields() -> dict[str, FieldDef]:
         FieldDef("execution_model", text, s, doc="[the chip's]"),
         FieldDef("sockets", positive_int, i64, doc="override of the cluster's socket count"),
         FieldDef("sockets_per_node", positive_int, i64, column="sockets_per_node"),
+        FieldDef("plan", text, s, doc="e.g. tp4pp2 [tp over all sockets]; the row says its name"),
     ]
-    if _estimate_takes("plan"):
-        fields.append(FieldDef("plan", text, s, column="plan", doc="e.g. tp4pp2"))
     return {f.name: f for f in fields}
 
 
@@ -228,13 +220,20 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     engine = f.get("execution_model")
     extra = {"plan": f["plan"]} if "plan" in f else {}
     arr = {k: np.array([p.fields[k] for p in points], dtype=float) for k in VECTOR}
-    est = estimate(model, cluster, tp=f.get("tp"), options=options, execution_model=engine,
-                   check=False, **arr, **extra)
-    misfit = np.broadcast_to(np.asarray(est.misfit, dtype=object), (len(points),))
-    bad = {p.id: str(why) for p, why in zip(points, misfit) if why}
-    tbl = results.estimate_table(est, cluster.chip.name, engine or cluster.chip.execution_model)
-    if bad:
-        tbl = _null_speed(tbl, pa.array(misfit == ""))
+    try:
+        est = estimate(model, cluster, tp=f.get("tp"), options=options, execution_model=engine,
+                       check=False, **arr, **extra)
+    except ConfigError as e:  # the plan cannot run this model here at all: every point says so
+        bad = {p.id: str(e) for p in points}
+        tbl = results.table([{"model": model.name, "cluster": cluster.name, **p.fields,
+                              "feasible": False, "infeasible_reason": str(e)} for p in points])
+    else:
+        misfit = np.broadcast_to(np.asarray(est.misfit, dtype=object), (len(points),))
+        bad = {p.id: str(why) for p, why in zip(points, misfit) if why}
+        tbl = results.estimate_table(est, cluster.chip.name,
+                                     engine or cluster.chip.execution_model)
+        if bad:
+            tbl = _null_speed(tbl, pa.array(misfit == ""))
     n = len(points)
     tbl = tbl.append_column("point_id", pa.array([p.id for p in points], pa.string()))
     chip = cluster.chip
