@@ -97,11 +97,15 @@ class PlanEstimate:
 
     @property
     def hbm_used_bytes(self) -> Work:
-        return _max(fp.tier("hbm") for fp in self.footprints)
+        return self._per_point(_max(fp.tier("hbm") for fp in self.footprints))
 
     @property
     def ddr_used_bytes(self) -> Work:
-        return _max(fp.tier("ddr") for fp in self.footprints)
+        return self._per_point(_max(fp.tier("ddr") for fp in self.footprints))
+
+    def _per_point(self, value: Work) -> Work:
+        shape = np.shape(self.tpot_s)
+        return np.broadcast_to(value, shape).astype(float) if shape else float(value)
 
     @property
     def decode(self) -> StepCost:
@@ -382,6 +386,20 @@ def shared_step_cost(g: Graph, chip, comm: CommTime, options: Any = None,
     if np.ndim(cost.time_s) == 0:
         entry[2].append((tuple(asked), tuple(asked.values()), cost))
     return cost
+
+
+def clear_caches() -> None:
+    """Forget what plans shared (a benchmark's cold start; a test that results do not depend
+    on what was cached)."""
+    from chip import dataflow
+    from partitioning import program
+
+    for cache in (_COSTS, _FOOTPRINTS, program._GRAPHS, program._STAGES, dataflow._MEMOS,
+                  dataflow._OPS):
+        cache.clear()
+    dataflow._COMM.clear()
+    for fn in (_plan_comm, _comm, _topology):
+        fn.cache_clear()
 
 
 def _sum_costs(parts: list[tuple[StepCost, Work]]) -> StepCost:

@@ -2,8 +2,9 @@
 of the cluster, turned into one Program per socket.
 
 `--plan` uses the partitioner's syntax: `tp16`, `tp2ep8` (attention, dense FFN and vocab over
-the stage's 16 sockets; routed experts over 8 groups of 2) or `tp4pp4` (layers split evenly
-over 4 stages of 4). Replicas take consecutive sockets.
+the stage's 16 sockets; routed experts over 8 groups of 2) or `tp4pp4` (4 stages of 4 sockets,
+layers cut where the partitioner cuts them: balanced by weight bytes). Replicas take
+consecutive sockets.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 from chip.socket import Program
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan
+from partitioning.program import stage_layers
 from workloads import graph as graphs
 from workloads import params
 from workloads.errors import ConfigError
@@ -77,14 +79,13 @@ def layouts(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, options=None
             sockets: tuple[int, ...] | None = None) -> list[ReplicaLayout]:
     pool = sockets if sockets is not None else tuple(range(first, cluster.sockets))
     out = []
-    n_layers = model.num_layers
+    cuts = stage_layers(model, plan.pp)  # the partitioner's stages (balanced by weight bytes)
     for r in range(len(pool) // plan.group):
         members = pool[r * plan.group : (r + 1) * plan.group]
         stages, programs = [], {}
         for k in range(plan.pp):
             stage = members[k * plan.tp : (k + 1) * plan.tp]
-            layers = None if plan.pp == 1 else (k * n_layers // plan.pp,
-                                                 (k + 1) * n_layers // plan.pp)
+            layers = None if plan.pp == 1 else cuts[k]
             for s in stage:
                 programs[s] = Program(model, plan.shard(), k, plan.pp, layers, stage,
                                       execution_model, options)

@@ -1,0 +1,71 @@
+"""The one plan evaluator: a grid of points evaluated at once equals each point evaluated
+alone (any plan: pipeline, expert parallel, DDR spill), fit is decided per point with one
+message, and what plans share is cached without changing any figure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from partitioning.evaluate import clear_caches, evaluate_plan, search_plans
+from partitioning.footprint import Placement, PlanDoesNotFit
+from partitioning.plan import Plan
+from rdu_cluster.config import load_cluster
+from workloads.catalog import load_model
+
+BATCH = np.array([1.0, 8.0, 64.0])
+PROMPT = np.array([512.0, 4096.0, 2048.0])
+GEN = np.array([16.0, 256.0, 64.0])
+
+
+@pytest.mark.parametrize("model,plan,spill", [
+    ("llama-3.1-70b", "tp4pp2", False),
+    ("qwen3-235b-a22b", "tp2ep4dp2", False),
+    ("qwen3-next-80b-a3b", "tp4@linear_attention=2", False),
+    ("llama-3.1-405b", "tp8", True),
+])
+def test_a_grid_equals_its_points_alone(model, plan, spill):
+    spec, cluster = load_model(model), load_cluster("sn40l-16")
+    placement = Placement("auto", "auto") if spill else Placement()
+    grid = evaluate_plan(spec, cluster, Plan.parse(plan), BATCH, PROMPT, GEN, placement,
+                         check=False)
+    for i in range(len(BATCH)):
+        one = evaluate_plan(spec, cluster, Plan.parse(plan), BATCH[i], PROMPT[i], GEN[i],
+                            placement, check=False)
+        assert grid.tpot_s[i] == pytest.approx(one.tpot_s, rel=1e-12)
+        assert grid.ttft_s[i] == pytest.approx(one.ttft_s, rel=1e-12)
+        assert grid.hbm_used_bytes[i] == pytest.approx(one.hbm_used_bytes, rel=1e-12)
+        assert grid.ddr_used_bytes[i] == pytest.approx(one.ddr_used_bytes, rel=1e-12, abs=1)
+        assert grid.misfit[i] == one.misfit
+        assert grid.bound[i] == one.bound
+        for cause, t in one.decode.by_cause.items():
+            assert np.broadcast_to(grid.decode.by_cause[cause], BATCH.shape)[i] == \
+                pytest.approx(t, rel=1e-12, abs=1e-15)
+    if spill:
+        assert np.all(grid.ddr_used_bytes > 0) and np.all(grid.misfit == "")
+
+
+def test_fit_is_decided_per_point_with_one_message():
+    spec, cluster = load_model("qwen3-235b-a22b"), load_cluster("sn40l-16")
+    batch = np.array([4.0, 128.0])
+    e = evaluate_plan(spec, cluster, Plan.parse("tp16"), batch, 8192, 256, check=False)
+    assert e.misfit[0] == "" and e.misfit[1].startswith("plan tp16: qwen3-235b-a22b does not "
+                                                        "fit sn40l-16: hbm of socket 0")
+    assert list(e.fits) == [True, False]
+    with pytest.raises(PlanDoesNotFit) as err:
+        evaluate_plan(spec, cluster, Plan.parse("tp16"), batch, 8192, 256)
+    assert str(err.value) == e.misfit[1]
+
+
+def test_shared_costs_change_no_figure():
+    """A search with every cache warm, and plans evaluated after it, report what a cold
+    evaluation reports."""
+    spec, cluster = load_model("nemotron-h-56b"), load_cluster("sn40l-8")
+    warm = search_plans(spec, cluster, prompt_len=2048, gen_len=64)
+    again = {e.plan.name: e.tpot_s for e in search_plans(spec, cluster, prompt_len=2048,
+                                                          gen_len=64).ranked}
+    for e in warm.ranked[:6]:
+        clear_caches()
+        cold = evaluate_plan(spec, cluster, e.plan, prompt_len=2048, gen_len=64, prefill=False)
+        assert cold.tpot_s == pytest.approx(e.tpot_s, rel=1e-12) == again[e.plan.name]
+        assert cold.hbm_used_bytes == e.hbm_used_bytes
