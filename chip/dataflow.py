@@ -94,11 +94,11 @@ class Dataflow:
         ledger = Ledger()
         calls = 0.0
         if opts.fused:
-            memo = _memo(chip)
+            memo, keys = _memo(chip), {}
             for segment in _segments(graph.blocks, opts.kernel_looping):
                 looped = opts.kernel_looping and sum(b.repeat for b in segment) > 1
                 for i, block in enumerate(segment):
-                    calls += _fused_block_once(memo, ledger, block, ctx, looped, i == 0)
+                    calls += _fused_block_once(memo, keys, ledger, block, ctx, looped, i == 0)
         else:
             for block in graph.blocks:
                 calls += _unfused_block(ledger, block, ctx)
@@ -184,15 +184,18 @@ def _memo(chip: ChipSpec) -> dict:
     return entry[1]
 
 
-def _fused_block_once(memo: dict, ledger: Ledger, block: Block, ctx: _Ctx, looped: bool,
-                      head: bool) -> float:
+def _fused_block_once(memo: dict, keys: dict, ledger: Ledger, block: Block, ctx: _Ctx,
+                      looped: bool, head: bool) -> float:
     """_fused_block, costed once per distinct block: a hybrid's layers repeat a few blocks
     dozens of times, and the plans of a search share most blocks. A block's cost depends only
     on its ops, its repeat, its place in a looped call, the options, the batch and what the
     interconnect charges for its collectives, which is the key. Each block's time is booked
     through its own ledger whether or not it was costed before, so the sums do not depend on
-    what the memo holds."""
-    base = _ops_key(block, ctx)
+    what the memo holds. `keys`: the step's key of each op tuple (a hybrid's layers of one kind
+    share theirs)."""
+    if id(block.ops) not in keys:
+        keys[id(block.ops)] = _ops_key(block, ctx)
+    base = keys[id(block.ops)]
     key = None if base is None else (base, block.repeat, looped, head)
     hit = memo.get(key) if key is not None else None
     if hit is None:
