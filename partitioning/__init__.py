@@ -1,7 +1,8 @@
-"""Plans (TP / PP / EP / DP), per-socket programs, memory footprints, plan search."""
+"""Plans (TP / PP / EP / DP), per-socket programs, memory footprints and the one fit check, the
+one plan evaluator, plan search."""
 
-from partitioning.evaluate import PlanEstimate, evaluate_plan, search_plans
-from partitioning.footprint import Footprint, Placement, PlanDoesNotFit, check_fit, footprints
+from partitioning.evaluate import PlanEstimate, evaluate_plan, footprint, search_plans
+from partitioning.footprint import Footprint, Placement, PlanDoesNotFit, footprints, misfits
 from partitioning.plan import Plan, validate
 from partitioning.program import Program, build_programs
 from partitioning.routing import RoutingModel, expert_load
@@ -16,11 +17,12 @@ __all__ = [
     "Program",
     "RoutingModel",
     "build_programs",
-    "check_fit",
     "enumerate_plans",
     "evaluate_plan",
     "expert_load",
+    "footprint",
     "footprints",
+    "misfits",
     "search",
     "search_plans",
     "validate",

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from chip.cost import CAUSES, StepCost
+from chip.cost import StepCost
 from partitioning.cluster import ClusterSpec
 from partitioning.evaluate import (
     PlanEstimate,
@@ -31,7 +31,6 @@ from workloads.spec import ModelSpec
 __all__ = [
     "Estimate",
     "best_plan",
-    "cause_columns",
     "estimate",
     "estimate_plan",
     "from_plan_estimate",
@@ -169,10 +168,6 @@ def from_plan_estimate(model: ModelSpec, cluster: ClusterSpec, pe: PlanEstimate)
         model_sockets=pe.plan.model_sockets,
         misfit=pe.misfit,
     )
-
-
-def cause_columns(cost: StepCost, prefix: str) -> dict[str, Work]:
-    return {f"{prefix}_{c}_s": cost.cause(c) for c in CAUSES}
 
 
 def best_plan(

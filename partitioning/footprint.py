@@ -237,10 +237,3 @@ def fit_message(plan: Plan, model: str, cluster: str, tier: str, socket: int, ne
     return (f"plan {plan.name}: {model} does not fit {cluster}: {tier} of socket {socket} "
             f"overflows by {over / 1e9:.1f} GB (needs {need / 1e9:.1f} GB, has "
             f"{capacity / 1e9:.1f} GB)")
-
-
-def check_fit(fps: tuple[Footprint, ...], plan: Plan, model: str, cluster: str) -> None:
-    """Raise PlanDoesNotFit with the reason of the first design point that does not fit."""
-    bad = [r for r in np.ravel(misfits(fps, plan, model, cluster)) if r]
-    if bad:
-        raise PlanDoesNotFit(bad[0])
