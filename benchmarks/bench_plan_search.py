@@ -1,5 +1,6 @@
 """Plan search speed: plans evaluated per second (footprint + per-stage decode cost on the
-chip's execution model + collectives on the topology), cold and with graph caches warm.
+chip's execution model + collectives on the topology), cold (every cache of the evaluator
+cleared first) and warm (the same search again: what a second query of a session costs).
 
     .venv/bin/python benchmarks/bench_plan_search.py
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from partitioning.evaluate import search_plans
+from partitioning.evaluate import clear_caches, search_plans
 from partitioning.footprint import Placement
 from rdu_cluster.config import load_cluster
 from workloads.catalog import FP8_WEIGHTS, load_model
@@ -28,6 +29,7 @@ def main() -> None:
     for model, precision, cluster_name in CASES:
         spec, cluster = load_model(model, precision), load_cluster(cluster_name)
         speeds = []
+        clear_caches()
         for _ in range(2):
             t = time.perf_counter()
             r = search_plans(spec, cluster, "latency", batch=1, prompt_len=8192, gen_len=256,
