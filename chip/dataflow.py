@@ -146,12 +146,16 @@ def _segments(blocks: tuple[Block, ...], looping: bool) -> list[list[Block]]:
         return [[b] for b in blocks]
     segments: list[list[Block]] = []
     run: list[Block] = []
+    programs: dict[int, tuple] = {}  # blocks of one layer kind share their op tuple
     for block in [*blocks, None]:
         if block is not None and block.first_layer >= 0:
             run.append(block)
+            if id(block.ops) not in programs:
+                programs[id(block.ops)] = _program(block)
             continue
         if run:
-            segments += [run] if _periodic([_program(b) for b in run]) else [[b] for b in run]
+            body = [programs[id(b.ops)] for b in run]
+            segments += [run] if _periodic(body) else [[b] for b in run]
             run = []
         if block is not None:
             segments.append([block])

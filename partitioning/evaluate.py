@@ -184,7 +184,12 @@ def plan_comm_time(cluster: ClusterSpec, plan: Plan, socket: int = 0) -> CommTim
 
 @lru_cache(maxsize=4096)
 def _plan_comm(topology, plan: Plan, socket: int) -> CommTime:
-    return _comm(topology, _frozen(groups_of(plan, socket)), _frozen(concurrent_groups(plan)))
+    return _comm(topology, _frozen(groups_of(plan, socket)), _concurrent(plan))
+
+
+@lru_cache(maxsize=1024)
+def _concurrent(plan: Plan) -> tuple:
+    return _frozen(concurrent_groups(plan))
 
 
 def tp_comm_time(cluster: ClusterSpec, tp: int) -> CommTime:
@@ -391,14 +396,14 @@ def shared_step_cost(g: Graph, chip, comm: CommTime, options: Any = None,
 def clear_caches() -> None:
     """Forget what plans shared (a benchmark's cold start; a test that results do not depend
     on what was cached)."""
-    from chip import dataflow
+    from chip import breakdown, dataflow
     from partitioning import program
 
     for cache in (_COSTS, _FOOTPRINTS, program._GRAPHS, program._STAGES, dataflow._MEMOS,
-                  dataflow._OPS):
+                  dataflow._OPS, breakdown._SUMS):
         cache.clear()
     dataflow._COMM.clear()
-    for fn in (_plan_comm, _comm, _topology):
+    for fn in (_plan_comm, _concurrent, _comm, _topology):
         fn.cache_clear()
 
 

@@ -217,18 +217,20 @@ def misfits(fps: tuple[Footprint, ...], plan: Plan, model: str, cluster: str) ->
     (the first overflowing tier, in TIER_ORDER, of the lowest-numbered socket): the one
     message every command gives for a point that does not fit. A str for scalar points, else
     an object array of their shape."""
-    shape = np.broadcast_shapes(*(np.shape(fp.tier(t)) for fp in fps for t in TIER_ORDER))
-    n = int(np.prod(shape))
-    reasons = np.full(n, "", dtype=object)
-    for tier in TIER_ORDER:
-        for fp in fps:
-            if tier not in fp.capacity:
-                continue
-            need = np.ravel(np.broadcast_to(fp.tier(tier), shape))
-            for i in np.flatnonzero((need > fp.capacity[tier]) & (reasons == "")):
-                reasons[i] = fit_message(plan, model, cluster, tier, fp.socket, float(need[i]),
-                                         fp.capacity[tier])
-    return reasons.reshape(shape) if shape else reasons[0]
+    needs = [(tier, fp, fp.tier(tier)) for tier in TIER_ORDER for fp in fps
+             if tier in fp.capacity]
+    if all(np.ndim(need) == 0 for _, _, need in needs):  # one point: no arrays to build
+        return next((fit_message(plan, model, cluster, tier, fp.socket, float(need),
+                                 fp.capacity[tier])
+                     for tier, fp, need in needs if need > fp.capacity[tier]), "")
+    shape = np.broadcast_shapes(*(np.shape(need) for _, _, need in needs))
+    reasons = np.full(int(np.prod(shape)), "", dtype=object)
+    for tier, fp, need in needs:
+        need = np.ravel(np.broadcast_to(need, shape))
+        for i in np.flatnonzero((need > fp.capacity[tier]) & (reasons == "")):
+            reasons[i] = fit_message(plan, model, cluster, tier, fp.socket, float(need[i]),
+                                     fp.capacity[tier])
+    return reasons.reshape(shape)
 
 
 def fit_message(plan: Plan, model: str, cluster: str, tier: str, socket: int, need: float,
