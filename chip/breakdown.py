@@ -43,12 +43,13 @@ class Ledger:
                 frac = np.where(total > 0, frac, 1.0)
             self.add(cause, cls, t * frac)
 
-    def merge(self, other: Ledger) -> None:
-        """Book everything `other` booked (a part of the step costed on its own)."""
+    def merge(self, other: Ledger, times: float = 1.0) -> None:
+        """Book everything `other` booked (a part of the step costed on its own), `times`
+        times."""
         for cause, t in other.by_cause.items():
-            self.by_cause[cause] = self.by_cause.get(cause, 0.0) + t
+            self.by_cause[cause] = self.by_cause.get(cause, 0.0) + times * t
         for cls, t in other.by_class.items():
-            self.by_class[cls] = self.by_class.get(cls, 0.0) + t
+            self.by_class[cls] = self.by_class.get(cls, 0.0) + times * t
 
     def total(self) -> np.ndarray:
         return sum(self.by_class.values(), np.zeros(()))

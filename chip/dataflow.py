@@ -94,11 +94,15 @@ class Dataflow:
         ledger = Ledger()
         calls = 0.0
         if opts.fused:
-            memo, keys = _memo(chip), {}
+            memo, keys, parts = _memo(chip), {}, {}
             for segment in _segments(graph.blocks, opts.kernel_looping):
                 looped = opts.kernel_looping and sum(b.repeat for b in segment) > 1
                 for i, block in enumerate(segment):
-                    calls += _fused_block_once(memo, keys, ledger, block, ctx, looped, i == 0)
+                    part = _fused_block_once(memo, keys, block, ctx, looped, i == 0)
+                    parts.setdefault(id(part), [part, 0])[1] += 1
+            for (sub, n_calls), count in parts.values():  # each distinct block booked once
+                ledger.merge(sub, count)
+                calls += count * n_calls
         else:
             for block in graph.blocks:
                 calls += _unfused_block(ledger, block, ctx)
@@ -188,15 +192,15 @@ def _memo(chip: ChipSpec) -> dict:
     return entry[1]
 
 
-def _fused_block_once(memo: dict, keys: dict, ledger: Ledger, block: Block, ctx: _Ctx,
-                      looped: bool, head: bool) -> float:
+def _fused_block_once(memo: dict, keys: dict, block: Block, ctx: _Ctx, looped: bool,
+                      head: bool) -> tuple[Ledger, float]:
     """_fused_block, costed once per distinct block: a hybrid's layers repeat a few blocks
     dozens of times, and the plans of a search share most blocks. A block's cost depends only
     on its ops, its repeat, its place in a looped call, the options, the batch and what the
-    interconnect charges for its collectives, which is the key. Each block's time is booked
-    through its own ledger whether or not it was costed before, so the sums do not depend on
-    what the memo holds. `keys`: the step's key of each op tuple (a hybrid's layers of one kind
-    share theirs)."""
+    interconnect charges for its collectives, which is the key. Returns the block's own ledger
+    and kernel calls; the step books each distinct block once, times its count, whether or not
+    it was costed before, so the sums do not depend on what the memo holds. `keys`: the step's
+    key of each op tuple (a hybrid's layers of one kind share theirs)."""
     if id(block.ops) not in keys:
         keys[id(block.ops)] = _ops_key(block, ctx)
     base = keys[id(block.ops)]
@@ -207,8 +211,7 @@ def _fused_block_once(memo: dict, keys: dict, ledger: Ledger, block: Block, ctx:
         hit = (sub, _fused_block(sub, block, ctx, looped, head))
         if key is not None:
             memo[key] = hit
-    ledger.merge(hit[0])
-    return hit[1]
+    return hit
 
 
 def _ops_key(block: Block, ctx: _Ctx) -> tuple | None:

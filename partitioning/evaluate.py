@@ -403,7 +403,7 @@ def clear_caches() -> None:
                   dataflow._OPS, breakdown._SUMS):
         cache.clear()
     dataflow._COMM.clear()
-    for fn in (_plan_comm, _concurrent, _comm, _topology):
+    for fn in (_plan_comm, _concurrent, _comm):  # (a cluster's topology is kept)
         fn.cache_clear()
 
 
