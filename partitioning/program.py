@@ -10,6 +10,7 @@ socket ids of its groups, so the interconnect can cost its collectives on real r
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -77,13 +78,21 @@ class Program:
         shard = Shard(**{**_fields(self.shard), "expert_load": load})
         full = {m: _step_graph(spec, shape, _with_attn(shard, d)) for m, d in self.mixer_tp}
         base = _step_graph(spec, shape, shard)
+        if not full and self.first_stage and self.last_stage:  # the whole model, as built
+            return base
         blocks: list[Block] = []
         if self.first_stage:
             blocks.append(base.blocks[0])
-        for i, block in enumerate(base.blocks[1:-1], start=1):
+        # Layer blocks are in layer order: visit only those the stage's range overlaps.
+        first, end = self.layers
+        starts = [b.first_layer for b in base.blocks[1:-1]]
+        lo = max(1, bisect.bisect_right(starts, first))
+        hi = bisect.bisect_left(starts, end) + 1
+        for i in range(lo, hi):
+            block = base.blocks[i]
             mixer = spec.layers[block.first_layer].mixer
             src = full[mixer].blocks[i] if mixer in full else block
-            clipped = _clip(src, *self.layers)
+            clipped = _clip(src, first, end)
             if clipped is not None:
                 blocks.append(clipped)
         if self.last_stage:
