@@ -103,18 +103,26 @@ def demand(spec: ModelSpec, program: Program, batch: Work, context: Work,
     prefill = program.graph(spec, StepShape.prefill(1.0, prompt_len))
     # A tied head reuses the embedding rows the first stage already holds.
     skip_head = spec.tie_embeddings and program.first_stage
-    dense, kv, sram = 0.0, 0.0, 0.0
+    dense, kv, peaks = 0.0, 0.0, []
     for block in decode.blocks:
         w, k, peak = _block_bytes(block.ops, skip_head)
-        dense, kv, sram = dense + block.repeat * w, kv + block.repeat * k, np.maximum(sram, peak)
+        dense, kv = dense + block.repeat * w, kv + block.repeat * k
+        peaks.append(peak)
     if program.first_stage:
         rows = -(-spec.vocab_size // program.shard.vocab_tp)
         dense += rows * spec.hidden_size * spec.precision.weights.bytes
-    act = 0.0
-    for block in prefill.blocks:
-        act = np.maximum(act, _block_bytes(block.ops, skip_head)[2])
+    act = _largest([_block_bytes(block.ops, skip_head)[2] for block in prefill.blocks])
     return Demand(experts=_expert_bytes(spec, program), dense_weights=dense, kv_cache=kv,
-                  activations=act, sram_working_set=sram)
+                  activations=act, sram_working_set=_largest(peaks))
+
+
+def _largest(values: list) -> Work:
+    if all(np.ndim(v) == 0 for v in values):
+        return max(values, default=0.0)
+    out: Work = 0.0
+    for v in values:
+        out = np.maximum(out, v)
+    return out
 
 
 def kv_cache_per_socket(spec: ModelSpec, tp: int, batch: Work, context: Work) -> Work:
