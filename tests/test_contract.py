@@ -28,6 +28,7 @@ from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from rdu_cluster.sweep.registry import Point
 from rdu_cluster.sweep.runners import SIMULATE
+from rdu_cluster.validation import calibration
 from workloads import traces
 from workloads.catalog import load_model
 
@@ -41,7 +42,7 @@ REL = 1e-9  # one evaluator: the same figures up to float summation order
 
 
 def _cli(*args: str) -> list[dict]:
-    r = CliRunner().invoke(main, list(args))
+    r = CliRunner().invoke(main, [*args, "--calibration", "none"])
     assert r.exit_code == 0, r.output
     return [json.loads(line) for line in r.output.splitlines()]
 
@@ -63,7 +64,9 @@ def _sweep_row(model, cluster, plan, batch, prompt, gen) -> dict:
 
 def _engine(model, cluster, plan, batch, prompt, gen) -> tuple[float, float]:
     """(HBM of socket 0 at the first decode step, that step's time)."""
-    spec, c = load_model(model), load_cluster(cluster)
+    spec = load_model(model)
+    with calibration.use(None):
+        c = load_cluster(cluster)
     p = Plan.parse(plan)
     n = batch * c.sockets // (p.tp * p.ep * p.pp)
     trace = traces.Trace(np.zeros(n), np.full(n, prompt), np.full(n, gen))
@@ -116,7 +119,7 @@ def test_a_point_that_does_not_fit_is_refused_alike_everywhere():
     args = ["--model", "qwen3-235b-a22b", "--cluster", "sn40l-16", "--plan", "tp16",
             "--batch", "128"]
     sim = CliRunner().invoke(main, ["simulate", *args, "--prompt-len", "8192"])
-    planned = CliRunner().invoke(main, ["plan", *args, "--context", "8192"])
+    planned = CliRunner().invoke(main, ["plan", *args, "--context", "8192"])  # (any profile)
     assert sim.exit_code == planned.exit_code == 2
     message = sim.output.strip()
     assert message == planned.output.strip()
