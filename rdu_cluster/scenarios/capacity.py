@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from partitioning.estimate import estimate_plan
+from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.config import FabricSpec, load_cluster
 from rdu_cluster.engine import bench
@@ -139,13 +140,21 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
         return None
     g = cl.sockets
     hbm = cl.chip.hbm.capacity_bytes
-    weights = float(graph.weight_bytes(model)) / g
-    per_seq = float(graph.kv_cache_bytes(model, 1, prompt + gen)) / g
-    kv_batch = int(KV_MEMORY_FRACTION * (hbm - weights) // per_seq) if hbm > weights else 0
+    p = PartitionPlan.parse(plan)
+    # The one footprint (partitioning.evaluate.footprint): weights and one prompt's activations
+    # per socket, and one sequence's KV cache with heads replicated where tp exceeds them; the
+    # engine sizes its KV blocks from the same regions.
+    try:
+        fps, _ = footprint(model, cl, p, 1, int(prompt), int(gen), check=False)
+    except ConfigError:
+        return None
+    resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
+                   for fp in fps)
+    per_seq = max(fp.region("kv_cache") for fp in fps)
+    kv_batch = int(KV_MEMORY_FRACTION * (hbm - resident) // per_seq) if hbm > resident else 0
     batches = BATCHES[BATCHES <= kv_batch]
     if not len(batches):
         return None
-    p = PartitionPlan.parse(plan)
     at = lambda b: estimate_plan(model, cl, p, batch=b, prompt_len=int(prompt),
                                  gen_len=int(gen))
     try:
