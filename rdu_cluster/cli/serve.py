@@ -17,14 +17,15 @@ from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_cluster, load_fabric
-from rdu_cluster.engine import bench, disagg, replica_routing, schedulers
+from rdu_cluster.engine import bench, disagg, evictions, replica_routing, schedulers
 from rdu_cluster.engine.plan import PlanSpec
+from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import results
 from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
-from workloads import traces
+from workloads import sessions, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.speculative import Speculation, parse_acceptance, parse_tree
@@ -40,11 +41,31 @@ TABLES = ("requests", "steps", "sockets", "links")
               help="Cluster name or TOML path.")
 @click.option("--plan", default=None, help="tp16, tp2ep8, tp4pp4, ... [default: tp over all sockets]")
 @click.option("--trace", "trace_path", default=None,
-              help="Trace file (.csv, .parquet, .arrow): arrival_s, prompt_len, output_len[, model].")
+              help="Trace file (.csv, .parquet, .arrow): arrival_s, prompt_len, output_len[, "
+              "model]; the Azure LLM inference CSV (TIMESTAMP, ContextTokens, "
+              "GeneratedTokens); a Mooncake .jsonl (timestamp ms, input_length, output_length, "
+              "hash_ids).")
 @click.option("--requests", "n_requests", default=None, type=int,
               help="Synthetic trace: number of requests.")
 @click.option("--rate", default=None, type=float,
-              help="Synthetic trace: requests per second ('inf': all at 0).")
+              help="Synthetic trace: requests per second ('inf': all at 0); with --sessions, "
+              "session starts per second [default: inf].")
+@click.option("--sessions", "n_sessions", default=None, type=int,
+              help="Multi-turn workload: N sessions (closed loop per session; --prompt-len is "
+              "each turn's user message, --output-len its answer).")
+@click.option("--turns", default=None, type=int, help="With --sessions: turns per session.")
+@click.option("--system-prompt", default=1024, show_default=True, type=int,
+              help="With --sessions: tokens of the system prompt every session shares.")
+@click.option("--think-time", default="5", show_default=True,
+              help="With --sessions: seconds between a turn's end and the next turn: S, "
+              "exponential:MEAN or uniform:LO:HI.")
+@click.option("--prefix-cache", default=None, type=click.Choice(MODES),
+              help="Prefix caching: off, in HBM, or tiered (spilled to DDR / host memory) "
+              "[default: tiered where the chip has a tier below HBM].")
+@click.option("--prefix-block", default=None, type=int,
+              help="Tokens per prefix-cache block [default: the KV block, 16].")
+@click.option("--prefix-eviction", default="lru", show_default=True,
+              help=f"Prefix-cache eviction policy: {', '.join(evictions.names())}.")
 @click.option("--arrival", type=click.Choice(traces.ARRIVALS), default="poisson",
               show_default=True)
 @click.option("--burstiness", default=1.0, show_default=True, type=float,
@@ -133,12 +154,17 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           coe_router, coe_distribution, coe_policy, coe_hbm_slots, draft, spec_k, tree,
           placement, draft_sockets, concurrency, routing, weights_dtype, kv_dtype,
           metric_percentiles, goodput, as_json, replicas, ramp_up, prefill_pool, decode_pool,
-          fabric, acceptance, no_progress, timeline_path, overrides) -> None:
+          fabric, acceptance, no_progress, timeline_path, overrides, n_sessions, turns,
+          system_prompt, think_time, prefix_cache, prefix_block, prefix_eviction) -> None:
     """Simulate serving a request trace on a cluster."""
     if concurrency is not None and rate is None and trace_path is None:
         rate = math.inf  # closed loop: every request is ready, the clients pace them
-    trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len, output_len,
-                   seed)
+    if n_sessions is not None or turns is not None:
+        trace = _sessions(trace_path, n_requests, n_sessions, turns, rate, arrival, prompt_len,
+                          output_len, system_prompt, think_time, seed)
+    else:
+        trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len,
+                       output_len, seed)
     trace = _ramped(trace, concurrency, ramp_up)
     bench_spec = bench.MetricSpec.parse(metric_percentiles,
                                         [g for item in goodput for g in item.split()])
@@ -168,7 +194,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                          kv_memory_fraction=kv_fraction, faults=tuple(faults),
                          speculation=speculation, draft=draft, coe=scenario,
                          draft_placement=placement, draft_sockets=draft_sockets,
-                         metrics=bench_spec, routing=routing, concurrency=concurrency)
+                         metrics=bench_spec, routing=routing, concurrency=concurrency,
+                         prefix=PrefixConfig(prefix_cache, prefix_block, prefix_eviction))
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     out = _out_dir(out_dir)
     timeline = _timeline(timeline_path)
@@ -230,6 +257,8 @@ def bench_json(summary: dict, **context) -> dict:
         "preemptions": summary["preemptions"],
         **{k: summary[k] for k in ("energy_j", "joules_per_token", "power_w", "cost_usd",
                                    "cost_per_million_tokens_usd") if k in summary},
+        **{k: summary[k] for k in ("prefix_cache", "prefix_cache_hit_rate",
+                                   "prefix_cache_hit_rate_by_tier", "prefix_copy_s")},
     }
 
 
@@ -319,6 +348,22 @@ def _timeline(path: str | None) -> Timeline | None:
     return Timeline()
 
 
+def _sessions(path, n_requests, n, turns, rate, arrival, prompt_len, output_len, system,
+              think, seed) -> traces.Trace:
+    """--sessions N --turns T: the multi-turn workload (workloads/sessions.py)."""
+    if path or n_requests is not None:
+        raise ConfigError("--sessions: not with --trace or --requests")
+    if n is None or turns is None:
+        raise ConfigError("--sessions and --turns go together")
+    if rate is not None and not (rate > 0 or math.isinf(rate)):
+        raise ConfigError(f"--rate: must be positive, got {rate}")
+    spec = sessions.SessionSpec(
+        n, turns, system, traces.LengthDist.parse(prompt_len, "--prompt-len"),
+        traces.LengthDist.parse(output_len, "--output-len"), sessions.ThinkTime.parse(think),
+        math.inf if rate is None else rate, arrival)
+    return sessions.sessions(spec, seed)
+
+
 def _out_dir(path: str) -> Path:
     out = Path(path)
     if out.exists() and not out.is_dir():
@@ -377,6 +422,11 @@ def _extra_lines(s: dict) -> list[str]:
     if s["tokens_per_decode"] == s["tokens_per_decode"] and s["tokens_per_decode"] != 1.0:
         out.append(f"  speculative: {s['tokens_per_decode']:.3f} tokens per sequence per step "
                    f"({s['speculation']})")
+    if s["prefix_cache"] != "off":
+        tiers = ", ".join(f"{t} {v:.1%}" for t, v in s["prefix_cache_hit_rate_by_tier"].items())
+        out.append(f"  prefix cache {s['prefix_cache']}: hit rate "
+                   f"{s['prefix_cache_hit_rate']:.1%} of prompt tokens ({tiers}); "
+                   f"{s['prefix_copy_s']:.3f} s copying to HBM")
     if s["switches"]:
         out.append(f"  CoE: {s['switches']} expert switches of "
                    f"{s['switch_s'] / s['switches'] * 1e3:.1f} ms, {s['switch_s']:.2f} s "

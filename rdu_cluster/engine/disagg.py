@@ -130,6 +130,9 @@ class Disaggregated:
         if self.config.concurrency is not None:
             raise ConfigError("--concurrency: not with --prefill-pool/--decode-pool (the "
                               "decode pool's completions would pace the prefill pool)")
+        if self.trace.after is not None:
+            raise ConfigError("--sessions: not with --prefill-pool/--decode-pool (a turn waits "
+                              "for the decode pool to finish the one before)")
         if self.config.faults or self.config.coe is not None or self.config.speculation:
             raise ConfigError("--prefill-pool/--decode-pool: not with --fault, --coe-experts "
                               "or --draft")
@@ -217,9 +220,14 @@ class Disaggregated:
                       "fabric": self.fabric.name,
                       "sockets": [c.sockets for c in self.clusters]},
         })
+        out.update({k: p.summary[k] for k in PREFIX_KEYS})  # prompts are cached where prefilled
         m = dec._measured(_decode_rows(req, idx))
         out["bench"] = bench.summary(m, end, self.config.metrics)
         return out
+
+
+PREFIX_KEYS = ("prefix_cache", "prefix_cache_hit_rate", "prefix_cache_hit_rate_by_tier",
+               "prefix_copy_s")  # engine/prefix_cache.summary
 
 
 def _requests(p: dict, d: dict, idx, move, nbytes, n_rep: int) -> dict:

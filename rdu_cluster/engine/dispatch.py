@@ -23,6 +23,12 @@ Otherwise replicas are coupled in time, and the engine advances conservatively:
   is also cut at the earliest time another replica could complete a request not yet known: the
   end of its current window, or now if it is idle with work to schedule. This is exact, and
   costs about one window per step per replica while several replicas decode.
+- Sessions (`--sessions`, workloads/sessions.py): a closed loop per session. A turn is sent
+  `think_s` after its session's previous turn completes, to the same replica under a stateless
+  policy (session affinity: the replica that holds the history in its prefix cache), or where a
+  stateful policy routes it. A turn refused takes its session's later turns with it (they are
+  sent, and refused, when it is). Both closed loops are "a request sent after the one it
+  follows": `--concurrency` is the chain i - N -> i without think time.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from workloads.errors import ConfigError
 # so the first span needs no cut, but no unsaturated plan may follow it in the same window: a
 # finite horizon beyond any time does exactly that (replica.plan_window).
 OWN_COMPLETION = sys.float_info.max
+NOT_SERVED = "the previous turn of its session was not served"
 
 
 class Dispatcher:
@@ -63,26 +70,49 @@ class Dispatcher:
         self.finish: dict[int, float] = {}  # request id -> when it completed or was refused
         self.outstanding: dict[int, list[Request]] = {}
         self.last: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # replica -> (ends, kv blocks)
+        self.next_of: dict[int, list[Request]] = {}  # request id -> the requests it sends
+        self.delay: dict[int, float] = {}  # request id -> seconds after its predecessor ends
+        self.sessions = False
 
     # -- sending --------------------------------------------------------------------------
-    def initial(self, requests: Sequence[Request], replicas: list[Replica]) -> list:
-        """The first events: every arrival (open loop) or each client's first (closed loop)."""
+    def initial(self, requests: Sequence[Request], replicas: list[Replica],
+                after: np.ndarray | None = None, think_s: np.ndarray | None = None) -> list:
+        """The first events: every arrival (open loop) or each client's or session's first
+        (closed loop). `after[i]`: the request i follows in its session (-1: none), sent
+        `think_s[i]` after that one completes."""
         self.replicas, self.requests = replicas, requests
         self.outstanding = {rep.index: [] for rep in replicas}
         self.pending = {None: []} | {rep.index: [] for rep in replicas}
+        follows = self._follows(len(requests), after)
         if not self.coupled:
             blank = [ReplicaView(q.index, (), 0, q.kv.config.capacity_blocks, q)
                      for q in replicas]
-            n = self.concurrency or len(requests)
-            for r in requests:  # a stateless policy; closed loop: a client's first request
-                self.route[r.id] = (self.policy.choose(r, blank) if r.id < n
-                                    else self.route[r.id % n])
-        first = requests if self.concurrency is None else requests[:self.concurrency]
-        self.unsent = len(requests) - len(first)
-        for r in requests[len(first):]:
+            for r in requests:  # a stateless policy; closed loop: as the chain's first
+                p = follows[r.id]
+                self.route[r.id] = self.policy.choose(r, blank) if p < 0 else self.route[p]
+        first = []
+        for r in requests:
+            p = follows[r.id]
+            if p < 0:
+                first.append(r)
+                continue
+            self.next_of.setdefault(p, []).append(r)
+            self.delay[r.id] = float(think_s[r.id]) if self.sessions else 0.0
             rep = self.route.get(r.id)
             self.unsent_to[rep] = self.unsent_to.get(rep, 0) + 1
+        self.unsent = len(requests) - len(first)
         return [self._send(r, r.arrival_s) for r in first]
+
+    def _follows(self, n: int, after: np.ndarray | None) -> list[int]:
+        """The request each one is sent after (-1: sent at its arrival)."""
+        if after is not None:
+            if self.concurrency is not None:
+                raise ConfigError("--concurrency: not with --sessions (a session is its own "
+                                  "closed loop)")
+            self.sessions = True
+            return [int(a) for a in after]
+        c = self.concurrency
+        return [i - c if c is not None and i >= c else -1 for i in range(n)]
 
     def _send(self, r: Request, t: float):
         from rdu_cluster.engine.events import Arrival
@@ -174,9 +204,11 @@ class Dispatcher:
         return self._next(r)
 
     def _next(self, r: Request) -> list:
-        if self.concurrency is None or r.id + self.concurrency >= len(self.requests):
-            return []
-        nxt = self.requests[r.id + self.concurrency]
-        self.unsent -= 1
-        self.unsent_to[self.route.get(nxt.id)] -= 1
-        return [self._send(nxt, self.finish[r.id])]
+        out = []
+        for nxt in self.next_of.pop(r.id, []):
+            self.unsent -= 1
+            self.unsent_to[self.route.get(nxt.id)] -= 1
+            if self.sessions and r.state != DONE:  # it needed this turn's answer
+                nxt.reason = NOT_SERVED
+            out.append(self._send(nxt, self.finish[r.id] + self.delay[nxt.id]))
+        return out

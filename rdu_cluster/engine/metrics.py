@@ -18,8 +18,11 @@ import rdu_cluster
 from chip.cost import CAUSES
 from rdu_cluster.engine.requests import Request
 
-SCHEMA_VERSION = "3"  # 2: energy_j / cost_usd in requests, steps and sockets; steps.sockets
+# 2: energy_j / cost_usd in requests, steps and sockets; steps.sockets
 # 3: requests.prefill_replica, kv_transfer_s, kv_transfer_bytes (disaggregated serving)
+# 4: prefix caching (requests: session, prefix_<tier>_tokens, prefix_copy_s; steps:
+# prefix_hit_tokens, prefix_copy_s, prefix_exposed_s)
+SCHEMA_VERSION = "4"
 PHASES = ("decode", "prefill", "mixed", "recovery")
 
 REQUESTS = pa.schema([
@@ -34,7 +37,11 @@ REQUESTS = pa.schema([
     # decode replica (0 when aggregated): engine/disagg.py
     ("prefill_replica", pa.int64()), ("kv_transfer_s", pa.float64()),
     ("kv_transfer_bytes", pa.float64()),
+    ("session", pa.int64()), ("prefix_hbm_tokens", pa.int64()),
+    ("prefix_ddr_tokens", pa.int64()), ("prefix_host_tokens", pa.int64()),
+    ("prefix_copy_s", pa.float64()),
 ])
+PREFIX_TIERS = ("hbm", "ddr", "host")  # tiers a prefix cache block can be found in
 STEPS = pa.schema(
     [("replica", pa.int64()), ("step", pa.int64()), ("window", pa.int64()),
      ("phase", pa.string()), ("start_s", pa.float64()), ("time_s", pa.float64()),
@@ -44,7 +51,9 @@ STEPS = pa.schema(
     + [("kv_swap_s", pa.float64()), ("expert_load_max", pa.float64()),
        ("straggler_socket", pa.int64()), ("straggler_s", pa.float64()),
        ("emitted_tokens", pa.int64()), ("expert", pa.int64()), ("switch_s", pa.float64()),
-       ("sockets", pa.int64()), ("energy_j", pa.float64()), ("cost_usd", pa.float64())]
+       ("sockets", pa.int64()), ("energy_j", pa.float64()), ("cost_usd", pa.float64()),
+       ("prefix_hit_tokens", pa.int64()), ("prefix_copy_s", pa.float64()),
+       ("prefix_exposed_s", pa.float64())]
 )
 TIERS = ("sram", "hbm", "ddr", "host")
 SOCKETS = pa.schema(
@@ -108,9 +117,12 @@ def request_rows(reqs: list[Request], replica_of: dict[int, int], rec: Recorder)
         out["prompt_len"][i], out["output_len"][i] = q.prompt_len, q.output_len
         out["generated_tokens"][i], out["preemptions"][i] = q.generated, q.preemptions
         out["swaps"][i], out["reason"][i] = q.swaps, q.reason
-        out["expert"][i] = q.expert
+        out["expert"][i], out["session"][i] = q.expert, q.session
         out["prefill_replica"][i] = rep
         out["kv_transfer_s"][i] = out["kv_transfer_bytes"][i] = 0.0
+        for tier in PREFIX_TIERS:
+            out[f"prefix_{tier}_tokens"][i] = q.prefix_tokens.get(tier, 0)
+        out["prefix_copy_s"][i] = q.prefix_copy_s
         out["switch_wait_s"][i] = rec.switch_s.get((rep, q.switch_step), 0.0)
         for name in ("energy_j", "cost_usd"):  # None: no [power] / [cost] table
             totals = rec.split.get(name)

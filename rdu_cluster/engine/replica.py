@@ -25,6 +25,7 @@ import numpy as np
 
 from chip.socket import DECODE, MIXED, PREFILL, Spans
 from rdu_cluster.engine.kv import KVManager
+from rdu_cluster.engine.prefix_cache import Claim, PrefixCache
 from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, Request
 from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
 
@@ -54,6 +55,8 @@ class Span:
     tokens: np.ndarray | None = None  # speculative: tokens each decode emits (span of 1 step)
     expert: int = -1  # CoE: the expert the span runs
     switch: bool = False  # CoE: its ops switch the expert in (the request waits for the copy)
+    prefix_hit: int = 0  # tokens its admissions found in the prefix cache
+    prefix_copy_s: float = 0.0  # seconds to copy the blocks found below HBM up to HBM
 
     @property
     def emitted(self) -> int:
@@ -93,8 +96,10 @@ class Window:
 class Replica:
     def __init__(self, index: int, sockets: list[int], scheduler: Scheduler, kv: KVManager,
                  swap_tier: str, speculate: Callable[[int, int, int], np.ndarray] | None = None,
-                 experts: Experts | None = None):
+                 experts: Experts | None = None, prefix: PrefixCache | None = None):
         self.index = index
+        self.prefix = prefix
+
         self.speculate = speculate  # (replica, step, n) -> tokens each of n decodes emits
         self.experts = experts
         self.sockets = sockets
@@ -158,10 +163,13 @@ class Replica:
             self._swap_in(r, ops)
         switch = self._switch(plan, ops)
         received = [r for r in plan.admit if r.received is not None]
+        hit, copy_s = 0, 0.0
         for r in plan.admit:
-            self._admit(r, plan.reserve_output, ops)
+            found = self._admit(r, plan.reserve_output, ops)
+            hit, copy_s = hit + found.total, copy_s + found.copy_s
             if switch:
                 r.switch_step = self.step
+        self._fit_prefix()
         decode = [r for r in plan.decode if r.state == RUNNING] + list(plan.swap_in) + received
         if received:  # their KV came from a prefill replica: they decode, nothing to prefill
             plan = replace(plan, prefill=tuple(p for p in plan.prefill if p[0] not in received))
@@ -178,7 +186,8 @@ class Replica:
             steps = max(1, self._fit(cached, held, limit))
         span = Span(kind, steps, self.step, decode, list(plan.prefill),
                     ctx_sum=int(cached.sum()), pre_prefix=sum(r.cached for r, _ in plan.prefill),
-                    running=len(self.running), expert=plan.expert, switch=switch)
+                    running=len(self.running), expert=plan.expert, switch=switch,
+                    prefix_hit=hit, prefix_copy_s=copy_s)
         if self.speculate is not None and decode:
             left = np.fromiter((r.remaining_output for r in decode), np.int64, len(decode))
             span.tokens = np.minimum(self.speculate(self.index, self.step, len(decode)), left)
@@ -231,6 +240,8 @@ class Replica:
             r.prefill(tokens, span.first_step)
             if r.generated > before:
                 r.emits.append((self.index, span.first_step, 1))
+            if self.prefix is not None and not r.prefilling:
+                self.prefix.computed(r, r.cached)
         if span.tokens is None:
             for r in span.decode:
                 r.decode(steps, last)
@@ -246,29 +257,54 @@ class Replica:
                 self.kv.set(r, r.cached)
         self.step += steps
         span.kv_blocks = span.kv_blocks[:steps]
+        self._fit_prefix()
 
-    def _admit(self, r: Request, reserve_output: bool, ops: list) -> None:
+    def _fit_prefix(self) -> None:
+        if self.prefix is not None:
+            self.prefix.fit(self.kv.free)
+
+    def _admit(self, r: Request, reserve_output: bool, ops: list) -> Claim:
         self.waiting.remove(r)
         r.admit(self.step)
         if r.received is not None:  # disaggregated: the prompt's KV arrived with it
             r.cached = r.target = r.received
             r.received = None
+            found = Claim()
+        else:
+            found = self._claim(r)
         tokens = r.prompt_len + (r.output_len if reserve_output else r.generated)
         self.kv.set(r, tokens)
         self.running.append(r)
         blocks = self.kv.held[r.id]
         ops.append(["alloc", f"kv/{r.id}", "hbm", blocks * self.kv.config.block_bytes, "kv"])
         self.synced[r.id] = blocks
+        return found
+
+    def _claim(self, r: Request) -> Claim:
+        """The prefix cache's blocks of r's prompt: r starts with them cached."""
+        r.admitted_tokens += r.target
+        if self.prefix is None:
+            return Claim()
+        found = self.prefix.claim(r)
+        r.cached = found.total
+        r.prefix_copy_s += found.copy_s
+        for tier, n in found.tokens.items():
+            r.prefix_tokens[tier] = r.prefix_tokens.get(tier, 0) + n
+        return found
 
     def _finish(self, r: Request) -> None:
         self.running.remove(r)
         self.kv.release(r)
+        if self.prefix is not None:
+            self.prefix.release(r, r.cached)
         if self.synced.pop(r.id, None) is not None:
             self.next_ops.append(["free", f"kv/{r.id}"])
 
     def _preempt(self, r: Request, ops: list) -> None:
         self.running.remove(r)
         blocks = self.kv.release(r)
+        if self.prefix is not None:
+            self.prefix.release(r, r.cached)
         name = f"kv/{r.id}"
         if self.scheduler.limits.preemption == "swap":
             r.preempt_swap()
@@ -308,6 +344,8 @@ class Replica:
         for r in victims:
             self.kv.release(r)
             r.preempt_recompute()
+        if self.prefix is not None:
+            self.prefix.clear()
         self.running.clear()
         self.swapped.clear()
         self.waiting = deque(sorted(victims + list(self.waiting), key=_order))

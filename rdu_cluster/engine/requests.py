@@ -9,6 +9,7 @@ and resolves them to times once the steps' times are known.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 WAITING, RUNNING, SWAPPED, DONE, UNSERVED = "waiting", "running", "swapped", "done", "unserved"
@@ -40,6 +41,14 @@ class Request:
     # Disaggregated decode: tokens whose KV arrives with the request from its prefill replica
     # (None: it prefills here). Admission then allocates that KV and decodes at once.
     received: int | None = None
+    content: tuple = ()  # (content id, tokens) chunks of prompt + output (traces.Trace.content)
+    session: int = -1
+    # Prefix caching (engine/prefix_cache.py): cached tokens it would find now (set by its
+    # replica), tokens found per tier over its admissions, their copy seconds, tokens admitted.
+    probe: Callable[[Request], int] | None = field(default=None, repr=False)
+    prefix_tokens: dict = field(default_factory=dict)
+    prefix_copy_s: float = 0.0
+    admitted_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.ready_s < 0:
@@ -52,6 +61,13 @@ class Request:
     @property
     def remaining_prefill(self) -> int:
         return self.target - self.cached
+
+    @property
+    def uncached(self) -> int:
+        """Tokens its next admission must prefill: prompt and generated tokens, less the prefix
+        the cache holds (0 without one)."""
+        hit = self.probe(self) if self.probe is not None and self.cached == 0 else 0
+        return self.prompt_len + self.generated - hit
 
     @property
     def remaining_output(self) -> int:

@@ -3,9 +3,9 @@ replicas, runs the event loop and assembles the tables.
 
 Layers: entities (requests.py, replica.py), policies (schedulers/), the time predictor (the
 sockets' cost tables, chip/socket.py, over the chip's execution model), the event loop (loop.py,
-events.py) and metrics (metrics.py). Requests go to replicas round-robin by id, which does not
-depend on time, so replicas are independent and any interleaving of their windows gives the same
-tables.
+events.py) and metrics (metrics.py). Which request goes to which replica, and when closed
+loops (clients, sessions) send the next one: engine/dispatch.py. Prefix caching:
+engine/prefix_cache.py, one cache per replica.
 """
 
 from __future__ import annotations
@@ -29,12 +29,21 @@ from partitioning.footprint import PlanDoesNotFit, fit_message
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.backends import SocketSetup
 from rdu_cluster.backends.messages import Message, Router
-from rdu_cluster.engine import bench, energy, loop, metrics, replica_routing, schedulers
+from rdu_cluster.engine import (
+    bench,
+    energy,
+    loop,
+    metrics,
+    prefix_cache,
+    replica_routing,
+    schedulers,
+)
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.dispatch import Dispatcher
 from rdu_cluster.engine.events import Event, FaultAt
 from rdu_cluster.engine.faults import LINK_DETOUR_FACTOR, Fault
 from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KVManager
+from rdu_cluster.engine.prefix_cache import PrefixCache, PrefixConfig
 from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.routing import RoutingSampler
@@ -69,6 +78,7 @@ class ServeConfig:
     metrics: bench.MetricSpec = field(default_factory=bench.MetricSpec)  # vLLM's statistics
     routing: str = replica_routing.DEFAULT  # replica routing policy (engine/replica_routing/)
     concurrency: int | None = None  # closed loop: clients (vLLM --max-concurrency); None: open
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)  # engine/prefix_cache.py
 
 
 @dataclass
@@ -120,6 +130,8 @@ class Simulation:
         _check_coe(config)
         self.coe_memory = self._coe_memory() if config.coe else None
         self._fps: dict = {}  # plan -> (footprints, reason), once asked for (_footprint)
+        config.prefix.check()
+        self.prefix_mode = config.prefix.resolved(self._lower_tier())
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -131,8 +143,10 @@ class Simulation:
         self.backend.start(setups)
         for r, lay in enumerate(layouts):
             sched = schedulers.get(self.config.scheduler, self.config.limits)
-            self.replicas.append(Replica(r, list(lay.sockets), sched, self._kv(lay),
-                                         self._swap_tier(), self._speculate(), self._experts()))
+            kv = self._kv(lay)
+            self.replicas.append(Replica(r, list(lay.sockets), sched, kv, self._swap_tier(),
+                                         self._speculate(), self._experts(),
+                                         self._prefix_cache(kv)))
             self.replicas[-1].expecting = functools.partial(self.dispatch.more_arrivals,
                                                             self.replicas[-1])
         if self.plan.ep > 1:
@@ -272,20 +286,49 @@ class Simulation:
     def _swap_tier(self) -> str:
         return "ddr" if self.cluster.chip.has_tier("ddr") else "host"
 
+    def _lower_tier(self) -> str | None:
+        """The tier below HBM (DDR on an RDU, host memory on a GPU), if the chip has one."""
+        tier = self._swap_tier()
+        return tier if self.cluster.chip.has_tier(tier) else None
+
+    def _prefix_cache(self, kv: KVManager) -> PrefixCache | None:
+        if self.prefix_mode == "off":
+            return None
+        return prefix_cache.build(self.config.prefix, self.prefix_mode, self.cluster.chip, kv,
+                                  self._lower_tier(), self._lower_reserved(kv))
+
+    def _lower_reserved(self, kv: KVManager) -> float:
+        """Bytes per socket the lower tier keeps for other things: CoE experts, and with swap
+        preemption the whole HBM KV cache swapped out."""
+        tier = self._lower_tier()
+        held = 0.0
+        if self.config.coe is not None:
+            held += sum(op[3] for op in coe.socket_regions(self.config.coe, self.cluster,
+                                                           self.plan.tp) if op[2] == tier)
+        if self.config.limits.preemption == "swap":
+            held += kv.config.capacity_blocks * kv.config.block_bytes
+        return held
+
     def initial_events(self) -> list[Event]:
         events: list[Event] = []
         experts, ready = self._routing()
         for i in range(len(self.trace)):
-            model = self.trace.model[i] if self.trace.model else self.model.name
-            r = Request(i, float(self.trace.arrival_s[i]), int(self.trace.prompt_len[i]),
-                        int(self.trace.output_len[i]), model, expert=int(experts[i]),
-                        ready_s=float(ready[i]))
+            r = self._request(i, int(experts[i]), float(ready[i]))
             if self.received is not None:  # disaggregated decode (engine/disagg.py)
                 r.received = int(self.received[i])
             self.requests.append(r)
-        events += self.dispatch.initial(self.requests, self.replicas)
+        events += self.dispatch.initial(self.requests, self.replicas, self.trace.after,
+                                        self.trace.think_s)
         events += [FaultAt(f.time_s, f) for f in self.faults]
         return events
+
+    def _request(self, i: int, expert: int, ready: float) -> Request:
+        t = self.trace
+        r = Request(i, float(t.arrival_s[i]), int(t.prompt_len[i]), int(t.output_len[i]),
+                    t.model[i] if t.model else self.model.name, expert=expert, ready_s=ready,
+                    content=t.content[i] if t.content else (),
+                    session=int(t.session[i]) if t.session is not None else -1)
+        return r
 
     def _routing(self) -> tuple[np.ndarray, np.ndarray]:
         """Each request's expert (CoE: coe.assign_experts; else -1) and when the scheduler
@@ -323,6 +366,7 @@ class Simulation:
 
     def admit_to_queue(self, rep: Replica, r: Request) -> list[Event]:
         """Queue an arrived request, or refuse it (what follows: closed loop, a freed slot)."""
+        r.probe = rep.prefix.peek if rep.prefix is not None else None
         reason = self._refusal(rep, r)
         if reason:
             r.state, r.reason = UNSERVED, reason
@@ -335,6 +379,8 @@ class Simulation:
         return out
 
     def _refusal(self, rep: Replica, r: Request) -> str:
+        if r.reason:  # refused before it arrived (its session's previous turn was)
+            return r.reason
         if getattr(rep, "refused", ""):
             return rep.refused
         if rep.kv.blocks_for(r.prompt_len + r.output_len) > rep.kv.config.capacity_blocks:
@@ -423,12 +469,14 @@ class Simulation:
         elif len(stages) > 1:
             hops = self._add_transfers(window, stages, time, causes)
         swap, switch = self._moves_per_step(window, res, rep.sockets)
+        copy = window.per_step(lambda sp: sp.prefix_copy_s, float)
+        exposed = prefix_cache.exposed(copy, time, self.model.num_layers // self.plan.pp)
         # stage_s / hop_s (steps first, so a cut window keeps its rows): each stage's slowest
         # socket and each message between stages, for timelines (output/timeline.py)
-        return {"time_s": time + swap + switch, "causes": causes.T,
+        return {"time_s": time + swap + switch + exposed, "causes": causes.T,
                 "straggler_socket": straggler, "straggler_s": straggler_s, "kv_swap_s": swap,
                 "switch_s": switch, "stage_s": np.stack([t for t, _ in per_stage], axis=1),
-                "hop_s": hops}
+                "hop_s": hops, "prefix_copy_s": copy, "prefix_exposed_s": exposed}
 
     def _add_transfers(self, window: Window, stages, time, causes) -> np.ndarray:
         """The activations sent from each stage to the next (time and causes in place); returns
@@ -493,7 +541,9 @@ class Simulation:
             "prefill_tokens": rep_n(lambda sp: sum(t for _, t in sp.prefill)),
             "decode_tokens": rep_n(lambda sp: len(sp.decode)),
             "emitted_tokens": rep_n(lambda sp: sp.emitted), "expert": rep_n(lambda sp: sp.expert),
-            "switch_s": step["switch_s"],
+            "switch_s": step["switch_s"], "prefix_copy_s": step["prefix_copy_s"],
+            "prefix_exposed_s": step["prefix_exposed_s"],
+            "prefix_hit_tokens": rep_n(lambda sp: sp.prefix_hit),
             "kv_used_bytes": np.concatenate([sp.kv_blocks for sp in spans]) * bb,
             "kv_swap_s": step["kv_swap_s"], "expert_load_max": step["expert_load_max"][:m],
             "straggler_socket": step["straggler_socket"], "straggler_s": step["straggler_s"],
@@ -652,7 +702,8 @@ class Simulation:
         desc = repr((self.model.name, self.cluster.name, self.plan, c.scheduler, c.limits,
                      c.seed, c.kv_memory_fraction, c.block_tokens, c.execution_model, c.faults,
                      self.trace.source, len(self.trace), c.speculation, c.draft, c.coe,
-                     c.draft_placement, c.draft_sockets, c.routing, c.concurrency))
+                     c.draft_placement, c.draft_sockets, c.routing, c.concurrency,
+                     c.prefix))
         return {"model": self.model.name, "cluster": self.cluster.name,
                 "plan": f"tp={self.plan.tp},ep={self.plan.ep},pp={self.plan.pp}",
                 "scheduler": c.scheduler, "seed": c.seed, "trace": self.trace.source,
@@ -682,6 +733,7 @@ class Simulation:
             **energy.summary(self.rates, steps, self.cluster.sockets, end, tokens),
             "bench": bench.summary(self._measured(req), end, self.config.metrics),
             "overloaded": self._overloaded(req, end),
+            **prefix_cache.summary(self.requests, self.prefix_mode, self._lower_tier()),
         }
 
     def _measured(self, req: dict) -> bench.Measured:
@@ -698,8 +750,8 @@ class Simulation:
             chunk_s=np.concatenate(chunks) if chunks else np.zeros(0))
 
     def _overloaded(self, req: dict, end: float) -> bool:
-        if self.config.concurrency is not None:
-            return False  # closed loop: the clients bound the queue
+        if self.config.concurrency is not None or self.trace.after is not None:
+            return False  # closed loop (clients, sessions): they bound the queue
         arrival = np.asarray(req["arrival_s"], dtype=float)
         admit = np.array([math.inf if q is None else a + q
                           for a, q in zip(req["arrival_s"], req["queue_s"])], dtype=float)

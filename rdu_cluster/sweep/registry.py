@@ -56,7 +56,7 @@ class Runner:
     vector_fields: tuple[str, ...] = ()
     points_per_task: int = 2048
     partition_by: tuple[str, str] = ("cluster", "model")
-    required: tuple[str, ...] = ()
+    required: tuple[str | tuple[str, ...], ...] = ()  # a tuple: one of its names
     doc: str = ""
 
 

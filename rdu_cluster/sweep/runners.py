@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -390,6 +391,20 @@ PLAN = register(
 
 ARRIVALS = ("fixed", "poisson", "bursty")  # workloads.traces.ARRIVALS
 PREEMPTIONS = ("recompute", "swap")  # engine.schedulers.PREEMPTION
+PREFIX_MODES = ("off", "hbm", "tiered")  # engine.prefix_cache.MODES
+
+
+def think_time(value: Any) -> str:
+    """A think time as `serve --think-time` takes it (workloads.sessions.ThinkTime)."""
+    from workloads.sessions import ThinkTime
+
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"expected S or 'exponential:MEAN' / 'uniform:LO:HI', got {value!r}")
+    try:
+        ThinkTime.parse(str(value), "")
+    except ConfigError as e:
+        raise ValueError(str(e).lstrip(": ")) from None
+    return str(value)
 
 
 def serve_fields() -> dict[str, FieldDef]:
@@ -428,6 +443,21 @@ def serve_fields() -> dict[str, FieldDef]:
                  doc="disaggregated: CLUSTER:PLAN:M decode replicas (with prefill_pool)"),
         FieldDef("fabric", text, s, default="ib-ndr", column="fabric",
                  doc="disaggregated: inter-node fabric of the KV hand-over"),
+        FieldDef("trace", text, s, column="trace",
+                 doc="a trace file instead of requests/rate (CSV/Parquet/Arrow, Azure, Mooncake)"),
+        FieldDef("sessions", positive_int, i64, column="sessions",
+                 doc="multi-turn workload instead of requests: sessions (prompt_len: each "
+                 "turn's user message; rate: session starts per second [inf])"),
+        FieldDef("turns", positive_int, i64, column="turns", doc="with sessions: turns each"),
+        FieldDef("system_prompt", nonnegative_int, i64, column="system_prompt",
+                 doc="with sessions: shared system prompt tokens [1024]"),
+        FieldDef("think_time", think_time, s, column="think_time",
+                 doc="with sessions: S, exponential:MEAN or uniform:LO:HI seconds [5]"),
+        FieldDef("prefix_cache", choice(*PREFIX_MODES), s, column="prefix_cache",
+                 doc="off, hbm or tiered [tiered where the chip has a tier below HBM]"),
+        FieldDef("prefix_block", positive_int, i64, column="prefix_block",
+                 doc="tokens per prefix-cache block [the KV block]"),
+        FieldDef("prefix_eviction", text, s, column="prefix_eviction", doc="[lru]"),
     ):
         fields[f.name] = f
     return fields
@@ -451,7 +481,10 @@ SERVE_SCHEMA = pa.schema(
      ("request_throughput", pa.float64()), ("mean_itl_ms", pa.float64()),
      ("p99_itl_ms", pa.float64()), ("max_concurrent_requests", pa.int64()),
      ("kv_transfer_p50_s", pa.float64()),
-     ("feasible", pa.bool_()), ("infeasible_reason", pa.string())]
+     ("feasible", pa.bool_()), ("infeasible_reason", pa.string()),
+     ("prefix_cache_mode", pa.string()), ("prefix_cache_hit_rate", pa.float64()),
+     *((f"prefix_cache_hit_rate_{t}", pa.float64()) for t in ("hbm", "ddr", "host")),
+     ("prefix_copy_s", pa.float64())]
 )
 
 
@@ -461,6 +494,7 @@ def _seed(f: Mapping[str, Any], seed: int) -> int:
 
 def _serve_config(f: Mapping[str, Any], chip_kind: str, seed: int):
     from rdu_cluster.engine import schedulers
+    from rdu_cluster.engine.prefix_cache import PrefixConfig
     from rdu_cluster.engine.simulation import ServeConfig
 
     limits = schedulers.Limits(f["max_batch"], f["token_budget"], f["chunked_prefill"],
@@ -470,7 +504,9 @@ def _serve_config(f: Mapping[str, Any], chip_kind: str, seed: int):
                        execution_model=f.get("execution_model"),
                        options=make_options(chip_kind, option_values(f)),
                        faults=(f["fault"],) if "fault" in f else (),
-                       concurrency=f.get("concurrency"), routing=f["routing"])
+                       concurrency=f.get("concurrency"), routing=f["routing"],
+                       prefix=PrefixConfig(f.get("prefix_cache"), f.get("prefix_block"),
+                                           f.get("prefix_eviction", "lru")))
 
 
 def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
@@ -503,8 +539,20 @@ def _shape(sim) -> dict:
 
 
 def _trace(f: Mapping[str, Any], seed: int):
-    from workloads import traces
+    """The point's workload: a trace file, sessions, or a synthetic trace (one of the three:
+    check_serve)."""
+    from workloads import sessions, traces
 
+    if "trace" in f:
+        return traces.read_trace(f["trace"])
+    if "sessions" in f:
+        spec = sessions.SessionSpec(
+            f["sessions"], f["turns"], f.get("system_prompt", 1024),
+            traces.LengthDist.parse(f["prompt_len"], "prompt_len"),
+            traces.LengthDist.parse(f["output_len"], "output_len"),
+            sessions.ThinkTime.parse(f.get("think_time", "5"), "think_time"),
+            f.get("rate", math.inf), f["arrival"])
+        return sessions.sessions(spec, _seed(f, seed))
     return traces.synthetic(
         f["requests"], f["rate"], f["arrival"],
         traces.LengthDist.parse(f["prompt_len"], "prompt_len"),
@@ -553,11 +601,37 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
                "output_tokens": s["output_tokens"], "makespan_s": s["makespan_s"],
                "throughput_tokens_per_s": s["tokens_per_s"], "steps": s["steps"],
                "decode_steps": s["decode_steps"], "windows": s["windows"],
-               **{k: s[k] for k in ENERGY_COLUMNS}, "feasible": True}
+               **{k: s[k] for k in ENERGY_COLUMNS}, "feasible": True,
+               "prefix_cache_mode": s["prefix_cache"],
+               "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
+               **{f"prefix_cache_hit_rate_{t}": s["prefix_cache_hit_rate_by_tier"].get(t)
+                  for t in ("hbm", "ddr", "host")},
+               "prefix_copy_s": s["prefix_copy_s"]}
         for name, values in (("ttft", s["ttft_s"]), ("tpot", s["tpot_s"]), ("e2e", e2e)):
             row.update({f"{name}_p{q}_s": v for q, v in values.items()})
         rows.append(row)
     return RunOutput(pa.Table.from_pylist(rows, schema=SERVE_SCHEMA) if rows else None, bad)
+
+
+def _check_workload(f: Mapping[str, Any], origin: Mapping[str, str]) -> None:
+    """One workload a point: requests and rate, sessions and turns, or a trace file."""
+    given = [k for k in ("trace", "sessions") if k in f]
+    if len(given) > 1 or (given and "requests" in f):
+        field = given[-1]
+        raise ConfigError(f"{origin.get(field, 'base')}.{field}: give one workload: requests "
+                          "and rate, sessions and turns, or trace")
+    if "sessions" in f and "turns" not in f:
+        raise ConfigError(f"{origin.get('sessions', 'base')}.turns: missing field (sessions "
+                          "need turns)")
+    if not given:
+        for name in ("requests", "rate"):
+            if name not in f:
+                raise ConfigError(f"{name}: missing field (set it in [base] or in an axis; or "
+                                  "give sessions and turns, or trace)")
+    if "trace" in f:
+        from workloads import traces
+
+        traces.read_trace(f["trace"])  # a bad file fails before anything runs
 
 
 def _unflag(message: str) -> str:
@@ -577,6 +651,7 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     checks: dict[tuple, tuple[str, str, Any]] = {}  # key -> (field, context, load)
     for p in points:
         f = p.fields
+        _check_workload(f, origin)
         over = cluster_overrides(f)
         cluster = cached_cluster(f["cluster"], over)
         model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
@@ -621,7 +696,8 @@ SERVE = register(
         run=run_serve,
         check=check_serve,
         points_per_task=4,  # a point is a whole serving simulation: tenths of a second to seconds
-        required=("model", "cluster", "requests", "rate"),
+        # a workload: requests (and rate), sessions (and turns) or a trace (_check_workload)
+        required=("model", "cluster", ("requests", "sessions", "trace")),
         doc="serving simulation (engine, local backend): the summary of a trace, one row per point",
     )
 )

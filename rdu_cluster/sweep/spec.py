@@ -241,9 +241,11 @@ def expand(spec: Spec, max_points: int = DEFAULT_MAX_POINTS) -> Expansion:
 
 
 def _check_required(spec: Spec, points: list[Point]) -> None:
-    for name in spec.runner.required:
+    for req in spec.runner.required:
+        names = (req,) if isinstance(req, str) else req  # a tuple: any one of them
+        name = names[0]
         for p in points:
-            if name not in p.fields:
+            if not any(n in p.fields for n in names):
                 raise ConfigError(
                     f"{spec.source}: {name}: missing field (set it in [base] or in an axis)"
                 )

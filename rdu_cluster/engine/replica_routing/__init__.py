@@ -41,7 +41,8 @@ from workloads.errors import ConfigError
 
 BUILTIN = ("rdu_cluster.engine.replica_routing.round_robin",
            "rdu_cluster.engine.replica_routing.least_outstanding",
-           "rdu_cluster.engine.replica_routing.least_kv")
+           "rdu_cluster.engine.replica_routing.least_kv",
+           "rdu_cluster.engine.replica_routing.prefix_aware")
 DEFAULT = "round-robin"
 
 

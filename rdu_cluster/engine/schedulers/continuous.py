@@ -38,7 +38,7 @@ class Continuous:
         budget, admit, saturated = self.limits.token_budget, [], True
         for r in _queue(view, room):
             need = view.kv.blocks_for(r.prompt_len + r.generated)
-            tokens = r.prompt_len + r.generated
+            tokens = r.uncached  # a cached prefix is not prefilled again
             if len(admit) == room or tokens > budget or need > free:
                 break
             admit.append(r)
@@ -46,7 +46,7 @@ class Continuous:
         else:
             saturated = len(admit) == room or not view.more_arrivals
         if admit:
-            prefill = tuple((r, r.prompt_len + r.generated) for r in admit)
+            prefill = tuple((r, r.uncached) for r in admit)
             return StepPlan(prefill=prefill, admit=tuple(admit), saturated=saturated)
         room_left = len(running) < self.limits.max_batch
         saturated = bool(view.waiting) or not room_left or not view.more_arrivals
@@ -67,7 +67,7 @@ class Continuous:
             need = view.kv.blocks_for(r.prompt_len + r.generated)
             if len(admit) == room or budget <= 0 or need > free:
                 break
-            chunk = min(r.prompt_len + r.generated, budget)
+            chunk = min(r.uncached, budget)
             admit.append(r)
             prefill.append((r, chunk))
             budget, free = budget - chunk, free - need

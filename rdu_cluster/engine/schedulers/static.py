@@ -21,7 +21,7 @@ class Static:
         budget, free, admit = self.limits.token_budget, view.kv.free, []
         saturated = True
         for r in view.waiting:
-            tokens = r.prompt_len + r.generated
+            tokens = r.uncached
             need = view.kv.blocks_for(r.prompt_len + r.output_len)
             if len(admit) == self.limits.max_batch or tokens > budget or need > free:
                 break
@@ -29,6 +29,6 @@ class Static:
             budget, free = budget - tokens, free - need
         else:
             saturated = len(admit) == self.limits.max_batch or not view.more_arrivals
-        prefill = tuple((r, r.prompt_len + r.generated) for r in admit)
+        prefill = tuple((r, r.uncached) for r in admit)
         return StepPlan(prefill=prefill, admit=tuple(admit), saturated=saturated,
                         reserve_output=True)

@@ -1,0 +1,58 @@
+"""Eviction policies of the prefix cache's tiers, by registry: a policy is one module defining a
+class with a `name` that keeps the evictable blocks of one tier and names the next victim.
+Adding a policy is one module plus its name in BUILTIN.
+
+Protocol: `add(key)` a block becomes evictable (just used, or just arrived in the tier);
+`remove(key)` it is in use again or left the tier; `victim()` the block to evict next (it stays
+until removed); `len()` evictable blocks. Blocks added together are added deepest first, so a
+policy that orders by recency evicts a sequence's tail before its head (vLLM's order): a block
+is useless once the block before it is gone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+from workloads.errors import ConfigError
+
+BUILTIN = ("rdu_cluster.engine.evictions.lru",)
+
+
+class Eviction(Protocol):
+    name: str
+
+    def add(self, key: int) -> None: ...
+
+    def remove(self, key: int) -> None: ...
+
+    def victim(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+POLICIES: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    _load()
+    return sorted(POLICIES)
+
+
+def get(name: str) -> Eviction:
+    _load()
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ConfigError(f"--prefix-eviction: unknown {name!r}; accepted: "
+                          f"{', '.join(sorted(POLICIES))}") from None
+
+
+def _load() -> None:
+    for module in BUILTIN:
+        importlib.import_module(module)

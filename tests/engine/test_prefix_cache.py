@@ -1,0 +1,233 @@
+"""Prefix caching across tiers (engine/prefix_cache.py) and closed-loop sessions through the
+engine (engine/dispatch.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rdu_cluster.backends.local import LocalBackend
+from rdu_cluster.config import load_cluster
+from rdu_cluster.engine import replica
+from rdu_cluster.engine.prefix_cache import PrefixCache, PrefixConfig, block_hashes, exposed
+from rdu_cluster.engine.requests import DONE, Request
+from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from workloads import traces
+from workloads.catalog import load_model
+from workloads.errors import ConfigError
+from workloads.sessions import SessionSpec, ThinkTime, sessions
+
+SPEC = SessionSpec(12, 4, 256, traces.LengthDist("uniform", 32, 160),
+                   traces.LengthDist("uniform", 8, 48), ThinkTime.parse("exponential:0.5"),
+                   rate=20.0)
+
+
+def cols(tbl):
+    return tbl.to_pydict()
+
+
+def test_blocks_match_only_behind_the_same_prefix():
+    a = block_hashes(((1, 40), (2, 8)), 48, 16)
+    b = block_hashes(((1, 40), (3, 8)), 48, 16)
+    c = block_hashes(((9, 16), (1, 32)), 48, 16)
+    assert len(a) == 3 and a[:2] == b[:2] and a[2] != b[2]  # diverge in the third block
+    assert not set(c) & set(a)  # the same chunk after another prefix is another block
+    assert block_hashes(((1, 40),), 40, 16) == a[:2]  # a partial block is not cached
+    assert not set(block_hashes(((1, 40), (2, 8)), 48, 16, root=3)) & set(a)  # another model
+
+
+def req(i, content, prompt, out=4):
+    return Request(i, 0.0, prompt, out, content=content)
+
+
+def test_lru_demotes_to_the_lower_tier_and_a_hit_there_is_copied():
+    cache = PrefixCache(16, 16, "ddr", lower_blocks=2, copy_s_per_block=0.5)
+    first = req(0, ((7, 64), (-2, 4)), 64)
+    first.state = DONE
+    cache.release(first, 64)  # 4 blocks cached, evictable, in HBM
+    assert cache.blocks_in("hbm") == 4
+    cache.fit(2)  # room for 2 blocks: the deepest two go down
+    assert cache.blocks_in("hbm") == 2 and cache.blocks_in("ddr") == 2
+    cache.fit(0)  # no room: the DDR tier holds 2, the oldest of its blocks are dropped
+    assert cache.blocks_in("hbm") == 0 and cache.blocks_in("ddr") == 2
+    second = req(1, ((7, 64), (-3, 4)), 65)
+    assert cache.peek(second) == 32  # the head of the prefix survived, in DDR
+    assert cache.lookup(second) == {"ddr": 32}
+    claim = cache.claim(second)
+    assert claim.tokens == {"hbm": 0, "ddr": 32} and claim.copy_s == 1.0
+    assert cache.blocks_in("hbm") == 2  # in use by `second`, counted in its KV
+
+
+def test_hbm_only_drops_what_does_not_fit():
+    cache = PrefixCache(16, 16, None, 0, 0.0)
+    r = req(0, ((7, 64), (-2, 4)), 64)
+    r.state = DONE
+    cache.release(r, 64)
+    cache.fit(1)
+    assert cache.blocks_in("hbm") == 1
+    assert cache.peek(req(1, ((7, 64), (-3, 4)), 65)) == 16
+
+
+def test_a_hit_leaves_the_last_prompt_token_to_compute():
+    cache = PrefixCache(16, 16, None, 0, 0.0)
+    r = req(0, ((7, 64), (-2, 4)), 64)
+    r.state = DONE
+    cache.release(r, 64)
+    assert cache.peek(req(1, ((7, 64), (-3, 4)), 64)) == 48  # not all 64
+
+
+def test_exposed_copy_is_hidden_behind_compute_but_for_one_layer():
+    got = exposed(np.array([0.0, 1.0, 4.0]), np.array([2.0, 2.0, 2.0]), layers=4)
+    assert got.tolist() == [0.0, 0.25, 2.5]
+
+
+def test_modes_are_checked():
+    with pytest.raises(ConfigError, match="--prefix-cache: unknown 'x'"):
+        PrefixConfig("x").check()
+    with pytest.raises(ConfigError, match="no tier below HBM"):
+        PrefixConfig("tiered").resolved(None)
+    assert PrefixConfig().resolved("ddr") == "tiered" and PrefixConfig().resolved(None) == "hbm"
+    with pytest.raises(ConfigError, match="--prefix-eviction: unknown 'mru'; accepted: lru"):
+        PrefixConfig(eviction="mru").check()
+
+
+def run(mode=None, trace=None, backend=None, model="llama-3.1-8b", cluster="sn40l-16",
+        **config):
+    trace = trace or sessions(SPEC, seed=5)
+    sim = Simulation(load_model(model), load_cluster(cluster), trace,
+                     ServeConfig(prefix=PrefixConfig(mode), **config), backend or LocalBackend())
+    return sim, sim.run()
+
+
+@pytest.fixture(scope="module")
+def tiered():
+    return run()
+
+
+def test_a_hit_skips_the_prefill_of_cached_tokens(tiered):
+    _, on = tiered
+    _, off = run("off")
+    r, s = cols(on.requests), cols(on.steps)
+    served = sum(r["prefix_hbm_tokens"]) + sum(r["prefix_ddr_tokens"])
+    assert served > 0 and sum(r["prefix_host_tokens"]) == 0
+    assert sum(s["prefill_tokens"]) + served == sum(r["prompt_len"])  # nothing twice
+    assert sum(s["prefix_hit_tokens"]) == served
+    assert sum(cols(off.steps)["prefill_tokens"]) == sum(r["prompt_len"])
+    assert on.summary["prefix_cache"] == "tiered" and off.summary["prefix_cache"] == "off"
+    assert on.summary["prefix_cache_hit_rate"] == pytest.approx(served / sum(r["prompt_len"]))
+    assert off.summary["prefix_cache_hit_rate"] == 0.0
+    mean = lambda t: np.mean(cols(t.requests)["ttft_s"])
+    assert mean(on) < mean(off)
+
+
+def test_each_turn_arrives_think_time_after_the_last_one_finished(tiered):
+    sim, t = tiered
+    r = cols(t.requests)
+    trace = sim.trace
+    assert set(r["state"]) == {"done"}
+    for i in range(len(trace)):
+        j = trace.follows(i)
+        if j >= 0:
+            assert r["arrival_s"][i] == pytest.approx(r["finish_s"][j] + trace.think_s[i])
+            assert r["replica"][i] == r["replica"][j] and r["session"][i] == r["session"][j]
+
+
+def test_session_windows_equal_a_step_by_step_loop(monkeypatch):
+    """Sessions keep the lookahead exact (engine/dispatch.py)."""
+    _, many = run(plan="tp4")
+    monkeypatch.setattr(replica, "MAX_SPANS", 1)
+    sim_one, one = run(plan="tp4")
+    assert sim_one.windows > many.summary["windows"]
+    assert many.requests.equals(one.requests)
+    drop = lambda tbl: tbl.drop_columns(["window"])
+    assert drop(many.steps).equals(drop(one.steps))
+
+
+def test_a_small_hbm_spills_to_ddr_and_the_steps_show_the_copy():
+    # 0.2% of the free HBM for KV (~2,900 tokens a socket): the history cannot stay in HBM
+    _, t = run("tiered", model="llama-3.1-70b", kv_memory_fraction=0.002,
+               limits=Limits(max_batch=8))
+    _, hbm = run("hbm", model="llama-3.1-70b", kv_memory_fraction=0.002,
+                 limits=Limits(max_batch=8))
+    r, s = cols(t.requests), cols(t.steps)
+    assert sum(r["prefix_ddr_tokens"]) > 0 and t.summary["prefix_cache_hit_rate_by_tier"]["ddr"] > 0
+    copy = np.asarray(s["prefix_copy_s"])
+    assert copy.sum() == pytest.approx(sum(r["prefix_copy_s"])) and copy.sum() > 0
+    assert np.all(np.asarray(s["prefix_exposed_s"]) <= copy + 1e-15)
+    assert t.summary["prefix_cache_hit_rate"] > hbm.summary["prefix_cache_hit_rate"]
+    assert sum(cols(hbm.requests)["prefix_ddr_tokens"]) == 0
+
+
+def test_a_gpu_spills_to_host_memory():
+    _, t = run(None, model="llama-3.1-70b", cluster="dgx-h100", kv_memory_fraction=0.002,
+               limits=Limits(max_batch=8))
+    assert t.summary["prefix_cache"] == "tiered"
+    assert sum(cols(t.requests)["prefix_host_tokens"]) > 0
+
+
+def test_mooncake_hashes_share_the_system_block():
+    trace = traces.read_trace(
+        __import__("pathlib").Path(__file__).resolve().parents[1] / "data" / "traces"
+        / "mooncake_conversation_200.jsonl")
+    short = traces.Trace(trace.arrival_s[:30], trace.prompt_len[:30], trace.output_len[:30],
+                         content=trace.content[:30], source="excerpt[:30]")
+    _, t = run("hbm", trace=short, limits=Limits(chunked_prefill=True))
+    r = cols(t.requests)
+    # every request but those admitted before the first finished its prefill finds block 0
+    assert sum(1 for n in r["prefix_hbm_tokens"] if n >= 512) >= 20
+
+
+def test_an_unserved_turn_takes_its_session_with_it():
+    spec = SessionSpec(2, 3, 100, traces.LengthDist("fixed", 4000),
+                       traces.LengthDist("fixed", 10), ThinkTime())
+    _, t = run(trace=sessions(spec), limits=Limits(token_budget=8192))
+    r = cols(t.requests)
+    # turn 3's prompt is 100 + 3 x 4000 + 2 x 10 > 8192 tokens: refused, not waited for
+    assert r["state"] == ["done", "done", "unserved"] * 2
+
+
+@pytest.mark.slow
+def test_ray_gives_the_local_tables_with_sessions_and_a_tiered_cache(ray_session, tiered):
+    from rdu_cluster.backends.ray_backend import RayBackend
+
+    _, local = tiered
+    _, remote = run(backend=RayBackend())
+    for name in ("requests", "steps", "sockets", "links"):
+        assert getattr(local, name).to_pylist() == getattr(remote, name).to_pylist(), name
+
+
+def test_prefix_aware_routing_keeps_sessions_warm_and_spreads_load():
+    """tp4 on sn40l-16: 4 replicas. Least-outstanding scatters a session's turns; the
+    prefix-aware policy sends a turn back to the replica holding its history more often, and
+    spreads the sessions."""
+    _, lo = run(plan="tp4", routing="least-outstanding")
+    _, pa = run(plan="tp4", routing="prefix-aware")
+    counts = np.bincount(cols(pa.requests)["replica"], minlength=4)
+    assert counts.max() <= 2 * counts.mean()  # least-outstanding's: 26/12/7/3
+    assert pa.summary["prefix_cache_hit_rate"] > lo.summary["prefix_cache_hit_rate"]
+    assert _stays(pa) > _stays(lo)
+
+
+def _stays(t) -> int:
+    """Turns served by the replica that served the turn before."""
+    r = cols(t.requests)
+    return sum(r["replica"][i] == r["replica"][i - 1] for i in range(1, len(r["replica"]))
+               if r["session"][i] == r["session"][i - 1])
+
+
+def test_prefix_aware_routing_equals_a_one_step_loop(monkeypatch):
+    _, fast = run(plan="tp4", routing="prefix-aware")
+    monkeypatch.setattr(replica, "MAX_SPANS", 1)
+    monkeypatch.setattr(replica.Replica, "_fit", lambda self, cached, held, limit: 1)
+    sim, slow = run(plan="tp4", routing="prefix-aware")
+    assert sim.windows > fast.summary["windows"]
+    keep = ["request_id", "replica", "state", "arrival_s", "ttft_s", "e2e_s", "finish_s",
+            "prefix_hbm_tokens", "prefix_ddr_tokens"]
+    assert fast.requests.select(keep).equals(slow.requests.select(keep))
+
+
+def test_the_prefix_aware_policy_is_registered():
+    from rdu_cluster.engine import replica_routing
+
+    assert "prefix-aware" in replica_routing.names()

@@ -1,0 +1,108 @@
+"""`rdu-cluster serve` with multi-turn sessions, trace formats and the prefix cache; the serve
+sweep with the same options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+from rdu_cluster.sweep import expand, load_spec
+from rdu_cluster.sweep.runners import run_serve
+from tests.sweep.helpers import write
+from workloads.errors import ConfigError
+
+DATA = Path(__file__).parent / "data" / "traces"
+SESSIONS = ["serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-16", "--sessions", "6",
+            "--turns", "3", "--prompt-len", "64", "--output-len", "16", "--system-prompt", "200",
+            "--think-time", "1", "--no-progress"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_sessions_print_the_hit_rate_and_json_carries_it(tmp_path):
+    r = run(*SESSIONS, "--out", str(tmp_path / "a"))
+    assert r.exit_code == 0, r.output
+    assert "18/18 requests served" in r.output and "prefix cache tiered: hit rate" in r.output
+    r = run(*SESSIONS, "--json", "--out", str(tmp_path / "b"))
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["prefix_cache"] == "tiered" and 0 < s["prefix_cache_hit_rate"] < 1
+    assert set(s["prefix_cache_hit_rate_by_tier"]) == {"hbm", "ddr"}
+    assert s["p99_ttft_ms"] > 0
+    req = pq.read_table(tmp_path / "b" / "requests.parquet").to_pydict()
+    assert sorted(set(req["session"])) == list(range(6)) and sum(req["prefix_hbm_tokens"]) > 0
+    r = run(*SESSIONS, "--prefix-cache", "off", "--json", "--out", str(tmp_path / "c"))
+    off = json.loads(r.output)
+    assert off["prefix_cache_hit_rate"] == 0.0 and off["median_ttft_ms"] > s["median_ttft_ms"]
+
+
+def test_the_mooncake_and_azure_excerpts_serve(tmp_path):
+    for name in ("mooncake_conversation_200.jsonl", "azure_llm_conv_2023_200.csv"):
+        r = run("serve", "--model", "llama-3.1-8b", "--trace", str(DATA / name),
+                "--chunked-prefill", "--json", "--no-progress", "--out", str(tmp_path / name))
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["completed"] == 200
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prefix-cache", "l3"], "'l3' is not one of"),
+    (["--prefix-block", "0"], "--prefix-block: must be positive"),
+    (["--prefix-eviction", "random"], "--prefix-eviction: unknown 'random'; accepted: lru"),
+    (["--think-time", "soon"], "--think-time: 'soon': not a number"),
+    (["--requests", "5"], "--sessions: not with --trace or --requests"),
+])
+def test_bad_session_and_cache_options_are_one_line(tmp_path, extra, message):
+    r = run(*SESSIONS, *extra, "--out", str(tmp_path))
+    assert r.exit_code == 2
+    assert message in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_turns_without_sessions_is_refused(tmp_path):
+    r = run("serve", "--turns", "3", "--out", str(tmp_path))
+    assert r.exit_code == 2 and "--sessions and --turns go together" in r.output
+
+
+SWEEP = """
+[sweep]
+kind = "serve"
+[base]
+model = "llama-3.1-8b"
+cluster = "sn40l-8"
+sessions = 4
+turns = 2
+prompt_len = 64
+output_len = 8
+system_prompt = 128
+think_time = "exponential:1"
+[[axes]]
+type = "grid"
+prefix_cache = ["off", "tiered"]
+"""
+
+
+def test_a_serve_sweep_takes_sessions_and_cache_modes(tmp_path):
+    points = expand(load_spec(write(tmp_path, SWEEP))).points
+    out = run_serve(points, seed=0)
+    rows = {r["prefix_cache_mode"]: r for r in out.table.to_pylist()}
+    assert set(rows) == {"off", "tiered"} and rows["off"]["prefix_cache_hit_rate"] == 0.0
+    assert rows["tiered"]["prefix_cache_hit_rate"] > 0 and rows["tiered"]["requests"] == 8
+    assert rows["tiered"]["ttft_p50_s"] < rows["off"]["ttft_p50_s"]
+
+
+@pytest.mark.parametrize("text, message", [
+    (SWEEP.replace("[[axes]]", "requests = 3\n[[axes]]", 1), "base.sessions: give one workload"),
+    (SWEEP.replace("turns = 2\n", ""), "base.turns: missing field"),
+    (SWEEP + "[[axes]]\ntype = 'grid'\nthink_time = ['x:1']\n", "axes[1].think_time[0]: 'x:1'"),
+])
+def test_bad_sweep_workloads_name_the_field(tmp_path, text, message):
+    from rdu_cluster.sweep.runners import check_serve
+
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        check_serve(expand(load_spec(write(tmp_path, text))).points, {})

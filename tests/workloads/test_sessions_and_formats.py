@@ -1,0 +1,89 @@
+"""Multi-turn sessions (workloads/sessions.py) and the Mooncake / Azure trace formats
+(workloads/trace_formats.py, traces.read_trace) on the shipped excerpts (tests/data/traces)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workloads import traces
+from workloads.errors import ConfigError
+from workloads.sessions import SYSTEM_CHUNK, SessionSpec, ThinkTime, sessions
+from workloads.trace_formats import MOONCAKE_BLOCK_TOKENS
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+
+
+def test_each_turn_resends_the_whole_history():
+    spec = SessionSpec(3, 4, 100, traces.LengthDist("uniform", 10, 50),
+                       traces.LengthDist("uniform", 5, 30), ThinkTime.parse("exponential:2"))
+    t = sessions(spec, seed=3)
+    assert len(t) == 12 and list(t.session) == [0] * 4 + [1] * 4 + [2] * 4
+    assert list(t.after[:4]) == [-1, 0, 1, 2] and t.think_s[0] == 0 and t.think_s[1] > 0
+    for i in range(12):
+        chunks = t.content[i]
+        assert chunks[0] == (SYSTEM_CHUNK, 100)  # every session shares the system prompt
+        assert sum(n for _, n in chunks) == t.prompt_len[i] + t.output_len[i]
+        if t.after[i] >= 0:  # this turn's prompt = the previous turn's prompt and answer + more
+            prev = t.content[t.after[i]]
+            assert chunks[: len(prev)] == prev
+            assert t.prompt_len[i] == t.prompt_len[i - 1] + t.output_len[i - 1] + chunks[-2][1]
+    assert np.array_equal(sessions(spec, seed=3).prompt_len, t.prompt_len)  # seeded
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("exponential", "expected S"), ("x:1", "expected S"), ("-1", ">= 0"),
+    ("uniform:3:1", "HI >= LO"), ("fixed:abc", "not a number"),
+])
+def test_bad_think_times_name_the_flag(text, fragment):
+    with pytest.raises(ConfigError, match="--think-time") as e:
+        ThinkTime.parse(text)
+    assert fragment in str(e.value)
+
+
+def test_session_counts_are_checked():
+    with pytest.raises(ConfigError, match="--turns: must be positive"):
+        sessions(SessionSpec(2, 0))
+
+
+def test_mooncake_excerpt_gives_exact_prefix_sharing():
+    t = traces.read_trace(DATA / "mooncake_conversation_200.jsonl")
+    assert len(t) == 200 and t.arrival_s[0] == 0.0 and t.arrival_s[-1] == 72.0
+    assert (t.prompt_len[0], t.output_len[0]) == (6758, 500)  # the file's first line
+    first = t.content[0]
+    assert first[0] == (0, MOONCAKE_BLOCK_TOKENS) and first[-2] == (13, 6758 - 13 * 512)
+    assert first[-1][0] < 0 and first[-1][1] == 500  # the answer is the request's own
+    # every request of the excerpt starts with block 0: one shared 512-token prefix
+    assert all(c[0][0] == 0 for c in t.content)
+
+
+def test_azure_excerpt_reads_its_timestamps_as_seconds():
+    t = traces.read_trace(DATA / "azure_llm_conv_2023_200.csv")
+    assert len(t) == 200 and t.content is None
+    assert t.arrival_s[0] == 0.0 and abs(t.arrival_s[1] - 4.314579) < 1e-9
+    assert (t.prompt_len[0], t.output_len[0]) == (374, 44)
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("{", "not JSON"),
+    ('{"timestamp": 0, "input_length": 10}', "missing output_length, hash_ids"),
+    ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}',
+     "expected 2 whole numbers"),
+    ('{"timestamp": -5, "input_length": 6, "output_length": 1, "hash_ids": [1]}', "timestamp"),
+    ('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}', "input_length"),
+])
+def test_bad_mooncake_lines_are_one_line_errors(tmp_path, line, fragment):
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError) as e:
+        traces.read_trace(path)
+    assert fragment in str(e.value) and ":1:" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_numeric_timestamp_column_is_refused(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp,prompt_len,output_len\n1,10,10\n")
+    with pytest.raises(ConfigError, match="'timestamp' must hold date-times"):
+        traces.read_trace(path)

@@ -1,0 +1,81 @@
+"""Trace formats beside the columnar files of traces.py.
+
+Mooncake (kvcache-ai/Mooncake, FAST25-release/README.md): JSON lines, one request a line:
+`timestamp` (ms from the start), `input_length`, `output_length`, `hash_ids` (remapped hashes of
+the prompt's 512-token blocks: equal ids are a reusable prefix). The hashes become the request's
+content chunks (traces.Trace.content): block k is chunk (hash_ids[k], its tokens), the last
+block holding what is left of the prompt; the output is a chunk of the request's own.
+
+The Azure LLM inference trace (TIMESTAMP, ContextTokens, GeneratedTokens) is a CSV that
+traces.read_trace reads through its column aliases (date-times become seconds after the first).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from workloads.errors import ConfigError
+from workloads.traces import Trace
+
+MOONCAKE_BLOCK_TOKENS = 512  # FAST25-release/README.md: "The block size is 512 tokens."
+MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+def own_chunk(row: int) -> int:
+    """A content id no other request shares: trace ids are >= 0, and -1 is skipped because
+    Python hashes -1 as -2 (block hashes are tuple hashes of ints)."""
+    return -(row + 2)
+
+
+def read_mooncake(path: str | Path) -> Trace:
+    path = Path(path)
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                rows.append(_row(line, f"--trace {path}:{n}"))
+    if not rows:
+        raise ConfigError(f"--trace {path}: no requests")
+    order = np.argsort([r[0] for r in rows], kind="stable")
+    rows = [rows[i] for i in order]
+    content = tuple(_chunks(ids, prompt, out, i) for i, (_, prompt, out, ids) in enumerate(rows))
+    return Trace(
+        arrival_s=np.array([r[0] for r in rows], dtype=float) / 1e3,
+        prompt_len=np.array([r[1] for r in rows], dtype=np.int64),
+        output_len=np.array([r[2] for r in rows], dtype=np.int64),
+        source=str(path), content=content,
+    )
+
+
+def _row(line: str, where: str) -> tuple[float, int, int, list[int]]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: expected an object with {', '.join(MOONCAKE_KEYS)}")
+    missing = [k for k in MOONCAKE_KEYS if k not in obj]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)} (a Mooncake trace has "
+                          f"{', '.join(MOONCAKE_KEYS)})")
+    t, prompt, out, ids = (obj[k] for k in MOONCAKE_KEYS)
+    if not isinstance(t, int | float) or isinstance(t, bool) or not t >= 0:
+        raise ConfigError(f"{where}: timestamp {t!r}: expected milliseconds >= 0")
+    for name, v in (("input_length", prompt), ("output_length", out)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{where}: {name} {v!r}: expected a whole number >= 1")
+    blocks = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    if (not isinstance(ids, list) or len(ids) != blocks
+            or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids)):
+        raise ConfigError(f"{where}: hash_ids: expected {blocks} whole numbers >= 0 (one per "
+                          f"{MOONCAKE_BLOCK_TOKENS}-token block of input_length {prompt})")
+    return float(t), prompt, out, ids
+
+
+def _chunks(ids: list[int], prompt: int, out: int, row: int) -> tuple[tuple[int, int], ...]:
+    b = MOONCAKE_BLOCK_TOKENS
+    chunks = [(h, min(b, prompt - k * b)) for k, h in enumerate(ids)]
+    return (*chunks, (own_chunk(row), out))
