@@ -106,3 +106,13 @@ def test_bad_sweep_workloads_name_the_field(tmp_path, text, message):
 
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         check_serve(expand(load_spec(write(tmp_path, text))).points, {})
+
+
+def test_capacity_carries_the_prefix_cache_into_serve_args():
+    r = run("capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--concurrency", "4",
+            "--prompt-len", "256", "--output-len", "16", "--slo", "tpot:50", "--shortlist", "1",
+            "--prefix-cache", "off", "--json")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output.splitlines()[0])
+    i = row["serve_args"].index("--prefix-cache")
+    assert row["serve_args"][i + 1] == "off"

@@ -19,6 +19,7 @@ from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli.options import calibration_option
 from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_fabric
+from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.scenarios import capacity as cap
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
@@ -54,6 +55,8 @@ from workloads.errors import ConfigError
 @click.option("--shortlist", default=2, show_default=True, type=int,
               help="Deployments per system verified by the serving engine.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--prefix-cache", default=None, type=click.Choice(MODES),
+              help="As serve --prefix-cache [default: tiered where the chip has a lower tier].")
 @click.option("--backend", "backend_name", type=click.Choice(BACKENDS), default="local",
               show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
@@ -62,7 +65,7 @@ from workloads.errors import ConfigError
               "interactive .html page (Plotly).")
 def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, prompt_len,
              output_len, requests, slos, slo_percentile, disaggregated, pairs, fabric, shortlist,
-             seed, backend_name, as_json, plot_path) -> None:
+             seed, prefix_cache, backend_name, as_json, plot_path) -> None:
     """Find the cheapest deployments that meet a latency SLO for a traffic."""
     started = time.perf_counter()
     if (concurrency is None) == (rate is None):
@@ -76,7 +79,8 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     if plot_path and Path(plot_path).suffix != ".html":
         raise ConfigError(f"--plot {plot_path}: expected an .html file name")
     slo = cap.SLO.parse(slos, slo_percentile)
-    traffic = cap.Traffic(concurrency, rate, prompt_len, output_len, requests, seed)
+    traffic = cap.Traffic(concurrency, rate, prompt_len, output_len, requests, seed,
+                          prefix_cache)
     prompt, gen = traffic.mean_lengths()
     fab = load_fabric(fabric)
     pairs = _pairs(pairs, clusters, disaggregated)

@@ -35,6 +35,7 @@ from rdu_cluster.config import FabricSpec, load_cluster
 from rdu_cluster.engine import bench
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transfer_time
 from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
+from rdu_cluster.engine.prefix_cache import PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from rdu_cluster.validation import calibration
@@ -87,6 +88,7 @@ class Traffic:
     output: str = "256"
     requests: int | None = None  # default: 2 per user (closed loop) or 2 x rate x 30 s
     seed: int = 0
+    prefix_cache: str | None = None  # serve --prefix-cache (None: its default)
 
     def dists(self) -> tuple[traces.LengthDist, traces.LengthDist]:
         return (traces.LengthDist.parse(self.prompt, "--prompt-len"),
@@ -333,7 +335,8 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     trace = _trace(dep, traffic, rate)
     config = ServeConfig(plan=dep.pools[0].plan, limits=Limits(max_batch=dep.max_batch),
                          seed=traffic.seed, metrics=spec,
-                         concurrency=None if dep.disaggregated else traffic.concurrency)
+                         concurrency=None if dep.disaggregated else traffic.concurrency,
+                         prefix=PrefixConfig(traffic.prefix_cache))
     if dep.disaggregated:
         sim = Disaggregated(model, *dep.pools, fabric, trace, config, backend)
     else:
@@ -383,6 +386,8 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
         args += ["--rate", repr(rate)]
     args += ["--metric-percentiles", f"50,{bench.p_word(slo.percentile)}", "--goodput",
              slo.goodput_args()]
+    if traffic.prefix_cache is not None:
+        args += ["--prefix-cache", traffic.prefix_cache]
     return args
 
 
