@@ -148,18 +148,90 @@ def schedule(
         return Schedule(algorithm, ())
     if kind is CollectiveKind.SEND_RECV and p != 2:
         raise ConfigError(f"send_recv: needs 2 ranks (src, dst), got {p}")
+    canon = _canonical(topology, kind, ranks, algorithm, concurrent)
+    if canon != (topology, ranks, concurrent):
+        return schedule(canon[0], kind, canon[1], algorithm, canon[2])
     phases = []
     for count, hops, fraction, pattern in _phases(kind, algorithm, p):
         own = _pattern(pattern, ranks)
-        others = [pair for g in concurrent if g != ranks for pair in _pattern(pattern, g)]
-        routes = [route(topology, a, b) for a, b in (*own, *others)]
-        rates = max_min_rates(routes, topology.capacities)
-        terms = {
-            (route_latency(topology, r), 1.0 / rate)
-            for r, rate in zip(routes[: len(own)], rates[: len(own)])
-        }
+        routes = [route(topology, a, b) for a, b in own]
+        shared, _ = _sharing(topology, routes, pattern, ranks, concurrent)
+        rates = _shared_rates(topology, routes, shared)
+        terms = {(route_latency(topology, r), 1.0 / rate) for r, rate in zip(routes, rates)}
         phases.append(Phase(count, hops, fraction, _pareto(terms)))
     return Schedule(algorithm, tuple(phases))
+
+
+def _canonical(topology: Topology, kind: CollectiveKind, ranks: Ranks, algorithm: str,
+               concurrent: tuple[Ranks, ...]) -> tuple:
+    """(topology, ranks, concurrent) to cost the group on: only the concurrent groups whose
+    flows share links with the group's (directly or through others) can change its rates, and
+    their flows stay in their own nodes; so the group is costed on a template of just those
+    nodes with every socket renumbered there. One schedule then serves every group laid out
+    alike: in every replica, stage and plan, on any cluster of this wiring."""
+    spn = topology.sockets_per_node
+    index = _groups_by_node(spn, concurrent)
+    own_nodes = {s // spn for s in ranks}
+    crowded = any(concurrent[g] != ranks for n in own_nodes for g in index.get(n, ()))
+    involved: set[int] = set()
+    for pattern in () if not crowded else {ph[3] for ph in _phases(kind, algorithm, len(ranks))}:
+        own = [route(topology, a, b) for a, b in _pattern(pattern, ranks)]
+        involved |= _sharing(topology, own, pattern, ranks, concurrent)[1]
+    others = [concurrent[g] for g in sorted(involved)]
+    nodes = sorted({s // spn for g in (ranks, *others) for s in g})
+    at = {n: i for i, n in enumerate(nodes)}
+    local = lambda g: tuple(at[s // spn] * spn + s % spn for s in g)
+    return topology.template(len(nodes)), local(ranks), tuple(local(g) for g in others)
+
+
+def _sharing(topology: Topology, own: list, pattern: str, ranks: Ranks,
+             concurrent: tuple[Ranks, ...]) -> tuple[list, set[int]]:
+    """Routes of the concurrent groups' flows that share links, directly or through others,
+    with the group's own, and which groups they belong to: max-min rates of one connected set
+    of flows do not depend on flows outside it, so the rest of the cluster (every identical
+    group elsewhere) is never routed. A flow only crosses links of its two end nodes (and
+    their NICs), so candidates are the flows of groups with a socket in a node the set has
+    reached."""
+    spn = topology.sockets_per_node
+    links = {i for r in own for i in r}
+    nodes = {s // spn for s in ranks}
+    index = _groups_by_node(spn, concurrent)
+    seen: set[int] = set()
+    pending: list[tuple[int, Pair, tuple[int, ...]]] = []
+    shared: list[tuple[int, ...]] = []
+    groups: set[int] = set()
+    while True:
+        fresh = sorted({g for n in nodes for g in index.get(n, ())} - seen)
+        seen.update(fresh)
+        for g in fresh:
+            if concurrent[g] != ranks:
+                pending += [(g, f, route(topology, *f)) for f in _pattern(pattern, concurrent[g])]
+        joined = [f for f in pending if not links.isdisjoint(f[2])]
+        if not joined:
+            return shared, groups
+        pending = [f for f in pending if links.isdisjoint(f[2])]
+        for g, (a, b), r in joined:
+            shared.append(r)
+            groups.add(g)
+            links.update(r)
+            nodes.update((a // spn, b // spn))
+
+
+@lru_cache(maxsize=256)
+def _groups_by_node(sockets_per_node: int, concurrent: tuple[Ranks, ...]) -> dict[int, tuple]:
+    out: dict[int, list[int]] = {}
+    for g, ranks in enumerate(concurrent):
+        for n in sorted({s // sockets_per_node for s in ranks}):
+            out.setdefault(n, []).append(g)
+    return {n: tuple(gs) for n, gs in out.items()}
+
+
+def _shared_rates(topology: Topology, own: list, others: list) -> np.ndarray:
+    """Max-min rates of the own flows among `others` (on the links they cross only)."""
+    ids: dict[int, int] = {}
+    local = [tuple(ids.setdefault(i, len(ids)) for i in r) for r in (*own, *others)]
+    caps = np.array([topology.bandwidth(i) for i in ids])
+    return max_min_rates(local, caps)[: len(own)]
 
 
 def _pareto(terms: set[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
@@ -187,17 +259,23 @@ def collective_time(
 ) -> Work:
     """Seconds for `collective` over `ranks` (socket ids, in ring order), the fastest algorithm
     per byte count unless `algorithm` is given. Broadcasts over an array of bytes."""
-    ranks = tuple(int(r) for r in ranks)
+    ranks = _ranks(ranks)
     if len(ranks) != collective.size:
         raise ConfigError(
             f"collective {collective.kind.value} over {collective.group}: size "
             f"{collective.size} but {len(ranks)} ranks"
         )
-    conc = tuple(tuple(int(r) for r in g) for g in concurrent)
+    conc = tuple(_ranks(g) for g in concurrent) if type(concurrent) is not tuple else concurrent
     names = (algorithm,) if algorithm else algorithms_for(topology, collective.kind)
     times = [schedule(topology, collective.kind, ranks, a, conc).time(collective.bytes)
              for a in names]
     return np.minimum.reduce(times)
+
+
+def _ranks(ranks: Sequence[int]) -> Ranks:
+    if type(ranks) is tuple:
+        return ranks
+    return tuple(int(r) for r in ranks)
 
 
 def chosen_algorithm(
@@ -236,7 +314,8 @@ def comm_time_fn(
     """A CommTime for chip.execution: each collective is costed over the ranks of its group
     (groups maps "attn_tp", "mlp_tp", "expert_tp", "ep", "vocab_tp", "pp", or a (name, size) pair
     where a hybrid plan gives a group a different degree per block, to socket ids)."""
-    concurrent = concurrent or {}
+    # Groups as tuples of ints once, not at every collective (a 1,024-socket plan has many).
+    concurrent = {k: tuple(_ranks(g) for g in v) for k, v in (concurrent or {}).items()}
     memo: dict = {}  # scalar byte counts repeat across layers and plans: cost each once
 
     def comm_time(c: Collective) -> Work:

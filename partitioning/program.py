@@ -198,14 +198,18 @@ def groups_of(plan: Plan, socket: int) -> dict:
     return out
 
 
+@lru_cache(maxsize=256)
 def concurrent_groups(plan: Plan) -> dict:
     """Every group of each kind in the cluster: they run the same collective at once (SPMD), so
-    their flows share links."""
-    out: dict = {}
-    for s in range(plan.sockets):
+    their flows share links. A replica's groups are replica 0's shifted by its first socket,
+    so only replica 0's sockets are looked at. Cached per plan: do not mutate the result."""
+    base: dict = {}
+    for s in range(plan.model_sockets):
         for key, ranks in groups_of(plan, s).items():
-            out.setdefault(key, set()).add(ranks)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
+            base.setdefault(key, set()).add(ranks)
+    m = plan.model_sockets
+    return {k: tuple(tuple(r + d * m for r in ranks) for d in range(plan.dp) for ranks in sorted(v))
+            for k, v in base.items()}
 
 
 def build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
