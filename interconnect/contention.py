@@ -17,8 +17,10 @@ import numpy as np
 from interconnect.routes import Route
 
 
-def max_min_rates(routes: Sequence[Route], capacities: np.ndarray) -> np.ndarray:
+def max_min_rates(routes: Sequence[Route], capacities: np.ndarray,
+                  weights: np.ndarray | None = None) -> np.ndarray:
     """Bytes/s for each flow. A flow with an empty route (a socket to itself) gets inf.
+    `weights`: a flow standing for that many identical flows (each of them at the rate).
 
     Sparse: the (flow, link) crossings are two index arrays, never a flows x links matrix,
     so the work grows with the crossings, not with the network's size."""
@@ -35,7 +37,8 @@ def max_min_rates(routes: Sequence[Route], capacities: np.ndarray) -> np.ndarray
     rates[active] = 0.0
     while active.any():
         live = active[flow]
-        load = np.bincount(link[live], minlength=len(used_ids)).astype(float)  # crossings
+        w = None if weights is None else np.asarray(weights, dtype=float)[flow[live]]
+        load = np.bincount(link[live], weights=w, minlength=len(used_ids)).astype(float)
         used = load > 0
         share = np.full(len(used_ids), np.inf)
         share[used] = remaining[used] / load[used]
