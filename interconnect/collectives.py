@@ -148,9 +148,11 @@ def schedule(
         return Schedule(algorithm, ())
     if kind is CollectiveKind.SEND_RECV and p != 2:
         raise ConfigError(f"send_recv: needs 2 ranks (src, dst), got {p}")
-    canon = _canonical(topology, kind, ranks, algorithm, concurrent)
-    if canon != (topology, ranks, concurrent):
-        return schedule(canon[0], kind, canon[1], algorithm, canon[2])
+    alone = _alone(topology, ranks, concurrent)
+    if alone is not None and alone != (topology, ranks):
+        return schedule(alone[0], kind, alone[1], algorithm)
+    if alone is not None:
+        concurrent = ()
     phases = []
     for count, hops, fraction, pattern in _phases(kind, algorithm, p):
         folded = _folded_pairs(topology, ranks) if pattern == "pairs" and not concurrent else None
@@ -182,26 +184,19 @@ def _folded_pairs(topology: Topology, ranks: Ranks) -> tuple[list, list] | None:
     return list(pairs), [1.0 if a // spn == b // spn else n - 1.0 for a, b in pairs]
 
 
-def _canonical(topology: Topology, kind: CollectiveKind, ranks: Ranks, algorithm: str,
-               concurrent: tuple[Ranks, ...]) -> tuple:
-    """(topology, ranks, concurrent) to cost the group on: only the concurrent groups whose
-    flows share links with the group's (directly or through others) can change its rates, and
-    their flows stay in their own nodes; so the group is costed on a template of just those
-    nodes with every socket renumbered there. One schedule then serves every group laid out
-    alike: in every replica, stage and plan, on any cluster of this wiring."""
-    spn = topology.sockets_per_node
-    index = _groups_by_node(spn, concurrent)
-    own_nodes = {s // spn for s in ranks}
-    crowded = any(concurrent[g] != ranks for n in own_nodes for g in index.get(n, ()))
-    involved: set[int] = set()
-    for pattern in () if not crowded else {ph[3] for ph in _phases(kind, algorithm, len(ranks))}:
-        own = [route(topology, a, b) for a, b in _pattern(pattern, ranks)]
-        involved |= _sharing(topology, own, pattern, ranks, concurrent)[1]
-    others = [concurrent[g] for g in sorted(involved)]
-    nodes = sorted({s // spn for g in (ranks, *others) for s in g})
+def _alone(topology: Topology, ranks: Ranks, concurrent: tuple[Ranks, ...]) -> tuple | None:
+    """Where no other concurrent group has a socket in the group's reach (its nodes; its
+    sockets where they do not forward), no flow shares its links: (template, ranks) to cost it
+    on alone, a template of just its nodes with its sockets renumbered there. One schedule
+    then serves every group laid out alike: in every replica, stage and plan, on any cluster
+    of this wiring. None where others may share (they are then searched: `_sharing`)."""
+    spn, grain = topology.sockets_per_node, _grain(topology)
+    index = _groups_by_node(grain, concurrent)
+    if any(concurrent[g] != ranks for k in {s // grain for s in ranks} for g in index.get(k, ())):
+        return None
+    nodes = sorted({s // spn for s in ranks})
     at = {n: i for i, n in enumerate(nodes)}
-    local = lambda g: tuple(at[s // spn] * spn + s % spn for s in g)
-    return topology.template(len(nodes)), local(ranks), tuple(local(g) for g in others)
+    return topology.template(len(nodes)), tuple(at[s // spn] * spn + s % spn for s in ranks)
 
 
 def _sharing(topology: Topology, own: list, pattern: str, ranks: Ranks,
@@ -211,37 +206,62 @@ def _sharing(topology: Topology, own: list, pattern: str, ranks: Ranks,
     of flows do not depend on flows outside it, so the rest of the cluster (every identical
     group elsewhere) is never routed. A flow only crosses links of its two end nodes (and
     their NICs), so candidates are the flows of groups with a socket in a node the set has
-    reached."""
-    spn = topology.sockets_per_node
-    links = {i for r in own for i in r}
-    nodes = {s // spn for s in ranks}
-    index = _groups_by_node(spn, concurrent)
+    reached -- or, where sockets do not forward (full mesh, switch), flows with an end at a
+    socket the set has reached (they cross only links of their own two sockets)."""
+    grain = _grain(topology)
+    index = _groups_by_node(grain, concurrent)
+    links: set[int] = set()
+    nodes: set[int] = set()
+    new_links: list[int] = []
+    new_nodes = sorted({s // grain for s in ranks})
+    waiting: dict[int, list] = {}  # link -> candidate flows crossing it, not yet joined
     seen: set[int] = set()
-    pending: list[tuple[int, Pair, tuple[int, ...]]] = []
     shared: list[tuple[int, ...]] = []
     groups: set[int] = set()
-    while True:
-        fresh = sorted({g for n in nodes for g in index.get(n, ())} - seen)
-        seen.update(fresh)
-        for g in fresh:
-            if concurrent[g] != ranks:
-                pending += [(g, f, route(topology, *f)) for f in _pattern(pattern, concurrent[g])]
-        joined = [f for f in pending if not links.isdisjoint(f[2])]
-        if not joined:
-            return shared, groups
-        pending = [f for f in pending if links.isdisjoint(f[2])]
-        for g, (a, b), r in joined:
-            shared.append(r)
-            groups.add(g)
-            links.update(r)
-            nodes.update((a // spn, b // spn))
+
+    def reach(r: tuple[int, ...], ends: Pair) -> None:
+        new_links.extend(i for i in r if i not in links)
+        links.update(r)
+        new_nodes.extend(x // grain for x in ends if x // grain not in nodes)
+
+    for r in own:
+        reach(r, ())
+    while new_links or new_nodes:
+        for n in new_nodes:
+            nodes.add(n)
+            for g in index.get(n, ()):
+                if g in seen or concurrent[g] == ranks:
+                    continue
+                seen.add(g)
+                for f in _pattern(pattern, concurrent[g]):
+                    flow = [g, f, route(topology, *f), False]
+                    for i in flow[2]:
+                        waiting.setdefault(i, []).append(flow)
+                    new_links.extend(i for i in flow[2] if i in links)  # re-examine: may join
+        new_nodes = []
+        while new_links:
+            for flow in waiting.pop(new_links.pop(), ()):
+                if not flow[3]:
+                    flow[3] = True
+                    shared.append(flow[2])
+                    groups.add(flow[0])
+                    reach(flow[2], flow[1])
+    return shared, groups
+
+
+def _grain(topology: Topology) -> int:
+    """Sockets per key of the sharing search: 1 where a flow crosses only links owned by its
+    two end sockets (full mesh, switch; NICs are per socket), else the node (ring and torus
+    routes pass other sockets of the node)."""
+    return 1 if topology.spec.kind in ("full_mesh", "switch") else topology.sockets_per_node
 
 
 @lru_cache(maxsize=256)
-def _groups_by_node(sockets_per_node: int, concurrent: tuple[Ranks, ...]) -> dict[int, tuple]:
+def _groups_by_node(grain: int, concurrent: tuple[Ranks, ...]) -> dict[int, tuple]:
+    """Key (socket // grain) -> the concurrent groups with a socket there."""
     out: dict[int, list[int]] = {}
     for g, ranks in enumerate(concurrent):
-        for n in sorted({s // sockets_per_node for s in ranks}):
+        for n in sorted({s // grain for s in ranks}):
             out.setdefault(n, []).append(g)
     return {n: tuple(gs) for n, gs in out.items()}
 
@@ -288,6 +308,8 @@ def collective_time(
             f"{collective.size} but {len(ranks)} ranks"
         )
     conc = tuple(_ranks(g) for g in concurrent) if type(concurrent) is not tuple else concurrent
+    if not np.any(collective.bytes):
+        conc = ()  # empty messages (barriers): latency only, which link sharing cannot change
     names = (algorithm,) if algorithm else algorithms_for(topology, collective.kind)
     times = [schedule(topology, collective.kind, ranks, a, conc).time(collective.bytes)
              for a in names]
