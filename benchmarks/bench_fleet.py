@@ -54,7 +54,7 @@ def child(argv: list[str]) -> None:
 
 
 def measure(argv: list[str]) -> tuple[float, float, str]:
-    out = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True,
+    out = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, check=False,
                          text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "{}"
     try:

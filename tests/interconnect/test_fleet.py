@@ -68,7 +68,7 @@ def test_links_and_routes_computed_from_structure_match_a_small_cluster():
     small = topo("switch", 16, 8)
     far, near = route(big, 300 * 8 + 3, 301 * 8 + 5), route(small, 3, 13)
     assert [big.link(i).kind for i in far] == [small.link(i).kind for i in near]
-    assert [big.link(i).src for i in far][0] == 300 * 8 + 3
+    assert big.link(far[0]).src == 300 * 8 + 3
     assert big.link(far[-1]).dst == 301 * 8 + 5
 
 
