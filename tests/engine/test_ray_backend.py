@@ -129,7 +129,7 @@ def test_idle_actors_killed_right_before_a_fault_are_revived_with_identical_tabl
                 ray_session.kill(sim.backend.actor(victim))
                 killed.append(victim)
 
-    sim, disturbed = serve(backend=backend, faults=[FAULT], hooks=[kill_before_fault])
+    _, disturbed = serve(backend=backend, faults=[FAULT], hooks=[kill_before_fault])
     assert killed == [3, 2] and backend.restarts == 2
     assert "recovery" in disturbed.steps.column("phase").to_pylist()  # the re-plan happened
     _compare(undisturbed, disturbed)
