@@ -307,13 +307,25 @@ def collective_time(
             f"collective {collective.kind.value} over {collective.group}: size "
             f"{collective.size} but {len(ranks)} ranks"
         )
-    conc = tuple(_ranks(g) for g in concurrent) if type(concurrent) is not tuple else concurrent
+    conc = concurrent if type(concurrent) in (tuple, Groups) else Groups(_ranks(g) for g in
+                                                                         concurrent)
     if not np.any(collective.bytes):
         conc = ()  # empty messages (barriers): latency only, which link sharing cannot change
     names = (algorithm,) if algorithm else algorithms_for(topology, collective.kind)
     times = [schedule(topology, collective.kind, ranks, a, conc).time(collective.bytes)
              for a in names]
     return np.minimum.reduce(times)
+
+
+class Groups(tuple):
+    """The concurrent groups of one kind (a tuple of rank tuples), hashed once: the schedule
+    caches key on them at every collective, and a 1,024-socket plan's are long."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("hash")
+        if h is None:
+            h = self.__dict__["hash"] = tuple.__hash__(self)
+        return h
 
 
 def _ranks(ranks: Sequence[int]) -> Ranks:
@@ -359,7 +371,8 @@ def comm_time_fn(
     (groups maps "attn_tp", "mlp_tp", "expert_tp", "ep", "vocab_tp", "pp", or a (name, size) pair
     where a hybrid plan gives a group a different degree per block, to socket ids)."""
     # Groups as tuples of ints once, not at every collective (a 1,024-socket plan has many).
-    concurrent = {k: tuple(_ranks(g) for g in v) for k, v in (concurrent or {}).items()}
+    concurrent = {k: v if type(v) is Groups else Groups(_ranks(g) for g in v)
+                  for k, v in (concurrent or {}).items()}
     memo: dict = {}  # scalar byte counts repeat across layers and plans: cost each once
 
     def comm_time(c: Collective) -> Work:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from interconnect.collectives import Groups
 from partitioning.plan import Plan
 from workloads import graph as graphs
 from workloads import params
@@ -208,8 +209,8 @@ def concurrent_groups(plan: Plan) -> dict:
         for key, ranks in groups_of(plan, s).items():
             base.setdefault(key, set()).add(ranks)
     m = plan.model_sockets
-    return {k: tuple(tuple(r + d * m for r in ranks) for d in range(plan.dp) for ranks in sorted(v))
-            for k, v in base.items()}
+    return {k: Groups(tuple(r + d * m for r in ranks) for d in range(plan.dp)
+                      for ranks in sorted(v)) for k, v in base.items()}
 
 
 def build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
