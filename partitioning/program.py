@@ -202,15 +202,21 @@ def groups_of(plan: Plan, socket: int) -> dict:
 @lru_cache(maxsize=256)
 def concurrent_groups(plan: Plan) -> dict:
     """Every group of each kind in the cluster: they run the same collective at once (SPMD), so
-    their flows share links. A replica's groups are replica 0's shifted by its first socket,
-    so only replica 0's sockets are looked at. Cached per plan: do not mutate the result."""
-    base: dict = {}
-    for s in range(plan.model_sockets):
-        for key, ranks in groups_of(plan, s).items():
-            base.setdefault(key, set()).add(ranks)
-    m = plan.model_sockets
-    return {k: Groups(tuple(r + d * m for r in ranks) for d in range(plan.dp)
-                      for ranks in sorted(v)) for k, v in base.items()}
+    their flows share links. Built from the layout's regularity (the groups groups_of gives
+    each socket, each listed once, in order), not socket by socket: a 1,024-socket plan has
+    thousands. Cached per plan: do not mutate the result."""
+    w, tp, n = plan.width, plan.tp, plan.sockets
+    blocks = lambda size: Groups(tuple(range(b, b + size)) for b in range(0, n, size))
+    stage = blocks(w)
+    out: dict = {g: stage for g in ("attn_tp", "mlp_tp", "vocab_tp")}
+    out["expert_tp"] = blocks(tp)
+    out["ep"] = Groups(tuple(b + g * tp + t for g in range(plan.ep))
+                       for b in range(0, n, w) for t in range(tp))
+    if plan.pp > 1:
+        out["pp"] = Groups((s, s + w) for s in range(n) if s // w % plan.pp + 1 < plan.pp)
+    for _, d in plan.mixer_tp:
+        out[("attn_tp", d)] = blocks(d)
+    return out
 
 
 def build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:

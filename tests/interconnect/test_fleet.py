@@ -111,3 +111,21 @@ def test_interleaved_groups_still_share_links():
     rates = dense_max_min([route(t, x, y) for x, y in pairs], t.capacities)
     lat = max(sum(t.link(i).latency_s for i in route(t, x, y)) for x, y in pairs[:4])
     assert shared == pytest.approx(3 * (lat + 1e8 / min(rates[:4])), rel=1e-9)
+
+
+@pytest.mark.parametrize("text", ["tp4pp2dp2", "tp2pp4ep2dp2", "ep8pp2", "tp16@mamba2=8",
+                                  "tp8@full_attention=2,sliding_attention=4", "tp1pp16"])
+def test_concurrent_groups_are_every_sockets_groups(text):
+    """The groups built from the layout's regularity are those groups_of gives each socket."""
+    from partitioning.plan import Plan
+    from partitioning.program import concurrent_groups, groups_of
+
+    plan = Plan.parse(text)
+    want: dict = {}
+    for s in range(plan.sockets):
+        for key, ranks in groups_of(plan, s).items():
+            want.setdefault(key, set()).add(ranks)
+    got = concurrent_groups(plan)
+    assert set(got) == set(want)
+    for key, groups in want.items():
+        assert tuple(got[key]) == tuple(sorted(groups)), key
