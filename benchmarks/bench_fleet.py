@@ -109,10 +109,10 @@ def main() -> int:
         print(f"{label:<40} {wall:>8.2f} {cpu:>7.2f} {rss / 1e9:>12.2f}  "
               f"{'ok' if good else 'MISS'}: {first[:60]}")
     if not args.skip_serve:
-        one, steps1, w1 = serve_rate("sn40l-16", "tp16", 200, 4.0)
-        many, steps64, w64 = serve_rate(str(CLUSTERS / "sn40l-16x64.toml"), "tp16", 64 * 200,
+        one, steps1, w1 = serve_rate("sn40l-16", "tp16", 50, 4.0)
+        many, steps64, w64 = serve_rate(str(CLUSTERS / "sn40l-16x64.toml"), "tp16", 64 * 50,
                                         64 * 4.0)
-        print(f"serve 70B tp16, 200 requests a replica (Poisson 4/s each): 1 replica "
+        print(f"serve 70B tp16, 50 requests a replica (Poisson 4/s each): 1 replica "
               f"{one:,.0f} decode steps/s ({steps1} in {w1:.2f} s); 64 replicas {many:,.0f} "
               f"({steps64} in {w64:.2f} s) = {many / one:.2f}x [target >= 0.8x]")
         ok = ok and many >= 0.8 * one
