@@ -6,6 +6,12 @@ on the same run. Prints the figures; exits 1 if a target is missed (start-up of 
 is reported apart: it is paid once per session, not per simulated step).
 
     python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray]
+    python benchmarks/bench_serve.py --light N   # issue #18: light vs saturated load
+
+--light N: N requests of Llama 3.1 8B on sn40l-8 (prompt 1,024, output 256) at 50 requests/s
+and all at once (saturating), each in a fresh process: wall time per request, peak RSS, RSS per
+request and what a million-request trace would need at that rate (the issue's target: light
+load within 2x the saturated time per request, memory bounded by the requests in flight).
 """
 
 from __future__ import annotations
@@ -34,14 +40,54 @@ def one(backend, trace, model, cluster):
     return sim, tables, time.perf_counter() - t
 
 
+def light_child(n: int, rate: float) -> None:
+    import json
+    import resource
+
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("sn40l-8")
+    trace = traces.synthetic(n, rate, "poisson", traces.LengthDist("fixed", 1024),
+                             traces.LengthDist("fixed", 256))
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    _, tables, wall = one(LocalBackend(), trace, model, cluster)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"wall_s": wall, "rss": rss, "base": base,
+                      "windows": tables.summary["windows"], "steps": tables.summary["steps"]}))
+
+
+def light(n: int) -> int:
+    import json
+    import subprocess
+
+    out = {}
+    for label, rate in (("light 50/s", 50.0), ("saturated", float("inf"))):
+        run = subprocess.run([sys.executable, __file__, "--light-child", str(n), str(rate)],
+                             capture_output=True, text=True, check=True)
+        f = json.loads(run.stdout.strip().splitlines()[-1])
+        grown = max(f["rss"] - f["base"], 0)
+        out[label] = f["wall_s"] / n
+        print(f"{label:<11} {n:,} requests: {f['wall_s']:.1f} s = {f['wall_s'] / n * 1e3:.2f} ms "
+              f"per request; {f['windows']:,} windows, {f['steps']:,} steps; peak RSS "
+              f"{f['rss'] / 1e9:.2f} GB ({grown / n / 1e3:.1f} kB per request over start-up: "
+              f"a million requests ~{grown / n * 1e6 / 1e9:.0f} GB)")
+    ratio = out["light 50/s"] / out["saturated"]
+    print(f"light / saturated time per request: {ratio:.1f}x [target <= 2x]")
+    return 0 if ratio <= 2 else 1
+
+
 def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--light-child":
+        light_child(int(sys.argv[2]), float(sys.argv[3]))
+        return 0
     ap = argparse.ArgumentParser()
+    ap.add_argument("--light", type=int, default=0, help="light vs saturated, N requests")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
     ap.add_argument("--skip-ray", action="store_true")
     args = ap.parse_args()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} CPUs, load average {load}")
+    if args.light:
+        return light(args.light)
     model, cluster = load_model("llama-3.1-70b"), load_cluster("sn40l-16")
     trace = traces.synthetic(args.requests, args.rate, "poisson",
                              traces.LengthDist("fixed", 1024), traces.LengthDist("fixed", 256))

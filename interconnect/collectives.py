@@ -148,18 +148,132 @@ def schedule(
         return Schedule(algorithm, ())
     if kind is CollectiveKind.SEND_RECV and p != 2:
         raise ConfigError(f"send_recv: needs 2 ranks (src, dst), got {p}")
+    alone = _alone(topology, ranks, concurrent)
+    if alone is not None and alone != (topology, ranks):
+        return schedule(alone[0], kind, alone[1], algorithm)
+    if alone is not None:
+        concurrent = ()
     phases = []
     for count, hops, fraction, pattern in _phases(kind, algorithm, p):
-        own = _pattern(pattern, ranks)
-        others = [pair for g in concurrent if g != ranks for pair in _pattern(pattern, g)]
-        routes = [route(topology, a, b) for a, b in (*own, *others)]
-        rates = max_min_rates(routes, topology.capacities)
-        terms = {
-            (route_latency(topology, r), 1.0 / rate)
-            for r, rate in zip(routes[: len(own)], rates[: len(own)])
-        }
+        folded = _folded_pairs(topology, ranks) if pattern == "pairs" and not concurrent else None
+        own, weights = folded or (_pattern(pattern, ranks), None)
+        routes = [route(topology, a, b) for a, b in own]
+        shared, _ = _sharing(topology, routes, pattern, ranks, concurrent)
+        rates = _shared_rates(topology, routes, shared, weights)
+        terms = {(route_latency(topology, r), 1.0 / rate) for r, rate in zip(routes, rates)}
         phases.append(Phase(count, hops, fraction, _pareto(terms)))
     return Schedule(algorithm, tuple(phases))
+
+
+def _folded_pairs(topology: Topology, ranks: Ranks) -> tuple[list, list] | None:
+    """All pairs of a group holding the same sockets in each of n > 2 nodes, folded onto two
+    of them: node permutations map the flow set onto itself, so the max-min rates are equal
+    along each orbit, and the flows of nodes 0 and 1 with each flow between them standing
+    for its n - 1 copies (weight n - 1: the load it puts on a NIC) give every rate. p(p - 1)
+    flows become about 4 p^2 / n^2 (tp1024 on 64 nodes: 1,047,552 -> 1,020)."""
+    spn = topology.sockets_per_node
+    by_node: dict[int, list[int]] = {}
+    for s in ranks:
+        by_node.setdefault(s // spn, []).append(s % spn)
+    n = len(by_node)
+    nodes = sorted(by_node)
+    if n <= 2 or any(sorted(by_node[x]) != sorted(by_node[nodes[0]]) for x in nodes):
+        return None
+    two = [s for s in ranks if s // spn in nodes[:2]]
+    pairs = all_pairs(tuple(two))
+    return list(pairs), [1.0 if a // spn == b // spn else n - 1.0 for a, b in pairs]
+
+
+def _alone(topology: Topology, ranks: Ranks, concurrent: tuple[Ranks, ...]) -> tuple | None:
+    """Where no other concurrent group has a socket in the group's reach (its nodes; its
+    sockets where they do not forward), no flow shares its links: (template, ranks) to cost it
+    on alone, a template of just its nodes with its sockets renumbered there. One schedule
+    then serves every group laid out alike: in every replica, stage and plan, on any cluster
+    of this wiring. None where others may share (they are then searched: `_sharing`)."""
+    spn, grain = topology.sockets_per_node, _grain(topology)
+    index = _groups_by_node(grain, concurrent)
+    if any(concurrent[g] != ranks for k in {s // grain for s in ranks} for g in index.get(k, ())):
+        return None
+    nodes = sorted({s // spn for s in ranks})
+    at = {n: i for i, n in enumerate(nodes)}
+    return topology.template(len(nodes)), tuple(at[s // spn] * spn + s % spn for s in ranks)
+
+
+def _sharing(topology: Topology, own: list, pattern: str, ranks: Ranks,
+             concurrent: tuple[Ranks, ...]) -> tuple[list, set[int]]:
+    """Routes of the concurrent groups' flows that share links, directly or through others,
+    with the group's own, and which groups they belong to: max-min rates of one connected set
+    of flows do not depend on flows outside it, so the rest of the cluster (every identical
+    group elsewhere) is never routed. A flow only crosses links of its two end nodes (and
+    their NICs), so candidates are the flows of groups with a socket in a node the set has
+    reached -- or, where sockets do not forward (full mesh, switch), flows with an end at a
+    socket the set has reached (they cross only links of their own two sockets)."""
+    grain = _grain(topology)
+    index = _groups_by_node(grain, concurrent)
+    links: set[int] = set()
+    nodes: set[int] = set()
+    new_links: list[int] = []
+    new_nodes = sorted({s // grain for s in ranks})
+    waiting: dict[int, list] = {}  # link -> candidate flows crossing it, not yet joined
+    seen: set[int] = set()
+    shared: list[tuple[int, ...]] = []
+    groups: set[int] = set()
+
+    def reach(r: tuple[int, ...], ends: Pair) -> None:
+        new_links.extend(i for i in r if i not in links)
+        links.update(r)
+        new_nodes.extend(x // grain for x in ends if x // grain not in nodes)
+
+    for r in own:
+        reach(r, ())
+    while new_links or new_nodes:
+        for n in new_nodes:
+            nodes.add(n)
+            for g in index.get(n, ()):
+                if g in seen or concurrent[g] == ranks:
+                    continue
+                seen.add(g)
+                for f in _pattern(pattern, concurrent[g]):
+                    flow = [g, f, route(topology, *f), False]
+                    for i in flow[2]:
+                        waiting.setdefault(i, []).append(flow)
+                    new_links.extend(i for i in flow[2] if i in links)  # re-examine: may join
+        new_nodes = []
+        while new_links:
+            for flow in waiting.pop(new_links.pop(), ()):
+                if not flow[3]:
+                    flow[3] = True
+                    shared.append(flow[2])
+                    groups.add(flow[0])
+                    reach(flow[2], flow[1])
+    return shared, groups
+
+
+def _grain(topology: Topology) -> int:
+    """Sockets per key of the sharing search: 1 where a flow crosses only links owned by its
+    two end sockets (full mesh, switch; NICs are per socket), else the node (ring and torus
+    routes pass other sockets of the node)."""
+    return 1 if topology.spec.kind in ("full_mesh", "switch") else topology.sockets_per_node
+
+
+@lru_cache(maxsize=256)
+def _groups_by_node(grain: int, concurrent: tuple[Ranks, ...]) -> dict[int, tuple]:
+    """Key (socket // grain) -> the concurrent groups with a socket there."""
+    out: dict[int, list[int]] = {}
+    for g, ranks in enumerate(concurrent):
+        for n in sorted({s // grain for s in ranks}):
+            out.setdefault(n, []).append(g)
+    return {n: tuple(gs) for n, gs in out.items()}
+
+
+def _shared_rates(topology: Topology, own: list, others: list,
+                  weights: list | None = None) -> np.ndarray:
+    """Max-min rates of the own flows among `others` (on the links they cross only)."""
+    ids: dict[int, int] = {}
+    local = [tuple(ids.setdefault(i, len(ids)) for i in r) for r in (*own, *others)]
+    caps = np.array([topology.bandwidth(i) for i in ids])
+    w = None if weights is None else np.concatenate([weights, np.ones(len(others))])
+    return max_min_rates(local, caps, w)[: len(own)]
 
 
 def _pareto(terms: set[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
@@ -187,17 +301,37 @@ def collective_time(
 ) -> Work:
     """Seconds for `collective` over `ranks` (socket ids, in ring order), the fastest algorithm
     per byte count unless `algorithm` is given. Broadcasts over an array of bytes."""
-    ranks = tuple(int(r) for r in ranks)
+    ranks = _ranks(ranks)
     if len(ranks) != collective.size:
         raise ConfigError(
             f"collective {collective.kind.value} over {collective.group}: size "
             f"{collective.size} but {len(ranks)} ranks"
         )
-    conc = tuple(tuple(int(r) for r in g) for g in concurrent)
+    conc = concurrent if type(concurrent) in (tuple, Groups) else Groups(_ranks(g) for g in
+                                                                         concurrent)
+    if not np.any(collective.bytes):
+        conc = ()  # empty messages (barriers): latency only, which link sharing cannot change
     names = (algorithm,) if algorithm else algorithms_for(topology, collective.kind)
     times = [schedule(topology, collective.kind, ranks, a, conc).time(collective.bytes)
              for a in names]
     return np.minimum.reduce(times)
+
+
+class Groups(tuple):
+    """The concurrent groups of one kind (a tuple of rank tuples), hashed once: the schedule
+    caches key on them at every collective, and a 1,024-socket plan's are long."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("hash")
+        if h is None:
+            h = self.__dict__["hash"] = tuple.__hash__(self)
+        return h
+
+
+def _ranks(ranks: Sequence[int]) -> Ranks:
+    if type(ranks) is tuple:
+        return ranks
+    return tuple(int(r) for r in ranks)
 
 
 def chosen_algorithm(
@@ -236,7 +370,9 @@ def comm_time_fn(
     """A CommTime for chip.execution: each collective is costed over the ranks of its group
     (groups maps "attn_tp", "mlp_tp", "expert_tp", "ep", "vocab_tp", "pp", or a (name, size) pair
     where a hybrid plan gives a group a different degree per block, to socket ids)."""
-    concurrent = concurrent or {}
+    # Groups as tuples of ints once, not at every collective (a 1,024-socket plan has many).
+    concurrent = {k: v if type(v) is Groups else Groups(_ranks(g) for g in v)
+                  for k, v in (concurrent or {}).items()}
     memo: dict = {}  # scalar byte counts repeat across layers and plans: cost each once
 
     def comm_time(c: Collective) -> Work:

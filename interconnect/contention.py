@@ -17,30 +17,36 @@ import numpy as np
 from interconnect.routes import Route
 
 
-def max_min_rates(routes: Sequence[Route], capacities: np.ndarray) -> np.ndarray:
-    """Bytes/s for each flow. A flow with an empty route (a socket to itself) gets inf."""
+def max_min_rates(routes: Sequence[Route], capacities: np.ndarray,
+                  weights: np.ndarray | None = None) -> np.ndarray:
+    """Bytes/s for each flow. A flow with an empty route (a socket to itself) gets inf.
+    `weights`: a flow standing for that many identical flows (each of them at the rate).
+
+    Sparse: the (flow, link) crossings are two index arrays, never a flows x links matrix,
+    so the work grows with the crossings, not with the network's size."""
     n = len(routes)
     rates = np.full(n, np.inf)
-    active = np.array([len(r) > 0 for r in routes], dtype=bool)
+    lengths = np.fromiter((len(r) for r in routes), dtype=np.int64, count=n)
+    active = lengths > 0
     if not active.any():
         return rates
-    incidence = np.zeros((n, len(capacities)))
-    for f, r in enumerate(routes):
-        for link in r:
-            incidence[f, link] += 1.0  # a route crossing a link twice uses it twice
+    flow = np.repeat(np.arange(n), lengths)
+    link = np.fromiter((i for r in routes for i in r), dtype=np.int64, count=int(lengths.sum()))
+    used_ids, link = np.unique(link, return_inverse=True)  # only the links some flow crosses
+    remaining = np.asarray(capacities, dtype=float)[used_ids].copy()
     rates[active] = 0.0
-    remaining = capacities.astype(float).copy()
     while active.any():
-        load = incidence[active].sum(axis=0)  # unfrozen flow crossings per link
+        live = active[flow]
+        w = None if weights is None else np.asarray(weights, dtype=float)[flow[live]]
+        load = np.bincount(link[live], weights=w, minlength=len(used_ids)).astype(float)
         used = load > 0
-        share = np.full(len(capacities), np.inf)
+        share = np.full(len(used_ids), np.inf)
         share[used] = remaining[used] / load[used]
         inc = share.min()
         rates[active] += inc
         remaining -= inc * load
         full = used & (share <= inc * (1 + 1e-12))
-        frozen = active & (incidence[:, full].sum(axis=1) > 0)
-        active &= ~frozen
+        active[flow[live & full[link]]] = False  # flows crossing a full link freeze
     return rates
 
 

@@ -4,6 +4,8 @@ Routing is deterministic: Dijkstra on link latency, ties broken by fewer hops an
 lower link index, so a ring sends a message the short way round and a switched node never goes
 out through the inter-node fabric. A torus gets a minimal route, not necessarily the
 dimension-ordered one a real torus router takes (the same hop count; contention may differ).
+Routes are found on a template of the one or two nodes involved (all nodes are wired alike)
+and mapped to the cluster's link ids, so a 4,096-socket cluster routes as fast as one node.
 """
 
 from __future__ import annotations
@@ -17,25 +19,32 @@ from workloads.errors import ConfigError
 Route = tuple[int, ...]  # link indices, in order
 
 
+@lru_cache(maxsize=1 << 16)
 def route(topology: Topology, src: int, dst: int) -> Route:
+    """The links from `src` to `dst`, found on the template of their one or two nodes (a
+    shortest route never crosses a third node: it would pass the fabric twice)."""
     if src == dst:
         return ()
     for s in (src, dst):
         if not 0 <= s < topology.sockets:
             raise ConfigError(f"route: socket {s} not in 0..{topology.sockets - 1}")
-    found = _tree(topology, src).get(dst)
+    spn = topology.sockets_per_node
+    na, nb = src // spn, dst // spn
+    nodes = (na,) if na == nb else tuple(sorted((na, nb)))
+    local = lambda s: nodes.index(s // spn) * spn + s % spn
+    found = _tree(topology.template(len(nodes)), local(src)).get(local(dst))
     if found is None:
         raise ConfigError(f"route: socket {dst} is unreachable from socket {src}")
-    return found
+    return topology.globalize(found, nodes)
 
 
 def route_latency(topology: Topology, r: Route) -> float:
-    return sum(topology.links[i].latency_s for i in r)
+    return sum(topology.latency_s(i) for i in r)
 
 
 @lru_cache(maxsize=4096)
 def _tree(topology: Topology, src: int) -> dict[int, Route]:
-    """Shortest routes from `src` to every reachable socket."""
+    """Shortest routes from `src` to every reachable socket (on a small template graph)."""
     best: dict[int, tuple[float, int, Route]] = {src: (0.0, 0, ())}
     heap: list[tuple[float, int, Route, int]] = [(0.0, 0, (), src)]
     done: set[int] = set()
@@ -48,8 +57,8 @@ def _tree(topology: Topology, src: int) -> dict[int, Route]:
         if v != src and v < topology.sockets and topology.spec.kind == "full_mesh":
             continue
         for i in topology.out_links(v):
-            link = topology.links[i]
-            cand = (lat + link.latency_s, hops + 1, path + (i,))
+            link = topology.link(i)
+            cand = (lat + topology.latency_s(i), hops + 1, path + (i,))
             old = best.get(link.dst)
             if old is None or cand < old:
                 best[link.dst] = cand

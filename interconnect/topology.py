@@ -19,8 +19,9 @@ Bandwidths are per link, each way (links are full duplex: one directed link each
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -97,23 +98,104 @@ class Link:
 # eq=False: a Topology hashes by identity, so route and schedule caches can key on it.
 @dataclass(frozen=True, eq=False)
 class Topology:
-    """Vertices 0..sockets-1 are sockets; the rest are switches (named in `vertex_names`)."""
+    """Vertices 0..sockets-1 are sockets, then one switch per node (kind "switch"), then the
+    fabric switch (when there is more than one node, or `fabric` says so).
+
+    Held by structure, not as a list of every link: all nodes are wired alike, so one node's
+    links (`node_links`, in node-local vertex ids) and the per-socket NIC pair describe the
+    whole graph; link i is computed on demand. Link ids: node n's in-node links are
+    n * L .. (n + 1) * L - 1 (L = len(node_links), in the node's order); then each socket's NIC
+    up and down link, in socket order. A 4,096-socket cluster is a handful of numbers."""
 
     spec: TopologySpec
     sockets: int
     sockets_per_node: int
-    vertex_names: tuple[str, ...]
-    links: tuple[Link, ...]
-    _out: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    fabric: bool | None = None  # the fabric switch and NICs; default: more than one node
 
-    def __post_init__(self) -> None:
+    @cached_property
+    def nodes(self) -> int:
+        return self.sockets // self.sockets_per_node
+
+    @cached_property
+    def has_fabric(self) -> bool:
+        return self.nodes > 1 if self.fabric is None else self.fabric
+
+    @cached_property
+    def node_links(self) -> tuple[Link, ...]:
+        """Node 0's links; vertices: its sockets 0..spn-1 and its switch as spn."""
+        names = [f"socket{i}" for i in range(self.sockets_per_node)]
+        return tuple(_node_links(self.spec, list(range(self.sockets_per_node)), names))
+
+    @property
+    def links(self) -> Sequence[Link]:
+        return _LinkView(self)
+
+    @cached_property
+    def link_count(self) -> int:
+        return self.nodes * len(self.node_links) + (2 * self.sockets if self.has_fabric else 0)
+
+    @cached_property
+    def _figures(self) -> tuple[int, tuple[float, ...], tuple[float, ...]]:
+        """(first NIC link id, in-node latencies, in-node bandwidths) for the fast lookups."""
+        return (self.nodes * len(self.node_links),
+                tuple(link.latency_s for link in self.node_links),
+                tuple(link.bandwidth_bytes_per_s for link in self.node_links))
+
+    def latency_s(self, i: int) -> float:
+        """link(i).latency_s without building the Link (the hot path of routes and costs)."""
+        nic, lat, _ = self._figures
+        return lat[i % len(lat)] if i < nic else self.spec.inter_node_latency_s / 2
+
+    def bandwidth(self, i: int) -> float:
+        nic, _, bw = self._figures
+        return bw[i % len(bw)] if i < nic else self.spec.inter_node_bandwidth_bytes_per_s
+
+    def link(self, i: int) -> Link:
+        per = len(self.node_links)
+        if not 0 <= i < self.link_count:
+            raise IndexError(f"link {i} not in 0..{self.link_count - 1}")
+        if i < self.nodes * per:
+            node, j = divmod(i, per)
+            base = self.node_links[j]
+            return replace(base, src=self._vertex(base.src, node), dst=self._vertex(base.dst, node))
+        socket, down = divmod(i - self.nodes * per, 2)
+        bw, half = self.spec.inter_node_bandwidth_bytes_per_s, self.spec.inter_node_latency_s / 2
+        ends = (socket, self.fabric_vertex)
+        return Link(*(ends[::-1] if down else ends), bw, half, "nic")
+
+    def _vertex(self, local: int, node: int) -> int:
+        spn = self.sockets_per_node
+        return node * spn + local if local < spn else self.sockets + node  # the node's switch
+
+    @property
+    def fabric_vertex(self) -> int:
+        return self.sockets + (self.nodes if self.spec.kind == "switch" else 0)
+
+    @cached_property
+    def vertex_names(self) -> tuple[str, ...]:
+        names = [f"socket{i}" for i in range(self.sockets)]
+        if self.spec.kind == "switch":
+            names += [f"switch{n}" for n in range(self.nodes)]
+        return tuple(names + (["fabric"] if self.has_fabric else []))
+
+    @cached_property
+    def _node_out(self) -> dict[int, tuple[int, ...]]:
         out: dict[int, list[int]] = {}
-        for i, link in enumerate(self.links):
-            out.setdefault(link.src, []).append(i)
-        self._out.update({v: tuple(ids) for v, ids in out.items()})
+        for j, link in enumerate(self.node_links):
+            out.setdefault(link.src, []).append(j)
+        return {v: tuple(ids) for v, ids in out.items()}
 
     def out_links(self, vertex: int) -> tuple[int, ...]:
-        return self._out.get(vertex, ())
+        spn, per, nic = self.sockets_per_node, len(self.node_links), self.nodes * len(
+            self.node_links)
+        if vertex < self.sockets:
+            node, local = divmod(vertex, spn)
+            ids = tuple(node * per + j for j in self._node_out.get(local, ()))
+            return ids + ((nic + 2 * vertex,) if self.has_fabric else ())
+        if self.has_fabric and vertex == self.fabric_vertex:
+            return tuple(range(nic + 1, nic + 2 * self.sockets, 2))
+        node = vertex - self.sockets
+        return tuple(node * per + j for j in self._node_out.get(spn, ()))
 
     def node_of(self, socket: int) -> int:
         return socket // self.sockets_per_node
@@ -122,34 +204,63 @@ class Topology:
     def capacities(self) -> np.ndarray:
         return np.array([link.bandwidth_bytes_per_s for link in self.links])
 
+    def template(self, nodes: int) -> Topology:
+        """The same wiring with `nodes` nodes (and this fabric): the graph routes are found
+        on. A route between two sockets stays inside their nodes and the fabric, and nodes are
+        alike, so it is the template's route with node numbers mapped (`globalize`)."""
+        return _template(self.spec, self.sockets_per_node, nodes, self.has_fabric)
+
+    def globalize(self, local: tuple[int, ...], nodes: tuple[int, ...]) -> tuple[int, ...]:
+        """Link ids of a template over len(nodes) nodes -> this topology's, template node j
+        being node nodes[j] (sorted, so ties between equal routes break the same way)."""
+        per, k, spn = len(self.node_links), len(nodes), self.sockets_per_node
+        out = []
+        for i in local:
+            if i < k * per:
+                j, r = divmod(i, per)
+                out.append(nodes[j] * per + r)
+            else:
+                s, down = divmod(i - k * per, 2)
+                socket = nodes[s // spn] * spn + s % spn
+                out.append(self.nodes * per + 2 * socket + down)
+        return tuple(out)
+
+
+class _LinkView(Sequence):
+    """topology.links without building them: len and indexing computed from the structure."""
+
+    def __init__(self, topology: Topology):
+        self._t = topology
+
+    def __len__(self) -> int:
+        return self._t.link_count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._t.link(j) for j in range(len(self))[i]]
+        return self._t.link(i if i >= 0 else i + len(self))
+
+
+@lru_cache(maxsize=256)
+def _template(spec: TopologySpec, sockets_per_node: int, nodes: int, fabric: bool) -> Topology:
+    return Topology(spec, nodes * sockets_per_node, sockets_per_node, fabric)
+
 
 def build_topology(spec: TopologySpec, sockets: int, sockets_per_node: int) -> Topology:
     """The graph of `sockets` sockets in nodes of `sockets_per_node`, per `spec`."""
     if sockets < 1 or sockets_per_node < 1 or sockets % sockets_per_node:
         raise ConfigError(f"topology: {sockets} sockets in nodes of {sockets_per_node}")
-    names = [f"socket{i}" for i in range(sockets)]
-    links: list[Link] = []
     nodes = sockets // sockets_per_node
     if spec.kind == "torus2d" and math.prod(spec.torus_shape) != sockets_per_node:
         raise ConfigError(
             f"topology.torus_shape: {list(spec.torus_shape)} holds "
             f"{math.prod(spec.torus_shape)} sockets, the node has {sockets_per_node}"
         )
-    for node in range(nodes):
-        members = list(range(node * sockets_per_node, (node + 1) * sockets_per_node))
-        links += _node_links(spec, members, names)
-    if nodes > 1:
-        if spec.inter_node_bandwidth_bytes_per_s <= 0:
-            raise ConfigError(
-                f"topology.inter_node_bandwidth_bytes_per_s: {nodes} nodes need a positive value"
-            )
-        fabric = len(names)
-        names.append("fabric")
-        half = spec.inter_node_latency_s / 2
-        bw = spec.inter_node_bandwidth_bytes_per_s
-        for s in range(sockets):
-            links += [Link(s, fabric, bw, half, "nic"), Link(fabric, s, bw, half, "nic")]
-    return Topology(spec, sockets, sockets_per_node, tuple(names), tuple(links))
+    if nodes > 1 and spec.inter_node_bandwidth_bytes_per_s <= 0:
+        raise ConfigError(
+            f"topology.inter_node_bandwidth_bytes_per_s: {nodes} nodes need a positive value"
+        )
+    return Topology(spec, sockets, sockets_per_node)
 
 
 def _node_links(spec: TopologySpec, members: list[int], names: list[str]) -> list[Link]:

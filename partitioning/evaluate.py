@@ -232,7 +232,9 @@ def evaluate_plan(
     batch, prompt_len, gen_len = (_num(x) for x in (batch, prompt_len, gen_len))
     placement = placement or Placement()
     routing = routing or RoutingModel()
-    programs = build_programs(spec, plan)
+    # Replicas hold and run the same: one replica's programs stand for all (a 1,024-socket plan
+    # costs what its model group costs); the other replicas enter through concurrent_groups.
+    programs = build_programs(spec, replace(plan, dp=1))
     fps, misfit = _fit(spec, cluster, plan, programs, batch, prompt_len, gen_len, placement,
                        check)
     heads = [p for p in programs if p.coords.dp == 0 and p.coords.ep == 0 and p.coords.tp == 0]

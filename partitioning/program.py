@@ -13,9 +13,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
+from interconnect.collectives import Groups
 from partitioning.plan import Plan
 from workloads import graph as graphs
 from workloads import params
@@ -198,14 +200,24 @@ def groups_of(plan: Plan, socket: int) -> dict:
     return out
 
 
+@lru_cache(maxsize=256)
 def concurrent_groups(plan: Plan) -> dict:
     """Every group of each kind in the cluster: they run the same collective at once (SPMD), so
-    their flows share links."""
-    out: dict = {}
-    for s in range(plan.sockets):
-        for key, ranks in groups_of(plan, s).items():
-            out.setdefault(key, set()).add(ranks)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
+    their flows share links. Built from the layout's regularity (the groups groups_of gives
+    each socket, each listed once, in order), not socket by socket: a 1,024-socket plan has
+    thousands. Cached per plan: do not mutate the result."""
+    w, tp, n = plan.width, plan.tp, plan.sockets
+    blocks = lambda size: Groups(tuple(range(b, b + size)) for b in range(0, n, size))
+    stage = blocks(w)
+    out: dict = {g: stage for g in ("attn_tp", "mlp_tp", "vocab_tp")}
+    out["expert_tp"] = blocks(tp)
+    out["ep"] = Groups(tuple(b + g * tp + t for g in range(plan.ep))
+                       for b in range(0, n, w) for t in range(tp))
+    if plan.pp > 1:
+        out["pp"] = Groups((s, s + w) for s in range(n) if s // w % plan.pp + 1 < plan.pp)
+    for _, d in plan.mixer_tp:
+        out[("attn_tp", d)] = blocks(d)
+    return out
 
 
 def build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:

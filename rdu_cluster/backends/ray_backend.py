@@ -19,7 +19,9 @@
   returns a checkpoint of its state, and the driver logs the commands since. An actor that dies
   (ray.kill, a lost node) is re-created, restored from its last checkpoint and replayed the
   logged commands, which also answers the replies it owed; each command carries a sequence
-  number, so nothing is applied twice and nothing is lost.
+  number, so nothing is applied twice and nothing is lost. Every call that waits on an actor
+  (start-up, batches and their checkpoints, faults, re-planning, counters) recovers this way,
+  not only those awaiting a reply: an actor killed while idle is revived at its next call.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from workloads.errors import ConfigError
 
 CHECKPOINT_EVERY = 8
 MAX_QUEUED = 32  # follower commands queued before they are sent (bounds the replay on a restart)
+MAX_REVIVALS = 3  # an actor that dies this often in a row at one call is not a transient loss
 
 
 class PendingOccupancy:
@@ -133,10 +136,11 @@ class RayBackend:
         self.bundle_of = {n: i for i, n in enumerate(nodes)}
         for index in setups:
             self._create(index)
-        self.ray.get([a.checkpoint.remote() for a in self.actors.values()])  # all up
-        for index, actor in self.actors.items():
-            self.checkpoints[index] = self.ray.get(actor.checkpoint.remote())
             self.log[index], self.queued[index], self.inflight[index] = [], [], []
+        # every actor starts at once; one that dies while starting is created afresh
+        refs = {index: actor.checkpoint.remote() for index, actor in self.actors.items()}
+        for index, ref in refs.items():
+            self.checkpoints[index] = self._call(index, "checkpoint", ref=ref)
 
     def _create(self, index: int) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -206,7 +210,7 @@ class RayBackend:
             return {}
         try:
             replies = self.ray.get([ref for _, ref in inflight])
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorDiedError):
+        except self._dead:
             replies = self._recover(index, [[seq for seq, _, _ in b] for b, _ in inflight])
         out = {}
         for (batch, _), (results, state) in zip(inflight, replies, strict=True):
@@ -227,46 +231,78 @@ class RayBackend:
         for index in self.actors:
             self._collect(index)
 
+    @property
+    def _dead(self) -> tuple[type, ...]:
+        return (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorDiedError)
+
+    def _call(self, index: int, method: str, *args, ref=None):
+        """ray.get of one call to socket `index` (or of `ref`, a call already made). Every call
+        that waits on an actor goes through here or through _collect: a dead actor (killed
+        while idle, its node lost) is revived and the call made again -- at start-up, at a
+        fault, at a checkpoint, at a re-plan."""
+        for _ in range(MAX_REVIVALS):
+            try:
+                if ref is None:
+                    ref = getattr(self.actors[index], method).remote(*args)
+                return self.ray.get(ref)
+            except self._dead:
+                self._revive(index)
+                ref = None
+        raise ConfigError(f"ray: socket actor {index} died {MAX_REVIVALS} times in a row")
+
     def _recover(self, index: int, owed: list[list[int]]) -> list[tuple]:
-        """Re-create a dead actor from its last checkpoint and replay the logged commands up to
-        the last one sent (those still queued go later, as new); the replies to the `owed`
-        batches of sequence numbers come from the replay, which ends with a checkpoint."""
+        """Replies to the `owed` batches of sequence numbers of a dead actor, from the replay
+        of its revival."""
+        by_seq = self._revive(index)
+        return [([by_seq[seq] for seq in batch], None) for batch in owed]
+
+    def _revive(self, index: int) -> dict[int, bytes]:
+        """Re-create a dead actor, restore its last checkpoint and replay the logged commands
+        it was sent (those still queued go later, as new); {seq: result} of the replay, which
+        ends with a checkpoint. Before its first checkpoint (start-up) it is just created."""
         self.restarts += 1
         self.incarnation[index] = self.incarnation.get(index, 0) + 1
         self._create(index)
-        actor = self.actors[index]
-        self.ray.get(actor.restore.remote(self.checkpoints[index]))
-        last = owed[-1][-1]
-        replay = [(seq, c) for seq, c in self.log[index] if seq <= last]
+        if index not in self.checkpoints:
+            return {}
+        queued = {seq for seq, _, _ in self.queued.get(index, ())}
+        replay = [(seq, c) for seq, c in self.log[index] if seq not in queued]
+        try:
+            self.ray.get(self.actors[index].restore.remote(self.checkpoints[index]))
+            results, state = self.ray.get(
+                self.actors[index].run_many.remote([c for _, c in replay], True))
+            if index in self.faults:  # a fault set after the checkpoint (it died in set_fault)
+                self.ray.get(self.actors[index].set_fault.remote(*self.faults[index]))
+        except self._dead:
+            return self._revive(index)  # died again while reviving: once more
         self.replayed += len(replay)
-        results, state = self.ray.get(actor.run_many.remote([c for _, c in replay], True))
         self.checkpoints[index] = state
-        self.log[index] = [(seq, c) for seq, c in self.log[index] if seq > last]
-        by_seq = {seq: r for (seq, _), r in zip(replay, results, strict=True)}
-        return [([by_seq[seq] for seq in batch], None) for batch in owed]
+        self.log[index] = [(seq, c) for seq, c in self.log[index] if seq in queued]
+        return {seq: r for (seq, _), r in zip(replay, results, strict=True)}
 
     def reprogram(self, index: int, setup: SocketSetup) -> None:
         self._resolve(index)
-        state = self.ray.get(self.actors[index].checkpoint.remote())
+        state = self._call(index, "checkpoint")
         self.ray.kill(self.actors[index])
         self.setups[index] = setup
         self.incarnation[index] = self.incarnation.get(index, 0) + 1
         self._create(index)
+        self.checkpoints.pop(index, None)  # a new program: nothing of the old state to restore
         seq = wire.unpack(state)["seq"]
-        fresh = wire.unpack(self.ray.get(self.actors[index].checkpoint.remote()))
+        fresh = wire.unpack(self._call(index, "checkpoint"))
         fresh["seq"] = seq
-        self.ray.get(self.actors[index].restore.remote(wire.pack(fresh)))
         self.checkpoints[index], self.log[index] = wire.pack(fresh), []
+        self._call(index, "restore", self.checkpoints[index])
 
     def set_fault(self, index: int, degradation: float, comm: float, failed: bool) -> None:
         self._resolve(index)
         self.faults[index] = (degradation, comm, failed)
-        self.ray.get(self.actors[index].set_fault.remote(degradation, comm, failed))
-        self.checkpoints[index] = self.ray.get(self.actors[index].checkpoint.remote())
+        self._call(index, "set_fault", degradation, comm, failed)
+        self.checkpoints[index] = self._call(index, "checkpoint")
         self.log[index] = []
 
     def evaluations(self) -> int:
-        return sum(self.ray.get([a.evaluations.remote() for a in self.actors.values()]))
+        return sum(self._call(index, "evaluations") for index in self.actors)
 
     def close(self) -> None:
         from ray.util.placement_group import remove_placement_group
