@@ -9,6 +9,7 @@ import math
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -16,11 +17,19 @@ import numpy as np
 
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
-from rdu_cluster.cli.options import calibration_option
+from rdu_cluster.cli import workload
+from rdu_cluster.cli.options import (
+    TRACE_HELP,
+    calibration_option,
+    session_options,
+    speculative_options,
+)
 from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_fabric
 from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.scenarios import capacity as cap
+from rdu_cluster.scenarios import speculative
+from workloads import traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 
@@ -37,7 +46,12 @@ from workloads.errors import ConfigError
 @click.option("--max-nodes", default=16, show_default=True, type=int,
               help="Upper bound on the nodes of a deployment (per pool when disaggregated).")
 @click.option("--concurrency", default=None, type=int, help="Traffic: N closed-loop users.")
-@click.option("--rate", default=None, type=float, help="Traffic: requests per second (open loop).")
+@click.option("--rate", default=None, type=float,
+              help="Traffic: requests per second (open loop); with --trace, its arrivals "
+              "rescaled to this mean rate; with --sessions, session starts per second.")
+@click.option("--trace", "trace_path", default=None,
+              help="Traffic: a trace replayed as it is (" + TRACE_HELP + ")")
+@session_options
 @click.option("--prompt-len", default="1024", show_default=True,
               help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
 @click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
@@ -57,6 +71,11 @@ from workloads.errors import ConfigError
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="As serve --prefix-cache [default: tiered where the chip has a lower tier].")
+@click.option("--speculative", "spec_mode", default=None,
+              type=click.Choice(("off", "on", "both")),
+              help="Speculative decoding as a candidate axis (with --draft) [default: on with "
+              "--draft, else off].")
+@speculative_options(speculative.PLACEMENTS)
 @click.option("--backend", "backend_name", type=click.Choice(BACKENDS), default="local",
               show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
@@ -65,13 +84,11 @@ from workloads.errors import ConfigError
               "interactive .html page (Plotly).")
 def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, prompt_len,
              output_len, requests, slos, slo_percentile, disaggregated, pairs, fabric, shortlist,
-             seed, prefix_cache, backend_name, as_json, plot_path) -> None:
+             seed, prefix_cache, backend_name, as_json, plot_path, trace_path, n_sessions,
+             turns, system_prompt, think_time, spec_mode, draft, spec_k, tree, placement,
+             draft_sockets, acceptance) -> None:
     """Find the cheapest deployments that meet a latency SLO for a traffic."""
     started = time.perf_counter()
-    if (concurrency is None) == (rate is None):
-        raise ConfigError("give --concurrency N or --rate R (one of them)")
-    if concurrency is not None and concurrency < 1:
-        raise ConfigError(f"--concurrency: must be positive, got {concurrency}")
     if rate is not None and not 0 < rate < math.inf:
         raise ConfigError(f"--rate: must be a positive finite number, got {rate}")
     if max_nodes < 1 or shortlist < 1:
@@ -79,18 +96,30 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     if plot_path and Path(plot_path).suffix != ".html":
         raise ConfigError(f"--plot {plot_path}: expected an .html file name")
     slo = cap.SLO.parse(slos, slo_percentile)
-    traffic = cap.Traffic(concurrency, rate, prompt_len, output_len, requests, seed,
-                          prefix_cache)
+    traffic = _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache,
+                       trace_path, n_sessions, turns, system_prompt, think_time)
+    modes = _spec_modes(spec_mode, draft, spec_k, acceptance, tree, placement, draft_sockets)
+    traffic = replace(traffic, spec_args=tuple(
+        a for flag, v in (("--acceptance", acceptance), ("--tree", tree)) if v is not None
+        for a in (flag, v)))
     prompt, gen = traffic.mean_lengths()
     fab = load_fabric(fabric)
     pairs = _pairs(pairs, clusters, disaggregated)
+    if pairs and traffic.sessions:
+        raise ConfigError("--pair/--disaggregated: not with --sessions (the disaggregated "
+                          "engine runs open loop only)")
     results, costs = [], []
     for w in weights or (None,):
         model = with_dtypes(load_model(model_ref), w, None)
-        per = {c: _costs(model, c, plans, max_nodes, prompt, gen, fab) for c in clusters}
-        costs += [(w, c) for cs in per.values() for c in cs]
-        cands = _shortlist(per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab,
-                           shortlist)
+        choose = lambda cl, plan, model=model: workload.speculation(
+            model, cl, _sample(traffic), draft, spec_k, acceptance, 1, tree, "shared", 1, plan)
+        groups = {(c, on): _costs(model, c, plans, max_nodes, prompt, gen, fab,
+                                  draft if on else None, choose)
+                  for c in clusters for on in modes}
+        costs += [(w, c) for cs in groups.values() for c in cs]
+        per = {c: cs for (c, on), cs in groups.items() if not on}
+        cands = _shortlist(groups.values(), per, pairs, traffic, slo, max_nodes, prompt, gen,
+                           model, fab, shortlist)
         for dep in cands:
             results.append(_verified(dep, model, model_ref, w, traffic, slo, fab,
                                      backend_name))
@@ -109,6 +138,65 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
         sys.exit(1)
 
 
+def _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache,
+             trace_path, n_sessions, turns, system_prompt, think_time) -> cap.Traffic:
+    """Synthetic (--concurrency or --rate), a trace file replayed (its arrivals, or rescaled to
+    --rate), or the multi-turn sessions (each session a closed-loop user)."""
+    if concurrency is not None and concurrency < 1:
+        raise ConfigError(f"--concurrency: must be positive, got {concurrency}")
+    base = cap.Traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache)
+    if n_sessions is not None or turns is not None:
+        if concurrency is not None:
+            raise ConfigError("--concurrency: not with --sessions (each session is a user)")
+        t = workload.session_trace(trace_path, requests, n_sessions, turns, rate, "poisson",
+                                   prompt_len, output_len, system_prompt, think_time, seed)
+        args = ["--sessions", str(n_sessions), "--turns", str(turns), "--system-prompt",
+                str(system_prompt), "--think-time", think_time, "--prompt-len", prompt_len,
+                "--output-len", output_len, *(["--rate", repr(rate)] if rate else [])]
+        return replace(base, concurrency=n_sessions, rate=None, trace=t,
+                       workload_args=tuple(args), think_s=float(t.think_s[t.after >= 0].mean())
+                       if (t.after >= 0).any() else 0.0)
+    if trace_path is not None:
+        if concurrency is not None:
+            raise ConfigError("--concurrency: not with --trace (a trace is replayed open loop, "
+                              "at its arrivals or rescaled to --rate)")
+        t = workload.file_trace(trace_path, requests, rate)
+        own = workload.trace_rate(t)
+        if own is None:
+            raise ConfigError(f"--trace {trace_path}: its arrivals have no spread (one request "
+                              "or all at once), so no arrival rate to plan for")
+        args = ["--trace", trace_path, *(["--requests", str(requests)] if requests else []),
+                *(["--rate", repr(rate)] if rate else [])]
+        return replace(base, rate=own, trace=t, workload_args=tuple(args))
+    if (concurrency is None) == (rate is None):
+        raise ConfigError("give --concurrency N or --rate R (one of them), --trace FILE or "
+                          "--sessions N --turns T")
+    return base
+
+
+def _sample(traffic: cap.Traffic) -> traces.Trace:
+    """The traffic's requests (serve's default k is chosen at their mean lengths)."""
+    if traffic.trace is not None:
+        return traffic.trace
+    return traces.synthetic(512, math.inf, "poisson", *traffic.dists(), seed=traffic.seed)
+
+
+def _spec_modes(mode, draft, spec_k, acceptance, tree, placement, draft_sockets) -> tuple:
+    """The speculative axis: (False,), (True,) or (False, True)."""
+    mode = mode or ("on" if draft else "off")
+    if draft is None:
+        if mode != "off":
+            raise ConfigError(f"--speculative {mode}: give --draft MODEL")
+        workload.speculation(None, None, None, None, spec_k, acceptance, 1, tree, placement,
+                             draft_sockets, None)  # options only with --draft: one message
+    elif mode == "off":
+        raise ConfigError("--draft: not with --speculative off")
+    if placement != "shared":
+        raise ConfigError(f"--draft-placement {placement}: capacity tries shared only (a "
+                          "draft on sockets of its own is not priced yet)")
+    return {"off": (False,), "on": (True,), "both": (False, True)}[mode]
+
+
 def _pairs(pairs, clusters, disaggregated) -> list[tuple[str, str]]:
     out = []
     for text in pairs:
@@ -121,16 +209,18 @@ def _pairs(pairs, clusters, disaggregated) -> list[tuple[str, str]]:
     return out
 
 
-def _costs(model, cluster, plans, max_nodes, prompt, gen, fab) -> list[cap.ReplicaCost]:
+def _costs(model, cluster, plans, max_nodes, prompt, gen, fab, draft=None,
+           choose=None) -> list[cap.ReplicaCost]:
     names = plans or cap.replica_plans(model, cluster, max_nodes)
-    out = [cap.replica_cost(model, cluster, p, prompt, gen, fab) for p in names]
+    out = [cap.replica_cost(model, cluster, p, prompt, gen, fab, draft, choose) for p in names]
     return [c for c in out if c is not None]
 
 
-def _shortlist(per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab, k):
-    """The `k` cheapest analytic candidates of each system and of each pair."""
+def _shortlist(groups, per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab, k):
+    """The `k` cheapest analytic candidates of each system (with and without speculation) and
+    of each pair (without)."""
     out = []
-    for costs in per.values():
+    for costs in groups:
         deps = [cap.aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
         out += _cheapest([d for d in deps if d is not None], k)
     for p, d in pairs:
@@ -179,7 +269,9 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
     d, s, b = r.deployment, r.summary, r.summary["bench"]
     return {
         "system": d.label, "weights": _weights(r), "sockets": d.sockets, "nodes": d.nodes,
-        "plan": " + ".join(str(p) for p in d.pools),
+        "plan": " + ".join(str(p) for p in d.pools)
+        + (f" +{d.draft} k{d.speculation.k}" if d.draft else ""),
+        "speculative": ({"draft": d.draft, "k": d.speculation.k} if d.draft else None),
         "disaggregated": d.disaggregated, "max_batch": d.max_batch,
         "tokens_per_s_per_user": 1e3 / b["mean_tpot_ms"] if b["mean_tpot_ms"] else None,
         "tokens_per_s_per_socket": b["output_throughput"] / d.sockets,
@@ -188,7 +280,9 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
         "usd_per_hour": d.price_per_hour,
         f"p{_pw(slo)}_ttft_ms": r.ttft_ms, f"p{_pw(slo)}_tpot_ms": r.tpot_ms,
         "meets_slo": r.meets_slo, "miss": r.miss,
-        "verified": (f"open loop {d.rate:.4g} req/s" if d.disaggregated
+        "verified": ("sessions (a closed loop each)" if "--sessions" in r.serve_args
+                     else "trace replayed" if "--trace" in r.serve_args
+                     else f"open loop {d.rate:.4g} req/s" if d.disaggregated
                      else "closed loop" if r.serve_args.count("--concurrency") else "open loop"),
         "serve_args": r.serve_args,
     }
@@ -208,6 +302,8 @@ def _pw(slo: cap.SLO) -> str:
 def _table(results, slo, traffic, wall) -> str:
     pw = _pw(slo)
     load = (f"{traffic.concurrency} users" if traffic.concurrency else f"{traffic.rate:g} req/s")
+    if traffic.workload_args:
+        load = f"{shlex.join(traffic.workload_args)} ({load})"
     bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo.ttft_ms),
                                                          ("TPOT", slo.tpot_ms)) if v)
     head = (f"{'#':>2} {'system':<20} {'sockets':>7} {'nodes':>5} {'plan':<34} {'batch':>5} "

@@ -68,3 +68,57 @@ def calibration_options(default: str = calibration.DEFAULT):
 
 
 calibration_option = calibration_options()
+
+
+def _stack(*options: Callable[[Callable[..., Any]], Callable[..., Any]]):
+    def apply(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
+TRACE_HELP = (
+    "Trace file (.csv, .parquet, .arrow): arrival_s, prompt_len, output_len[, model]; the Azure "
+    "LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens); a Mooncake .jsonl "
+    "(timestamp ms, input_length, output_length, hash_ids)."
+)
+
+# The multi-turn workload (workloads/sessions.py), as serve and capacity take it.
+session_options = _stack(
+    click.option("--sessions", "n_sessions", default=None, type=int,
+                 help="Multi-turn workload: N sessions (closed loop per session; --prompt-len is "
+                 "each turn's user message, --output-len its answer)."),
+    click.option("--turns", default=None, type=int, help="With --sessions: turns per session."),
+    click.option("--system-prompt", default=1024, show_default=True, type=int,
+                 help="With --sessions: tokens of the system prompt every session shares."),
+    click.option("--think-time", default="5", show_default=True,
+                 help="With --sessions: seconds between a turn's end and the next turn: S, "
+                 "exponential:MEAN or uniform:LO:HI."),
+)
+
+
+def speculative_options(placements: tuple[str, ...]):
+    """--draft/--spec-k/--tree/--acceptance/--draft-placement/--draft-sockets (speculative
+    decoding, parsed by cli/workload.py's `speculation`)."""
+    return _stack(
+        click.option("--draft", default=None,
+                     help="Speculative decoding: draft model (catalog name or config.json)."),
+        click.option("--spec-k", default=None, type=int,
+                     help="With --draft: draft tokens a step (tree: its depth) [default: the "
+                     "fastest in 1..16]."),
+        click.option("--tree", default=None,
+                     help="With --draft: tree speculation, candidates kept per depth (4,2,1)."),
+        click.option("--draft-placement", "--placement", "placement", default="shared",
+                     show_default=True, type=click.Choice(placements),
+                     help="With --draft: on the target's sockets, or on --draft-sockets of its "
+                     "own."),
+        click.option("--draft-sockets", default=1, show_default=True, type=int,
+                     help="With --draft-placement separate: the draft's sockets in each "
+                     "replica."),
+        click.option("--acceptance", default=None,
+                     help="With --draft: a rate (0.8), per-position conditional rates "
+                     "(0.9,0.8,0.7) or beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's "
+                     "published basis]."),
+    )

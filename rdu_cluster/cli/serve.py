@@ -14,21 +14,26 @@ import numpy as np
 
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
-from rdu_cluster.cli.options import calibration_option, hardware_options
+from rdu_cluster.cli import workload
+from rdu_cluster.cli.options import (
+    TRACE_HELP,
+    calibration_option,
+    hardware_options,
+    session_options,
+    speculative_options,
+)
 from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_cluster, load_fabric
 from rdu_cluster.engine import bench, disagg, evictions, replica_routing, schedulers
-from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import results
 from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
-from workloads import sessions, traces
+from workloads import traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
-from workloads.speculative import Speculation, parse_acceptance, parse_tree
 
 TABLES = ("requests", "steps", "sockets", "links")
 
@@ -41,24 +46,14 @@ TABLES = ("requests", "steps", "sockets", "links")
               help="Cluster name or TOML path.")
 @click.option("--plan", default=None, help="tp16, tp2ep8, tp4pp4, ... [default: tp over all sockets]")
 @click.option("--trace", "trace_path", default=None,
-              help="Trace file (.csv, .parquet, .arrow): arrival_s, prompt_len, output_len[, "
-              "model]; the Azure LLM inference CSV (TIMESTAMP, ContextTokens, "
-              "GeneratedTokens); a Mooncake .jsonl (timestamp ms, input_length, output_length, "
-              "hash_ids).")
+              help=TRACE_HELP + " With --rate: its arrivals rescaled to that mean rate; with "
+              "--requests: its first N.")
 @click.option("--requests", "n_requests", default=None, type=int,
               help="Synthetic trace: number of requests.")
 @click.option("--rate", default=None, type=float,
               help="Synthetic trace: requests per second ('inf': all at 0); with --sessions, "
               "session starts per second [default: inf].")
-@click.option("--sessions", "n_sessions", default=None, type=int,
-              help="Multi-turn workload: N sessions (closed loop per session; --prompt-len is "
-              "each turn's user message, --output-len its answer).")
-@click.option("--turns", default=None, type=int, help="With --sessions: turns per session.")
-@click.option("--system-prompt", default=1024, show_default=True, type=int,
-              help="With --sessions: tokens of the system prompt every session shares.")
-@click.option("--think-time", default="5", show_default=True,
-              help="With --sessions: seconds between a turn's end and the next turn: S, "
-              "exponential:MEAN or uniform:LO:HI.")
+@session_options
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="Prefix caching: off, in HBM, or tiered (spilled to DDR / host memory) "
               "[default: tiered where the chip has a tier below HBM].")
@@ -105,18 +100,7 @@ TABLES = ("requests", "steps", "sockets", "links")
 @click.option("--coe-policy", default="lru", show_default=True, type=click.Choice(("lru", "lfu")))
 @click.option("--coe-hbm-slots", default=None, type=int,
               help="Experts HBM may hold [default: as many as fit].")
-@click.option("--draft", default=None,
-              help="Speculative decoding: draft model (catalog name or config.json).")
-@click.option("--spec-k", default=None, type=int,
-              help="With --draft: draft tokens a step (tree: its depth) [default: the fastest "
-              "in 1..16].")
-@click.option("--tree", default=None,
-              help="With --draft: tree speculation, candidates kept per depth (4,2,1).")
-@click.option("--draft-placement", "--placement", "placement", default="shared",
-              show_default=True, type=click.Choice(speculative.PLACEMENTS),
-              help="With --draft: on the target's sockets, or on --draft-sockets of its own.")
-@click.option("--draft-sockets", default=1, show_default=True, type=int,
-              help="With --draft-placement separate: the draft's sockets in each replica.")
+@speculative_options(speculative.PLACEMENTS)
 @click.option("--concurrency", default=None, type=int,
               help="Closed loop: N clients, each sending its next request when its last one "
               "finishes (vLLM's --max-concurrency); with --rate, no request before its arrival.")
@@ -144,9 +128,6 @@ TABLES = ("requests", "steps", "sockets", "links")
               help="Disaggregated serving: CLUSTER:PLAN:M decode replicas (with --prefill-pool).")
 @click.option("--fabric", default="ib-ndr", show_default=True,
               help="Inter-node fabric for the KV hand-over (cluster_configs/fabrics/).")
-@click.option("--acceptance", default=None,
-              help="With --draft: a rate (0.8), per-position conditional rates (0.9,0.8,0.7) or "
-              "beta:MEAN[:CONCENTRATION[:SEED]] [default: the pair's published basis].")
 @hardware_options
 def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, burstiness,
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
@@ -160,10 +141,10 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     if concurrency is not None and rate is None and trace_path is None:
         rate = math.inf  # closed loop: every request is ready, the clients pace them
     if n_sessions is not None or turns is not None:
-        trace = _sessions(trace_path, n_requests, n_sessions, turns, rate, arrival, prompt_len,
+        trace = workload.session_trace(trace_path, n_requests, n_sessions, turns, rate, arrival, prompt_len,
                           output_len, system_prompt, think_time, seed)
     else:
-        trace = _trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len,
+        trace = workload.trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len,
                        output_len, seed)
     trace = _ramped(trace, concurrency, ramp_up)
     bench_spec = bench.MetricSpec.parse(metric_percentiles,
@@ -186,7 +167,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     scenario = (None if coe_experts is None else coe.CoEScenario.copies(
         coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),
         hbm_slots=coe_hbm_slots, policy=coe_policy))
-    speculation = _speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch,
+    speculation = workload.speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch,
                                tree, placement, draft_sockets, plan)
     if scenario is not None and speculation is not None:
         raise ConfigError("--draft: not with --coe-experts")
@@ -293,50 +274,6 @@ def _default(ctx: click.Context, name: str) -> bool:
     return ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT
 
 
-def _speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tree,
-                 placement, draft_sockets, plan):
-    """--draft/--spec-k/--acceptance/--tree as simulate parses them; k by default: the fastest
-    per request in 1..16 (a tree: up to its depth) at the trace's mean lengths, --max-batch and
-    the placement, on the plan's tp (speculative.best_k)."""
-    if draft is None:
-        given = [n for n, v in (("--spec-k", spec_k), ("--acceptance", acceptance),
-                                ("--tree", tree)) if v is not None]
-        if given or placement != "shared" or draft_sockets != 1:
-            raise ConfigError(f"{'/'.join(given) or '--draft-placement/--draft-sockets'}: "
-                              "only with --draft")
-        return None
-    acc = (speculative.default_acceptance(draft, model.name) if acceptance is None
-           else parse_acceptance(acceptance))
-    branching = parse_tree(tree)
-    if spec_k is not None:
-        return Speculation(spec_k, acc, branching)
-    tp = PlanSpec.parse(plan, cluster, model).tp
-    best = speculative.best_k(model, cluster, acc, draft,
-                              ks=range(1, (len(branching) if branching else 16) + 1),
-                              branching=branching, batch=max_batch, tp=tp,
-                              prompt_len=float(trace.prompt_len.mean()),
-                              gen_len=float(trace.output_len.mean()), placement=placement,
-                              draft_sockets=draft_sockets)
-    return best.speculation
-
-
-def _trace(path, n, rate, arrival, burstiness, prompt_len, output_len, seed) -> traces.Trace:
-    if path:
-        if n is not None or rate is not None:
-            raise ConfigError("--trace: give either a trace file or --requests/--rate, not both")
-        return traces.read_trace(path)
-    if n is None or rate is None:
-        raise ConfigError("give --trace FILE, or --requests N and --rate R")
-    if not (rate > 0 or math.isinf(rate)):
-        raise ConfigError(f"--rate: must be positive, got {rate}")
-    return traces.synthetic(
-        n, rate, arrival,
-        traces.LengthDist.parse(prompt_len, "--prompt-len"),
-        traces.LengthDist.parse(output_len, "--output-len"),
-        seed=seed, burstiness=burstiness,
-    )
-
-
 def _timeline(path: str | None) -> Timeline | None:
     if path is None:
         return None
@@ -346,22 +283,6 @@ def _timeline(path: str | None) -> Timeline | None:
     if not target.parent.is_dir():
         raise ConfigError(f"--timeline {target}: folder {target.parent} does not exist")
     return Timeline()
-
-
-def _sessions(path, n_requests, n, turns, rate, arrival, prompt_len, output_len, system,
-              think, seed) -> traces.Trace:
-    """--sessions N --turns T: the multi-turn workload (workloads/sessions.py)."""
-    if path or n_requests is not None:
-        raise ConfigError("--sessions: not with --trace or --requests")
-    if n is None or turns is None:
-        raise ConfigError("--sessions and --turns go together")
-    if rate is not None and not (rate > 0 or math.isinf(rate)):
-        raise ConfigError(f"--rate: must be positive, got {rate}")
-    spec = sessions.SessionSpec(
-        n, turns, system, traces.LengthDist.parse(prompt_len, "--prompt-len"),
-        traces.LengthDist.parse(output_len, "--output-len"), sessions.ThinkTime.parse(think),
-        math.inf if rate is None else rate, arrival)
-    return sessions.sessions(spec, seed)
 
 
 def _out_dir(path: str) -> Path:

@@ -22,6 +22,7 @@ that they do not all prefill at once); disaggregated ones open loop at the analy
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,17 +32,19 @@ import numpy as np
 from partitioning.estimate import estimate_plan
 from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
-from rdu_cluster.config import FabricSpec, load_cluster
+from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
 from rdu_cluster.engine import bench
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transfer_time
 from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
 from rdu_cluster.engine.prefix_cache import PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from rdu_cluster.scenarios import speculative
 from rdu_cluster.validation import calibration
 from workloads import graph, traces
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
+from workloads.speculative import Speculation
 
 BATCHES = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512])
 PREFILL_RHO_MAX = 0.8  # a prefill pool's utilization cap: queueing grows as 1/(1-rho) (M/D/1)
@@ -89,20 +92,57 @@ class Traffic:
     requests: int | None = None  # default: 2 per user (closed loop) or 2 x rate x 30 s
     seed: int = 0
     prefix_cache: str | None = None  # serve --prefix-cache (None: its default)
+    # A fixed workload (a trace file, or the multi-turn sessions) replayed as it is, and the
+    # serve arguments that rebuild it; None: synthetic requests of `prompt` / `output`.
+    trace: traces.Trace | None = None
+    workload_args: tuple[str, ...] = ()
+    think_s: float = 0.0  # sessions: mean seconds a user thinks between turns
+    spec_args: tuple[str, ...] = ()  # the --acceptance / --tree given with --draft
+
+    @property
+    def sessions(self) -> bool:
+        return self.trace is not None and self.trace.after is not None
+
+    @property
+    def prefill_share(self) -> float:
+        """The share of prompt tokens prefilled (not served from the prefix cache): those past
+        the longest prefix an earlier request of the trace shares (every cached prefix kept: a
+        lower bound on the work, which verification checks); 1 without a cache or content."""
+        if self.prefix_cache == "off" or self.trace is None or self.trace.content is None:
+            return 1.0
+        return uncached_tokens(self.trace) / float(self.trace.prompt_len.sum())
 
     def dists(self) -> tuple[traces.LengthDist, traces.LengthDist]:
         return (traces.LengthDist.parse(self.prompt, "--prompt-len"),
                 traces.LengthDist.parse(self.output, "--output-len"))
 
     def mean_lengths(self) -> tuple[float, float]:
+        if self.trace is not None:
+            return float(self.trace.prompt_len.mean()), float(self.trace.output_len.mean())
         p, o = self.dists()
         draw = lambda d: float(np.mean(d.sample(np.random.default_rng(0), 4096)))
         return draw(p), draw(o)
 
     def n_requests(self, rate: float) -> int:
+        if self.trace is not None:
+            return len(self.trace)
         if self.requests:
             return self.requests
         return 2 * self.concurrency if self.concurrency else max(50, int(rate * 30))
+
+
+def uncached_tokens(trace: traces.Trace) -> int:
+    """Prompt tokens of `trace` past the longest chunk prefix an earlier request held (its
+    prompt and output: a turn's answer is cached with it, as vLLM's prefix cache keeps it)."""
+    seen: set[int] = set()
+    total = 0
+    for i, chunks in enumerate(trace.content):
+        keys = list(itertools.accumulate(chunks, lambda k, c: hash((k, c)), initial=0))[1:]
+        hit = sum(n for _, n in itertools.takewhile(
+            lambda kc: kc[0] in seen, zip(keys, (c[1] for c in chunks))))
+        total += max(int(trace.prompt_len[i]) - hit, 0)
+        seen.update(keys)
+    return total
 
 
 @dataclass(frozen=True)
@@ -119,6 +159,8 @@ class ReplicaCost:
     kv_batch: int
     price_per_socket_hour: float | None
     sockets_per_node: int
+    draft: str | None = None  # speculative decoding: the draft model and its speculation
+    speculation: Speculation | None = None
 
     def max_batch(self, tpot_bound_s: float | None) -> int:
         ok = self.batches if tpot_bound_s is None else self.batches[self.tpot_s <= tpot_bound_s]
@@ -134,8 +176,14 @@ class ReplicaCost:
 
 
 def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, gen: float,
-                 fabric: FabricSpec) -> ReplicaCost | None:
-    """None when the plan does not fit the chip (weights, or no room for one sequence's KV)."""
+                 fabric: FabricSpec, draft: str | None = None,
+                 choose: Callable[[ClusterSpec, str], Speculation] | None = None,
+                 ) -> ReplicaCost | None:
+    """None when the plan does not fit the chip (weights, or no room for one sequence's KV).
+    With `draft`: speculative decoding, `choose` giving the speculation on the replica's
+    cluster and plan; TPOT is then the speculative step over the tokens it emits
+    (scenarios/speculative.py), on tensor-parallel plans only (the draft shares the target's
+    sockets)."""
     try:
         cl = Pool(cluster_ref, plan, 1).spec(model, fabric)
     except ConfigError:
@@ -159,6 +207,20 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
         return None
     at = lambda b: estimate_plan(model, cl, p, batch=b, prompt_len=int(prompt),
                                  gen_len=int(gen))
+    if draft is not None:
+        if p.pp != 1 or p.ep != 1:
+            return None
+        try:
+            spec, memo = choose(cl, plan), {}
+            tpot = np.array([float(speculative.speculative_estimate(
+                model, cl, spec, draft, batch=int(b), prompt_len=int(prompt),
+                gen_len=int(gen), tp=p.tp, memo=memo).tpot_s) for b in batches])
+            prefill = float(at(1).ttft_s)
+        except ConfigError:
+            return None
+        price = cl.cost.get("socket_hour_usd") if cl.cost else None
+        return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
+                           load_cluster(cluster_ref).sockets_per_node, draft, spec)
     try:
         if p.pp == 1 and p.ep == 1:  # tensor parallel: one vectorized call over the batches
             est = at(batches)
@@ -196,6 +258,8 @@ class Deployment:
     sockets_per_node: tuple[int, ...]
     price_per_hour: float | None
     analytic: dict = field(default_factory=dict)
+    draft: str | None = None  # speculative decoding (aggregated only)
+    speculation: Speculation | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -237,31 +301,35 @@ def aggregated(cost: ReplicaCost, traffic: Traffic, slo: SLO, max_nodes: int,
     by the socket-hour, so a deployment need not fill its last node)."""
     bound = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
     b_max = cost.max_batch(bound)
-    if not b_max or (slo.ttft_ms is not None and cost.prefill_s > slo.ttft_ms / 1e3):
+    prefill = cost.prefill_s * traffic.prefill_share
+    if not b_max or (slo.ttft_ms is not None and prefill > slo.ttft_ms / 1e3):
         return None
     for n in range(1, max_nodes * cost.sockets_per_node // cost.group + 1):
-        ok, e2e, tpot_eff, rho = _load(cost, traffic, n, prompt, gen, b_max)
+        ok, e2e, tpot_eff, rho = _load(cost, prefill, traffic, n, gen, b_max)
         if ok and (bound is None or tpot_eff <= bound):
             price = (None if cost.price_per_socket_hour is None
                      else cost.price_per_socket_hour * n * cost.group)
             return Deployment(cost.cluster, (Pool(cost.cluster, cost.plan, n),), b_max, None,
                               _short(e2e), (cost.sockets_per_node,), price,
-                              {"tpot_s": tpot_eff, "rho": rho, "e2e_s": e2e})
+                              {"tpot_s": tpot_eff, "rho": rho, "e2e_s": e2e}, cost.draft,
+                              cost.speculation)
     return None
 
 
-def _load(cost: ReplicaCost, traffic: Traffic, n: int, prompt: float, gen: float,
+def _load(cost: ReplicaCost, prefill: float, traffic: Traffic, n: int, gen: float,
           b_max: int) -> tuple[bool, float, float, float]:
-    """(fits, E2E, TPOT with prefill stalls, prefill utilization) of n replicas."""
+    """(fits, E2E, TPOT with prefill stalls, prefill utilization) of n replicas. A user who
+    thinks between requests (sessions) is in the batch e2e / (e2e + think) of the time."""
     tpot = cost.tpot_at(1)
     for _ in range(4):  # fixed point: the batch depends on E2E under a rate
-        e2e = cost.prefill_s + (gen - 1) * tpot
-        users = traffic.concurrency or traffic.rate * e2e
+        e2e = prefill + (gen - 1) * tpot
+        cycle = e2e + traffic.think_s
+        users = traffic.concurrency * e2e / cycle if traffic.concurrency else traffic.rate * e2e
         batch = users / n
         if batch > b_max:
             return False, e2e, math.inf, 1.0
-        lam = (traffic.concurrency / e2e) if traffic.concurrency else traffic.rate
-        rho = lam / n * cost.prefill_s
+        lam = (traffic.concurrency / cycle) if traffic.concurrency else traffic.rate
+        rho = lam / n * prefill
         if rho >= 1:
             return False, e2e, math.inf, rho
         tpot = cost.tpot_at(max(1.0, batch)) / (1 - rho)
@@ -335,8 +403,10 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     trace = _trace(dep, traffic, rate)
     config = ServeConfig(plan=dep.pools[0].plan, limits=Limits(max_batch=dep.max_batch),
                          seed=traffic.seed, metrics=spec,
-                         concurrency=None if dep.disaggregated else traffic.concurrency,
-                         prefix=PrefixConfig(traffic.prefix_cache))
+                         concurrency=(None if dep.disaggregated or traffic.trace is not None
+                                      else traffic.concurrency),
+                         prefix=PrefixConfig(traffic.prefix_cache),
+                         speculation=dep.speculation, draft=dep.draft)
     if dep.disaggregated:
         sim = Disaggregated(model, *dep.pools, fabric, trace, config, backend)
     else:
@@ -351,6 +421,8 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
 
 
 def _trace(dep: Deployment, traffic: Traffic, rate: float | None) -> traces.Trace:
+    if traffic.trace is not None:
+        return traffic.trace  # replayed as it is (its own arrivals, or the sessions' loop)
     p, o = traffic.dists()
     n = traffic.n_requests(rate or 0.0)
     if dep.disaggregated or traffic.concurrency is None:
@@ -378,9 +450,15 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
                  str(pool.replicas)]
         if pool.replicas * group_sockets(pool.plan) > dep.sockets_per_node[0]:
             args += ["--fabric", fabric.name]
-    args += ["--requests", str(len(trace)), "--prompt-len", traffic.prompt, "--output-len",
-             traffic.output, "--max-batch", str(dep.max_batch), "--seed", str(traffic.seed)]
-    if not dep.disaggregated and traffic.concurrency:
+    if traffic.workload_args:
+        args += [*traffic.workload_args, "--max-batch", str(dep.max_batch), "--seed",
+                 str(traffic.seed)]
+    else:
+        args += ["--requests", str(len(trace)), "--prompt-len", traffic.prompt, "--output-len",
+                 traffic.output, "--max-batch", str(dep.max_batch), "--seed", str(traffic.seed)]
+    if traffic.workload_args:
+        pass  # the trace's own arrivals, or the sessions' closed loops
+    elif not dep.disaggregated and traffic.concurrency:
         args += ["--concurrency", str(traffic.concurrency), "--ramp-up", repr(dep.ramp_s)]
     else:
         args += ["--rate", repr(rate)]
@@ -388,7 +466,10 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
              slo.goodput_args()]
     if traffic.prefix_cache is not None:
         args += ["--prefix-cache", traffic.prefix_cache]
-    return args
+    if dep.draft is None:
+        return args
+    # k given: serve's own choice of k is made at its --max-batch, not the k verified
+    return args + ["--draft", dep.draft, "--spec-k", str(dep.speculation.k), *traffic.spec_args]
 
 
 def ranked(results: list[Result]) -> list[Result]:

@@ -1,0 +1,114 @@
+"""The workload options serve and capacity share, turned into a trace and a speculation: a
+trace file (optionally cut to its first --requests and its arrivals rescaled to --rate), a
+synthetic trace, or the multi-turn sessions; --draft/--spec-k/--acceptance/--tree."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from rdu_cluster.engine.plan import PlanSpec
+from rdu_cluster.scenarios import speculative
+from workloads import sessions, traces
+from workloads.errors import ConfigError
+from workloads.speculative import Speculation, parse_acceptance, parse_tree
+
+
+def trace(path, n, rate, arrival, burstiness, prompt_len, output_len, seed) -> traces.Trace:
+    if path:
+        return file_trace(path, n, rate)
+    if n is None or rate is None:
+        raise ConfigError("give --trace FILE, or --requests N and --rate R")
+    _check_rate(rate)
+    return traces.synthetic(
+        n, rate, arrival,
+        traces.LengthDist.parse(prompt_len, "--prompt-len"),
+        traces.LengthDist.parse(output_len, "--output-len"),
+        seed=seed, burstiness=burstiness,
+    )
+
+
+def file_trace(path, n: int | None = None, rate: float | None = None) -> traces.Trace:
+    """The trace file, its first `n` requests, its arrivals scaled (times compressed or
+    stretched, order and shape kept) to a mean of `rate` requests per second (inf: all at 0)."""
+    t = traces.read_trace(path)
+    if n is not None:
+        if n < 1:
+            raise ConfigError(f"--requests: must be positive, got {n}")
+        t = _head(t, n)
+    if rate is None:
+        return t
+    _check_rate(rate)
+    if math.isinf(rate):
+        return dataclasses.replace(t, arrival_s=t.arrival_s * 0.0)
+    own = trace_rate(t)
+    if not own:
+        raise ConfigError(f"--rate {rate:g}: the trace {path} has no spread of arrivals to "
+                          "rescale (one request, or all at one time)")
+    return dataclasses.replace(t, arrival_s=(t.arrival_s - t.arrival_s[0]) * own / rate)
+
+
+def trace_rate(t: traces.Trace) -> float | None:
+    """Requests per second over the trace's span ((n - 1) gaps); None without a span."""
+    span = float(t.arrival_s[-1] - t.arrival_s[0]) if len(t) else 0.0
+    return (len(t) - 1) / span if span > 0 else None
+
+
+def _head(t: traces.Trace, n: int) -> traces.Trace:
+    if n >= len(t):
+        return t
+    if t.after is not None and (t.after[:n] >= n).any():
+        raise ConfigError("--requests: cuts a session of the trace")
+    cut = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+    return traces.Trace(**{k: (v[:n] if v is not None and not isinstance(v, str) else v)
+                           for k, v in cut.items()})
+
+
+def _check_rate(rate: float) -> None:
+    if not (rate > 0 or math.isinf(rate)):
+        raise ConfigError(f"--rate: must be positive, got {rate}")
+
+
+def session_trace(path, n_requests, n, turns, rate, arrival, prompt_len, output_len, system,
+                  think, seed) -> traces.Trace:
+    """--sessions N --turns T: the multi-turn workload (workloads/sessions.py)."""
+    if path or n_requests is not None:
+        raise ConfigError("--sessions: not with --trace or --requests")
+    if n is None or turns is None:
+        raise ConfigError("--sessions and --turns go together")
+    if rate is not None:
+        _check_rate(rate)
+    spec = sessions.SessionSpec(
+        n, turns, system, traces.LengthDist.parse(prompt_len, "--prompt-len"),
+        traces.LengthDist.parse(output_len, "--output-len"), sessions.ThinkTime.parse(think),
+        math.inf if rate is None else rate, arrival)
+    return sessions.sessions(spec, seed)
+
+
+def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tree, placement,
+                draft_sockets, plan) -> Speculation | None:
+    """--draft/--spec-k/--acceptance/--tree as simulate parses them; k by default: the fastest
+    per request in 1..16 (a tree: up to its depth) at the trace's mean lengths, --max-batch and
+    the placement, on the plan's tp (speculative.best_k)."""
+    if draft is None:
+        given = [n for n, v in (("--spec-k", spec_k), ("--acceptance", acceptance),
+                                ("--tree", tree)) if v is not None]
+        if given or placement != "shared" or draft_sockets != 1:
+            raise ConfigError(f"{'/'.join(given) or '--draft-placement/--draft-sockets'}: "
+                              "only with --draft")
+        return None
+    acc = (speculative.default_acceptance(draft, model.name) if acceptance is None
+           else parse_acceptance(acceptance))
+    branching = parse_tree(tree)
+    if spec_k is not None:
+        if spec_k < 1:
+            raise ConfigError(f"--spec-k: must be positive, got {spec_k}")
+        return Speculation(spec_k, acc, branching)
+    tp = PlanSpec.parse(plan, cluster, model).tp
+    best = speculative.best_k(model, cluster, acc, draft,
+                              ks=range(1, (len(branching) if branching else 16) + 1),
+                              branching=branching, batch=max_batch, tp=tp,
+                              prompt_len=float(trace.prompt_len.mean()),
+                              gen_len=float(trace.output_len.mean()), placement=placement,
+                              draft_sockets=draft_sockets)
+    return best.speculation
