@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rdu_cluster.cli import main
+from rdu_cluster.cli import main, workload
 from rdu_cluster.config import load_fabric
 from rdu_cluster.scenarios import capacity as cap
+from workloads import sessions
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 
@@ -71,6 +72,13 @@ def test_nothing_meets_the_slo_shows_the_closest_and_exits_1():
 
 @pytest.mark.parametrize("extra, message", [
     (["--slo", "tpot:10", "--rate", "5"], "give --concurrency N or --rate R"),
+    (["--slo", "tpot:10", "--speculative", "on"], "--speculative on: give --draft MODEL"),
+    (["--slo", "tpot:10", "--spec-k", "3"], "--spec-k: only with --draft"),
+    (["--slo", "tpot:10", "--draft", "llama-3.2-1b", "--draft-placement", "separate"],
+     "--draft-placement separate: capacity tries shared only"),
+    (["--slo", "tpot:10", "--trace", "tests/data/traces/azure_llm_conv_2023_200.csv"],
+     "--concurrency: not with --trace"),
+    (["--slo", "tpot:10", "--sessions", "4"], "--concurrency: not with --sessions"),
     (["--slo", "ttfb:10"], "--goodput: 'ttfb:10'"),
     (["--slo", "e2el:10"], "--slo: e2el: accepted keys ttft, tpot"),
     (["--slo", "tpot:10", "--pair", "dgx-h100"], "--pair: 'dgx-h100'"),
@@ -97,3 +105,76 @@ def test_serve_args_carry_a_non_default_calibration():
     row = json.loads(r.output.splitlines()[0])
     i = row["serve_args"].index("--calibration")
     assert row["serve_args"][i + 1] == "none"
+
+
+SMALL = ["capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--max-nodes", "1",
+         "--shortlist", "1", "--slo", "ttft:2000", "--slo", "tpot:20", "--json"]
+
+
+def reserved(row, tmp_path):
+    """Re-serve a capacity row from its serve_args: the same p99 TTFT and TPOT."""
+    again = run("serve", *row["serve_args"], "--json", "--out", str(tmp_path))
+    assert again.exit_code == 0, again.output
+    doc = json.loads(again.stdout)
+    assert doc["p99_ttft_ms"] == pytest.approx(row["p99_ttft_ms"])
+    assert doc["p99_tpot_ms"] == pytest.approx(row["p99_tpot_ms"])
+    return doc
+
+
+def test_trace_traffic_is_replayed_rescaled_to_the_rate(tmp_path):
+    path = "tests/data/traces/mooncake_conversation_200.jsonl"
+    r = run(*SMALL, "--trace", path, "--requests", "30", "--rate", "4")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output.splitlines()[0])
+    args = row["serve_args"]
+    assert args[args.index("--trace") + 1] == path and row["verified"] == "trace replayed"
+    assert args[args.index("--requests") + 1] == "30" and "--concurrency" not in args
+    doc = reserved(row, tmp_path)
+    assert doc["num_prompts"] == 30
+
+
+def test_file_trace_head_and_rescale():
+    path = "tests/data/traces/azure_llm_conv_2023_200.csv"
+    t = workload.file_trace(path, 40, 8.0)
+    assert len(t) == 40 and t.arrival_s[0] == 0
+    assert workload.trace_rate(t) == pytest.approx(8.0)
+    own = workload.file_trace(path, 40)
+    gaps = np.diff(own.arrival_s)
+    assert np.allclose(np.diff(t.arrival_s), gaps * workload.trace_rate(own) / 8.0)
+
+
+def test_sessions_traffic_with_the_prefix_cache(tmp_path):
+    r = run(*SMALL, "--sessions", "4", "--turns", "3", "--think-time", "1", "--prompt-len",
+            "128", "--output-len", "32", "--prefix-cache", "hbm")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output.splitlines()[0])
+    args = row["serve_args"]
+    assert args[args.index("--sessions") + 1] == "4" and "--prefix-cache" in args
+    assert row["verified"] == "sessions (a closed loop each)"
+    doc = reserved(row, tmp_path)
+    assert doc["prefix_cache_hit_rate"] > 0
+
+
+def test_uncached_tokens_of_sessions():
+    """4 sessions x 3 turns of 128 + 32 tokens on a 1,024-token system prompt: only the first
+    system prompt and each turn's new user message are prefilled."""
+    t = sessions.sessions(sessions.SessionSpec(4, 3, 1024, user=sessions.LengthDist("fixed", 128),
+                                               output=sessions.LengthDist("fixed", 32)), 0)
+    assert cap.uncached_tokens(t) == 1024 + 12 * 128
+    traffic = cap.Traffic(4, None, trace=t, prefix_cache="off")
+    assert traffic.prefill_share == 1.0
+
+
+def test_speculative_axis_both(tmp_path):
+    r = run(*SMALL, "--concurrency", "8", "--prompt-len", "256", "--output-len", "32",
+            "--requests", "16", "--speculative", "both", "--draft", "llama-3.2-1b",
+            "--spec-k", "3", "--acceptance", "0.7")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.output.splitlines()]
+    spec = [row for row in rows if row["speculative"]]
+    assert spec and any(row["speculative"] is None for row in rows)
+    assert spec[0]["speculative"] == {"draft": "llama-3.2-1b", "k": 3}
+    args = spec[0]["serve_args"]
+    assert args[args.index("--draft") + 1] == "llama-3.2-1b"
+    assert args[args.index("--acceptance") + 1] == "0.7"
+    reserved(spec[0], tmp_path)
