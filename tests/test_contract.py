@@ -41,8 +41,8 @@ POINTS = [  # model, cluster, plan, batch per replica, prompt, gen
 REL = 1e-9  # one evaluator: the same figures up to float summation order
 
 
-def _cli(*args: str) -> list[dict]:
-    r = CliRunner().invoke(main, [*args, "--calibration", "none"])
+def _cli(*args: str, profile: str = "none") -> list[dict]:
+    r = CliRunner().invoke(main, [*args, "--calibration", profile])
     assert r.exit_code == 0, r.output
     return [json.loads(line) for line in r.output.splitlines()]
 
@@ -54,9 +54,9 @@ def _simulate(model, cluster, plan, batch, prompt, gen) -> dict:
     return row
 
 
-def _sweep_row(model, cluster, plan, batch, prompt, gen) -> dict:
+def _sweep_row(model, cluster, plan, batch, prompt, gen, profile="none") -> dict:
     fields = {"model": model, "cluster": cluster, "plan": plan, "batch": batch,
-              "prompt_len": prompt, "gen_len": gen}
+              "prompt_len": prompt, "gen_len": gen, "calibration": profile}
     out = SIMULATE.run([Point("p", fields)], 0)
     (row,) = out.table.to_pylist()
     return row
@@ -128,3 +128,22 @@ def test_a_point_that_does_not_fit_is_refused_alike_everywhere():
     row = _sweep_row("qwen3-235b-a22b", "sn40l-16", "tp16", 128, 8192, 256)
     assert not row["feasible"] and row["tpot_s"] is None
     assert "error: " + row["infeasible_reason"] == message
+
+
+@pytest.mark.parametrize("profile", ["default", "none"])
+def test_a_sweep_row_applies_the_calibration_simulate_applies(profile):
+    """A sweep point names its profile (default: the shipped one, as every command's
+    --calibration), so a sweep row and simulate agree with or without calibration."""
+    point = POINTS[0]
+    model, cluster, plan, batch, prompt, gen = point
+    (sim,) = _cli("simulate", "--model", model, "--cluster", cluster, "--plan", plan,
+                  "--batch", str(batch), "--prompt-len", str(prompt), "--gen-len", str(gen),
+                  "--json", profile=profile)
+    swept = _sweep_row(*point, profile=profile)
+    assert swept["tpot_s"] == pytest.approx(sim["tpot_s"], rel=REL)
+
+
+def test_calibration_changes_the_sweep_row():
+    """The profile reaches the sweep's cluster: calibrated and first-principles rows differ."""
+    point = POINTS[0]
+    assert _sweep_row(*point, profile="default")["tpot_s"] != _sweep_row(*point)["tpot_s"]

@@ -98,6 +98,8 @@ def simulate_fields() -> dict[str, FieldDef]:
         FieldDef("sockets", positive_int, i64, doc="override of the cluster's socket count"),
         FieldDef("sockets_per_node", positive_int, i64, column="sockets_per_node"),
         FieldDef("plan", text, s, doc="e.g. tp4pp2 [tp over all sockets]; the row says its name"),
+        FieldDef("calibration", text, s, default="default",
+                 doc="calibration profile name or path, or none (as --calibration)"),
     ]
     return {f.name: f for f in fields}
 
@@ -119,15 +121,21 @@ def option_values(fields: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
 
 
 # Workers build each cluster and model once per process; a sweep reuses a few of them a lot.
-# Sweeps use first-principles values (no calibration profile): a Ray worker does not share the
-# driver's active profile, and local and Ray runs must give the same rows.
+# The calibration profile is a field of the point (its name or path), not the driver's active
+# profile, so a Ray worker applies the same values as a local run and the rows are the same.
 @functools.lru_cache(maxsize=256)
-def cached_cluster(ref: str, overrides: tuple[tuple[str, Any], ...]):
+def cached_cluster(ref: str, overrides: tuple[tuple[str, Any], ...],
+                   profile: str = "default"):
     from rdu_cluster.config import load_cluster
     from rdu_cluster.validation import calibration
 
-    with calibration.use(None):
+    with calibration.use(calibration.load(profile)):
         return load_cluster(ref, dict(overrides))
+
+
+def point_cluster(f: Mapping[str, Any]):
+    """The cluster of a point: its reference, overrides and calibration profile."""
+    return cached_cluster(f["cluster"], cluster_overrides(f), f.get("calibration") or "default")
 
 
 @functools.lru_cache(maxsize=256)
@@ -163,12 +171,14 @@ def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     anything runs, naming where in the spec it came from."""
     clusters, models, engines = set(), set(), set()
     for p in points:
-        clusters.add((p.fields["cluster"], cluster_overrides(p.fields)))
+        clusters.add((p.fields["cluster"], cluster_overrides(p.fields),
+                      p.fields.get("calibration") or "default"))
         models.add((p.fields["model"], p.get("weights"), p.get("kv_dtype")))
         if p.get("execution_model"):
             engines.add(p.get("execution_model"))
-    for ref, over in sorted(clusters, key=repr):
-        _blame(functools.partial(cached_cluster, ref, over), ["cluster", *dict(over)], origin)
+    for ref, over, profile in sorted(clusters, key=repr):
+        _blame(functools.partial(cached_cluster, ref, over, profile),
+               ["cluster", "calibration", *dict(over)], origin)
     for ref, w, kv in sorted(models, key=repr):
         _blame(
             functools.partial(cached_model, ref, w, kv), ["model", "weights", "kv_dtype"], origin
@@ -215,7 +225,7 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     from rdu_cluster.output import results
 
     f = points[0].fields
-    cluster = cached_cluster(f["cluster"], cluster_overrides(f))
+    cluster = point_cluster(f)
     model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
     options = make_options(cluster.chip.kind, option_values(f))
     engine = f.get("execution_model")
@@ -315,7 +325,7 @@ def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
     rows, bad = [], {}
     for p in points:
         f = p.fields
-        cluster = cached_cluster(f["cluster"], cluster_overrides(f))
+        cluster = point_cluster(f)
         model = cached_model(f["model"], f.get("weights"), None)
         placement = Placement(weights="auto", kv_cache="auto") if f["spill"] else Placement()
         options = make_options(cluster.chip.kind, option_values(f))
@@ -571,7 +581,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
     rows, bad = [], {}
     for p in points:
         f = p.fields
-        cluster = cached_cluster(f["cluster"], cluster_overrides(f))
+        cluster = point_cluster(f)
         model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
         config = _serve_config(f, cluster.chip.kind, seed)
         try:
@@ -653,7 +663,7 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
         f = p.fields
         _check_workload(f, origin)
         over = cluster_overrides(f)
-        cluster = cached_cluster(f["cluster"], over)
+        cluster = point_cluster(f)
         model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
         if "plan" in f:
             checks.setdefault(
