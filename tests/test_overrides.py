@@ -53,7 +53,7 @@ def test_later_set_wins_and_sockets_conflict():
 def test_sweep_fields_and_set_build_the_same_cluster():
     fields = {"model": "llama-3.1-8b", "cluster": "sn40l-16", "batch": 4,
               "chip.tiers.hbm.bandwidth_bytes_per_s": 3.6e12, "topology.link_latency_s": 2e-6}
-    via_sweep = cached_cluster("sn40l-16", cluster_overrides(fields))
+    via_sweep = cached_cluster("sn40l-16", cluster_overrides(fields), "none")
     via_set = load_cluster("sn40l-16", cli_overrides((
         "chip.tiers.hbm.bandwidth_bytes_per_s=3.6e12", "topology.link_latency_s=2e-6")))
     assert via_sweep == via_set and via_set.chip.hbm.bandwidth_bytes_per_s == 3.6e12
