@@ -55,7 +55,7 @@ from workloads.errors import ConfigError
 @click.option("--prompt-len", default="1024", show_default=True,
               help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
 @click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
-@click.option("--requests", default=None, type=int,
+@click.option("--requests", default=None, type=click.IntRange(1, 10**7),
               help="Requests per verification run [default: 2 per user, or 30 s of the rate].")
 @click.option("--slo", "slos", multiple=True, required=True,
               help="ttft:MS and/or tpot:MS (a user's tokens/s is 1000 / TPOT ms); repeatable.")
@@ -68,7 +68,7 @@ from workloads.errors import ConfigError
               help="Inter-node fabric (KV hand-over; nodes of a multi-node replica).")
 @click.option("--shortlist", default=2, show_default=True, type=int,
               help="Deployments per system verified by the serving engine.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1))
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="As serve --prefix-cache [default: tiered where the chip has a lower tier].")
 @click.option("--speculative", "spec_mode", default=None,
