@@ -13,6 +13,7 @@ then judge them. Every problem is a ConfigError whose message names the file and
 from __future__ import annotations
 
 import copy
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path

@@ -101,7 +101,9 @@ def _bad_values(value) -> list:
 
 HF_MODELS = ("llama-3.2-1b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-32b",
              "mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-20b", "minimax-m2",
-             "qwen3-next-80b-a3b", "nemotron-h-56b")
+             "qwen3-next-80b-a3b", "nemotron-h-56b", "deepseek-v2", "gemma-2-9b", "gemma-3-27b",
+             "glm-4.5-air", "llama-4-maverick", "mistral-small-3.1-24b", "phi-3-mini-4k",
+             "qwen1.5-moe-a2.7b")
 # Commands that take --model (or a model path in a spec), in rotation over the cases.
 MODEL_ARGS = {
     "simulate": ["simulate", "--model", "{d}/config.json", "--cluster", "sn40l-16"],

@@ -24,7 +24,7 @@ def exact_keys(
     table: Mapping[str, Any], required: Iterable[str], where: str, optional: Iterable[str] = ()
 ) -> None:
     if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: expected a table, got {_show(table)}")
+        raise ConfigError(f"{where}: expected a table, got {show(table)}")
     required, optional = set(required), set(optional)
     unknown = sorted(set(table) - required - optional)
     if unknown:
@@ -53,7 +53,7 @@ def number(
         ok = ok and (hi is None or x <= hi)
     if not ok:
         raise ConfigError(f"{where}: expected {_range(lo, hi, lo_open, 'number')}, "
-                          f"got {_show(value)}")
+                          f"got {show(value)}")
     return float(value)
 
 
@@ -63,7 +63,7 @@ def integer(value: Any, where: str, lo: int = 1, hi: int = MAX_COUNT) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ConfigError(f"{where}: expected {_range(lo, hi, False, 'integer')}, "
-                          f"got {_show(value)}")
+                          f"got {show(value)}")
     return value
 
 
@@ -90,11 +90,11 @@ def _range(lo, hi, lo_open: bool, kind: str) -> str:
     if lo is None and hi is None:
         return f"a finite {kind}"
     left = "(" if lo_open else "["
-    return f"a finite {kind} in {left}{_num(lo)}, {_num(hi)}]" if kind == "number" else \
-        f"an integer in [{_num(lo)}, {_num(hi)}]"
+    return f"a finite {kind} in {left}{show_number(lo)}, {show_number(hi)}]" if kind == "number" else \
+        f"an integer in [{show_number(lo)}, {show_number(hi)}]"
 
 
-def _num(x) -> str:
+def show_number(x) -> str:
     if x is None:
         return "inf"
     if isinstance(x, int) and x >= 2**20 and (x & (x - 1)) == 0:
@@ -102,7 +102,7 @@ def _num(x) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """The value as the user wrote it, cut short: a 10^400 integer is not echoed in full."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**15:
         return f"an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'over 4000'}" \

@@ -50,7 +50,7 @@ _COUNTS = frozenset({  # non-negative integers (0 is meaningful: no dense layer,
     "first_k_dense_replace", "n_shared_experts", "num_nextn_predict_layers", "num_mtp_modules",
     "shared_intermediate_size", "shared_expert_intermediate_size",
 })
-_INT_LISTS = frozenset({"mlp_only_layers", "attn_type_list"})
+_INT_LISTS = frozenset({"attn_type_list"})  # mlp_only_layers: _Cfg.layer_indices
 _STR_LISTS = frozenset({"layer_types"})
 _TABLES = frozenset({"quantization_config", "rope_scaling", "text_config", "_rdu"})
 _TEXTS = frozenset({"topk_method", "mlp_hidden_act", "hidden_act", "hybrid_override_pattern",
@@ -95,7 +95,11 @@ class _Cfg:
             if default is _MISSING:
                 raise self.fail(f"missing field {key!r}")
             return default
-        return self._checked(key, lambda w: checks.integer(value, w, 1, _LIMITS.get(key, MAX_WIDTH)))
+        hi = _LIMITS.get(key, MAX_WIDTH)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+            raise self.fail(f"field {key!r} must be a positive integer (at most "
+                            f"{checks.show_number(hi)}), got {checks.show(value)}")
+        return value
 
     def get(self, key: str, default: Any = None) -> Any:
         """A field of a known kind (the tables above) checked for it; others as given."""
@@ -162,17 +166,20 @@ class _Cfg:
 
 
 def _kind_check(key: str, value: Any, where: str) -> Any:
+    """`value` of the known field `key` checked for its kind; `where` is "field 'key'"."""
     def want(ok: bool, what: str) -> None:
         if not ok:
-            raise ConfigError(f"{where}: expected {what}, got {checks._show(value)}")
+            raise ConfigError(f"{where} must be {what}, got {checks.show(value)}")
 
+    is_int = isinstance(value, int) and not isinstance(value, bool)
     if key in _FLAGS:
         want(isinstance(value, bool), "true or false")
     elif key in _COUNTS:
-        return checks.integer(value, where, 0, MAX_WIDTH)
+        want(is_int and 0 <= value <= MAX_WIDTH, "a non-negative integer (at most 2^20)")
     elif key in _INT_LISTS:
-        want(isinstance(value, list) and len(value) <= MAX_LAYERS, "a list of integers")
-        return [checks.integer(v, f"{where}[{i}]", 0, MAX_LAYERS) for i, v in enumerate(value)]
+        want(isinstance(value, list) and len(value) <= MAX_LAYERS and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LAYERS
+            for v in value), "a list of integers")
     elif key in _STR_LISTS:
         want(isinstance(value, list) and len(value) <= MAX_LAYERS
              and all(isinstance(v, str) for v in value), "a list of strings")
@@ -181,7 +188,8 @@ def _kind_check(key: str, value: Any, where: str) -> Any:
     elif key in _TEXTS:
         want(isinstance(value, str), "a string")
     elif key in _FRACTIONS:
-        return checks.number(value, where, 0.0, 1.0, lo_open=True)
+        want(isinstance(value, (int, float)) and not isinstance(value, bool)
+             and 0 < value <= 1, "a number in (0, 1]")
     return value
 
 
