@@ -62,8 +62,9 @@ def integer(value: Any, where: str, lo: int = 1, hi: int = MAX_COUNT) -> int:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        bound = f"; at most {show_number(hi)} accepted" if lo in (0, 1) else ""
         raise ConfigError(f"{where}: expected {_range(lo, hi, False, 'integer')}, "
-                          f"got {show(value)}")
+                          f"got {show(value)}{bound}")
     return value
 
 
@@ -83,6 +84,8 @@ def source(table: Mapping[str, Any], where: str, key: str = "source") -> str:
 
 
 def _range(lo, hi, lo_open: bool, kind: str) -> str:
+    if kind == "integer" and lo in (0, 1):
+        return "a positive integer" if lo == 1 else "a non-negative integer"
     if lo == 0 and lo_open and hi is None:
         return f"a positive finite {kind}"
     if lo == 0 and hi is None:
