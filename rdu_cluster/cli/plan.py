@@ -91,9 +91,11 @@ def parse_routing(text: str, seed: int) -> RoutingModel:
         return RoutingModel("uniform", seed=seed)
     if kind == "zipf":
         try:
-            return RoutingModel("zipf", zipf_s=float(s or 1.0), seed=seed)
+            exponent = float(s or 1.0)
         except ValueError:
-            pass
+            exponent = None
+        if exponent is not None:
+            return RoutingModel("zipf", zipf_s=exponent, seed=seed)  # checks S in [0, 100]
     raise ConfigError(f"--routing: {text!r}; expected uniform or zipf:S (S a number)")
 
 
