@@ -568,32 +568,35 @@ def _corrupt_cases() -> None:
 
 # ---- validate --cases -------------------------------------------------------------------------
 
-CASE = """[[case]]
+CASE = """[[row]]
 id = "x"
 source = "s"
+tier = "primary"
+role = "check"
 claim = "c"
 metric = "weight_gib"
 model = "llama-3.1-8b"
 cluster = "dgx-h100"
 tp = 1
 kind = "value"
-published = 14.9
+value = 14.9
 rtol = 0.02
 """
 
 
 def _validate_cases() -> None:
     files = [
-        b"\xff\xfe\x00binary", "[[[", "", "case = 5", "[[case]]\n", CASE + "bogus = 1\n",
+        b"\xff\xfe\x00binary", "[[[", "", "row = 5", "[[row]]\n", "[[case]]\nid = 'x'\n",
+        CASE.replace('role = "check"', 'role = "judge"'),
         CASE.replace('metric = "weight_gib"', 'metric = "magic"'),
-        CASE.replace("published = 14.9", "published = nan"),
-        CASE.replace("published = 14.9", 'published = "14.9"'),
+        CASE.replace("value = 14.9", "value = nan"),
+        CASE.replace("value = 14.9", 'value = "14.9"'),
         CASE.replace("tp = 1", "tp = -1"), CASE.replace("tp = 1", "tp = 10000000000"),
         CASE.replace('kind = "value"', 'kind = "vibes"'),
         CASE.replace('model = "llama-3.1-8b"', 'model = "nonexistent"'),
         CASE.replace('cluster = "dgx-h100"', 'cluster = "nonexistent"'),
         CASE.replace("rtol = 0.02", "rtol = inf"), CASE.replace("rtol = 0.02\n", ""),
-        CASE.replace('model = "llama-3.1-8b"', 'models = ["llama-3.1-8b"]'),
+        CASE.replace('kind = "value"', 'kind = "range"'),
         CASE.replace('id = "x"', "id = 5"), "DIR",
     ]
     for text in files:
