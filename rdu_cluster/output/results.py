@@ -176,9 +176,17 @@ def check_destination(path: str | Path, what: str = "--out") -> Path:
     if not parent.is_dir():
         why = "is not a folder" if parent.exists() else "does not exist"
         raise ConfigError(f"{what} {path}: folder {parent} {why}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: folder {parent} is not writable")
+    _probe(parent, f"{what} {path}")
     return path
+
+
+def _probe(folder: Path, where: str) -> None:
+    """Create and remove an empty hidden folder in `folder`: the one test of writability that
+    holds for root, read-only mounts and pseudo file systems (/proc) alike."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rdu-probe.", dir=folder))
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot write in {folder}: {e.strerror or e}") from None
 
 
 def atomic_write(path: str | Path, data: bytes | Callable[[str], None],
@@ -292,8 +300,7 @@ def check_folder(out: str | Path, owned: Iterable[str], what: str = "--out") -> 
     if not parent.is_dir():
         why = "is not a folder" if parent.exists() else "does not exist"
         raise ConfigError(f"{what} {out}: folder {parent} {why}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {out}: folder {parent} is not writable")
+    _probe(parent, f"{what} {out}")
     return out
 
 
