@@ -287,8 +287,7 @@ def _timeline(path: str | None) -> Timeline | None:
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"--timeline {target}: is a folder; give a file name (run.json)")
-    if not target.parent.is_dir():
-        raise ConfigError(f"--timeline {target}: folder {target.parent} does not exist")
+    results.check_destination(target, "--timeline")
     return Timeline()
 
 

@@ -166,13 +166,17 @@ FILE_MODE = 0o666 & ~_UMASK
 DIR_MODE = 0o777 & ~_UMASK
 
 
-def check_destination(path: str | Path, what: str = "--out") -> Path:
+def check_destination(path: str | Path, what: str = "--out",
+                      create_parents: bool = False) -> Path:
     """Refuse, before any work, a file destination that cannot be written: an existing
-    directory, a missing or non-folder parent, a parent without write permission."""
+    directory, a missing (unless `create_parents`: the writer makes it) or non-folder parent,
+    a folder nothing can be written in."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{what} {path}: is a directory; expected a file name")
     parent = path.parent
+    while create_parents and not parent.exists() and parent != parent.parent:
+        parent = parent.parent
     if not parent.is_dir():
         why = "is not a folder" if parent.exists() else "does not exist"
         raise ConfigError(f"{what} {path}: folder {parent} {why}")
@@ -251,6 +255,7 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
     a folder of other files is refused, never replaced."""
     out = check_folder(out, owned, what)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         os.chmod(tmp, DIR_MODE)
     except OSError as e:
@@ -262,16 +267,24 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
     except OSError as e:
         raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
     finally:
+        if old.exists() and not out.exists():  # interrupted between the renames after all
+            os.rename(old, out)
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _swap(out: Path, new: Path, old: Path) -> None:
-    """`new` replaces `out`, Ctrl-C and SIGTERM held off between the two renames (delivered
-    right after), so an interruption never leaves `out` missing; if the second rename fails,
-    the earlier folder goes back."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """`new` replaces `out`. Ctrl-C and SIGTERM are deferred between the two renames (raised
+    as KeyboardInterrupt right after), so an interruption never leaves `out` missing; if the
+    second rename fails, the earlier folder goes back. (Masking the signal would not do: Python
+    runs its handler as soon as any thread, tqdm's monitor for one, takes the signal.)"""
+    pending: list[int] = []
+    saved = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            saved[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
+    except ValueError:  # not the main thread: no handler of ours runs here anyway
+        pass
     try:
         moved = out.exists()
         if moved:
@@ -283,7 +296,10 @@ def _swap(out: Path, new: Path, old: Path) -> None:
                 os.rename(old, out)
             raise
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def check_folder(out: str | Path, owned: Iterable[str], what: str = "--out") -> Path:
@@ -296,10 +312,11 @@ def check_folder(out: str | Path, owned: Iterable[str], what: str = "--out") -> 
         if foreign:
             raise ConfigError(f"{what} {out}: holds {foreign[0]!r}, not written by this "
                               "command; choose an empty or new folder")
-    parent = out.parent
+    parent = out.parent  # missing folders are created on writing, under the nearest existing one
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
     if not parent.is_dir():
-        why = "is not a folder" if parent.exists() else "does not exist"
-        raise ConfigError(f"{what} {out}: folder {parent} {why}")
+        raise ConfigError(f"{what} {out}: {parent} is not a folder")
     _probe(parent, f"{what} {out}")
     return out
 
