@@ -27,6 +27,7 @@ from rdu_cluster.cli.options import (
 from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_fabric
 from rdu_cluster.engine.prefix_cache import MODES
+from rdu_cluster.output import results as out_results
 from rdu_cluster.scenarios import capacity as cap
 from rdu_cluster.scenarios import speculative
 from workloads import traces
@@ -95,6 +96,8 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
         raise ConfigError("--max-nodes/--shortlist: must be positive")
     if plot_path and Path(plot_path).suffix != ".html":
         raise ConfigError(f"--plot {plot_path}: expected an .html file name")
+    if plot_path:
+        out_results.check_destination(plot_path, "--plot")  # before any work
     slo = cap.SLO.parse(slos, slo_percentile)
     traffic = _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache,
                        trace_path, n_sessions, turns, system_prompt, think_time)
@@ -374,4 +377,5 @@ def _plot(costs, path: Path) -> None:
                       xaxis={"type": "log", "title": "tokens/s per socket"},
                       yaxis={"type": "log", "title": "tokens/s per user"},
                       template="plotly_white")
-    path.write_text(fig.to_html(include_plotlyjs="cdn", full_html=True))
+    out_results.atomic_write(path, fig.to_html(include_plotlyjs="cdn", full_html=True).encode(),
+                         "--plot")

@@ -37,6 +37,7 @@ from rdu_cluster.sweep.fields import (
     length_dist,
     nonnegative_int,
     positive_float,
+    positive_int,
     scalar,
     text,
 )
