@@ -64,7 +64,7 @@ def test_an_interrupted_serve_write_leaves_the_earlier_set_whole(tmp_path, monke
     assert r.exit_code == 130 and r.stderr.strip().splitlines()[-1] == "aborted"
     assert _tables(out) == before  # the seed-0 set, all four, untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"{t}.parquet" for t in TABLES)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(f"{t}.parquet" for t in TABLES), "summary.json"])
     monkeypatch.undo()
     assert run(*SERVE, "--seed", "1", "--out", str(out)).exit_code == 0
     seeds = {pq.read_schema(out / f"{t}.parquet").metadata[b"rdu_cluster.seed"] for t in TABLES}

@@ -37,7 +37,8 @@ from workloads.catalog import load_model
 from workloads.errors import ConfigError
 
 TABLES = ("requests", "steps", "sockets", "links")
-OWNED = tuple(f"{name}.parquet" for name in TABLES)  # what an earlier serve left in --out
+SUMMARY = "summary.json"
+OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier serve left in --out
 
 
 @click.command()
@@ -207,18 +208,17 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                 raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
             sim.observers.append(timeline)
         tables = sim.run()
-    write_tables(tables, out)
-    if timeline is not None:
-        events = timeline.write(timeline_path, tables)
-        click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
-                   "ui.perfetto.dev)", err=True)
-    wall = dict(sim.wall, total_s=time.perf_counter() - started)
     doc = bench_json(tables.summary, model=model.name, cluster=cluster_name,
                      plan=tables.requests.schema.metadata[b"rdu_cluster.plan"].decode(),
                      backend=backend_name, routing=routing,
                      num_prompts=len(trace), request_rate=rate, burstiness=burstiness,
                      max_concurrency=concurrency)
-    results.write_json(doc, out / "summary.json")
+    write_tables(tables, out, doc)
+    if timeline is not None:
+        events = timeline.write(timeline_path, tables)
+        click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
+                   "ui.perfetto.dev)", err=True)
+    wall = dict(sim.wall, total_s=time.perf_counter() - started)
     if tables.summary["overloaded"]:
         click.echo(OVERLOAD_WARNING, err=True)
     if as_json:
@@ -293,13 +293,15 @@ def _timeline(path: str | None) -> Timeline | None:
 
 
 
-def write_tables(tables: Tables, out: Path) -> None:
-    """The four tables as one set: written into a hidden folder that then replaces `out`
-    (results.folder_swap), so `out` never mixes this run's tables with an earlier run's, and an
-    interrupted write leaves the earlier set whole and no temporary file behind."""
+def write_tables(tables: Tables, out: Path, summary: dict | None = None) -> None:
+    """The four tables and summary.json as one set: written into a hidden folder that then
+    replaces `out` (results.folder_swap), so `out` never mixes this run's files with an earlier
+    run's, and an interrupted write leaves the earlier set whole and no temporary file behind."""
     with results.folder_swap(out, OWNED) as tmp:
         for name in TABLES:
             results.write_table(getattr(tables, name), tmp / f"{name}.parquet")
+        if summary is not None:
+            results.write_json(summary, tmp / SUMMARY)
 
 
 def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster: str) -> str:
