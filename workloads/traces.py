@@ -224,7 +224,8 @@ def _validated(table, found: dict, where: str) -> Trace:
 
     for key in ("arrival_s", "prompt_len", "output_len"):
         typ = table.schema.field(found[key]).type
-        if not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
+        timed = key == "arrival_s" and pa.types.is_temporal(typ)  # a CSV's timestamps
+        if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or timed):
             raise ConfigError(f"--trace {where}: column {found[key]!r} holds {typ}; expected "
                               "numbers")
     if not 1 <= table.num_rows <= MAX_REQUESTS:

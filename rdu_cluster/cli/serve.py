@@ -60,7 +60,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="Prefix caching: off, in HBM, or tiered (spilled to DDR / host memory) "
               "[default: tiered where the chip has a tier below HBM].")
-@click.option("--prefix-block", default=None, type=click.IntRange(1, 2**16),
+@click.option("--prefix-block", default=None, type=int,
               help="Tokens per prefix-cache block [default: the KV block, 16].")
 @click.option("--prefix-eviction", default="lru", show_default=True,
               help=f"Prefix-cache eviction policy: {', '.join(evictions.names())}.")
