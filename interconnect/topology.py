@@ -58,13 +58,19 @@ class TopologySpec:
             checks.non_negative({key: d.get(key, 0.0)}, key, where)
         if d["link_bandwidth_bytes_per_s"] <= 0:
             raise ConfigError(f"{where}.link_bandwidth_bytes_per_s: must be positive")
-        lpp = d.get("links_per_pair", 1)
-        if isinstance(lpp, bool) or not isinstance(lpp, int) or lpp < 1:
-            raise ConfigError(f"{where}.links_per_pair: expected a positive integer, got {lpp!r}")
-        shape = tuple(d.get("torus_shape", ()))
-        if d["kind"] == "torus2d" and (len(shape) != 2 or min(shape, default=0) < 1):
+        lpp = checks.integer(d.get("links_per_pair", 1), f"{where}.links_per_pair", 1, 64)
+        shape = d.get("torus_shape", [])
+        if not isinstance(shape, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 2**16 for x in shape):
+            raise ConfigError(f"{where}.torus_shape: expected a list of positive integers, got "
+                              f"{shape!r:.40}")
+        shape = tuple(shape)
+        if d["kind"] == "torus2d" and len(shape) != 2:
             raise ConfigError(f"{where}.torus_shape: torus2d needs [x, y], got {list(shape)!r}")
-        algos = tuple(d.get("algorithms", ALGORITHMS))
+        algos = d.get("algorithms", list(ALGORITHMS))
+        if not isinstance(algos, list):
+            raise ConfigError(f"{where}.algorithms: expected a list of names, got {algos!r:.40}")
+        algos = tuple(algos)
         bad = [a for a in algos if a not in ALGORITHMS]
         if bad or not algos:
             raise ConfigError(

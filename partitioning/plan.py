@@ -76,12 +76,16 @@ class Plan:
                 break
             degrees[m.group(1)] = int(m.group(2))
             pos = m.end()
-        if pos != len(base) or not degrees or min(degrees.values()) < 1:
+        if pos != len(base) or not degrees or not all(1 <= d <= MAX_DEGREE for d in degrees.values()):
             raise ConfigError(
                 f"--plan: {text!r} is not a plan; expected degrees like tp8, tp4pp2, ep16, "
-                "tp8ep2, tp2pp2dp4 (each at least 1), optionally @mixer=degree,..."
+                f"tp8ep2, tp2pp2dp4 (each 1 to {MAX_DEGREE}), optionally @mixer=degree,..."
             )
         return cls(**degrees, mixer_tp=_parse_blocks(blocks, text))
+
+
+# No parallel degree exceeds the largest cluster accepted (rdu_cluster/config.py MAX_SOCKETS).
+MAX_DEGREE = 65536
 
 
 def _parse_blocks(text: str, whole: str) -> tuple[tuple[Mixer, int], ...]:
@@ -98,6 +102,8 @@ def _parse_blocks(text: str, whole: str) -> tuple[tuple[Mixer, int], ...]:
                 f"--plan: {whole!r}: block choice {item!r}; expected mixer=degree with a mixer "
                 f"among {kinds}"
             ) from None
+        if not 1 <= out[-1][1] <= MAX_DEGREE:
+            raise ConfigError(f"--plan: {whole!r}: block degree {deg}; expected 1 to {MAX_DEGREE}")
     return tuple(sorted(out, key=lambda md: md[0].value))
 
 

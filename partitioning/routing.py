@@ -23,6 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from workloads import checks
 from workloads.errors import ConfigError
 
 
@@ -36,6 +37,9 @@ class RoutingModel:
     def __post_init__(self) -> None:
         if self.kind not in ("uniform", "zipf"):
             raise ConfigError(f"routing: {self.kind!r} unknown; accepted: uniform, zipf")
+        # s past 100: all traffic on one expert already (1/2^100); negative s is not a Zipf law
+        checks.number(self.zipf_s, "--routing zipf:S", 0.0, 100.0)
+        checks.integer(self.seed, "--seed", 0, 2**63 - 1)
 
     def popularity(self, num_experts: int) -> np.ndarray:
         if self.kind == "uniform" or self.zipf_s == 0:

@@ -28,6 +28,7 @@ from partitioning.cluster import ClusterSpec
 from rdu_cluster.scenarios.economics import parse_cost
 from workloads import checks
 from workloads.errors import ConfigError
+from workloads.files import read_toml
 
 CHIP_KEYS = {"name", "kind", "description", "source", "execution_model", "peak_flops", "tiers"}
 CHIP_OPTIONAL = {"execution", "power"}
@@ -73,6 +74,9 @@ def cli_overrides(assignments: tuple[str, ...], sockets: int | None = None) -> d
             raise ConfigError(f"--sockets {sockets} and --set sockets={out['sockets']}: give one")
         out["sockets"] = sockets
     return out
+# A cluster larger than any built (the largest SN40L and H100 deployments are some thousands of
+# sockets): past this, a topology's tables would not fit in memory. Stated in the message.
+MAX_SOCKETS = 65536
 
 
 def load_chip(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> ChipSpec:
@@ -100,8 +104,9 @@ def load_cluster(
     chip_path = _resolve("chips", chip_ref, relative_to=path.parent)
     chip_raw = _merge(_read_extended("chips", chip_path), _table(raw, "chip_overrides", where, {}))
     chip = parse_chip(_apply_overrides(chip_raw, chip_over, chip_path.name), chip_path.name)
-    sockets = _positive_int(raw, "sockets", where)
-    per_node = _positive_int(raw, "sockets_per_node", where)
+    sockets = checks.integer(raw.get("sockets"), f"{where}: sockets", 1, MAX_SOCKETS)
+    per_node = checks.integer(raw.get("sockets_per_node"), f"{where}: sockets_per_node", 1,
+                              MAX_SOCKETS)
     if sockets % per_node:
         raise ConfigError(f"{where}: sockets ({sockets}) must be a multiple of sockets_per_node "
                           f"({per_node})")
@@ -119,7 +124,7 @@ def load_cluster(
         topology=topology,
         description=_typed(raw, "description", str, where),
         source=_typed(raw, "source", str, where),
-        cost=parse_cost(raw.get("cost", {}), f"{where}: cost"),
+        cost=parse_cost(_table(raw, "cost", where, {}), f"{where}: cost"),
     )
 
 
@@ -180,7 +185,7 @@ def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:
         _positive(peak, dtype, f"{where}: peak_flops")
     tiers = _parse_tiers(_table(raw, "tiers", where), TIER_NAMES[kind], where)
     model = _typed(raw, "execution_model", str, where)
-    table = raw.get("execution", {})
+    table = _table(raw, "execution", where, {})
     execution.check_params(model, table, f"{where}: execution")
     return ChipSpec(
         name=_typed(raw, "name", str, where),
@@ -189,7 +194,7 @@ def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:
         tiers=tiers,
         execution_model=model,
         execution=dict(table),
-        power=parse_power(raw.get("power", {}), f"{where}: power"),
+        power=parse_power(_table(raw, "power", where, {}), f"{where}: power"),
         description=_typed(raw, "description", str, where),
         source=_typed(raw, "source", str, where),
     )
@@ -200,7 +205,7 @@ def _parse_tiers(table: Mapping[str, Any], names: tuple[str, ...], where: str) -
         raise ConfigError(f"{where}: tiers: expected exactly {', '.join(names)}")
     tiers = []
     for name in names:
-        t = table[name]
+        t = _table(table, name, f"{where}: tiers")
         w = f"{where}: tiers.{name}"
         _check_keys(t, TIER_KEYS, set(), w)
         tiers.append(
@@ -258,13 +263,8 @@ def _read_extended(kind: str, path: Path, seen: tuple[Path, ...] = ()) -> dict[s
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path.name}: malformed TOML: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    raw = read_toml(path)
+    return raw
 
 
 def _apply_overrides(raw: dict, overrides: Mapping[str, Any], where: str) -> dict:
@@ -300,7 +300,7 @@ def _check_keys(raw: Mapping[str, Any], required: set, optional: set, where: str
 def _table(raw: Mapping[str, Any], key: str, where: str, default: Any = None) -> Mapping[str, Any]:
     value = raw.get(key, default)
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: {key}: expected a table")
+        raise ConfigError(f"{where}: {key}: expected a table, got {value!r:.60}")
     return value
 
 
@@ -312,14 +312,4 @@ def _typed(raw: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
 
 
 def _positive(raw: Mapping[str, Any], key: str, where: str) -> float:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{where}.{key}: expected a positive number, got {value!r}")
-    return float(value)
-
-
-def _positive_int(raw: Mapping[str, Any], key: str, where: str) -> int:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{where}: {key}: expected a positive integer, got {value!r}")
-    return value
+    return checks.positive(raw, key, where)

@@ -78,14 +78,17 @@ def test_serve_reads_a_trace_file(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_len,output_len\n0,100,8\n0.01,200,4\n")
     r = run("serve", "--model", "llama-3.1-8b", "--trace", str(trace), "--out", str(tmp_path))
+    assert r.exit_code == 2 and "holds 't.csv', not written by this command" in r.stderr
+    r = run("serve", "--model", "llama-3.1-8b", "--trace", str(trace), "--out",
+            str(tmp_path / "out"))
     assert r.exit_code == 0, r.output
     assert "2/2 requests served" in r.output
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--scheduler", "fifo"], "--scheduler: unknown 'fifo'"),
-    (["--rate", "0"], "--rate: must be positive"),
-    (["--rate", "-3"], "--rate: must be positive"),
+    (["--rate", "0"], "Invalid value for '--rate': '0': expected a finite number in (0, inf] or inf"),
+    (["--rate", "-3"], "Invalid value for '--rate'"),
     (["--plan", "tp3"], "--plan: tp x pp = 3 must divide"),
     (["--fault", "socket:99@1"], "--fault 'socket:99@1': socket out of range"),
     (["--prompt-len", "normal:5"], "--prompt-len"),

@@ -14,14 +14,15 @@ the field or model_type.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from workloads import checks
 from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
+from workloads.files import read_json
 from workloads.spec import (
     FFN,
     AttentionSpec,
@@ -31,15 +32,49 @@ from workloads.spec import (
     Mixer,
     ModelSpec,
     MoESpec,
+    check_model,
 )
 
 _MISSING = object()
 # Top-level keys a nested text_config inherits when it does not set them itself.
 _INHERITED = ("quantization_config", "tie_word_embeddings", "_name_or_path", "_rdu")
 
+# The kind of every HF field the importers read other than through `size` (a positive integer):
+# `get` checks a field listed here whichever importer reads it, so a family added later is checked
+# the same way. Names and meanings follow the transformers configuration classes.
+_FLAGS = frozenset({
+    "tie_word_embeddings", "attention_bias", "use_sliding_window", "use_qk_norm",
+    "use_routing_bias", "use_mtp", "norm_topk_prob", "mlp_bias",
+})
+_COUNTS = frozenset({  # non-negative integers (0 is meaningful: no dense layer, no MTP module)
+    "first_k_dense_replace", "n_shared_experts", "num_nextn_predict_layers", "num_mtp_modules",
+    "shared_intermediate_size", "shared_expert_intermediate_size",
+})
+_INT_LISTS = frozenset({"attn_type_list"})  # mlp_only_layers: _Cfg.layer_indices
+_STR_LISTS = frozenset({"layer_types"})
+_TABLES = frozenset({"quantization_config", "rope_scaling", "text_config", "_rdu"})
+_TEXTS = frozenset({"topk_method", "mlp_hidden_act", "hidden_act", "hybrid_override_pattern",
+                    "_name_or_path", "quant_method", "name"})
+_FRACTIONS = frozenset({"partial_rotary_factor"})  # in (0, 1]
+
+# Upper bounds of sizes, far above every published model (405B: 126 layers, hidden 16384; the
+# largest MoE 512 experts; vocabularies ~262k; contexts 10M), below what would exhaust memory
+# building per-layer tables. A value past one is a typo or hostile input.
+MAX_LAYERS = 4096
+_LIMITS = {
+    "num_hidden_layers": MAX_LAYERS,
+    "max_position_embeddings": 2**30,
+    "sliding_window": 2**30,
+    "vocab_size": 2**24,
+    "num_local_experts": 2**16,
+    "num_experts": 2**16,
+    "n_routed_experts": 2**16,
+}
+MAX_WIDTH = 2**20  # any other size: hidden, intermediate, heads, head and LoRA dimensions
+
 
 class _Cfg:
-    """A config dict that names itself in errors."""
+    """A config dict that names itself in errors and checks each field it hands out."""
 
     def __init__(self, data: Mapping[str, Any], source: str, model_type: str):
         self.data, self.source, self.model_type = data, source, model_type
@@ -51,22 +86,33 @@ class _Cfg:
         value = self.data.get(key, _MISSING)
         if value is _MISSING or value is None:
             raise self.fail(f"missing field {key!r}")
-        return value
+        return self.get(key)
 
     def size(self, key: str, default: Any = _MISSING) -> int:
-        """A positive integer field; `default` makes it optional."""
+        """A positive integer field, at most its stated bound; `default` makes it optional."""
         value = self.data.get(key)
         if value is None:
             if default is _MISSING:
                 raise self.fail(f"missing field {key!r}")
             return default
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.fail(f"field {key!r} must be a positive integer, got {value!r}")
+        hi = _LIMITS.get(key, MAX_WIDTH)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+            raise self.fail(f"field {key!r} must be a positive integer (at most "
+                            f"{checks.show_number(hi)}), got {checks.show(value)}")
         return value
 
     def get(self, key: str, default: Any = None) -> Any:
+        """A field of a known kind (the tables above) checked for it; others as given."""
         value = self.data.get(key)
-        return default if value is None else value
+        if value is None:
+            return default
+        return self._checked(key, lambda w: _kind_check(key, value, w))
+
+    def _checked(self, key: str, check: Callable[[str], Any]) -> Any:
+        try:
+            return check(f"field {key!r}")
+        except ConfigError as e:
+            raise self.fail(str(e)) from None
 
     def count(self, key: str, default: int = 0, most: int | None = None) -> int:
         """A non-negative integer field (a number of layers or experts), at most `most`."""
@@ -117,6 +163,34 @@ class _Cfg:
         merged = {"model_type": default_type} | {
             k: v for k, v in self.data.items() if k in _INHERITED} | dict(inner)
         return _Cfg(merged, f"{self.source}: {key}", self.model_type)
+
+
+def _kind_check(key: str, value: Any, where: str) -> Any:
+    """`value` of the known field `key` checked for its kind; `where` is "field 'key'"."""
+    def want(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where} must be {what}, got {checks.show(value)}")
+
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if key in _FLAGS:
+        want(isinstance(value, bool), "true or false")
+    elif key in _COUNTS:
+        want(is_int and 0 <= value <= MAX_WIDTH, "a non-negative integer (at most 2^20)")
+    elif key in _INT_LISTS:
+        want(isinstance(value, list) and len(value) <= MAX_LAYERS and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LAYERS
+            for v in value), "a list of integers")
+    elif key in _STR_LISTS:
+        want(isinstance(value, list) and len(value) <= MAX_LAYERS
+             and all(isinstance(v, str) for v in value), "a list of strings")
+    elif key in _TABLES:
+        want(isinstance(value, Mapping), "a JSON object")
+    elif key in _TEXTS:
+        want(isinstance(value, str), "a string")
+    elif key in _FRACTIONS:
+        want(isinstance(value, (int, float)) and not isinstance(value, bool)
+             and 0 < value <= 1, "a number in (0, 1]")
+    return value
 
 
 # --- shared pieces -----------------------------------------------------------------------------
@@ -369,7 +443,7 @@ def _minimax_m2(c: _Cfg, name: str) -> ModelSpec:
         shared_intermediate=c.get("shared_intermediate_size", 0),
         router_bias=bool(c.get("use_routing_bias", False)),
     )
-    attention = _gqa(c, qk_norm=bool(c.get("use_qk_norm", False)), rotary_dim=c.get("rotary_dim"))
+    attention = _gqa(c, qk_norm=bool(c.get("use_qk_norm", False)), rotary_dim=c.size("rotary_dim", None))
     mtp = c.get("num_mtp_modules", 0) if c.get("use_mtp", False) else 0
     return _base(
         c, name, _uniform(c, Mixer.FULL_ATTENTION, FFN.MOE), attention=attention, moe=moe,
@@ -582,7 +656,7 @@ def _nemotron_h(c: _Cfg, name: str) -> ModelSpec:
         raise c.fail("field 'hybrid_override_pattern': MoE blocks (E) are not supported yet")
     layers = tuple(_NEMOTRON_BLOCKS[ch] for ch in pattern)
     heads = c.size("num_attention_heads")
-    head_dim = c.size("attention_head_dim", c.get("head_dim", c.size("hidden_size") // heads))
+    head_dim = c.size("attention_head_dim", c.size("head_dim", c.size("hidden_size") // heads))
     attention = AttentionSpec(
         num_heads=heads,
         num_kv_heads=c.size("num_key_value_heads", heads),
@@ -639,12 +713,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: malformed JSON ({str(e).splitlines()[0]})") from None
+    data = read_json(p)
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -732,16 +801,17 @@ def from_hf_config(
     else:
         data, source = read_config(config), source or str(config)
     model_type = data.get("model_type")
-    if model_type not in IMPORTERS:
+    if not isinstance(model_type, str) or model_type not in IMPORTERS:
         raise ConfigError(
             f"{source}: unknown model_type {model_type!r}; "
             f"supported: {', '.join(supported_model_types())}"
         )
-    meta = data.get("_rdu", {})
-    name = name or meta.get("name") or data.get("_name_or_path") or model_type
-    c = _Cfg(data, source, model_type)
-    spec = IMPORTERS[model_type](c, name)
+    cfg = _Cfg(data, source, model_type)
+    meta = _Cfg(cfg.get("_rdu", {}), f"{source}: _rdu", model_type)
+    name = name or meta.get("name") or cfg.get("_name_or_path") or model_type
+    spec = IMPORTERS[model_type](cfg, name)
+    check_model(spec, source)
     if precision is not None:
         return spec.with_precision(precision)
-    quant, label = checkpoint_precision(c, spec.is_moe)
+    quant, label = checkpoint_precision(cfg, spec.is_moe)
     return replace(spec, precision=quant, quantization=label)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from workloads.dtypes import Precision
+from workloads.errors import ConfigError
 
 
 class Mixer(str, Enum):
@@ -156,3 +157,48 @@ def layer_runs(layers: tuple[LayerSpec, ...]) -> list[tuple[int, int, LayerSpec]
         else:
             runs.append((i, 1, layer))
     return runs
+
+
+def check_model(spec: ModelSpec, where: str) -> None:
+    """Refuse shapes no model can have, whatever family or importer they came from: a model
+    simulated with them would give numbers that mean nothing (a ConfigError naming the field)."""
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where}: {what} (model_type {spec.family})")
+
+    need(spec.num_layers >= 1, "no layers")
+    a = spec.attention
+    if a is not None and any(la.mixer in _ATTENTION for la in spec.layers):
+        need(a.head_dim >= 1, f"head dimension {a.head_dim} (hidden_size {spec.hidden_size} / "
+             f"num_attention_heads {a.num_heads}); heads must not outnumber the hidden size")
+        need(a.v_head_dim >= 1, f"v_head_dim {a.v_head_dim}: expected a positive integer")
+        if not a.mla:
+            need(a.num_kv_heads <= a.num_heads and a.num_heads % a.num_kv_heads == 0,
+                 f"num_key_value_heads {a.num_kv_heads} must divide num_attention_heads "
+                 f"{a.num_heads}")
+        need(a.rotary_dim is None or a.rotary_dim <= a.head_dim,
+             f"rotary_dim {a.rotary_dim} exceeds the head dimension {a.head_dim}")
+    m = spec.moe
+    if m is not None and spec.is_moe:
+        need(m.top_k <= m.num_experts,
+             f"num_experts_per_tok {m.top_k} exceeds the {m.num_experts} routed experts")
+    la = spec.linear_attention
+    if la is not None:
+        need(la.num_value_heads % la.num_key_heads == 0,
+             f"linear_num_value_heads {la.num_value_heads} must be a multiple of "
+             f"linear_num_key_heads {la.num_key_heads}")
+    mb = spec.mamba
+    if mb is not None:
+        need(mb.num_heads % mb.n_groups == 0,
+             f"mamba_num_heads {mb.num_heads} must be a multiple of n_groups {mb.n_groups}")
+
+
+_ATTENTION = (Mixer.FULL_ATTENTION, Mixer.SLIDING_ATTENTION)
+
+
+def check_context(spec: ModelSpec, prompt_len: int, gen_len: int, where: str = "--prompt-len") -> None:
+    """Refuse a request longer than the model's context window (0: the model states none)."""
+    if spec.max_context and prompt_len + gen_len > spec.max_context:
+        raise ConfigError(
+            f"{where}: prompt {prompt_len:,} + output {gen_len:,} tokens exceed the "
+            f"{spec.max_context:,}-token context of {spec.name} (max_position_embeddings)")

@@ -165,6 +165,9 @@ class Speculation:
             if any(int(b) != b or b < 1 for b in self.branching):
                 raise ConfigError(f"tree: branching factors must be positive integers, got "
                                   f"{self.branching}")
+            if verify_tokens(self.k, self.branching) > MAX_TREE_NODES + 1:
+                raise ConfigError(f"tree: {self.branching} drafts more than {MAX_TREE_NODES} "
+                                  "nodes a step")
 
     @property
     def is_tree(self) -> bool:
@@ -240,7 +243,10 @@ def parse_acceptance(text: str, source: str = "") -> Acceptance:
                 raise ValueError
             mean = parts[0]
             conc = parts[1] if len(parts) > 1 else 10.0
-            seed = int(parts[2]) if len(parts) > 2 else 0
+            seed = parts[2] if len(parts) > 2 else 0
+            if not (0 <= seed < 2**63 and float(seed).is_integer()) or not conc < 1e12:
+                raise ValueError
+            seed = int(seed)
             return SampledAcceptance(mean, conc, seed, source=source)
         values = tuple(float(x) for x in t.split(","))
     except ValueError:
@@ -258,10 +264,14 @@ def parse_tree(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
     try:
-        return tuple(int(x) for x in text.split(","))
+        out = tuple(int(x) for x in text.split(","))
+        if len(out) > MAX_SPEC_K or any(not 1 <= b <= MAX_TREE_NODES for b in out):
+            raise ValueError
+        return out
     except ValueError:
         raise ConfigError(
-            f"tree: {text!r} not understood; give branching factors like 4,2,1"
+            f"tree: {text!r} not understood; give branching factors like 4,2,1 (at most "
+            f"{MAX_SPEC_K} depths, each 1 to {MAX_TREE_NODES})"
         ) from None
 
 
@@ -270,6 +280,13 @@ def _check_rate(rate: float, name: str) -> None:
         raise ConfigError(f"{name}: expected a rate in [0, 1], got {rate!r}")
 
 
+# Bounds of a speculation: published chains draft up to ~8-10 tokens and EAGLE-2 trees ~60
+# nodes; a verification step costs its nodes' tokens, so past these nothing is gained and the
+# per-depth tables would only grow.
+MAX_SPEC_K = 64
+MAX_TREE_NODES = 4096
+
+
 def _check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ConfigError(f"spec-k: expected a positive integer, got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_SPEC_K:
+        raise ConfigError(f"spec-k: expected an integer in [1, {MAX_SPEC_K}], got {k!r}")

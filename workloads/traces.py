@@ -28,10 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
+from workloads import checks
 from workloads.errors import ConfigError
 
 ARRIVALS = ("fixed", "poisson", "bursty")
 LENGTHS = ("fixed", "uniform", "lognormal")
+# Bounds stated in every message that quotes them. A prompt or output past 2^24 tokens (16.7M)
+# is above every published context window (10M, Llama 4 Scout); 10^7 requests is 100x the
+# largest published serving benchmark traces (ShareGPT-derived, ~10^5) and what the engine's
+# per-request tables hold in a few GB.
+MAX_LENGTH = 2**24
+MAX_REQUESTS = 10**7
 
 # Accepted column names in trace files (first one is canonical).
 COLUMNS = {
@@ -98,6 +105,8 @@ class LengthDist:
             vals = [float(x) for x in args]
         except ValueError:
             raise ConfigError(f"{where}: {text!r}: not a number") from None
+        for v in vals:
+            checks.number(v, f"{where} {text!r}", 0.0, MAX_LENGTH)
         dist = cls(kind, vals[0], vals[1] if len(vals) > 1 else 0.0)
         dist.check(where)
         return dist
@@ -107,8 +116,12 @@ class LengthDist:
             raise ConfigError(f"{where}: unknown length distribution {self.kind!r}")
         if self.a < 1 or (self.kind == "uniform" and self.b < self.a):
             raise ConfigError(f"{where}: lengths must be >= 1 (and HI >= LO)")
-        if self.kind == "lognormal" and self.b < 0:
-            raise ConfigError(f"{where}: sigma must be >= 0")
+        if self.kind == "lognormal" and not 0 <= self.b <= 4:
+            # sigma 4: the 99.9th percentile is ~10^5 x the median, past any real length spread
+            raise ConfigError(f"{where}: sigma must be in [0, 4], got {self.b!r}")
+        if not (math.isfinite(self.a) and math.isfinite(self.b)) or max(self.a, self.b) > MAX_LENGTH:
+            raise ConfigError(f"{where}: lengths must be finite and at most {MAX_LENGTH:,} "
+                              f"(2^24) tokens")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.kind == "fixed":
@@ -116,7 +129,8 @@ class LengthDist:
         if self.kind == "uniform":
             return rng.integers(round(self.a), round(self.b) + 1, size=n, dtype=np.int64)
         mu = math.log(self.a) - self.b**2 / 2  # so that the mean is `a`
-        return np.maximum(1, np.rint(rng.lognormal(mu, self.b, size=n))).astype(np.int64)
+        draws = np.rint(rng.lognormal(mu, self.b, size=n))
+        return np.clip(draws, 1, MAX_LENGTH).astype(np.int64)
 
 
 def arrivals(kind: str, n: int, rate: float, rng: np.random.Generator, burstiness: float = 1.0):
@@ -150,8 +164,9 @@ def synthetic(
 ) -> Trace:
     """A seeded synthetic trace. Three independent streams (arrivals, prompts, outputs) are
     spawned from the seed, so changing one distribution leaves the other columns as they were."""
-    if n < 1:
-        raise ConfigError(f"--requests: must be positive, got {n}")
+    checks.integer(n, "--requests", 1, MAX_REQUESTS)
+    checks.integer(seed, "--seed", 0, 2**63 - 1)
+    checks.number(burstiness, "--burstiness", 0.0, 1e3, lo_open=True)
     prompt.check("--prompt-len")
     output.check("--output-len")
     r_arr, r_prompt, r_out = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
@@ -205,6 +220,17 @@ def _read_table(path: Path):
 
 
 def _validated(table, found: dict, where: str) -> Trace:
+    import pyarrow as pa
+
+    for key in ("arrival_s", "prompt_len", "output_len"):
+        typ = table.schema.field(found[key]).type
+        timed = key == "arrival_s" and pa.types.is_temporal(typ)  # a CSV's timestamps
+        if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or timed):
+            raise ConfigError(f"--trace {where}: column {found[key]!r} holds {typ}; expected "
+                              "numbers")
+    if not 1 <= table.num_rows <= MAX_REQUESTS:
+        raise ConfigError(f"--trace {where}: {table.num_rows:,} requests; accepted 1 to "
+                          f"{MAX_REQUESTS:,}")
     try:
         arr = _seconds(table.column(found["arrival_s"]), found["arrival_s"], where)
         prompt = _ints(table, found["prompt_len"])
@@ -216,8 +242,10 @@ def _validated(table, found: dict, where: str) -> Trace:
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise ConfigError(f"--trace {where}: arrival times must be finite and >= 0")
     for name, col in (("prompt length", prompt), ("output length", out)):
-        if np.any(col < 1):
-            raise ConfigError(f"--trace {where}: every {name} must be >= 1")
+        if np.any(col < 1) or np.any(col > MAX_LENGTH):
+            raise ConfigError(f"--trace {where}: every {name} must be >= 1 and at most "
+                              f"{MAX_LENGTH:,} (2^24), got "
+                              f"{int(col.min() if np.any(col < 1) else col.max()):,}")
     order = np.argsort(arr, kind="stable")
     models = None
     if found["model"] is not None:
@@ -244,7 +272,7 @@ def _ints(table, column: str) -> np.ndarray:
     values = np.asarray(table.column(column).to_numpy(zero_copy_only=False), dtype=float)
     if not np.all(np.isfinite(values)) or np.any(values != np.rint(values)):
         raise ValueError(f"column {column} must hold whole numbers")
-    return values.astype(np.int64)
+    return np.clip(values, -1, MAX_LENGTH + 1).astype(np.int64)  # out of range: refused above
 
 
 def write_csv(trace: Trace, path: str | Path) -> None:
@@ -254,3 +282,19 @@ def write_csv(trace: Trace, path: str | Path) -> None:
         row = f"{float(trace.arrival_s[i])!r},{trace.prompt_len[i]},{trace.output_len[i]}"
         lines.append(row + (f",{trace.model[i]}" if trace.model else ""))
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def check_fits(trace: Trace, max_context: int, model: str) -> None:
+    """Refuse requests longer than the model's context window (prompt plus output): a model
+    cannot serve them, and simulating them would give numbers for a machine that does not
+    exist. `max_context` 0: the model states no window."""
+    if max_context <= 0 or not len(trace):
+        return
+    total = trace.prompt_len + trace.output_len
+    worst = int(np.argmax(total))
+    if total[worst] > max_context:
+        raise ConfigError(
+            f"trace {trace.source}: request {worst} needs {int(total[worst]):,} tokens (prompt "
+            f"{int(trace.prompt_len[worst]):,} + output {int(trace.output_len[worst]):,}); "
+            f"{model} holds at most {max_context:,} (max_position_embeddings)"
+        )

@@ -2,32 +2,51 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import traceback
 
 import click
 
 from workloads.errors import ConfigError
 
+DEBUG_ENV = "RDU_CLUSTER_DEBUG"
+
 
 class Main(click.Group):
-    """Bad input of any kind is one line on stderr and exit code 2, never a traceback."""
+    """Bad input of any kind is one line on stderr and exit code 2, never a traceback; any other
+    failure is one "internal error" line and exit 1 (the traceback only under --debug or
+    RDU_CLUSTER_DEBUG=1). SIGTERM is handled like Ctrl-C, so writers clean up the same way."""
 
     def main(self, *args, **kwargs):  # type: ignore[override]
         kwargs["standalone_mode"] = False
+        argv = list(args[0] if args else kwargs.get("args") or sys.argv[1:])
+        debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+        previous = _sigterm_as_interrupt()
         try:
             rv = self._run(*args, **kwargs)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
-        except click.exceptions.Abort:
+        except (click.exceptions.Abort, KeyboardInterrupt):
             click.echo("aborted", err=True)
             sys.exit(130)
         except click.ClickException as e:
             hint = f" (see '{e.ctx.command_path} --help')" if getattr(e, "ctx", None) else ""
-            click.echo(f"error: {e.format_message()}{hint}", err=True)
+            click.echo(f"error: {_one_line(e.format_message())}{hint}", err=True)
             sys.exit(2)
         except ConfigError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {_one_line(str(e))}", err=True)
             sys.exit(2)
+        except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
+            if debug:
+                traceback.print_exc()
+            where = f"; traceback with --debug or {DEBUG_ENV}=1" if not debug else ""
+            click.echo(f"internal error: {type(e).__name__}: {_one_line(str(e))}{where}",
+                       err=True)
+            sys.exit(1)
+        finally:
+            _restore(previous)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def _run(self, *args, **kwargs):
@@ -41,9 +60,32 @@ class Main(click.Group):
             calibration.activate(None)
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:2000]
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt, so `kill` unwinds through the same `finally` blocks as
+    Ctrl-C (temporary files removed, nothing half-written left). Only in the main thread."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (a test runner's worker)
+        return None
+
+
+def _restore(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @click.group(cls=Main)
 @click.version_option(package_name="rdu-cluster")
-def main() -> None:
+@click.option("--debug", is_flag=True, help=f"Show the traceback of an internal error "
+              f"(also {DEBUG_ENV}=1).")
+def main(debug: bool) -> None:
     """Simulate LLM inference on clusters of SN40L RDU sockets and GPU nodes."""
 
 

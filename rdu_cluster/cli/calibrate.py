@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rdu_cluster.cli.options import calibration_options
+from rdu_cluster.output import results
 from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.report import text_table
 from rdu_cluster.validation import calibration, fit
@@ -27,7 +28,7 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
         result = fit.fit(table["row"], chip=chip, progress=bar.set_done)
     text = fit.profile_text(result, table["row"], table.get("version", ""), name)
     path = calibration.profile_path(out or name)
-    path.write_text(text)
+    results.atomic_write(path, text.encode())
     rows = [[g_d.key, ",".join(g_d.chips), f"{result.values[(g_d.key, *g_d.chips)]:.4g}",
              f"{fit.prior(g_d):.4g}", f"[{g_d.range[0]:.3g}, {g_d.range[1]:.3g}]", len(g.rows)]
             for g in result.groups for g_d in g.params]

@@ -27,6 +27,7 @@ from rdu_cluster.cli.options import (
 from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_fabric
 from rdu_cluster.engine.prefix_cache import MODES
+from rdu_cluster.output import results as out_results
 from rdu_cluster.scenarios import capacity as cap
 from rdu_cluster.scenarios import speculative
 from workloads import traces
@@ -55,7 +56,7 @@ from workloads.errors import ConfigError
 @click.option("--prompt-len", default="1024", show_default=True,
               help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
 @click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
-@click.option("--requests", default=None, type=int,
+@click.option("--requests", default=None, type=click.IntRange(1, 10**7),
               help="Requests per verification run [default: 2 per user, or 30 s of the rate].")
 @click.option("--slo", "slos", multiple=True, required=True,
               help="ttft:MS and/or tpot:MS (a user's tokens/s is 1000 / TPOT ms); repeatable.")
@@ -68,7 +69,7 @@ from workloads.errors import ConfigError
               help="Inter-node fabric (KV hand-over; nodes of a multi-node replica).")
 @click.option("--shortlist", default=2, show_default=True, type=int,
               help="Deployments per system verified by the serving engine.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1))
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="As serve --prefix-cache [default: tiered where the chip has a lower tier].")
 @click.option("--speculative", "spec_mode", default=None,
@@ -95,6 +96,8 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
         raise ConfigError("--max-nodes/--shortlist: must be positive")
     if plot_path and Path(plot_path).suffix != ".html":
         raise ConfigError(f"--plot {plot_path}: expected an .html file name")
+    if plot_path:
+        out_results.check_destination(plot_path, "--plot")  # before any work
     slo = cap.SLO.parse(slos, slo_percentile)
     traffic = _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache,
                        trace_path, n_sessions, turns, system_prompt, think_time)
@@ -374,4 +377,5 @@ def _plot(costs, path: Path) -> None:
                       xaxis={"type": "log", "title": "tokens/s per socket"},
                       yaxis={"type": "log", "title": "tokens/s per user"},
                       template="plotly_white")
-    path.write_text(fig.to_html(include_plotlyjs="cdn", full_html=True))
+    out_results.atomic_write(path, fig.to_html(include_plotlyjs="cdn", full_html=True).encode(),
+                         "--plot")

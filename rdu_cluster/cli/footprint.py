@@ -6,6 +6,7 @@ import json
 
 import click
 
+from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option
 from rdu_cluster.config import load_cluster
 from rdu_cluster.scenarios.coe import DEFAULT_EXPERT, DEFAULT_ROUTER
@@ -17,18 +18,18 @@ DEFAULT_CLUSTERS = ("sn40l-8", "dgx-h100", "dgx-a100")
 
 @click.command()
 @calibration_option
-@click.option("--experts", "n", required=True, type=int, help="Number of experts to host.")
+@click.option("--experts", "n", required=True, type=o.EXPERTS, help="Number of experts to host.")
 @click.option("--expert-model", default=DEFAULT_EXPERT, show_default=True,
               help="Catalog name or config.json of each expert.")
 @click.option("--cluster", "cluster_refs", multiple=True,
               help="Cluster (its node is the unit); repeat. "
               f"[default: {', '.join(DEFAULT_CLUSTERS)}]")
-@click.option("--latency-target", default=None, type=float,
+@click.option("--latency-target", default=None, type=o.POSITIVE,
               help="Most seconds to first token of a request whose expert is not in HBM.")
 @click.option("--router", default=DEFAULT_ROUTER, show_default=True, help="Router model.")
-@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="KV reserve: sequences.")
-@click.option("--prompt-len", default=512, show_default=True, type=click.IntRange(min=1))
-@click.option("--gen-len", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch", default=1, show_default=True, type=o.BATCH, help="KV reserve: sequences.")
+@click.option("--prompt-len", default=512, show_default=True, type=o.LENGTH)
+@click.option("--gen-len", default=20, show_default=True, type=o.LENGTH)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per system.")
 def footprint(n, expert_model, cluster_refs, latency_target, router, batch, prompt_len, gen_len,
               as_json) -> None:

@@ -1,18 +1,77 @@
 """Options several commands share. `hardware_options` gives a command `--set KEY=VALUE`
 (repeatable) and `--sockets N`, and hands it one `overrides` dict for `load_cluster`: the same
 dotted paths and checks as a sweep's override fields (rdu_cluster.config). `calibration_option`
-gives it `--calibration PROFILE|none` (rdu_cluster/validation/calibration.py)."""
+gives it `--calibration PROFILE|none` (rdu_cluster/validation/calibration.py).
+
+Typed command-line values, checked by click before a command runs: integers within a stated
+bound and finite floats. A bad value is click's one-line usage error naming the option, the value
+and the accepted range (exit 2)."""
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from rdu_cluster.config import cli_overrides
+from rdu_cluster.config import MAX_SOCKETS, cli_overrides
 from rdu_cluster.validation import calibration
+from workloads.checks import MAX_BATCH
+from workloads.speculative import MAX_SPEC_K
+from workloads.traces import MAX_LENGTH, MAX_REQUESTS
+
+# Bounds (each stated in the error click prints). CoE deployments publish 150 experts
+# ([MICRO24]); 2^16 leaves room for "thousands" while keeping per-expert tables small.
+MAX_EXPERTS = 2**16
+MAX_SEED = 2**63 - 1
+
+SEED = click.IntRange(0, MAX_SEED)
+LENGTH = click.IntRange(1, MAX_LENGTH)
+BATCH = click.IntRange(1, MAX_BATCH)
+REQUESTS = click.IntRange(1, MAX_REQUESTS)
+EXPERTS = click.IntRange(1, MAX_EXPERTS)
+SOCKETS = click.IntRange(1, MAX_SOCKETS)
+SPEC_K = click.IntRange(1, MAX_SPEC_K)
+TOKENS = click.IntRange(1, MAX_BATCH * 64)  # a token budget: a batch of 64-token chunks
+TOP = click.IntRange(0, 10**6)
+
+
+class Finite(click.ParamType):
+    """A float in [lo, hi] ((lo, hi] with lo_open); NaN never, infinity only with allow_inf."""
+
+    name = "number"
+
+    def __init__(self, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+                 allow_inf: bool = False):
+        self.lo, self.hi, self.lo_open, self.allow_inf = lo, hi, lo_open, allow_inf
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            x = value
+        else:
+            try:
+                x = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not a number", param, ctx)
+        inf_ok = self.allow_inf and x == math.inf
+        low = self.lo is None or x > self.lo or (x == self.lo and not self.lo_open)
+        if not inf_ok and not (math.isfinite(x) and low and (self.hi is None or x <= self.hi)):
+            self.fail(f"{value!r}: expected {self._accepted()}", param, ctx)
+        return x
+
+    def _accepted(self) -> str:
+        left = "(" if self.lo_open else "["
+        lo = "-inf" if self.lo is None else f"{self.lo:g}"
+        hi = "inf" if self.hi is None else f"{self.hi:g}"
+        extra = " or inf" if self.allow_inf else ""
+        return f"a finite number in {left}{lo}, {hi}]{extra}"
+
+
+POSITIVE = Finite(0.0, lo_open=True)
+FRACTION = Finite(0.0, 1.0, lo_open=True)
+
 
 SET_HELP = (
     "Override one figure of the cluster or its chip, e.g. "
@@ -38,7 +97,7 @@ def hardware_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
-    @click.option("--sockets", "sockets", default=None, type=click.IntRange(min=1),
+    @click.option("--sockets", "sockets", default=None, type=click.IntRange(1, MAX_SOCKETS),
                   metavar="N", help=SOCKETS_HELP)
     @functools.wraps(command)
     def wrapper(*args: Any, assignments: tuple[str, ...], sockets: int | None,
@@ -87,11 +146,11 @@ TRACE_HELP = (
 
 # The multi-turn workload (workloads/sessions.py), as serve and capacity take it.
 session_options = _stack(
-    click.option("--sessions", "n_sessions", default=None, type=int,
+    click.option("--sessions", "n_sessions", default=None, type=REQUESTS,
                  help="Multi-turn workload: N sessions (closed loop per session; --prompt-len is "
                  "each turn's user message, --output-len its answer)."),
-    click.option("--turns", default=None, type=int, help="With --sessions: turns per session."),
-    click.option("--system-prompt", default=1024, show_default=True, type=int,
+    click.option("--turns", default=None, type=click.IntRange(1, 10**4), help="With --sessions: turns per session."),
+    click.option("--system-prompt", default=1024, show_default=True, type=click.IntRange(0, MAX_LENGTH),
                  help="With --sessions: tokens of the system prompt every session shares."),
     click.option("--think-time", default="5", show_default=True,
                  help="With --sessions: seconds between a turn's end and the next turn: S, "
@@ -105,7 +164,7 @@ def speculative_options(placements: tuple[str, ...]):
     return _stack(
         click.option("--draft", default=None,
                      help="Speculative decoding: draft model (catalog name or config.json)."),
-        click.option("--spec-k", default=None, type=int,
+        click.option("--spec-k", default=None, type=SPEC_K,
                      help="With --draft: draft tokens a step (tree: its depth) [default: the "
                      "fastest in 1..16]."),
         click.option("--tree", default=None,
@@ -114,7 +173,7 @@ def speculative_options(placements: tuple[str, ...]):
                      show_default=True, type=click.Choice(placements),
                      help="With --draft: on the target's sockets, or on --draft-sockets of its "
                      "own."),
-        click.option("--draft-sockets", default=1, show_default=True, type=int,
+        click.option("--draft-sockets", default=1, show_default=True, type=SOCKETS,
                      help="With --draft-placement separate: the draft's sockets in each "
                      "replica."),
         click.option("--acceptance", default=None,

@@ -11,12 +11,14 @@ from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.plan import Plan
 from partitioning.routing import RoutingModel
 from partitioning.search import SearchResult
+from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output.report import overrides_line, text_table, weights_text
 from workloads.catalog import load_model
 from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
+from workloads.spec import check_context
 
 
 @click.command()
@@ -25,15 +27,15 @@ from workloads.errors import ConfigError
 @click.option("--cluster", "cluster_ref", required=True, help="Cluster name or TOML path.")
 @click.option("--objective", default="latency", show_default=True,
               type=click.Choice(["latency", "throughput", "sockets"]))
-@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Sequences per replica.")
-@click.option("--context", default=8192, show_default=True, type=click.IntRange(min=1), help="Prompt tokens.")
-@click.option("--gen-len", default=256, show_default=True, type=click.IntRange(min=1))
-@click.option("--top", default=10, show_default=True, type=int, help="Plans to print.")
+@click.option("--batch", default=1, show_default=True, type=o.BATCH, help="Sequences per replica.")
+@click.option("--context", default=8192, show_default=True, type=o.LENGTH, help="Prompt tokens.")
+@click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
+@click.option("--top", default=10, show_default=True, type=o.TOP, help="Plans to print.")
 @click.option("--weights", "weights_dtype", default=None, help="Weight dtype (bf16, fp8, ...).")
 @click.option("--spill", is_flag=True, help="Let weights, then KV cache, spill to DDR.")
 @click.option("--routing", default="uniform", show_default=True,
               help="Expert routing: uniform, or zipf:S (popularity ~ 1/rank^S).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Routing-model seed.")
+@click.option("--seed", default=0, show_default=True, type=o.SEED, help="Routing-model seed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per plan.")
 @click.option("--plan", "plan_text", default=None,
               help="Evaluate this plan only (tp16, tp4pp2, ...) instead of searching.")
@@ -44,6 +46,7 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     if min(batch, context, gen_len, top) < 1:
         raise ConfigError("--batch, --context, --gen-len and --top must be positive")
     spec = load_model(model_ref)
+    check_context(spec, context, gen_len, "--context")
     if weights_dtype:
         p = spec.precision
         spec = spec.with_precision(Precision(DType.parse(weights_dtype, "--weights"),
@@ -88,9 +91,11 @@ def parse_routing(text: str, seed: int) -> RoutingModel:
         return RoutingModel("uniform", seed=seed)
     if kind == "zipf":
         try:
-            return RoutingModel("zipf", zipf_s=float(s or 1.0), seed=seed)
+            exponent = float(s or 1.0)
         except ValueError:
-            pass
+            exponent = None
+        if exponent is not None:
+            return RoutingModel("zipf", zipf_s=exponent, seed=seed)  # checks S in [0, 100]
     raise ConfigError(f"--routing: {text!r}; expected uniform or zipf:S (S a number)")
 
 

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from rdu_cluster.output import plots
+from rdu_cluster.output import plots, results
 from rdu_cluster.output.report_page import load, page, render, rows
-from rdu_cluster.sweep import dataset
 from workloads.errors import ConfigError
 
 
@@ -25,11 +24,10 @@ def report(data_dir, out_path) -> None:
     out = Path(out_path)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ConfigError(f"--out {out}: expected an .html file name")
-    if not out.parent.exists():
-        raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
+    results.check_destination(out)  # before any work
     data = load(Path(data_dir))
     figures = render(data)
-    dataset.atomic_write(out, page(data, figures).encode())
+    results.atomic_write(out, page(data, figures).encode())
     drawn = sum(1 for f in figures if f.html)
     click.echo(f"{out}: {data.kind} dataset, {rows(data):,} rows, {drawn} plots"
                + (f", {len(figures) - drawn} skipped (reasons on the page)"

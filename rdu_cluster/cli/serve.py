@@ -14,6 +14,7 @@ import numpy as np
 
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
+from rdu_cluster.cli import options as o
 from rdu_cluster.cli import workload
 from rdu_cluster.cli.options import (
     TRACE_HELP,
@@ -36,6 +37,8 @@ from workloads.catalog import load_model
 from workloads.errors import ConfigError
 
 TABLES = ("requests", "steps", "sockets", "links")
+SUMMARY = "summary.json"
+OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier serve left in --out
 
 
 @click.command()
@@ -48,9 +51,9 @@ TABLES = ("requests", "steps", "sockets", "links")
 @click.option("--trace", "trace_path", default=None,
               help=TRACE_HELP + " With --rate: its arrivals rescaled to that mean rate; with "
               "--requests: its first N.")
-@click.option("--requests", "n_requests", default=None, type=int,
+@click.option("--requests", "n_requests", default=None, type=o.REQUESTS,
               help="Synthetic trace: number of requests.")
-@click.option("--rate", default=None, type=float,
+@click.option("--rate", default=None, type=o.Finite(0.0, lo_open=True, allow_inf=True),
               help="Synthetic trace: requests per second ('inf': all at 0); with --sessions, "
               "session starts per second [default: inf].")
 @session_options
@@ -63,20 +66,20 @@ TABLES = ("requests", "steps", "sockets", "links")
               help=f"Prefix-cache eviction policy: {', '.join(evictions.names())}.")
 @click.option("--arrival", type=click.Choice(traces.ARRIVALS), default="poisson",
               show_default=True)
-@click.option("--burstiness", default=1.0, show_default=True, type=float,
+@click.option("--burstiness", default=1.0, show_default=True, type=o.Finite(0.0, 1e3, lo_open=True),
               help="Coefficient of variation of bursty gaps.")
 @click.option("--prompt-len", default="1024", show_default=True,
               help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
 @click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=o.SEED)
 @click.option("--scheduler", default="continuous", show_default=True,
               help=f"Scheduler policy: {', '.join(schedulers.names())}.")
-@click.option("--max-batch", default=32, show_default=True, type=int)
-@click.option("--token-budget", default=8192, show_default=True, type=int)
+@click.option("--max-batch", default=32, show_default=True, type=o.BATCH)
+@click.option("--token-budget", default=8192, show_default=True, type=o.TOKENS)
 @click.option("--chunked-prefill", is_flag=True)
 @click.option("--preemption", type=click.Choice(schedulers.PREEMPTION), default="recompute",
               show_default=True)
-@click.option("--kv-fraction", default=0.9, show_default=True, type=float,
+@click.option("--kv-fraction", default=0.9, show_default=True, type=o.FRACTION,
               help="Share of the HBM left by the weights that holds KV cache.")
 @click.option("--fault", "faults", multiple=True,
               help="socket:N@T[:degraded:F] or link:A-B@T[:degraded:F]; repeatable.")
@@ -91,14 +94,14 @@ TABLES = ("requests", "steps", "sockets", "links")
 @click.option("--timeline", "timeline_path", default=None,
               help="Also write the run as Chrome/Perfetto trace-event JSON to this file (open it "
               "in ui.perfetto.dev): a track per socket and per link, a slice per step.")
-@click.option("--coe-experts", default=None, type=int,
+@click.option("--coe-experts", default=None, type=o.EXPERTS,
               help="Composition of Experts: N copies of --model (default llama-2-7b) behind a "
               "router (rdu_cluster/coe.py).")
 @click.option("--coe-router", default="llama-2-7b", show_default=True)
 @click.option("--coe-distribution", default="uniform", show_default=True,
               help="Request-to-expert: uniform, zipf:S, or trace (its model column).")
 @click.option("--coe-policy", default="lru", show_default=True, type=click.Choice(("lru", "lfu")))
-@click.option("--coe-hbm-slots", default=None, type=int,
+@click.option("--coe-hbm-slots", default=None, type=click.IntRange(1, o.MAX_EXPERTS),
               help="Experts HBM may hold [default: as many as fit].")
 @speculative_options(speculative.PLACEMENTS)
 @click.option("--concurrency", default=None, type=int,
@@ -150,6 +153,11 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     bench_spec = bench.MetricSpec.parse(metric_percentiles,
                                         [g for item in goodput for g in item.split()])
     ctx = click.get_current_context()
+    if coe_experts is None:
+        given = [f"--{n.replace('_', '-')}" for n in ("coe_router", "coe_distribution",
+                 "coe_policy", "coe_hbm_slots") if not _default(ctx, n)]
+        if given:
+            raise ConfigError(f"{'/'.join(given)}: only with --coe-experts")
     if coe_experts is not None and _default(ctx, "model_ref"):
         model_ref = coe.DEFAULT_EXPERT  # [MICRO24]'s experts
     if coe_experts is not None and _default(ctx, "scheduler"):
@@ -178,7 +186,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                          metrics=bench_spec, routing=routing, concurrency=concurrency,
                          prefix=PrefixConfig(prefix_cache, prefix_block, prefix_eviction))
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
-    out = _out_dir(out_dir)
+    out = results.check_folder(out_dir, OWNED)  # created only when the tables are written
     timeline = _timeline(timeline_path)
     kwargs = {"address": address} if backend_name == "ray" else {}
     if backend_name == "local" and address:
@@ -200,18 +208,17 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                 raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
             sim.observers.append(timeline)
         tables = sim.run()
-    write_tables(tables, out)
-    if timeline is not None:
-        events = timeline.write(timeline_path, tables)
-        click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
-                   "ui.perfetto.dev)", err=True)
-    wall = dict(sim.wall, total_s=time.perf_counter() - started)
     doc = bench_json(tables.summary, model=model.name, cluster=cluster_name,
                      plan=tables.requests.schema.metadata[b"rdu_cluster.plan"].decode(),
                      backend=backend_name, routing=routing,
                      num_prompts=len(trace), request_rate=rate, burstiness=burstiness,
                      max_concurrency=concurrency)
-    results.write_json(doc, out / "summary.json")
+    write_tables(tables, out, doc)
+    if timeline is not None:
+        events = timeline.write(timeline_path, tables)
+        click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
+                   "ui.perfetto.dev)", err=True)
+    wall = dict(sim.wall, total_s=time.perf_counter() - started)
     if tables.summary["overloaded"]:
         click.echo(OVERLOAD_WARNING, err=True)
     if as_json:
@@ -280,22 +287,21 @@ def _timeline(path: str | None) -> Timeline | None:
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"--timeline {target}: is a folder; give a file name (run.json)")
-    if not target.parent.is_dir():
-        raise ConfigError(f"--timeline {target}: folder {target.parent} does not exist")
+    results.check_destination(target, "--timeline")
     return Timeline()
 
 
-def _out_dir(path: str) -> Path:
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
-def write_tables(tables: Tables, out: Path) -> None:
-    for name in TABLES:
-        results.write_table(getattr(tables, name), out / f"{name}.parquet")
+def write_tables(tables: Tables, out: Path, summary: dict | None = None) -> None:
+    """The four tables and summary.json as one set: written into a hidden folder that then
+    replaces `out` (results.folder_swap), so `out` never mixes this run's files with an earlier
+    run's, and an interrupted write leaves the earlier set whole and no temporary file behind."""
+    with results.folder_swap(out, OWNED) as tmp:
+        for name in TABLES:
+            results.write_table(getattr(tables, name), tmp / f"{name}.parquet")
+        if summary is not None:
+            results.write_json(summary, tmp / SUMMARY)
 
 
 def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster: str) -> str:

@@ -7,6 +7,7 @@ import click
 from chip import serving_stacks
 from partitioning.estimate import best_plan, estimate_plan
 from partitioning.plan import Plan
+from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
@@ -17,6 +18,7 @@ from rdu_cluster.scenarios.ablate import format_ablation
 from workloads.catalog import load_model
 from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
+from workloads.spec import check_context
 
 DEFAULT_MODEL = "llama-3.1-70b"
 DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
@@ -38,13 +40,13 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     help="Cluster name or TOML path; repeat to compare side by side. "
     f"[default: {', '.join(DEFAULT_CLUSTERS)}]",
 )
-@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Sequences decoded together.")
-@click.option("--prompt-len", default=1024, show_default=True, type=click.IntRange(min=1))
-@click.option("--gen-len", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch", default=1, show_default=True, type=o.BATCH, help="Sequences decoded together.")
+@click.option("--prompt-len", default=1024, show_default=True, type=o.LENGTH)
+@click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
 @click.option(
     "--tp",
     default=None,
-    type=int,
+    type=o.SOCKETS,
     help="Tensor parallelism over this many sockets, "
     "replicated over the rest (shorthand for --plan tpN).",
 )
@@ -86,7 +88,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
 @click.option(
     "--spec-k",
     default=None,
-    type=int,
+    type=o.SPEC_K,
     help="Draft tokens a step (tree: its depth) [default: the fastest in 1..16].",
 )
 @click.option(
@@ -105,7 +107,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     type=click.Choice(speculative.PLACEMENTS),
     help="Draft on the target's sockets, or on --draft-sockets sockets of its own.",
 )
-@click.option("--draft-sockets", default=1, show_default=True, type=int)
+@click.option("--draft-sockets", default=1, show_default=True, type=o.SOCKETS)
 @click.option(
     "--coe",
     "coe_flag",
@@ -113,7 +115,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     help="Composition of Experts, MICRO24 Table V setting: router at --batch (8), then "
     "each (prompt, expert) pair; --model is the expert (default llama-2-7b).",
 )
-@click.option("--experts", default=150, show_default=True, type=int, help="With --coe.")
+@click.option("--experts", default=150, show_default=True, type=o.EXPERTS, help="With --coe.")
 @hardware_options
 @click.option(
     "--stack",
@@ -148,11 +150,14 @@ def simulate(
     stack_name,
 ) -> None:
     """Estimate decode and prefill of MODEL on each CLUSTER (--set and --sockets apply to each)."""
+    if out_path:
+        results.check_table_path(out_path)  # before any work: nothing runs for nowhere
     if coe_flag:
         click.echo(_coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts,
                               overrides))
         return
     spec = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
+    check_context(spec, prompt_len, gen_len)
     clusters = [load_cluster(c, overrides) for c in (cluster_refs or DEFAULT_CLUSTERS)]
     if ablate:
         click.echo(_ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from rdu_cluster.cli import options as o
 from rdu_cluster.output.report import text_table
 from rdu_cluster.sweep import dataset
 from rdu_cluster.sweep.execute import LocalBackend, RayBackend, run_sweep
@@ -24,7 +25,7 @@ from workloads.errors import ConfigError
 @click.option(
     "--dry-run", is_flag=True, help="Print the number of points and the first few; run nothing."
 )
-@click.option("--show", default=5, show_default=True, help="Points --dry-run prints.")
+@click.option("--show", default=5, show_default=True, type=o.TOP, help="Points --dry-run prints.")
 @click.option(
     "--backend",
     type=click.Choice(["local", "ray"]),

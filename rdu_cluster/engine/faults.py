@@ -16,6 +16,7 @@ bandwidth). Effects, at the first step boundary at or after the time:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -45,16 +46,23 @@ class Fault:
                 f"--fault {text!r}: expected socket:N@T[:degraded:F] or link:A-B@T[:degraded:F]"
             )
         g = m.groups()
-        if g[0]:
-            f = cls(float(g[2]), "socket", int(g[1]), -1, g[3] or "failed", float(g[4] or 0))
-        else:
-            f = cls(float(g[8]), "link", int(g[6]), int(g[7]), g[9] or "failed", float(g[10] or 0))
+        try:
+            if g[0]:
+                f = cls(float(g[2]), "socket", int(g[1]), -1, g[3] or "failed", float(g[4] or 0))
+            else:
+                f = cls(float(g[8]), "link", int(g[6]), int(g[7]), g[9] or "failed",
+                        float(g[10] or 0))
+        except ValueError:  # the pattern admits '1..2' or '1e+': not a number after all
+            raise ConfigError(f"--fault {text!r}: time and fraction must be numbers, as in "
+                              "socket:3@2.5:degraded:0.5") from None
         f.check(text, sockets)
         return f
 
     def check(self, text: str, sockets: int) -> None:
-        if self.time_s < 0:
-            raise ConfigError(f"--fault {text!r}: time must be >= 0")
+        if not 0 <= self.time_s < math.inf:
+            raise ConfigError(f"--fault {text!r}: time must be finite and >= 0")
+        if self.target == "link" and self.a == self.b:
+            raise ConfigError(f"--fault {text!r}: a link joins two different sockets")
         if not all(0 <= s < sockets for s in (self.a, self.b) if s >= 0):
             raise ConfigError(f"--fault {text!r}: socket out of range 0..{sockets - 1}")
         if self.kind == "degraded" and not 0 < self.fraction <= 1:

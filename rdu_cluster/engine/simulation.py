@@ -49,6 +49,7 @@ from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.routing import RoutingSampler
 from rdu_cluster.scenarios import coe
 from rdu_cluster.scenarios.speculative import PLACEMENTS, resolve_draft
+from workloads import traces
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
 from workloads.speculative import Speculation
@@ -96,6 +97,7 @@ class Simulation:
         if not 0 < config.kv_memory_fraction <= 1:
             raise ConfigError("--kv-fraction: must be in (0, 1]")
         self.model, self.cluster, self.trace, self.config = model, cluster, trace, config
+        traces.check_fits(trace, model.max_context, model.name)
         self.backend = backend
         self.progress = progress
         self.hooks: list[Callable[[Simulation, int], None]] = []

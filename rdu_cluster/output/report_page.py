@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rdu_cluster.output import plots
@@ -49,12 +50,21 @@ def load(root: Path) -> Dataset:
         return Dataset(str(info.get("kind")), f"Sweep {info.get('name')}", meta, cols)
     if (root / "requests.parquet").is_file():
         return _load_run(root)
-    raise ConfigError(f"{root}: neither a sweep dataset (no {dataset.SWEEP_FILE}) nor a "
-                      "`serve --out` folder (no requests.parquet)")
+    raise ConfigError(f"{root}: neither a sweep dataset (no "
+                      f"{dataset.meta_dir(root) / dataset.SWEEP_FILE}) nor a `serve --out` "
+                      "folder (no requests.parquet)")
+
+
+def _read_table(path: Path):
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise ConfigError(f"damaged table {path} ({str(e).splitlines()[0][:80]}); rerun the "
+                          "serve command that wrote it") from None
 
 
 def _load_run(root: Path) -> Dataset:
-    tables = {n: pq.read_table(root / f"{n}.parquet") for n in RUN_TABLES
+    tables = {n: _read_table(root / f"{n}.parquet") for n in RUN_TABLES
               if (root / f"{n}.parquet").is_file()}
     raw = tables["requests"].schema.metadata or {}
     meta = {k.decode().removeprefix("rdu_cluster."): v.decode() for k, v in raw.items()}

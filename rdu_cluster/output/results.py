@@ -3,10 +3,13 @@ metadata, built from Estimates, written atomically as Parquet or Arrow IPC."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -155,42 +158,173 @@ def _cast(value, typ):
     return str(value)
 
 
-def write_table(tbl: pa.Table, path: str | Path) -> Path:
-    """Write `.parquet` or `.arrow` (IPC file) atomically: a temporary file in the same folder,
-    then a rename, so a reader never sees half a file."""
+# Result files are for others to read (a shared folder, a colleague): 0666 less the umask, as
+# open() would make them; mkstemp's 0600 would hide them.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+DIR_MODE = 0o777 & ~_UMASK
+
+
+def check_destination(path: str | Path, what: str = "--out",
+                      create_parents: bool = False) -> Path:
+    """Refuse, before any work, a file destination that cannot be written: an existing
+    directory, a missing (unless `create_parents`: the writer makes it) or non-folder parent,
+    a folder nothing can be written in."""
     path = Path(path)
-    if path.suffix not in (".parquet", ".arrow"):
-        raise ConfigError(f"--out {path}: expected a .parquet or .arrow file name")
-    if not path.parent.exists():
-        raise ConfigError(f"--out {path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    if path.is_dir():
+        raise ConfigError(f"{what} {path}: is a directory; expected a file name")
+    parent = path.parent
+    while create_parents and not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        why = "is not a folder" if parent.exists() else "does not exist"
+        raise ConfigError(f"{what} {path}: folder {parent} {why}")
+    _probe(parent, f"{what} {path}")
+    return path
+
+
+def _probe(folder: Path, where: str) -> None:
+    """Create and remove an empty hidden folder in `folder`: the one test of writability that
+    holds for root, read-only mounts and pseudo file systems (/proc) alike."""
     try:
-        if path.suffix == ".parquet":
-            pq.write_table(tbl, tmp)
-        else:
-            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as writer:
-                writer.write_table(tbl)
+        os.rmdir(tempfile.mkdtemp(prefix=".rdu-probe.", dir=folder))
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot write in {folder}: {e.strerror or e}") from None
+
+
+def atomic_write(path: str | Path, data: bytes | Callable[[str], None],
+                 what: str = "--out") -> Path:
+    """THE writer of every result file: a hidden temporary file in the same folder (mode 0644
+    under the usual umask), flushed to disk, then renamed over `path`, so a reader or a resumed
+    run sees the whole file or none of it; on any failure or interruption (Ctrl-C, SIGTERM) the
+    temporary file is removed. `data` is the bytes, or a function writing the file at the path it
+    is given. An unwritable destination is one ConfigError line naming it."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot write: {e.strerror or e}") from None
+    try:
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                f.write(data)
+            else:
+                data(tmp)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.is_dir():
+            raise ConfigError(f"{what} {path}: is a directory; expected a file name")
         os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot write: {e.strerror or e}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def write_table(tbl: pa.Table, path: str | Path) -> Path:
+    """Write `.parquet` or `.arrow` (IPC file) atomically (atomic_write)."""
+    path = check_table_path(path)
+    if path.suffix == ".parquet":
+        return atomic_write(path, lambda tmp: pq.write_table(tbl, tmp))
+
+    def ipc(tmp: str) -> None:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as writer:
+            writer.write_table(tbl)
+
+    return atomic_write(path, ipc)
+
+
+def check_table_path(path: str | Path, what: str = "--out") -> Path:
+    path = Path(path)
+    if path.suffix not in (".parquet", ".arrow"):
+        raise ConfigError(f"{what} {path}: expected a .parquet or .arrow file name")
+    return check_destination(path, what)
+
+
+@contextlib.contextmanager
+def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> Iterator[Path]:
+    """Write a result set as a whole: yield an empty hidden folder beside `out` to fill; on
+    success it replaces `out` in two renames (the old folder moved aside, the new one in,
+    the old one deleted), so `out` never holds files of two runs, and a reader sees the
+    earlier set or the new one. On an error or interruption the hidden folder is removed.
+    `out` may exist only if it holds nothing but names in `owned` (an earlier result set):
+    a folder of other files is refused, never replaced."""
+    out = check_folder(out, owned, what)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        os.chmod(tmp, DIR_MODE)
+    except OSError as e:
+        raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
+    old = tmp.with_suffix(".old")
+    try:
+        yield tmp
+        _swap(out, tmp, old)
+    except OSError as e:
+        raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
+    finally:
+        if old.exists() and not out.exists():  # interrupted between the renames after all
+            os.rename(old, out)
+        for leftover in (tmp, old):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _swap(out: Path, new: Path, old: Path) -> None:
+    """`new` replaces `out`. Ctrl-C and SIGTERM are deferred between the two renames (raised
+    as KeyboardInterrupt right after), so an interruption never leaves `out` missing; if the
+    second rename fails, the earlier folder goes back. (Masking the signal would not do: Python
+    runs its handler as soon as any thread, tqdm's monitor for one, takes the signal.)"""
+    pending: list[int] = []
+    saved = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            saved[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
+    except ValueError:  # not the main thread: no handler of ours runs here anyway
+        pass
+    try:
+        moved = out.exists()
+        if moved:
+            os.rename(out, old)
+        try:
+            os.rename(new, out)
+        except OSError:
+            if moved:
+                os.rename(old, out)
+            raise
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    if pending:
+        raise KeyboardInterrupt
+
+
+def check_folder(out: str | Path, owned: Iterable[str], what: str = "--out") -> Path:
+    """The checks folder_swap makes, for use before any work starts."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{what} {out}: exists and is not a folder")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in set(owned))
+        if foreign:
+            raise ConfigError(f"{what} {out}: holds {foreign[0]!r}, not written by this "
+                              "command; choose an empty or new folder")
+    parent = out.parent  # missing folders are created on writing, under the nearest existing one
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{what} {out}: {parent} is not a folder")
+    _probe(parent, f"{what} {out}")
+    return out
 
 
 def write_json(obj: Mapping, path: str | Path) -> Path:
-    """Write one JSON object atomically (a temporary file in the same folder, then a rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    """Write one JSON object through atomic_write."""
+    text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
+    return atomic_write(path, text.encode())
 
 
 def json_lines(tbl: pa.Table) -> str:

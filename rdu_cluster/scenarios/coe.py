@@ -25,6 +25,7 @@ least recent).
 
 from __future__ import annotations
 
+import collections
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -59,8 +60,8 @@ class Popularity:
         if self.kind not in DISTRIBUTIONS:
             raise ConfigError(f"distribution: {self.kind!r} unknown; accepted: "
                               f"{', '.join(DISTRIBUTIONS)}")
-        if self.kind == "zipf" and not self.s > 0:
-            raise ConfigError(f"zipf: exponent must be positive, got {self.s!r}")
+        if self.kind == "zipf" and not 0 < self.s <= 100:  # past 100: one expert takes all
+            raise ConfigError(f"zipf: exponent must be in (0, 100], got {self.s!r}")
 
     @classmethod
     def parse(cls, text: str) -> Popularity:
@@ -68,11 +69,12 @@ class Popularity:
         name, _, arg = text.partition(":")
         if name == "zipf":
             try:
-                return cls("zipf", float(arg) if arg else 1.0)
+                s = float(arg) if arg else 1.0
             except ValueError:
                 raise ConfigError(
                     f"distribution: {text!r}: zipf takes a number, zipf:1.1"
                 ) from None
+            return cls("zipf", s)
         return cls(name)
 
     def probabilities(self, n: int) -> np.ndarray:
@@ -182,7 +184,11 @@ def memory(scenario: CoEScenario, cluster: ClusterSpec, batch: int, context: int
     (tp: sockets the router and each expert are split over; default: the node's)."""
     tp = tp or cluster.sockets
     router = graphs.weight_bytes(scenario.router) / tp
-    expert = max(graphs.weight_bytes(e) for e in scenario.experts) / tp
+    # experts are often copies of one model: each distinct one is sized once (65,536 copies
+    # would otherwise cost a minute of identical parameter counts)
+    counts = collections.Counter(scenario.experts)
+    sizes = {e: graphs.weight_bytes(e) for e in counts}
+    expert = max(sizes.values()) / tp
     kv = max(float(np.max(kv_cache_per_socket(e, tp, batch, context)))
              for e in set(scenario.experts))
     hbm = cluster.chip.hbm.capacity_bytes
@@ -196,7 +202,7 @@ def memory(scenario: CoEScenario, cluster: ClusterSpec, batch: int, context: int
     slots = min(int(free // expert), scenario.n)
     if scenario.hbm_slots is not None:
         slots = min(slots, scenario.hbm_slots)
-    in_tier = sum(graphs.weight_bytes(e) for e in scenario.experts) / tp
+    in_tier = sum(sizes[e] * n for e, n in counts.items()) / tp
     return Memory(router, expert, kv, hbm, tier, capacity_tier(cluster), slots, in_tier)
 
 

@@ -100,6 +100,37 @@ _ALLOWED_NODES = (
 )
 _FUNCTIONS = {"min": min, "max": max, "abs": abs, "round": round}
 
+# Bounds of a filter, so a spec cannot make the expansion hang or exhaust memory (9**9**9**9,
+# [0] * 10**11, 20,000 chained terms). Real filters are a line or two: "batch * (prompt_len +
+# gen_len) <= 2**20". Every arithmetic operator runs through _arith, which admits numbers only
+# (no sequence repetition or concatenation) and refuses results past 2^_MAX_BITS.
+MAX_FILTER_CHARS = 1000
+MAX_FILTER_NODES = 300
+_MAX_BITS = 1024
+_MAX_CONSTANT = 10**18
+
+
+def _arith(op: str, a: Any, b: Any) -> Any:
+    for x in (a, b):
+        if not isinstance(x, (int, float)):
+            raise TypeError(f"{op} takes numbers, got {type(x).__name__}")
+    if op == "**" and isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 \
+            and a.bit_length() * b > _MAX_BITS:
+        raise OverflowError(f"{a} ** {b} exceeds 2^{_MAX_BITS}")
+    out = _BINOPS[op](a, b)
+    if isinstance(out, int) and out.bit_length() > _MAX_BITS:
+        raise OverflowError(f"result exceeds 2^{_MAX_BITS}")
+    return out
+
+
+_BINOPS = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b, "//": lambda a, b: a // b, "%": lambda a, b: a % b,
+    "**": lambda a, b: a**b,
+}
+_OP_SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+              ast.Mod: "%", ast.Pow: "**"}
+
 
 @dataclass(frozen=True)
 class Filter:
@@ -116,6 +147,7 @@ class Filter:
     def keeps(self, fields: Mapping[str, Any]) -> bool:
         env = {f"_f{i}": fields.get(n) for i, n in enumerate(self.names)}
         env.update(_FUNCTIONS)
+        env["_arith"] = _arith
         try:
             holds = bool(eval(self.code, {"__builtins__": {}}, env))
         except (TypeError, ValueError, ArithmeticError) as e:  # e.g. None > 8, 1 / 0
@@ -129,20 +161,29 @@ class Filter:
 def compile_filter(text: Any, where: str, drop: bool, known) -> Filter:
     """`known(name)` says whether a dotted field name exists for the spec's kind."""
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"{where}: expected an expression string, got {text!r}")
+        raise ConfigError(f"{where}: expected an expression string, got {text!r:.60}")
+    if len(text) > MAX_FILTER_CHARS:
+        raise ConfigError(f"{where}: {len(text):,} characters; a filter may have at most "
+                          f"{MAX_FILTER_CHARS:,}")
     try:
         tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as e:
-        raise ConfigError(f"{where}: {text!r}: not an expression ({e.msg})") from None
-    names: list[str] = []
-    tree = _DottedNames(names, where, text).visit(tree)
-    for node in ast.walk(tree):
+    except (SyntaxError, RecursionError, MemoryError, ValueError) as e:
+        why = e.msg if isinstance(e, SyntaxError) else "nested too deeply"
+        raise ConfigError(f"{where}: {text!r}: not an expression ({why})") from None
+    nodes = list(ast.walk(tree))
+    if len(nodes) > MAX_FILTER_NODES:
+        raise ConfigError(f"{where}: {len(nodes):,} terms; a filter may have at most "
+                          f"{MAX_FILTER_NODES}")
+    for node in nodes:
         if not isinstance(node, _ALLOWED_NODES):
             raise ConfigError(f"{where}: {text!r}: {type(node).__name__} is not allowed")
         if isinstance(node, ast.Call) and not (
             isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS and not node.keywords
         ):
             raise ConfigError(f"{where}: {text!r}: only min, max, abs, round may be called")
+        _check_constant(node, where, text)
+    names: list[str] = []
+    tree = _DottedNames(names, where, text).visit(tree)
     for name in names:
         if not known(name):
             raise ConfigError(f"{where}: {text!r}: {name}: unknown field")
@@ -155,6 +196,12 @@ class _DottedNames(ast.NodeTransformer):
 
     def __init__(self, names: list[str], where: str, text: str):
         self.names, self.where, self.text = names, where, text
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        """a OP b -> _arith("OP", a, b): numbers only, results bounded."""
+        args = [ast.Constant(_OP_SYMBOL[type(node.op)]), self.visit(node.left),
+                self.visit(node.right)]
+        return ast.Call(func=ast.Name(id="_arith", ctx=ast.Load()), args=args, keywords=[])
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         node.args = [self.visit(a) for a in node.args]
@@ -172,6 +219,16 @@ class _DottedNames(ast.NodeTransformer):
         if name not in self.names:
             self.names.append(name)
         return ast.Name(id=f"_f{self.names.index(name)}", ctx=ast.Load())
+
+
+def _check_constant(node: ast.AST, where: str, text: str) -> None:
+    if not isinstance(node, ast.Constant):
+        return
+    v = node.value
+    big = isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) > _MAX_CONSTANT
+    if big or (isinstance(v, str) and len(v) > 256) or isinstance(v, (bytes, complex)):
+        raise ConfigError(f"{where}: {text[:60]!r}: constant {str(v)[:30]} out of bounds; "
+                          f"numbers up to 1e18, strings up to 256 characters")
 
 
 def _dotted(node: ast.AST, where: str, text: str) -> str:

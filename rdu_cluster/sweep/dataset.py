@@ -1,11 +1,15 @@
 """The sweep dataset: a hive-partitioned Parquet folder, its manifest, and resume.
 
-    OUT/_sweep.json                                     spec hash, code version, seed, the spec
-    OUT/_manifest/<chunk>.json                          the points each finished chunk covered
     OUT/cluster=<c>/model=<m>/part-<chunk>.parquet      the rows, one file per chunk and partition
+    OUT.sweep/sweep.json                                spec hash, code version, seed, the spec
+    OUT.sweep/manifest/<chunk>.json                     the points each finished chunk covered
+    OUT.sweep/lock                                      held (flock) while a sweep writes OUT
 
-The partition columns live in the folder names only (a reader adds them back: pyarrow, pandas,
-polars, DuckDB and Ray Data all do, and all skip names starting with "_" or "."). A chunk is
+OUT holds Parquet part files and nothing else, so every reader opens it as it is: polars'
+read_parquet(OUT) reads every file under a folder, whatever its name (sidecar files starting
+with "_" or ".", which pyarrow, pandas and Ray Data skip, make it fail), hence the sidecar
+folder beside OUT (`meta_dir`). The partition columns live in the folder names only (a reader
+adds them back as strings: tests/sweep/test_readers.py checks each reader). A chunk is
 committed by writing its part files (each to a hidden temporary name, then renamed) and then
 its manifest entry the same way: a point counts as finished only once its manifest entry
 exists, and a part file no manifest entry names is a leftover of an interrupted run, deleted on
@@ -21,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,19 +35,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import rdu_cluster
+from rdu_cluster.output import results
 from rdu_cluster.sweep.registry import Point
 from workloads.errors import ConfigError
+from workloads.files import parse_json, read_text
 
 # 2: serve rows carry the engine's energy and cost columns; 3: a point that does not fit is a
 # row (feasible = false, infeasible_reason) in every kind
 DATASET_SCHEMA_VERSION = "3"
-SWEEP_FILE = "_sweep.json"
-LOCK_FILE = "_sweep.lock"
-MANIFEST_DIR = "_manifest"
+SWEEP_FILE = "sweep.json"  # in meta_dir(OUT), as the two below
+LOCK_FILE = "lock"
+MANIFEST_DIR = "manifest"
+META_SUFFIX = ".sweep"
 FORMAT = "rdu-cluster-sweep"
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,25 @@ class Manifest:
 
 
 def partition_value(value: Any) -> str:
-    """A folder-safe partition value: what readers will show in the column."""
-    return _SAFE.sub("_", str(value)) or "_"
+    """A folder-safe partition value: what readers will show in the column. One a reader would
+    take for a number, a date or a boolean (a cluster named "16") gets a leading "_", so the
+    column stays a string in every reader."""
+    text = _SAFE.sub("_", str(value)) or "_"
+    return "_" + text if _TYPED.match(text) else text
+
+
+_TYPED = re.compile(r"^([+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|\d{4}-\d\d-\d\d.*|true|false|"
+                    r"null|nan|inf|[+-]inf)$", re.IGNORECASE)
+
+
+def meta_dir(root: str | Path) -> Path:
+    """The sidecar folder of the dataset OUT: OUT.sweep beside it."""
+    root = Path(os.path.abspath(root)) if Path(root).name in ("", ".", "..") else Path(root)
+    return root.parent / f"{root.name}{META_SUFFIX}"
+
+
+def manifest_dir(root: str | Path) -> Path:
+    return meta_dir(root) / MANIFEST_DIR
 
 
 def encode_parts(
@@ -106,20 +127,9 @@ def scenario_columns(table: pa.Table, points: Iterable[Point], columns) -> pa.Ta
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """A hidden temporary file in the same folder, flushed to disk, then renamed over `path`:
-    a reader or a resumed run sees the whole file or none of it."""
+    """results.atomic_write, in a folder created on demand (a new partition's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; a dataset is for others to read
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    results.atomic_write(path, data)
 
 
 def commit_chunk(
@@ -140,14 +150,14 @@ def commit_chunk(
         "reasons": reasons,
         "infeasible": {k: reasons.index(v) for k, v in sorted(infeasible.items())},
     }
-    atomic_write(root / MANIFEST_DIR / f"{chunk_id}.json", json.dumps(entry).encode())
+    atomic_write(manifest_dir(root) / f"{chunk_id}.json", json.dumps(entry).encode())
 
 
 def read_manifest(root: str | Path) -> Manifest:
     out = Manifest()
-    folder = Path(root) / MANIFEST_DIR
+    folder = manifest_dir(root)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        entry = json.loads(path.read_text())
+        entry = _manifest_entry(path)
         out.finished.update(entry["points"])
         out.files.update(entry["files"])
         out.rows += entry["rows"]
@@ -155,14 +165,41 @@ def read_manifest(root: str | Path) -> Manifest:
     return out
 
 
+def _manifest_entry(path: Path) -> dict[str, Any]:
+    """One chunk's manifest entry, its shape checked: a damaged one is named with what to do
+    (a truncated file is what a killed run can leave only if the disk lies about fsync)."""
+    fix = ("delete it and rerun the same command to redo its chunk, or rerun with --force to "
+           "start the sweep anew")
+    try:
+        entry = parse_json(read_text(path), str(path))
+        ok = (isinstance(entry, dict)
+              and all(isinstance(entry.get(k), list) for k in ("points", "files", "reasons"))
+              and all(isinstance(x, str) for k in ("points", "files", "reasons")
+                      for x in entry[k])
+              and isinstance(entry.get("rows"), int) and not isinstance(entry["rows"], bool)
+              and isinstance(entry.get("infeasible"), dict)
+              and all(isinstance(i, int) and 0 <= i < len(entry["reasons"])
+                      for i in entry["infeasible"].values()))
+    except ConfigError as e:
+        raise ConfigError(f"damaged manifest entry {path} ({e}); {fix}") from None
+    if not ok:
+        raise ConfigError(f"damaged manifest entry {path}: not a chunk record; {fix}")
+    return entry
+
+
 def sweep_info(root: str | Path) -> dict[str, Any] | None:
-    path = Path(root) / SWEEP_FILE
-    if not path.is_file():
+    path = meta_dir(root) / SWEEP_FILE
+    if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: unreadable sweep file: {e}") from None
+        info = parse_json(read_text(path), str(path))
+    except ConfigError as e:
+        info = e
+    if not isinstance(info, dict):
+        why = str(info) if isinstance(info, ConfigError) else f"holds a {type(info).__name__}"
+        raise ConfigError(f"damaged sweep file {path} ({why}); rerun with --force to start the "
+                          "sweep anew, or choose another --out")
+    return info
 
 
 @contextlib.contextmanager
@@ -171,8 +208,12 @@ def locked(root: Path) -> Iterator[None]:
     both run the unfinished points and commit them twice. flock dies with its process, so a
     killed run leaves no stale lock."""
     _refuse_foreign(root)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / LOCK_FILE, "a+b") as f:
+    try:
+        meta_dir(root).mkdir(parents=True, exist_ok=True)
+        f = open(meta_dir(root) / LOCK_FILE, "a+b")  # noqa: SIM115 - held across the yield below
+    except OSError as e:
+        raise ConfigError(f"--out {root}: cannot write: {e.strerror or e}") from None
+    with f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -186,12 +227,18 @@ def locked(root: Path) -> Iterator[None]:
 
 
 def _refuse_foreign(root: Path) -> None:
-    foreign = root.exists() and sweep_info(root) is None
-    if foreign and any(p.name != LOCK_FILE for p in root.iterdir()):
-        raise ConfigError(
-            f"--out {root}: exists and is not a sweep dataset (no {SWEEP_FILE}); "
-            "choose an empty or new folder"
-        )
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--out {root}: exists and is not a folder")
+    meta = meta_dir(root)
+    if meta.exists() and not meta.is_dir():
+        raise ConfigError(f"--out {root}: {meta} exists and is not a folder")
+    if sweep_info(root) is not None:
+        return
+    for folder in (root, meta):
+        if folder.exists() and any(p.name != LOCK_FILE for p in folder.iterdir()):
+            raise ConfigError(
+                f"--out {root}: {folder} exists and is not a sweep dataset (no "
+                f"{meta / SWEEP_FILE}); choose an empty or new folder")
 
 
 def prepare(root: Path, spec, n_points: int, force: bool) -> Manifest:
@@ -199,17 +246,18 @@ def prepare(root: Path, spec, n_points: int, force: bool) -> Manifest:
     Returns what is already finished. Called only once the spec is known to be good, under
     `locked(root)`."""
     _refuse_foreign(root)
-    info = sweep_info(root) if root.exists() else None
+    info = sweep_info(root)
     if info is not None and force:
         wipe(root)
         info = None
     if info is not None:
         _check_same(root, info, spec)
+        drop_broken_chunks(root)
         manifest = read_manifest(root)
         remove_leftovers(root, manifest)
         return manifest
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write(root / SWEEP_FILE, json.dumps(header(spec, n_points), indent=2).encode())
+    atomic_write(meta_dir(root) / SWEEP_FILE, json.dumps(header(spec, n_points), indent=2).encode())
     return Manifest()
 
 
@@ -254,26 +302,54 @@ def _check_same(root: Path, info: Mapping[str, Any], spec) -> None:
         )
 
 
+def drop_broken_chunks(root: Path) -> list[str]:
+    """Resume trusts no manifest entry blindly: a chunk whose part files are missing or
+    unreadable (deleted, truncated) loses its entry, so its points run again; the part files it
+    still has are removed with the leftovers. Returns the chunks dropped."""
+    dropped = []
+    folder = manifest_dir(root)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        entry = _manifest_entry(path)
+        if not all(_readable_part(root / rel) for rel in entry["files"]):
+            path.unlink()
+            dropped.append(entry.get("chunk", path.stem))
+    return dropped
+
+
+def _readable_part(path: Path) -> bool:
+    try:
+        return pq.ParquetFile(path).metadata is not None  # a truncated file has no footer
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def remove_leftovers(root: Path, manifest: Manifest) -> int:
     """Delete part files no manifest entry names and temporary files of interrupted writes."""
     removed = 0
-    for path in root.rglob("*"):
-        rel = path.relative_to(root).as_posix()
-        if not path.is_file() or rel in (SWEEP_FILE, LOCK_FILE):
-            continue
-        leftover_tmp = path.name.startswith(".")
-        orphan = path.suffix == ".parquet" and rel not in manifest.files
-        if leftover_tmp or orphan:
+    data = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+    for path in data:
+        orphan = path.suffix == ".parquet" and path.relative_to(root).as_posix() not in \
+            manifest.files
+        if path.name.startswith(".") or orphan:
             path.unlink()
             removed += 1
+    for path in manifest_dir(root).glob(".*"):  # a manifest entry's unfinished write
+        path.unlink()
+        removed += 1
     return removed
 
 
 def wipe(root: Path) -> None:
-    """Remove what a sweep wrote (and nothing else)."""
-    for path in root.iterdir():
-        if path.name in (SWEEP_FILE, MANIFEST_DIR) or "=" in path.name:  # not the lock: held
+    """Remove what a sweep wrote (and nothing else; not the lock: it is held)."""
+    for path in root.iterdir() if root.is_dir() else []:
+        if "=" in path.name:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+    meta = meta_dir(root)
+    for path in (meta / SWEEP_FILE, meta / MANIFEST_DIR):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def count_rows(root: str | Path) -> int:
@@ -290,11 +366,19 @@ def read_dataset(root: str | Path) -> pa.Table:
     """The whole dataset as one table, partition columns included (as plain strings)."""
     root = Path(root)
     if sweep_info(root) is None:
-        raise ConfigError(f"{root}: not a sweep dataset (no {SWEEP_FILE})")
+        raise ConfigError(f"{root}: not a sweep dataset (no {meta_dir(root) / SWEEP_FILE})")
     if not part_files(root):
         raise ConfigError(f"{root}: the sweep has no rows yet")
     import pyarrow.dataset as ds
 
-    part = ds.partitioning(flavor="hive")
-    tbl = ds.dataset(str(root), format="parquet", partitioning=part).to_table()
-    return tbl
+    files = part_files(root)
+    for path in files:
+        if not _readable_part(path):
+            raise ConfigError(f"damaged part file {path}: not a readable Parquet file; delete "
+                              "it and rerun the sweep command to redo its chunk")
+    # The part files by name (not the folder): a stray file beside them is not read. Partition
+    # columns come back as plain strings, as every reader shows them (test_readers).
+    part = ds.HivePartitioning.discover(infer_dictionary=False)
+    data = ds.dataset([str(p) for p in files], format="parquet", partitioning=part,
+                      partition_base_dir=str(root))
+    return data.to_table()

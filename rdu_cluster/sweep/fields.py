@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from workloads import checks
 from workloads.errors import ConfigError
 
 # A normalizer takes a raw TOML value and returns the normalized one, or raises ValueError with
@@ -22,22 +23,27 @@ from workloads.errors import ConfigError
 Normalizer = Callable[[Any], Any]  # raises TypeError or ValueError saying what was expected
 
 
-def positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"expected a positive integer, got {value!r}")
-    return value
+def int_in(lo: int, hi: int) -> Normalizer:
+    """An integer in [lo, hi]: every count a point drives a loop or an allocation with has a
+    stated bound (checks.MAX_COUNT and the bounds of traces, plans, clusters)."""
+
+    def normalize(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            what = {0: "a non-negative integer", 1: "a positive integer"}.get(lo, f"an integer >= {lo}")
+            raise ValueError(f"expected {what} (at most {hi:,}), got {value!r:.40}")
+        return value
+
+    return normalize
+
+
+positive_int = int_in(1, checks.MAX_COUNT)
+nonnegative_int = int_in(0, 2**63 - 1)
 
 
 def positive_float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"expected a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"expected a finite positive number, got {value!r:.40}")
     return float(value)
-
-
-def nonnegative_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected a non-negative integer, got {value!r}")
-    return value
 
 
 def finite_positive_float(value: Any) -> float:

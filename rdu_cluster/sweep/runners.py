@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rdu_cluster.config import OVERRIDE_PREFIXES, is_override
+from rdu_cluster.config import MAX_SOCKETS, OVERRIDE_PREFIXES, is_override
 from rdu_cluster.sweep.fields import (
     FieldDef,
     Namespace,
@@ -33,6 +33,7 @@ from rdu_cluster.sweep.fields import (
     dtype,
     finite_positive_float,
     fraction,
+    int_in,
     length_dist,
     nonnegative_int,
     positive_float,
@@ -41,7 +42,9 @@ from rdu_cluster.sweep.fields import (
     text,
 )
 from rdu_cluster.sweep.registry import Point, Runner, RunOutput, register
+from workloads.checks import MAX_BATCH
 from workloads.errors import ConfigError
+from workloads.traces import MAX_LENGTH, MAX_REQUESTS
 
 VECTOR = ("batch", "prompt_len", "gen_len")
 # The cluster-config override fields (OVERRIDE_SCALARS, OVERRIDE_PREFIXES): a point's value goes
@@ -88,15 +91,15 @@ def simulate_fields() -> dict[str, FieldDef]:
     fields = [
         FieldDef("model", text, s, column="model_ref", doc="catalog name or config.json path"),
         FieldDef("cluster", text, s, column="cluster_ref", doc="cluster name or TOML path"),
-        FieldDef("batch", positive_int, i64, default=1),
-        FieldDef("prompt_len", positive_int, i64, default=1024),
-        FieldDef("gen_len", positive_int, i64, default=256),
-        FieldDef("tp", positive_int, i64, doc="tensor-parallel degree [all sockets]"),
+        FieldDef("batch", int_in(1, MAX_BATCH), i64, default=1),
+        FieldDef("prompt_len", int_in(1, MAX_LENGTH), i64, default=1024),
+        FieldDef("gen_len", int_in(1, MAX_LENGTH), i64, default=256),
+        FieldDef("tp", int_in(1, MAX_SOCKETS), i64, doc="tensor-parallel degree [all sockets]"),
         FieldDef("weights", dtype, s, column="weights_dtype"),
         FieldDef("kv_dtype", dtype, s, column="kv_dtype"),
         FieldDef("execution_model", text, s, doc="[the chip's]"),
-        FieldDef("sockets", positive_int, i64, doc="override of the cluster's socket count"),
-        FieldDef("sockets_per_node", positive_int, i64, column="sockets_per_node"),
+        FieldDef("sockets", int_in(1, MAX_SOCKETS), i64, doc="override of the cluster's socket count"),
+        FieldDef("sockets_per_node", int_in(1, MAX_SOCKETS), i64, column="sockets_per_node"),
         FieldDef("plan", text, s, doc="e.g. tp4pp2 [tp over all sockets]; the row says its name"),
         FieldDef("calibration", text, s, default="default",
                  doc="calibration profile name or path, or none (as --calibration)"),
@@ -425,7 +428,7 @@ def serve_fields() -> dict[str, FieldDef]:
     for f in (
         FieldDef("plan", text, s, column="plan", doc="tp16, tp2ep8, tp4pp4 [tp over all sockets]"),
         FieldDef("execution_model", text, s, column="execution_model", doc="[the chip's]"),
-        FieldDef("requests", positive_int, i64, doc="synthetic trace: number of requests"),
+        FieldDef("requests", int_in(1, MAX_REQUESTS), i64, doc="synthetic trace: number of requests"),
         FieldDef("rate", finite_positive_float, f64, column="rate_requests_per_s",
                  doc="synthetic trace: requests per second"),
         FieldDef("arrival", choice(*ARRIVALS), s, default="poisson", column="arrival"),
@@ -436,8 +439,8 @@ def serve_fields() -> dict[str, FieldDef]:
         FieldDef("output_len", length_dist, s, default="256", column="output_len_dist"),
         FieldDef("seed", nonnegative_int, i64, doc="trace and routing seed [sweep.seed]"),
         FieldDef("scheduler", text, s, default="continuous", column="scheduler"),
-        FieldDef("max_batch", positive_int, i64, default=32, column="max_batch"),
-        FieldDef("token_budget", positive_int, i64, default=8192, column="token_budget"),
+        FieldDef("max_batch", int_in(1, MAX_BATCH), i64, default=32, column="max_batch"),
+        FieldDef("token_budget", int_in(1, MAX_BATCH * 64), i64, default=8192, column="token_budget"),
         FieldDef("chunked_prefill", boolean, b, default=False, column="chunked_prefill"),
         FieldDef("preemption", choice(*PREEMPTIONS), s, default="recompute",
                  column="preemption"),

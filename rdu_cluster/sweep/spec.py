@@ -36,7 +36,7 @@ Every error is a ConfigError naming the file and the field path (axes[1].batch[2
 from __future__ import annotations
 
 import hashlib
-import tomllib
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +63,9 @@ from rdu_cluster.sweep.fields import (
     lookup,
 )
 from rdu_cluster.sweep.registry import Point, Runner
+from workloads import checks
 from workloads.errors import ConfigError
+from workloads.files import read_toml
 
 TOP_KEYS = {"sweep", "base", "axes", "filters"}
 FILTER_KEYS = {"keep", "drop"}
@@ -143,13 +145,7 @@ class Spec:
 
 def load_spec(path: str | Path) -> Spec:
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            raw = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path.name}: malformed TOML: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"sweep spec {path}: cannot read: {e.strerror}") from None
+    raw = read_toml(path, "sweep spec")
     return parse_spec(raw, path.name, default_name=path.stem)
 
 
@@ -172,13 +168,14 @@ def parse_spec(raw: Mapping[str, Any], source: str = "spec", default_name: str =
         for key in ("keep", "drop")
         for i, t in enumerate(_strings(ftable, key, f"{source}: filters.{key}"))
     )
-    seed = _get(head, "seed", int, 0, f"{source}: sweep.seed")
+    seed = checks.integer(_get(head, "seed", int, 0, f"{source}: sweep.seed"),
+                          f"{source}: sweep.seed", 0, 2**63 - 1)
     on_inf = _get(head, "on_infeasible", str, "record", f"{source}: sweep.on_infeasible")
     if on_inf not in ON_INFEASIBLE:
         raise ConfigError(f"{source}: sweep.on_infeasible: {on_inf!r}; accepted: record, error")
     ppt = _get(head, "points_per_task", int, None, f"{source}: sweep.points_per_task")
-    if ppt is not None and ppt <= 0:
-        raise ConfigError(f"{source}: sweep.points_per_task: expected a positive integer")
+    if ppt is not None:
+        checks.integer(ppt, f"{source}: sweep.points_per_task", 1, DEFAULT_MAX_POINTS)
     normalized = {
         "kind": kind,
         "seed": seed,
@@ -326,6 +323,9 @@ class _Ctx:
 
 
 def _normalize(found: FieldDef | Namespace, value: Any, where: str) -> Any:
+    # TOML admits nan and inf; no scenario value is either (and a point's id could not hold it)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite value, got {value!r}")
     try:
         return found.normalize(value)
     except (TypeError, ValueError) as e:

@@ -23,10 +23,13 @@ from chip.execution import params_for
 from chip.kernel_by_kernel import GpuOptions, GpuParams
 from chip.serving_stacks import STACKS
 from partitioning.estimate import Estimate, estimate, tp_comm_time
-from rdu_cluster.config import load_cluster
-from workloads import catalog
+from rdu_cluster.config import MAX_SOCKETS, load_cluster
+from workloads import catalog, checks
+from workloads.checks import MAX_BATCH
 from workloads.errors import ConfigError
+from workloads.files import read_toml
 from workloads.ops import Collective, CollectiveKind
+from workloads.traces import MAX_LENGTH
 
 GIB = 2.0**30
 # Options by name: what a case's `options` field may say.
@@ -69,15 +72,72 @@ class Result:
 
 
 def load_table(path: str | None = None) -> dict[str, Any]:
+    """The bundled reference set, or a file of rows (`validate --cases`): every row checked
+    (check_row) before any runs."""
     if path is None:
         text = resources.files("rdu_cluster").joinpath("validation/measurements.toml").read_text()
+        table, where = tomllib.loads(text), "measurements.toml"
     else:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    table = tomllib.loads(text)
-    for row in table.get("row", []):
+        table, where = read_toml(path, "--cases"), f"--cases {path}"
+    checks.exact_keys(table, {"row"}, where, {"version"})
+    rows = table["row"]
+    if not isinstance(rows, list) or not rows or len(rows) > MAX_ROWS:
+        raise ConfigError(f"{where}: row: expected 1 to {MAX_ROWS:,} [[row]] tables")
+    for i, row in enumerate(rows):
+        check_row(row, f"{where}: row[{i}]")
         _check_row(row)
     return table
+
+
+# The kinds of a row's fields (the header of measurements.toml describes them); a field of the
+# wrong type or out of range is refused before any row runs.
+_TEXT = ("id", "source", "tier", "role", "system", "ambiguity", "claim", "metric", "model",
+         "cluster", "kind", "tolerance_basis", "options", "draft", "baseline_cluster",
+         "baseline_stack", "switch_model", "placement")
+_COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
+           "batch": MAX_BATCH, "prompt_len": MAX_LENGTH, "gen_len": MAX_LENGTH,
+           "experts": 2**16, "collective_bytes": 2**50}
+_KINDS = ("value", "min", "max", "range", "argmax")
+MAX_ROWS = 10_000
+
+
+def check_row(row: Any, where: str) -> None:
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: expected a table, got {checks.show(row)}")
+    for key in ("id", "metric", "kind", "value"):
+        if key not in row:
+            raise ConfigError(f"{where}.{key}: missing field")
+    for key in _TEXT:
+        if key in row and not (isinstance(row[key], str) and row[key]):
+            raise ConfigError(f"{where}.{key}: expected a non-empty string, got "
+                              f"{checks.show(row[key])}")
+    for key, hi in _COUNTS.items():
+        if key in row:
+            checks.integer(row[key], f"{where}.{key}", 1, hi)
+    for key, accepted in (("kind", _KINDS), ("metric", tuple(METRICS)),
+                          ("options", tuple(OPTIONS))):
+        if key in row and row[key] not in accepted:
+            raise ConfigError(f"{where}.{key}: {row[key]!r}; accepted: {', '.join(accepted)}")
+    if "models" in row and not (isinstance(row["models"], list) and 1 <= len(row["models"]) <= 64
+                                and all(isinstance(m, str) for m in row["models"])):
+        raise ConfigError(f"{where}.models: expected a list of 1 to 64 model names")
+    _check_value(row, where)
+
+
+def _check_value(row: dict, where: str) -> None:
+    value, kind = row["value"], row["kind"]
+    if kind == "argmax":
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}.value: kind argmax expects a model name")
+    elif kind == "range":
+        if not (isinstance(value, list) and len(value) == 2):
+            raise ConfigError(f"{where}.value: kind range expects [lo, hi]")
+        for j, v in enumerate(value):
+            checks.number(v, f"{where}.value[{j}]")
+    else:
+        checks.number(value, f"{where}.value")
+    if kind in ("value", "range"):
+        checks.number(row.get("rtol"), f"{where}.rtol", 0.0, 10.0)
 
 
 def load_cases(path: str | None = None) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ BASE = ["serve", "--model", "llama-3.1-8b", "--requests", "12", "--rate", "20",
 
 def _run(tmp_path, *extra, cluster="sn40l-8"):
     out, path = tmp_path / "out", tmp_path / "run.json"
+    tmp_path.mkdir(parents=True, exist_ok=True)  # serve creates nothing before it validates
     r = CliRunner().invoke(main, [*BASE, "--cluster", cluster, "--out", str(out),
                                   "--timeline", str(path), *extra])
     assert r.exit_code == 0, r.output + (r.stderr or "")

@@ -72,7 +72,7 @@ def test_layout_metadata_and_readers(tmp_path):
     row = df[(df.x == 3) & (df.y == 2)].iloc[0]
     assert row.value == 3 * 2 + 7 and str(row.cluster) == row.cluster_ref
     assert not [p for p in out.rglob(".*")]  # no temporary file left
-    info = json.loads((out / dataset.SWEEP_FILE).read_text())
+    info = json.loads((dataset.meta_dir(out) / dataset.SWEEP_FILE).read_text())
     assert info["spec_hash"] == spec.hash and info["points"] == 200
 
 

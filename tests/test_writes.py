@@ -1,0 +1,185 @@
+"""Writing results: whole or not at all, never mixed with an earlier run, 0644, interrupted by
+Ctrl-C or SIGTERM without leftovers; internal errors as one line; resume checks its files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+from rdu_cluster.output import results
+from rdu_cluster.sweep import LocalBackend, dataset, expand, load_spec, run_sweep
+from tests.sweep import helpers
+from tests.sweep.helpers import write
+
+SERVE = ["serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "12",
+         "--rate", "20", "--prompt-len", "uniform:32:256", "--output-len", "8"]
+TABLES = ("requests", "steps", "sockets", "links")
+
+
+def run(*args, **kw):
+    return CliRunner().invoke(main, list(args), **kw)
+
+
+def _tables(out: Path) -> dict[str, bytes]:
+    return {name: (out / f"{name}.parquet").read_bytes() for name in TABLES}
+
+
+def _interrupt_on_third_table(monkeypatch, how):
+    real, calls = results.write_table, []
+
+    def write_table(tbl, path):
+        calls.append(path)
+        if len(calls) == 3:  # two tables of the new set are written: the worst moment
+            how()
+        return real(tbl, path)
+
+    monkeypatch.setattr(results, "write_table", write_table)
+
+
+def _ctrl_c():
+    raise KeyboardInterrupt
+
+
+def _sigterm():
+    os.kill(os.getpid(), signal.SIGTERM)  # the CLI turns it into KeyboardInterrupt
+
+
+@pytest.mark.parametrize("how", [_ctrl_c, _sigterm], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_serve_write_leaves_the_earlier_set_whole(tmp_path, monkeypatch, how):
+    out = tmp_path / "out"
+    assert run(*SERVE, "--seed", "0", "--out", str(out)).exit_code == 0
+    before = _tables(out)
+    _interrupt_on_third_table(monkeypatch, how)
+    r = run(*SERVE, "--seed", "1", "--out", str(out))
+    assert r.exit_code == 130 and r.stderr.strip().splitlines()[-1] == "aborted"
+    assert _tables(out) == before  # the seed-0 set, all four, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(f"{t}.parquet" for t in TABLES), "summary.json"])
+    monkeypatch.undo()
+    assert run(*SERVE, "--seed", "1", "--out", str(out)).exit_code == 0
+    seeds = {pq.read_schema(out / f"{t}.parquet").metadata[b"rdu_cluster.seed"] for t in TABLES}
+    assert seeds == {b"1"}  # the new set replaced the old one as a whole
+
+
+def test_a_rejected_serve_writes_nothing(tmp_path):
+    out = tmp_path / "new" / "out"
+    (tmp_path / "new").mkdir()
+    r = run(*SERVE, "--fault", "socket:99@1", "--out", str(out))
+    assert r.exit_code == 2 and "--fault" in r.stderr
+    assert list((tmp_path / "new").iterdir()) == []
+
+
+def test_result_files_are_readable_by_others(tmp_path):
+    want = 0o666 & ~results._UMASK
+    assert run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--out",
+               str(tmp_path / "r.parquet")).exit_code == 0
+    assert run(*SERVE, "--out", str(tmp_path / "serve")).exit_code == 0
+    spec = load_spec(write(tmp_path, "[sweep]\nkind = 'fake'\n[[axes]]\ntype = 'grid'\n"
+                           "x = [1, 2]\n"))
+    run_sweep(spec, expand(spec).points, tmp_path / "ds", LocalBackend(), progress=False)
+    files = [tmp_path / "r.parquet", *(tmp_path / "serve").iterdir(),
+             *dataset.part_files(tmp_path / "ds"),
+             *(dataset.manifest_dir(tmp_path / "ds")).iterdir()]
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in files}
+    assert set(modes.values()) == {want}, modes
+    if results._UMASK == 0o022:
+        assert want == 0o644
+
+
+def test_an_unwritable_destination_is_one_line(tmp_path):
+    r = run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--out",
+            "/proc/x.parquet")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "/proc" in r.stderr
+    with pytest.raises(Exception) as e:
+        results.atomic_write(Path("/proc/self/x.bin"), b"data")
+    assert "cannot write" in str(e.value)
+
+
+def test_internal_errors_are_one_line_traceback_only_when_asked(monkeypatch):
+    sim_cli = sys.modules["rdu_cluster.cli.simulate"]  # the package exports the command
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(sim_cli, "load_model", boom)
+    r = run("simulate")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("internal error: RuntimeError: boom") and "Traceback" not in r.stderr
+    r = run("--debug", "simulate")
+    assert r.exit_code == 1 and "Traceback" in r.stderr and "internal error" in r.stderr
+    monkeypatch.setenv("RDU_CLUSTER_DEBUG", "1")
+    assert "Traceback" in run("simulate").stderr
+
+
+def test_resume_reruns_chunks_whose_parts_are_missing_or_damaged(tmp_path):
+    path = write(tmp_path, "[sweep]\nkind = 'fake'\n[[axes]]\ntype = 'grid'\n"
+                 "cluster = ['c1', 'c2']\nx = [1, 2, 3, 4]\n")
+    spec = load_spec(path)
+    points, out = expand(spec).points, tmp_path / "ds"
+    run_sweep(spec, points, out, LocalBackend(), progress=False, points_per_task=2)
+    full = dataset.read_dataset(out).sort_by("point_id")
+    parts = dataset.part_files(out)
+    parts[0].unlink()
+    parts[1].write_bytes(parts[1].read_bytes()[:20])  # truncated: no footer
+    helpers.CALLS.clear()
+    s = run_sweep(spec, points, out, LocalBackend(), progress=False, points_per_task=2)
+    assert s.ran == 4 and sum(helpers.CALLS) == 4  # the two chunks those files held
+    assert dataset.read_dataset(out).sort_by("point_id").equals(full)
+
+
+def test_report_names_a_damaged_part_and_skips_a_stray_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    spec = load_spec(write(tmp_path, "[base]\nmodel = 'llama-3.1-8b'\ncluster = 'sn40l-8'\n"
+                           "[[axes]]\ntype = 'grid'\nbatch = [1, 2]\n"))
+    out = tmp_path / "ds"
+    run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False)
+    (out / "notes.txt").write_text("a stray file")
+    r = run("report", str(out), "--out", str(tmp_path / "r.html"))
+    assert r.exit_code == 0, r.stderr
+    part = dataset.part_files(out)[0]
+    part.write_bytes(b"PAR1 broken")
+    r = run("report", str(out), "--out", str(tmp_path / "r2.html"))
+    assert r.exit_code == 2 and f"damaged part file {part}" in r.stderr
+    assert "delete it and rerun" in r.stderr and not (tmp_path / "r2.html").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_run_exits_like_ctrl_c_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from rdu_cluster.cli import main; main()", "serve", "--model",
+         "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "2000000", "--rate", "inf",
+         "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)  # imports done, the run under way
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "aborted"
+    assert list(tmp_path.iterdir()) == []  # no folder, no temporary file
+
+
+def test_sigterm_between_the_two_renames_is_held_until_the_new_set_is_in(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert run(*SERVE, "--seed", "0", "--out", str(out)).exit_code == 0
+    real = os.rename
+
+    def rename(src, dst):
+        if str(dst).endswith(".old"):  # out moved aside: the moment a signal would hurt most
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(src, dst)
+
+    monkeypatch.setattr(results.os, "rename", rename)
+    r = run(*SERVE, "--seed", "1", "--out", str(out))
+    assert r.exit_code == 130  # the signal still ends the run, once the swap is done
+    seeds = {pq.read_schema(out / f"{t}.parquet").metadata[b"rdu_cluster.seed"] for t in TABLES}
+    assert seeds == {b"1"} and sorted(p.name for p in tmp_path.iterdir()) == ["out"]

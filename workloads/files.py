@@ -1,0 +1,63 @@
+"""Reading the user's input files (JSON, TOML) with every failure a one-line ConfigError naming
+the file: missing, a directory, unreadable, too large, not UTF-8 text, malformed, nested past any
+real config's depth, or holding numbers past what Python converts."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from workloads.errors import ConfigError
+
+# The largest config, spec or case file accepted: the biggest bundled one is ~10 KB, a published
+# HF config.json some KB; 16 MiB leaves three orders of magnitude and keeps a stray dataset out.
+MAX_BYTES = 16 * 2**20
+
+
+def read_text(path: str | Path, what: str = "") -> str:
+    p = Path(path)
+    w = f"{what} {p}" if what else str(p)
+    try:
+        if p.is_dir():
+            raise ConfigError(f"{w}: is a directory, expected a file")
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise ConfigError(f"{w}: {size:,} bytes; at most {MAX_BYTES:,} accepted")
+        return p.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{w}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{w}: not UTF-8 text (byte {e.start}); expected a text "
+                          "file") from None
+    except OSError as e:
+        raise ConfigError(f"{w}: cannot read: {e.strerror or e}") from None
+
+
+def read_json(path: str | Path, what: str = "") -> Any:
+    return parse_json(read_text(path, what), f"{what} {path}" if what else str(path))
+
+
+def parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: malformed JSON ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: JSON nested too deeply to be a config") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise ConfigError(f"{where}: malformed JSON ({str(e).splitlines()[0][:80]})") from None
+
+
+def read_toml(path: str | Path, what: str = "") -> dict[str, Any]:
+    text = read_text(path, what)
+    name = f"{what} {Path(path).name}" if what else Path(path).name
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{name}: malformed TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: TOML nested too deeply") from None
+    except ValueError as e:
+        raise ConfigError(f"{name}: malformed TOML: {str(e)[:80]}") from None
