@@ -707,7 +707,7 @@ class Simulation:
                      c.draft_placement, c.draft_sockets, c.routing, c.concurrency,
                      c.prefix))
         return {"model": self.model.name, "cluster": self.cluster.name,
-                "plan": f"tp={self.plan.tp},ep={self.plan.ep},pp={self.plan.pp}",
+                "plan": self.partition_plan().name,
                 "scheduler": c.scheduler, "seed": c.seed, "trace": self.trace.source,
                 "config_hash": hashlib.sha256(desc.encode()).hexdigest()[:16]}
 
