@@ -577,8 +577,7 @@ class Simulation:
                        "sent_bytes": sent, "switches": int(switch.sum()),
                        "switch_s": float(np.sum(np.asarray(moves)[switch])),
                        **energy.socket_columns(self.rates, rows, m, end - t0)}
-                row["occupancy"] = occ  # a mapping the backend may fill in later (sync)
-                self.rec.sockets.append(row)
+                self.rec.sockets.add(row, occ)  # occ: a mapping the backend may fill later
                 if len(stage) > 1:
                     link = (s, stage[(pos + 1) % len(stage)])
                     self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent
