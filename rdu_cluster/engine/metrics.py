@@ -103,16 +103,19 @@ class SocketRows:
     def __len__(self) -> int:
         return len(self.cols["socket"])
 
-    def add(self, row: dict, occupancy) -> None:
-        """One row: `row` holds every column but the tiers' occupancy (a mapping tier ->
-        bytes, read once the backend has filled it in)."""
-        self.pending.append((len(self), occupancy))
+    def add_window(self, cols: dict, occupancies: list) -> None:
+        """A window's rows, one per socket: each column a value for all of them or one value
+        a socket (None: null); every column but the tiers' occupancy, given as a mapping tier
+        -> bytes a socket (read once the backend has filled it in)."""
+        k, first = len(occupancies), len(self)
         for name, col in self.cols.items():
-            v = row.get(name)
+            v = cols.get(name)
+            many = v is not None and not np.isscalar(v)
             if name in self.null:
-                self.null[name].append(v is None)
+                self.null[name].extend([v is None] * k)
                 v = 0.0 if v is None else v
-            col.append(v)
+            col.extend(v.tolist() if isinstance(v, np.ndarray) else v if many else [v] * k)
+        self.pending.extend((first + i, occ) for i, occ in enumerate(occupancies))
         self.settle(ready_only=True)
 
     def settle(self, ready_only: bool = False) -> None:
