@@ -85,10 +85,13 @@ def step_columns(rates: Rates, dynamic: np.ndarray | None, sockets: int,
 
 
 def socket_columns(rates: Rates, rows: np.ndarray, m: int, window_s: float) -> dict:
-    """energy_j and cost_usd of one socket over one window of `window_s` seconds."""
+    """energy_j and cost_usd of sockets over one window of `window_s` seconds: `rows` is
+    (sockets, ROWS, steps), one array (None: no [power] / [cost] table) a socket."""
+    k = len(rows)
     energy = (None if rates.idle_w is None
-              else float(rows[DYNAMIC_ROW, :m].sum()) + rates.idle_w * window_s)
-    cost = None if rates.socket_hour_usd is None else rates.socket_hour_usd * window_s / HOUR_S
+              else rows[:, DYNAMIC_ROW, :m].sum(axis=1) + rates.idle_w * window_s)
+    cost = (None if rates.socket_hour_usd is None
+            else np.full(k, rates.socket_hour_usd * window_s / HOUR_S))
     return {"energy_j": energy, "cost_usd": cost}
 
 

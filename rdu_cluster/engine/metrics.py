@@ -9,6 +9,8 @@ cost_usd; null where the chip has no [power] or the cluster no [cost] table): en
 
 from __future__ import annotations
 
+from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,16 +82,78 @@ class StepColumns:
         return len(self.cols["step"])
 
 
+OCCUPANCY = {f"{t}_used_bytes": t for t in TIERS}
+SOCKET_NULLABLE = ("energy_j", "cost_usd", *OCCUPANCY)  # None: no [power] / [cost], no tier
+COMPACT_EVERY = 64  # windows' step arrays joined into one chunk (a window's are a few steps)
+
+
+class SocketRows:
+    """The sockets table's rows (one per socket per window), kept as typed arrays: 8 bytes a
+    value, where a dict per row took ~1 kB, so a light-load trace (a window per arrival) does
+    not grow by a dict per socket per window. A tier occupancy the backend fills in later (Ray:
+    when the reply is collected, at most its queue length of windows later) is read as soon as
+    it is ready, so only the unread ones are held."""
+
+    def __init__(self) -> None:
+        self.cols = {f.name: array("q" if pa.types.is_integer(f.type) else "d")
+                     for f in SOCKETS}
+        self.null = {name: array("b") for name in SOCKET_NULLABLE}
+        self.pending: deque = deque()  # (row, occupancy) not read yet
+
+    def __len__(self) -> int:
+        return len(self.cols["socket"])
+
+    def add_window(self, cols: dict, occupancies: list) -> None:
+        """A window's rows, one per socket: each column a value for all of them or one value
+        a socket (None: null); every column but the tiers' occupancy, given as a mapping tier
+        -> bytes a socket (read once the backend has filled it in)."""
+        k, first = len(occupancies), len(self)
+        for name, col in self.cols.items():
+            v = cols.get(name)
+            many = v is not None and not np.isscalar(v)
+            if name in self.null:
+                self.null[name].extend([v is None] * k)
+                v = 0.0 if v is None else v
+            col.extend(v.tolist() if isinstance(v, np.ndarray) else v if many else [v] * k)
+        self.pending.extend((first + i, occ) for i, occ in enumerate(occupancies))
+        self.settle(ready_only=True)
+
+    def settle(self, ready_only: bool = False) -> None:
+        """Read the occupancies filled in so far (all of them: after the backend's sync)."""
+        while self.pending:
+            i, occ = self.pending[0]
+            if ready_only and getattr(occ, "values", occ) is None:
+                return
+            self.pending.popleft()
+            for name, tier in OCCUPANCY.items():
+                v = occ.get(tier)
+                self.null[name][i] = v is None
+                self.cols[name][i] = 0.0 if v is None else v
+
+    def columns(self) -> dict[str, pa.Array]:
+        self.settle()
+        out = {}
+        for f in SOCKETS:
+            values = np.frombuffer(self.cols[f.name], dtype=np.int64 if
+                                   pa.types.is_integer(f.type) else np.float64)
+            mask = (np.frombuffer(self.null[f.name], dtype=np.int8).astype(bool)
+                    if f.name in self.null else None)
+            out[f.name] = pa.array(values, type=f.type, mask=mask)
+        return out
+
+
 @dataclass
 class Recorder:
     steps: list[StepColumns] = field(default_factory=list)
-    sockets: list[dict] = field(default_factory=list)
+    sockets: SocketRows = field(default_factory=SocketRows)
     link_bytes: dict[tuple[int, int], float] = field(default_factory=dict)
     ends: dict[int, list[np.ndarray]] = field(default_factory=dict)  # replica -> step ends
     starts: dict[int, list[np.ndarray]] = field(default_factory=dict)
     switch_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (replica, step)
     # energy_j / cost_usd per request id, only the configured ones (engine/energy.py)
     split: dict[str, dict[int, float]] = field(default_factory=dict)
+    loose: int = 0  # windows in self.steps not joined into a chunk yet (_compact)
+    loose_times: dict[int, int] = field(default_factory=dict)  # the same, per replica
 
     def add_steps(self, replica: int, cols: dict[str, np.ndarray]) -> None:
         self.steps.append(StepColumns(cols))
@@ -97,6 +161,23 @@ class Recorder:
         self.starts.setdefault(replica, []).append(cols["start_s"][keep])
         ends = np.concatenate([cols["start_s"][1:], [cols["start_s"][-1] + cols["time_s"][-1]]])
         self.ends.setdefault(replica, []).append(ends[keep])
+        self._compact(replica)
+
+    def _compact(self, replica: int) -> None:
+        """Join each COMPACT_EVERY windows' arrays into one chunk per column (the same values
+        in the same order: the tables concatenate them all at the end either way), so memory
+        per window is its rows' bytes, not a few dozen small arrays' headers."""
+        self.loose += 1
+        if self.loose >= COMPACT_EVERY:
+            tail = self.steps[-self.loose:]
+            self.steps[-self.loose:] = [StepColumns({f.name: np.concatenate(
+                [t.cols[f.name] for t in tail]) for f in STEPS})]
+            self.loose = 0
+        n = self.loose_times[replica] = self.loose_times.get(replica, 0) + 1
+        if n >= COMPACT_EVERY:
+            for times in (self.starts[replica], self.ends[replica]):
+                times[-n:] = [np.concatenate(times[-n:])]
+            self.loose_times[replica] = 0
 
     def step_times(self, replica: int) -> tuple[np.ndarray, np.ndarray]:
         s = self.starts.get(replica, [])
@@ -143,12 +224,21 @@ def table(schema: pa.Schema, columns: dict, metadata: dict) -> pa.Table:
     meta = {b"rdu_cluster.schema_version": SCHEMA_VERSION.encode(),
             b"rdu_cluster.code_version": rdu_cluster.__version__.encode()}
     meta.update({f"rdu_cluster.{k}".encode(): str(v).encode() for k, v in metadata.items()})
-    arrays = [pa.array(_plain(columns[f.name]), type=f.type) for f in schema]
+    arrays = [_array(columns[f.name], f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema.with_metadata(meta))
 
 
-def _plain(values):
-    return values.tolist() if isinstance(values, np.ndarray) else values
+def _array(values, kind: pa.DataType) -> pa.Array:
+    """A column as Arrow: a numeric numpy column of the field's kind straight from its buffer
+    (the same values as through a list, without a Python object per value at table time)."""
+    if isinstance(values, pa.Array):
+        return values
+    if isinstance(values, np.ndarray):
+        if ((pa.types.is_floating(kind) and values.dtype.kind == "f")
+                or (pa.types.is_integer(kind) and values.dtype.kind in "iu")):
+            return pa.array(values, type=kind)
+        values = values.tolist()
+    return pa.array(values, type=kind)
 
 
 def steps_columns(rec: Recorder) -> dict:
@@ -158,9 +248,7 @@ def steps_columns(rec: Recorder) -> dict:
 
 
 def sockets_columns(rec: Recorder) -> dict:
-    occ = {f"{t}_used_bytes": t for t in TIERS}
-    return {f.name: [row["occupancy"].get(occ[f.name]) if f.name in occ else row.get(f.name)
-                     for row in rec.sockets] for f in SOCKETS}
+    return rec.sockets.columns()
 
 
 def percentiles(values, qs=(50, 90, 99)) -> dict[int, float]:

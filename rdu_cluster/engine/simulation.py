@@ -566,22 +566,26 @@ class Simulation:
 
     def _record_sockets(self, rep: Replica, window: Window, res: dict, t0: float, end: float,
                         m: int) -> None:
+        """One sockets-table row per socket of the replica, as columns (metrics.SocketRows)."""
         switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
+        socks = [s for stage in self.layouts[rep.index].stages for s in stage]
+        rows = np.stack([res[s][0] for s in socks])  # (sockets, ROWS, steps)
+        busy, sent = rows[:, 0, :m].sum(axis=1), rows[:, SENT_ROW, :m].sum(axis=1)
+        span = end - t0
+        self.rec.sockets.add_window({
+            "socket": socks, "replica": rep.index, "node": [self.cluster.node_of(s) for s in socks],
+            "window": self.windows, "time_s": end, "window_s": span, "busy_s": busy,
+            "busy_fraction": busy / span if end > t0 else np.zeros(len(socks)),
+            "sent_bytes": sent, "switches": int(switch.sum()),
+            "switch_s": [float(np.sum(np.asarray(res[s][1])[switch])) for s in socks],
+            **energy.socket_columns(self.rates, rows, m, span)},
+            [res[s][2] for s in socks])  # occupancies: mappings the backend may fill later
         for stage in self.layouts[rep.index].stages:
             for pos, s in enumerate(stage):
-                rows, moves, occ = res[s]
-                busy, sent = float(rows[0, :m].sum()), float(rows[SENT_ROW, :m].sum())
-                row = {"socket": s, "replica": rep.index, "node": self.cluster.node_of(s),
-                       "window": self.windows, "time_s": end, "window_s": end - t0,
-                       "busy_s": busy, "busy_fraction": busy / (end - t0) if end > t0 else 0.0,
-                       "sent_bytes": sent, "switches": int(switch.sum()),
-                       "switch_s": float(np.sum(np.asarray(moves)[switch])),
-                       **energy.socket_columns(self.rates, rows, m, end - t0)}
-                row["occupancy"] = occ  # a mapping the backend may fill in later (sync)
-                self.rec.sockets.append(row)
                 if len(stage) > 1:
                     link = (s, stage[(pos + 1) % len(stage)])
-                    self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent
+                    sent_s = float(sent[socks.index(s)])
+                    self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s
 
     def report_progress(self) -> None:
         if self.progress is not None:

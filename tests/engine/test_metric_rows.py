@@ -1,0 +1,60 @@
+"""The compact recorders (engine/metrics.py): socket rows as typed arrays, an occupancy read
+once the backend fills it in, and step arrays joined in chunks with the same values."""
+
+import numpy as np
+import pytest
+
+from rdu_cluster.backends.ray_backend import PendingOccupancy
+from rdu_cluster.engine import metrics
+
+
+def _window(rec: metrics.SocketRows, w: int, occ: list, energy=None) -> None:
+    rec.add_window({"socket": [0, 1], "replica": 0, "node": [0, 0], "window": w,
+                    "time_s": 1.0 + w, "window_s": 1.0, "busy_s": np.array([0.5, 0.25]),
+                    "busy_fraction": np.array([0.5, 0.25]), "sent_bytes": np.zeros(2),
+                    "switches": 0, "switch_s": [0.0, 0.0], "energy_j": energy,
+                    "cost_usd": None}, occ)
+
+
+def test_socket_rows_read_occupancy_once_filled_and_keep_nulls():
+    rows = metrics.SocketRows()
+    late = [PendingOccupancy(), PendingOccupancy()]
+    _window(rows, 0, late, energy=np.array([2.0, 3.0]))
+    _window(rows, 1, [{"hbm": 5.0}, {"hbm": 6.0, "ddr": 1.0}])
+    assert len(rows.pending) == 4  # the second window waits behind the first, in order
+    for i, p in enumerate(late):
+        p.fill({"hbm": float(i)})
+    cols = rows.columns()
+    assert not rows.pending
+    assert cols["hbm_used_bytes"].to_pylist() == [0.0, 1.0, 5.0, 6.0]
+    assert cols["ddr_used_bytes"].to_pylist() == [None, None, None, 1.0]
+    assert cols["energy_j"].to_pylist() == [2.0, 3.0, None, None]
+    assert cols["cost_usd"].null_count == 4
+    assert cols["window"].to_pylist() == [0, 0, 1, 1]
+    assert cols["busy_s"].to_pylist() == [0.5, 0.25, 0.5, 0.25]
+
+
+def test_unfilled_occupancy_is_an_error_at_table_time():
+    rows = metrics.SocketRows()
+    _window(rows, 0, [PendingOccupancy(), PendingOccupancy()])
+    with pytest.raises(RuntimeError, match="sync"):
+        rows.columns()
+
+
+def test_joined_step_chunks_hold_the_same_rows():
+    rec = metrics.Recorder()
+    rng = np.random.default_rng(0)
+    windows = []
+    for w in range(2 * metrics.COMPACT_EVERY + 5):
+        n = int(rng.integers(1, 6))
+        cols = {f.name: rng.random(n) for f in metrics.STEPS}
+        cols["step"] = np.arange(n) + 10 * w
+        cols["phase"] = np.array(["decode"] * n)
+        rec.add_steps(0, cols)
+        windows.append(cols)
+    assert len(rec.steps) == 2 + 5  # two joined chunks, five windows not joined yet
+    joined = metrics.steps_columns(rec)
+    for f in metrics.STEPS:
+        assert np.array_equal(joined[f.name], np.concatenate([c[f.name] for c in windows]))
+    starts, _ = rec.step_times(0)
+    assert np.array_equal(starts, np.concatenate([c["start_s"] for c in windows]))
