@@ -11,10 +11,9 @@ is useless once the block before it is gone.
 
 from __future__ import annotations
 
-import importlib
 from typing import Protocol
 
-from workloads.errors import ConfigError
+from rdu_cluster.engine.registry import Registry
 
 BUILTIN = ("rdu_cluster.engine.evictions.lru",)
 
@@ -31,28 +30,10 @@ class Eviction(Protocol):
     def __len__(self) -> int: ...
 
 
-POLICIES: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    POLICIES[cls.name] = cls
-    return cls
-
-
-def names() -> list[str]:
-    _load()
-    return sorted(POLICIES)
+REGISTRY = Registry("--prefix-eviction", BUILTIN)
+register = REGISTRY.register
+names = REGISTRY.names
 
 
 def get(name: str) -> Eviction:
-    _load()
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise ConfigError(f"--prefix-eviction: unknown {name!r}; accepted: "
-                          f"{', '.join(sorted(POLICIES))}") from None
-
-
-def _load() -> None:
-    for module in BUILTIN:
-        importlib.import_module(module)
+    return REGISTRY.cls(name)()

@@ -31,13 +31,12 @@ state at an arrival is what a step-by-step loop would show (engine/dispatch.py).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rdu_cluster.engine.registry import Registry
 from rdu_cluster.engine.requests import Request
-from workloads.errors import ConfigError
 
 BUILTIN = ("rdu_cluster.engine.replica_routing.round_robin",
            "rdu_cluster.engine.replica_routing.least_outstanding",
@@ -66,33 +65,16 @@ class RoutingPolicy(Protocol):
     def choose(self, request: Request, replicas: Sequence[ReplicaView]) -> int: ...
 
 
-POLICIES: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    POLICIES[cls.name] = cls
-    return cls
-
-
-def names() -> list[str]:
-    _load()
-    return sorted(POLICIES)
+REGISTRY = Registry("--routing", BUILTIN)
+register = REGISTRY.register
+names = REGISTRY.names
 
 
 def get(name: str) -> RoutingPolicy:
-    _load()
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise ConfigError(
-            f"--routing: unknown {name!r}; accepted: {', '.join(sorted(POLICIES))}") from None
+    return REGISTRY.cls(name)()
 
 
 def least(replicas: Sequence[ReplicaView], key) -> int:
     """The replica with the smallest key; ties to the lowest index (deterministic)."""
     return min(replicas, key=lambda v: (key(v), v.index)).index
 
-
-def _load() -> None:
-    for module in BUILTIN:
-        importlib.import_module(module)

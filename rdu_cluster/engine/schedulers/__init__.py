@@ -10,12 +10,12 @@ several spans per backend round trip only while every plan after the first is sa
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from rdu_cluster.engine.kv import KVManager
+from rdu_cluster.engine.registry import Registry
 from rdu_cluster.engine.requests import Request
 from workloads.errors import ConfigError
 
@@ -83,30 +83,12 @@ class Scheduler(Protocol):
     def step(self, view: View) -> StepPlan: ...
 
 
-SCHEDULERS: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    SCHEDULERS[cls.name] = cls
-    return cls
-
-
-def names() -> list[str]:
-    _load()
-    return sorted(SCHEDULERS)
+REGISTRY = Registry("--scheduler", BUILTIN)
+register = REGISTRY.register
+names = REGISTRY.names
 
 
 def get(name: str, limits: Limits) -> Scheduler:
-    _load()
+    cls = REGISTRY.cls(name)
     limits.check()
-    try:
-        return SCHEDULERS[name](limits)
-    except KeyError:
-        raise ConfigError(
-            f"--scheduler: unknown {name!r}; accepted: {', '.join(sorted(SCHEDULERS))}"
-        ) from None
-
-
-def _load() -> None:
-    for module in BUILTIN:
-        importlib.import_module(module)
+    return cls(limits)
