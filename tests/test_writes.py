@@ -138,7 +138,7 @@ def test_resume_reruns_chunks_whose_parts_are_missing_or_damaged(tmp_path):
 
 
 def test_report_names_a_damaged_part_and_skips_a_stray_file(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("plotly")
     spec = load_spec(write(tmp_path, "[base]\nmodel = 'llama-3.1-8b'\ncluster = 'sn40l-8'\n"
                            "[[axes]]\ntype = 'grid'\nbatch = [1, 2]\n"))
     out = tmp_path / "ds"
