@@ -345,13 +345,9 @@ SERVE_HOVER = ["rate_requests_per_s", "max_batch", "throughput_tokens_per_s", "t
                "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "requests_unserved"]
 
 
-def _vs_rate(cols: Cols, metric: str, label: str, scale: float = 1e3):
-    """A metric's p50 (solid) and p99 (dotted) against the request rate: a panel per model, a
-    curve per cluster and setting."""
-    go = require_plotly()
-    mask, by, fixed = settings_slice(cols, ["rate_requests_per_s"])
-    models = list(_unique(cols["model"][mask]))
-    fig, where = _panels(models)
+def _rate_curves(cols: Cols, mask, by, models: list, where: list):
+    """One curve per (model panel, cluster and setting), its rows in rising request rate, with
+    their hover text: (row, col, model, curve index, name, row order, hover)."""
     rate = cols["rate_requests_per_s"].astype(float)
     for (row, col), model in zip(where, models):
         for i, (name, m) in enumerate(groups(cols, mask, by)):
@@ -361,12 +357,24 @@ def _vs_rate(cols: Cols, metric: str, label: str, scale: float = 1e3):
             order = np.flatnonzero(m)[np.argsort(rate[m])]
             hover = ["<br>".join(f"{h}: {_fmt(cols[h][k])}" for h in SERVE_HOVER if h in cols)
                      for k in order]
-            for q, dash in ((50, "solid"), (99, "dot")):
-                fig.add_trace(go.Scatter(
-                    x=rate[order], y=cols[f"{metric}_p{q}_s"][order].astype(float) * scale,
-                    mode="lines+markers", name=f"{name} p{q}", legendgroup=name,
-                    showlegend=bool(model == models[0]), text=hover,
-                    line={"color": _color(i), "dash": dash}), row=row, col=col)
+            yield row, col, model, i, name, order, hover
+
+
+def _vs_rate(cols: Cols, metric: str, label: str, scale: float = 1e3):
+    """A metric's p50 (solid) and p99 (dotted) against the request rate: a panel per model, a
+    curve per cluster and setting."""
+    go = require_plotly()
+    mask, by, fixed = settings_slice(cols, ["rate_requests_per_s"])
+    models = list(_unique(cols["model"][mask]))
+    fig, where = _panels(models)
+    rate = cols["rate_requests_per_s"].astype(float)
+    for row, col, model, i, name, order, hover in _rate_curves(cols, mask, by, models, where):
+        for q, dash in ((50, "solid"), (99, "dot")):
+            fig.add_trace(go.Scatter(
+                x=rate[order], y=cols[f"{metric}_p{q}_s"][order].astype(float) * scale,
+                mode="lines+markers", name=f"{name} p{q}", legendgroup=name,
+                showlegend=bool(model == models[0]), text=hover,
+                line={"color": _color(i), "dash": dash}), row=row, col=col)
     ms = np.concatenate([cols[f"{metric}_p{q}_s"][mask] for q in (50, 99)]).astype(float) * scale
     _axes(fig, where, "request rate (requests/s)", f"{label} ms", _scale(rate[mask]), _scale(ms))
     return fig, (f"{label} p50 (solid) and p99 (dotted) against the arrival rate, one panel per "
@@ -388,19 +396,11 @@ def latency_vs_throughput(cols: Cols):
     models = list(_unique(cols["model"][mask]))
     fig, where = _panels(models)
     thr = cols["throughput_tokens_per_s"].astype(float)
-    rate = cols["rate_requests_per_s"].astype(float)
-    for (row, col), model in zip(where, models):
-        for i, (name, m) in enumerate(groups(cols, mask, by)):
-            m = m & (cols["model"] == model)
-            if not m.any():
-                continue
-            order = np.flatnonzero(m)[np.argsort(rate[m])]
-            hover = ["<br>".join(f"{h}: {_fmt(cols[h][k])}" for h in SERVE_HOVER if h in cols)
-                     for k in order]
-            fig.add_trace(go.Scatter(
-                x=thr[order], y=cols["e2e_p50_s"][order].astype(float), mode="lines+markers",
-                name=name, legendgroup=name, showlegend=bool(model == models[0]), text=hover,
-                line={"color": _color(i)}), row=row, col=col)
+    for row, col, model, i, name, order, hover in _rate_curves(cols, mask, by, models, where):
+        fig.add_trace(go.Scatter(
+            x=thr[order], y=cols["e2e_p50_s"][order].astype(float), mode="lines+markers",
+            name=name, legendgroup=name, showlegend=bool(model == models[0]), text=hover,
+            line={"color": _color(i)}), row=row, col=col)
     _axes(fig, where, "output tokens/s (whole cluster)", "end-to-end latency p50 s",
           _scale(thr[mask]), _scale(cols["e2e_p50_s"][mask]))
     return fig, ("Median end-to-end latency against throughput, a point per arrival rate (in "
