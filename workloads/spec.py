@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from workloads.dtypes import Precision
+from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
 
 
@@ -145,6 +145,18 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return any(layer.ffn is FFN.MOE for layer in self.layers)
+
+
+def with_dtypes(spec: ModelSpec, weights: str | None, kv: str | None,
+                where: str = "--weights") -> ModelSpec:
+    """The model with every weight in `weights` (routed experts included) and its KV cache in
+    `kv`; None keeps the model's own. `where` names the field in an error."""
+    p = spec.precision
+    if weights:
+        p = Precision(DType.parse(weights, where), p.kv_cache, p.activations, None)
+    if kv:
+        p = Precision(p.weights, DType.parse(kv, "--kv-dtype"), p.activations, p.expert_weights)
+    return spec.with_precision(p)
 
 
 def layer_runs(layers: tuple[LayerSpec, ...]) -> list[tuple[int, int, LayerSpec]]:

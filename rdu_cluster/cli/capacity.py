@@ -24,7 +24,6 @@ from rdu_cluster.cli.options import (
     session_options,
     speculative_options,
 )
-from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_fabric
 from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.output import results as out_results
@@ -33,6 +32,7 @@ from rdu_cluster.scenarios import speculative
 from workloads import traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
+from workloads.spec import with_dtypes
 
 
 @click.command()

@@ -23,7 +23,6 @@ from rdu_cluster.cli.options import (
     session_options,
     speculative_options,
 )
-from rdu_cluster.cli.simulate import with_dtypes
 from rdu_cluster.config import load_cluster, load_fabric
 from rdu_cluster.engine import bench, disagg, evictions, replica_routing, schedulers
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
@@ -35,6 +34,7 @@ from rdu_cluster.scenarios import coe, speculative
 from workloads import traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
+from workloads.spec import with_dtypes
 
 TABLES = ("requests", "steps", "sockets", "links")
 SUMMARY = "summary.json"

@@ -16,9 +16,8 @@ from rdu_cluster.scenarios import coe, speculative
 from rdu_cluster.scenarios.ablate import ablate as run_ablation
 from rdu_cluster.scenarios.ablate import format_ablation
 from workloads.catalog import load_model
-from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
-from workloads.spec import check_context
+from workloads.spec import check_context, with_dtypes
 
 DEFAULT_MODEL = "llama-3.1-70b"
 DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
@@ -248,11 +247,3 @@ def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp) -> str:
     return "\n\n".join(tables)
 
 
-def with_dtypes(spec, weights: str | None, kv: str | None):
-    p = spec.precision
-    if weights:
-        w = DType.parse(weights, "--weights")
-        p = Precision(w, p.kv_cache, p.activations, None)
-    if kv:
-        p = Precision(p.weights, DType.parse(kv, "--kv-dtype"), p.activations, p.expert_weights)
-    return spec.with_precision(p)

@@ -29,6 +29,7 @@ from workloads.checks import MAX_BATCH
 from workloads.errors import ConfigError
 from workloads.files import read_toml
 from workloads.ops import Collective, CollectiveKind
+from workloads.spec import with_dtypes
 from workloads.traces import MAX_LENGTH
 
 GIB = 2.0**30
@@ -93,10 +94,12 @@ def load_table(path: str | None = None) -> dict[str, Any]:
 # wrong type or out of range is refused before any row runs.
 _TEXT = ("id", "source", "tier", "role", "system", "ambiguity", "claim", "metric", "model",
          "cluster", "kind", "tolerance_basis", "options", "draft", "baseline_cluster",
-         "baseline_stack", "switch_model", "placement")
+         "baseline_stack", "switch_model", "placement", "weights")
 _COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
            "batch": MAX_BATCH, "prompt_len": MAX_LENGTH, "gen_len": MAX_LENGTH,
-           "experts": 2**16, "collective_bytes": 2**50}
+           "experts": 2**16, "collective_bytes": 2**50, "spec_k": 64}
+# Positive numbers: the HBM peak per socket a paper computes its fraction of roofline against.
+_AMOUNTS = {"peak_hbm_bytes_per_s": 1e15}
 _KINDS = ("value", "min", "max", "range", "argmax")
 MAX_ROWS = 10_000
 
@@ -114,6 +117,9 @@ def check_row(row: Any, where: str) -> None:
     for key, hi in _COUNTS.items():
         if key in row:
             checks.integer(row[key], f"{where}.{key}", 1, hi)
+    for key, hi in _AMOUNTS.items():
+        if key in row:
+            checks.number(row[key], f"{where}.{key}", 1.0, hi)
     for key, accepted in (("kind", _KINDS), ("metric", tuple(METRICS)),
                           ("options", tuple(OPTIONS))):
         if key in row and row[key] not in accepted:
@@ -183,13 +189,17 @@ def run_case(case: dict[str, Any]) -> Result:
 # ---- metrics --------------------------------------------------------------------------------
 
 
-def _estimate(case: dict[str, Any], options: Any = "case", **kw) -> Estimate:
-    spec = catalog.load_model(case["model"])
+def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | None = None,
+              **kw) -> Estimate:
+    """The row's run: its model (at the row's `weights` dtype, default the catalog's), cluster
+    (with `overrides`), lengths, batch, TP degree and options."""
+    spec = with_dtypes(catalog.load_model(case["model"]), case.get("weights"), None,
+                       f"measurements row {case['id']}: weights")
     name = case.get("options", "default") if options == "case" else options
     opts = OPTIONS[name] if isinstance(name, str) else name
     return estimate(
         spec,
-        load_cluster(case["cluster"]),
+        load_cluster(case["cluster"], overrides),
         batch=case.get("batch", 1),
         prompt_len=case.get("prompt_len", 1024),
         gen_len=case.get("gen_len", 128),
@@ -205,9 +215,13 @@ def _scalar(x) -> float:
 
 def _roofline_fraction(case) -> float:
     """Achieved speed over the memory/compute roofline of the same step (no communication:
-    the roofline of the chip, as [DF] and [KL] use it)."""
+    the roofline of the chip, as [DF] and [KL] use it). The roofline's HBM peak is the row's
+    `peak_hbm_bytes_per_s` where the paper states the figure it divides by ([DF] Table 3:
+    1.6 TB/s per SN40 socket), else the chip's own."""
     est = _estimate(case)
-    roof = _estimate(case, execution_model="roofline").decode
+    peak = case.get("peak_hbm_bytes_per_s")
+    over = None if peak is None else {"chip.tiers.hbm.bandwidth_bytes_per_s": peak}
+    roof = _estimate(case, execution_model="roofline", overrides=over).decode
     ideal = _scalar(roof.time_s) - _scalar(roof.cause("communication"))
     return ideal / _scalar(est.tpot_s)
 
