@@ -79,3 +79,38 @@ def test_a_row_with_an_unknown_role_is_one_line_error(tmp_path):
     result = CliRunner().invoke(main, ["validate", "--cases", str(path)])
     assert result.exit_code == 2
     assert "role" in result.output and "calibrate, check" in result.output
+
+
+def _row(**fields) -> dict:
+    row = {"id": "t", "source": "test", "tier": "primary", "role": "check", "system": "sn40l-8",
+           "ambiguity": "none", "claim": "test", "model": "llama-3.1-8b", "cluster": "sn40l-8",
+           "batch": 1, "prompt_len": 1024, "gen_len": 16, "kind": "min", "value": 0.1,
+           "tolerance_basis": "test"}
+    return {**row, **fields}
+
+
+def test_a_row_weights_dtype_changes_what_is_streamed():
+    """`weights` re-types every weight (experts included): FP8 halves Llama's BF16 bytes."""
+    bf16 = v.METRICS["weight_gib"](_row(metric="weight_gib"))
+    fp8 = v.METRICS["weight_gib"](_row(metric="weight_gib", weights="fp8"))
+    assert abs(fp8 / bf16 - 0.5) < 1e-6
+
+
+def test_roofline_fraction_divides_by_the_papers_peak_when_the_row_states_one():
+    """A paper's "% of roofline" is against its own peak: a lower stated peak makes the same
+    step a larger fraction, in proportion for a memory-bound step."""
+    own = v.METRICS["roofline_fraction"](_row(metric="roofline_fraction"))
+    paper = v.METRICS["roofline_fraction"](
+        _row(metric="roofline_fraction", peak_hbm_bytes_per_s=1.6e12))
+    assert abs(paper / own - 1.8 / 1.6) < 1e-3  # sn40l.toml streams at 1.8 TB/s peak
+
+
+def test_bad_row_weights_or_peak_is_one_line_error(tmp_path):
+    for field, needle in (('weights = "fp5"', "weights"),
+                          ("peak_hbm_bytes_per_s = -1.0", "peak_hbm_bytes_per_s"),
+                          ("spec_k = 0", "spec_k")):
+        path = tmp_path / "bad.toml"
+        path.write_text(ROW.replace('tp = 1', f"tp = 1\n{field}"))
+        result = CliRunner().invoke(main, ["validate", "--cases", str(path)])
+        assert result.exit_code == 2, (field, result.output)
+        assert needle in result.output and len(result.output.strip().splitlines()) == 1
