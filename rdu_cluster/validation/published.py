@@ -26,6 +26,7 @@ from partitioning.estimate import Estimate, estimate, tp_comm_time
 from rdu_cluster.config import MAX_SOCKETS, load_cluster
 from workloads import catalog, checks
 from workloads.checks import MAX_BATCH
+from workloads.dtypes import DType
 from workloads.errors import ConfigError
 from workloads.files import read_toml
 from workloads.ops import Collective, CollectiveKind
@@ -120,6 +121,8 @@ def check_row(row: Any, where: str) -> None:
     for key, hi in _AMOUNTS.items():
         if key in row:
             checks.number(row[key], f"{where}.{key}", 1.0, hi)
+    if "weights" in row:
+        DType.parse(row["weights"], f"{where}.weights")
     for key, accepted in (("kind", _KINDS), ("metric", tuple(METRICS)),
                           ("options", tuple(OPTIONS))):
         if key in row and row[key] not in accepted:
