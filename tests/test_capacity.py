@@ -79,7 +79,7 @@ def test_nothing_meets_the_slo_shows_the_closest_and_exits_1():
     (["--slo", "tpot:10", "--trace", "tests/data/traces/azure_llm_conv_2023_200.csv"],
      "--concurrency: not with --trace"),
     (["--slo", "tpot:10", "--sessions", "4"], "--concurrency: not with --sessions"),
-    (["--slo", "ttfb:10"], "--goodput: 'ttfb:10'"),
+    (["--slo", "ttfb:10"], "--slo: 'ttfb:10'"),
     (["--slo", "e2el:10"], "--slo: e2el: accepted keys ttft, tpot"),
     (["--slo", "tpot:10", "--pair", "dgx-h100"], "--pair: 'dgx-h100'"),
     (["--slo", "tpot:10", "--plot", "x.svg"], "--plot x.svg: expected an .html"),

@@ -24,8 +24,6 @@ from workloads import catalog
 ROOT = Path(__file__).resolve().parents[1]
 CHIPS = ROOT / "cluster_configs" / "chips"
 CLUSTERS = ROOT / "cluster_configs" / "clusters"
-COMMANDS = ("simulate", "plan", "serve", "sweep", "report", "footprint", "validate", "models",
-            "clusters")
 LIMIT_S = 20  # per case; the slowest legitimate refusal takes well under a second
 
 
@@ -113,6 +111,8 @@ MODEL_ARGS = {
     "footprint": ["footprint", "--experts", "2", "--expert-model", "{d}/config.json",
                   "--cluster", "sn40l-8"],
     "sweep": ["sweep", "{d}/spec.toml", "--out", "{d}/out"],
+    "capacity": ["capacity", "--model", "{d}/config.json", "--cluster", "sn40l-16", "--rate",
+                 "1", "--slo", "tpot:50"],
 }
 MODEL_SPEC = """[base]\nmodel = "{d}/config.json"\ncluster = "sn40l-16"\n"""
 
@@ -187,6 +187,8 @@ CLUSTER_ARGS = {
               "--rate", "1", "--out", "{d}/out"],
     "footprint": ["footprint", "--experts", "2", "--cluster", "{d}/c.toml"],
     "sweep": ["sweep", "{d}/spec.toml", "--out", "{d}/out"],
+    "capacity": ["capacity", "--model", "llama-3.1-8b", "--cluster", "{d}/c.toml", "--rate", "1",
+                 "--slo", "tpot:50"],
 }
 CLUSTER_SPEC = """[base]\nmodel = "llama-3.1-8b"\ncluster = "{d}/c.toml"\n"""
 
@@ -474,6 +476,9 @@ def _cli_cases() -> None:
         ["--draft", "llama-3.2-1b", "--spec-k", "1000000000"],
         ["--spec-k", "4"], ["--scheduler", "fifo"], ["--backend", "mpi"],
         ["--address", "auto"], ["--arrival", "random"], ["--preemption", "kill"],
+        ["--goodput", "tpot:nan"], ["--goodput", "tpot:inf"], ["--goodput", "ttfb:5"],
+        ["--goodput", "tpot:-1"], ["--metric-percentiles", "nan"],
+        ["--metric-percentiles", "50,100"],
     ]
     for extra in serve:
         add("serve", "cli_value", *SERVE, *extra, label=" ".join(extra))
@@ -584,8 +589,8 @@ rtol = 0.02
 """
 
 
-def _validate_cases() -> None:
-    files = [
+def _case_files() -> list:
+    return [
         b"\xff\xfe\x00binary", "[[[", "", "row = 5", "[[row]]\n", "[[case]]\nid = 'x'\n",
         CASE.replace('role = "check"', 'role = "judge"'),
         CASE.replace('metric = "weight_gib"', 'metric = "magic"'),
@@ -599,10 +604,140 @@ def _validate_cases() -> None:
         CASE.replace('kind = "value"', 'kind = "range"'),
         CASE.replace('id = "x"', "id = 5"), "DIR",
     ]
-    for text in files:
+
+
+def _validate_cases() -> None:
+    for text in _case_files():
         add("validate", "cases_file", "validate", "--cases", "{d}/cases.toml",
             files={"cases.toml": text})
     add("validate", "cases_file", "validate", "--cases", "{d}/missing.toml")
+
+
+# ---- capacity ---------------------------------------------------------------------------------
+
+CAP = ["capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8"]
+
+
+def _capacity_cases() -> None:
+    traffic = ["--rate", "1", "--slo", "tpot:50"]
+    values = [
+        ["--slo", "tpot:nan"], ["--slo", "tpot:-1"], ["--slo", "tpot:0"], ["--slo", "tpot:inf"],
+        ["--slo", "tpot:1e400"], ["--slo", "ttft:abc"], ["--slo", "e2e:5"], ["--slo", "tpot"],
+        ["--slo", ""], ["--slo", "tpot:50", "--slo-percentile", "nan"],
+        ["--slo", "tpot:50", "--slo-percentile", "0"],
+        ["--slo", "tpot:50", "--slo-percentile", "100"],
+        ["--slo", "tpot:50", "--slo-percentile", "-1"],
+    ]
+    for extra in values:
+        add("capacity", "slo", *CAP, "--rate", "1", *extra, label=" ".join(extra))
+    add("capacity", "slo", *CAP, "--rate", "1", label="no --slo")
+    cli = [
+        ["--rate", "nan"], ["--rate", "-1"], ["--rate", "0"], ["--rate", "inf"],
+        ["--concurrency", "0"], ["--concurrency", "-3"], ["--concurrency", "1" + "0" * 12],
+        ["--concurrency", "4", "--rate", "1"], [],
+    ]
+    for extra in cli:
+        add("capacity", "cli_value", *CAP, "--slo", "tpot:50", *extra, label=" ".join(extra))
+    options = [
+        ["--max-nodes", "0"], ["--max-nodes", "1000000000"], ["--shortlist", "0"],
+        ["--shortlist", "1000000000"], ["--requests", "0"], ["--requests", "1000000000"],
+        ["--weights", "fp3"], ["--plan", "tp0"], ["--plan", "tp3"], ["--plan", "xyz"],
+        ["--plan", "tp" + "9" * 30], ["--pair", "sn40l-8:"], ["--pair", "sn40l-8:nonexistent"],
+        ["--fabric", "nonexistent"], ["--seed", "-1"], ["--prefix-cache", "bogus"],
+        ["--speculative", "on"], ["--draft", "nonexistent-model"],
+        ["--draft", "llama-3.2-1b", "--spec-k", "0"],
+        ["--draft", "llama-3.2-1b", "--acceptance", "nan"],
+        ["--draft", "llama-3.2-1b", "--speculative", "off"],
+        ["--draft", "llama-3.2-1b", "--placement", "separate"],
+        ["--spec-k", "4"], ["--prompt-len", "lognormal:nan:1"], ["--prompt-len", "1e30"],
+        ["--prompt-len", "uniform:5:1"], ["--prompt-len", "200000"], ["--output-len", "abc"],
+        ["--sessions", "0", "--turns", "2"], ["--sessions", "2"],
+        ["--sessions", "2", "--turns", "2", "--think-time", "nan"],
+        ["--sessions", "2", "--turns", "2", "--think-time", "-1"],
+        ["--backend", "mpi"], ["--cluster", "nonexistent"], ["--cluster", "{d}/missing.toml"],
+        ["--model", "nonexistent"], ["--bogus"],
+    ]
+    for extra in options:
+        add("capacity", "cli_value", *CAP, *traffic, *extra, label=" ".join(extra))
+    header = "arrival_s,prompt_len,output_len\n"
+    traces = [header + "0,200000,8\n", header + "nan,100,8\n", header + "0,100,8\n",
+              header, "", b"\xff\xfe\x00binary", "DIR", "x,y,z\n1,2,3\n"]
+    for text in traces:
+        add("capacity", "trace", *CAP, "--slo", "tpot:50", "--trace", "{d}/t.csv",
+            files={"t.csv": text})
+    add("capacity", "trace", *CAP, "--slo", "tpot:50", "--trace", "{d}/t.csv",
+        "--concurrency", "2", files={"t.csv": header + "0,100,8\n1,100,8\n"})
+    for out in ("{d}/x.png", "{d}/folder", "/proc/x.html", "{d}/missing/x.html",
+                "{d}/afile/x.html", "{d}/folder.html"):
+        add("capacity", "output_path", *CAP, *traffic, "--plot", out,
+            files={"folder": "DIR", "folder.html": "DIR", "afile": "text"})
+
+
+# ---- calibrate and every --calibration --------------------------------------------------------
+
+PROFILE = """name = "p"
+[[parameter]]
+chips = ["sn40l"]
+key = "collective_latency_s"
+value = 3e-06
+"""
+
+
+def _profiles() -> list:
+    return [
+        b"\xff\xfe\x00binary", "[[[", "parameter = 5", "[parameter]\nx = 1\n",
+        "parameter = [5]", "[[parameter]]\nkey = 'collective_latency_s'\nvalue = 1e-6\n",
+        PROFILE.replace("value = 3e-06", "value = nan"),
+        PROFILE.replace("value = 3e-06", "value = inf"),
+        PROFILE.replace("value = 3e-06", "value = -1.0"),
+        PROFILE.replace("value = 3e-06", 'value = "3e-6"'),
+        PROFILE.replace("value = 3e-06\n", ""),
+        PROFILE.replace('chips = ["sn40l"]', 'chips = "sn40l"'),
+        PROFILE.replace('chips = ["sn40l"]', "chips = [5]"),
+        PROFILE.replace('chips = ["sn40l"]', 'chips = ["nonexistent-chip"]'),
+        PROFILE.replace('key = "collective_latency_s"', 'key = "bogus_key"'),
+        PROFILE.replace('key = "collective_latency_s"', "key = 5"),
+        PROFILE.replace('name = "p"', "name = 5"), "DIR",
+    ]
+
+
+# A command that loads a cluster (and so applies the profile), with --calibration REF appended.
+CALIBRATED = {
+    "simulate": SIM, "plan": PLAN, "serve": SERVE, "footprint": [*FOOT, "--experts", "2"],
+    "validate": ["validate", "--no-loo"],
+    "capacity": [*CAP, "--rate", "1", "--slo", "tpot:50"],
+}
+
+
+def _calibration_cases() -> None:
+    commands = list(CALIBRATED)
+    for i, text in enumerate(_profiles()):
+        command = commands[i % len(commands)]
+        add(command, "calibration", *CALIBRATED[command], "--calibration", "{d}/p.toml",
+            files={"p.toml": text}, label=f"profile#{i}")
+    for i, ref in enumerate(("nonexistent", "{d}/missing.toml", "../../etc/passwd", "",
+                             "{d}/afile")):
+        command = commands[i % len(commands)]
+        add(command, "calibration", *CALIBRATED[command], "--calibration", ref,
+            files={"afile": "text"}, label=f"ref {ref}")
+    for ref in ("nonexistent", "{d}/p.toml"):  # accepted and ignored, but checked
+        add("calibrate", "calibration", "calibrate", "--out", "{d}/x.toml", "--calibration",
+            ref, files={"p.toml": b"\xff\xfe"}, label=f"ref {ref}")
+    out = ["--out", "{d}/x.toml"]
+    cli = [
+        ["--chip", "nonexistent", *out], ["--chip", "", *out],
+        ["--name", "", "--out", "{d}/x.toml"], ["--name", "a b\nc", *out],
+        ["--out", "{d}/folder"], ["--out", "/proc/x.toml"], ["--out", "{d}/missing/x.toml"],
+        ["--out", "{d}/afile/x.toml"], ["--out", "/"], ["--out", "{d}/x.txt"],
+        ["--name", "../../../x"], ["--name", "bad/name"], ["--bogus"],
+        ["--cases", "{d}/missing.toml", *out],
+    ]
+    for extra in cli:
+        add("calibrate", "cli_value", "calibrate", *extra,
+            files={"folder": "DIR", "afile": "text"}, label=" ".join(extra))
+    for i, text in enumerate(_case_files()):
+        add("calibrate", "cases_file", "calibrate", "--out", "{d}/x.toml", "--cases",
+            "{d}/cases.toml", files={"cases.toml": text}, label=f"cases#{i}")
 
 
 _hf_cases()
@@ -614,6 +749,8 @@ _cli_cases()
 _output_cases()
 _corrupt_cases()
 _validate_cases()
+_capacity_cases()
+_calibration_cases()
 
 
 def counts() -> dict[tuple[str, str], int]:
@@ -712,12 +849,12 @@ def test_hostile_input_is_refused_in_one_line(case, tmp_path, monkeypatch, reque
 
 def test_the_table_covers_every_command_and_kind():
     by_command = collections.Counter(c.command for c in CASES)
-    assert set(by_command) == set(COMMANDS), set(COMMANDS) - set(by_command)
+    assert set(by_command) == set(main.commands), set(main.commands) - set(by_command)
     assert len(CASES) >= 300
     kinds = {c.kind for c in CASES}
     assert {"hf_config", "model_shape", "config_file", "cluster_toml", "chip_toml",
             "sweep_spec", "sweep_filter", "trace", "cli_value", "fault", "plan", "output_path",
-            "corrupt_state", "cases_file"} <= kinds
+            "corrupt_state", "cases_file", "slo", "calibration"} <= kinds
     print("\n" + format_counts())
 
 

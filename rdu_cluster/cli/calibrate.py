@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import click
 
 from rdu_cluster.cli.options import calibration_options
@@ -23,11 +26,11 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     """Bounded least squares on log error over each unknown parameter's declared range (from its
     middle); every other parameter at its first-principles value. --calibration is accepted for
     uniformity and ignored: a fit never starts from another fit."""
+    path = _destination(chip, name, out)
     table = v.load_table(cases_path)
     with calibration.use(None), Progress(0, "groups", "calibrate") as bar:
         result = fit.fit(table["row"], chip=chip, progress=bar.set_done)
     text = fit.profile_text(result, table["row"], table.get("version", ""), name)
-    path = calibration.profile_path(out or name)
     results.atomic_write(path, text.encode())
     rows = [[g_d.key, ",".join(g_d.chips), f"{result.values[(g_d.key, *g_d.chips)]:.4g}",
              f"{fit.prior(g_d):.4g}", f"[{g_d.range[0]:.3g}, {g_d.range[1]:.3g}]", len(g.rows)]
@@ -35,3 +38,25 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     click.echo(text_table(["parameter", "chips", "fitted", "first principles", "range", "rows"],
                           rows))
     click.echo(f"wrote {path}")
+
+
+# A profile name is a file name in cluster_configs/calibration/ and a TOML string: no path
+# separators, quotes or leading dot.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _destination(chip: str | None, name: str, out: str | None) -> Path:
+    """Check the options before the fit (minutes): a known chip, a plain profile name, a
+    writable .toml destination."""
+    chips = sorted({c for d in fit.fitted_declarations() for c in d.chips})
+    if chip is not None and chip not in chips:
+        raise click.BadParameter(f"{chip!r}; accepted: {', '.join(chips)} (the chips with "
+                                 "unknown parameters)", param_hint="--chip")
+    if not NAME.fullmatch(name):
+        raise click.BadParameter(f"{name!r}; accepted: 1 to 64 letters, digits, '.', '_' or "
+                                 "'-', not starting with '.' (use --out for a path)",
+                                 param_hint="--name")
+    path = Path(out) if out is not None else calibration.profile_path(name)
+    if path.suffix != ".toml":
+        raise click.BadParameter(f"{out}: expected a .toml file name", param_hint="--out")
+    return results.check_destination(path)

@@ -15,16 +15,19 @@ from pathlib import Path
 import click
 import numpy as np
 
+from partitioning.plan import Plan as PartitionPlan
+from partitioning.plan import validate as validate_plan
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli import workload
 from rdu_cluster.cli.options import (
     TRACE_HELP,
+    Finite,
     calibration_option,
     session_options,
     speculative_options,
 )
-from rdu_cluster.config import load_fabric
+from rdu_cluster.config import MAX_SOCKETS, load_fabric
 from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.output import results as out_results
 from rdu_cluster.scenarios import capacity as cap
@@ -33,6 +36,12 @@ from workloads import traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.spec import with_dtypes
+from workloads.speculative import parse_acceptance, parse_tree
+from workloads.traces import MAX_REQUESTS
+
+# Each shortlisted deployment is one or more serving-engine runs (seconds each): 100 per system
+# is already more than an interactive search waits for, and far more than candidates differ.
+MAX_SHORTLIST = 100
 
 
 @click.command()
@@ -44,9 +53,11 @@ from workloads.spec import with_dtypes
               help="A system to consider (a cluster: its chip, node and price); repeatable.")
 @click.option("--plan", "plans", multiple=True,
               help="Replica plans to try [default: tp over 1/4, 1/2, 1 and 2 nodes, tpNpp2].")
-@click.option("--max-nodes", default=16, show_default=True, type=int,
+@click.option("--max-nodes", default=16, show_default=True, type=click.IntRange(1, MAX_SOCKETS),
               help="Upper bound on the nodes of a deployment (per pool when disaggregated).")
-@click.option("--concurrency", default=None, type=int, help="Traffic: N closed-loop users.")
+@click.option("--concurrency", default=None, type=click.IntRange(1, MAX_REQUESTS // 2),
+              help="Traffic: N closed-loop users (2 requests each by default, so at most half "
+              "the --requests bound).")
 @click.option("--rate", default=None, type=float,
               help="Traffic: requests per second (open loop); with --trace, its arrivals "
               "rescaled to this mean rate; with --sessions, session starts per second.")
@@ -60,14 +71,16 @@ from workloads.spec import with_dtypes
               help="Requests per verification run [default: 2 per user, or 30 s of the rate].")
 @click.option("--slo", "slos", multiple=True, required=True,
               help="ttft:MS and/or tpot:MS (a user's tokens/s is 1000 / TPOT ms); repeatable.")
-@click.option("--slo-percentile", default=99.0, show_default=True, type=float)
+@click.option("--slo-percentile", default=99.0, show_default=True,
+              type=Finite(0.0, 100.0, lo_open=True))
 @click.option("--disaggregated", is_flag=True,
               help="Also try prefill / decode pools: every ordered pair of --cluster, or --pair.")
 @click.option("--pair", "pairs", multiple=True,
               help="PREFILL_CLUSTER:DECODE_CLUSTER pools to try (implies --disaggregated).")
 @click.option("--fabric", default="ib-ndr", show_default=True,
               help="Inter-node fabric (KV hand-over; nodes of a multi-node replica).")
-@click.option("--shortlist", default=2, show_default=True, type=int,
+@click.option("--shortlist", default=2, show_default=True,
+              type=click.IntRange(1, MAX_SHORTLIST),
               help="Deployments per system verified by the serving engine.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1))
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
@@ -92,8 +105,6 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     started = time.perf_counter()
     if rate is not None and not 0 < rate < math.inf:
         raise ConfigError(f"--rate: must be a positive finite number, got {rate}")
-    if max_nodes < 1 or shortlist < 1:
-        raise ConfigError("--max-nodes/--shortlist: must be positive")
     if plot_path and Path(plot_path).suffix != ".html":
         raise ConfigError(f"--plot {plot_path}: expected an .html file name")
     if plot_path:
@@ -108,6 +119,7 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     prompt, gen = traffic.mean_lengths()
     fab = load_fabric(fabric)
     pairs = _pairs(pairs, clusters, disaggregated)
+    _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree)
     if pairs and traffic.sessions:
         raise ConfigError("--pair/--disaggregated: not with --sessions (the disaggregated "
                           "engine runs open loop only)")
@@ -175,6 +187,33 @@ def _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_c
         raise ConfigError("give --concurrency N or --rate R (one of them), --trace FILE or "
                           "--sessions N --turns T")
     return base
+
+
+def _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree) -> None:
+    """Refuse up front what the search would otherwise skip in silence (a candidate the engine
+    refuses is dropped, so a bad option would read as "nothing meets the SLO"): a draft that
+    does not load, an acceptance or tree that does not parse, requests past the model's
+    context, a --plan that can run on none of the --cluster systems (the model's shape or the
+    cluster's sockets; memory is the search's to judge)."""
+    model = load_model(model_ref)
+    for w in weights:
+        with_dtypes(model, w, None)
+    if draft is not None:
+        load_model(draft)
+    if acceptance is not None:
+        parse_acceptance(acceptance)
+    parse_tree(tree)
+    traces.check_fits(_sample(traffic), model.max_context, model.name)
+    for plan in plans:
+        errors = []
+        for c in clusters:
+            try:
+                validate_plan(PartitionPlan.parse(plan), model, cap.Pool(c, plan, 1).spec(
+                    model, fab).sockets)
+            except ConfigError as e:
+                errors.append(f"{c}: {e}")
+        if len(errors) == len(clusters):
+            raise ConfigError(f"--plan {plan}: fits none of the clusters ({'; '.join(errors)})")
 
 
 def _sample(traffic: cap.Traffic) -> traces.Trace:

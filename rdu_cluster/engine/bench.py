@@ -22,6 +22,7 @@ during a bucket). Statistics are in ms: mean_, median_, std_ and p<P>_ with P fr
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,14 +41,15 @@ class MetricSpec:
     goodput: tuple[tuple[str, float], ...] = ()  # (key, bound in ms)
 
     @classmethod
-    def parse(cls, percentiles: str | None, goodput: Sequence[str] = ()) -> MetricSpec:
+    def parse(cls, percentiles: str | None, goodput: Sequence[str] = (),
+              flag: str = "--goodput") -> MetricSpec:
         """`--metric-percentiles 50,90,99` and `--goodput ttft:500 tpot:50` (vLLM's syntax)."""
         ps = DEFAULT_PERCENTILES if not percentiles else tuple(
             _number(p, "--metric-percentiles") for p in percentiles.split(","))
         for p in ps:
             if not 0 < p < 100:
                 raise ConfigError(f"--metric-percentiles: {p:g} must be in (0, 100)")
-        return cls(ps, tuple(_goodput(g) for g in goodput))
+        return cls(ps, tuple(_goodput(g, flag) for g in goodput))
 
 
 def _number(text: str, flag: str) -> float:
@@ -57,14 +59,14 @@ def _number(text: str, flag: str) -> float:
         raise ConfigError(f"{flag}: {text!r} is not a number") from None
 
 
-def _goodput(item: str) -> tuple[str, float]:
+def _goodput(item: str, flag: str) -> tuple[str, float]:
     key, _, ms = item.partition(":")
     if key not in GOODPUT_KEYS or not ms:
-        raise ConfigError(f"--goodput: {item!r}; accepted: KEY:MS with KEY one of "
+        raise ConfigError(f"{flag}: {item!r}; accepted: KEY:MS with KEY one of "
                           f"{', '.join(GOODPUT_KEYS)}")
-    bound = _number(ms, "--goodput")
-    if bound <= 0:
-        raise ConfigError(f"--goodput: {item!r}: the bound must be positive (ms)")
+    bound = _number(ms, flag)
+    if not 0 < bound < math.inf:
+        raise ConfigError(f"{flag}: {item!r}: the bound must be a positive finite number (ms)")
     return key, bound
 
 

@@ -62,7 +62,8 @@ class SLO:
 
     @classmethod
     def parse(cls, items: Sequence[str], percentile: float) -> SLO:
-        bounds = dict(bench.MetricSpec.parse(None, [f.replace("slo", "") for f in items]).goodput)
+        bounds = dict(bench.MetricSpec.parse(None, [f.replace("slo", "") for f in items],
+                                             "--slo").goodput)
         unknown = set(bounds) - {"ttft", "tpot"}
         if unknown:
             raise ConfigError(f"--slo: {min(unknown)}: accepted keys ttft, tpot")

@@ -24,9 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import cluster_configs
+from workloads import checks
 from workloads.errors import ConfigError
+from workloads.files import read_toml
 
 DEFAULT = "default"
+# What `rdu-cluster calibrate` writes beside chips, key and value (fit.profile_text).
+PROFILE_EXTRA = {"first_principles", "range", "basis", "rows"}
 STATUSES = ("published", "derived", "unknown")
 
 
@@ -74,7 +78,9 @@ def profile_path(ref: str) -> Path:
 
 
 def load(ref: str | None) -> Profile | None:
-    """A profile by bundled name or path; None or "none": no profile (first-principles values)."""
+    """A profile by bundled name or path; None or "none": no profile (first-principles values).
+    Every field is checked: a profile holds only declared parameters (parameters.toml) of the
+    chips they are declared for, each with a finite value >= 0."""
     if ref is None or ref == "none":
         return None
     path = profile_path(ref)
@@ -83,17 +89,35 @@ def load(ref: str | None) -> Profile | None:
         raise ConfigError(
             f"calibration: {ref!r} not found; accepted: none, {', '.join(found)} or a .toml path"
         )
-    with path.open("rb") as f:
-        raw = tomllib.load(f)
+    raw = read_toml(path, "calibration")
+    entries = raw.get("parameter", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"calibration {path.name}: parameter: expected [[parameter]] tables, "
+                          f"got {checks.show(entries)}")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"calibration {path.name}: name: expected a non-empty string, got "
+                          f"{checks.show(name)}")
+    declared: dict[str, tuple[str, ...]] = {}
+    for d in declarations():
+        declared[d.key] = declared.get(d.key, ()) + d.chips
     values = {}
-    for i, p in enumerate(raw.get("parameter", [])):
-        v = p.get("value")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ConfigError(f"{path.name}: parameter {i + 1}.value: expected a number >= 0")
-        for chip in p["chips"]:
-            values[(chip, p["key"])] = float(v)
+    for i, p in enumerate(entries):
+        where = f"calibration {path.name}: parameter {i + 1}"
+        checks.exact_keys(p, {"chips", "key", "value"}, where, PROFILE_EXTRA)
+        if p["key"] not in declared:
+            raise ConfigError(f"{where}.key: {checks.show(p['key'])}; accepted: the keys of "
+                              f"parameters.toml ({', '.join(sorted(declared))})")
+        chips = p["chips"]
+        if not (isinstance(chips, list) and chips
+                and all(isinstance(c, str) and c in declared[p["key"]] for c in chips)):
+            raise ConfigError(f"{where}.chips: {checks.show(chips)}; accepted: a list of the "
+                              f"chips {p['key']} is declared for ({', '.join(declared[p['key']])})")
+        v = checks.number(p["value"], f"{where}.value", 0.0)
+        for chip in chips:
+            values[(chip, p["key"])] = v
     meta = {k: v for k, v in raw.items() if k != "parameter"}
-    return Profile(raw.get("name", path.stem), values, meta)
+    return Profile(name, values, meta)
 
 
 # ---- the active profile ------------------------------------------------------------------------

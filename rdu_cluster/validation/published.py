@@ -88,7 +88,29 @@ def load_table(path: str | None = None) -> dict[str, Any]:
     for i, row in enumerate(rows):
         check_row(row, f"{where}: row[{i}]")
         _check_row(row)
+    _check_refs(rows, where)
     return table
+
+
+def _check_refs(rows: list[dict[str, Any]], where: str) -> None:
+    """Every model and cluster a row names loads (each distinct one once): a row that cannot
+    run is refused with the file, not met halfway through a run (or never, by `calibrate`,
+    which runs only its calibrate rows)."""
+    loaders = {"model": catalog.load_model, "draft": catalog.load_model,
+               "models": catalog.load_model,
+               "cluster": load_cluster, "baseline_cluster": load_cluster}
+    seen: set[tuple[str, str]] = set()
+    for i, row in enumerate(rows):
+        for key, load in loaders.items():
+            refs = row.get(key, [])
+            for ref in refs if isinstance(refs, list) else [refs]:
+                if (key, ref) in seen:
+                    continue
+                seen.add((key, ref))
+                try:
+                    load(ref)
+                except ConfigError as e:
+                    raise ConfigError(f"{where}: row[{i}].{key}: {e}") from None
 
 
 # The kinds of a row's fields (the header of measurements.toml describes them); a field of the
