@@ -183,3 +183,43 @@ def test_sigterm_between_the_two_renames_is_held_until_the_new_set_is_in(tmp_pat
     assert r.exit_code == 130  # the signal still ends the run, once the swap is done
     seeds = {pq.read_schema(out / f"{t}.parquet").metadata[b"rdu_cluster.seed"] for t in TABLES}
     assert seeds == {b"1"} and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def _sigterm_on_write(monkeypatch, at: int) -> list:
+    """SIGTERM this process as the `at`-th result file is being written (the CLI turns it
+    into KeyboardInterrupt, as Ctrl-C)."""
+    real, calls = results.atomic_write, []
+
+    def atomic_write(path, data, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(results, "atomic_write", atomic_write)
+    return calls
+
+
+def test_sigterm_while_simulate_writes_is_ctrl_c_and_leaves_nothing(tmp_path, monkeypatch):
+    _sigterm_on_write(monkeypatch, 1)
+    r = run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--out",
+            str(tmp_path / "r.parquet"))
+    assert r.exit_code == 130 and r.stderr.strip().splitlines()[-1] == "aborted"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_a_sweep_is_ctrl_c_and_the_rerun_resumes(tmp_path, monkeypatch):
+    spec = write(tmp_path, "[base]\nmodel = 'llama-3.1-8b'\ncluster = 'sn40l-8'\n"
+                 "[[axes]]\ntype = 'grid'\nbatch = [1, 2, 4, 8]\n")
+    sweep = ["sweep", str(spec), "--points-per-task", "1", "--no-progress", "--out"]
+    assert run(*sweep, str(tmp_path / "whole")).exit_code == 0
+    calls = _sigterm_on_write(monkeypatch, 4)  # sweep.json, then a part and its entry a chunk
+    r = run(*sweep, str(tmp_path / "ds"))
+    assert r.exit_code == 130 and r.stderr.strip().splitlines()[-1] == "aborted"
+    assert len(calls) == 4 and len(dataset.read_manifest(tmp_path / "ds").finished) == 1
+    assert not [p for p in tmp_path.rglob("*") if results.is_temporary(p)]
+    monkeypatch.undo()
+    assert run(*sweep, str(tmp_path / "ds")).exit_code == 0
+    key = lambda root: dataset.read_dataset(root).sort_by("point_id").select(["point_id",
+                                                                                "tpot_s"])
+    assert key(tmp_path / "ds").equals(key(tmp_path / "whole"))

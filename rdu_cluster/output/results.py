@@ -4,10 +4,13 @@ metadata, built from Estimates, written atomically as Parquet or Arrow IPC."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -193,16 +196,101 @@ def _probe(folder: Path, where: str) -> None:
         raise ConfigError(f"{where}: cannot write in {folder}: {e.strerror or e}") from None
 
 
+# ---- temporary names: this writer's own, and the stale ones of killed runs -------------------
+# A temporary file or folder is ".NAME.rdu-HOST-PID-XXXXXXXX.STATE" beside NAME: HOST a hash of
+# the machine's name, PID the writing process, STATE tmp (being written), new (a whole result
+# set, ready to be renamed in) or old (the earlier set, moved aside). A killed run (SIGKILL: no
+# cleanup runs) leaves them behind; the next write to NAME (and a resumed sweep) removes those
+# of processes no longer alive on this machine, and finishes an interrupted folder swap. A name
+# not of this form is never touched.
+_HOST = hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
+_STATES = ("tmp", "new", "old")
+
+
+def _temp_prefix(name: str) -> str:
+    return f".{name}.rdu-{_HOST}-{os.getpid()}-"
+
+
+def _temp_pattern(name: str | None) -> re.Pattern:
+    who = re.escape(name) if name is not None else ".+"
+    return re.compile(rf"\.(?P<name>{who})\.rdu-(?P<host>[0-9a-f]{{8}})-(?P<pid>\d+)-"
+                      rf"(?P<run>[a-z0-9_]{{8}})\.(?P<state>{'|'.join(_STATES)})")
+
+
+def is_temporary(path: Path) -> bool:
+    """Whether `path` is named as this module's temporary files and folders are."""
+    return _temp_pattern(None).fullmatch(path.name) is not None
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or a number no process can have: leave it be
+    return True
+
+
+def stale_temporaries(folder: Path, name: str | None = None) -> list[tuple[Path, re.Match]]:
+    """The temporary files and folders in `folder` (of `name`, or of any name) left by
+    processes of this machine that are no longer alive."""
+    pattern, out = _temp_pattern(name), []
+    try:
+        entries = sorted(Path(folder).iterdir())
+    except OSError:
+        return out
+    for path in entries:
+        m = pattern.fullmatch(path.name)
+        if m and m["host"] == _HOST and not _alive(int(m["pid"])):
+            out.append((path, m))
+    return out
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def recover(dest: str | Path) -> int:
+    """Clean up after runs killed while writing `dest`: if `dest` is missing while one run left
+    both its whole new set (.new) and the earlier one moved aside (.old), it was killed between
+    the two renames of folder_swap: the new set is renamed in, as that run would have done.
+    Every other stale temporary of `dest` is removed. Returns how many entries were removed."""
+    dest = Path(dest)
+    stale = stale_temporaries(dest.parent, dest.name)
+    if not dest.exists():
+        runs: dict[str, dict[str, Path]] = {}
+        for path, m in stale:
+            runs.setdefault(m["run"], {})[m["state"]] = path
+        swapped = [r for r in runs.values() if {"new", "old"} <= set(r)]
+        if swapped:
+            latest = max(swapped, key=lambda r: r["new"].stat().st_mtime_ns)
+            os.rename(latest["new"], dest)
+            stale = [(p, m) for p, m in stale if p != latest["new"]]
+    for path, _ in stale:
+        _remove(path)
+    return len(stale)
+
+
 def atomic_write(path: str | Path, data: bytes | Callable[[str], None],
                  what: str = "--out") -> Path:
     """THE writer of every result file: a hidden temporary file in the same folder (mode 0644
     under the usual umask), flushed to disk, then renamed over `path`, so a reader or a resumed
     run sees the whole file or none of it; on any failure or interruption (Ctrl-C, SIGTERM) the
-    temporary file is removed. `data` is the bytes, or a function writing the file at the path it
-    is given. An unwritable destination is one ConfigError line naming it."""
+    temporary file is removed, and those a killed run left are removed by the next write
+    (recover). `data` is the bytes, or a function writing the file at the path it is given. An
+    unwritable destination is one ConfigError line naming it."""
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        recover(path)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=".tmp",
+                                   dir=path.parent)
     except OSError as e:
         raise ConfigError(f"{what} {path}: cannot write: {e.strerror or e}") from None
     try:
@@ -247,29 +335,36 @@ def check_table_path(path: str | Path, what: str = "--out") -> Path:
 
 @contextlib.contextmanager
 def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> Iterator[Path]:
-    """Write a result set as a whole: yield an empty hidden folder beside `out` to fill; on
-    success it replaces `out` in two renames (the old folder moved aside, the new one in,
-    the old one deleted), so `out` never holds files of two runs, and a reader sees the
-    earlier set or the new one. On an error or interruption the hidden folder is removed.
-    `out` may exist only if it holds nothing but names in `owned` (an earlier result set):
-    a folder of other files is refused, never replaced."""
+    """Write a result set as a whole: yield an empty hidden folder (.tmp) beside `out` to fill.
+    On success: the filled folder is renamed .new (whole: the mark that it may go in), `out`
+    is renamed .old, .new is renamed `out`, and .old deleted; so `out` never holds files of two
+    runs. A kill (SIGKILL) at any step leaves the earlier set or the new one, whole: the only
+    moment `out` is missing, between the middle renames, leaves both .new and .old, and the next
+    write to `out` (recover) renames the new set in. On an error or interruption (Ctrl-C,
+    SIGTERM) the hidden folders are removed and the earlier set stays. `out` may exist only if
+    it holds nothing but names in `owned` (an earlier result set): a folder of other files is
+    refused, never replaced."""
     out = check_folder(out, owned, what)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        recover(out)
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out.name), suffix=".tmp",
+                                    dir=out.parent))
         os.chmod(tmp, DIR_MODE)
     except OSError as e:
         raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
-    old = tmp.with_suffix(".old")
+    new, old = tmp.with_suffix(".new"), tmp.with_suffix(".old")
     try:
         yield tmp
-        _swap(out, tmp, old)
+        os.rename(tmp, new)
+        _swap(out, new, old)
+        shutil.rmtree(old, ignore_errors=True)
     except OSError as e:
         raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
     finally:
         if old.exists() and not out.exists():  # interrupted between the renames after all
             os.rename(old, out)
-        for leftover in (tmp, old):
+        for leftover in (tmp, new, old):
             shutil.rmtree(leftover, ignore_errors=True)
 
 

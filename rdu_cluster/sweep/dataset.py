@@ -324,18 +324,22 @@ def _readable_part(path: Path) -> bool:
 
 
 def remove_leftovers(root: Path, manifest: Manifest) -> int:
-    """Delete part files no manifest entry names and temporary files of interrupted writes."""
+    """Delete part files no manifest entry names and the temporary files of interrupted writes
+    (named as results.atomic_write names them: no other file is touched). Under the lock no
+    other run writes here, so every temporary file is a killed run's."""
     removed = 0
     data = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
     for path in data:
-        orphan = path.suffix == ".parquet" and path.relative_to(root).as_posix() not in \
-            manifest.files
-        if path.name.startswith(".") or orphan:
+        orphan = path.suffix == ".parquet" and not path.name.startswith(".") and \
+            path.relative_to(root).as_posix() not in manifest.files
+        if results.is_temporary(path) or orphan:
             path.unlink()
             removed += 1
-    for path in manifest_dir(root).glob(".*"):  # a manifest entry's unfinished write
-        path.unlink()
-        removed += 1
+    for folder in (manifest_dir(root), meta_dir(root)):  # a manifest entry's unfinished write
+        for path in folder.glob(".*") if folder.is_dir() else []:
+            if results.is_temporary(path):
+                path.unlink()
+                removed += 1
     return removed
 
 

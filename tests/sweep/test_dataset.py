@@ -8,6 +8,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from rdu_cluster.output import results
 from rdu_cluster.sweep import (
     LocalBackend,
     count_rows,
@@ -86,12 +87,16 @@ def test_interrupted_sweep_resumes_to_one_row_per_point(tmp_path):
     # a crash between a part file and its manifest entry leaves an orphan: resume deletes it
     orphan = out / "cluster=c1" / "model=m1" / "part-deadbeef.parquet"
     orphan.write_bytes(dataset.part_files(out)[0].read_bytes())
-    (out / "cluster=c1" / ".part-x.parquet.tmp").write_bytes(b"half")
+    # a killed write's temporary file goes; a hidden file of the user's stays
+    half = out / "cluster=c1" / f".part-x.parquet.rdu-{results._HOST}-999999999-abcd1234.tmp"
+    half.write_bytes(b"half")
+    (out / "cluster=c1" / ".notes").write_text("mine")
     helpers.FAIL_AFTER.clear()
     helpers.CALLS.clear()
     _, s = run(path, out, points_per_task=20)
     assert s.skipped == 60 and s.ran == 140 and sum(helpers.CALLS) == 140
-    assert not orphan.exists()
+    assert not orphan.exists() and not half.exists()
+    assert (out / "cluster=c1" / ".notes").read_text() == "mine"
     tbl = pq.read_table(out)
     assert tbl.num_rows == 192 == len(set(tbl.column("point_id").to_pylist()))
     helpers.CALLS.clear()
