@@ -495,6 +495,15 @@ def _cli_cases() -> None:
     ]
     for extra in footprint:
         add("footprint", "cli_value", *FOOT, *extra)
+    for flag in ("--router", "--expert-model"):
+        for text in (b"\xff\xfe\x00binary", "DIR", "[]", "{ not json"):
+            add("footprint", "config_file", *FOOT, "--experts", "4", flag, "{d}/config.json",
+                files={"config.json": text}, label=f"{flag} {text!r:.12}")
+    for extra in (["--latency-target", "1e400"], ["--gen-len", "0"], ["--batch", "abc"],
+                  ["--json", "extra"]):
+        add("footprint", "cli_value", *FOOT, "--experts", "4", *extra)
+    for extra in (["--json", "extra"], ["--bogus"], ["--no-loo=1"]):
+        add("validate", "cli_value", "validate", *extra)
     for command in ("models", "clusters"):
         for extra in (["--json=yes"], ["extra"], ["--bogus"], ["--json", "--json2"],
                       ["--help=1"]):
@@ -720,6 +729,14 @@ def _calibration_cases() -> None:
         command = commands[i % len(commands)]
         add(command, "calibration", *CALIBRATED[command], "--calibration", ref,
             files={"afile": "text"}, label=f"ref {ref}")
+    for i, text in enumerate(_profiles()[:6]):  # a sweep's calibration field
+        add("sweep", "calibration", "sweep", "{d}/spec.toml", "--out", "{d}/out",
+            files={"p.toml": text, "spec.toml": _spec(base='calibration = "{d}/p.toml"')},
+            label=f"profile#{i}")
+    for kind in ("simulate", "serve"):
+        base = 'calibration = "nonexistent"' + ("\nrate = 1.0\nrequests = 4" * (kind == "serve"))
+        add("sweep", "calibration", "sweep", "{d}/spec.toml", "--out", "{d}/out",
+            files={"spec.toml": _spec(kind=kind, base=base)}, label=f"{kind} nonexistent")
     for ref in ("nonexistent", "{d}/p.toml"):  # accepted and ignored, but checked
         add("calibrate", "calibration", "calibrate", "--out", "{d}/x.toml", "--calibration",
             ref, files={"p.toml": b"\xff\xfe"}, label=f"ref {ref}")
