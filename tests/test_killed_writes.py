@@ -153,3 +153,10 @@ def test_serve_killed_between_the_renames_is_finished_by_the_next_run(tmp_path):
 
     seeds = {pq.read_schema(p).metadata[b"rdu_cluster.seed"] for p in out.glob("*.parquet")}
     assert seeds == {b"2"}
+
+
+def test_a_writability_probe_left_by_a_killed_run_is_removed(tmp_path):
+    probe = tmp_path / f".{results._PROBE}.rdu-{results._HOST}-999999999-abcd1234.tmp"
+    probe.mkdir()
+    results.check_destination(tmp_path / "r.parquet")
+    assert list(tmp_path.iterdir()) == []

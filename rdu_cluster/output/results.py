@@ -191,7 +191,8 @@ def _probe(folder: Path, where: str) -> None:
     """Create and remove an empty hidden folder in `folder`: the one test of writability that
     holds for root, read-only mounts and pseudo file systems (/proc) alike."""
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".rdu-probe.", dir=folder))
+        os.rmdir(tempfile.mkdtemp(prefix=_temp_prefix(_PROBE), suffix=".tmp", dir=folder))
+        recover(folder / _PROBE)  # a probe a killed run left
     except OSError as e:
         raise ConfigError(f"{where}: cannot write in {folder}: {e.strerror or e}") from None
 
@@ -205,6 +206,7 @@ def _probe(folder: Path, where: str) -> None:
 # not of this form is never touched.
 _HOST = hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
 _STATES = ("tmp", "new", "old")
+_PROBE = "rdu-probe"  # the name _probe's empty folders are temporaries of
 
 
 def _temp_prefix(name: str) -> str:
@@ -279,16 +281,19 @@ def recover(dest: str | Path) -> int:
 
 
 def atomic_write(path: str | Path, data: bytes | Callable[[str], None],
-                 what: str = "--out") -> Path:
+                 what: str = "--out", clean: bool = True) -> Path:
     """THE writer of every result file: a hidden temporary file in the same folder (mode 0644
     under the usual umask), flushed to disk, then renamed over `path`, so a reader or a resumed
     run sees the whole file or none of it; on any failure or interruption (Ctrl-C, SIGTERM) the
     temporary file is removed, and those a killed run left are removed by the next write
-    (recover). `data` is the bytes, or a function writing the file at the path it is given. An
-    unwritable destination is one ConfigError line naming it."""
+    (recover; `clean=False` skips that look through the folder, for a writer of many files that
+    cleans up once, as a resumed sweep does). `data` is the bytes, or a function writing the
+    file at the path it is given. An unwritable destination is one ConfigError line naming
+    it."""
     path = Path(path)
     try:
-        recover(path)
+        if clean:
+            recover(path)
         fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=".tmp",
                                    dir=path.parent)
     except OSError as e:

@@ -126,10 +126,10 @@ def scenario_columns(table: pa.Table, points: Iterable[Point], columns) -> pa.Ta
     return table
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, clean: bool = True) -> None:
     """results.atomic_write, in a folder created on demand (a new partition's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    results.atomic_write(path, data)
+    results.atomic_write(path, data, clean=clean)
 
 
 def commit_chunk(
@@ -139,8 +139,10 @@ def commit_chunk(
     parts: Sequence[Part],
     infeasible: Mapping[str, str],
 ) -> None:
+    # A partition folder holds a part per chunk: no look through it per write (quadratic in
+    # chunks); prepare() removed a killed run's temporaries once, under the lock.
     for part in parts:
-        atomic_write(root / part.path, part.data)
+        atomic_write(root / part.path, part.data, clean=False)
     reasons = sorted(set(infeasible.values()))
     entry = {
         "chunk": chunk_id,
@@ -150,7 +152,7 @@ def commit_chunk(
         "reasons": reasons,
         "infeasible": {k: reasons.index(v) for k, v in sorted(infeasible.items())},
     }
-    atomic_write(manifest_dir(root) / f"{chunk_id}.json", json.dumps(entry).encode())
+    atomic_write(manifest_dir(root) / f"{chunk_id}.json", json.dumps(entry).encode(), clean=False)
 
 
 def read_manifest(root: str | Path) -> Manifest:
