@@ -166,9 +166,7 @@ def load_fabric(name_or_path: str | Path) -> FabricSpec:
     _check_keys(raw, {"name", "bandwidth_bytes_per_s", "latency_s", "source"}, {"description"},
                 where)
     checks.source(raw, where)
-    latency = float(raw["latency_s"])
-    if latency < 0:
-        raise ConfigError(f"{where}: latency_s must be non-negative, got {latency}")
+    latency = checks.number(raw["latency_s"], f"{where}.latency_s", 0.0)
     return FabricSpec(_typed(raw, "name", str, where), _positive(raw, "bandwidth_bytes_per_s",
                       where), latency, str(raw.get("description", "")), str(raw["source"]))
 

@@ -669,13 +669,30 @@ def _capacity_cases() -> None:
     for extra in options:
         add("capacity", "cli_value", *CAP, *traffic, *extra, label=" ".join(extra))
     header = "arrival_s,prompt_len,output_len\n"
-    traces = [header + "0,200000,8\n", header + "nan,100,8\n", header + "0,100,8\n",
+    traces = [header + "0,200000,8\n1,100,8\n", header + "0,100,8\nnan,100,8\n",
+              header + "0,-5,8\n1,100,8\n", header + "0,100,8\n",  # one arrival: no rate
               header, "", b"\xff\xfe\x00binary", "DIR", "x,y,z\n1,2,3\n"]
     for text in traces:
         add("capacity", "trace", *CAP, "--slo", "tpot:50", "--trace", "{d}/t.csv",
             files={"t.csv": text})
     add("capacity", "trace", *CAP, "--slo", "tpot:50", "--trace", "{d}/t.csv",
         "--concurrency", "2", files={"t.csv": header + "0,100,8\n1,100,8\n"})
+    fabric = (ROOT / "cluster_configs" / "fabrics" / "ib-ndr.toml").read_text()
+    fabrics = [b"\xff\xfe\x00binary", "", "[[[", "DIR",
+               *(_sub(fabric, "latency_s = 2e-6", f"latency_s = {bad}")
+                 for bad in ("nan", "inf", "-1.0", '"2us"', "[1]")),
+               *(_sub(fabric, "bandwidth_bytes_per_s = 50e9", f"bandwidth_bytes_per_s = {bad}")
+                 for bad in ("nan", "inf", "0", "1e400")),
+               _sub(fabric, 'name = "ib-ndr"\n', ""), fabric + "\nextra = 1\n"]
+    for i, text in enumerate(fabrics):
+        command = ("capacity", "serve")[i % 2]
+        args = ([*CAP, *traffic, "--pair", "sn40l-8:dgx-h100"] if command == "capacity"
+                else ["serve", "--model", "llama-3.1-8b", "--requests", "4", "--rate", "1",
+                      "--out", "{d}/out", "--prefill-pool", "sn40l-8:tp8:1", "--decode-pool",
+                      "sn40l-8:tp8:1"])
+        add(command, "fabric_toml", *args, "--fabric", "{d}/f.toml", files={"f.toml": text},
+            label=f"fabric#{i}")
+    add("capacity", "fabric_toml", *CAP, *traffic, "--fabric", "nonexistent")
     for out in ("{d}/x.png", "{d}/folder", "/proc/x.html", "{d}/missing/x.html",
                 "{d}/afile/x.html", "{d}/folder.html"):
         add("capacity", "output_path", *CAP, *traffic, "--plot", out,
@@ -871,7 +888,7 @@ def test_the_table_covers_every_command_and_kind():
     kinds = {c.kind for c in CASES}
     assert {"hf_config", "model_shape", "config_file", "cluster_toml", "chip_toml",
             "sweep_spec", "sweep_filter", "trace", "cli_value", "fault", "plan", "output_path",
-            "corrupt_state", "cases_file", "slo", "calibration"} <= kinds
+            "corrupt_state", "cases_file", "slo", "calibration", "fabric_toml"} <= kinds
     print("\n" + format_counts())
 
 
