@@ -21,38 +21,46 @@ ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("a.txt", "b.txt")
 
 # The child writes a two-file set with folder_swap and kills itself at step KILL: 0 while
-# filling the temporary folder, 1-3 right before folder_swap's 1st-3rd rename (tmp -> .new,
-# out -> .old, .new -> out), 4 halfway through deleting the earlier set, 5 never.
+# filling the temporary folder, 1-3 right before folder_swap's 1st-3rd step (tmp -> .new; then
+# .new and out exchanged in one step, or out -> .old and .new -> out where the system cannot
+# exchange: SWAP "renames"), 4 halfway through deleting the earlier set, 5 never.
 CHILD = """
 import os, shutil, signal, sys
 from pathlib import Path
 from rdu_cluster.output import results
 
-out, tag, kill = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-real_rename, real_rmtree, renames = os.rename, shutil.rmtree, [0]
+out, tag, kill, swap = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+real_rename, real_exchange, real_rmtree, steps = os.rename, results._exchange, shutil.rmtree, [0]
+if swap == "renames":
+    results._RENAMEAT2 = None
 
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
-def rename(src, dst):
-    renames[0] += 1
-    if renames[0] == kill:
-        die()
-    return real_rename(src, dst)
+def step(real):
+    def wrapped(*args):
+        steps[0] += 1
+        if steps[0] == kill:
+            die()
+        return real(*args)
+    return wrapped
 
 def rmtree(path, *args, **kwargs):
-    if kill == 4 and str(path).endswith(".old") and os.path.isdir(path):
+    if kill == 4 and os.path.isdir(path) and any(Path(path).iterdir()):
         next(Path(path).iterdir()).unlink()
         die()
     return real_rmtree(path, *args, **kwargs)
 
-os.rename, shutil.rmtree = rename, rmtree
+os.rename, shutil.rmtree = step(real_rename), rmtree
+if swap == "exchange":
+    results._exchange = step(real_exchange)
 with results.folder_swap(out, ["a.txt", "b.txt"]) as tmp:
     (tmp / "a.txt").write_text(tag)
     if kill == 0:
         die()
     (tmp / "b.txt").write_text(tag)
 """
+SWAPS = ["exchange", "renames"] if results._RENAMEAT2 is not None else ["renames"]
 
 
 def _child(code: str, *args: str) -> int:
@@ -79,22 +87,26 @@ def _user_files(parent: Path) -> dict[str, str]:
     return files
 
 
+@pytest.mark.parametrize("swap", SWAPS)
 @pytest.mark.parametrize("earlier", [True, False], ids=["over-a-set", "first-write"])
 @pytest.mark.parametrize("kill", range(6))
 def test_a_kill_at_any_step_leaves_a_whole_set_and_the_next_write_cleans_up(tmp_path, kill,
-                                                                             earlier):
+                                                                             earlier, swap):
     out = tmp_path / "out"
     mine = _user_files(tmp_path)
     if earlier:
         with results.folder_swap(out, NAMES) as tmp:
             for name in NAMES:
                 (tmp / name).write_text("old")
-    rc = _child(CHILD, out, "new", kill)
-    # without an earlier set there are two renames and nothing to delete: kills 3 and 4 miss
-    assert rc == (0 if kill == 5 or (kill >= 3 and not earlier) else -signal.SIGKILL)
+    rc = _child(CHILD, out, "new", kill, swap)
+    # a first write has two steps (tmp -> .new -> out) and no earlier set to delete; with an
+    # earlier set the exchange makes two steps, the renames three
+    fired = kill in (0, 1, 2) or (kill == 3 and earlier and swap == "renames") or \
+        (kill == 4 and earlier)
+    assert rc == (-signal.SIGKILL if fired else 0)
     seen = _visible(out)
-    if kill == 3 and earlier:  # killed between the middle renames: both sets lie beside out
-        assert seen is None
+    if kill == 3 and earlier and swap == "renames":  # killed between the two renames
+        assert seen is None  # the one moment out is missing: both sets lie beside it
         results.recover(out)  # what the next write does first: the new set goes in
         seen = _visible(out)
     assert seen == ("new" if kill >= 3 else "old" if earlier else None)
@@ -139,6 +151,7 @@ def test_serve_killed_between_the_renames_is_finished_by_the_next_run(tmp_path):
              "--rate", "20", "--output-len", "8", "--out", str(out)]
     assert CliRunner().invoke(main, [*serve, "--seed", "0"]).exit_code == 0
     code = ("import os, signal, sys\nfrom rdu_cluster.cli import main\n"
+            "from rdu_cluster.output import results\nresults._RENAMEAT2 = None\n"
             "real, n = os.rename, [0]\n"
             "def rename(src, dst):\n    n[0] += 1\n"
             "    if n[0] == 3:\n        os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -168,17 +168,26 @@ def test_sigterm_during_a_run_exits_like_ctrl_c_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no folder, no temporary file
 
 
-def test_sigterm_between_the_two_renames_is_held_until_the_new_set_is_in(tmp_path, monkeypatch):
+@pytest.mark.parametrize("swap", ["exchange", "renames"])
+def test_sigterm_during_the_swap_is_held_until_the_new_set_is_in(tmp_path, monkeypatch, swap):
     out = tmp_path / "out"
     assert run(*SERVE, "--seed", "0", "--out", str(out)).exit_code == 0
-    real = os.rename
+    real_rename, real_exchange = os.rename, results._exchange
 
     def rename(src, dst):
         if str(dst).endswith(".old"):  # out moved aside: the moment a signal would hurt most
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(src, dst)
+        return real_rename(src, dst)
 
-    monkeypatch.setattr(results.os, "rename", rename)
+    def exchange(a, b):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_exchange(a, b)
+
+    if swap == "renames" or results._RENAMEAT2 is None:
+        monkeypatch.setattr(results, "_RENAMEAT2", None)
+        monkeypatch.setattr(results.os, "rename", rename)
+    else:
+        monkeypatch.setattr(results, "_exchange", exchange)
     r = run(*SERVE, "--seed", "1", "--out", str(out))
     assert r.exit_code == 130  # the signal still ends the run, once the swap is done
     seeds = {pq.read_schema(out / f"{t}.parquet").metadata[b"rdu_cluster.seed"] for t in TABLES}

@@ -4,6 +4,8 @@ metadata, built from Estimates, written atomically as Parquet or Arrow IPC."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -11,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -341,14 +344,15 @@ def check_table_path(path: str | Path, what: str = "--out") -> Path:
 @contextlib.contextmanager
 def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> Iterator[Path]:
     """Write a result set as a whole: yield an empty hidden folder (.tmp) beside `out` to fill.
-    On success: the filled folder is renamed .new (whole: the mark that it may go in), `out`
-    is renamed .old, .new is renamed `out`, and .old deleted; so `out` never holds files of two
-    runs. A kill (SIGKILL) at any step leaves the earlier set or the new one, whole: the only
-    moment `out` is missing, between the middle renames, leaves both .new and .old, and the next
-    write to `out` (recover) renames the new set in. On an error or interruption (Ctrl-C,
-    SIGTERM) the hidden folders are removed and the earlier set stays. `out` may exist only if
-    it holds nothing but names in `owned` (an earlier result set): a folder of other files is
-    refused, never replaced."""
+    On success: the filled folder is renamed .new (whole: the mark that it may go in), then
+    swapped with `out` (_swap: in one step where the system can, else `out` renamed .old and
+    .new renamed `out`), and the earlier set deleted; so `out` never holds files of two runs. A
+    kill (SIGKILL) at any step leaves the earlier set or the new one, whole: the one moment of
+    the two-step swap when `out` is missing leaves both .new and .old, and the next write to
+    `out` (recover) renames the new set in. On an error or interruption (Ctrl-C, SIGTERM) the
+    hidden folders are removed and the earlier set stays. `out` may exist only if it holds
+    nothing but names in `owned` (an earlier result set): a folder of other files is refused,
+    never replaced."""
     out = check_folder(out, owned, what)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -362,8 +366,7 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
     try:
         yield tmp
         os.rename(tmp, new)
-        _swap(out, new, old)
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(_swap(out, new, old), ignore_errors=True)
     except OSError as e:
         raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
     finally:
@@ -373,11 +376,14 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _swap(out: Path, new: Path, old: Path) -> None:
-    """`new` replaces `out`. Ctrl-C and SIGTERM are deferred between the two renames (raised
-    as KeyboardInterrupt right after), so an interruption never leaves `out` missing; if the
-    second rename fails, the earlier folder goes back. (Masking the signal would not do: Python
-    runs its handler as soon as any thread, tqdm's monitor for one, takes the signal.)"""
+def _swap(out: Path, new: Path, old: Path) -> Path:
+    """`new` replaces `out`; returns where the earlier set now lies (to delete). In one step
+    where the system can (Linux: the two names exchanged, so `out` is never missing; the
+    earlier set is then at `new`), else in two renames (`out` to `old`, `new` to `out`).
+    Ctrl-C and SIGTERM are deferred until it is done (raised as KeyboardInterrupt right after),
+    so an interruption never leaves `out` missing; if the second rename fails, the earlier
+    folder goes back. (Masking the signal would not do: Python runs its handler as soon as any
+    thread, tqdm's monitor for one, takes the signal.)"""
     pending: list[int] = []
     saved = {}
     try:
@@ -387,19 +393,53 @@ def _swap(out: Path, new: Path, old: Path) -> None:
         pass
     try:
         moved = out.exists()
-        if moved:
-            os.rename(out, old)
-        try:
-            os.rename(new, out)
-        except OSError:
+        if moved and _exchange(new, out):
+            old = new
+        else:
             if moved:
-                os.rename(old, out)
-            raise
+                os.rename(out, old)
+            try:
+                os.rename(new, out)
+            except OSError:
+                if moved:
+                    os.rename(old, out)
+                raise
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     if pending:
         raise KeyboardInterrupt
+    return old
+
+
+def _renameat2():
+    """libc's renameat2 (Linux 3.15+, glibc 2.28+), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the two names in one step; False where the system or file system cannot (the
+    caller then renames in two steps)."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def check_folder(out: str | Path, owned: Iterable[str], what: str = "--out") -> Path:
