@@ -16,7 +16,7 @@ interpretation: docs/execution_models.md.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from chip.cost import StepCost
 from chip.execution import CommTime, options_of, params_for, parse_params, register
 from chip.spec import ChipSpec
 from workloads.errors import ConfigError
-from workloads.ops import Block, CollectiveKind, Graph, Op, OpClass
+from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass
 
 # Ops with weights: each is a GEMM (or gather) kernel of its own, never fused with another.
 WEIGHTED = {OpClass.MATMUL, OpClass.EXPERT, OpClass.LM_HEAD, OpClass.EMBEDDING}
@@ -70,6 +70,7 @@ class GpuParams:
     host_step_s: float
     python_host_step_s: float
     custom_allreduce_s: float
+    nccl_busbw_fraction: float
 
     def host_s(self, opts: GpuOptions) -> float:
         return self.python_host_step_s if opts.host == "python" else self.host_step_s
@@ -79,6 +80,19 @@ class GpuParams:
         if opts.allreduce == "custom" and kind is CollectiveKind.ALL_REDUCE:
             return self.custom_allreduce_s
         return self.nccl_overhead_s
+
+    def collective_time(self, comm_time: CommTime, c: Collective, opts: GpuOptions):
+        """Seconds of one collective as the GPU runs it: the interconnect's alpha-beta time at
+        the bandwidth NCCL's kernels reach, plus the software cost. NCCL moves data with a few
+        SMs per channel and protocols that spend part of each line on flags, so its bus
+        bandwidth is `nccl_busbw_fraction` of the link rate; the alpha-beta time is affine in
+        bytes per algorithm, so costing bytes / fraction scales the per-byte term only (and the
+        size where the algorithm choice switches moves with it). A custom one-shot kernel
+        (vLLM / SGLang class) reads peers' buffers directly at the link rate."""
+        if opts.allreduce == "custom" and c.kind is CollectiveKind.ALL_REDUCE:
+            return np.asarray(comm_time(c), dtype=float) + self.custom_allreduce_s
+        scaled = replace(c, bytes=c.bytes / self.nccl_busbw_fraction)
+        return np.asarray(comm_time(scaled), dtype=float) + self.nccl_overhead_s
 
 
 @dataclass(frozen=True)
@@ -198,7 +212,7 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
         ledger.add("synchronization", cls, r * gap)
         if k.is_collective:
             c = k.ops[0].comm
-            t = r * (np.asarray(comm_time(c), dtype=float) + p.collective_overhead_s(opts, c.kind))
+            t = r * p.collective_time(comm_time, c, opts)
             comm_parts.append(t)
             comm_total = comm_total + t
             continue

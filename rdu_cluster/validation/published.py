@@ -272,8 +272,8 @@ def _allreduce_time_us(case) -> float:
     ranks = int(case["ranks"])
     c = Collective(CollectiveKind.ALL_REDUCE, float(case["collective_bytes"]), "attn_tp", ranks)
     opts = OPTIONS[case.get("options", "default")] or GpuOptions()
-    network = _scalar(tp_comm_time(cluster, ranks)(c))
-    return 1e6 * (network + params_for(GpuParams, cluster.chip).collective_overhead_s(opts, c.kind))
+    t = params_for(GpuParams, cluster.chip).collective_time(tp_comm_time(cluster, ranks), c, opts)
+    return 1e6 * _scalar(t)
 
 
 def _tp_speedup(case) -> float:
