@@ -280,3 +280,47 @@ def test_collectives_are_separate_gpu_kernels():
     colls = [k for k in fuse(layer.ops, 5) if k.is_collective]
     assert len(colls) == 2 and all(len(k.ops) == 1 for k in colls)
     assert all(k.ops[0].cls is OpClass.COLLECTIVE for k in colls)
+
+
+# ---- NCCL's bus bandwidth (GpuParams.collective_time) -------------------------------------------
+
+
+def _nccl_allreduce_us(fraction, sizes, ranks=8, opts=GpuOptions()):
+    from partitioning.evaluate import tp_comm_time
+    from rdu_cluster.config import load_cluster
+    from workloads.ops import Collective, CollectiveKind
+
+    cluster = load_cluster("dgx-h100")
+    p = dataclasses.replace(execution.params_for(GpuParams, cluster.chip),
+                            nccl_busbw_fraction=fraction)
+    comm = tp_comm_time(cluster, ranks)
+    return np.array([1e6 * float(p.collective_time(
+        comm, Collective(CollectiveKind.ALL_REDUCE, float(b), "attn_tp", ranks), opts))
+        for b in sizes])
+
+
+def test_nccl_allreduce_curve_is_monotone_in_size_and_gpu_count():
+    sizes = 2.0 ** np.arange(11, 27)  # 2 KiB .. 64 MiB
+    t8 = _nccl_allreduce_us(0.8, sizes)
+    assert np.all(np.diff(t8) >= 0)
+    # large messages: the ring's 2(p-1)/p bytes per link grow with p
+    t2, t4 = _nccl_allreduce_us(0.8, sizes[-1:], 2), _nccl_allreduce_us(0.8, sizes[-1:], 4)
+    assert t2[0] < t4[0] < t8[-1]
+
+
+def test_nccl_bus_bandwidth_fraction_scales_the_per_byte_term_only():
+    small, big = 2048.0, 64 * 2.0**20
+    full, part = _nccl_allreduce_us(1.0, [small, big]), _nccl_allreduce_us(0.5, [small, big])
+    assert part[0] == pytest.approx(full[0], rel=0.05)  # latency-bound: barely changes
+    # bandwidth-bound: twice the per-byte time, i.e. close to twice the time
+    assert 1.8 < part[1] / full[1] < 2.0
+    # 8 GPUs on NVSwitch, 64 MiB: 2(p-1)/p x B / (fraction x 450 GB/s) plus the latencies
+    busbw_term = 1e6 * 1.75 * big / (0.5 * 450e9)
+    assert part[1] == pytest.approx(busbw_term, rel=0.15)
+
+
+def test_custom_allreduce_runs_at_the_link_rate():
+    big = [64 * 2.0**20]
+    custom = GpuOptions(cuda_graphs=True, allreduce="custom")
+    assert _nccl_allreduce_us(0.5, big, opts=custom)[0] == pytest.approx(
+        _nccl_allreduce_us(1.0, big, opts=custom)[0])
