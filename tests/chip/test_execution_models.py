@@ -285,7 +285,7 @@ def test_collectives_are_separate_gpu_kernels():
 # ---- NCCL's bus bandwidth (GpuParams.collective_time) -------------------------------------------
 
 
-def _nccl_allreduce_us(fraction, sizes, ranks=8, opts=GpuOptions()):
+def _nccl_allreduce_us(fraction, sizes, ranks=8, opts=None):
     from partitioning.evaluate import tp_comm_time
     from rdu_cluster.config import load_cluster
     from workloads.ops import Collective, CollectiveKind
@@ -295,7 +295,8 @@ def _nccl_allreduce_us(fraction, sizes, ranks=8, opts=GpuOptions()):
                             nccl_busbw_fraction=fraction)
     comm = tp_comm_time(cluster, ranks)
     return np.array([1e6 * float(p.collective_time(
-        comm, Collective(CollectiveKind.ALL_REDUCE, float(b), "attn_tp", ranks), opts))
+        comm, Collective(CollectiveKind.ALL_REDUCE, float(b), "attn_tp", ranks),
+        opts or GpuOptions()))
         for b in sizes])
 
 
