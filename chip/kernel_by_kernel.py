@@ -71,6 +71,7 @@ class GpuParams:
     python_host_step_s: float
     custom_allreduce_s: float
     nccl_busbw_fraction: float
+    nccl_eager_launch_s: float
 
     def host_s(self, opts: GpuOptions) -> float:
         return self.python_host_step_s if opts.host == "python" else self.host_step_s
@@ -88,11 +89,15 @@ class GpuParams:
         bandwidth is `nccl_busbw_fraction` of the link rate; the alpha-beta time is affine in
         bytes per algorithm, so costing bytes / fraction scales the per-byte term only (and the
         size where the algorithm choice switches moves with it). A custom one-shot kernel
-        (vLLM / SGLang class) reads peers' buffers directly at the link rate."""
+        (vLLM / SGLang class) reads peers' buffers directly at the link rate. Outside a CUDA
+        graph an NCCL call also pays its host-side issue (`nccl_eager_launch_s`: the framework's
+        dispatch, stream-event handshakes, NCCL's enqueue), exposed because the collective
+        starts only once the last rank has issued it; a graph replays the call without it."""
         if opts.allreduce == "custom" and c.kind is CollectiveKind.ALL_REDUCE:
             return np.asarray(comm_time(c), dtype=float) + self.custom_allreduce_s
         scaled = replace(c, bytes=c.bytes / self.nccl_busbw_fraction)
-        return np.asarray(comm_time(scaled), dtype=float) + self.nccl_overhead_s
+        eager = 0.0 if opts.cuda_graphs else self.nccl_eager_launch_s
+        return np.asarray(comm_time(scaled), dtype=float) + self.nccl_overhead_s + eager
 
 
 @dataclass(frozen=True)
@@ -202,9 +207,25 @@ def _options(options: Any) -> GpuOptions:
     return options_of(options, GpuOptions, "kernel_by_kernel")
 
 
+def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams) -> tuple:
+    """(weight, KV and activation bytes, memory time, compute time) of one non-collective
+    kernel: its bytes stream at `hbm_efficiency` of peak after `kernel_latency_s`, its FLOPs
+    run at `compute_efficiency` (chip/efficiency.py); the kernel takes the larger."""
+    weights = sum((o.weight_bytes for o in k.ops), 0.0)
+    kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
+    act = k.activation_bytes()
+    bw = chip.hbm.bandwidth_bytes_per_s
+    t_mem = efficiency.stream_time(weights + kv + act, bw, p.hbm_efficiency, p.kernel_latency_s)
+    t_cmp = sum(
+        (efficiency.stream_time(o.flops, chip.flops(o.flop_dtype), p.compute_efficiency)
+         for o in k.ops),
+        np.zeros(()),
+    )
+    return weights, kv, act, t_mem, t_cmp
+
+
 def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_time, opts) -> None:
     r = block.repeat
-    bw = chip.hbm.bandwidth_bytes_per_s
     comm_total, busy_total = np.zeros(()), np.zeros(())
     comm_parts = []
     for k in kernels:
@@ -216,17 +237,7 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
             comm_parts.append(t)
             comm_total = comm_total + t
             continue
-        weights = sum((o.weight_bytes for o in k.ops), 0.0)
-        kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
-        act = k.activation_bytes()
-        t_mem = efficiency.stream_time(weights + kv + act, bw, p.hbm_efficiency, p.kernel_latency_s)
-        t_cmp = sum(
-            (
-                efficiency.stream_time(o.flops, chip.flops(o.flop_dtype), p.compute_efficiency)
-                for o in k.ops
-            ),
-            np.zeros(()),
-        )
+        weights, kv, act, t_mem, t_cmp = kernel_times(k, chip, p)
         t = r * np.maximum(t_mem, t_cmp)
         busy_total = busy_total + t
         memory_bound = t_mem >= t_cmp

@@ -101,9 +101,14 @@ class Simulator:
     def __init__(self, rows: Sequence[dict[str, Any]]):
         self.rows = {r["id"]: r for r in rows}
         self.cache: dict[tuple, float] = {}
+        self.chips: dict[str, set[str]] = {}
 
     def __call__(self, rid: str, values: dict[tuple[str, ...], float]) -> float:
-        key = (rid, tuple(sorted(values.items())))
+        if rid not in self.chips:
+            self.chips[rid] = row_chips(self.rows[rid])
+        # only the parameters of the chips the row simulates can change it (pid: key, *chips)
+        own = tuple(sorted((p, v) for p, v in values.items() if self.chips[rid] & set(p[1:])))
+        key = (rid, own)
         if key not in self.cache:
             with calibration.use(profile_of(values)):
                 self.cache[key] = float(published.run_case(self.rows[rid]).simulated)

@@ -50,6 +50,7 @@ TIERS = ("primary", "vendor", "third-party")
 # How a value row is summarized: a single system's speed (or time), or a ratio or fraction.
 SPEED_METRICS = {
     "tokens_per_s", "spec_tokens_per_s", "e2e_tokens_per_s", "allreduce_time_us", "host_step_ms",
+    "linear_time_us",
 }
 
 
@@ -117,10 +118,11 @@ def _check_refs(rows: list[dict[str, Any]], where: str) -> None:
 # wrong type or out of range is refused before any row runs.
 _TEXT = ("id", "source", "tier", "role", "system", "ambiguity", "claim", "metric", "model",
          "cluster", "kind", "tolerance_basis", "options", "draft", "baseline_cluster",
-         "baseline_stack", "switch_model", "placement", "weights")
+         "baseline_stack", "switch_model", "placement", "weights", "parallel")
 _COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
            "batch": MAX_BATCH, "prompt_len": MAX_LENGTH, "gen_len": MAX_LENGTH,
-           "experts": 2**16, "collective_bytes": 2**50, "spec_k": 64}
+           "experts": 2**16, "collective_bytes": 2**50, "spec_k": 64,
+           "linear_in": 2**20, "linear_out": 2**20}
 # Positive numbers: the HBM peak per socket a paper computes its fraction of roofline against.
 _AMOUNTS = {"peak_hbm_bytes_per_s": 1e15}
 _KINDS = ("value", "min", "max", "range", "argmax")
@@ -149,6 +151,8 @@ def check_row(row: Any, where: str) -> None:
                           ("options", tuple(OPTIONS))):
         if key in row and row[key] not in accepted:
             raise ConfigError(f"{where}.{key}: {row[key]!r}; accepted: {', '.join(accepted)}")
+    if row.get("parallel", "column") not in ("column", "row"):
+        raise ConfigError(f"{where}.parallel: {row['parallel']!r}; accepted: column, row")
     if "models" in row and not (isinstance(row["models"], list) and 1 <= len(row["models"]) <= 64
                                 and all(isinstance(m, str) for m in row["models"])):
         raise ConfigError(f"{where}.models: expected a list of 1 to 64 model names")
@@ -276,6 +280,29 @@ def _allreduce_time_us(case) -> float:
     return 1e6 * _scalar(t)
 
 
+def _linear_time_us(case) -> float:
+    """One BF16 linear layer's kernel on one GPU of a `tp`-way split, at `batch` tokens: a
+    `linear_in` x `linear_out` weight split by columns (QKV, gate/up: each GPU holds out / tp)
+    or by rows (attention output, down: in / tp), as the GPU execution model costs a weighted
+    kernel (chip/kernel_by_kernel.py kernel_times: bytes after kernel_latency_s, or FLOPs)."""
+    from chip.kernel_by_kernel import Kernel, kernel_times
+    from workloads.ops import Op, OpClass
+
+    chip = load_cluster(case["cluster"]).chip
+    tp, tokens = case.get("tp", 1), case.get("batch", 1)
+    n_in, n_out = case["linear_in"], case["linear_out"]
+    if case.get("parallel", "column") == "column":
+        n_out = n_out / tp
+    else:
+        n_in = n_in / tp
+    bf16 = 2.0
+    op = Op("linear", OpClass.MATMUL, flops=2.0 * tokens * n_in * n_out,
+            weight_bytes=bf16 * n_in * n_out, act_in_bytes=bf16 * tokens * n_in,
+            act_out_bytes=bf16 * tokens * n_out)
+    *_, t_mem, t_cmp = kernel_times(Kernel((op,)), chip, params_for(GpuParams, chip))
+    return 1e6 * _scalar(np.maximum(t_mem, t_cmp))
+
+
 def _tp_speedup(case) -> float:
     slow = _estimate({**case, "tp": case["baseline_tp"]})
     return _scalar(slow.tpot_s) / _scalar(_estimate(case).tpot_s)
@@ -299,6 +326,7 @@ ACCOUNTING_METRICS = {
 METRICS: dict[str, Callable[[dict], float]] = {
     "e2e_tokens_per_s": _e2e_tokens_per_s,
     "allreduce_time_us": _allreduce_time_us,
+    "linear_time_us": _linear_time_us,
     "tp_speedup": _tp_speedup,
     "hosting_nodes": _hosting_nodes,
     "host_step_ms": lambda c: 1e3 * _scalar(_estimate(c).decode.cause("host")),
