@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from rdu_cluster.cli import main
 from rdu_cluster.validation import published as v
+from workloads.errors import ConfigError
 
 REQUIRED = {
     "id", "source", "tier", "role", "system", "ambiguity", "claim", "metric", "cluster", "kind",
@@ -114,3 +116,17 @@ def test_bad_row_weights_or_peak_is_one_line_error(tmp_path):
         result = CliRunner().invoke(main, ["validate", "--cases", str(path)])
         assert result.exit_code == 2, (field, result.output)
         assert needle in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_linear_row_costs_the_gpu_kernel_and_refuses_an_unknown_split():
+    row = {"id": "x", "metric": "linear_time_us", "kind": "value", "value": 10.0, "rtol": 0.25,
+           "cluster": "dgx-h100", "linear_in": 4096, "linear_out": 22016, "tp": 8,
+           "parallel": "column"}
+    column = v.METRICS["linear_time_us"](row)
+    # a row split of the transposed weight moves the same bytes per GPU, but reads a shorter input
+    row_split = v.METRICS["linear_time_us"]({**row, "linear_in": 22016, "linear_out": 4096,
+                                             "parallel": "row"})
+    assert 0 < column and abs(row_split - column) / column < 0.01
+    assert v.METRICS["linear_time_us"]({**row, "tp": 1}) > 6 * column  # 8x the bytes, one latency
+    with pytest.raises(ConfigError, match="parallel"):
+        v.check_row({**row, "parallel": "diagonal"}, "row")

@@ -325,3 +325,30 @@ def test_custom_allreduce_runs_at_the_link_rate():
     custom = GpuOptions(cuda_graphs=True, allreduce="custom")
     assert _nccl_allreduce_us(0.5, big, opts=custom)[0] == pytest.approx(
         _nccl_allreduce_us(1.0, big, opts=custom)[0])
+
+
+def test_eager_nccl_calls_pay_their_host_issue_and_graphed_ones_do_not():
+    size = [2048.0]
+    eager = _nccl_allreduce_us(0.8, size, opts=GpuOptions(cuda_graphs=False))[0]
+    graphed = _nccl_allreduce_us(0.8, size, opts=GpuOptions(cuda_graphs=True))[0]
+    chip = load_chip("h100-sxm")
+    assert eager - graphed == pytest.approx(1e6 * chip.execution["nccl_eager_launch_s"])
+
+
+def test_a_kernel_pays_its_latency_once_then_streams():
+    from chip.kernel_by_kernel import Kernel, kernel_times
+    from workloads.ops import Op
+
+    chip = load_chip("h100-sxm")
+    p = execution.params_for(GpuParams, chip)
+    bw = chip.hbm.bandwidth_bytes_per_s * p.hbm_efficiency
+
+    def t_mem(nbytes, latency):
+        q = dataclasses.replace(p, kernel_latency_s=latency)
+        op = Op("w", OpClass.MATMUL, flops=1.0, weight_bytes=nbytes)
+        return float(kernel_times(Kernel((op,)), chip, q)[3])
+
+    assert t_mem(1e8, 0.0) == pytest.approx(1e8 / bw)
+    assert t_mem(1e8, 3e-6) - t_mem(1e8, 0.0) == pytest.approx(3e-6)
+    # small kernels reach a smaller share of the bandwidth than large ones
+    assert 1e6 / t_mem(1e6, 3e-6) < 1e8 / t_mem(1e8, 3e-6)
