@@ -5,7 +5,7 @@ Targets (issue #5): local >= 20,000 decode steps per wall second; Ray <= 3x the 
 on the same run. Prints the figures; exits 1 if a target is missed (start-up of the Ray workers
 is reported apart: it is paid once per session, not per simulated step).
 
-    python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray]
+    python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray] [--prefix-cache M]
     python benchmarks/bench_serve.py --light N   # issue #18: light vs saturated load
     python benchmarks/bench_serve.py --prefix-memory N   # issue #18: the prefix cache's memory
 
@@ -27,6 +27,7 @@ import time
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
+from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from workloads import traces
@@ -36,8 +37,10 @@ LOCAL_STEPS_PER_S = 20_000
 RAY_OVER_LOCAL = 3.0
 
 
-def one(backend, trace, model, cluster):
-    sim = Simulation(model, cluster, trace, ServeConfig(limits=Limits(max_batch=32)), backend)
+def one(backend, trace, model, cluster, prefix: PrefixConfig | None = None):
+    sim = Simulation(model, cluster, trace,
+                     ServeConfig(limits=Limits(max_batch=32), prefix=prefix or PrefixConfig()),
+                     backend)
     t = time.perf_counter()
     tables = sim.run()
     return sim, tables, time.perf_counter() - t
@@ -112,7 +115,7 @@ def prefix_memory(n: int) -> None:
         print(f"prefix cache after {k:,} light requests: {held[k] / 1e6:.2f} MB of Python "
               f"objects for {blocks:,} cached blocks")
     (a, ma), (b, mb) = held.items()
-    print(f"prefix cache memory per further request: {(mb - ma) / (b - a) / 1e3:.2f} kB")
+    print(f"prefix cache memory per further request: {(mb - ma) / (b - a):.1f} bytes")
 
 
 def main() -> int:
@@ -126,6 +129,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
     ap.add_argument("--skip-ray", action="store_true")
+    ap.add_argument("--prefix-cache", choices=MODES, default=None,
+                    help="the prefix cache's mode (default: serve's, tiered on sn40l-16)")
     args = ap.parse_args()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} CPUs, load average {load}")
@@ -137,7 +142,8 @@ def main() -> int:
     model, cluster = load_model("llama-3.1-70b"), load_cluster("sn40l-16")
     trace = traces.synthetic(args.requests, args.rate, "poisson",
                              traces.LengthDist("fixed", 1024), traces.LengthDist("fixed", 256))
-    runs = [one(LocalBackend(), trace, model, cluster) for _ in range(3)]
+    prefix = PrefixConfig(args.prefix_cache)
+    runs = [one(LocalBackend(), trace, model, cluster, prefix) for _ in range(3)]
     sim, local, _ = runs[-1]
     wall = statistics.median(r[2] for r in runs)
     s = local.summary
@@ -152,7 +158,7 @@ def main() -> int:
     if not args.skip_ray:
         from rdu_cluster.backends.ray_backend import RayBackend
 
-        rsim, remote, total = one(RayBackend(), trace, model, cluster)
+        rsim, remote, total = one(RayBackend(), trace, model, cluster, prefix)
         same = all(getattr(local, n).equals(getattr(remote, n))
                    for n in ("requests", "steps", "sockets", "links"))
         run = rsim.wall["run_s"] + rsim.wall["tables_s"]

@@ -216,7 +216,8 @@ class PrefixCache:
         self.tail: dict[str, _Dead | None] = dict.fromkeys(tiers)  # the last key, if dead
 
     # -- per request ----------------------------------------------------------------------
-    def _seq(self, r: Request) -> _Seq:
+    def _seq(self, r: Request, keep: bool = True) -> _Seq:
+        """r's view; kept until r finishes when `keep` (r waits or runs here)."""
         s = self.seqs.get(r.id)
         if s is None:
             tokens = r.prompt_len + r.output_len
@@ -224,7 +225,9 @@ class PrefixCache:
                 tokens = min(tokens, sum(n for _, n in r.content))
             blocks = tokens // self.block_tokens
             own = self.live.own_from(r, self.block_tokens) if self.live else None
-            s = self.seqs[r.id] = _Seq(blocks, blocks if own is None else min(own, blocks))
+            s = _Seq(blocks, blocks if own is None else min(own, blocks))
+            if keep:
+                self.seqs[r.id] = s
         return s
 
     def _hashes(self, r: Request, s: _Seq) -> list[int]:
@@ -267,7 +270,7 @@ class PrefixCache:
         """Cached tokens r would find now, per tier (a router's look: nothing changes)."""
         if not r.content and r.id not in self.seqs:
             return {}
-        s = self._seq(r)
+        s = self._seq(r, keep=False)  # r may go to another replica: nothing of it stays
         out: dict[str, int] = {}
         for h in self._hashes(r, s)[:self._match(r, s)]:
             tier = self.entries[h].tier
