@@ -27,6 +27,12 @@ prefix). Blocks found in the lower tier are copied to HBM at min(lower, HBM) ban
 pipelined retrieval; both chips copy with DMA engines beside their compute units): see
 `exposed`. Demotions from HBM are write-backs off the critical path and cost no step time.
 Eviction order per tier: a policy from engine/evictions (LRU to start).
+
+Bookkeeping is per request where no lookup can tell the difference (PrefixCache, Liveness): a
+running request's own blocks (no other request's content reaches them) are a count, entries
+only once it leaves unfinished; blocks no request yet to finish can find are one count per run
+of a tier's eviction order. So the cache's memory follows the requests in flight and the blocks
+that can still be found, not the trace, and a decode step costs it nothing.
 """
 
 from __future__ import annotations
