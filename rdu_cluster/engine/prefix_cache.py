@@ -451,6 +451,8 @@ def exposed(copy_s: np.ndarray, compute_s: np.ndarray, layers: int) -> np.ndarra
     """Step time a copy adds when it runs layer by layer beside the step's compute: a two-stage
     pipeline over `layers` stages lasts max(copy, compute) + min(copy, compute) / layers, so the
     copy adds that less the compute (the first layer's copy is never hidden)."""
+    if not copy_s.any():  # most windows copy nothing
+        return np.zeros(np.shape(compute_s))
     total = np.maximum(copy_s, compute_s) + np.minimum(copy_s, compute_s) / max(layers, 1)
     return np.where(copy_s > 0, total - compute_s, 0.0)
 
