@@ -5,8 +5,9 @@ Targets (issue #5): local >= 20,000 decode steps per wall second; Ray <= 3x the 
 on the same run. Prints the figures; exits 1 if a target is missed (start-up of the Ray workers
 is reported apart: it is paid once per session, not per simulated step).
 
-    python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray]
+    python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray] [--prefix-cache M]
     python benchmarks/bench_serve.py --light N   # issue #18: light vs saturated load
+    python benchmarks/bench_serve.py --prefix-memory N   # issue #18: the prefix cache's memory
 
 --light N: N requests of Llama 3.1 8B on sn40l-8 (prompt 1,024, output 256) at 50 requests/s
 and all at once (saturating), each at N and N/4 requests in a fresh process: wall time per
@@ -26,6 +27,7 @@ import time
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
+from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from workloads import traces
@@ -35,8 +37,10 @@ LOCAL_STEPS_PER_S = 20_000
 RAY_OVER_LOCAL = 3.0
 
 
-def one(backend, trace, model, cluster):
-    sim = Simulation(model, cluster, trace, ServeConfig(limits=Limits(max_batch=32)), backend)
+def one(backend, trace, model, cluster, prefix: PrefixConfig | None = None):
+    sim = Simulation(model, cluster, trace,
+                     ServeConfig(limits=Limits(max_batch=32), prefix=prefix or PrefixConfig()),
+                     backend)
     t = time.perf_counter()
     tables = sim.run()
     return sim, tables, time.perf_counter() - t
@@ -87,24 +91,59 @@ def light(n: int) -> int:
     return 0 if ratio <= 2 else 1
 
 
+def prefix_memory(n: int) -> None:
+    """Python memory (tracemalloc) the prefix caches hold at the end of a light-load run (the
+    --light workload at 50 requests/s) of n // 4 and of n requests, and what each further
+    request adds: the cache must grow with its capacity and the requests in flight, not with
+    the trace."""
+    import tracemalloc
+
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("sn40l-8")
+    held = {}
+    for k in (max(n // 4, 1), n):
+        trace = traces.synthetic(k, 50.0, "poisson", traces.LengthDist("fixed", 1024),
+                                 traces.LengthDist("fixed", 256))
+        tracemalloc.start()
+        sim, _, _ = one(LocalBackend(), trace, model, cluster)
+        snap = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, "*/engine/prefix_cache.py"),
+             tracemalloc.Filter(True, "*/engine/evictions/*")])
+        tracemalloc.stop()
+        held[k] = sum(s.size for s in snap.statistics("filename"))
+        blocks = sum(rep.prefix.blocks_in(t) for rep in sim.replicas
+                     for t in rep.prefix.evictable)
+        print(f"prefix cache after {k:,} light requests: {held[k] / 1e6:.2f} MB of Python "
+              f"objects for {blocks:,} cached blocks")
+    (a, ma), (b, mb) = held.items()
+    print(f"prefix cache memory per further request: {(mb - ma) / (b - a):.1f} bytes")
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--light-child":
         light_child(int(sys.argv[2]), float(sys.argv[3]))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--light", type=int, default=0, help="light vs saturated, N requests")
+    ap.add_argument("--prefix-memory", type=int, default=0,
+                    help="the prefix cache's memory after N light-load requests")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
     ap.add_argument("--skip-ray", action="store_true")
+    ap.add_argument("--prefix-cache", choices=MODES, default=None,
+                    help="the prefix cache's mode (default: serve's, tiered on sn40l-16)")
     args = ap.parse_args()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} CPUs, load average {load}")
     if args.light:
         return light(args.light)
+    if args.prefix_memory:
+        prefix_memory(args.prefix_memory)
+        return 0
     model, cluster = load_model("llama-3.1-70b"), load_cluster("sn40l-16")
     trace = traces.synthetic(args.requests, args.rate, "poisson",
                              traces.LengthDist("fixed", 1024), traces.LengthDist("fixed", 256))
-    runs = [one(LocalBackend(), trace, model, cluster) for _ in range(3)]
+    prefix = PrefixConfig(args.prefix_cache)
+    runs = [one(LocalBackend(), trace, model, cluster, prefix) for _ in range(3)]
     sim, local, _ = runs[-1]
     wall = statistics.median(r[2] for r in runs)
     s = local.summary
@@ -119,7 +158,7 @@ def main() -> int:
     if not args.skip_ray:
         from rdu_cluster.backends.ray_backend import RayBackend
 
-        rsim, remote, total = one(RayBackend(), trace, model, cluster)
+        rsim, remote, total = one(RayBackend(), trace, model, cluster, prefix)
         same = all(getattr(local, n).equals(getattr(remote, n))
                    for n in ("requests", "steps", "sockets", "links"))
         run = rsim.wall["run_s"] + rsim.wall["tables_s"]

@@ -27,6 +27,12 @@ prefix). Blocks found in the lower tier are copied to HBM at min(lower, HBM) ban
 pipelined retrieval; both chips copy with DMA engines beside their compute units): see
 `exposed`. Demotions from HBM are write-backs off the critical path and cost no step time.
 Eviction order per tier: a policy from engine/evictions (LRU to start).
+
+Bookkeeping is per request where no lookup can tell the difference (PrefixCache, Liveness): a
+running request's own blocks (no other request's content reaches them) are a count, entries
+only once it leaves unfinished; blocks no request yet to finish can find are one count per run
+of a tier's eviction order. So the cache's memory follows the requests in flight and the blocks
+that can still be found, not the trace, and a decode step costs it nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rdu_cluster.engine import evictions
-from rdu_cluster.engine.requests import Request
+from rdu_cluster.engine.requests import DONE, Request
 from workloads.errors import ConfigError
 from workloads.trace_formats import own_chunk
 
@@ -102,68 +108,177 @@ class Claim:
         return sum(self.tokens.values())
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     tier: str
     users: int = 0
 
 
+class _Dead:
+    """Evictable blocks of one tier that no request can find any more, as one count: they only
+    take room and a place in the eviction order (see Liveness)."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self) -> None:
+        self.blocks = 0
+
+
+class Liveness:
+    """Which content other requests share and which a request yet to finish can still ask for,
+    trace-wide (shared by the replicas' caches). A block covers chunks of content, and a request
+    that finds it has those chunks too. So a request's blocks are its own (no other request can
+    find them) from the first block covering a chunk no other request of the trace has, and a
+    block can never be found again once every request with one of its chunks has finished.
+    `content`: Trace.content (None: every request's tokens are its own, traces.Trace)."""
+
+    def __init__(self, content: tuple | None):
+        self.left: dict[int, int] | None = None  # chunk id -> requests holding it, unfinished
+        self.shared: set[int] = set()  # chunk ids more than one request of the trace has
+        if content is not None:
+            self.left = {}
+            for chunks in content:
+                for cid in {c for c, _ in chunks}:
+                    self.left[cid] = self.left.get(cid, 0) + 1
+            self.shared = {cid for cid, n in self.left.items() if n > 1}
+
+    def own_from(self, r: Request, block_tokens: int) -> int | None:
+        """r's first block that no other request can have (None: every block may be shared)."""
+        return self._first(r, block_tokens, lambda cid: cid not in self.shared)
+
+    def dead_from(self, r: Request, block_tokens: int) -> int | None:
+        """r's first block no request yet to finish can find (None: none)."""
+        return self._first(r, block_tokens, lambda cid: cid not in self.left)
+
+    def _first(self, r: Request, block_tokens: int, pick) -> int | None:
+        if not r.content:  # its own chunk (own_chunk): no other request has it
+            return 0
+        if self.left is None:
+            return None
+        off = 0
+        for cid, n in r.content:
+            if pick(cid):
+                return off // block_tokens
+            off += n
+        return None
+
+    def finish(self, r: Request) -> None:
+        """r finished: it asks for nothing more."""
+        if self.left is None or not r.content:
+            return
+        for cid in {c for c, _ in r.content}:
+            left = self.left[cid] - 1
+            if left:
+                self.left[cid] = left
+            else:
+                del self.left[cid]
+
+
+@dataclass(slots=True)
+class _Seq:
+    """The cache's view of one request until it finishes: its blocks' hashes (computed once,
+    when first needed), its full blocks, the first of its own blocks (which no other request can
+    find: Liveness), the blocks it uses (its first `held`), whether its own blocks have entries
+    (it left unfinished: it may find them again) and peek's memo."""
+
+    blocks: int
+    own: int
+    hashes: list[int] | None = None
+    held: int = 0
+    loose: bool = False
+    memo: tuple[int, int, int] = (-1, -1, 0)
+
+
 class PrefixCache:
     """One replica's cache. `lower`: the tier below HBM (None under `hbm`); `lower_blocks`: its
     capacity in blocks; `copy_s_per_block`: seconds to bring one block up from it;
-    `kv_block_tokens`: tokens per KV-manager block (HBM room is counted in those)."""
+    `kv_block_tokens`: tokens per KV-manager block (HBM room is counted in those); `live`: what
+    requests yet to finish can ask for (None: anything, every block kept findable).
+
+    The work is per request, not per block, where no other request can tell the difference: a
+    running request's own blocks are a count (entries only once it leaves unfinished), and
+    blocks no request can find again become one evictable count per run of the eviction order
+    (_Dead), so the cache's size follows the requests in flight and the blocks that can still
+    be found, not the trace; hits, tiers and evictions are those of one entry per block."""
 
     def __init__(self, block_tokens: int, kv_block_tokens: int, lower: str | None,
-                 lower_blocks: int, copy_s_per_block: float, eviction: str = "lru"):
+                 lower_blocks: int, copy_s_per_block: float, eviction: str = "lru",
+                 live: Liveness | None = None):
         self.block_tokens, self.kv_block_tokens = block_tokens, kv_block_tokens
         self.lower, self.lower_blocks = lower, lower_blocks
         self.copy_s_per_block = copy_s_per_block
         self.eviction = eviction
-        self.entries: dict[int, _Entry] = {}
-        self.evictable = self._policies()
-        self.refs: dict[int, list[int]] = {}  # request id -> hashes it uses, in order
-        self.hashes: dict[int, list[int]] = {}  # request id -> its full blocks' hashes
-        self.version = 0  # bumped on every change that can change a lookup
-        self._peeked: dict[int, tuple[int, int, int]] = {}
+        self.live = live
+        self.entries: dict[int, _Entry] = {}  # findable blocks: hash -> tier, users
+        self.seqs: dict[int, _Seq] = {}  # request id -> its view, until it finishes
+        self.version = 0  # bumped whenever the findable blocks change (peek's memo)
+        self._policies()
 
-    def _policies(self) -> dict:
+    def _policies(self) -> None:
         tiers = (HBM, self.lower) if self.lower else (HBM,)
-        return {t: evictions.get(self.eviction) for t in tiers}
+        self.evictable = {t: evictions.get(self.eviction) for t in tiers}
+        self.size = dict.fromkeys(tiers, 0)  # evictable blocks per tier
+        self.dead = dict.fromkeys(tiers, 0)  # of which no request can find
+        self.tail: dict[str, _Dead | None] = dict.fromkeys(tiers)  # the last key, if dead
 
-    # -- lookups --------------------------------------------------------------------------
-    def _blocks(self, r: Request) -> list[int]:
-        h = self.hashes.get(r.id)
-        if h is None:
+    # -- per request ----------------------------------------------------------------------
+    def _seq(self, r: Request, keep: bool = True) -> _Seq:
+        """r's view; kept until r finishes when `keep` (r waits or runs here)."""
+        s = self.seqs.get(r.id)
+        if s is None:
+            tokens = r.prompt_len + r.output_len
+            if r.content:
+                tokens = min(tokens, sum(n for _, n in r.content))
+            blocks = tokens // self.block_tokens
+            own = self.live.own_from(r, self.block_tokens) if self.live else None
+            s = _Seq(blocks, blocks if own is None else min(own, blocks))
+            if keep:
+                self.seqs[r.id] = s
+        return s
+
+    def _hashes(self, r: Request, s: _Seq) -> list[int]:
+        if s.hashes is None:
             content = r.content or ((own_chunk(r.id), r.prompt_len + r.output_len),)
             # KV is the model's: under CoE each expert's blocks are its own
-            h = self.hashes[r.id] = block_hashes(content, r.prompt_len + r.output_len,
-                                                 self.block_tokens, root=r.expert + 2)
-        return h
+            s.hashes = block_hashes(content, r.prompt_len + r.output_len, self.block_tokens,
+                                    root=r.expert + 2)
+        return s.hashes
 
-    def _match(self, r: Request) -> list[int]:
-        """The hashes of r's longest cached prefix, leaving its last prompt token to compute."""
-        limit = (r.prompt_len + r.generated - 1) // self.block_tokens
-        out = []
-        for h in self._blocks(r)[:limit]:
+    def _findable(self, s: _Seq) -> int:
+        """r's blocks that can have entries: its own ones only once it left unfinished."""
+        return s.blocks if s.loose else s.own
+
+    # -- lookups --------------------------------------------------------------------------
+    def _match(self, r: Request, s: _Seq) -> int:
+        """Blocks of r's longest cached prefix, leaving its last prompt token to compute."""
+        end = min((r.prompt_len + r.generated - 1) // self.block_tokens, self._findable(s))
+        if end <= 0:
+            return 0
+        n = 0
+        for h in self._hashes(r, s)[:end]:
             if h not in self.entries:
                 break
-            out.append(h)
-        return out
+            n += 1
+        return n
 
     def peek(self, r: Request) -> int:
-        """Cached tokens r would find now (memoized until the cache changes)."""
-        key = (self.version, r.generated)
-        memo = self._peeked.get(r.id)
-        if memo is not None and memo[:2] == key:
-            return memo[2]
-        hit = len(self._match(r)) * self.block_tokens
-        self._peeked[r.id] = (*key, hit)
+        """Cached tokens r would find now (memoized until the findable blocks change)."""
+        if not r.content and r.id not in self.seqs:
+            return 0  # its tokens are its own and it never left the cache unfinished
+        s = self._seq(r)
+        if s.memo[:2] == (self.version, r.generated):
+            return s.memo[2]
+        hit = self._match(r, s) * self.block_tokens
+        s.memo = (self.version, r.generated, hit)
         return hit
 
     def lookup(self, r: Request) -> dict[str, int]:
         """Cached tokens r would find now, per tier (a router's look: nothing changes)."""
+        if not r.content and r.id not in self.seqs:
+            return {}
+        s = self._seq(r, keep=False)  # r may go to another replica: nothing of it stays
         out: dict[str, int] = {}
-        for h in self._match(r):
+        for h in self._hashes(r, s)[:self._match(r, s)]:
             tier = self.entries[h].tier
             out[tier] = out.get(tier, 0) + self.block_tokens
         return out
@@ -172,105 +287,191 @@ class PrefixCache:
     def claim(self, r: Request) -> Claim:
         """r is admitted: it uses its cached prefix; blocks below HBM come up (copied)."""
         claim = Claim({HBM: 0, **({self.lower: 0} if self.lower else {})})
-        refs = self.refs.setdefault(r.id, [])
-        for h in self._match(r):
+        s = self._seq(r)
+        n = self._match(r, s)
+        for h in self._hashes(r, s)[:n] if n else ():
             e = self.entries[h]
             claim.tokens[e.tier] += self.block_tokens
             if e.users == 0:
-                self.evictable[e.tier].remove(h)
+                self._unlist(e.tier, h)
             if e.tier != HBM:
                 claim.copy_s += self.copy_s_per_block
                 e.tier = HBM
             e.users += 1
-            refs.append(h)
-        self.version += 1
+        s.held = n
         return claim
 
     def computed(self, r: Request, tokens: int) -> None:
         """r holds the KV of its first `tokens` tokens: its full blocks become findable (used
         by r until it releases them)."""
-        refs = self.refs.setdefault(r.id, [])
-        for h in self._blocks(r)[len(refs): tokens // self.block_tokens]:
-            e = self.entries.get(h)
-            if e is None:
-                e = self.entries[h] = _Entry(HBM)
-            elif e.users == 0:
-                self.evictable[e.tier].remove(h)
-                e.tier = HBM  # r computed its own copy in HBM: the lower one is not needed
-            e.users += 1
-            refs.append(h)
-        self.version += 1
+        s = self._seq(r)
+        upto = min(tokens // self.block_tokens, s.blocks)
+        stop = min(upto, self._findable(s))
+        if s.held < stop:
+            for h in self._hashes(r, s)[s.held:stop]:
+                e = self.entries.get(h)
+                if e is None:
+                    self.entries[h] = _Entry(HBM, 1)
+                    self.version += 1
+                    continue
+                if e.users == 0:
+                    self._unlist(e.tier, h)
+                    e.tier = HBM  # r computed its own copy in HBM: the lower one is not needed
+                e.users += 1
+        s.held = max(s.held, upto)
 
     def release(self, r: Request, tokens: int) -> None:
         """r leaves the HBM KV cache (finished or preempted) holding `tokens` tokens: its blocks
-        stay cached, evictable, deepest first in eviction order."""
+        stay cached, evictable, deepest first in eviction order; those no request can find any
+        more (it finished) as a count."""
         self.computed(r, tokens)
-        for h in reversed(self.refs.pop(r.id, [])):
+        s = self.seqs[r.id]
+        n, first = s.held, self._findable(s)
+        dead = s.blocks
+        if r.state == DONE:
+            del self.seqs[r.id]
+            if self.live is not None:
+                self.live.finish(r)
+                d = self.live.dead_from(r, self.block_tokens)
+                dead = s.blocks if d is None else d
+        if n > first:  # its own blocks, without entries yet
+            if r.state == DONE:
+                self._add_dead(HBM, n - first)
+            else:  # it may come back for them: they become findable
+                for h in reversed(self._hashes(r, s)[first:n]):
+                    self.entries[h] = _Entry(HBM)
+                    self._list(HBM, h)
+                s.loose = True
+                self.version += 1
+        hashes = self._hashes(r, s) if min(n, first) > 0 else ()
+        for k in range(min(n, first) - 1, -1, -1):
+            h = hashes[k]
             e = self.entries[h]
             e.users -= 1
-            if e.users == 0:
-                self.evictable[e.tier].add(h)
-        if r.state == "done":
-            self.hashes.pop(r.id, None)
-            self._peeked.pop(r.id, None)
-        self.version += 1
+            if e.users:
+                continue
+            if k >= dead:  # no request can find it any more
+                del self.entries[h]
+                self.version += 1
+                self._add_dead(e.tier, 1)
+            else:
+                self._list(e.tier, h)
+        s.held = 0
 
     def fit(self, free_kv_blocks: int) -> None:
         """Keep the evictable HBM blocks within the KV manager's free blocks: demote (tiered) or
         drop (hbm) the policy's victims."""
         room = free_kv_blocks * self.kv_block_tokens // self.block_tokens
-        hbm = self.evictable[HBM]
-        while len(hbm) > room:
-            h = hbm.victim()
-            hbm.remove(h)
-            self._demote(h)
-            self.version += 1
+        while self.size[HBM] > room:
+            key = self.evictable[HBM].victim()
+            if isinstance(key, _Dead):
+                n = min(self.size[HBM] - room, key.blocks)
+                self._take_dead(HBM, key, n)
+                self._store_dead_below(n)
+            else:
+                self._unlist(HBM, key)
+                self._demote(key)
 
     def _demote(self, h: int) -> None:
         if not self.lower or self.lower_blocks < 1:
             del self.entries[h]
+            self.version += 1
             return
-        low = self.evictable[self.lower]
-        if len(low) >= self.lower_blocks:
-            victim = low.victim()
-            low.remove(victim)
-            del self.entries[victim]
+        self._room_below(1)
         self.entries[h].tier = self.lower
-        low.add(h)
+        self._list(self.lower, h)
+
+    def _store_dead_below(self, n: int) -> None:
+        """n dead blocks demoted from HBM: the same as n one by one, the last `lower_blocks` of
+        them surviving when n is larger."""
+        if not self.lower or self.lower_blocks < 1:
+            return
+        n = min(n, self.lower_blocks)
+        self._room_below(n)
+        self._add_dead(self.lower, n)
+
+    def _room_below(self, n: int) -> None:
+        """Evict the lower tier's victims until n more blocks fit."""
+        low = self.lower
+        while self.size[low] + n > self.lower_blocks:
+            key = self.evictable[low].victim()
+            if isinstance(key, _Dead):
+                self._take_dead(low, key, min(self.size[low] + n - self.lower_blocks,
+                                              key.blocks))
+            else:
+                self._unlist(low, key)
+                del self.entries[key]
+                self.version += 1
+
+    # -- the tiers' eviction order ----------------------------------------------------------
+    def _list(self, tier: str, h: int) -> None:
+        self.evictable[tier].add(h)
+        self.size[tier] += 1
+        self.tail[tier] = None
+
+    def _unlist(self, tier: str, h: int) -> None:
+        self.evictable[tier].remove(h)
+        self.size[tier] -= 1
+
+    def _add_dead(self, tier: str, n: int) -> None:
+        """n dead blocks join the tier's order last: the run added last grows, if it is dead."""
+        run = self.tail[tier]
+        if run is None:
+            run = self.tail[tier] = _Dead()
+            self.evictable[tier].add(run)
+        run.blocks += n
+        self.size[tier] += n
+        self.dead[tier] += n
+
+    def _take_dead(self, tier: str, run: _Dead, n: int) -> None:
+        run.blocks -= n
+        self.size[tier] -= n
+        self.dead[tier] -= n
+        if run.blocks == 0:
+            self.evictable[tier].remove(run)
+            if self.tail[tier] is run:
+                self.tail[tier] = None
 
     def clear(self) -> None:
         """Every block is lost (a failed socket: the group is re-planned)."""
-        self.evictable = self._policies()
+        self._policies()
         self.entries.clear()
-        self.refs.clear()
+        for s in self.seqs.values():
+            s.held, s.loose = 0, False
         self.version += 1
 
     def blocks_in(self, tier: str) -> int:
-        return sum(1 for e in self.entries.values() if e.tier == tier)
+        """Blocks held in `tier`: findable ones, dead ones and running requests' own ones."""
+        own = sum(max(0, s.held - s.own) for s in self.seqs.values() if not s.loose)
+        return (sum(1 for e in self.entries.values() if e.tier == tier) + self.dead[tier]
+                + (own if tier == HBM else 0))
 
 
 def exposed(copy_s: np.ndarray, compute_s: np.ndarray, layers: int) -> np.ndarray:
     """Step time a copy adds when it runs layer by layer beside the step's compute: a two-stage
     pipeline over `layers` stages lasts max(copy, compute) + min(copy, compute) / layers, so the
     copy adds that less the compute (the first layer's copy is never hidden)."""
+    if not copy_s.any():  # most windows copy nothing
+        return np.zeros(np.shape(compute_s))
     total = np.maximum(copy_s, compute_s) + np.minimum(copy_s, compute_s) / max(layers, 1)
     return np.where(copy_s > 0, total - compute_s, 0.0)
 
 
 def build(config: PrefixConfig, mode: str, chip, kv, lower: str | None,
-          lower_reserved: float) -> PrefixCache:
+          lower_reserved: float, live: Liveness | None = None) -> PrefixCache:
     """A replica's cache under `mode` on `chip`, beside the replica's KV manager `kv`; the lower
-    tier keeps `lower_reserved` bytes per socket for other things."""
+    tier keeps `lower_reserved` bytes per socket for other things; `live`: the trace's
+    Liveness, shared by the replicas."""
     from chip.memory import MemoryTiers
 
     bt = config.block_tokens or kv.config.block_tokens
     block_bytes = bt * kv.config.bytes_per_token
     if mode != "tiered":
-        return PrefixCache(bt, kv.config.block_tokens, None, 0, 0.0, config.eviction)
+        return PrefixCache(bt, kv.config.block_tokens, None, 0, 0.0, config.eviction, live)
     free = chip.tier(lower).capacity_bytes - lower_reserved
     return PrefixCache(bt, kv.config.block_tokens, lower, max(0, int(free // block_bytes)),
                        MemoryTiers.of(chip).copy_time(block_bytes, lower, HBM),
-                       config.eviction)
+                       config.eviction, live)
 
 
 def summary(requests: list[Request], mode: str, lower: str | None) -> dict:

@@ -134,6 +134,7 @@ class Simulation:
         self._fps: dict = {}  # plan -> (footprints, reason), once asked for (_footprint)
         config.prefix.check()
         self.prefix_mode = config.prefix.resolved(self._lower_tier())
+        self.prefix_live = prefix_cache.Liveness(trace.content)  # shared by the replicas
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -297,7 +298,8 @@ class Simulation:
         if self.prefix_mode == "off":
             return None
         return prefix_cache.build(self.config.prefix, self.prefix_mode, self.cluster.chip, kv,
-                                  self._lower_tier(), self._lower_reserved(kv))
+                                  self._lower_tier(), self._lower_reserved(kv),
+                                  self.prefix_live)
 
     def _lower_reserved(self, kv: KVManager) -> float:
         """Bytes per socket the lower tier keeps for other things: CoE experts, and with swap

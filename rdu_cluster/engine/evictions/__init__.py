@@ -7,6 +7,11 @@ Protocol: `add(key)` a block becomes evictable (just used, or just arrived in th
 until removed); `len()` evictable blocks. Blocks added together are added deepest first, so a
 policy that orders by recency evicts a sequence's tail before its head (vLLM's order): a block
 is useless once the block before it is gone.
+
+Keys are block hashes, or a run of blocks no request can find any more (prefix_cache._Dead, a
+count): the cache evicts such a run one block at a time while it is the victim, and adds further
+dead blocks to the run it added last instead of adding a key. That is the order of one key per
+block for any policy that orders keys by when they were added (LRU, FIFO).
 """
 
 from __future__ import annotations
