@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -466,7 +466,7 @@ def _latency(c: Collective, ctx: _Ctx):
     a pipelined kernel. The interconnect's own cost of an empty message (hops) plus the
     protocol's fixed cost per collective (`collective_latency_s`: handshakes, flag polling,
     the reduction's pipeline depth; unpublished, see docs/calibration.md)."""
-    hops = np.asarray(ctx.comm_time(replace(c, bytes=0.0)), dtype=float)
+    hops = np.asarray(ctx.comm_time(Collective(c.kind, 0.0, c.group, c.size)), dtype=float)
     return hops + (ctx.p.collective_latency_s if c.size > 1 else 0.0)
 
 

@@ -97,5 +97,17 @@ def parse_params(cls: type[P], table: Mapping[str, Any], where: str) -> P:
     return cls(**values)
 
 
+_PARAMS: dict[tuple, tuple] = {}
+
+
 def params_for(cls: type[P], chip: ChipSpec) -> P:
-    return parse_params(cls, chip.execution, f"chips/{chip.name}.toml: execution")
+    """The chip's parameters for one model, parsed once per chip (every step of a plan search
+    asks): keyed by the chip's identity, kept only while its table is the same."""
+    key = (cls, id(chip))
+    hit = _PARAMS.get(key)
+    if hit is None or hit[0] is not chip or hit[1] != chip.execution:
+        params = parse_params(cls, chip.execution, f"chips/{chip.name}.toml: execution")
+        if len(_PARAMS) > 256:
+            _PARAMS.clear()
+        hit = _PARAMS[key] = (chip, dict(chip.execution), params)
+    return hit[2]

@@ -399,12 +399,15 @@ def clear_caches() -> None:
     """Forget what plans shared (a benchmark's cold start; a test that results do not depend
     on what was cached)."""
     from chip import breakdown, dataflow
+    from interconnect import collectives
     from partitioning import program
 
-    for cache in (_COSTS, _FOOTPRINTS, program._GRAPHS, program._STAGES, dataflow._MEMOS,
-                  dataflow._OPS, breakdown._SUMS):
+    for cache in (_COSTS, _FOOTPRINTS, program._GRAPHS, program._STAGES, program._LAYERS,
+                  program._PROGRAMS, program._KINDS, dataflow._MEMOS, dataflow._OPS, breakdown._SUMS,
+                  execution._PARAMS):
         cache.clear()
     dataflow._COMM.clear()
+    collectives.clear_caches()
     for fn in (_plan_comm, _concurrent, _comm):  # (a cluster's topology is kept)
         fn.cache_clear()
 

@@ -97,21 +97,22 @@ def demand(spec: ModelSpec, program: Program, batch: Work, context: Work,
            prompt_len: Work) -> Demand:
     """Per-socket bytes before placement; batch, context and prompt_len may be arrays (one
     value per design point), and the result broadcasts over them."""
-    decode = program.graph(spec, StepShape.decode(batch, context))
+    # The stage's op tuples with their counts: its graph's bytes by layer kind.
+    decode = program.stage_ops(spec, StepShape.decode(batch, context))
     # Prompts are prefilled one at a time (a batch fills up by continuous batching), so the
     # activation peak is one prompt's.
-    prefill = program.graph(spec, StepShape.prefill(1.0, prompt_len))
+    prefill = program.stage_ops(spec, StepShape.prefill(1.0, prompt_len))
     # A tied head reuses the embedding rows the first stage already holds.
     skip_head = spec.tie_embeddings and program.first_stage
     dense, kv, peaks = 0.0, 0.0, []
-    for block in decode.blocks:
-        w, k, peak = _block_bytes(block.ops, skip_head)
-        dense, kv = dense + block.repeat * w, kv + block.repeat * k
+    for ops, count in decode:
+        w, k, peak = _block_bytes(ops, skip_head)
+        dense, kv = dense + count * w, kv + count * k
         peaks.append(peak)
     if program.first_stage:
         rows = -(-spec.vocab_size // program.shard.vocab_tp)
         dense += rows * spec.hidden_size * spec.precision.weights.bytes
-    act = _largest([_block_bytes(block.ops, skip_head)[2] for block in prefill.blocks])
+    act = _largest([_block_bytes(ops, skip_head)[2] for ops, _ in prefill])
     return Demand(experts=_expert_bytes(spec, program), dense_weights=dense, kv_cache=kv,
                   activations=act, sram_working_set=_largest(peaks))
 

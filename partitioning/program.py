@@ -32,7 +32,7 @@ from workloads.ops import (
     StepShape,
     Work,
 )
-from workloads.spec import Mixer, ModelSpec
+from workloads.spec import Mixer, ModelSpec, layer_runs
 
 GROUPS = ("attn_tp", "mlp_tp", "expert_tp", "ep", "vocab_tp", "pp")
 
@@ -76,6 +76,27 @@ class Program:
         _bounded(_STAGES)[key] = (spec, g)
         return g
 
+    def stage_ops(self, spec: ModelSpec, shape: StepShape,
+                  expert_load: Work = 1.0) -> tuple[tuple[tuple[Op, ...], int], ...]:
+        """What `graph` holds, by layer kind rather than block by block: each op tuple of the
+        step with how many times it runs (a layer kind's ops times its layers in the stage;
+        the prologue, the epilogue or the pp send once). For sums that do not depend on the
+        order, as the footprint's: a hybrid's stage has a hundred blocks of three kinds."""
+        load = float(expert_load) if np.ndim(expert_load) == 0 else expert_load
+        shard = Shard(**{**_fields(self.shard), "expert_load": load})
+        base = _step_graph(spec, shape, shard)
+        full = {m: _step_graph(spec, shape, _with_attn(shard, d)) for m, d in self.mixer_tp}
+        kinds, first_block = _layer_kinds(spec)
+        out = [(base.blocks[0].ops, 1)] if self.first_stage else []
+        first, end = self.layers
+        for k, n in enumerate(np.bincount(kinds[first:end], minlength=len(first_block))):
+            if n:
+                i = first_block[k]
+                mixer = spec.layers[base.blocks[i].first_layer].mixer
+                out.append((full.get(mixer, base).blocks[i].ops, int(n)))
+        tail = base.blocks[-1] if self.last_stage else _pp_send(spec, shape)
+        return (*out, (tail.ops, 1))
+
     def _graph(self, spec: ModelSpec, shape: StepShape, load: Work) -> Graph:
         shard = Shard(**{**_fields(self.shard), "expert_load": load})
         full = {m: _step_graph(spec, shape, _with_attn(shard, d)) for m, d in self.mixer_tp}
@@ -116,6 +137,9 @@ def _with_attn(shard: Shard, degree: int) -> Shard:
 # keeps its model alive, so an id is not reused while it is a key.
 _GRAPHS: dict[tuple, tuple] = {}
 _STAGES: dict[tuple, tuple] = {}
+_LAYERS: dict[tuple, tuple] = {}  # stage_layers per (model, pp)
+_PROGRAMS: dict[tuple, tuple] = {}  # build_programs per (model, plan)
+_KINDS: dict[int, tuple] = {}  # _layer_kinds per model
 CACHED_GRAPHS = 2048
 
 
@@ -123,6 +147,26 @@ def _bounded(cache: dict) -> dict:
     if len(cache) >= CACHED_GRAPHS:
         cache.clear()
     return cache
+
+
+def _layer_kinds(spec: ModelSpec) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Per layer, the index of its kind (identical layers share a kind, and their blocks
+    share one op tuple: workloads.graph.step_graph), and per kind the graph block of its
+    first run (blocks: the prologue, one per run of identical layers, the epilogue)."""
+    hit = _KINDS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    index: dict = {}
+    first_block: list[int] = []
+    kinds = np.empty(spec.num_layers, dtype=np.int64)
+    for b, (first, count, layer) in enumerate(layer_runs(spec.layers), start=1):
+        if layer not in index:
+            index[layer] = len(first_block)
+            first_block.append(b)
+        kinds[first:first + count] = index[layer]
+    out = (kinds, tuple(first_block))
+    _bounded(_KINDS)[id(spec)] = (spec, out)
+    return out
 
 
 def _step_graph(spec: ModelSpec, shape: StepShape, shard: Shard) -> Graph:
@@ -160,7 +204,17 @@ def _pp_send(spec: ModelSpec, shape: StepShape) -> Block:
 
 def stage_layers(spec: ModelSpec, pp: int) -> tuple[tuple[int, int], ...]:
     """Contiguous layer ranges, cut where the cumulative layer weight is closest to k/pp of
-    the total (each stage at least one layer)."""
+    the total (each stage at least one layer). Cached per model and pp: every plan of a
+    search with that pp asks."""
+    hit = _LAYERS.get((id(spec), pp))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    out = _stage_layers(spec, pp)
+    _bounded(_LAYERS)[(id(spec), pp)] = (spec, out)
+    return out
+
+
+def _stage_layers(spec: ModelSpec, pp: int) -> tuple[tuple[int, int], ...]:
     n = spec.num_layers
     if pp <= 1:
         return ((0, n),)
@@ -221,7 +275,17 @@ def concurrent_groups(plan: Plan) -> dict:
 
 
 def build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
-    """One program per socket of the plan, socket ids 0..plan.sockets-1."""
+    """One program per socket of the plan, socket ids 0..plan.sockets-1 (cached per model
+    and plan: the evaluator and the footprint ask for the same ones)."""
+    hit = _PROGRAMS.get((id(spec), plan))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    out = _build_programs(spec, plan)
+    _bounded(_PROGRAMS)[(id(spec), plan)] = (spec, out)
+    return out
+
+
+def _build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
     stages = stage_layers(spec, plan.pp)
     shard = Shard(attn_tp=plan.width, mlp_tp=plan.width, expert_tp=plan.tp, ep=plan.ep,
                   vocab_tp=plan.width)
