@@ -95,11 +95,17 @@ class Dataflow:
         calls = 0.0
         if opts.fused:
             memo, keys, parts = _memo(chip), {}, {}
+            # A block's cost depends on its ops, repeat and place in a call only: a hybrid's
+            # hundred blocks are a dozen distinct ones, each looked up once.
+            blocks: dict[tuple, list] = {}
             for segment in _segments(graph.blocks, opts.kernel_looping):
                 looped = opts.kernel_looping and sum(b.repeat for b in segment) > 1
                 for i, block in enumerate(segment):
-                    part = _fused_block_once(memo, keys, block, ctx, looped, i == 0)
-                    parts.setdefault(id(part), [part, 0])[1] += 1
+                    key = (id(block.ops), block.repeat, looped, i == 0)
+                    blocks.setdefault(key, [block, 0])[1] += 1
+            for (_, _, looped, head), (block, n) in blocks.items():
+                part = _fused_block_once(memo, keys, block, ctx, looped, head)
+                parts.setdefault(id(part), [part, 0])[1] += n
             for (sub, n_calls), count in parts.values():  # each distinct block booked once
                 ledger.merge(sub, count)
                 calls += count * n_calls

@@ -405,19 +405,20 @@ def comm_time_fn(
     memo: dict = {}  # scalar byte counts repeat across layers and plans: cost each once
 
     def comm_time(c: Collective) -> Work:
+        scalar = isinstance(c.bytes, (float, int))
+        if scalar and c.size > 1:
+            t = memo.get((c.kind, c.group, c.size, c.bytes))
+            if t is not None:
+                return t
         if c.size <= 1:
             return np.zeros(np.shape(c.bytes))
         # A group may have a different degree per block (hybrid plans): (name, size) first.
         key = (c.group, c.size) if (c.group, c.size) in groups else c.group
         if key not in groups:
             raise ConfigError(f"collective over {c.group!r}: the plan defines no such group")
-        scalar = np.ndim(c.bytes) == 0
-        mk = (c.kind, key, float(c.bytes)) if scalar else None
-        if mk in memo:
-            return memo[mk]
         t = collective_time(topology, c, groups[key], concurrent.get(key, ()))
         if scalar:
-            memo[mk] = t
+            memo[(c.kind, c.group, c.size, c.bytes)] = t
         return t
 
     return comm_time

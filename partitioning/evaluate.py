@@ -198,7 +198,13 @@ def tp_comm_time(cluster: ClusterSpec, tp: int) -> CommTime:
 
 
 def _frozen(groups: dict) -> tuple:
-    return tuple(sorted(groups.items(), key=repr))
+    """The groups as a cache key, in a fixed order (names are str or (str, degree))."""
+    return tuple(sorted(groups.items(), key=_group_order))
+
+
+def _group_order(item: tuple) -> tuple:
+    name = item[0]
+    return (name, 0) if type(name) is str else name
 
 
 @lru_cache(maxsize=1024)
@@ -408,7 +414,7 @@ def clear_caches() -> None:
         cache.clear()
     dataflow._COMM.clear()
     collectives.clear_caches()
-    for fn in (_plan_comm, _concurrent, _comm):  # (a cluster's topology is kept)
+    for fn in (_plan_comm, _concurrent, _comm, program._with_cached):  # (topologies kept)
         fn.cache_clear()
 
 

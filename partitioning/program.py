@@ -83,9 +83,9 @@ class Program:
         the prologue, the epilogue or the pp send once). For sums that do not depend on the
         order, as the footprint's: a hybrid's stage has a hundred blocks of three kinds."""
         load = float(expert_load) if np.ndim(expert_load) == 0 else expert_load
-        shard = Shard(**{**_fields(self.shard), "expert_load": load})
+        shard = _with(self.shard, "expert_load", load)
         base = _step_graph(spec, shape, shard)
-        full = {m: _step_graph(spec, shape, _with_attn(shard, d)) for m, d in self.mixer_tp}
+        full = {m: _step_graph(spec, shape, _with(shard, "attn_tp", d)) for m, d in self.mixer_tp}
         kinds, first_block = _layer_kinds(spec)
         out = [(base.blocks[0].ops, 1)] if self.first_stage else []
         first, end = self.layers
@@ -98,8 +98,8 @@ class Program:
         return (*out, (tail.ops, 1))
 
     def _graph(self, spec: ModelSpec, shape: StepShape, load: Work) -> Graph:
-        shard = Shard(**{**_fields(self.shard), "expert_load": load})
-        full = {m: _step_graph(spec, shape, _with_attn(shard, d)) for m, d in self.mixer_tp}
+        shard = _with(self.shard, "expert_load", load)
+        full = {m: _step_graph(spec, shape, _with(shard, "attn_tp", d)) for m, d in self.mixer_tp}
         base = _step_graph(spec, shape, shard)
         if not full and self.first_stage and self.last_stage:  # the whole model, as built
             return base
@@ -125,12 +125,22 @@ class Program:
         return Graph(spec.name, shape, shard, tuple(blocks))
 
 
-def _fields(shard: Shard) -> dict:
-    return {k: getattr(shard, k) for k in Shard.__dataclass_fields__}
+def _with(shard: Shard, name: str, value: Work) -> Shard:
+    """The shard with one degree (or the expert load) changed; made once per value where
+    hashable (every stage of a search asks for the same few)."""
+    try:
+        return _with_cached(shard, name, value)
+    except TypeError:  # an array of loads
+        return _shard_with(shard, name, value)
 
 
-def _with_attn(shard: Shard, degree: int) -> Shard:
-    return Shard(**{**_fields(shard), "attn_tp": degree})
+@lru_cache(maxsize=4096)
+def _with_cached(shard: Shard, name: str, value: Work) -> Shard:
+    return _shard_with(shard, name, value)
+
+
+def _shard_with(shard: Shard, name: str, value: Work) -> Shard:
+    return Shard(**{**{k: getattr(shard, k) for k in Shard.__dataclass_fields__}, name: value})
 
 
 # Graphs by (model identity, shape, shard) and stage graphs by the stage's key too: an entry
