@@ -407,10 +407,11 @@ def clear_caches() -> None:
     from chip import breakdown, dataflow
     from interconnect import collectives
     from partitioning import program
+    from partitioning.footprint import _BLOCKS
 
     for cache in (_COSTS, _FOOTPRINTS, program._GRAPHS, program._STAGES, program._LAYERS,
-                  program._PROGRAMS, program._KINDS, dataflow._MEMOS, dataflow._OPS, breakdown._SUMS,
-                  execution._PARAMS):
+                  program._PROGRAMS, program._KINDS, program._SENDS, _BLOCKS,
+                  dataflow._MEMOS, dataflow._OPS, breakdown._SUMS, execution._PARAMS):
         cache.clear()
     dataflow._COMM.clear()
     collectives.clear_caches()

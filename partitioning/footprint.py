@@ -186,7 +186,7 @@ def place(d: Demand, socket: int, chip: ChipSpec, policy: Placement) -> Footprin
     regions[("activations", "hbm")] = d.activations
     sizes = {"experts": d.experts, "dense_weights": d.dense_weights, "kv_cache": d.kv_cache}
     mode = {"experts": policy.weights, "dense_weights": policy.weights, "kv_cache": policy.kv_cache}
-    in_ddr = {k: (v if mode[k] == "ddr" else 0.0 * np.asarray(v)) for k, v in sizes.items()}
+    in_ddr = {k: (v if mode[k] == "ddr" else _zero(v)) for k, v in sizes.items()}
     need = d.activations + sum(sizes.values()) - sum(in_ddr.values())
     for k in SPILL_ORDER:
         if mode[k] == "auto" and "ddr" in cap:
@@ -199,9 +199,20 @@ def place(d: Demand, socket: int, chip: ChipSpec, policy: Placement) -> Footprin
         regions[key_h] = regions.get(key_h, 0.0) + v - in_ddr[k]
         if np.any(in_ddr[k]):
             regions[key_d] = regions.get(key_d, 0.0) + in_ddr[k]
-    spilled = {k: np.divide(in_ddr[k], v, out=np.zeros(np.shape(in_ddr[k])),
-                            where=np.asarray(v) > 0) for k, v in sizes.items()}
+    spilled = {k: _fraction(in_ddr[k], v) for k, v in sizes.items()}
     return Footprint(socket, regions, cap, spilled)
+
+
+def _zero(v: Work) -> Work:
+    return 0.0 if np.ndim(v) == 0 else 0.0 * np.asarray(v)
+
+
+def _fraction(part: Work, whole: Work) -> Work:
+    """part / whole where whole > 0, else 0, point by point (plain floats for one point: a
+    plan search places thousands)."""
+    if np.ndim(part) == 0 and np.ndim(whole) == 0:
+        return float(part) / float(whole) if whole > 0 else 0.0
+    return np.divide(part, whole, out=np.zeros(np.shape(part)), where=np.asarray(whole) > 0)
 
 
 def footprints(spec: ModelSpec, programs: tuple[Program, ...], chip: ChipSpec, batch: Work,

@@ -150,6 +150,7 @@ _STAGES: dict[tuple, tuple] = {}
 _LAYERS: dict[tuple, tuple] = {}  # stage_layers per (model, pp)
 _PROGRAMS: dict[tuple, tuple] = {}  # build_programs per (model, plan)
 _KINDS: dict[int, tuple] = {}  # _layer_kinds per model
+_SENDS: dict[tuple, tuple] = {}  # _pp_send per (model, shape)
 CACHED_GRAPHS = 2048
 
 
@@ -202,6 +203,21 @@ def _clip(block: Block, first: int, end: int) -> Block | None:
 
 
 def _pp_send(spec: ModelSpec, shape: StepShape) -> Block:
+    """The send of a stage's activations to the next; one block per model and shape (every
+    stage of every plan of a search sends the same)."""
+    try:
+        key = (id(spec), shape)
+        hit = _SENDS.get(key)
+    except TypeError:  # arrays in the shape
+        return _make_pp_send(spec, shape)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    block = _make_pp_send(spec, shape)
+    _bounded(_SENDS)[key] = (spec, block)
+    return block
+
+
+def _make_pp_send(spec: ModelSpec, shape: StepShape) -> Block:
     tokens = np.asarray(shape.batch, dtype=float) * np.asarray(shape.new_tokens, dtype=float)
     nbytes = tokens * spec.hidden_size * spec.precision.activations.bytes
     op = Op("pp_send", OpClass.COLLECTIVE,
