@@ -125,3 +125,38 @@ def test_bad_topology_tables(patch, fragment):
     d = {"kind": "ring", "link_bandwidth_bytes_per_s": BW, "link_latency_s": LAT, "source": "x"}
     with pytest.raises(ConfigError, match=fragment):
         TopologySpec.from_dict({**d, **patch}, "c.toml: topology")
+
+
+@pytest.mark.parametrize("kind,sockets,per_node", [("full_mesh", 16, 16), ("switch", 16, 8),
+                                                   ("ring", 8, 8), ("torus2d", 16, 16)])
+def test_a_cached_collective_cost_is_the_uncached_formula(kind, sockets, per_node):
+    """collective_time keeps one figure per (topology, kind, ranks, concurrent groups, bytes),
+    shared by every plan that asks; on random groups, layouts and sizes it is the fastest
+    schedule's time computed afresh, exactly, and the cache answers what it was given."""
+    from interconnect import collectives
+
+    extra = {"torus_shape": [4, 4]} if kind == "torus2d" else {}
+    t = topo(kind, sockets, per_node, inter_node_bandwidth_bytes_per_s=BW / 4,
+             inter_node_latency_s=5 * LAT, **extra)
+    rng = np.random.default_rng(7)
+    collectives.clear_caches()
+    for _ in range(60):
+        k = list(K)[rng.integers(len(K))]
+        size = 2 if k is K.SEND_RECV else int(rng.choice([2, 4, 8]))
+        layout = rng.permutation(sockets).reshape(-1, size)
+        ranks = tuple(int(s) for s in layout[0])
+        concurrent = tuple(tuple(int(s) for s in g) for g in layout[: rng.integers(1, 4)])
+        nbytes = float(rng.choice([0.0, 1.0, 4096.0, 1e6 * rng.random(), 3e8]))
+        c = coll(k, nbytes, size)
+        first = collective_time(t, c, ranks, concurrent)
+        again = collective_time(t, c, list(ranks), [list(g) for g in concurrent])
+        conc = concurrent if nbytes else ()
+        afresh = min(collectives.schedule(t, k, ranks, a, conc).time(nbytes)
+                     for a in collectives.algorithms_for(t, k))
+        assert first == again == afresh
+        grid = collective_time(t, coll(k, np.array([nbytes, 2 * nbytes + 1]), size), ranks,
+                               concurrent)
+        assert grid[0] == first  # one size or an array of them: the same figure
+    assert collectives._TIMES
+    collectives.clear_caches()
+    assert not collectives._TIMES

@@ -69,3 +69,45 @@ def test_shared_costs_change_no_figure():
         cold = evaluate_plan(spec, cluster, e.plan, prompt_len=2048, gen_len=64, prefill=False)
         assert cold.tpot_s == pytest.approx(e.tpot_s, rel=1e-12) == again[e.plan.name]
         assert cold.hbm_used_bytes == e.hbm_used_bytes
+
+
+@pytest.mark.parametrize("model,plan", [
+    ("nemotron-h-56b", "tp4pp4@full_attention=2,mamba2=2"),
+    ("qwen3-next-80b-a3b", "tp2ep2pp4@linear_attention=2"),
+    ("llama-3.1-70b", "tp4pp2"),
+])
+def test_a_stage_by_layer_kind_holds_what_its_graph_holds(model, plan):
+    """The footprint sums a stage's ops by layer kind (Program.stage_ops) rather than block
+    by block: every op tuple of the stage's graph, each as many times as the graph runs it."""
+    from partitioning.program import build_programs
+    from workloads.ops import StepShape
+
+    spec = load_model(model)
+    for prog in build_programs(spec, Plan.parse(plan)):
+        for shape in (StepShape.decode(8.0, 4096.0), StepShape.prefill(1.0, 2048.0)):
+            by_block: dict = {}
+            for block in prog.graph(spec, shape).blocks:
+                by_block[id(block.ops)] = by_block.get(id(block.ops), 0) + block.repeat
+            by_kind = {id(ops): n for ops, n in prog.stage_ops(spec, shape)}
+            assert by_kind == by_block
+
+
+def test_clear_caches_forgets_everything_plans_shared():
+    """A cold benchmark is cold: after clear_caches no cache of the evaluator holds an entry
+    (the topology, the cluster's wiring, is kept)."""
+    from chip import breakdown, dataflow, execution
+    from interconnect import collectives
+    from partitioning import evaluate, program
+    from partitioning.footprint import _BLOCKS
+
+    spec, cluster = load_model("qwen3-next-80b-a3b"), load_cluster("sn40l-8")
+    search_plans(spec, cluster, prompt_len=2048, gen_len=64)
+    caches = [evaluate._COSTS, evaluate._FOOTPRINTS, program._GRAPHS, program._STAGES,
+              program._LAYERS, program._PROGRAMS, program._KINDS, program._SENDS, _BLOCKS,
+              dataflow._MEMOS, dataflow._OPS, breakdown._SUMS, execution._PARAMS,
+              collectives._TIMES]
+    functions = [evaluate._plan_comm, evaluate._concurrent, evaluate._comm,
+                 program._with_cached]
+    assert all(caches) and all(f.cache_info().currsize for f in functions)
+    clear_caches()
+    assert not any(caches) and not any(f.cache_info().currsize for f in functions)
