@@ -226,13 +226,16 @@ def evaluate_plan(
     check: bool = True,
     execution_model: str | None = None,
     comm_time: CommTime | None = None,
+    expert_load: Work | None = None,
 ) -> PlanEstimate:
     """Cost `plan` for `spec` on `cluster` at every (batch, prompt_len, gen_len) point.
 
     Raises ConfigError for a plan that cannot run the model on the cluster, and, with `check`,
     PlanDoesNotFit (the one footprint message) when a point does not fit; with check=False the
     points that do not fit are costed all the same and carry their reason in `misfit`.
-    `comm_time` replaces the interconnect's costs (a what-if), `execution_model` the chip's."""
+    `comm_time` replaces the interconnect's costs (a what-if), `execution_model` the chip's;
+    `expert_load` the decode step's busiest-group load (the routing model's expectation by
+    default; the serving engine draws one per step)."""
     _check_positive(batch=batch, prompt_len=prompt_len, gen_len=gen_len)
     validate(plan, spec, cluster.sockets)
     batch, prompt_len, gen_len = (_num(x) for x in (batch, prompt_len, gen_len))
@@ -247,7 +250,7 @@ def evaluate_plan(
     m = plan.micro_batches or np.maximum(1.0, np.minimum(batch, plan.pp))
     if plan.micro_batches:
         m = float(m)
-    load = _load(spec, plan, routing, batch / m)
+    load = _load(spec, plan, routing, batch / m) if expert_load is None else expert_load
     context = prompt_len + (gen_len - 1.0) / 2.0
     cost = _Stager(spec, cluster, plan, fps, options, execution_model, comm_time)
     decode = [cost(p, StepShape.decode(batch / m, context), load) for p in heads]
