@@ -143,8 +143,19 @@ def _options(options: Any) -> DataflowOptions:
 
 
 def _program(block: Block) -> tuple:
-    """What identifies a kernel's program: its ops' names and classes (not their sizes)."""
-    return tuple((op.name, op.cls) for op in block.ops)
+    """What identifies a kernel's program: its ops' names and classes (not their sizes).
+    Once per op tuple (the entry keeps it alive): the stages of a plan search share them."""
+    hit = _PROGRAMS.get(id(block.ops))
+    if hit is not None and hit[0] is block.ops:
+        return hit[1]
+    program = tuple((op.name, op.cls) for op in block.ops)
+    if len(_PROGRAMS) > MEMO_ENTRIES:
+        _PROGRAMS.clear()
+    _PROGRAMS[id(block.ops)] = (block.ops, program)
+    return program
+
+
+_PROGRAMS: dict[int, tuple] = {}
 
 
 def _segments(blocks: tuple[Block, ...], looping: bool) -> list[list[Block]]:

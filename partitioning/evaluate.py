@@ -414,7 +414,8 @@ def clear_caches() -> None:
 
     for cache in (_COSTS, _FOOTPRINTS, program._GRAPHS, program._STAGES, program._LAYERS,
                   program._PROGRAMS, program._KINDS, program._SENDS, _BLOCKS,
-                  dataflow._MEMOS, dataflow._OPS, breakdown._SUMS, execution._PARAMS):
+                  dataflow._MEMOS, dataflow._OPS, dataflow._PROGRAMS, breakdown._SUMS,
+                  execution._PARAMS):
         cache.clear()
     dataflow._COMM.clear()
     collectives.clear_caches()
@@ -445,7 +446,7 @@ def _spill(g: Graph, fp: Footprint) -> tuple[Graph, Work]:
     """Move the spilled share of each op's weight / KV reads off HBM; return the DDR bytes."""
     fe, fd, fk = (fp.spilled_fraction.get(k, 0.0) for k in ("experts", "dense_weights",
                                                             "kv_cache"))
-    if not (np.any(fe) or np.any(fd) or np.any(fk)):
+    if not any(f if type(f) is float else np.any(f) for f in (fe, fd, fk)):
         return g, 0.0
     blocks, ddr = [], 0.0
     for block in g.blocks:

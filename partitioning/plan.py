@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from workloads.errors import ConfigError
 from workloads.spec import FFN, Mixer, ModelSpec
@@ -53,8 +54,8 @@ class Plan:
     def mixer_degree(self, mixer: Mixer) -> int:
         return dict(self.mixer_tp).get(mixer, self.width)
 
-    @property
-    def name(self) -> str:
+    @cached_property
+    def name(self) -> str:  # (computed once: a plan search ranks and reports by it)
         parts = [f"tp{self.tp}"] if self.tp > 1 or self.ep == 1 else []
         parts += [f"{k}{v}" for k, v in (("pp", self.pp), ("ep", self.ep), ("dp", self.dp)) if v > 1]
         text = "".join(parts)

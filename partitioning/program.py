@@ -280,6 +280,33 @@ def groups_of(plan: Plan, socket: int) -> dict:
     return out
 
 
+class _Groups(Mapping):
+    """groups_of(plan, socket), worked out when first read: a plan search builds thousands
+    of programs and costs their collectives through plan_comm_time, not through these."""
+
+    __slots__ = ("_groups", "_plan", "_socket")
+
+    def __init__(self, plan: Plan, socket: int) -> None:
+        self._plan, self._socket, self._groups = plan, socket, None
+
+    def _get(self) -> dict:
+        if self._groups is None:
+            self._groups = groups_of(self._plan, self._socket)
+        return self._groups
+
+    def __getitem__(self, key):
+        return self._get()[key]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
 @lru_cache(maxsize=256)
 def concurrent_groups(plan: Plan) -> dict:
     """Every group of each kind in the cluster: they run the same collective at once (SPMD), so
@@ -321,6 +348,6 @@ def _build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
         programs.append(Program(
             socket=s, coords=c, layers=stages[c.pp], first_stage=c.pp == 0,
             last_stage=c.pp == plan.pp - 1, shard=shard, mixer_tp=plan.mixer_tp,
-            groups=groups_of(plan, s),
+            groups=_Groups(plan, s),
         ))
     return tuple(programs)

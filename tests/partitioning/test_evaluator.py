@@ -104,7 +104,8 @@ def test_clear_caches_forgets_everything_plans_shared():
     search_plans(spec, cluster, prompt_len=2048, gen_len=64)
     caches = [evaluate._COSTS, evaluate._FOOTPRINTS, program._GRAPHS, program._STAGES,
               program._LAYERS, program._PROGRAMS, program._KINDS, program._SENDS, _BLOCKS,
-              dataflow._MEMOS, dataflow._OPS, breakdown._SUMS, execution._PARAMS,
+              dataflow._MEMOS, dataflow._OPS, dataflow._PROGRAMS, breakdown._SUMS,
+              execution._PARAMS,
               collectives._TIMES]
     functions = [evaluate._plan_comm, evaluate._concurrent, evaluate._comm,
                  program._with_cached]
