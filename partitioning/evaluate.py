@@ -33,7 +33,14 @@ from chip import execution
 from chip.cost import StepCost
 from interconnect import build_topology, comm_time_fn
 from partitioning.cluster import ClusterSpec
-from partitioning.footprint import Footprint, Placement, PlanDoesNotFit, footprints, misfits
+from partitioning.footprint import (
+    Footprint,
+    Placement,
+    PlanDoesNotFit,
+    footprints,
+    misfits,
+    nonzero,
+)
 from partitioning.plan import Plan, validate
 from partitioning.program import Program, build_programs, concurrent_groups, groups_of
 from partitioning.routing import RoutingModel, expert_load
@@ -290,7 +297,7 @@ def _fit(spec, cluster, plan, programs, batch, prompt_len, gen_len, placement, c
                       placement)
     # Sockets of a stage hold the same; its first socket is the lowest-numbered.
     misfit = misfits(fps[:: plan.width][: plan.pp], plan, spec.name, cluster.name)
-    if check and np.any(misfit != ""):
+    if check and (misfit != "" if type(misfit) is str else np.any(misfit != "")):
         raise PlanDoesNotFit(next(r for r in np.ravel(misfit) if r))
     return fps, misfit
 
@@ -302,7 +309,7 @@ def _num(x: Work) -> Work:
 
 def _check_positive(**values: Work) -> None:
     for name, value in values.items():
-        if np.any(np.asarray(value) <= 0):
+        if value <= 0 if type(value) in (int, float) else np.any(np.asarray(value) <= 0):
             raise ConfigError(f"{name.replace('_', '-')}: must be positive, got {value}")
 
 
@@ -317,18 +324,19 @@ def _footprints(spec, plan, programs, cluster, batch, context, prompt_len, place
         return footprints(spec, programs, cluster.chip, batch, context, prompt_len, placement)
     # Keyed by identity (a spec or chip is not cheap to hash); the entry keeps both alive and
     # is used only while they are the very same objects.
+    # Sockets are numbered 0..n-1 in the programs' order, so the degrees and n decide them.
     key = (id(spec), id(cluster.chip), plan.tp, plan.ep, plan.pp, plan.mixer_tp, batch,
-           context, prompt_len, placement)
+           context, prompt_len, placement, len(programs))
     hit = _FOOTPRINTS.get(key)
     if hit is not None and hit[0] is spec and hit[1] is cluster.chip:
-        stage = hit[2]
-    else:
-        stage = footprints(spec, programs[:: plan.width][: plan.pp], cluster.chip, batch,
-                           context, prompt_len, placement)
-        if len(_FOOTPRINTS) > 4096:
-            _FOOTPRINTS.clear()
-        _FOOTPRINTS[key] = (spec, cluster.chip, stage)
-    return tuple(replace(stage[p.coords.pp], socket=p.socket) for p in programs)
+        return hit[2]
+    stage = footprints(spec, programs[:: plan.width][: plan.pp], cluster.chip, batch, context,
+                       prompt_len, placement)
+    out = tuple(replace(stage[p.coords.pp], socket=p.socket) for p in programs)
+    if len(_FOOTPRINTS) > 4096:
+        _FOOTPRINTS.clear()
+    _FOOTPRINTS[key] = (spec, cluster.chip, out)
+    return out
 
 
 def _load(spec: ModelSpec, plan: Plan, routing: RoutingModel, tokens: Work) -> Work:
@@ -360,7 +368,7 @@ class _Stager:
         comm = self.comm_time or plan_comm_time(self.cluster, self.plan, prog.socket)
         cost = shared_step_cost(g, self.cluster.chip, comm, self.options, self.execution_model)
         ddr_s: Work = 0.0
-        if np.any(ddr_bytes):
+        if nonzero(ddr_bytes):
             ddr_s = ddr_bytes / self.cluster.chip.tier("ddr").bandwidth_bytes_per_s
         return cost, ddr_s
 
@@ -446,7 +454,7 @@ def _spill(g: Graph, fp: Footprint) -> tuple[Graph, Work]:
     """Move the spilled share of each op's weight / KV reads off HBM; return the DDR bytes."""
     fe, fd, fk = (fp.spilled_fraction.get(k, 0.0) for k in ("experts", "dense_weights",
                                                             "kv_cache"))
-    if not any(f if type(f) is float else np.any(f) for f in (fe, fd, fk)):
+    if not (nonzero(fe) or nonzero(fd) or nonzero(fk)):
         return g, 0.0
     blocks, ddr = [], 0.0
     for block in g.blocks:

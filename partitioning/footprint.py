@@ -197,10 +197,15 @@ def place(d: Demand, socket: int, chip: ChipSpec, policy: Placement) -> Footprin
         region = "weights" if k != "kv_cache" else "kv_cache"
         key_h, key_d = (region, "hbm"), (region, "ddr")
         regions[key_h] = regions.get(key_h, 0.0) + v - in_ddr[k]
-        if np.any(in_ddr[k]):
+        if nonzero(in_ddr[k]):
             regions[key_d] = regions.get(key_d, 0.0) + in_ddr[k]
     spilled = {k: _fraction(in_ddr[k], v) for k, v in sizes.items()}
     return Footprint(socket, regions, cap, spilled)
+
+
+def nonzero(v: Work) -> bool:
+    """np.any(v), without numpy for one point (a plan search asks thousands of times)."""
+    return v != 0.0 if type(v) is float else bool(np.any(v))
 
 
 def _zero(v: Work) -> Work:
