@@ -419,11 +419,12 @@ def clear_caches() -> None:
     from interconnect import collectives
     from partitioning import program
     from partitioning.footprint import _BLOCKS
+    from partitioning.plan import _TRAITS
 
     for cache in (_COSTS, _FOOTPRINTS, program._GRAPHS, program._STAGES, program._LAYERS,
                   program._PROGRAMS, program._KINDS, program._SENDS, _BLOCKS,
                   dataflow._MEMOS, dataflow._OPS, dataflow._PROGRAMS, breakdown._SUMS,
-                  execution._PARAMS):
+                  execution._PARAMS, _TRAITS):
         cache.clear()
     dataflow._COMM.clear()
     collectives.clear_caches()

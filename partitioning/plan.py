@@ -127,7 +127,7 @@ def validate(plan: Plan, spec: ModelSpec, sockets: int) -> None:
             raise ConfigError(
                 f"{where}: ep={plan.ep} does not divide the {spec.moe.num_experts} experts"
             )
-    mixers = {layer.mixer for layer in spec.layers} - {Mixer.NONE}
+    mixers, dense = _layer_traits(spec)
     for mixer in mixers:
         d = plan.mixer_degree(mixer)
         if plan.width % d:
@@ -141,10 +141,27 @@ def validate(plan: Plan, spec: ModelSpec, sockets: int) -> None:
     for mixer, _ in plan.mixer_tp:
         if mixer not in mixers:
             raise ConfigError(f"{where}: {spec.name} has no {mixer.value} layers")
-    if any(layer.ffn is FFN.DENSE for layer in spec.layers) and spec.intermediate_size % plan.width:
+    if dense and spec.intermediate_size % plan.width:
         raise ConfigError(
             f"{where}: width {plan.width} does not divide the FFN width {spec.intermediate_size}"
         )
+
+
+_TRAITS: dict[int, tuple] = {}
+
+
+def _layer_traits(spec: ModelSpec) -> tuple[frozenset, bool]:
+    """The model's mixer kinds and whether it has a dense FFN layer: once per model (a plan
+    search validates every plan twice; a hybrid has a hundred layers)."""
+    hit = _TRAITS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    traits = (frozenset({layer.mixer for layer in spec.layers} - {Mixer.NONE}),
+              any(layer.ffn is FFN.DENSE for layer in spec.layers))
+    if len(_TRAITS) > 256:
+        _TRAITS.clear()
+    _TRAITS[id(spec)] = (spec, traits)
+    return traits
 
 
 def mixer_heads(spec: ModelSpec, mixer: Mixer) -> int:

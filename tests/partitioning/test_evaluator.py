@@ -99,13 +99,14 @@ def test_clear_caches_forgets_everything_plans_shared():
     from interconnect import collectives
     from partitioning import evaluate, program
     from partitioning.footprint import _BLOCKS
+    from partitioning.plan import _TRAITS
 
     spec, cluster = load_model("qwen3-next-80b-a3b"), load_cluster("sn40l-8")
     search_plans(spec, cluster, prompt_len=2048, gen_len=64)
     caches = [evaluate._COSTS, evaluate._FOOTPRINTS, program._GRAPHS, program._STAGES,
               program._LAYERS, program._PROGRAMS, program._KINDS, program._SENDS, _BLOCKS,
               dataflow._MEMOS, dataflow._OPS, dataflow._PROGRAMS, breakdown._SUMS,
-              execution._PARAMS,
+              execution._PARAMS, _TRAITS,
               collectives._TIMES]
     functions = [evaluate._plan_comm, evaluate._concurrent, evaluate._comm,
                  program._with_cached]
