@@ -55,12 +55,13 @@ class Ledger:
         return sum(self.by_class.values(), np.zeros(()))
 
     def cost(self, graph: Graph, **fields) -> StepCost:
+        weights, kv, flops = graph_totals(graph, ("weight_bytes", "kv_read_bytes", "flops"))
         return StepCost(
             time_s=self.total(),
             by_cause=dict(self.by_cause),
             by_class=dict(self.by_class),
-            useful_hbm_bytes=useful_hbm_bytes(graph),
-            flops=graph_total(graph, "flops"),
+            useful_hbm_bytes=weights + kv,  # (useful_hbm_bytes, in one pass over the graph)
+            flops=flops,
             **fields,
         )
 
@@ -78,17 +79,24 @@ def graph_total(graph: Graph, attr: str) -> Work:
     """graph.total(attr), the same sums in the same order, each op tuple summed once: the
     blocks of a hybrid's graphs, and of the stages of a plan search, share their op tuples
     (memoised by identity; the entry keeps the tuple alive)."""
-    total: Work = 0.0
+    return graph_totals(graph, (attr,))[0]
+
+
+def graph_totals(graph: Graph, attrs: tuple[str, ...]) -> tuple[Work, ...]:
+    """graph_total of each of `attrs`, in one pass over the blocks."""
+    totals: list[Work] = [0.0] * len(attrs)
     for block in graph.blocks:
-        hit = _SUMS.get((id(block.ops), attr))
+        hit = _SUMS.get((id(block.ops), attrs))
         if hit is None or hit[0] is not block.ops:
-            hit = (block.ops, sum((getattr(op, attr) for op in block.ops), 0.0))
-            if np.ndim(hit[1]) == 0:
+            sums = tuple(sum((getattr(op, a) for op in block.ops), 0.0) for a in attrs)
+            hit = (block.ops, sums)
+            if all(np.ndim(x) == 0 for x in sums):
                 if len(_SUMS) > 65536:
                     _SUMS.clear()
-                _SUMS[(id(block.ops), attr)] = hit
-        total = total + block.repeat * hit[1]
-    return total
+                _SUMS[(id(block.ops), attrs)] = hit
+        for i, x in enumerate(hit[1]):
+            totals[i] = totals[i] + block.repeat * x
+    return tuple(totals)
 
 
 def hbm_utilization(cost: StepCost, peak_bytes_per_s: float) -> np.ndarray:
