@@ -137,7 +137,9 @@ def _mooncake():
 
 
 # (trace, model, cluster, config, prefix tokens found in HBM / DDR / host memory as the
-# per-block cache printed them at commit 8c01fc7)
+# per-block cache printed them at commit 8c01fc7). The exact counts follow the chips' timing
+# (a recalibration moves them), so the test checks which tiers serve hits; exactness comes
+# from the table-by-table comparison with the per-block cache.
 RUNS = {
     "sessions, small HBM, DDR": (lambda: sessions(SPEC, seed=5), "llama-3.1-70b", "sn40l-16",
                                  {"kv_memory_fraction": 0.002, "limits": Limits(max_batch=8)},
@@ -166,7 +168,8 @@ def test_serve_tables_equal_the_per_block_cache(name, monkeypatch):
     for table in ("requests", "steps", "sockets"):
         assert getattr(ref, table).equals(getattr(new, table)), table
     r = new.requests.to_pydict()
-    assert tuple(sum(r[f"prefix_{t}_tokens"]) for t in ("hbm", "ddr", "host")) == found
+    hits = tuple(sum(r[f"prefix_{t}_tokens"]) for t in ("hbm", "ddr", "host"))
+    assert tuple(h > 0 for h in hits) == tuple(f > 0 for f in found), hits
     caches = [rep.prefix for rep in sim.replicas]
     assert not any(c.seqs for c in caches)  # nothing is kept per finished request
     if len(caches) == 1 and all(s == DONE for s in r["state"]):
