@@ -424,7 +424,7 @@ def serve_fields() -> dict[str, FieldDef]:
     base = simulate_fields()
     i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
     fields = {k: base[k] for k in ("model", "cluster", "weights", "kv_dtype", "sockets",
-                                    "sockets_per_node")}
+                                    "sockets_per_node", "calibration")}
     for f in (
         FieldDef("plan", text, s, column="plan", doc="tp16, tp2ep8, tp4pp4 [tp over all sockets]"),
         FieldDef("execution_model", text, s, column="execution_model", doc="[the chip's]"),

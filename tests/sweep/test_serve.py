@@ -175,3 +175,13 @@ decode_pool = ["sn40l-8:tp4:1", "sn40l-8:tp8:1"]
                   progress=False)
     df = pq.read_table(tmp_path / "o2").to_pandas()
     assert (df.requests_served == 8).all() and (df.concurrency == 2).all()
+
+
+def test_calibration_field_is_the_profile_serve_uses(tmp_path):
+    """A serve point's `calibration` field selects the profile as `serve --calibration` does:
+    first-principles SN40L values (none) decode faster than the shipped fit on the same trace."""
+    rows = {}
+    for profile in ("none", "default"):
+        spec = load_spec(write(tmp_path, SMALL + f'calibration = "{profile}"\n'))
+        rows[profile] = run_serve(expand(spec).points, spec.seed).table.to_pylist()[0]
+    assert rows["none"]["tpot_p50_s"] < rows["default"]["tpot_p50_s"]
