@@ -169,11 +169,10 @@ class Socket:
         m = self.memory
         for op in ops:
             verb = op[0]
-            if verb == "alloc":
+            if verb == "resize":  # the most frequent op first
+                m.resize(op[1], op[2], self.kv_scale)
+            elif verb == "alloc":
                 m.allocate(op[1], op[2], op[3] * (self.kv_scale if op[4] == "kv" else 1.0), op[4])
-            elif verb == "resize":
-                kv = getattr(m.regions.get(op[1]), "kind", "") == "kv"
-                m.resize(op[1], op[2] * (self.kv_scale if kv else 1.0))
             elif verb == "free":
                 m.free(op[1])
             elif verb == "move":

@@ -76,6 +76,8 @@ class Window:
     def per_step(self, f: Callable[[Span], float], dtype=np.int64) -> np.ndarray:
         """f(span) for every step of the window (each span's value repeated over its steps)."""
         sp = self.spans
+        if len(sp) == 1:  # light load: most windows are one span
+            return np.full(sp[0].steps, f(sp[0]), dtype=dtype)
         return np.repeat(np.fromiter((f(s) for s in sp), dtype=dtype, count=len(sp)),
                          [s.steps for s in sp])
 

@@ -132,6 +132,7 @@ class Simulation:
         _check_coe(config)
         self.coe_memory = self._coe_memory() if config.coe else None
         self._fps: dict = {}  # plan -> (footprints, reason), once asked for (_footprint)
+        self._orders: dict = {}  # replica -> its layout's socket order (_socket_order)
         config.prefix.check()
         self.prefix_mode = config.prefix.resolved(self._lower_tier())
         self.prefix_live = prefix_cache.Liveness(trace.content)  # shared by the replicas
@@ -458,13 +459,18 @@ class Simulation:
         straggler, straggler_s = np.zeros(n, dtype=np.int64), np.zeros(n)
         per_stage = []
         for k, stage in enumerate(stages):
-            R = np.stack([res[s][0] for s in stage])  # (sockets, ROWS, steps)
-            j = np.argmax(R[:, 0, :], axis=0)
-            tmax = R[j, 0, ar]
-            per_stage.append((tmax, R[j, 1 : 1 + N_CAUSES, ar].T))
+            first = res[stage[0]][0]
+            if all(res[s][0] is first for s in stage):  # one reply for a symmetric group
+                tmax, j = first[0], np.zeros(n, dtype=np.int64)  # argmax's first of equals
+                per_stage.append((tmax, first[1 : 1 + N_CAUSES]))
+            else:
+                R = np.stack([res[s][0] for s in stage])  # (sockets, ROWS, steps)
+                j = np.argmax(R[:, 0, :], axis=0)
+                tmax = R[j, 0, ar]
+                per_stage.append((tmax, R[j, 1 : 1 + N_CAUSES, ar].T))
+                straggler_s += tmax - R[:, 0, :].min(axis=0)
             time += tmax
             causes += per_stage[-1][1]
-            straggler_s += tmax - R[:, 0, :].min(axis=0)
             if k == (1 if lay.draft_stage else 0):  # the target's first stage
                 straggler = np.asarray(stage)[j]
         hops = np.zeros((n, 0))
@@ -521,7 +527,9 @@ class Simulation:
     def _moves_per_step(self, window: Window, res: dict, sockets: list[int]) -> tuple:
         """Region copies before each span's first step: (KV swaps, CoE expert switches). A span
         that switches has no swap (the coe policy switches only with nothing running)."""
-        moves = np.max(np.stack([res[s][1] for s in sockets]), axis=0)
+        first = res[sockets[0]][1]
+        moves = (first if all(res[s][1] is first for s in sockets)
+                 else np.max(np.stack([res[s][1] for s in sockets]), axis=0))
         switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
         firsts = np.concatenate([[0], np.cumsum([sp.steps for sp in window.spans])[:-1]])
         out = np.zeros((2, window.steps))
@@ -532,23 +540,26 @@ class Simulation:
     def _record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
                 m: int) -> float:
         spans = window.spans
-        rep_n = window.per_step
         dur = step["time_s"]
         ends = _ends(t0, dur)
         starts = np.concatenate([[t0], ends[:-1]])
         bb = rep.kv.config.block_bytes
+        # every per-span count at once: one (spans, 7) array repeated over the spans' steps
+        per = np.repeat(np.array(
+            [(sp.kind, len(sp.decode) + len(sp.prefill), sum(t for _, t in sp.prefill),
+              len(sp.decode), sp.emitted, sp.expert, sp.prefix_hit) for sp in spans],
+            dtype=np.int64), [sp.steps for sp in spans], axis=0)
         cols = {
             "replica": np.full(m, rep.index), "window": np.full(m, self.windows),
-            "step": np.concatenate([sp.first_step + np.arange(sp.steps) for sp in spans]),
-            "phase": PHASE_NAMES[rep_n(lambda sp: sp.kind)], "start_s": starts, "time_s": dur,
-            "batch": rep_n(lambda sp: len(sp.decode) + len(sp.prefill)),
-            "prefill_tokens": rep_n(lambda sp: sum(t for _, t in sp.prefill)),
-            "decode_tokens": rep_n(lambda sp: len(sp.decode)),
-            "emitted_tokens": rep_n(lambda sp: sp.emitted), "expert": rep_n(lambda sp: sp.expert),
+            "step": (spans[0].first_step + np.arange(m) if len(spans) == 1 else
+                     np.concatenate([sp.first_step + np.arange(sp.steps) for sp in spans])),
+            "phase": PHASE_NAMES[per[:, 0]], "start_s": starts, "time_s": dur,
+            "batch": per[:, 1], "prefill_tokens": per[:, 2], "decode_tokens": per[:, 3],
+            "emitted_tokens": per[:, 4], "expert": per[:, 5],
             "switch_s": step["switch_s"], "prefix_copy_s": step["prefix_copy_s"],
-            "prefix_exposed_s": step["prefix_exposed_s"],
-            "prefix_hit_tokens": rep_n(lambda sp: sp.prefix_hit),
-            "kv_used_bytes": np.concatenate([sp.kv_blocks for sp in spans]) * bb,
+            "prefix_exposed_s": step["prefix_exposed_s"], "prefix_hit_tokens": per[:, 6],
+            "kv_used_bytes": (spans[0].kv_blocks if len(spans) == 1 else
+                              np.concatenate([sp.kv_blocks for sp in spans])) * bb,
             "kv_swap_s": step["kv_swap_s"], "expert_load_max": step["expert_load_max"][:m],
             "straggler_socket": step["straggler_socket"], "straggler_s": step["straggler_s"],
         }
@@ -570,24 +581,37 @@ class Simulation:
                         m: int) -> None:
         """One sockets-table row per socket of the replica, as columns (metrics.SocketRows)."""
         switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
-        socks = [s for stage in self.layouts[rep.index].stages for s in stage]
+        socks, nodes, links = self._socket_order(rep)
         rows = np.stack([res[s][0] for s in socks])  # (sockets, ROWS, steps)
         busy, sent = rows[:, 0, :m].sum(axis=1), rows[:, SENT_ROW, :m].sum(axis=1)
         span = end - t0
+        switches = int(switch.sum())
         self.rec.sockets.add_window({
-            "socket": socks, "replica": rep.index, "node": [self.cluster.node_of(s) for s in socks],
+            "socket": socks, "replica": rep.index, "node": nodes,
             "window": self.windows, "time_s": end, "window_s": span, "busy_s": busy,
             "busy_fraction": busy / span if end > t0 else np.zeros(len(socks)),
-            "sent_bytes": sent, "switches": int(switch.sum()),
-            "switch_s": [float(np.sum(np.asarray(res[s][1])[switch])) for s in socks],
+            "sent_bytes": sent, "switches": switches,
+            "switch_s": ([float(np.sum(np.asarray(res[s][1])[switch])) for s in socks]
+                         if switches else 0.0),
             **energy.socket_columns(self.rates, rows, m, span)},
             [res[s][2] for s in socks])  # occupancies: mappings the backend may fill later
-        for stage in self.layouts[rep.index].stages:
-            for pos, s in enumerate(stage):
-                if len(stage) > 1:
-                    link = (s, stage[(pos + 1) % len(stage)])
-                    sent_s = float(sent[socks.index(s)])
-                    self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s
+        sent_s = sent.tolist()
+        for i, link in links:
+            self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s[i]
+
+    def _socket_order(self, rep: Replica) -> tuple[list[int], list[int], list]:
+        """The replica's sockets stage by stage, their nodes, and each ring link (socket to the
+        next of its stage) with its socket's position: what every window's sockets rows need,
+        kept per layout (a re-planned replica gets a new one)."""
+        lay = self.layouts[rep.index]
+        got = self._orders.get(rep.index)
+        if got is None or got[0] is not lay:
+            socks = [s for stage in lay.stages for s in stage]
+            links = [(socks.index(s), (s, stage[(pos + 1) % len(stage)]))
+                     for stage in lay.stages if len(stage) > 1 for pos, s in enumerate(stage)]
+            got = self._orders[rep.index] = (lay, socks,
+                                             [self.cluster.node_of(s) for s in socks], links)
+        return got[1], got[2], got[3]
 
     def report_progress(self) -> None:
         if self.progress is not None:
