@@ -70,7 +70,7 @@ class MemoryTiers:
         if old.kind == "kv":
             nbytes = nbytes * kv_scale
         grow = nbytes - old.nbytes
-        if grow > 0 and not self.fits(old.tier, grow):
+        if grow > 0 and grow > self.tiers[old.tier].capacity_bytes - self.used[old.tier] + 1e-6:
             raise TierError(f"region {name!r}: cannot grow to {nbytes / 1e9:.2f} GB")
         self.used[old.tier] += grow
         self.regions[name] = Region(name, old.tier, float(nbytes), old.kind)

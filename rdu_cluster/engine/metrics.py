@@ -155,12 +155,22 @@ class Recorder:
     loose: int = 0  # windows in self.steps not joined into a chunk yet (_compact)
     loose_times: dict[int, int] = field(default_factory=dict)  # the same, per replica
 
-    def add_steps(self, replica: int, cols: dict[str, np.ndarray]) -> None:
+    def add_steps(self, replica: int, cols: dict[str, np.ndarray],
+                  ends: np.ndarray | None = None) -> None:
+        """A window's step rows (`ends`: their end times, when the caller has them: each
+        start plus its time, as the start of the next step)."""
         self.steps.append(StepColumns(cols))
-        keep = cols["phase"] != "recovery"  # recovery rows are not engine steps
-        self.starts.setdefault(replica, []).append(cols["start_s"][keep])
-        ends = np.concatenate([cols["start_s"][1:], [cols["start_s"][-1] + cols["time_s"][-1]]])
-        self.ends.setdefault(replica, []).append(ends[keep])
+        if ends is None:
+            ends = np.concatenate([cols["start_s"][1:],
+                                   [cols["start_s"][-1] + cols["time_s"][-1]]])
+        phase = cols["phase"]
+        if len(phase) and phase[0] == "recovery":  # recovery rows are not engine steps
+            keep = phase != "recovery"
+            starts, ends = cols["start_s"][keep], ends[keep]
+        else:  # a window's steps: never a recovery row
+            starts = cols["start_s"]
+        self.starts.setdefault(replica, []).append(starts)
+        self.ends.setdefault(replica, []).append(ends)
         self._compact(replica)
 
     def _compact(self, replica: int) -> None:

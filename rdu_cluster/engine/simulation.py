@@ -414,15 +414,16 @@ class Simulation:
         step["expert_load_max"] = load_max
         m = len(step["time_s"])
         last = window.spans[-1]
+        ends = _ends(t0, step["time_s"])
         if last.cut_at < math.inf:
-            ends = _ends(t0, step["time_s"])
             m = min(last.steps, int(np.searchsorted(ends, last.cut_at, side="left")) + 1)
             step = {k: v[:m] for k, v in step.items()}
+            ends = ends[:m]  # a running sum: the first m ends do not depend on the rest
             rep.advance(last, m)
-        end = self._record(rep, window, step, res, t0, m)
+        end = self._record(rep, window, step, res, t0, m, ends)
         for obs in self.observers:
             obs.window(self, rep, window, res, step, t0, m)
-        self.spawned += self.dispatch.after_window(rep, window, _ends(t0, step["time_s"]))
+        self.spawned += self.dispatch.after_window(rep, window, ends)
         self.windows += 1
         for hook in self.hooks:
             hook(self, self.windows)
@@ -538,10 +539,9 @@ class Simulation:
         return out[0], out[1]
 
     def _record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
-                m: int) -> float:
+                m: int, ends: np.ndarray) -> float:
         spans = window.spans
         dur = step["time_s"]
-        ends = _ends(t0, dur)
         starts = np.concatenate([[t0], ends[:-1]])
         bb = rep.kv.config.block_bytes
         # every per-span count at once: one (spans, 7) array repeated over the spans' steps
@@ -569,7 +569,7 @@ class Simulation:
         cols.update(energy.step_columns(self.rates, energy.dynamic_j(res, rep.sockets, m),
                                         len(rep.sockets), dur))
         energy.split_over_requests(spans, cols, self.rec.split)
-        self.rec.add_steps(rep.index, cols)
+        self.rec.add_steps(rep.index, cols, ends)
         for i in np.flatnonzero(step["switch_s"]):
             self.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
         end = float(ends[-1])
