@@ -57,6 +57,7 @@ class Span:
     switch: bool = False  # CoE: its ops switch the expert in (the request waits for the copy)
     prefix_hit: int = 0  # tokens its admissions found in the prefix cache
     prefix_copy_s: float = 0.0  # seconds to copy the blocks found below HBM up to HBM
+    applied: bool = False  # a cut span advanced when planned (lookahead: plan_window)
 
     @property
     def emitted(self) -> int:
@@ -125,15 +126,30 @@ class Replica:
     def view(self) -> View:
         return View(self.running, self.waiting, self.swapped, self.kv, self.expecting())
 
-    def plan_window(self, horizon_of) -> Window:
+    def plan_window(self, horizon_of, lookahead: bool = False) -> Window:
         """Spans until a time-dependent boundary, MAX_SPANS or MAX_STEPS. `horizon_of(plan)`
-        is the time at which the plan could change (math.inf: never)."""
+        is the time at which the plan could change (math.inf: never).
+
+        `lookahead` (light load: each arrival's prefill step, then decodes until the next):
+        a first span of one step whose plan could change at its horizon runs whole wherever
+        the horizon falls, so it is applied at once; a plan after it that only decodes changes
+        nothing when its span opens, so it joins the window as a tentative span cut at the
+        same horizon. The engine keeps it only if the first span ended before the horizon
+        (Simulation.execute_window): then it is what the next window would have planned, and
+        one round trip does the work of two."""
         spans, ops = [], [self.next_ops]
         self.next_ops = []
         steps = 0
         while len(spans) < MAX_SPANS and steps < MAX_STEPS:
             plan = self.scheduler.step(self.view())
             if plan.empty:
+                break
+            if spans and spans[-1].applied:
+                if _decode_only(plan):
+                    span = self._open(plan, ops[-1])
+                    span.cut_at = spans[0].cut_at
+                    spans.append(span)
+                    ops.append([])
                 break
             horizon = horizon_of(plan)
             if horizon < math.inf and spans:
@@ -145,6 +161,12 @@ class Replica:
             steps += span.steps
             if horizon < math.inf:
                 span.cut_at = horizon
+                if lookahead and span.steps == 1:
+                    span.applied = True
+                    self.advance(span, 1)
+                    ops.append(self.next_ops)
+                    self.next_ops = []
+                    continue
                 ops.append([])
                 break
             self.advance(span, span.steps)
@@ -361,6 +383,12 @@ class Replica:
         self.running.clear()
         self.waiting.clear()
         self.swapped.clear()
+
+
+def _decode_only(plan: StepPlan) -> bool:
+    """A plan whose span opens without changing anything: decodes of running sequences."""
+    return bool(plan.decode) and not (plan.prefill or plan.admit or plan.swap_in
+                                      or plan.preempt) and plan.expert < 0
 
 
 def _order(r: Request) -> tuple:

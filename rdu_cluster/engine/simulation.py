@@ -120,6 +120,7 @@ class Simulation:
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
         self.received: np.ndarray | None = None  # per request: KV tokens it arrives with
+        self.lookahead = False  # windows may hold a tentative span (set at start)
         if config.concurrency is not None and self.faults:
             raise ConfigError("--fault: not with --concurrency (a refused request's slot would "
                               "not be freed at the fault)")
@@ -157,6 +158,16 @@ class Simulation:
             moe = self.model.moe
             self.sampler = RoutingSampler(moe.num_experts, moe.top_k, self.plan.ep,
                                           self.config.seed)
+        self.lookahead = self._can_look_ahead()
+
+    def _can_look_ahead(self) -> bool:
+        """Whether a window may hold a tentative span (Replica.plan_window): only where the
+        next arrival at a replica is known in advance (open loop, routed up front), and no
+        span draws random numbers as it opens (expert routing, speculation) or switches an
+        expert in (CoE)."""
+        c = self.config
+        return (not self.dispatch.coupled and c.concurrency is None and self.trace.after is None
+                and self.sampler is None and c.speculation is None and c.coe is None)
 
     def _layouts(self) -> list[plans.ReplicaLayout]:
         c = self.config
@@ -404,7 +415,7 @@ class Simulation:
         return h
 
     def execute_window(self, rep: Replica, t0: float) -> float | None:
-        window = rep.plan_window(lambda p: self.horizon(rep, p))
+        window = rep.plan_window(lambda p: self.horizon(rep, p), self.lookahead)
         if not window.spans:
             return None
         self.seq += 1
@@ -415,11 +426,17 @@ class Simulation:
         m = len(step["time_s"])
         last = window.spans[-1]
         ends = _ends(t0, step["time_s"])
-        if last.cut_at < math.inf:
-            m = min(last.steps, int(np.searchsorted(ends, last.cut_at, side="left")) + 1)
+        if last.cut_at < math.inf and not last.applied:
+            before = m - last.steps  # a one-step span applied when planned (lookahead)
+            reached = int(np.searchsorted(ends, last.cut_at, side="left"))
+            if reached < before:  # the horizon fell in that step: the last span never ran
+                window.spans.pop()
+                m = before
+            else:
+                m = before + min(last.steps, reached - before + 1)
+                rep.advance(last, m - before)
             step = {k: v[:m] for k, v in step.items()}
             ends = ends[:m]  # a running sum: the first m ends do not depend on the rest
-            rep.advance(last, m)
         end = self._record(rep, window, step, res, t0, m, ends)
         for obs in self.observers:
             obs.window(self, rep, window, res, step, t0, m)
@@ -591,7 +608,8 @@ class Simulation:
             "window": self.windows, "time_s": end, "window_s": span, "busy_s": busy,
             "busy_fraction": busy / span if end > t0 else np.zeros(len(socks)),
             "sent_bytes": sent, "switches": switches,
-            "switch_s": ([float(np.sum(np.asarray(res[s][1])[switch])) for s in socks]
+            "switch_s": ([float(np.sum(np.asarray(res[s][1])[: len(switch)][switch]))
+                          for s in socks]
                          if switches else 0.0),
             **energy.socket_columns(self.rates, rows, m, span)},
             [res[s][2] for s in socks])  # occupancies: mappings the backend may fill later
