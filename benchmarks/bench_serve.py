@@ -8,6 +8,7 @@ is reported apart: it is paid once per session, not per simulated step).
     python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray] [--prefix-cache M]
     python benchmarks/bench_serve.py --light N   # issue #18: light vs saturated load
     python benchmarks/bench_serve.py --prefix-memory N   # issue #18: the prefix cache's memory
+    python benchmarks/bench_serve.py --replicas  # issue #18: 1 against 64 replicas
 
 --light N: N requests of Llama 3.1 8B on sn40l-8 (prompt 1,024, output 256) at 50 requests/s
 and all at once (saturating), each at N and N/4 requests in a fresh process: wall time per
@@ -24,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
@@ -44,6 +46,46 @@ def one(backend, trace, model, cluster, prefix: PrefixConfig | None = None):
     t = time.perf_counter()
     tables = sim.run()
     return sim, tables, time.perf_counter() - t
+
+
+def serve_rate(model: str, cluster: str, plan: str, requests: int, rate: float) -> dict:
+    """Decode steps per second of the local serving engine, median of 3 runs: `wall` over the
+    whole call, `run` over the run and its tables (the sockets' start-up, paid once per run,
+    apart), `cpu` over the process's CPU seconds (a loaded machine stretches wall time)."""
+    spec, mod = load_cluster(cluster), load_model(model)
+    trace = traces.synthetic(requests, rate, "poisson", traces.LengthDist("fixed", 1024),
+                             traces.LengthDist("fixed", 256))
+    runs = []
+    for _ in range(3):
+        sim = Simulation(mod, spec, trace, ServeConfig(plan=plan, limits=Limits(max_batch=32)),
+                         LocalBackend())
+        t, c = time.perf_counter(), time.process_time()
+        tables = sim.run()
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        steps = tables.summary["decode_steps"]
+        runs.append({"steps": steps, "wall": steps / wall, "cpu": steps / cpu,
+                     "run": steps / (sim.wall["run_s"] + sim.wall["tables_s"]),
+                     "start_s": sim.wall["start_s"], "windows": tables.summary["windows"],
+                     "replicas": len(sim.replicas)})
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def replicas(model: str = "llama-3.1-8b") -> int:
+    """Issue #18: `serve` with 64 replicas keeps its decode steps per second. 50 requests a
+    replica (Poisson 4/s each, prompt 1,024, output 256) of `model` tp16 on sn40l-16 (one
+    replica) and on 64 x SN40L-16 (benchmarks/clusters/sn40l-16x64.toml, 64 replicas)."""
+    big = str(Path(__file__).resolve().parent / "clusters" / "sn40l-16x64.toml")
+    one = serve_rate(model, "sn40l-16", "tp16", 50, 4.0)
+    many = serve_rate(model, big, "tp16", 64 * 50, 64 * 4.0)
+    for label, f in (("1 replica", one), ("64 replicas", many)):
+        print(f"serve {model} tp16, {label}: {f['steps']:,.0f} decode steps, "
+              f"{f['windows']:,.0f} windows; {f['run']:,.0f} decode steps/s over the run "
+              f"(start-up {f['start_s']:.2f} s apart), {f['wall']:,.0f} over the whole call, "
+              f"{f['cpu']:,.0f} per CPU second (median of 3)")
+    ratio = many["cpu"] / one["cpu"]
+    print(f"64 replicas / 1 replica, decode steps per CPU second: {ratio:.2f}x "
+          f"[target >= 0.8x]; over the run: {many['run'] / one['run']:.2f}x")
+    return 0 if ratio >= 0.8 else 1
 
 
 def light_child(n: int, rate: float) -> None:
@@ -126,6 +168,7 @@ def main() -> int:
     ap.add_argument("--light", type=int, default=0, help="light vs saturated, N requests")
     ap.add_argument("--prefix-memory", type=int, default=0,
                     help="the prefix cache's memory after N light-load requests")
+    ap.add_argument("--replicas", action="store_true", help="1 against 64 replicas")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
     ap.add_argument("--skip-ray", action="store_true")
@@ -139,6 +182,8 @@ def main() -> int:
     if args.prefix_memory:
         prefix_memory(args.prefix_memory)
         return 0
+    if args.replicas:
+        return replicas()
     model, cluster = load_model("llama-3.1-70b"), load_cluster("sn40l-16")
     trace = traces.synthetic(args.requests, args.rate, "poisson",
                              traces.LengthDist("fixed", 1024), traces.LengthDist("fixed", 256))

@@ -263,17 +263,17 @@ class Replica:
             before = r.generated
             r.prefill(tokens, span.first_step)
             if r.generated > before:
-                r.emits.append((self.index, span.first_step, 1))
+                self._emit(r, span.first_step, 1)
             if self.prefix is not None and not r.prefilling:
                 self.prefix.computed(r, r.cached)
         if span.tokens is None:
             for r in span.decode:
                 r.decode(steps, last)
-                r.emits.append((self.index, span.first_step, steps))
+                self._emit(r, span.first_step, steps)
         else:
             for r, t in zip(span.decode, span.tokens.tolist()):
                 r.decode_speculative(t, last)
-                r.emits.append((self.index, last, 1))
+                self._emit(r, last, 1)
         for r in span.decode + [r for r, _ in span.prefill]:
             if r.state == DONE:
                 self._finish(r)
@@ -282,6 +282,17 @@ class Replica:
         self.step += steps
         span.kv_blocks = span.kv_blocks[:steps]
         self._fit_prefix()
+
+    def _emit(self, r: Request, first: int, steps: int) -> None:
+        """r streamed a token in each of `steps` steps from `first`: a run that continues the
+        last one is merged into it (the same chunks, one tuple per request rather than one per
+        span, so a request's record does not grow with the windows it lived through)."""
+        if r.emits:
+            rep, start, n = r.emits[-1]
+            if rep == self.index and start + n == first:
+                r.emits[-1] = (rep, start, n + steps)
+                return
+        r.emits.append((self.index, first, steps))
 
     def _fit_prefix(self) -> None:
         if self.prefix is not None:

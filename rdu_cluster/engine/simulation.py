@@ -359,14 +359,23 @@ class Simulation:
         return coe.assign_experts(self.trace, sc, self.config.seed), arrival
 
     # -- running --------------------------------------------------------------------------
-    def run(self) -> Tables:
+    def run(self, sink: Callable[[str, object], None] | None = None,
+            chunk_rows: int = metrics.CHUNK_ROWS) -> Tables:
         """Start the sockets, run the trace, build the tables, close the backend. The tables
         are built before the close: a backend's teardown (Ray's worker processes exiting) would
         otherwise compete for the CPUs. `self.wall` keeps the wall seconds of each phase (for
-        reports only: never in a table)."""
+        reports only: never in a table).
+
+        With a `sink` (name, Arrow table), the steps and sockets rows are handed to it in
+        chunks of `chunk_rows` as the run records them, in table order, and not kept: the
+        Tables then hold None for them (memory grows with the requests, not with the steps
+        and windows)."""
         t = time.perf_counter()
         try:
             self.start()
+            if sink is not None:
+                self.rec.sink, self.rec.chunk_rows = sink, chunk_rows
+                self.rec.meta = self.metadata()
             started = time.perf_counter()
             end = loop.run(self, self.initial_events())
             self.backend.sync()  # results the backend still owes (Ray: the followers' replies)
@@ -613,6 +622,8 @@ class Simulation:
                          if switches else 0.0),
             **energy.socket_columns(self.rates, rows, m, span)},
             [res[s][2] for s in socks])  # occupancies: mappings the backend may fill later
+        if self.rec.sink is not None:
+            self.rec.flush_sockets()
         sent_s = sent.tolist()
         for i, link in links:
             self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s[i]
@@ -729,12 +740,18 @@ class Simulation:
     def tables(self, end: float) -> Tables:
         meta = self.metadata()
         req_cols = metrics.request_rows(self.requests, self.replica_of, self.rec)
-        steps = metrics.steps_columns(self.rec)
         link_cols = self._link_columns(end)
+        steps_tbl = sockets_tbl = None
+        if self.rec.sink is None:
+            steps = metrics.steps_columns(self.rec)
+            steps_tbl = metrics.table(metrics.STEPS, steps, meta)
+            sockets_tbl = metrics.table(metrics.SOCKETS, metrics.sockets_columns(self.rec), meta)
+        else:  # the rest of the rows go to the sink; the summary reads its columns of the steps
+            self.rec.finish()
+            steps = self.rec.summary_steps()
         return Tables(
             requests=metrics.table(metrics.REQUESTS, req_cols, meta),
-            steps=metrics.table(metrics.STEPS, steps, meta),
-            sockets=metrics.table(metrics.SOCKETS, metrics.sockets_columns(self.rec), meta),
+            steps=steps_tbl, sockets=sockets_tbl,
             links=metrics.table(metrics.LINKS, link_cols, meta),
             summary=self.summary(req_cols, steps, end),
         )

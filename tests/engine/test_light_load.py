@@ -6,6 +6,7 @@ in which replicas' windows were recorded differ), the same socket time in fewer 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from rdu_cluster.engine.simulation import Simulation
@@ -55,3 +56,27 @@ def test_tentative_spans_give_the_tables_of_one_window_per_plan(serve, monkeypat
 def test_no_lookahead_where_a_span_draws_random_numbers(serve):
     sim, _ = serve(model="mixtral-8x7b", plan="tp2ep8", n=6, rate=50.0)
     assert sim.sampler is not None and not sim.lookahead
+
+
+def _streamed(serve, chunk_rows: int, **kw):
+    chunks: dict[str, list] = {}
+    _sim, tables = serve(**kw, sink=lambda name, tbl: chunks.setdefault(name, []).append(tbl),
+                         chunk_rows=chunk_rows)
+    return tables, {name: pa.concat_tables(parts) for name, parts in chunks.items()}, chunks
+
+
+def test_streamed_rows_are_the_tables_whatever_the_chunk(serve):
+    """Steps and sockets rows handed on in chunks as they are recorded make the same tables
+    (rows, order, schema and metadata) as a run that keeps them, and the same summary."""
+    kw = {"cluster": "sn40l-16", "plan": "tp4", "n": 60, "rate": 40.0, "seed": 3}
+    _, whole = serve(**kw)
+    small, small_tables, parts = _streamed(serve, 7, **kw)
+    big, big_tables, big_parts = _streamed(serve, 10**9, **kw)
+    assert len(parts["steps"]) > 10 and len(parts["sockets"]) > 10
+    assert len(big_parts["steps"]) == len(big_parts["sockets"]) == 1
+    for name in ("steps", "sockets"):
+        assert small_tables[name].equals(whole.__dict__[name], check_metadata=True)
+        assert big_tables[name].equals(whole.__dict__[name], check_metadata=True)
+        assert getattr(small, name) is None
+    assert small.requests.equals(whole.requests) and small.links.equals(whole.links)
+    assert small.summary == big.summary == whole.summary
