@@ -808,13 +808,11 @@ class Simulation:
         done = [i for i, s in enumerate(req["state"]) if s == DONE]
         ends = {r: self.rec.step_times(r)[1] for r in self.rec.ends}
         col = lambda name: np.array([req[name][i] for i in done], dtype=float)
-        chunks = [bench.itls(self.requests[i].emits, ends) for i in done]
+        chunk_s, itl_s = bench.chunk_times([self.requests[i].emits for i in done], ends)
         return bench.Measured(
             send_s=col("arrival_s"), ttft_s=col("ttft_s"), e2el_s=col("e2e_s"),
             output_len=col("generated_tokens").astype(np.int64),
-            prompt_len=col("prompt_len").astype(np.int64),
-            itl_s=np.concatenate([np.diff(c) for c in chunks]) if chunks else np.zeros(0),
-            chunk_s=np.concatenate(chunks) if chunks else np.zeros(0))
+            prompt_len=col("prompt_len").astype(np.int64), itl_s=itl_s, chunk_s=chunk_s)
 
     def _overloaded(self, req: dict, end: float) -> bool:
         if self.config.concurrency is not None or self.trace.after is not None:
