@@ -44,13 +44,17 @@ def test_ray_rows_streamed_in_chunks_match_local(ray_session, serve, small_run):
 
 
 def test_killed_socket_actor_restarts_from_checkpoint_with_identical_tables(
-    ray_session, serve, small_run
+    ray_session, serve, monkeypatch
 ):
     """Socket 5 is a follower (its commands are batched, so it dies with replies owed); socket
-    0 leads the tp16 group and dies after its periodic checkpoints, so its replay is short."""
+    0 leads the tp16 group and dies after its periodic checkpoints, so its replay is short.
+    One window per plan (no lookahead), so the run has more than two batches of windows and
+    5's first batch is collected, and replayed, before the run ends."""
     from rdu_cluster.backends.ray_backend import MAX_QUEUED, RayBackend
+    from rdu_cluster.engine.simulation import Simulation
 
-    _, undisturbed = small_run
+    monkeypatch.setattr(Simulation, "_can_look_ahead", lambda self: False)
+    _, undisturbed = serve()
     backend = RayBackend(checkpoint_every=8)
     killed = []
 
