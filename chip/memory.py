@@ -10,7 +10,7 @@ tiers): the copy streams out of one and into the other, and the slower side sets
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from chip.spec import ChipSpec, TierSpec
 
@@ -19,8 +19,10 @@ class TierError(RuntimeError):
     """A region does not fit its tier, or names a tier or region that does not exist."""
 
 
-@dataclass(frozen=True)
-class Region:
+class Region(NamedTuple):
+    """An immutable value (a tuple: a paged KV region is re-made at every resize, so it is
+    made cheaply)."""
+
     name: str
     tier: str
     nbytes: float
@@ -58,12 +60,19 @@ class MemoryTiers:
         self.used[tier] += region.nbytes
         return region
 
-    def resize(self, name: str, nbytes: float) -> None:
-        """Grow or shrink a region in place (a paged KV cache growing by blocks)."""
-        old = self._region(name)
-        if nbytes > old.nbytes and not self.fits(old.tier, nbytes - old.nbytes):
+    def resize(self, name: str, nbytes: float, kv_scale: float = 1.0) -> None:
+        """Grow or shrink a region in place (a paged KV cache growing by blocks); a KV region's
+        bytes are scaled by `kv_scale` (the socket's KV bytes per replica KV byte). The most
+        frequent region op (every growing sequence, every window): kept to plain lookups."""
+        old = self.regions.get(name)
+        if old is None:
+            raise TierError(f"no region {name!r}")
+        if old.kind == "kv":
+            nbytes = nbytes * kv_scale
+        grow = nbytes - old.nbytes
+        if grow > 0 and grow > self.tiers[old.tier].capacity_bytes - self.used[old.tier] + 1e-6:
             raise TierError(f"region {name!r}: cannot grow to {nbytes / 1e9:.2f} GB")
-        self.used[old.tier] += nbytes - old.nbytes
+        self.used[old.tier] += grow
         self.regions[name] = Region(name, old.tier, float(nbytes), old.kind)
 
     def free(self, name: str) -> Region:

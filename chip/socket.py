@@ -169,11 +169,10 @@ class Socket:
         m = self.memory
         for op in ops:
             verb = op[0]
-            if verb == "alloc":
+            if verb == "resize":  # the most frequent op first
+                m.resize(op[1], op[2], self.kv_scale)
+            elif verb == "alloc":
                 m.allocate(op[1], op[2], op[3] * (self.kv_scale if op[4] == "kv" else 1.0), op[4])
-            elif verb == "resize":
-                kv = getattr(m.regions.get(op[1]), "kind", "") == "kv"
-                m.resize(op[1], op[2] * (self.kv_scale if kv else 1.0))
             elif verb == "free":
                 m.free(op[1])
             elif verb == "move":
@@ -202,6 +201,9 @@ class Socket:
         span; then the spans are costed. Returns (rows, seconds of region moves per span). A
         command at or below the last applied sequence number is a replay: its ops are not
         applied again (their copy times are recomputed from the command, not re-counted)."""
+        if not len(spans.kind) and not self.failed:  # ops only (a symmetric follower)
+            self.apply_command(seq, ops)
+            return _NO_ROWS, _NO_MOVES
         moves = np.zeros(len(spans.kind))
         if seq > self.seq:
             for i, span_ops in enumerate(ops):
@@ -213,6 +215,14 @@ class Socket:
         else:
             moves = self.last_moves
         return self.cost(spans), moves
+
+    def apply_command(self, seq: int, ops: list[list]) -> None:
+        """A command's region ops without costing its spans (not again for a replay)."""
+        if seq > self.seq:
+            for span_ops in ops:
+                self.apply(span_ops)
+            self.seq = seq
+            self.last_moves = _NO_MOVES
 
     def set_degradation(self, factor: float, comm_factor: float, failed: bool = False) -> None:
         self.degradation, self.comm_degradation, self.failed = factor, comm_factor, failed
@@ -232,6 +242,10 @@ class Socket:
         self.last_moves = np.asarray(state["last_moves"], dtype=float)
         self.memory.restore(state["regions"])
         self.set_degradation(*state["degradation"])
+
+
+_NO_ROWS = np.zeros((len(ROWS), 0))
+_NO_MOVES = np.zeros(0)
 
 
 def _degrade(rows: np.ndarray, factor: float, comm_factor: float) -> np.ndarray:

@@ -35,15 +35,17 @@ def _tables(out: Path) -> dict[str, bytes]:
 
 
 def _interrupt_on_third_table(monkeypatch, how):
-    real, calls = results.write_table, []
+    """serve streams its tables into the result folder (results.TableFolder.write: the steps
+    and sockets rows as the run records them, then the requests and links)."""
+    real, calls = results.TableFolder.write, []
 
-    def write_table(tbl, path):
-        calls.append(path)
+    def write(self, name, tbl):
+        calls.append(name)
         if len(calls) == 3:  # two tables of the new set are written: the worst moment
             how()
-        return real(tbl, path)
+        return real(self, name, tbl)
 
-    monkeypatch.setattr(results, "write_table", write_table)
+    monkeypatch.setattr(results.TableFolder, "write", write)
 
 
 def _ctrl_c():

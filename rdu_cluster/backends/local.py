@@ -46,7 +46,7 @@ class LocalBackend:
                    None if load is None else load.tobytes())
             s = spans if load is None else _with_load(spans, load)
             if key in done:
-                sock.run(seq, ops, _empty(spans))  # state only; the cost is the same
+                sock.run(seq, ops, _EMPTY)  # state only; the cost is the same
                 rows, moves = done[key]
             else:
                 rows, moves = done[key] = sock.run(seq, ops, s)
@@ -78,6 +78,6 @@ def _with_load(spans: Spans, load: np.ndarray) -> Spans:
     return replace(spans, expert_load=load)
 
 
-def _empty(spans: Spans) -> Spans:
-    z = np.zeros(0, dtype=np.int64)
-    return Spans(z, z, z, z, z, z, z)
+_Z = np.zeros(0, dtype=np.int64)
+_EMPTY = Spans(_Z, _Z, _Z, _Z, _Z, _Z, _Z)  # no spans: a follower's command applies its ops only
+

@@ -186,14 +186,16 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                          metrics=bench_spec, routing=routing, concurrency=concurrency,
                          prefix=PrefixConfig(prefix_cache, prefix_block, prefix_eviction))
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
-    out = results.check_folder(out_dir, OWNED)  # created only when the tables are written
+    # created at the run's first rows (steps and sockets rows are streamed into it), swapped
+    # in whole at the end, removed on an error or interruption
+    stream = results.TableFolder(out_dir, OWNED)
     timeline = _timeline(timeline_path)
     kwargs = {"address": address} if backend_name == "ray" else {}
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
     started = time.perf_counter()
     pools = _pools(prefill_pool, decode_pool, fabric, ctx)
-    with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
+    with stream, Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
         if pools:
             sim = disagg.Disaggregated(model, *pools, trace, config,
                                        lambda: make_backend(backend_name, **kwargs),
@@ -207,13 +209,14 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
             if pools:
                 raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
             sim.observers.append(timeline)
-        tables = sim.run()
-    doc = bench_json(tables.summary, model=model.name, cluster=cluster_name,
-                     plan=tables.requests.schema.metadata[b"rdu_cluster.plan"].decode(),
-                     backend=backend_name, routing=routing,
-                     num_prompts=len(trace), request_rate=rate, burstiness=burstiness,
-                     max_concurrency=concurrency)
-    write_tables(tables, out, doc)
+        # the timeline reads the whole steps table; a disaggregated run joins two runs' tables
+        tables = sim.run() if timeline is not None or pools else sim.run(sink=stream.write)
+        doc = bench_json(tables.summary, model=model.name, cluster=cluster_name,
+                         plan=tables.requests.schema.metadata[b"rdu_cluster.plan"].decode(),
+                         backend=backend_name, routing=routing,
+                         num_prompts=len(trace), request_rate=rate, burstiness=burstiness,
+                         max_concurrency=concurrency)
+        stream.commit({name: getattr(tables, name) for name in TABLES}, doc, SUMMARY)
     if timeline is not None:
         events = timeline.write(timeline_path, tables)
         click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
@@ -291,17 +294,6 @@ def _timeline(path: str | None) -> Timeline | None:
     return Timeline()
 
 
-
-
-def write_tables(tables: Tables, out: Path, summary: dict | None = None) -> None:
-    """The four tables and summary.json as one set: written into a hidden folder that then
-    replaces `out` (results.folder_swap), so `out` never mixes this run's files with an earlier
-    run's, and an interrupted write leaves the earlier set whole and no temporary file behind."""
-    with results.folder_swap(out, OWNED) as tmp:
-        for name in TABLES:
-            results.write_table(getattr(tables, name), tmp / f"{name}.parquet")
-        if summary is not None:
-            results.write_json(summary, tmp / SUMMARY)
 
 
 def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,6 +83,11 @@ class StepColumns:
         return len(self.cols["step"])
 
 
+# Streaming (Recorder.sink): rows go to the table writer in chunks of this many, and of the
+# steps only the columns the run's summary reads are kept (Simulation.summary, energy.summary).
+CHUNK_ROWS = 16_384
+SUMMARY_STEP_COLUMNS = ("phase", "time_s", "sockets", "energy_j", "decode_tokens",
+                        "emitted_tokens")
 OCCUPANCY = {f"{t}_used_bytes": t for t in TIERS}
 SOCKET_NULLABLE = ("energy_j", "cost_usd", *OCCUPANCY)  # None: no [power] / [cost], no tier
 COMPACT_EVERY = 64  # windows' step arrays joined into one chunk (a window's are a few steps)
@@ -99,9 +105,15 @@ class SocketRows:
                      for f in SOCKETS}
         self.null = {name: array("b") for name in SOCKET_NULLABLE}
         self.pending: deque = deque()  # (row, occupancy) not read yet
+        self.taken = 0  # rows handed on (take): row numbers count them
 
     def __len__(self) -> int:
-        return len(self.cols["socket"])
+        return self.taken + len(self.cols["socket"])
+
+    def ready(self) -> int:
+        """Rows held whose occupancies are all read (the first pending one's row onward are
+        not)."""
+        return (self.pending[0][0] if self.pending else len(self)) - self.taken
 
     def add_window(self, cols: dict, occupancies: list) -> None:
         """A window's rows, one per socket: each column a value for all of them or one value
@@ -125,6 +137,7 @@ class SocketRows:
             if ready_only and getattr(occ, "values", occ) is None:
                 return
             self.pending.popleft()
+            i -= self.taken
             for name, tier in OCCUPANCY.items():
                 v = occ.get(tier)
                 self.null[name][i] = v is None
@@ -132,13 +145,21 @@ class SocketRows:
 
     def columns(self) -> dict[str, pa.Array]:
         self.settle()
+        return self.take(len(self) - self.taken)
+
+    def take(self, k: int) -> dict[str, pa.Array]:
+        """The first k rows held, as Arrow columns, dropped from here (they must be ready)."""
         out = {}
         for f in SOCKETS:
             values = np.frombuffer(self.cols[f.name], dtype=np.int64 if
-                                   pa.types.is_integer(f.type) else np.float64)
-            mask = (np.frombuffer(self.null[f.name], dtype=np.int8).astype(bool)
+                                   pa.types.is_integer(f.type) else np.float64)[:k]
+            mask = (np.frombuffer(self.null[f.name], dtype=np.int8)[:k].astype(bool)
                     if f.name in self.null else None)
             out[f.name] = pa.array(values, type=f.type, mask=mask)
+        for held in (self.cols, self.null):  # new arrays: Arrow may share the old buffers
+            for name, col in held.items():
+                held[name] = col[k:]
+        self.taken += k
         return out
 
 
@@ -154,14 +175,75 @@ class Recorder:
     split: dict[str, dict[int, float]] = field(default_factory=dict)
     loose: int = 0  # windows in self.steps not joined into a chunk yet (_compact)
     loose_times: dict[int, int] = field(default_factory=dict)  # the same, per replica
+    # Streaming: sink(name, Arrow table) takes the steps and sockets rows in chunks of
+    # chunk_rows as they are recorded (None: all kept for the tables); of the steps handed
+    # on, the summary's columns are kept in `kept`.
+    sink: Callable[[str, pa.Table], None] | None = None
+    chunk_rows: int = CHUNK_ROWS
+    meta: dict = field(default_factory=dict)
+    kept: list[dict] = field(default_factory=list)
+    held_rows: int = 0  # step rows in self.steps
+    sent: set = field(default_factory=set)  # tables the sink got a chunk of
 
-    def add_steps(self, replica: int, cols: dict[str, np.ndarray]) -> None:
+    def add_steps(self, replica: int, cols: dict[str, np.ndarray],
+                  ends: np.ndarray | None = None) -> None:
+        """A window's step rows (`ends`: their end times, when the caller has them: each
+        start plus its time, as the start of the next step)."""
         self.steps.append(StepColumns(cols))
-        keep = cols["phase"] != "recovery"  # recovery rows are not engine steps
-        self.starts.setdefault(replica, []).append(cols["start_s"][keep])
-        ends = np.concatenate([cols["start_s"][1:], [cols["start_s"][-1] + cols["time_s"][-1]]])
-        self.ends.setdefault(replica, []).append(ends[keep])
+        if ends is None:
+            ends = np.concatenate([cols["start_s"][1:],
+                                   [cols["start_s"][-1] + cols["time_s"][-1]]])
+        phase = cols["phase"]
+        if len(phase) and phase[0] == "recovery":  # recovery rows are not engine steps
+            keep = phase != "recovery"
+            starts, ends = cols["start_s"][keep], ends[keep]
+        else:  # a window's steps: never a recovery row
+            starts = cols["start_s"]
+        self.starts.setdefault(replica, []).append(starts)
+        self.ends.setdefault(replica, []).append(ends)
         self._compact(replica)
+        self.held_rows += len(phase)
+        if self.sink is not None and self.held_rows >= self.chunk_rows:
+            self.flush_steps()
+
+    def finish(self) -> None:
+        """Streaming: hand on every row left; a table that got no rows gets an empty chunk
+        (its file is written with its schema all the same)."""
+        self.flush_steps()
+        self.flush_sockets(final=True)
+        for name, schema in (("steps", STEPS), ("sockets", SOCKETS)):
+            if name not in self.sent:
+                self._send(name, table(schema, {f.name: [] for f in schema}, self.meta))
+
+    def _send(self, name: str, tbl: pa.Table) -> None:
+        self.sent.add(name)
+        self.sink(name, tbl)
+
+    def flush_steps(self) -> None:
+        """Hand the steps held to the sink (one chunk), keeping the summary's columns."""
+        if not self.steps:
+            return
+        cols = steps_columns(self)
+        self.kept.append({k: cols[k] for k in SUMMARY_STEP_COLUMNS})
+        self._send("steps", table(STEPS, cols, self.meta))
+        self.steps, self.loose, self.held_rows = [], 0, 0
+
+    def flush_sockets(self, final: bool = False) -> None:
+        """Hand the sockets rows whose occupancies are read to the sink, once a chunk's worth
+        is ready (all of them: at the end, after the backend's sync)."""
+        if final:
+            self.sockets.settle()
+        k = self.sockets.ready()
+        if k and (final or k >= self.chunk_rows):
+            self._send("sockets", table(SOCKETS, self.sockets.take(k), self.meta))
+
+    def summary_steps(self) -> dict:
+        """The steps' columns the run's summary reads: all the steps' (streamed or not)."""
+        if self.sink is None:
+            return steps_columns(self)
+        if not self.kept:
+            return {k: np.zeros(0) for k in SUMMARY_STEP_COLUMNS}
+        return {k: np.concatenate([c[k] for c in self.kept]) for k in SUMMARY_STEP_COLUMNS}
 
     def _compact(self, replica: int) -> None:
         """Join each COMPACT_EVERY windows' arrays into one chunk per column (the same values

@@ -57,6 +57,7 @@ class Span:
     switch: bool = False  # CoE: its ops switch the expert in (the request waits for the copy)
     prefix_hit: int = 0  # tokens its admissions found in the prefix cache
     prefix_copy_s: float = 0.0  # seconds to copy the blocks found below HBM up to HBM
+    applied: bool = False  # a cut span advanced when planned (lookahead: plan_window)
 
     @property
     def emitted(self) -> int:
@@ -76,6 +77,8 @@ class Window:
     def per_step(self, f: Callable[[Span], float], dtype=np.int64) -> np.ndarray:
         """f(span) for every step of the window (each span's value repeated over its steps)."""
         sp = self.spans
+        if len(sp) == 1:  # light load: most windows are one span
+            return np.full(sp[0].steps, f(sp[0]), dtype=dtype)
         return np.repeat(np.fromiter((f(s) for s in sp), dtype=dtype, count=len(sp)),
                          [s.steps for s in sp])
 
@@ -123,15 +126,30 @@ class Replica:
     def view(self) -> View:
         return View(self.running, self.waiting, self.swapped, self.kv, self.expecting())
 
-    def plan_window(self, horizon_of) -> Window:
+    def plan_window(self, horizon_of, lookahead: bool = False) -> Window:
         """Spans until a time-dependent boundary, MAX_SPANS or MAX_STEPS. `horizon_of(plan)`
-        is the time at which the plan could change (math.inf: never)."""
+        is the time at which the plan could change (math.inf: never).
+
+        `lookahead` (light load: each arrival's prefill step, then decodes until the next):
+        a first span of one step whose plan could change at its horizon runs whole wherever
+        the horizon falls, so it is applied at once; a plan after it that only decodes changes
+        nothing when its span opens, so it joins the window as a tentative span cut at the
+        same horizon. The engine keeps it only if the first span ended before the horizon
+        (Simulation.execute_window): then it is what the next window would have planned, and
+        one round trip does the work of two."""
         spans, ops = [], [self.next_ops]
         self.next_ops = []
         steps = 0
         while len(spans) < MAX_SPANS and steps < MAX_STEPS:
             plan = self.scheduler.step(self.view())
             if plan.empty:
+                break
+            if spans and spans[-1].applied:
+                if _decode_only(plan):
+                    span = self._open(plan, ops[-1])
+                    span.cut_at = spans[0].cut_at
+                    spans.append(span)
+                    ops.append([])
                 break
             horizon = horizon_of(plan)
             if horizon < math.inf and spans:
@@ -143,6 +161,12 @@ class Replica:
             steps += span.steps
             if horizon < math.inf:
                 span.cut_at = horizon
+                if lookahead and span.steps == 1:
+                    span.applied = True
+                    self.advance(span, 1)
+                    ops.append(self.next_ops)
+                    self.next_ops = []
+                    continue
                 ops.append([])
                 break
             self.advance(span, span.steps)
@@ -239,17 +263,17 @@ class Replica:
             before = r.generated
             r.prefill(tokens, span.first_step)
             if r.generated > before:
-                r.emits.append((self.index, span.first_step, 1))
+                self._emit(r, span.first_step, 1)
             if self.prefix is not None and not r.prefilling:
                 self.prefix.computed(r, r.cached)
         if span.tokens is None:
             for r in span.decode:
                 r.decode(steps, last)
-                r.emits.append((self.index, span.first_step, steps))
+                self._emit(r, span.first_step, steps)
         else:
             for r, t in zip(span.decode, span.tokens.tolist()):
                 r.decode_speculative(t, last)
-                r.emits.append((self.index, last, 1))
+                self._emit(r, last, 1)
         for r in span.decode + [r for r, _ in span.prefill]:
             if r.state == DONE:
                 self._finish(r)
@@ -258,6 +282,17 @@ class Replica:
         self.step += steps
         span.kv_blocks = span.kv_blocks[:steps]
         self._fit_prefix()
+
+    def _emit(self, r: Request, first: int, steps: int) -> None:
+        """r streamed a token in each of `steps` steps from `first`: a run that continues the
+        last one is merged into it (the same chunks, one tuple per request rather than one per
+        span, so a request's record does not grow with the windows it lived through)."""
+        if r.emits:
+            rep, start, n = r.emits[-1]
+            if rep == self.index and start + n == first:
+                r.emits[-1] = (rep, start, n + steps)
+                return
+        r.emits.append((self.index, first, steps))
 
     def _fit_prefix(self) -> None:
         if self.prefix is not None:
@@ -359,6 +394,12 @@ class Replica:
         self.running.clear()
         self.waiting.clear()
         self.swapped.clear()
+
+
+def _decode_only(plan: StepPlan) -> bool:
+    """A plan whose span opens without changing anything: decodes of running sequences."""
+    return bool(plan.decode) and not (plan.prefill or plan.admit or plan.swap_in
+                                      or plan.preempt) and plan.expert < 0
 
 
 def _order(r: Request) -> tuple:

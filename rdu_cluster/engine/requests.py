@@ -36,7 +36,8 @@ class Request:
     ready_s: float = -1.0  # when the scheduler first sees it; -1: on arrival
     switch_step: int = -1  # CoE: the step whose expert switch it waited for
     # Steps that streamed tokens to the client, as runs (replica, first step, steps): one chunk
-    # a step (a speculative step's accepted tokens arrive together), for the ITL (bench.py).
+    # a step (a speculative step's accepted tokens arrive together), for the ITL (bench.py);
+    # consecutive runs are merged (Replica._emit).
     emits: list[tuple[int, int, int]] = field(default_factory=list)
     # Disaggregated decode: tokens whose KV arrives with the request from its prefill replica
     # (None: it prefills here). Admission then allocates that KV and decodes at once.

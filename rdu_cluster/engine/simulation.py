@@ -120,6 +120,7 @@ class Simulation:
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
         self.received: np.ndarray | None = None  # per request: KV tokens it arrives with
+        self.lookahead = False  # windows may hold a tentative span (set at start)
         if config.concurrency is not None and self.faults:
             raise ConfigError("--fault: not with --concurrency (a refused request's slot would "
                               "not be freed at the fault)")
@@ -132,6 +133,7 @@ class Simulation:
         _check_coe(config)
         self.coe_memory = self._coe_memory() if config.coe else None
         self._fps: dict = {}  # plan -> (footprints, reason), once asked for (_footprint)
+        self._orders: dict = {}  # replica -> its layout's socket order (_socket_order)
         config.prefix.check()
         self.prefix_mode = config.prefix.resolved(self._lower_tier())
         self.prefix_live = prefix_cache.Liveness(trace.content)  # shared by the replicas
@@ -156,6 +158,16 @@ class Simulation:
             moe = self.model.moe
             self.sampler = RoutingSampler(moe.num_experts, moe.top_k, self.plan.ep,
                                           self.config.seed)
+        self.lookahead = self._can_look_ahead()
+
+    def _can_look_ahead(self) -> bool:
+        """Whether a window may hold a tentative span (Replica.plan_window): only where the
+        next arrival at a replica is known in advance (open loop, routed up front), and no
+        span draws random numbers as it opens (expert routing, speculation) or switches an
+        expert in (CoE)."""
+        c = self.config
+        return (not self.dispatch.coupled and c.concurrency is None and self.trace.after is None
+                and self.sampler is None and c.speculation is None and c.coe is None)
 
     def _layouts(self) -> list[plans.ReplicaLayout]:
         c = self.config
@@ -347,14 +359,23 @@ class Simulation:
         return coe.assign_experts(self.trace, sc, self.config.seed), arrival
 
     # -- running --------------------------------------------------------------------------
-    def run(self) -> Tables:
+    def run(self, sink: Callable[[str, object], None] | None = None,
+            chunk_rows: int = metrics.CHUNK_ROWS) -> Tables:
         """Start the sockets, run the trace, build the tables, close the backend. The tables
         are built before the close: a backend's teardown (Ray's worker processes exiting) would
         otherwise compete for the CPUs. `self.wall` keeps the wall seconds of each phase (for
-        reports only: never in a table)."""
+        reports only: never in a table).
+
+        With a `sink` (name, Arrow table), the steps and sockets rows are handed to it in
+        chunks of `chunk_rows` as the run records them, in table order, and not kept: the
+        Tables then hold None for them (memory grows with the requests, not with the steps
+        and windows)."""
         t = time.perf_counter()
         try:
             self.start()
+            if sink is not None:
+                self.rec.sink, self.rec.chunk_rows = sink, chunk_rows
+                self.rec.meta = self.metadata()
             started = time.perf_counter()
             end = loop.run(self, self.initial_events())
             self.backend.sync()  # results the backend still owes (Ray: the followers' replies)
@@ -403,7 +424,7 @@ class Simulation:
         return h
 
     def execute_window(self, rep: Replica, t0: float) -> float | None:
-        window = rep.plan_window(lambda p: self.horizon(rep, p))
+        window = rep.plan_window(lambda p: self.horizon(rep, p), self.lookahead)
         if not window.spans:
             return None
         self.seq += 1
@@ -413,15 +434,22 @@ class Simulation:
         step["expert_load_max"] = load_max
         m = len(step["time_s"])
         last = window.spans[-1]
-        if last.cut_at < math.inf:
-            ends = _ends(t0, step["time_s"])
-            m = min(last.steps, int(np.searchsorted(ends, last.cut_at, side="left")) + 1)
+        ends = _ends(t0, step["time_s"])
+        if last.cut_at < math.inf and not last.applied:
+            before = m - last.steps  # a one-step span applied when planned (lookahead)
+            reached = int(np.searchsorted(ends, last.cut_at, side="left"))
+            if reached < before:  # the horizon fell in that step: the last span never ran
+                window.spans.pop()
+                m = before
+            else:
+                m = before + min(last.steps, reached - before + 1)
+                rep.advance(last, m - before)
             step = {k: v[:m] for k, v in step.items()}
-            rep.advance(last, m)
-        end = self._record(rep, window, step, res, t0, m)
+            ends = ends[:m]  # a running sum: the first m ends do not depend on the rest
+        end = self._record(rep, window, step, res, t0, m, ends)
         for obs in self.observers:
             obs.window(self, rep, window, res, step, t0, m)
-        self.spawned += self.dispatch.after_window(rep, window, _ends(t0, step["time_s"]))
+        self.spawned += self.dispatch.after_window(rep, window, ends)
         self.windows += 1
         for hook in self.hooks:
             hook(self, self.windows)
@@ -458,13 +486,18 @@ class Simulation:
         straggler, straggler_s = np.zeros(n, dtype=np.int64), np.zeros(n)
         per_stage = []
         for k, stage in enumerate(stages):
-            R = np.stack([res[s][0] for s in stage])  # (sockets, ROWS, steps)
-            j = np.argmax(R[:, 0, :], axis=0)
-            tmax = R[j, 0, ar]
-            per_stage.append((tmax, R[j, 1 : 1 + N_CAUSES, ar].T))
+            first = res[stage[0]][0]
+            if all(res[s][0] is first for s in stage):  # one reply for a symmetric group
+                tmax, j = first[0], np.zeros(n, dtype=np.int64)  # argmax's first of equals
+                per_stage.append((tmax, first[1 : 1 + N_CAUSES]))
+            else:
+                R = np.stack([res[s][0] for s in stage])  # (sockets, ROWS, steps)
+                j = np.argmax(R[:, 0, :], axis=0)
+                tmax = R[j, 0, ar]
+                per_stage.append((tmax, R[j, 1 : 1 + N_CAUSES, ar].T))
+                straggler_s += tmax - R[:, 0, :].min(axis=0)
             time += tmax
             causes += per_stage[-1][1]
-            straggler_s += tmax - R[:, 0, :].min(axis=0)
             if k == (1 if lay.draft_stage else 0):  # the target's first stage
                 straggler = np.asarray(stage)[j]
         hops = np.zeros((n, 0))
@@ -521,7 +554,9 @@ class Simulation:
     def _moves_per_step(self, window: Window, res: dict, sockets: list[int]) -> tuple:
         """Region copies before each span's first step: (KV swaps, CoE expert switches). A span
         that switches has no swap (the coe policy switches only with nothing running)."""
-        moves = np.max(np.stack([res[s][1] for s in sockets]), axis=0)
+        first = res[sockets[0]][1]
+        moves = (first if all(res[s][1] is first for s in sockets)
+                 else np.max(np.stack([res[s][1] for s in sockets]), axis=0))
         switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
         firsts = np.concatenate([[0], np.cumsum([sp.steps for sp in window.spans])[:-1]])
         out = np.zeros((2, window.steps))
@@ -530,25 +565,27 @@ class Simulation:
         return out[0], out[1]
 
     def _record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
-                m: int) -> float:
+                m: int, ends: np.ndarray) -> float:
         spans = window.spans
-        rep_n = window.per_step
         dur = step["time_s"]
-        ends = _ends(t0, dur)
         starts = np.concatenate([[t0], ends[:-1]])
         bb = rep.kv.config.block_bytes
+        # every per-span count at once: one (spans, 7) array repeated over the spans' steps
+        per = np.repeat(np.array(
+            [(sp.kind, len(sp.decode) + len(sp.prefill), sum(t for _, t in sp.prefill),
+              len(sp.decode), sp.emitted, sp.expert, sp.prefix_hit) for sp in spans],
+            dtype=np.int64), [sp.steps for sp in spans], axis=0)
         cols = {
             "replica": np.full(m, rep.index), "window": np.full(m, self.windows),
-            "step": np.concatenate([sp.first_step + np.arange(sp.steps) for sp in spans]),
-            "phase": PHASE_NAMES[rep_n(lambda sp: sp.kind)], "start_s": starts, "time_s": dur,
-            "batch": rep_n(lambda sp: len(sp.decode) + len(sp.prefill)),
-            "prefill_tokens": rep_n(lambda sp: sum(t for _, t in sp.prefill)),
-            "decode_tokens": rep_n(lambda sp: len(sp.decode)),
-            "emitted_tokens": rep_n(lambda sp: sp.emitted), "expert": rep_n(lambda sp: sp.expert),
+            "step": (spans[0].first_step + np.arange(m) if len(spans) == 1 else
+                     np.concatenate([sp.first_step + np.arange(sp.steps) for sp in spans])),
+            "phase": PHASE_NAMES[per[:, 0]], "start_s": starts, "time_s": dur,
+            "batch": per[:, 1], "prefill_tokens": per[:, 2], "decode_tokens": per[:, 3],
+            "emitted_tokens": per[:, 4], "expert": per[:, 5],
             "switch_s": step["switch_s"], "prefix_copy_s": step["prefix_copy_s"],
-            "prefix_exposed_s": step["prefix_exposed_s"],
-            "prefix_hit_tokens": rep_n(lambda sp: sp.prefix_hit),
-            "kv_used_bytes": np.concatenate([sp.kv_blocks for sp in spans]) * bb,
+            "prefix_exposed_s": step["prefix_exposed_s"], "prefix_hit_tokens": per[:, 6],
+            "kv_used_bytes": (spans[0].kv_blocks if len(spans) == 1 else
+                              np.concatenate([sp.kv_blocks for sp in spans])) * bb,
             "kv_swap_s": step["kv_swap_s"], "expert_load_max": step["expert_load_max"][:m],
             "straggler_socket": step["straggler_socket"], "straggler_s": step["straggler_s"],
         }
@@ -558,7 +595,7 @@ class Simulation:
         cols.update(energy.step_columns(self.rates, energy.dynamic_j(res, rep.sockets, m),
                                         len(rep.sockets), dur))
         energy.split_over_requests(spans, cols, self.rec.split)
-        self.rec.add_steps(rep.index, cols)
+        self.rec.add_steps(rep.index, cols, ends)
         for i in np.flatnonzero(step["switch_s"]):
             self.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
         end = float(ends[-1])
@@ -570,24 +607,40 @@ class Simulation:
                         m: int) -> None:
         """One sockets-table row per socket of the replica, as columns (metrics.SocketRows)."""
         switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
-        socks = [s for stage in self.layouts[rep.index].stages for s in stage]
+        socks, nodes, links = self._socket_order(rep)
         rows = np.stack([res[s][0] for s in socks])  # (sockets, ROWS, steps)
         busy, sent = rows[:, 0, :m].sum(axis=1), rows[:, SENT_ROW, :m].sum(axis=1)
         span = end - t0
+        switches = int(switch.sum())
         self.rec.sockets.add_window({
-            "socket": socks, "replica": rep.index, "node": [self.cluster.node_of(s) for s in socks],
+            "socket": socks, "replica": rep.index, "node": nodes,
             "window": self.windows, "time_s": end, "window_s": span, "busy_s": busy,
             "busy_fraction": busy / span if end > t0 else np.zeros(len(socks)),
-            "sent_bytes": sent, "switches": int(switch.sum()),
-            "switch_s": [float(np.sum(np.asarray(res[s][1])[switch])) for s in socks],
+            "sent_bytes": sent, "switches": switches,
+            "switch_s": ([float(np.sum(np.asarray(res[s][1])[: len(switch)][switch]))
+                          for s in socks]
+                         if switches else 0.0),
             **energy.socket_columns(self.rates, rows, m, span)},
             [res[s][2] for s in socks])  # occupancies: mappings the backend may fill later
-        for stage in self.layouts[rep.index].stages:
-            for pos, s in enumerate(stage):
-                if len(stage) > 1:
-                    link = (s, stage[(pos + 1) % len(stage)])
-                    sent_s = float(sent[socks.index(s)])
-                    self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s
+        if self.rec.sink is not None:
+            self.rec.flush_sockets()
+        sent_s = sent.tolist()
+        for i, link in links:
+            self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s[i]
+
+    def _socket_order(self, rep: Replica) -> tuple[list[int], list[int], list]:
+        """The replica's sockets stage by stage, their nodes, and each ring link (socket to the
+        next of its stage) with its socket's position: what every window's sockets rows need,
+        kept per layout (a re-planned replica gets a new one)."""
+        lay = self.layouts[rep.index]
+        got = self._orders.get(rep.index)
+        if got is None or got[0] is not lay:
+            socks = [s for stage in lay.stages for s in stage]
+            links = [(socks.index(s), (s, stage[(pos + 1) % len(stage)]))
+                     for stage in lay.stages if len(stage) > 1 for pos, s in enumerate(stage)]
+            got = self._orders[rep.index] = (lay, socks,
+                                             [self.cluster.node_of(s) for s in socks], links)
+        return got[1], got[2], got[3]
 
     def report_progress(self) -> None:
         if self.progress is not None:
@@ -687,12 +740,18 @@ class Simulation:
     def tables(self, end: float) -> Tables:
         meta = self.metadata()
         req_cols = metrics.request_rows(self.requests, self.replica_of, self.rec)
-        steps = metrics.steps_columns(self.rec)
         link_cols = self._link_columns(end)
+        steps_tbl = sockets_tbl = None
+        if self.rec.sink is None:
+            steps = metrics.steps_columns(self.rec)
+            steps_tbl = metrics.table(metrics.STEPS, steps, meta)
+            sockets_tbl = metrics.table(metrics.SOCKETS, metrics.sockets_columns(self.rec), meta)
+        else:  # the rest of the rows go to the sink; the summary reads its columns of the steps
+            self.rec.finish()
+            steps = self.rec.summary_steps()
         return Tables(
             requests=metrics.table(metrics.REQUESTS, req_cols, meta),
-            steps=metrics.table(metrics.STEPS, steps, meta),
-            sockets=metrics.table(metrics.SOCKETS, metrics.sockets_columns(self.rec), meta),
+            steps=steps_tbl, sockets=sockets_tbl,
             links=metrics.table(metrics.LINKS, link_cols, meta),
             summary=self.summary(req_cols, steps, end),
         )
@@ -749,13 +808,11 @@ class Simulation:
         done = [i for i, s in enumerate(req["state"]) if s == DONE]
         ends = {r: self.rec.step_times(r)[1] for r in self.rec.ends}
         col = lambda name: np.array([req[name][i] for i in done], dtype=float)
-        chunks = [bench.itls(self.requests[i].emits, ends) for i in done]
+        chunk_s, itl_s = bench.chunk_times([self.requests[i].emits for i in done], ends)
         return bench.Measured(
             send_s=col("arrival_s"), ttft_s=col("ttft_s"), e2el_s=col("e2e_s"),
             output_len=col("generated_tokens").astype(np.int64),
-            prompt_len=col("prompt_len").astype(np.int64),
-            itl_s=np.concatenate([np.diff(c) for c in chunks]) if chunks else np.zeros(0),
-            chunk_s=np.concatenate(chunks) if chunks else np.zeros(0))
+            prompt_len=col("prompt_len").astype(np.int64), itl_s=itl_s, chunk_s=chunk_s)
 
     def _overloaded(self, req: dict, end: float) -> bool:
         if self.config.concurrency is not None or self.trace.after is not None:

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import pyarrow as pa
@@ -374,6 +375,58 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
             os.rename(old, out)
         for leftover in (tmp, new, old):
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+class TableFolder:
+    """A result set written as a whole (folder_swap) whose tables may come in chunks: each
+    name's chunks go to one Parquet file (a row group each) as they arrive, so a long run's
+    rows need not be held until the end. The hidden folder is made at the first write (a run
+    refused before it writes leaves nothing behind) and swapped in by `commit`; as a context
+    manager, an error or interruption before then removes it and leaves `out` as it was."""
+
+    def __init__(self, out: str | Path, owned: Iterable[str], what: str = "--out"):
+        self.out, self.owned, self.what = check_folder(out, owned, what), tuple(owned), what
+        self._stack = contextlib.ExitStack()
+        self._tmp: Path | None = None
+        self._writers: dict[str, pq.ParquetWriter] = {}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._close_writers()
+        return self._stack.__exit__(*exc)
+
+    def _folder(self) -> Path:
+        if self._tmp is None:
+            self._tmp = self._stack.enter_context(folder_swap(self.out, self.owned, self.what))
+        return self._tmp
+
+    def write(self, name: str, tbl: pa.Table) -> None:
+        """One more chunk of table `name` (the first one's schema is the file's)."""
+        writer = self._writers.get(name)
+        if writer is None:
+            writer = self._writers[name] = pq.ParquetWriter(self._folder() / f"{name}.parquet",
+                                                            tbl.schema)
+        writer.write_table(tbl)
+
+    def commit(self, tables: Mapping[str, pa.Table | None], summary: dict | None = None,
+               summary_name: str = "") -> None:
+        """The last chunks (None: a table streamed whole already) and summary.json, then the
+        folder replaces `out`."""
+        for name, tbl in tables.items():
+            if tbl is not None:
+                self.write(name, tbl)
+        self._close_writers()
+        if summary is not None:
+            write_json(summary, self._folder() / summary_name)
+        self._folder()
+        self._stack.close()
+
+    def _close_writers(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
 
 
 def _swap(out: Path, new: Path, old: Path) -> Path:

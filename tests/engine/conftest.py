@@ -16,13 +16,14 @@ OUTPUT = traces.LengthDist("uniform", 4, 96)
 
 
 def simulate(model="llama-3.1-8b", cluster="sn40l-16", n=40, rate=20.0, backend=None,
-             prompt=PROMPT, output=OUTPUT, seed=1, hooks=(), **config):
+             prompt=PROMPT, output=OUTPUT, seed=1, hooks=(), sink=None, chunk_rows=None,
+             **config):
     limits = config.pop("limits", Limits())
     trace = traces.synthetic(n, rate, "poisson", prompt, output, seed=seed)
     sim = Simulation(load_model(model), load_cluster(cluster), trace,
                      ServeConfig(limits=limits, seed=seed, **config), backend or LocalBackend())
     sim.hooks.extend(hooks)
-    return sim, sim.run()
+    return sim, (sim.run() if sink is None else sim.run(sink, chunk_rows))
 
 
 @pytest.fixture(scope="session")

@@ -25,14 +25,36 @@ def test_ray_backend_matches_local_row_by_row_on_16_sockets(ray_session, serve, 
     _compare(local, remote)
 
 
+def test_ray_rows_streamed_in_chunks_match_local(ray_session, serve, small_run):
+    """Streamed (serve --out), a sockets row goes out only once the reply that fills in its
+    occupancy is collected (a follower's: up to MAX_QUEUED windows later, here at the end):
+    the chunks still make the local tables."""
+    import pyarrow as pa
+
+    from rdu_cluster.backends.ray_backend import RayBackend
+
+    _, local = small_run
+    chunks: dict[str, list] = {}
+    _, remote = serve(backend=RayBackend(), chunk_rows=5,
+                      sink=lambda name, tbl: chunks.setdefault(name, []).append(tbl))
+    assert len(chunks["steps"]) > 3
+    for name in ("steps", "sockets"):
+        assert pa.concat_tables(chunks[name]).to_pylist() == getattr(local, name).to_pylist()
+    assert remote.requests.to_pylist() == local.requests.to_pylist()
+
+
 def test_killed_socket_actor_restarts_from_checkpoint_with_identical_tables(
-    ray_session, serve, small_run
+    ray_session, serve, monkeypatch
 ):
     """Socket 5 is a follower (its commands are batched, so it dies with replies owed); socket
-    0 leads the tp16 group and dies after its periodic checkpoints, so its replay is short."""
+    0 leads the tp16 group and dies after its periodic checkpoints, so its replay is short.
+    One window per plan (no lookahead), so the run has more than two batches of windows and
+    5's first batch is collected, and replayed, before the run ends."""
     from rdu_cluster.backends.ray_backend import MAX_QUEUED, RayBackend
+    from rdu_cluster.engine.simulation import Simulation
 
-    _, undisturbed = small_run
+    monkeypatch.setattr(Simulation, "_can_look_ahead", lambda self: False)
+    _, undisturbed = serve()
     backend = RayBackend(checkpoint_every=8)
     killed = []
 
