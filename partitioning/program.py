@@ -11,9 +11,10 @@ socket ids of its groups, so the interconnect can cost its collectives on real r
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 
@@ -33,6 +34,8 @@ from workloads.ops import (
     Work,
 )
 from workloads.spec import Mixer, ModelSpec, layer_runs
+
+T = TypeVar("T")
 
 GROUPS = ("attn_tp", "mlp_tp", "expert_tp", "ep", "vocab_tp", "pp")
 
@@ -64,17 +67,10 @@ class Program:
         """The socket's work for one step: its stage's blocks plus the communication ops
         (`expert_load` may be an array, one value per design point of `shape`)."""
         load = float(expert_load) if np.ndim(expert_load) == 0 else expert_load
-        try:  # the sockets of a stage, and plans that share a stage, share its graph
-            key = (id(spec), self.layers, self.first_stage, self.last_stage, self.shard,
-                   self.mixer_tp, shape, load)
-            hit = _STAGES.get(key)
-        except TypeError:  # arrays in the shape: built afresh
-            return self._graph(spec, shape, load)
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        g = self._graph(spec, shape, load)
-        _bounded(_STAGES)[key] = (spec, g)
-        return g
+        # the sockets of a stage, and plans that share a stage, share its graph
+        key = (self.layers, self.first_stage, self.last_stage, self.shard, self.mixer_tp,
+               shape, load)
+        return _per_model(_STAGES, spec, key, lambda: self._graph(spec, shape, load))
 
     def stage_ops(self, spec: ModelSpec, shape: StepShape,
                   expert_load: Work = 1.0) -> tuple[tuple[tuple[Op, ...], int], ...]:
@@ -149,24 +145,37 @@ _GRAPHS: dict[tuple, tuple] = {}
 _STAGES: dict[tuple, tuple] = {}
 _LAYERS: dict[tuple, tuple] = {}  # stage_layers per (model, pp)
 _PROGRAMS: dict[tuple, tuple] = {}  # build_programs per (model, plan)
-_KINDS: dict[int, tuple] = {}  # _layer_kinds per model
+_KINDS: dict[tuple, tuple] = {}  # _layer_kinds per model
 _SENDS: dict[tuple, tuple] = {}  # _pp_send per (model, shape)
 CACHED_GRAPHS = 2048
 
 
-def _bounded(cache: dict) -> dict:
+def _per_model(cache: dict, spec: ModelSpec, key: tuple, make: Callable[[], T]) -> T:
+    """`make()`, cached per model and key. A spec is keyed by identity (hashing one would cost
+    more than most hits save), so an entry also keeps the spec: a recycled id() cannot hit. A
+    key holding arrays (design points in the shape) is unhashable: built afresh."""
+    try:
+        full = (id(spec), *key)
+        hit = cache.get(full)
+    except TypeError:
+        return make()
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    out = make()
     if len(cache) >= CACHED_GRAPHS:
         cache.clear()
-    return cache
+    cache[full] = (spec, out)
+    return out
 
 
 def _layer_kinds(spec: ModelSpec) -> tuple[np.ndarray, tuple[int, ...]]:
     """Per layer, the index of its kind (identical layers share a kind, and their blocks
     share one op tuple: workloads.graph.step_graph), and per kind the graph block of its
     first run (blocks: the prologue, one per run of identical layers, the epilogue)."""
-    hit = _KINDS.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
+    return _per_model(_KINDS, spec, (), lambda: _make_layer_kinds(spec))
+
+
+def _make_layer_kinds(spec: ModelSpec) -> tuple[np.ndarray, tuple[int, ...]]:
     index: dict = {}
     first_block: list[int] = []
     kinds = np.empty(spec.num_layers, dtype=np.int64)
@@ -175,22 +184,12 @@ def _layer_kinds(spec: ModelSpec) -> tuple[np.ndarray, tuple[int, ...]]:
             index[layer] = len(first_block)
             first_block.append(b)
         kinds[first:first + count] = index[layer]
-    out = (kinds, tuple(first_block))
-    _bounded(_KINDS)[id(spec)] = (spec, out)
-    return out
+    return kinds, tuple(first_block)
 
 
 def _step_graph(spec: ModelSpec, shape: StepShape, shard: Shard) -> Graph:
-    try:
-        key = (id(spec), shape, shard)
-        hit = _GRAPHS.get(key)
-    except TypeError:  # unhashable (numpy arrays in the shape): build it afresh
-        return graphs.step_graph(spec, shape, shard)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    g = graphs.step_graph(spec, shape, shard)
-    _bounded(_GRAPHS)[key] = (spec, g)
-    return g
+    return _per_model(_GRAPHS, spec, (shape, shard),
+                      lambda: graphs.step_graph(spec, shape, shard))
 
 
 def _clip(block: Block, first: int, end: int) -> Block | None:
@@ -205,16 +204,7 @@ def _clip(block: Block, first: int, end: int) -> Block | None:
 def _pp_send(spec: ModelSpec, shape: StepShape) -> Block:
     """The send of a stage's activations to the next; one block per model and shape (every
     stage of every plan of a search sends the same)."""
-    try:
-        key = (id(spec), shape)
-        hit = _SENDS.get(key)
-    except TypeError:  # arrays in the shape
-        return _make_pp_send(spec, shape)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    block = _make_pp_send(spec, shape)
-    _bounded(_SENDS)[key] = (spec, block)
-    return block
+    return _per_model(_SENDS, spec, (shape,), lambda: _make_pp_send(spec, shape))
 
 
 def _make_pp_send(spec: ModelSpec, shape: StepShape) -> Block:
@@ -232,12 +222,7 @@ def stage_layers(spec: ModelSpec, pp: int) -> tuple[tuple[int, int], ...]:
     """Contiguous layer ranges, cut where the cumulative layer weight is closest to k/pp of
     the total (each stage at least one layer). Cached per model and pp: every plan of a
     search with that pp asks."""
-    hit = _LAYERS.get((id(spec), pp))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    out = _stage_layers(spec, pp)
-    _bounded(_LAYERS)[(id(spec), pp)] = (spec, out)
-    return out
+    return _per_model(_LAYERS, spec, (pp,), lambda: _stage_layers(spec, pp))
 
 
 def _stage_layers(spec: ModelSpec, pp: int) -> tuple[tuple[int, int], ...]:
@@ -330,12 +315,7 @@ def concurrent_groups(plan: Plan) -> dict:
 def build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
     """One program per socket of the plan, socket ids 0..plan.sockets-1 (cached per model
     and plan: the evaluator and the footprint ask for the same ones)."""
-    hit = _PROGRAMS.get((id(spec), plan))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    out = _build_programs(spec, plan)
-    _bounded(_PROGRAMS)[(id(spec), plan)] = (spec, out)
-    return out
+    return _per_model(_PROGRAMS, spec, (plan,), lambda: _build_programs(spec, plan))
 
 
 def _build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
