@@ -212,7 +212,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         # the timeline reads the whole steps table; a disaggregated run joins two runs' tables
         tables = sim.run() if timeline is not None or pools else sim.run(sink=stream.write)
         doc = bench_json(tables.summary, model=model.name, cluster=cluster_name,
-                         plan=tables.requests.schema.metadata[b"rdu_cluster.plan"].decode(),
+                         plan=(sim.metadata()["plan"] if tables.requests is None  # streamed
+                               else tables.requests.schema.metadata[b"rdu_cluster.plan"].decode()),
                          backend=backend_name, routing=routing,
                          num_prompts=len(trace), request_rate=rate, burstiness=burstiness,
                          max_concurrency=concurrency)

@@ -88,27 +88,6 @@ class Measured:
     chunk_s: np.ndarray
 
 
-def chunk_times(emits: list[list[tuple[int, int, int]]],
-                ends: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The chunk times of several requests, one after another, from their emission runs
-    (replica, first step, steps) and each replica's step end times; and their inter-token
-    latencies (each request's successive differences). Filled into one array, the
-    differences taken once and those across two requests dropped: two arrays a token, not
-    one array a request on top (a long trace's ITLs are its largest per-token figure)."""
-    sizes = np.fromiter((sum(n for _, _, n in e) for e in emits), np.int64, len(emits))
-    chunk = np.empty(int(sizes.sum()))
-    pos = 0
-    for runs in emits:
-        for rep, first, n in runs:
-            chunk[pos:pos + n] = ends[rep][first:first + n]
-            pos += n
-    diffs = np.diff(chunk)
-    across = np.cumsum(sizes)[:-1] - 1  # the difference from one request's last to the next's
-    keep = np.ones(len(diffs), dtype=bool)
-    keep[across[(across >= 0) & (across < len(diffs))]] = False
-    return chunk, diffs[keep]
-
-
 def summary(m: Measured, duration: float, spec: MetricSpec) -> dict:
     """vLLM's result keys (the lists of per-request values left out)."""
     n = len(m.ttft_s)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -53,6 +53,33 @@ OWN_COMPLETION = sys.float_info.max
 NOT_SERVED = "the previous turn of its session was not served"
 
 
+class Pending:
+    """Arrival times not reached yet, earliest first: those known up front (open loop: a
+    sorted array and a cursor, 8 bytes a request, no object per request) and those sent as
+    the run goes (closed loop: a heap)."""
+
+    def __init__(self, ahead: np.ndarray | None = None):
+        self.ahead = np.zeros(0) if ahead is None else ahead
+        self.i = 0
+        self.heap: list[float] = []
+
+    def __bool__(self) -> bool:
+        return self.i < len(self.ahead) or bool(self.heap)
+
+    def push(self, t: float) -> None:
+        heapq.heappush(self.heap, t)
+
+    def peek(self) -> float:
+        a = float(self.ahead[self.i]) if self.i < len(self.ahead) else math.inf
+        return min(a, self.heap[0]) if self.heap else a
+
+    def pop(self) -> None:
+        if self.heap and (self.i >= len(self.ahead) or self.heap[0] <= self.ahead[self.i]):
+            heapq.heappop(self.heap)
+        else:
+            self.i += 1
+
+
 class Dispatcher:
     def __init__(self, policy: str = replica_routing.DEFAULT, concurrency: int | None = None):
         if concurrency is not None and concurrency < 1:
@@ -64,7 +91,7 @@ class Dispatcher:
         self.replicas: list[Replica] = []
         self.requests: Sequence[Request] = ()
         self.route: dict[int, int] = {}  # stateless policy: request id -> replica, up front
-        self.pending: dict[int | None, list[float]] = {}  # replica (None: any) -> arrival heap
+        self.pending: dict[int | None, Pending] = {}  # replica (None: any) -> arrivals to come
         self.unsent = 0  # closed loop: requests not sent yet
         self.unsent_to: dict[int | None, int] = {}  # ... by the replica they are pinned to
         self.finish: dict[int, float] = {}  # request id -> when it completed or was refused
@@ -73,6 +100,9 @@ class Dispatcher:
         self.next_of: dict[int, list[Request]] = {}  # request id -> the requests it sends
         self.delay: dict[int, float] = {}  # request id -> seconds after its predecessor ends
         self.sessions = False
+        # open loop (open_loop): arrivals in time order, the next to make, routes up front
+        self.order, self.fed, self.route_of = np.zeros(0, dtype=np.int64), 0, None
+        self.make: Callable[[int], Request] | None = None
 
     # -- sending --------------------------------------------------------------------------
     def initial(self, requests: Sequence[Request], replicas: list[Replica],
@@ -80,9 +110,8 @@ class Dispatcher:
         """The first events: every arrival (open loop) or each client's or session's first
         (closed loop). `after[i]`: the request i follows in its session (-1: none), sent
         `think_s[i]` after that one completes."""
-        self.replicas, self.requests = replicas, requests
-        self.outstanding = {rep.index: [] for rep in replicas}
-        self.pending = {None: []} | {rep.index: [] for rep in replicas}
+        self._set_up(replicas)
+        self.requests = requests
         follows = self._follows(len(requests), after)
         if not self.coupled:
             blank = [ReplicaView(q.index, (), 0, q.kv.config.capacity_blocks, q)
@@ -103,6 +132,50 @@ class Dispatcher:
         self.unsent = len(requests) - len(first)
         return [self._send(r, r.arrival_s) for r in first]
 
+    def _set_up(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+        self.outstanding = {rep.index: [] for rep in replicas}
+        self.pending = {None: Pending()} | {rep.index: Pending() for rep in replicas}
+
+    def open_loop(self, make: Callable[[int], Request], ready: np.ndarray,
+                  replicas: list[Replica]) -> list:
+        """Open loop, without a Request per trace row up front: request i is made (`make`)
+        when the arrival before it in time is handled, and sent at ready[i]; the arrival times
+        still to come wait as one sorted array (per replica under a stateless policy, routed
+        up front in id order as `initial` routes them). Arrivals at equal times go in id
+        order, as `initial`'s events do. Returns the first arrival."""
+        self._set_up(replicas)
+        n = len(ready)
+        self.order = np.argsort(ready, kind="stable")
+        self.make, self.ready, self.fed = make, ready, 0
+        self.route_of = None
+        if self.coupled:
+            self.pending[None] = Pending(ready[self.order])
+        else:
+            blank = [ReplicaView(q.index, (), 0, q.kv.config.capacity_blocks, q)
+                     for q in replicas]
+            self.route_of = np.fromiter((self.policy.choose(make(i), blank) for i in range(n)),
+                                        np.int64, n)
+            routed = self.route_of[self.order]
+            for q in replicas:
+                mine = self.order[routed == q.index]
+                self.pending[q.index] = Pending(ready[mine])
+                q.pending = len(mine)
+        return self.feed()
+
+    def feed(self) -> list:
+        """Open loop (`open_loop`): the next arrival, made now ([] when all are sent, and
+        for a closed loop, whose arrivals `_send` makes)."""
+        if self.fed >= len(self.order):
+            return []
+        from rdu_cluster.engine.events import Arrival
+
+        i = int(self.order[self.fed])
+        self.fed += 1
+        r = self.make(i)
+        r.arrival_s = r.ready_s = max(r.arrival_s, r.ready_s)
+        return [Arrival(r.ready_s, r, None if self.route_of is None else int(self.route_of[i]))]
+
     def _follows(self, n: int, after: np.ndarray | None) -> list[int]:
         """The request each one is sent after (-1: sent at its arrival)."""
         if after is not None:
@@ -119,14 +192,14 @@ class Dispatcher:
 
         r.arrival_s = r.ready_s = max(t, r.ready_s)
         rep = self.route.get(r.id)
-        heapq.heappush(self.pending[rep], r.ready_s)
+        self.pending[rep].push(r.ready_s)
         if rep is not None:
             self.replicas[rep].pending += 1
         return Arrival(r.ready_s, r, rep)
 
     def arrive(self, r: Request, replica: int | None, t: float) -> Replica:
         """A request arrives at t: its replica (routed now unless routed up front)."""
-        heapq.heappop(self.pending[replica])
+        self.pending[replica].pop()
         if replica is not None:
             rep = self.replicas[replica]
             rep.pending -= 1
@@ -136,14 +209,20 @@ class Dispatcher:
                 raise ConfigError(f"routing policy {self.policy.name!r} chose replica "
                                   f"{index}; there are {len(self.replicas)}")
             rep = self.replicas[index]
-        rep.requests.append(r)
-        self.outstanding[rep.index].append(r)
+        rep.arrived(r)
+        if self.coupled:  # what a stateful policy sees (views)
+            self.outstanding[rep.index].append(r)
         return rep
 
     def views(self, t: float) -> list[ReplicaView]:
         out = []
         for rep in self.replicas:
-            live = [r for r in self.outstanding[rep.index] if self.finish.get(r.id, math.inf) > t]
+            live = []
+            for r in self.outstanding[rep.index]:
+                if self.finish.get(r.id, math.inf) > t:
+                    live.append(r)
+                else:  # through: no view will see it again
+                    self.finish.pop(r.id, None)
             self.outstanding[rep.index] = live
             out.append(ReplicaView(rep.index, tuple(live), self._kv_at(rep, t),
                                    rep.kv.config.capacity_blocks, rep))
@@ -160,10 +239,8 @@ class Dispatcher:
         """The earliest time a request its plan has not seen could arrive at `rep`."""
         own = OWN_COMPLETION if self._unsent_for(rep) else math.inf
         if not self.coupled:
-            heap = self.pending[rep.index]
-            return min(heap[0], own) if heap else own
-        heap = self.pending[None]
-        h = min(heap[0], own) if heap else own
+            return min(self.pending[rep.index].peek(), own)
+        h = min(self.pending[None].peek(), own)
         if self.unsent:
             for q in self.replicas:
                 if q is rep:
@@ -192,6 +269,8 @@ class Dispatcher:
         blocks = np.concatenate([sp.kv_blocks for sp in window.spans])
         self.last[rep.index] = (ends, blocks)
         out = []
+        if not (self.coupled or self.next_of):
+            return []  # nothing reads completion times: open loop, stateless policy
         for sp in window.spans:
             for r in [*sp.decode, *(q for q, _ in sp.prefill)]:
                 if r.state == DONE and r.id not in self.finish:

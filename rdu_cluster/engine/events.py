@@ -34,8 +34,8 @@ class Arrival(Event):
 
     def handle(self, sim: Simulation) -> list[Event]:
         rep = sim.dispatch.arrive(self.request, self.replica, self.time)
-        sim.replica_of[self.request.id] = rep.index
-        out = sim.admit_to_queue(rep, self.request)
+        sim.finished.arrived(self.request, rep.index)
+        out = [*sim.admit_to_queue(rep, self.request), *sim.dispatch.feed()]
         return out if rep.busy else [*out, Schedule(self.time, rep.index)]
 
 

@@ -45,6 +45,7 @@ REQUESTS = pa.schema([
     ("prefix_copy_s", pa.float64()),
 ])
 PREFIX_TIERS = ("hbm", "ddr", "host")  # tiers a prefix cache block can be found in
+REQUEST_FIELDS = tuple(REQUESTS.names)
 STEPS = pa.schema(
     [("replica", pa.int64()), ("step", pa.int64()), ("window", pa.int64()),
      ("phase", pa.string()), ("start_s", pa.float64()), ("time_s", pa.float64()),
@@ -91,6 +92,30 @@ SUMMARY_STEP_COLUMNS = ("phase", "time_s", "sockets", "energy_j", "decode_tokens
 OCCUPANCY = {f"{t}_used_bytes": t for t in TIERS}
 SOCKET_NULLABLE = ("energy_j", "cost_usd", *OCCUPANCY)  # None: no [power] / [cost], no tier
 COMPACT_EVERY = 64  # windows' step arrays joined into one chunk (a window's are a few steps)
+
+
+class Growing:
+    """A numeric column appended to as a run goes, in one numpy buffer that doubles when full
+    (amortized O(1) per value, 8 bytes a value): step times, chunk times, ITLs."""
+
+    def __init__(self, dtype=np.float64) -> None:
+        self.buf = np.empty(64, dtype=dtype)
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def extend(self, values: np.ndarray) -> None:
+        k = len(values)
+        if self.n + k > len(self.buf):
+            grown = np.empty(max(2 * len(self.buf), self.n + k), dtype=self.buf.dtype)
+            grown[: self.n] = self.buf[: self.n]
+            self.buf = grown
+        self.buf[self.n : self.n + k] = values
+        self.n += k
+
+    def view(self) -> np.ndarray:
+        return self.buf[: self.n]
 
 
 class SocketRows:
@@ -168,13 +193,12 @@ class Recorder:
     steps: list[StepColumns] = field(default_factory=list)
     sockets: SocketRows = field(default_factory=SocketRows)
     link_bytes: dict[tuple[int, int], float] = field(default_factory=dict)
-    ends: dict[int, list[np.ndarray]] = field(default_factory=dict)  # replica -> step ends
-    starts: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    ends: dict[int, Growing] = field(default_factory=dict)  # replica -> step end times
+    starts: dict[int, Growing] = field(default_factory=dict)
     switch_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (replica, step)
     # energy_j / cost_usd per request id, only the configured ones (engine/energy.py)
     split: dict[str, dict[int, float]] = field(default_factory=dict)
     loose: int = 0  # windows in self.steps not joined into a chunk yet (_compact)
-    loose_times: dict[int, int] = field(default_factory=dict)  # the same, per replica
     # Streaming: sink(name, Arrow table) takes the steps and sockets rows in chunks of
     # chunk_rows as they are recorded (None: all kept for the tables); of the steps handed
     # on, the summary's columns are kept in `kept`.
@@ -199,9 +223,9 @@ class Recorder:
             starts, ends = cols["start_s"][keep], ends[keep]
         else:  # a window's steps: never a recovery row
             starts = cols["start_s"]
-        self.starts.setdefault(replica, []).append(starts)
-        self.ends.setdefault(replica, []).append(ends)
-        self._compact(replica)
+        self.starts.setdefault(replica, Growing()).extend(starts)
+        self.ends.setdefault(replica, Growing()).extend(ends)
+        self._compact()
         self.held_rows += len(phase)
         if self.sink is not None and self.held_rows >= self.chunk_rows:
             self.flush_steps()
@@ -213,9 +237,9 @@ class Recorder:
         self.flush_sockets(final=True)
         for name, schema in (("steps", STEPS), ("sockets", SOCKETS)):
             if name not in self.sent:
-                self._send(name, table(schema, {f.name: [] for f in schema}, self.meta))
+                self.send(name, table(schema, {f.name: [] for f in schema}, self.meta))
 
-    def _send(self, name: str, tbl: pa.Table) -> None:
+    def send(self, name: str, tbl: pa.Table) -> None:
         self.sent.add(name)
         self.sink(name, tbl)
 
@@ -225,7 +249,7 @@ class Recorder:
             return
         cols = steps_columns(self)
         self.kept.append({k: cols[k] for k in SUMMARY_STEP_COLUMNS})
-        self._send("steps", table(STEPS, cols, self.meta))
+        self.send("steps", table(STEPS, cols, self.meta))
         self.steps, self.loose, self.held_rows = [], 0, 0
 
     def flush_sockets(self, final: bool = False) -> None:
@@ -235,7 +259,7 @@ class Recorder:
             self.sockets.settle()
         k = self.sockets.ready()
         if k and (final or k >= self.chunk_rows):
-            self._send("sockets", table(SOCKETS, self.sockets.take(k), self.meta))
+            self.send("sockets", table(SOCKETS, self.sockets.take(k), self.meta))
 
     def summary_steps(self) -> dict:
         """The steps' columns the run's summary reads: all the steps' (streamed or not)."""
@@ -245,7 +269,7 @@ class Recorder:
             return {k: np.zeros(0) for k in SUMMARY_STEP_COLUMNS}
         return {k: np.concatenate([c[k] for c in self.kept]) for k in SUMMARY_STEP_COLUMNS}
 
-    def _compact(self, replica: int) -> None:
+    def _compact(self) -> None:
         """Join each COMPACT_EVERY windows' arrays into one chunk per column (the same values
         in the same order: the tables concatenate them all at the end either way), so memory
         per window is its rows' bytes, not a few dozen small arrays' headers."""
@@ -255,51 +279,41 @@ class Recorder:
             self.steps[-self.loose:] = [StepColumns({f.name: np.concatenate(
                 [t.cols[f.name] for t in tail]) for f in STEPS})]
             self.loose = 0
-        n = self.loose_times[replica] = self.loose_times.get(replica, 0) + 1
-        if n >= COMPACT_EVERY:
-            for times in (self.starts[replica], self.ends[replica]):
-                times[-n:] = [np.concatenate(times[-n:])]
-            self.loose_times[replica] = 0
 
     def step_times(self, replica: int) -> tuple[np.ndarray, np.ndarray]:
-        s = self.starts.get(replica, [])
-        e = self.ends.get(replica, [])
-        return (np.concatenate(s) if s else np.zeros(0)), (np.concatenate(e) if e else np.zeros(0))
+        """The replica's step start and end times so far, indexed by step (views: no copy)."""
+        if replica not in self.starts:
+            return np.zeros(0), np.zeros(0)
+        return self.starts[replica].view(), self.ends[replica].view()
 
 
-def request_rows(reqs: list[Request], replica_of: dict[int, int], rec: Recorder) -> dict:
-    """Columns of the requests table, vectorized per replica."""
-    n = len(reqs)
-    out = {f.name: [None] * n for f in REQUESTS}
-    times = {r: rec.step_times(r) for r in set(replica_of.values())}
-    for i, q in enumerate(reqs):
-        rep = replica_of[q.id]
-        starts, ends = times[rep]
-        out["request_id"][i], out["replica"][i], out["model"][i] = q.id, rep, q.model
-        out["state"][i], out["arrival_s"][i] = q.state, q.arrival_s
-        out["prompt_len"][i], out["output_len"][i] = q.prompt_len, q.output_len
-        out["generated_tokens"][i], out["preemptions"][i] = q.generated, q.preemptions
-        out["swaps"][i], out["reason"][i] = q.swaps, q.reason
-        out["expert"][i], out["session"][i] = q.expert, q.session
-        out["prefill_replica"][i] = rep
-        out["kv_transfer_s"][i] = out["kv_transfer_bytes"][i] = 0.0
-        for tier in PREFIX_TIERS:
-            out[f"prefix_{tier}_tokens"][i] = q.prefix_tokens.get(tier, 0)
-        out["prefix_copy_s"][i] = q.prefix_copy_s
-        out["switch_wait_s"][i] = rec.switch_s.get((rep, q.switch_step), 0.0)
-        for name in ("energy_j", "cost_usd"):  # None: no [power] / [cost] table
-            totals = rec.split.get(name)
-            out[name][i] = None if totals is None else totals.get(q.id, 0.0)
-        if q.admit_step >= 0:
-            out["queue_s"][i] = float(starts[q.admit_step] - q.arrival_s)
-        if q.first_token_step >= 0:
-            out["ttft_s"][i] = float(ends[q.first_token_step] - q.arrival_s)
-        if q.done_step >= 0:
-            finish = float(ends[q.done_step])
-            out["finish_s"][i], out["e2e_s"][i] = finish, finish - q.arrival_s
-            if q.output_len > 1:
-                out["tpot_s"][i] = (finish - float(ends[q.first_token_step])) / (q.output_len - 1)
-    return out
+def request_row(q: Request, rep: int, rec: Recorder) -> tuple:
+    """A request's row of the requests table (REQUESTS' fields in order), from the step
+    indices it recorded and its replica's step times; the per-request energy and cost totals
+    it took are dropped from the recorder (a request is recorded once, when it is through)."""
+    starts, ends = rec.step_times(rep)
+    row = dict.fromkeys(REQUEST_FIELDS)
+    row.update(request_id=q.id, replica=rep, model=q.model, state=q.state,
+               arrival_s=q.arrival_s, prompt_len=q.prompt_len, output_len=q.output_len,
+               generated_tokens=q.generated, preemptions=q.preemptions, swaps=q.swaps,
+               reason=q.reason, expert=q.expert, session=q.session, prefill_replica=rep,
+               kv_transfer_s=0.0, kv_transfer_bytes=0.0, prefix_copy_s=q.prefix_copy_s,
+               switch_wait_s=rec.switch_s.get((rep, q.switch_step), 0.0))
+    for tier in PREFIX_TIERS:
+        row[f"prefix_{tier}_tokens"] = q.prefix_tokens.get(tier, 0)
+    for name in ("energy_j", "cost_usd"):  # None: no [power] / [cost] table
+        totals = rec.split.get(name)
+        row[name] = None if totals is None else totals.pop(q.id, 0.0)
+    if q.admit_step >= 0:
+        row["queue_s"] = float(starts[q.admit_step] - q.arrival_s)
+    if q.first_token_step >= 0:
+        row["ttft_s"] = float(ends[q.first_token_step] - q.arrival_s)
+    if q.done_step >= 0:
+        finish = float(ends[q.done_step])
+        row["finish_s"], row["e2e_s"] = finish, finish - q.arrival_s
+        if q.output_len > 1:
+            row["tpot_s"] = (finish - float(ends[q.first_token_step])) / (q.output_len - 1)
+    return tuple(row.values())
 
 
 def table(schema: pa.Schema, columns: dict, metadata: dict) -> pa.Table:

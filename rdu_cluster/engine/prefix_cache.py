@@ -474,13 +474,15 @@ def build(config: PrefixConfig, mode: str, chip, kv, lower: str | None,
                        config.eviction, live)
 
 
-def summary(requests: list[Request], mode: str, lower: str | None) -> dict:
-    """Share of the prompt tokens admitted that the cache served, overall and per tier."""
-    admitted = sum(r.admitted_tokens for r in requests)
+def summary(admitted: int, found: dict[str, int], copy_s: float, mode: str,
+            lower: str | None) -> dict:
+    """Share of the prompt tokens admitted that the cache served, overall and per tier, from
+    the requests' totals (engine/finished.py): prompt tokens admitted, tokens found per tier,
+    copy seconds."""
     tiers = [HBM] + ([lower] if lower and mode == "tiered" else [])
-    by_tier = {t: sum(r.prefix_tokens.get(t, 0) for r in requests) for t in tiers}
+    by_tier = {t: found.get(t, 0) for t in tiers}
     rate = lambda n: n / admitted if admitted else 0.0
     return {"prefix_cache": mode,
             "prefix_cache_hit_rate": rate(sum(by_tier.values())),
             "prefix_cache_hit_rate_by_tier": {t: rate(n) for t, n in by_tier.items()},
-            "prefix_copy_s": sum(r.prefix_copy_s for r in requests)}
+            "prefix_copy_s": copy_s}

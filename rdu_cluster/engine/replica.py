@@ -112,7 +112,8 @@ class Replica:
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.swapped: list[Request] = []
-        self.requests: list[Request] = []
+        self.requests: list[Request] = []  # arrived here; those through pruned (arrived)
+        self.kept = 32  # how many self.requests may hold before it is pruned again
         self.pending = 0  # requests routed here that have not arrived yet
         self.expecting: Callable[[], bool] = lambda: self.pending > 0  # more may arrive
         self.window_end = 0.0  # end of its last (while busy: current) window
@@ -387,13 +388,25 @@ class Replica:
         self.synced.clear()
         self.next_ops = []
 
-    def refuse_all(self, reason: str) -> None:
+    def arrived(self, r: Request) -> None:
+        """A request routed here arrived. Those through are pruned from the list as it
+        doubles, so it holds about the requests in flight, not the trace."""
+        self.requests.append(r)
+        if len(self.requests) > 2 * self.kept:
+            self.requests = [q for q in self.requests if q.state not in (DONE, UNSERVED)]
+            self.kept = max(len(self.requests), 32)
+
+    def refuse_all(self, reason: str) -> list[Request]:
+        """Refuse every request here not through yet; returns them."""
+        out = []
         for r in self.requests:
             if r.state not in (DONE, UNSERVED):
                 r.state, r.reason = UNSERVED, reason
+                out.append(r)
         self.running.clear()
         self.waiting.clear()
         self.swapped.clear()
+        return out
 
 
 def _decode_only(plan: StepPlan) -> bool:

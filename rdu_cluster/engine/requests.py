@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 WAITING, RUNNING, SWAPPED, DONE, UNSERVED = "waiting", "running", "swapped", "done", "unserved"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: no attribute dict per request in flight
 class Request:
     id: int
     arrival_s: float

@@ -42,6 +42,7 @@ from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.dispatch import Dispatcher
 from rdu_cluster.engine.events import Event, FaultAt
 from rdu_cluster.engine.faults import LINK_DETOUR_FACTOR, Fault
+from rdu_cluster.engine.finished import Finished
 from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KVManager
 from rdu_cluster.engine.prefix_cache import PrefixCache, PrefixConfig
 from rdu_cluster.engine.replica import Replica, Window
@@ -114,8 +115,9 @@ class Simulation:
         self.degradation: dict[int, list[float]] = {}
         self.layouts: dict[int, plans.ReplicaLayout] = {}
         self.replicas: list[Replica] = []
-        self.replica_of: dict[int, int] = {}
-        self.requests: list[Request] = []
+        # the requests table, a row as each request is through (engine/finished.py)
+        self.finished = Finished(self.rec)
+        self.requests: list[Request] = []  # closed loop only (open loop: made on arrival)
         self.sampler = None
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
@@ -326,24 +328,29 @@ class Simulation:
         return held
 
     def initial_events(self) -> list[Event]:
-        events: list[Event] = []
+        """The first arrivals and the faults. Open loop: a Request is made from the trace's
+        columns when its arrival is next (Dispatcher.open_loop), so the run holds the
+        requests in flight, not the trace; a closed loop makes them all up front."""
         experts, ready = self._routing()
-        for i in range(len(self.trace)):
-            r = self._request(i, int(experts[i]), float(ready[i]))
-            if self.received is not None:  # disaggregated decode (engine/disagg.py)
-                r.received = int(self.received[i])
-            self.requests.append(r)
-        events += self.dispatch.initial(self.requests, self.replicas, self.trace.after,
-                                        self.trace.think_s)
-        events += [FaultAt(f.time_s, f) for f in self.faults]
-        return events
+        make = functools.partial(self._request, experts=experts, ready=ready)
+        if self.trace.after is None and self.config.concurrency is None:
+            sent = np.maximum(np.asarray(self.trace.arrival_s, dtype=float), ready)
+            events = self.dispatch.open_loop(make, sent, self.replicas)
+        else:
+            self.requests = [make(i) for i in range(len(self.trace))]
+            events = self.dispatch.initial(self.requests, self.replicas, self.trace.after,
+                                           self.trace.think_s)
+        return events + [FaultAt(f.time_s, f) for f in self.faults]
 
-    def _request(self, i: int, expert: int, ready: float) -> Request:
+    def _request(self, i: int, experts: np.ndarray, ready: np.ndarray) -> Request:
+        """Request i of the trace (its expert and when the scheduler sees it: _routing)."""
         t = self.trace
         r = Request(i, float(t.arrival_s[i]), int(t.prompt_len[i]), int(t.output_len[i]),
-                    t.model[i] if t.model else self.model.name, expert=expert, ready_s=ready,
-                    content=t.content[i] if t.content else (),
+                    t.model[i] if t.model else self.model.name, expert=int(experts[i]),
+                    ready_s=float(ready[i]), content=t.content[i] if t.content else (),
                     session=int(t.session[i]) if t.session is not None else -1)
+        if self.received is not None:  # disaggregated decode (engine/disagg.py)
+            r.received = int(self.received[i])
         return r
 
     def _routing(self) -> tuple[np.ndarray, np.ndarray]:
@@ -366,10 +373,9 @@ class Simulation:
         otherwise compete for the CPUs. `self.wall` keeps the wall seconds of each phase (for
         reports only: never in a table).
 
-        With a `sink` (name, Arrow table), the steps and sockets rows are handed to it in
-        chunks of `chunk_rows` as the run records them, in table order, and not kept: the
-        Tables then hold None for them (memory grows with the requests, not with the steps
-        and windows)."""
+        With a `sink` (name, Arrow table), the requests, steps and sockets rows are handed to
+        it in chunks of `chunk_rows` as the run records them (a request's row once it is
+        through), in table order, and not kept: the Tables then hold None for them."""
         t = time.perf_counter()
         try:
             self.start()
@@ -395,6 +401,7 @@ class Simulation:
         reason = self._refusal(rep, r)
         if reason:
             r.state, r.reason = UNSERVED, reason
+            self.finished.add(r)
             return self.dispatch.refused(r, self.now)
         rep.waiting.append(r)
         return []
@@ -450,6 +457,10 @@ class Simulation:
         for obs in self.observers:
             obs.window(self, rep, window, res, step, t0, m)
         self.spawned += self.dispatch.after_window(rep, window, ends)
+        for sp in window.spans:
+            for r in [*sp.decode, *(q for q, _ in sp.prefill)]:
+                if r.state == DONE:
+                    self.finished.add(r)
         self.windows += 1
         for hook in self.hooks:
             hook(self, self.windows)
@@ -644,8 +655,7 @@ class Simulation:
 
     def report_progress(self) -> None:
         if self.progress is not None:
-            done = sum(1 for r in self.requests if r.state in (DONE, UNSERVED))
-            self.progress(done, len(self.requests))
+            self.progress(self.finished.count, len(self.trace))
 
     # -- faults ---------------------------------------------------------------------------
     def apply_fault(self, f: Fault) -> list[Event]:
@@ -683,7 +693,8 @@ class Simulation:
         rep.drop_all_kv()
         if new is None:
             rep.refused = "a socket of its replica failed and no plan fits the remaining sockets"
-            rep.refuse_all(rep.refused)
+            for r in rep.refuse_all(rep.refused):
+                self.finished.add(r)
             return
         lay = self._with_draft(plans.layouts(self.model, self.cluster, new, self.config.options,
                                              self.config.execution_model,
@@ -700,6 +711,7 @@ class Simulation:
             if self._refusal(rep, r):
                 rep.waiting.remove(r)
                 r.state, r.reason = UNSERVED, self._refusal(rep, r)
+                self.finished.add(r)
         self._recovery(rep, setups)
 
     def _smaller_plan(self, healthy: int) -> plans.PlanSpec | None:
@@ -739,7 +751,8 @@ class Simulation:
     # -- results --------------------------------------------------------------------------
     def tables(self, end: float) -> Tables:
         meta = self.metadata()
-        req_cols = metrics.request_rows(self.requests, self.replica_of, self.rec)
+        req_tbl = self.finished.close(meta)
+        req_cols = self.finished.summary_columns()
         link_cols = self._link_columns(end)
         steps_tbl = sockets_tbl = None
         if self.rec.sink is None:
@@ -750,7 +763,7 @@ class Simulation:
             self.rec.finish()
             steps = self.rec.summary_steps()
         return Tables(
-            requests=metrics.table(metrics.REQUESTS, req_cols, meta),
+            requests=req_tbl,
             steps=steps_tbl, sockets=sockets_tbl,
             links=metrics.table(metrics.LINKS, link_cols, meta),
             summary=self.summary(req_cols, steps, end),
@@ -776,50 +789,55 @@ class Simulation:
                 "scheduler": c.scheduler, "seed": c.seed, "trace": self.trace.source,
                 "config_hash": hashlib.sha256(desc.encode()).hexdigest()[:16]}
 
-    def summary(self, req: dict, steps: dict, end: float) -> dict:
-        served = [i for i, s in enumerate(req["state"]) if s == DONE]
-        ttft = metrics.percentiles([req["ttft_s"][i] for i in served])
-        tpot = metrics.percentiles([req["tpot_s"][i] for i in served])
-        tokens = int(sum(req["generated_tokens"][i] for i in served))
+    def summary(self, req: dict[str, np.ndarray], steps: dict, end: float) -> dict:
+        """The run's figures from the requests' summary columns (Finished.summary_columns:
+        NaN for null) and the steps' (metrics.SUMMARY_STEP_COLUMNS)."""
+        served = req["state"] == DONE
+        ttft = metrics.percentiles(req["ttft_s"][served])
+        tpot = req["tpot_s"][served]
+        tpot = metrics.percentiles(tpot[~np.isnan(tpot)])  # null: a one-token output
+        tokens = int(np.sum(req["generated_tokens"][served]))
         phase = np.asarray(steps["phase"]) if len(steps["phase"]) else np.zeros(0, dtype=str)
         return {
-            "requests": len(self.requests), "served": len(served),
-            "unserved": sum(1 for s in req["state"] if s == UNSERVED),
+            "requests": len(self.trace), "served": int(np.sum(served)),
+            "unserved": int(np.sum(req["state"] == UNSERVED)),
             "makespan_s": end, "output_tokens": tokens,
             "tokens_per_s": tokens / end if end > 0 else 0.0,
             "ttft_s": ttft, "tpot_s": tpot,
             "steps": int(np.sum(phase != "recovery")),
             "decode_steps": int(np.sum(phase == "decode")),
             "windows": self.windows,
-            "preemptions": int(sum(req["preemptions"])),
+            "preemptions": int(np.sum(req["preemptions"])),
             "switches": len(self.rec.switch_s),
-            "switch_waited": int(sum(1 for w in req["switch_wait_s"] if w)),
+            "switch_waited": int(np.count_nonzero(req["switch_wait_s"])),
             "switch_s": float(sum(self.rec.switch_s.values())),
             "tokens_per_decode": _tokens_per_decode(steps),
             "speculation": _describe(self.config),
             **energy.summary(self.rates, steps, self.cluster.sockets, end, tokens),
             "bench": bench.summary(self._measured(req), end, self.config.metrics),
             "overloaded": self._overloaded(req, end),
-            **prefix_cache.summary(self.requests, self.prefix_mode, self._lower_tier()),
+            **prefix_cache.summary(self.finished.admitted, self.finished.prefix_tokens,
+                                   self.finished.prefix_copy_s, self.prefix_mode,
+                                   self._lower_tier()),
         }
 
     def _measured(self, req: dict) -> bench.Measured:
-        """The completed requests' client-side times (engine/bench.py)."""
+        """The completed requests' client-side times (engine/bench.py): `req`'s columns
+        (this run's, or a disaggregated run's in this run's request order) and the chunk
+        times and ITLs recorded as they completed (in request order)."""
         done = [i for i, s in enumerate(req["state"]) if s == DONE]
-        ends = {r: self.rec.step_times(r)[1] for r in self.rec.ends}
         col = lambda name: np.array([req[name][i] for i in done], dtype=float)
-        chunk_s, itl_s = bench.chunk_times([self.requests[i].emits for i in done], ends)
         return bench.Measured(
             send_s=col("arrival_s"), ttft_s=col("ttft_s"), e2el_s=col("e2e_s"),
             output_len=col("generated_tokens").astype(np.int64),
-            prompt_len=col("prompt_len").astype(np.int64), itl_s=itl_s, chunk_s=chunk_s)
+            prompt_len=col("prompt_len").astype(np.int64),
+            itl_s=self.finished.itl_s.view().copy(), chunk_s=self.finished.chunk_s.view().copy())
 
     def _overloaded(self, req: dict, end: float) -> bool:
         if self.config.concurrency is not None or self.trace.after is not None:
             return False  # closed loop (clients, sessions): they bound the queue
-        arrival = np.asarray(req["arrival_s"], dtype=float)
-        admit = np.array([math.inf if q is None else a + q
-                          for a, q in zip(req["arrival_s"], req["queue_s"])], dtype=float)
+        arrival = req["arrival_s"]
+        admit = np.where(np.isnan(req["queue_s"]), math.inf, arrival + req["queue_s"])
         return bench.overloaded(arrival, admit)
 
 

@@ -1,0 +1,116 @@
+"""The requests table written as requests finish, so serving memory follows the requests in
+flight rather than the trace.
+
+A request is recorded once, when it is through (done, or refused): its row
+(metrics.request_row), and, if it completed, its chunk times (the steps that streamed it a
+token), after which its emission runs and energy totals are dropped. The table's order is the
+trace's (request id); requests finish out of order, so rows wait in a buffer keyed by id until
+every earlier request is recorded, then go on as the contiguous prefix (the buffer holds at most
+the requests that finished while an earlier one was still in flight). Rows handed on go to the
+recorder's sink in chunks of its chunk_rows (as the steps and sockets rows do), or are kept for
+one table at the end when there is no sink. What the run's summary reads is kept compact: a few
+numeric columns of the requests table, the chunk times and ITLs in growing float arrays (the
+exact vLLM-style percentiles need every ITL), and the prefix cache's running totals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from rdu_cluster.engine import metrics
+from rdu_cluster.engine.requests import DONE, Request
+
+# The requests table's columns the run's summary reads (Simulation.summary, _measured).
+SUMMARY_COLUMNS = ("state", "arrival_s", "queue_s", "ttft_s", "tpot_s", "e2e_s",
+                   "generated_tokens", "prompt_len", "preemptions", "switch_wait_s")
+
+
+class Finished:
+    def __init__(self, rec: metrics.Recorder):
+        self.rec = rec
+        self.live: dict[int, tuple[Request, int]] = {}  # id -> (request, replica): arrived
+        self.next = 0  # the lowest request id not handed on
+        self.held: dict[int, tuple] = {}  # id -> what add() recorded, until its turn
+        self.rows: list[tuple] = []  # rows handed on, not in a chunk yet
+        self.kept: list[dict[str, np.ndarray]] = []  # SUMMARY_COLUMNS of each chunk
+        self.chunk_s, self.itl_s = metrics.Growing(), metrics.Growing()
+        self.admitted = 0  # prompt tokens admitted (prefix_cache.summary's totals)
+        self.prefix_tokens: dict[str, int] = {}
+        self.prefix_copy_s = 0  # summed in id order, as a sum over the requests would be
+
+    @property
+    def count(self) -> int:
+        return self.next + len(self.held)
+
+    def recorded(self, r: Request) -> bool:
+        return r.id < self.next or r.id in self.held
+
+    def arrived(self, r: Request, replica: int) -> None:
+        self.live[r.id] = (r, replica)
+
+    def add(self, r: Request) -> None:
+        """Record a request that is through (or, at the end of the run, where it stands)."""
+        if self.recorded(r):
+            return
+        row = metrics.request_row(r, self.live.pop(r.id)[1], self.rec)
+        chunks = self._chunks(r) if r.state == DONE else None
+        self.held[r.id] = (row, chunks, r.admitted_tokens, r.prefix_tokens, r.prefix_copy_s)
+        r.emits = []  # its chunk times are recorded
+        self._release()
+
+    def _chunks(self, r: Request) -> np.ndarray:
+        """Its chunk times: the end of each step that streamed it a token (bench.py)."""
+        parts = [self.rec.ends[rep].view()[first:first + n] for rep, first, n in r.emits]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _release(self) -> None:
+        while self.next in self.held:
+            row, chunks, admitted, tokens, copy_s = self.held.pop(self.next)
+            self.rows.append(row)
+            if chunks is not None:
+                self.chunk_s.extend(chunks)
+                self.itl_s.extend(np.diff(chunks))
+            self.admitted += admitted
+            for tier, k in tokens.items():
+                self.prefix_tokens[tier] = self.prefix_tokens.get(tier, 0) + k
+            self.prefix_copy_s += copy_s
+            self.next += 1
+        if self.rec.sink is not None and len(self.rows) >= self.rec.chunk_rows:
+            self.rec.send("requests", self._chunk(self.rec.meta))
+
+    def _chunk(self, meta: dict) -> pa.Table:
+        """The rows handed on so far as a table, their summary columns kept."""
+        rows, self.rows = self.rows, []
+        cols = (dict(zip(metrics.REQUEST_FIELDS, map(list, zip(*rows)))) if rows
+                else {name: [] for name in metrics.REQUEST_FIELDS})
+        if rows:
+            self.kept.append({k: _compact(cols[k], metrics.REQUESTS.field(k).type)
+                              for k in SUMMARY_COLUMNS})
+        return metrics.table(metrics.REQUESTS, cols, meta)
+
+    def close(self, meta: dict) -> pa.Table | None:
+        """Record the requests not through (as they stand) and hand on the last rows: to the
+        sink (returns None), or as the whole table."""
+        for i in sorted(self.live):
+            self.add(self.live[i][0])
+        if self.rec.sink is None:
+            return self._chunk(meta)
+        if self.rows or "requests" not in self.rec.sent:
+            self.rec.send("requests", self._chunk(self.rec.meta))
+        return None
+
+    def summary_columns(self) -> dict[str, np.ndarray]:
+        """SUMMARY_COLUMNS over every request, in id order (float columns: NaN for null)."""
+        if not self.kept:
+            return {k: _compact([], metrics.REQUESTS.field(k).type) for k in SUMMARY_COLUMNS}
+        return {k: np.concatenate([c[k] for c in self.kept]) for k in SUMMARY_COLUMNS}
+
+
+def _compact(values: list, kind: pa.DataType) -> np.ndarray:
+    """A column as one numpy array of its field's kind (float: NaN for null)."""
+    if pa.types.is_string(kind):
+        return np.array(values, dtype=str)
+    if pa.types.is_integer(kind):
+        return np.array(values, dtype=np.int64)
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
