@@ -12,7 +12,7 @@ is reported apart: it is paid once per session, not per simulated step).
 
 --light N: N requests of Llama 3.1 8B on sn40l-8 (prompt 1,024, output 256) at 50 requests/s
 and all at once (saturating), each at N and N/4 requests in a fresh process, written as
-`serve --out` writes them (steps and sockets rows streamed): wall and CPU time per request,
+`serve --out` writes them (requests, steps and sockets rows streamed): wall and CPU time per request,
 windows per request, peak RSS, the RSS each further request adds (the slope between the two
 sizes) and the million-request bound it implies (the issue's target: light load within 2x the
 saturated time per request, memory bounded by the requests in flight). `--prefix-cache off`
@@ -91,8 +91,8 @@ def replicas(model: str = "llama-3.1-8b") -> int:
 
 
 def light_child(n: int, rate: float, prefix: str | None) -> None:
-    """One run as `serve --out` makes it: steps and sockets rows streamed into the result
-    folder as they are recorded, the requests and links tables written at the end."""
+    """One run as `serve --out` makes it: requests, steps and sockets rows streamed into the
+    result folder as they are recorded, the links table written at the end."""
     import json
     import resource
     import tempfile
