@@ -118,45 +118,6 @@ class Growing:
         return self.buf[: self.n]
 
 
-class Blocks:
-    """A float column only appended to until it is read once at the end (the ITLs and chunk
-    times, 8 bytes a token): fixed blocks, so no growth slack and no copy while it grows, and
-    one array at the end assembled as the blocks are let go (at most a block held twice)."""
-
-    BLOCK = 1 << 16
-
-    def __init__(self) -> None:
-        self.blocks: list[np.ndarray] = []
-        self.n = 0  # values in the blocks
-        self.whole: np.ndarray | None = None  # after take()
-
-    def __len__(self) -> int:
-        return self.n
-
-    def extend(self, values: np.ndarray) -> None:
-        pos, k = 0, len(values)
-        while pos < k:
-            if self.n == len(self.blocks) * self.BLOCK:  # all full
-                self.blocks.append(np.empty(self.BLOCK))
-            used = self.n - (len(self.blocks) - 1) * self.BLOCK
-            take = min(self.BLOCK - used, k - pos)
-            self.blocks[-1][used:used + take] = values[pos:pos + take]
-            self.n, pos = self.n + take, pos + take
-
-    def take(self) -> np.ndarray:
-        """All values as one array, the blocks let go as they are copied (from then on the
-        array is what is held: a second call returns it)."""
-        if self.whole is None:
-            out = np.empty(self.n)
-            for i in range(len(self.blocks)):
-                lo = i * self.BLOCK
-                out[lo:min(lo + self.BLOCK, self.n)] = self.blocks[i][: min(self.BLOCK,
-                                                                           self.n - lo)]
-                self.blocks[i] = None
-            self.blocks, self.whole = [], out
-        return self.whole
-
-
 class SocketRows:
     """The sockets table's rows (one per socket per window), kept as typed arrays: 8 bytes a
     value, where a dict per row took ~1 kB, so a light-load trace (a window per arrival) does

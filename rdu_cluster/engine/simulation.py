@@ -831,7 +831,7 @@ class Simulation:
             send_s=col("arrival_s"), ttft_s=col("ttft_s"), e2el_s=col("e2e_s"),
             output_len=col("generated_tokens").astype(np.int64),
             prompt_len=col("prompt_len").astype(np.int64),
-            itl_s=self.finished.itl_s.take(), chunk_s=self.finished.chunk_s.take())
+            itl_s=self.finished.itl_s.view(), chunk_s=self.finished.chunk_s.view())
 
     def _overloaded(self, req: dict, end: float) -> bool:
         if self.config.concurrency is not None or self.trace.after is not None:

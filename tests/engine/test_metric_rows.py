@@ -58,16 +58,3 @@ def test_joined_step_chunks_hold_the_same_rows():
         assert np.array_equal(joined[f.name], np.concatenate([c[f.name] for c in windows]))
     starts, _ = rec.step_times(0)
     assert np.array_equal(starts, np.concatenate([c["start_s"] for c in windows]))
-
-
-def test_blocks_hold_the_values_appended_across_block_boundaries(monkeypatch):
-    monkeypatch.setattr(metrics.Blocks, "BLOCK", 8)
-    rng = np.random.default_rng(1)
-    parts = [rng.random(int(k)) for k in (0, 3, 8, 5, 17, 1, 0, 8)]
-    blocks = metrics.Blocks()
-    for p in parts:
-        blocks.extend(p)
-    whole = np.concatenate(parts)
-    assert len(blocks) == len(whole)
-    got = blocks.take()
-    assert np.array_equal(got, whole) and blocks.take() is got
