@@ -95,12 +95,14 @@ COMPACT_EVERY = 64  # windows' step arrays joined into one chunk (a window's are
 
 
 class Growing:
-    """A numeric column appended to as a run goes, in one numpy buffer that doubles when full
-    (amortized O(1) per value, 8 bytes a value): step times, chunk times, ITLs."""
+    """A numeric column appended to as a run goes, in one numpy buffer that grows by `factor`
+    when full (amortized O(1) per value, 8 bytes a value): step times, chunk times, ITLs.
+    Read in place (view), so the run's end makes no copy of it."""
 
-    def __init__(self, dtype=np.float64) -> None:
+    def __init__(self, dtype=np.float64, factor: float = 2.0) -> None:
         self.buf = np.empty(64, dtype=dtype)
         self.n = 0
+        self.factor = factor
 
     def __len__(self) -> int:
         return self.n
@@ -108,7 +110,8 @@ class Growing:
     def extend(self, values: np.ndarray) -> None:
         k = len(values)
         if self.n + k > len(self.buf):
-            grown = np.empty(max(2 * len(self.buf), self.n + k), dtype=self.buf.dtype)
+            grown = np.empty(max(int(self.factor * len(self.buf)), self.n + k),
+                             dtype=self.buf.dtype)
             grown[: self.n] = self.buf[: self.n]
             self.buf = grown
         self.buf[self.n : self.n + k] = values
