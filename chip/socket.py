@@ -290,17 +290,22 @@ class CostTables:
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(ROWS), 0))
 
     def span(self, s: Spans, i: int, n: int, load: np.ndarray | None) -> np.ndarray:
-        kind = int(s.kind[i])
+        return self.span_rows(int(s.kind[i]), int(s.batch[i]), int(s.ctx_sum[i]), n,
+                              (int(s.pre_seqs[i]), int(s.pre_tokens[i]), int(s.pre_prefix[i])),
+                              load)
+
+    def span_rows(self, kind: int, batch: int, ctx_sum: int, n: int,
+                  prefill: tuple[int, int, int], load: np.ndarray | None = None) -> np.ndarray:
+        """(ROWS, n) rows of one span: `batch` decodes from context sum `ctx_sum`, or one
+        prefill step of `prefill` = (sequences, new tokens, cached prefix), or both."""
         if kind == DECODE:
-            return self.decode_span(int(s.batch[i]), int(s.ctx_sum[i]), n, load)
-        pre = self.prefill_step(
-            int(s.pre_seqs[i]), int(s.pre_tokens[i]), int(s.pre_prefix[i]), load
-        )
+            return self.decode_span(batch, ctx_sum, n, load)
+        pre = self.prefill_step(*prefill, load)
         if kind == PREFILL:
             return pre
         # A mixed step (chunked prefill beside decodes) is costed as its prefill part plus its
         # decode part: an upper bound, since one fused step streams the weights only once.
-        return pre + self.decode_span(int(s.batch[i]), int(s.ctx_sum[i]), 1, load)
+        return pre + self.decode_span(batch, ctx_sum, 1, load)
 
     def decode_span(self, b: int, s0: int, n: int, load: np.ndarray | None) -> np.ndarray:
         if load is not None and np.any(load != 1.0):

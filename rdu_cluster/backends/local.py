@@ -20,7 +20,7 @@ class LocalBackend:
 
     def __init__(self) -> None:
         self.sockets: dict[int, Socket] = {}
-        self._tables: dict[tuple, CostTables] = {}
+        self.memo: dict[tuple, CostTables] = {}  # (chip, program key) -> tables, shared
 
     def start(self, setups: dict[int, SocketSetup]) -> None:
         for index, setup in setups.items():
@@ -28,9 +28,9 @@ class LocalBackend:
 
     def _create(self, index: int, setup: SocketSetup) -> None:
         key = (setup.chip.name, setup.program.key())
-        tables = self._tables.get(key)
+        tables = self.memo.get(key)
         if tables is None:
-            tables = self._tables[key] = CostTables(setup.chip, setup.program, setup.comm_time)
+            tables = self.memo[key] = CostTables(setup.chip, setup.program, setup.comm_time)
             tables.warm()
         sock = Socket(index, setup.chip, setup.program, setup.comm_time, tables,
                       setup.kv_scale)
@@ -66,7 +66,7 @@ class LocalBackend:
         """Nothing is owed: every reply came back in `run`."""
 
     def evaluations(self) -> int:
-        return sum(t.evaluations for t in self._tables.values())
+        return sum(t.evaluations for t in self.memo.values())
 
     def close(self) -> None:
         self.sockets.clear()

@@ -103,6 +103,9 @@ class Dispatcher:
         # open loop (open_loop): arrivals in time order, the next to make, routes up front
         self.order, self.fed, self.route_of = np.zeros(0, dtype=np.int64), 0, None
         self.make: Callable[[int], Request] | None = None
+        self.mine: dict[int, np.ndarray] = {}  # replica -> its requests in arrival order
+        self.made: dict[int, Request] = {}  # id -> made for an Arrival event not handled yet
+        self.taken: set[int] = set()  # ids taken before their Arrival was handled (`take`)
 
     # -- sending --------------------------------------------------------------------------
     def initial(self, requests: Sequence[Request], replicas: list[Replica],
@@ -158,23 +161,53 @@ class Dispatcher:
                                         np.int64, n)
             routed = self.route_of[self.order]
             for q in replicas:
-                mine = self.order[routed == q.index]
+                mine = self.mine[q.index] = self.order[routed == q.index]
                 self.pending[q.index] = Pending(ready[mine])
                 q.pending = len(mine)
         return self.feed()
 
     def feed(self) -> list:
         """Open loop (`open_loop`): the next arrival, made now ([] when all are sent, and
-        for a closed loop, whose arrivals `_send` makes)."""
-        if self.fed >= len(self.order):
-            return []
+        for a closed loop, whose arrivals `_send` makes); one already taken is passed over."""
         from rdu_cluster.engine.events import Arrival
 
-        i = int(self.order[self.fed])
-        self.fed += 1
+        while self.fed < len(self.order):
+            i = int(self.order[self.fed])
+            self.fed += 1
+            if i in self.taken:
+                self.taken.discard(i)
+                continue
+            r = self.made[i] = self._make(i)
+            return [Arrival(r.ready_s, r, None if self.route_of is None else int(self.route_of[i]))]
+        return []
+
+    def _make(self, i: int) -> Request:
         r = self.make(i)
         r.arrival_s = r.ready_s = max(r.arrival_s, r.ready_s)
-        return [Arrival(r.ready_s, r, None if self.route_of is None else int(self.route_of[i]))]
+        return r
+
+    def take(self, rep: Replica, t: float) -> list[Request]:
+        """Open loop, routed up front: the requests that reach `rep` by t, arrived now, ahead
+        of their Arrival events (a window timed as it is planned: engine/lookahead.py). Their
+        events are passed over: one already made is skipped when handled (`skip`), one not
+        made yet is never made (`feed`)."""
+        p, mine, out = self.pending[rep.index], self.mine[rep.index], []
+        while p and p.peek() <= t:
+            i = int(mine[p.i])
+            p.pop()
+            rep.pending -= 1
+            r = self.made.pop(i, None) or self._make(i)
+            self.taken.add(i)
+            rep.arrived(r)
+            out.append(r)
+        return out
+
+    def skip(self, r: Request) -> bool:
+        """Whether r's Arrival event comes after `take` took it (then it only feeds)."""
+        if r.id in self.taken:
+            self.taken.discard(r.id)
+            return True
+        return False
 
     def _follows(self, n: int, after: np.ndarray | None) -> list[int]:
         """The request each one is sent after (-1: sent at its arrival)."""
@@ -199,6 +232,7 @@ class Dispatcher:
 
     def arrive(self, r: Request, replica: int | None, t: float) -> Replica:
         """A request arrives at t: its replica (routed now unless routed up front)."""
+        self.made.pop(r.id, None)
         self.pending[replica].pop()
         if replica is not None:
             rep = self.replicas[replica]

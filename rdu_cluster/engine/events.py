@@ -33,6 +33,8 @@ class Arrival(Event):
     priority = 0
 
     def handle(self, sim: Simulation) -> list[Event]:
+        if sim.dispatch.skip(self.request):  # a window took it as its time passed
+            return sim.dispatch.feed()
         rep = sim.dispatch.arrive(self.request, self.replica, self.time)
         sim.finished.arrived(self.request, rep.index)
         out = [*sim.admit_to_queue(rep, self.request), *sim.dispatch.feed()]

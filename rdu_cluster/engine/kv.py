@@ -11,6 +11,7 @@ speaks for the group. Defaults and their basis:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rdu_cluster.engine.requests import Request
@@ -53,6 +54,17 @@ class KVManager:
         new = max(self.blocks_for(tokens), self.held.get(req.id, 0))
         self.used += new - self.held.get(req.id, 0)
         self.held[req.id] = new
+
+    def grow(self, requests: Iterable[Request]) -> None:
+        """`set` each request to its cached tokens (the one call a span makes for its batch)."""
+        bt, held, used = self.config.block_tokens, self.held, self.used
+        for r in requests:
+            have = held.get(r.id, 0)
+            need = -(-r.cached // bt)
+            if need > have:
+                used += need - have
+                held[r.id] = need
+        self.used = used
 
     def release(self, req: Request) -> int:
         blocks = self.held.pop(req.id, 0)

@@ -10,7 +10,9 @@ first must be saturated (schedulers/__init__.py). The first plan of a window is 
 request that has arrived by then; if it is not saturated, or a fault is pending, its span is
 the only one in the window and is cut at the first step boundary at or after the next arrival
 (or fault). This is conservative time advance at step boundaries, with lookahead: the window is
-what a step-by-step loop would have done, in one round trip.
+what a step-by-step loop would have done, in one round trip. Where the arrivals are known in
+advance, the engine times the spans as they are planned (engine/lookahead.py), and a window
+runs through arrivals instead of ending at the first.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from chip.socket import DECODE, MIXED, PREFILL, Spans
 from rdu_cluster.engine.kv import KVManager
+from rdu_cluster.engine.lookahead import Clock
 from rdu_cluster.engine.prefix_cache import Claim, PrefixCache
 from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, Request
 from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
@@ -51,13 +54,12 @@ class Span:
     pre_prefix: int = 0
     running: int = 0
     kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    cut_at: float = math.inf
+    cut_at: float = math.inf  # run up to the first step boundary at or after (conservative)
     tokens: np.ndarray | None = None  # speculative: tokens each decode emits (span of 1 step)
     expert: int = -1  # CoE: the expert the span runs
     switch: bool = False  # CoE: its ops switch the expert in (the request waits for the copy)
     prefix_hit: int = 0  # tokens its admissions found in the prefix cache
     prefix_copy_s: float = 0.0  # seconds to copy the blocks found below HBM up to HBM
-    applied: bool = False  # a cut span advanced when planned (lookahead: plan_window)
 
     @property
     def emitted(self) -> int:
@@ -122,62 +124,62 @@ class Replica:
         self.down_until = 0.0
         self.synced: dict[int, int] = {}  # request id -> KV blocks the sockets hold for it
         self.next_ops: list = []  # region ops for the start of the next window
+        self.completed: list[Request] = []  # completed since the engine last took them
 
     # -- planning -----------------------------------------------------------------------
     def view(self) -> View:
         return View(self.running, self.waiting, self.swapped, self.kv, self.expecting())
 
-    def plan_window(self, horizon_of, lookahead: bool = False) -> Window:
+    def plan_window(self, horizon_of, clock: Clock | None = None) -> Window:
         """Spans until a time-dependent boundary, MAX_SPANS or MAX_STEPS. `horizon_of(plan)`
         is the time at which the plan could change (math.inf: never).
 
-        `lookahead` (light load: each arrival's prefill step, then decodes until the next):
-        a first span of one step whose plan could change at its horizon runs whole wherever
-        the horizon falls, so it is applied at once; a plan after it that only decodes changes
-        nothing when its span opens, so it joins the window as a tentative span cut at the
-        same horizon. The engine keeps it only if the first span ended before the horizon
-        (Simulation.execute_window): then it is what the next window would have planned, and
-        one round trip does the work of two."""
+        With a `clock` (engine/lookahead.py: the window is timed as it is planned), there is
+        no such boundary: an unsaturated plan first takes the requests that arrived by the
+        clock's time, and its span runs to the first step boundary at or after the next
+        arrival; planning goes on. Only a span whose region moves the clock cannot time (KV
+        swapped out or in: their seconds come from the sockets' memory) falls back to the
+        conservative rule, and ends the window."""
         spans, ops = [], [self.next_ops]
         self.next_ops = []
         steps = 0
         while len(spans) < MAX_SPANS and steps < MAX_STEPS:
+            if clock is not None and not clock.untimed:
+                clock.catch_up()  # the time is known: no plan is made without the arrivals
             plan = self.scheduler.step(self.view())
+            if clock is not None and not plan.saturated and clock.catch_up():
+                plan = self.scheduler.step(self.view())  # with the requests just arrived
             if plan.empty:
                 break
-            if spans and spans[-1].applied:
-                if _decode_only(plan):
-                    span = self._open(plan, ops[-1])
-                    span.cut_at = spans[0].cut_at
-                    spans.append(span)
-                    ops.append([])
-                break
-            horizon = horizon_of(plan)
+            timed = clock is not None and not self._moves(plan)
+            horizon = math.inf if timed else horizon_of(plan)
             if horizon < math.inf and spans:
                 break
             span = self._open(plan, ops[-1])
             if span is None:
                 continue
             spans.append(span)
-            steps += span.steps
             if horizon < math.inf:
                 span.cut_at = horizon
-                if lookahead and span.steps == 1:
-                    span.applied = True
-                    self.advance(span, 1)
-                    ops.append(self.next_ops)
-                    self.next_ops = []
-                    continue
                 ops.append([])
                 break
-            self.advance(span, span.steps)
+            n = clock.steps(span, plan.saturated) if timed else span.steps
+            self.advance(span, n)
+            steps += n
             ops.append(self.next_ops)
             self.next_ops = []
+            if clock is not None and not timed:
+                break  # the clock cannot tell when this span ended
         if not spans:
             self.next_ops = [op for part in ops for op in part]
             return Window([], [])
         ops[-1] = ops[-1] + self._sync_growth()
         return Window(spans, ops)
+
+    def _moves(self, plan: StepPlan) -> bool:
+        """Whether opening the plan's span moves KV between tiers (swap preemption, swap-in)."""
+        return bool(plan.swap_in) or (bool(plan.preempt)
+                                      and self.scheduler.limits.preemption == "swap")
 
     def _open(self, plan: StepPlan, ops: list) -> Span | None:
         """Apply what happens at the start of a span (preemption, swap-in, admission) and make
@@ -205,9 +207,9 @@ class Replica:
         kind = MIXED if decode and plan.prefill else (PREFILL if plan.prefill else DECODE)
         steps = 1
         cached = np.fromiter((r.cached for r in decode), dtype=np.int64, count=len(decode))
+        held = np.fromiter((self.kv.held.get(r.id, 0) for r in decode), np.int64, len(decode))
         if kind == DECODE and self.speculate is None:
-            limit = min(r.remaining_output for r in decode)
-            held = np.fromiter((self.kv.held.get(r.id, 0) for r in decode), np.int64, len(decode))
+            limit = min(r.output_len - r.generated for r in decode)  # remaining_output
             steps = max(1, self._fit(cached, held, limit))
         span = Span(kind, steps, self.step, decode, list(plan.prefill),
                     ctx_sum=int(cached.sum()), pre_prefix=sum(r.cached for r, _ in plan.prefill),
@@ -216,7 +218,7 @@ class Replica:
         if self.speculate is not None and decode:
             left = np.fromiter((r.remaining_output for r in decode), np.int64, len(decode))
             span.tokens = np.minimum(self.speculate(self.index, self.step, len(decode)), left)
-        span.kv_blocks = self._kv_per_step(cached, decode, steps)
+        span.kv_blocks = self._kv_per_step(cached, held, steps)
         return span
 
     def _switch(self, plan: StepPlan, ops: list) -> bool:
@@ -242,14 +244,10 @@ class Replica:
             lo, hi = (mid, hi) if growth(mid) <= free else (lo, mid)
         return lo
 
-    def _kv_per_step(self, cached: np.ndarray, decode: list, steps: int) -> np.ndarray:
-        """KV blocks in use during each step of the span (after its writes)."""
-        if not decode or steps == 1:
-            return np.full(steps, self.kv.used + sum(
-                max(0, self.kv.blocks_for(r.cached + 1) - self.kv.held.get(r.id, 0))
-                for r in decode), dtype=np.int64)
+    def _kv_per_step(self, cached: np.ndarray, held: np.ndarray, steps: int) -> np.ndarray:
+        """KV blocks in use during each step of the span (after its writes), from its decodes'
+        cached tokens and the blocks they hold."""
         bt = self.kv.config.block_tokens
-        held = np.fromiter((self.kv.held.get(r.id, 0) for r in decode), np.int64, len(decode))
         k = np.arange(1, steps + 1)
         need = -(-(cached[:, None] + k[None, :]) // bt)
         extra = np.maximum(0, need - held[:, None]).sum(axis=0)
@@ -275,11 +273,11 @@ class Replica:
             for r, t in zip(span.decode, span.tokens.tolist()):
                 r.decode_speculative(t, last)
                 self._emit(r, last, 1)
-        for r in span.decode + [r for r, _ in span.prefill]:
+        through = span.decode + [r for r, _ in span.prefill]
+        for r in through:
             if r.state == DONE:
                 self._finish(r)
-            else:
-                self.kv.set(r, r.cached)
+        self.kv.grow(r for r in through if r.state != DONE)
         self.step += steps
         span.kv_blocks = span.kv_blocks[:steps]
         self._fit_prefix()
@@ -329,6 +327,7 @@ class Replica:
         return found
 
     def _finish(self, r: Request) -> None:
+        self.completed.append(r)
         self.running.remove(r)
         self.kv.release(r)
         if self.prefix is not None:
@@ -407,12 +406,6 @@ class Replica:
         self.waiting.clear()
         self.swapped.clear()
         return out
-
-
-def _decode_only(plan: StepPlan) -> bool:
-    """A plan whose span opens without changing anything: decodes of running sequences."""
-    return bool(plan.decode) and not (plan.prefill or plan.admit or plan.swap_in
-                                      or plan.preempt) and plan.expert < 0
 
 
 def _order(r: Request) -> tuple:

@@ -32,6 +32,7 @@ from rdu_cluster.backends.messages import Message, Router
 from rdu_cluster.engine import (
     bench,
     energy,
+    lookahead,
     loop,
     metrics,
     prefix_cache,
@@ -122,7 +123,8 @@ class Simulation:
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
         self.received: np.ndarray | None = None  # per request: KV tokens it arrives with
-        self.lookahead = False  # windows may hold a tentative span (set at start)
+        self.lookahead = False  # windows are timed as they are planned (set at start)
+        self.predictor: lookahead.Predictor | None = None
         if config.concurrency is not None and self.faults:
             raise ConfigError("--fault: not with --concurrency (a refused request's slot would "
                               "not be freed at the fault)")
@@ -161,15 +163,18 @@ class Simulation:
             self.sampler = RoutingSampler(moe.num_experts, moe.top_k, self.plan.ep,
                                           self.config.seed)
         self.lookahead = self._can_look_ahead()
+        if self.lookahead:
+            self.predictor = lookahead.Predictor(setups, getattr(self.backend, "memo", None))
 
     def _can_look_ahead(self) -> bool:
-        """Whether a window may hold a tentative span (Replica.plan_window): only where the
-        next arrival at a replica is known in advance (open loop, routed up front), and no
-        span draws random numbers as it opens (expert routing, speculation) or switches an
-        expert in (CoE)."""
+        """Whether windows are timed as they are planned (engine/lookahead.py): only where the
+        next arrivals at a replica are known in advance (open loop, routed up front), no span
+        draws random numbers as it opens (expert routing, speculation) or switches an expert
+        in (CoE), and no fault changes a socket's speed or program."""
         c = self.config
         return (not self.dispatch.coupled and c.concurrency is None and self.trace.after is None
-                and self.sampler is None and c.speculation is None and c.coe is None)
+                and self.sampler is None and c.speculation is None and c.coe is None
+                and not self.faults)
 
     def _layouts(self) -> list[plans.ReplicaLayout]:
         c = self.config
@@ -431,7 +436,8 @@ class Simulation:
         return h
 
     def execute_window(self, rep: Replica, t0: float) -> float | None:
-        window = rep.plan_window(lambda p: self.horizon(rep, p), self.lookahead)
+        clock = self._clock(rep, t0) if self.lookahead else None
+        window = rep.plan_window(lambda p: self.horizon(rep, p), clock)
         if not window.spans:
             return None
         self.seq += 1
@@ -441,30 +447,52 @@ class Simulation:
         step["expert_load_max"] = load_max
         m = len(step["time_s"])
         last = window.spans[-1]
-        ends = _ends(t0, step["time_s"])
-        if last.cut_at < math.inf and not last.applied:
-            before = m - last.steps  # a one-step span applied when planned (lookahead)
-            reached = int(np.searchsorted(ends, last.cut_at, side="left"))
-            if reached < before:  # the horizon fell in that step: the last span never ran
-                window.spans.pop()
-                m = before
-            else:
-                m = before + min(last.steps, reached - before + 1)
-                rep.advance(last, m - before)
+        ends = lookahead.ends(t0, step["time_s"])
+        if clock is not None:
+            _check_prediction(clock.predicted(), ends)
+        if last.cut_at < math.inf:  # the window's only span (Replica.plan_window)
+            m = min(last.steps, int(np.searchsorted(ends, last.cut_at, side="left")) + 1)
+            rep.advance(last, m)
             step = {k: v[:m] for k, v in step.items()}
             ends = ends[:m]  # a running sum: the first m ends do not depend on the rest
         end = self._record(rep, window, step, res, t0, m, ends)
         for obs in self.observers:
             obs.window(self, rep, window, res, step, t0, m)
         self.spawned += self.dispatch.after_window(rep, window, ends)
-        for sp in window.spans:
-            for r in [*sp.decode, *(q for q, _ in sp.prefill)]:
-                if r.state == DONE:
-                    self.finished.add(r)
+        for r in rep.completed:
+            self.finished.add(r)
+        rep.completed = []
         self.windows += 1
         for hook in self.hooks:
             hook(self, self.windows)
         return end
+
+    def _clock(self, rep: Replica, t0: float) -> lookahead.Clock:
+        """The window's time as it is planned (engine/lookahead.py): the predicted replies
+        combined as the sockets' are; arrivals taken from the dispatcher as time passes them."""
+
+        lay = self.layouts[rep.index]
+        # One stage of sockets that run one program: the step time is that program's, as
+        # _combine finds it (every socket equal, nothing to add but moves and copies).
+        alone = self.predictor.shared(rep.sockets) if len(lay.stages) == 1 else None
+
+        def time_of(spans: list) -> np.ndarray:
+            if alone is not None and not any(sp.prefix_copy_s for sp in spans):
+                rows = [alone.span_rows(sp.kind, len(sp.decode), sp.ctx_sum, sp.steps,
+                                        (len(sp.prefill), sum(t for _, t in sp.prefill),
+                                         sp.pre_prefix))[0] for sp in spans]
+                return rows[0] if len(rows) == 1 else np.concatenate(rows)
+            w = Window(spans, [])
+            return self._combine(rep, w, self.predictor.replies(rep.sockets, w.columns()))["time_s"]
+
+        return lookahead.Clock(t0, time_of, lambda: self.dispatch.next_arrival(rep, t0),
+                               lambda t: self._deliver(rep, t))
+
+    def _deliver(self, rep: Replica, t: float) -> None:
+        """The requests that reach `rep` by t join its queue now, as their arrivals would."""
+        for r in self.dispatch.take(rep, t):
+            self.finished.arrived(r, rep.index)
+            self.spawned += self.admit_to_queue(rep, r)
 
     def _loads(self, rep: Replica, window: Window):
         n = window.steps
@@ -568,9 +596,11 @@ class Simulation:
         first = res[sockets[0]][1]
         moves = (first if all(res[s][1] is first for s in sockets)
                  else np.max(np.stack([res[s][1] for s in sockets]), axis=0))
+        out = np.zeros((2, window.steps))
+        if not moves.any():  # most windows move nothing
+            return out[0], out[1]
         switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
         firsts = np.concatenate([[0], np.cumsum([sp.steps for sp in window.spans])[:-1]])
-        out = np.zeros((2, window.steps))
         out[0, firsts.astype(np.int64)] = np.where(switch, 0.0, moves)
         out[1, firsts.astype(np.int64)] = np.where(switch, moves, 0.0)
         return out[0], out[1]
@@ -881,10 +911,14 @@ def _tokens_per_decode(steps: dict) -> float:
     return float(np.sum(steps["emitted_tokens"])) / decodes if decodes else float("nan")
 
 
-def _ends(t0: float, durations: np.ndarray) -> np.ndarray:
-    """Step end times, accumulated one step after another from t0 (a sequential sum, so the
-    same steps give the same times however they were grouped into windows)."""
-    return np.cumsum(np.concatenate([[t0], durations]))[1:]
+def _check_prediction(predicted: np.ndarray, ends: np.ndarray) -> None:
+    """The sockets' step times are the ones the window was planned with (engine/lookahead.py):
+    otherwise the window is not what a step-by-step loop would have done."""
+    n = len(predicted)
+    if not np.array_equal(predicted, ends[:n]):
+        bad = int(np.flatnonzero(predicted != ends[:n])[0])
+        raise RuntimeError(f"internal error: step {bad} of a window ended at {ends[bad]!r} s, "
+                           f"planned with {predicted[bad]!r} s")
 
 
 __all__ = ["DECODE", "MIXED", "PREFILL", "ROWS", "ServeConfig", "Simulation", "Tables"]

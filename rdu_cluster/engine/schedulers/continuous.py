@@ -91,18 +91,16 @@ def _fit_decodes(view: View) -> tuple[list, tuple, int]:
     running = list(view.running)
     kv, preempt = view.kv, []
     free = kv.free
-    while running:
-        need = sum(_growth(kv, r) for r in running if not r.prefilling)
+    bt, held = kv.config.block_tokens, kv.held
+    while running:  # a decode's growth: the blocks of cached + 1 tokens less those it holds
+        need = sum(max(0, -(-(r.cached + 1) // bt) - held.get(r.id, 0))
+                   for r in running if r.cached >= r.target)  # not prefilling
         if need <= free:
             return running, tuple(preempt), free - need
         victim = running.pop()
         preempt.append(victim)
         free += kv.held.get(victim.id, 0)
     return running, tuple(preempt), free
-
-
-def _growth(kv, r) -> int:
-    return max(0, kv.blocks_for(r.cached + 1) - kv.held.get(r.id, 0))
 
 
 def _swap_in(view: View, running: list, free: int, max_batch: int) -> tuple:

@@ -1,0 +1,114 @@
+"""Lookahead across arrivals: a window timed as it is planned.
+
+A replica plans count-based, so without times it must end a window at the first plan that an
+arrival could change (conservative advance): at light load one or two round trips an arrival.
+Where the next arrivals at a replica are known in advance (open loop, routed up front) and
+nothing a span does draws random numbers, the engine can instead time each span as it plans it,
+with the sockets' own cost tables (`Predictor`: the same `CostTables` the local backend uses,
+pure functions of the program and the step shape, degradation aside), so a window runs through
+any number of arrivals: an unsaturated span is cut at the first step boundary at or after the
+next arrival, the arrivals by then join the queue, and planning goes on (`Clock`). The sockets
+still cost every span and their times are what the tables record; the engine checks that they
+equal the times it planned with (Simulation.execute_window), so a window is exactly what a
+step-by-step loop would have done.
+
+Saturated spans (the plan stopped at a limit, so an arrival could not change it) are timed only
+when a later plan needs the time, all at once: a saturated run costs nothing more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from chip.socket import CostTables, Spans
+
+
+def ends(t0: float, durations: np.ndarray) -> np.ndarray:
+    """Step end times, accumulated one step after another from t0 (a sequential sum, so the
+    same steps give the same times however they were grouped into windows or timed)."""
+    return np.cumsum(np.concatenate([[t0], durations]))[1:]
+
+
+class Predictor:
+    """The rows the sockets of a replica will reply for a window of spans, before they run it:
+    one `CostTables` per distinct program (shared with the local backend's sockets when given
+    its memo, so the tables fill once). Only for sockets that are not degraded: a run with
+    faults does not plan ahead (Simulation._can_look_ahead)."""
+
+    def __init__(self, setups: dict, memo: dict | None = None):
+        memo = {} if memo is None else memo
+        self.of: dict[int, CostTables] = {}
+        for s, setup in setups.items():
+            key = (setup.chip.name, setup.program.key())
+            if key not in memo:
+                memo[key] = CostTables(setup.chip, setup.program, setup.comm_time)
+            self.of[s] = memo[key]
+
+    def shared(self, sockets: Sequence[int]) -> CostTables | None:
+        """The one cost table of sockets that all run the same program, if they do."""
+        first = self.of[sockets[0]]
+        return first if all(self.of[s] is first for s in sockets) else None
+
+    def replies(self, sockets: Sequence[int], spans: Spans) -> dict[int, tuple]:
+        """{socket: (rows, moves, occupancy)} as a backend's `run` returns them, without region
+        moves (a window the engine times has none: Replica.plan_window) or occupancies."""
+        out, done = {}, {}
+        moves = np.zeros(len(spans.kind))
+        for s in sockets:
+            t = self.of[s]
+            rows = done.get(id(t))
+            if rows is None:
+                rows = done[id(t)] = t.window(spans)
+            out[s] = (rows, moves, None)
+        return out
+
+
+class Clock:
+    """A window's time while it is planned. `time_of(spans)`: the per-step times of spans (the
+    engine combines the predicted replies as it combines the sockets'); `next_arrival()`: when
+    the next request reaches the replica (math.inf: none will); `deliver(t)`: queue the
+    requests that reached it by t."""
+
+    def __init__(self, t0: float, time_of: Callable[[list], np.ndarray],
+                 next_arrival: Callable[[], float], deliver: Callable[[float], None]):
+        self.t = t0
+        self.time_of, self.next_arrival, self.deliver = time_of, next_arrival, deliver
+        self.untimed: list = []  # spans run, in order, not timed yet (saturated ones)
+        self.timed: list[np.ndarray] = []  # the predicted step ends of the spans timed so far
+
+    def now(self) -> float:
+        """The end of the last span planned (timing those not timed yet, together)."""
+        if self.untimed:
+            self._passed(ends(self.t, self.time_of(self.untimed)))
+            self.untimed = []
+        return self.t
+
+    def catch_up(self) -> bool:
+        """Queue the requests that arrived by now; whether there were any."""
+        if self.next_arrival() > self.now():
+            return False
+        self.deliver(self.t)
+        return True
+
+    def steps(self, span, saturated: bool) -> int:
+        """How many of its steps a span runs: all, for a saturated plan (timed later, if
+        needed); else up to the first step boundary at or after the next arrival."""
+        h = self.next_arrival()
+        if saturated or h == math.inf:
+            self.untimed.append(span)
+            return span.steps
+        e = ends(self.now(), self.time_of([span]))
+        n = min(span.steps, int(np.searchsorted(e, h, side="left")) + 1)
+        self._passed(e[:n])
+        return n
+
+    def _passed(self, e: np.ndarray) -> None:
+        self.timed.append(e)
+        self.t = float(e[-1])
+
+    def predicted(self) -> np.ndarray:
+        """The predicted ends of the window's first steps (those timed)."""
+        return np.concatenate(self.timed) if self.timed else np.zeros(0)
