@@ -311,12 +311,12 @@ class CostTables:
         if load is not None and np.any(load != 1.0):
             ctx = (s0 + b * np.arange(n, dtype=float)) / b
             return self._decode_rows(b, ctx, n, load)
-        sums = s0 + b * np.arange(n, dtype=np.int64)
-        first, last = int(sums[0]) // CHUNK, int(sums[-1]) // CHUNK
+        first, last = s0 // CHUNK, (s0 + b * (n - 1)) // CHUNK
         if first == last:
             table = self._decode_chunk(b, first)
-            lo = int(sums[0]) - first * CHUNK
+            lo = s0 - first * CHUNK
             return table[:, lo : lo + b * (n - 1) + 1 : b]
+        sums = s0 + b * np.arange(n, dtype=np.int64)
         chunk = sums // CHUNK
         out = np.empty((len(ROWS), n))
         for j in range(first, last + 1):

@@ -29,7 +29,9 @@ from chip.socket import CostTables, Spans
 def ends(t0: float, durations: np.ndarray) -> np.ndarray:
     """Step end times, accumulated one step after another from t0 (a sequential sum, so the
     same steps give the same times however they were grouped into windows or timed)."""
-    return np.cumsum(np.concatenate([[t0], durations]))[1:]
+    out = np.empty(len(durations) + 1)
+    out[0], out[1:] = t0, durations
+    return np.cumsum(out, out=out)[1:]
 
 
 class Predictor:
