@@ -104,10 +104,12 @@ def split_over_requests(spans: list[Span], cols: dict[str, np.ndarray],
     for name, totals in into.items():
         per_span = np.add.reduceat(np.asarray(cols[name], dtype=float), firsts)
         for sp, value in zip(spans, per_span.tolist()):
-            shares = [(r.id, float(t)) for r, t in sp.prefill] + [(r.id, 1.0) for r in sp.decode]
-            weight = sum(w for _, w in shares)
-            for rid, w in shares:
-                totals[rid] = totals.get(rid, 0.0) + value * w / weight
+            weight = sum(float(t) for _, t in sp.prefill) + len(sp.decode)
+            for r, t in sp.prefill:
+                totals[r.id] = totals.get(r.id, 0.0) + value * float(t) / weight
+            each = value / weight  # a decode's share: value * 1.0 / weight, the same float
+            for r in sp.decode:
+                totals[r.id] = totals.get(r.id, 0.0) + each
 
 
 def summary(rates: Rates, steps: dict, cluster_sockets: int, makespan_s: float,

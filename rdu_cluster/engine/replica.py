@@ -29,7 +29,7 @@ from chip.socket import DECODE, MIXED, PREFILL, Spans
 from rdu_cluster.engine.kv import KVManager
 from rdu_cluster.engine.lookahead import Clock
 from rdu_cluster.engine.prefix_cache import Claim, PrefixCache
-from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, Request
+from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, Request, decode_batch
 from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
 
 MAX_SPANS = 2048  # spans per window: bounds a command's size (about 50 bytes a span)
@@ -262,17 +262,15 @@ class Replica:
             before = r.generated
             r.prefill(tokens, span.first_step)
             if r.generated > before:
-                self._emit(r, span.first_step, 1)
+                r.emit(self.index, span.first_step, 1)
             if self.prefix is not None and not r.prefilling:
                 self.prefix.computed(r, r.cached)
         if span.tokens is None:
-            for r in span.decode:
-                r.decode(steps, last)
-                self._emit(r, span.first_step, steps)
+            decode_batch(span.decode, steps, span.first_step, self.index)
         else:
             for r, t in zip(span.decode, span.tokens.tolist()):
                 r.decode_speculative(t, last)
-                self._emit(r, last, 1)
+                r.emit(self.index, last, 1)
         through = span.decode + [r for r, _ in span.prefill]
         for r in through:
             if r.state == DONE:
@@ -281,17 +279,6 @@ class Replica:
         self.step += steps
         span.kv_blocks = span.kv_blocks[:steps]
         self._fit_prefix()
-
-    def _emit(self, r: Request, first: int, steps: int) -> None:
-        """r streamed a token in each of `steps` steps from `first`: a run that continues the
-        last one is merged into it (the same chunks, one tuple per request rather than one per
-        span, so a request's record does not grow with the windows it lived through)."""
-        if r.emits:
-            rep, start, n = r.emits[-1]
-            if rep == self.index and start + n == first:
-                r.emits[-1] = (rep, start, n + steps)
-                return
-        r.emits.append((self.index, first, steps))
 
     def _fit_prefix(self) -> None:
         if self.prefix is not None:

@@ -37,7 +37,7 @@ class Request:
     switch_step: int = -1  # CoE: the step whose expert switch it waited for
     # Steps that streamed tokens to the client, as runs (replica, first step, steps): one chunk
     # a step (a speculative step's accepted tokens arrive together), for the ITL (bench.py);
-    # consecutive runs are merged (Replica._emit).
+    # consecutive runs are merged (emit).
     emits: list[tuple[int, int, int]] = field(default_factory=list)
     # Disaggregated decode: tokens whose KV arrives with the request from its prefill replica
     # (None: it prefills here). Admission then allocates that KV and decodes at once.
@@ -85,13 +85,6 @@ class Request:
         if self.cached == self.target:
             self._sample(step)
 
-    def decode(self, steps: int, last_step: int) -> None:
-        if self.first_token_step < 0:  # disaggregated: its first token is a decode step's
-            self.first_token_step = last_step - steps + 1
-        self.cached += steps
-        self.generated += steps - 1
-        self._sample(last_step)
-
     def decode_speculative(self, tokens: int, step: int) -> None:
         """One speculative step that emitted `tokens` (accepted drafts plus the target's own)."""
         self.cached += tokens
@@ -105,6 +98,18 @@ class Request:
         if self.generated >= self.output_len:
             self.state, self.done_step = DONE, step
 
+    def emit(self, replica: int, first: int, steps: int) -> None:
+        """It streamed a token in each of `steps` steps from `first` on `replica`: a run that
+        continues the last one is merged into it (the same chunks, one tuple per run of
+        consecutive steps rather than one per span)."""
+        runs = self.emits
+        if runs:
+            rep, start, n = runs[-1]
+            if rep == replica and start + n == first:
+                runs[-1] = (rep, start, n + steps)
+                return
+        runs.append((replica, first, steps))
+
     def preempt_recompute(self) -> None:
         self.state, self.cached, self.target = WAITING, 0, 0
         self.preemptions += 1
@@ -112,3 +117,24 @@ class Request:
     def preempt_swap(self) -> None:
         self.state = SWAPPED
         self.swaps += 1
+
+
+def decode_batch(requests: list[Request], steps: int, first: int, replica: int) -> None:
+    """Each of `requests` ran `steps` decode steps from step `first` on `replica`: it read its
+    cached tokens and sampled one token a step, each streamed as a chunk. One loop over a
+    span's batch, the engine's innermost, with what a method per request would do inlined."""
+    last = first + steps - 1
+    for r in requests:
+        if r.first_token_step < 0:  # disaggregated: its first token is a decode step's
+            r.first_token_step = first
+        r.cached += steps
+        r.generated += steps
+        if r.generated >= r.output_len:
+            r.state, r.done_step = DONE, last
+        runs = r.emits
+        if runs:
+            rep, start, n = runs[-1]
+            if rep == replica and start + n == first:
+                runs[-1] = (rep, start, n + steps)
+                continue
+        runs.append((replica, first, steps))
