@@ -18,6 +18,7 @@ when a later plan needs the time, all at once: a saturated run costs nothing mor
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -26,12 +27,31 @@ import numpy as np
 from chip.socket import CostTables, Spans
 
 
-def ends(t0: float, durations: np.ndarray) -> np.ndarray:
+def ends(t0: float, durations: np.ndarray, resumes: Sequence[tuple[int, float]] = ()
+         ) -> np.ndarray:
     """Step end times, accumulated one step after another from t0 (a sequential sum, so the
-    same steps give the same times however they were grouped into windows or timed)."""
-    out = np.empty(len(durations) + 1)
-    out[0], out[1:] = t0, durations
-    return np.cumsum(out, out=out)[1:]
+    same steps give the same times however they were grouped into windows or timed).
+    `resumes`: (step, time) where the replica, idle, resumed at an arrival: the sum starts
+    again from that time at that step, as a new window would."""
+    bounds = [(0, t0), *resumes, (len(durations), 0.0)]
+    out = np.empty(len(durations))
+    for (i, start), (j, _) in itertools.pairwise(bounds):
+        seg = np.empty(j - i + 1)
+        seg[0], seg[1:] = start, durations[i:j]
+        out[i:j] = np.cumsum(seg, out=seg)[1:]
+    return out
+
+
+def starts(t0: float, ends: np.ndarray, resumes: Sequence[tuple[int, float]] = ()
+           ) -> np.ndarray:
+    """Step start times: the previous step's end, or the time the replica resumed."""
+    out = np.empty(len(ends))
+    if len(ends):
+        out[0], out[1:] = t0, ends[:-1]
+    for i, t in resumes:
+        if i < len(out):
+            out[i] = t
+    return out
 
 
 class Predictor:
@@ -80,6 +100,8 @@ class Clock:
         self.time_of, self.next_arrival, self.deliver = time_of, next_arrival, deliver
         self.untimed: list = []  # spans run, in order, not timed yet (saturated ones)
         self.timed: list[np.ndarray] = []  # the predicted step ends of the spans timed so far
+        self.steps_run = 0  # steps planned so far in the window
+        self.resumes: list[tuple[int, float]] = []  # (step, time) the replica resumed idle
 
     def now(self) -> float:
         """The end of the last span planned (timing those not timed yet, together)."""
@@ -101,11 +123,25 @@ class Clock:
         h = self.next_arrival()
         if saturated or h == math.inf:
             self.untimed.append(span)
-            return span.steps
-        e = ends(self.now(), self.time_of([span]))
-        n = min(span.steps, int(np.searchsorted(e, h, side="left")) + 1)
-        self._passed(e[:n])
+            n = span.steps
+        else:
+            e = ends(self.now(), self.time_of([span]))
+            n = min(span.steps, int(np.searchsorted(e, h, side="left")) + 1)
+            self._passed(e[:n])
+        self.steps_run += n
         return n
+
+    def idle(self) -> bool:
+        """The replica has nothing to run: it waits, within the window, for the next arrival,
+        which joins the queue; the steps after it start then. False when none will come."""
+        h = self.next_arrival()
+        if h == math.inf:
+            return False
+        self.now()
+        self.resumes.append((self.steps_run, h))
+        self.t = h
+        self.deliver(h)
+        return True
 
     def _passed(self, e: np.ndarray) -> None:
         self.timed.append(e)

@@ -34,6 +34,10 @@ from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
 
 MAX_SPANS = 2048  # spans per window: bounds a command's size (about 50 bytes a span)
 MAX_STEPS = 65536  # steps per window: bounds a result's size (14 rows, ROWS, x 8 bytes a step)
+# Requests a window may complete: their rows are recorded once the window's step times are
+# back, so this bounds the requests held beyond those in flight (a window timed as it is
+# planned can otherwise run through hundreds of arrivals).
+MAX_COMPLETED = 256
 
 
 class Experts(Protocol):
@@ -71,6 +75,8 @@ class Span:
 class Window:
     spans: list[Span]
     ops: list[list]  # ops[i] before span i; ops[-1] after the last
+    # (step, time): the replica, idle, resumed at an arrival within the window (lookahead)
+    resumes: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -137,19 +143,22 @@ class Replica:
         With a `clock` (engine/lookahead.py: the window is timed as it is planned), there is
         no such boundary: an unsaturated plan first takes the requests that arrived by the
         clock's time, and its span runs to the first step boundary at or after the next
-        arrival; planning goes on. Only a span whose region moves the clock cannot time (KV
+        arrival; planning goes on, and a replica left with nothing to run waits for the next
+        arrival within the window. Only a span whose region moves the clock cannot time (KV
         swapped out or in: their seconds come from the sockets' memory) falls back to the
         conservative rule, and ends the window."""
         spans, ops = [], [self.next_ops]
         self.next_ops = []
         steps = 0
-        while len(spans) < MAX_SPANS and steps < MAX_STEPS:
+        while len(spans) < MAX_SPANS and steps < MAX_STEPS and len(self.completed) < MAX_COMPLETED:
             if clock is not None and not clock.untimed:
                 clock.catch_up()  # the time is known: no plan is made without the arrivals
             plan = self.scheduler.step(self.view())
             if clock is not None and not plan.saturated and clock.catch_up():
                 plan = self.scheduler.step(self.view())  # with the requests just arrived
             if plan.empty:
+                if spans and clock is not None and clock.idle():
+                    continue
                 break
             timed = clock is not None and not self._moves(plan)
             horizon = math.inf if timed else horizon_of(plan)
@@ -174,7 +183,7 @@ class Replica:
             self.next_ops = [op for part in ops for op in part]
             return Window([], [])
         ops[-1] = ops[-1] + self._sync_growth()
-        return Window(spans, ops)
+        return Window(spans, ops, [] if clock is None else clock.resumes)
 
     def _moves(self, plan: StepPlan) -> bool:
         """Whether opening the plan's span moves KV between tiers (swap preemption, swap-in)."""

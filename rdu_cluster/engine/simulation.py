@@ -447,7 +447,7 @@ class Simulation:
         step["expert_load_max"] = load_max
         m = len(step["time_s"])
         last = window.spans[-1]
-        ends = lookahead.ends(t0, step["time_s"])
+        ends = lookahead.ends(t0, step["time_s"], window.resumes)
         if clock is not None:
             _check_prediction(clock.predicted(), ends)
         if last.cut_at < math.inf:  # the window's only span (Replica.plan_window)
@@ -455,6 +455,7 @@ class Simulation:
             rep.advance(last, m)
             step = {k: v[:m] for k, v in step.items()}
             ends = ends[:m]  # a running sum: the first m ends do not depend on the rest
+        step["start_s"] = lookahead.starts(t0, ends, window.resumes)
         end = self._record(rep, window, step, res, t0, m, ends)
         for obs in self.observers:
             obs.window(self, rep, window, res, step, t0, m)
@@ -608,8 +609,7 @@ class Simulation:
     def _record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
                 m: int, ends: np.ndarray) -> float:
         spans = window.spans
-        dur = step["time_s"]
-        starts = np.concatenate([[t0], ends[:-1]])
+        dur, starts = step["time_s"], step["start_s"]
         bb = rep.kv.config.block_bytes
         # every per-span count at once: one (spans, 7) array repeated over the spans' steps
         per = np.repeat(np.array(
@@ -640,23 +640,25 @@ class Simulation:
         for i in np.flatnonzero(step["switch_s"]):
             self.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
         end = float(ends[-1])
-        self._record_sockets(rep, window, res, t0, end, m)
+        waits = sum(t - float(ends[i - 1]) for i, t in window.resumes if 0 < i < m)
+        self._record_sockets(rep, window, res, t0, end, m, end - t0 - waits)
         rep.window_end = end
         return end
 
     def _record_sockets(self, rep: Replica, window: Window, res: dict, t0: float, end: float,
-                        m: int) -> None:
-        """One sockets-table row per socket of the replica, as columns (metrics.SocketRows)."""
+                        m: int, span: float) -> None:
+        """One sockets-table row per socket of the replica, as columns (metrics.SocketRows):
+        `span` is the time the window's steps cover (its idle waits for arrivals left out, as
+        they fall between windows without lookahead)."""
         switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
         socks, nodes, links = self._socket_order(rep)
         rows = np.stack([res[s][0] for s in socks])  # (sockets, ROWS, steps)
         busy, sent = rows[:, 0, :m].sum(axis=1), rows[:, SENT_ROW, :m].sum(axis=1)
-        span = end - t0
         switches = int(switch.sum())
         self.rec.sockets.add_window({
             "socket": socks, "replica": rep.index, "node": nodes,
             "window": self.windows, "time_s": end, "window_s": span, "busy_s": busy,
-            "busy_fraction": busy / span if end > t0 else np.zeros(len(socks)),
+            "busy_fraction": busy / span if span > 0 else np.zeros(len(socks)),
             "sent_bytes": sent, "switches": switches,
             "switch_s": ([float(np.sum(np.asarray(res[s][1])[: len(switch)][switch]))
                           for s in socks]

@@ -46,7 +46,7 @@ class Timeline:
         for s in lay.sockets:
             self.sockets[s] = (rep.index, sim.cluster.node_of(s))
         dur = step["time_s"]
-        starts = np.concatenate([[t0], t0 + np.cumsum(dur)[:-1]])  # as engine/lookahead.ends
+        starts = step["start_s"]
         kinds = window.per_step(lambda sp: sp.kind)[:m]
         steps = np.concatenate([sp.first_step + np.arange(sp.steps) for sp in window.spans])[:m]
         batch = window.per_step(lambda sp: len(sp.decode) + len(sp.prefill))[:m]

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from rdu_cluster.engine import replica
 from rdu_cluster.engine.simulation import Simulation
 from workloads import traces
 
@@ -89,11 +90,13 @@ def _streamed(serve, chunk_rows: int, **kw):
     return tables, {name: pa.concat_tables(parts) for name, parts in chunks.items()}, chunks
 
 
-def test_streamed_rows_are_the_tables_whatever_the_chunk(serve):
+def test_streamed_rows_are_the_tables_whatever_the_chunk(serve, monkeypatch):
     """Requests, steps and sockets rows handed on in chunks as they are recorded (a request's
     once it is through, in id order although requests finish out of order) make the same
     tables (rows, order, schema and metadata) as a run that keeps them, and the same
-    summary."""
+    summary. Windows of at most 4 spans, so that there are many (a window's rows go on
+    together)."""
+    monkeypatch.setattr(replica, "MAX_SPANS", 4)
     kw = {"cluster": "sn40l-16", "plan": "tp4", "n": 60, "rate": 40.0, "seed": 3}
     _, whole = serve(**kw)
     finish = whole.requests.column("finish_s").to_numpy()
@@ -111,10 +114,12 @@ def test_streamed_rows_are_the_tables_whatever_the_chunk(serve):
     assert small.summary == big.summary == whole.summary
 
 
-def test_a_light_run_holds_the_requests_in_flight_not_the_trace(serve):
+def test_a_light_run_holds_the_requests_in_flight_not_the_trace(serve, monkeypatch):
     """Open loop: a Request is made when its arrival is next and let go once its row is
-    recorded; the rows that wait for an earlier request and each replica's list of arrived
-    requests stay near the requests in flight."""
+    recorded; the rows that wait for an earlier request, those a window completed (at most
+    MAX_COMPLETED a window, here 8) and each replica's list of arrived requests stay near the
+    requests in flight."""
+    monkeypatch.setattr(replica, "MAX_COMPLETED", 8)
     held = []
 
     def watch(sim, _windows):
@@ -148,3 +153,30 @@ def test_pipelined_replicas_are_timed_through_the_engines_combine(serve, monkeyp
     _, one = serve(**kw)
     assert ahead.requests.equals(one.requests)
     assert _by_step(ahead.steps).equals(_by_step(one.steps))
+
+
+def test_an_idle_replica_waits_for_the_next_arrival_within_the_window(serve, monkeypatch):
+    """At 2 requests/s the replica is idle between requests: a timed window waits for the
+    next arrival instead of ending (Window.resumes), and the steps after it start at the
+    arrival, as the next window would have started them."""
+    from rdu_cluster.engine import lookahead
+
+    resumed = []
+    idle = lookahead.Clock.idle
+
+    def counted(self) -> bool:
+        waited = idle(self)
+        resumed.extend([1] if waited else [])
+        return waited
+
+    monkeypatch.setattr(lookahead.Clock, "idle", counted)
+    kw = {"cluster": "sn40l-16", "plan": "tp16", "n": 30, "rate": 2.0, "seed": 11,
+          "output": traces.LengthDist("uniform", 8, 64)}
+    sim, ahead = serve(**kw)
+    assert sim.windows <= 2 and len(resumed) > 20
+    monkeypatch.setattr(Simulation, "_can_look_ahead", lambda self: False)
+    sim_one, one = serve(**kw)
+    assert sim_one.windows > 30
+    assert ahead.requests.equals(one.requests)
+    assert _by_step(ahead.steps).equals(_by_step(one.steps))
+    assert ahead.summary == {**one.summary, "windows": ahead.summary["windows"]}
