@@ -151,10 +151,11 @@ class Replica:
         self.next_ops = []
         steps = 0
         while len(spans) < MAX_SPANS and steps < MAX_STEPS and len(self.completed) < MAX_COMPLETED:
-            if clock is not None and not clock.untimed:
+            caught = clock is not None and not clock.untimed
+            if caught:
                 clock.catch_up()  # the time is known: no plan is made without the arrivals
             plan = self.scheduler.step(self.view())
-            if clock is not None and not plan.saturated and clock.catch_up():
+            if clock is not None and not caught and not plan.saturated and clock.catch_up():
                 plan = self.scheduler.step(self.view())  # with the requests just arrived
             if plan.empty:
                 if spans and clock is not None and clock.idle():
