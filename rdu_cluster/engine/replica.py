@@ -57,7 +57,10 @@ class Span:
     ctx_sum: int = 0
     pre_prefix: int = 0
     running: int = 0
-    kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0))  # in use, each step
+    # (blocks in use, decodes' cached tokens, blocks they hold) as it opened: its kv_blocks,
+    # once it is known how many steps it runs (advance)
+    kv_at_open: tuple = (0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     cut_at: float = math.inf  # run up to the first step boundary at or after (conservative)
     tokens: np.ndarray | None = None  # speculative: tokens each decode emits (span of 1 step)
     expert: int = -1  # CoE: the expert the span runs
@@ -228,7 +231,7 @@ class Replica:
         if self.speculate is not None and decode:
             left = np.fromiter((r.remaining_output for r in decode), np.int64, len(decode))
             span.tokens = np.minimum(self.speculate(self.index, self.step, len(decode)), left)
-        span.kv_blocks = self._kv_per_step(cached, held, steps)
+        span.kv_at_open = (self.kv.used, cached, held)
         return span
 
     def _switch(self, plan: StepPlan, ops: list) -> bool:
@@ -254,19 +257,22 @@ class Replica:
             lo, hi = (mid, hi) if growth(mid) <= free else (lo, mid)
         return lo
 
-    def _kv_per_step(self, cached: np.ndarray, held: np.ndarray, steps: int) -> np.ndarray:
-        """KV blocks in use during each step of the span (after its writes), from its decodes'
-        cached tokens and the blocks they hold."""
+    def _kv_per_step(self, span: Span, steps: int) -> np.ndarray:
+        """KV blocks in use during each of the span's first `steps` steps (after its writes),
+        from the blocks in use, its decodes' cached tokens and the blocks they held as it
+        opened."""
+        used, cached, held = span.kv_at_open
         bt = self.kv.config.block_tokens
         k = np.arange(1, steps + 1)
         need = -(-(cached[:, None] + k[None, :]) // bt)
         extra = np.maximum(0, need - held[:, None]).sum(axis=0)
-        return self.kv.used + extra
+        return used + extra
 
     # -- state changes ------------------------------------------------------------------
     def advance(self, span: Span, steps: int) -> None:
         """The span ran `steps` steps: move tokens, record completions, grow the KV cache."""
         span.steps = steps
+        span.kv_blocks = self._kv_per_step(span, steps)
         last = span.first_step + steps - 1
         for r, tokens in span.prefill:
             before = r.generated
@@ -287,7 +293,6 @@ class Replica:
                 self._finish(r)
         self.kv.grow(r for r in through if r.state != DONE)
         self.step += steps
-        span.kv_blocks = span.kv_blocks[:steps]
         self._fit_prefix()
 
     def _fit_prefix(self) -> None:
