@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rdu_cluster.engine import spill
 from workloads.errors import ConfigError
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -77,15 +78,16 @@ def p_word(p: float) -> str:
 @dataclass
 class Measured:
     """Per completed request: send time, TTFT, E2EL, output tokens, prompt tokens (s, arrays),
-    and every ITL (s) with each chunk's time."""
+    and every ITL (s) with each chunk's time (one a token: a Spill, held out of memory past
+    its bound)."""
 
     send_s: np.ndarray
     ttft_s: np.ndarray
     e2el_s: np.ndarray
     output_len: np.ndarray
     prompt_len: np.ndarray
-    itl_s: np.ndarray
-    chunk_s: np.ndarray
+    itl_s: spill.Spill
+    chunk_s: spill.Spill
 
 
 def summary(m: Measured, duration: float, spec: MetricSpec) -> dict:
@@ -118,14 +120,20 @@ def _good(m: Measured, tpot: np.ndarray, spec: MetricSpec) -> int:
     return int(ok.sum())
 
 
-def _stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict:
-    v = np.asarray(values_s, dtype=float) * 1e3
-    have = len(v) > 0
-    out = {f"mean_{name}_ms": float(v.mean()) if have else None,
-           f"median_{name}_ms": float(np.median(v)) if have else None,
-           f"std_{name}_ms": float(v.std()) if have else None}
+def _stats(name: str, values_s: np.ndarray | spill.Spill,
+           percentiles: Sequence[float]) -> dict:
+    """Mean, median, std and percentiles in ms: numpy's figures on the values in memory, the
+    same selected out of core where they spilled (engine/spill.py)."""
+    v = values_s if isinstance(values_s, spill.Spill) else spill.Spill.of(values_s)
+    if not len(v):
+        return {f"{k}_{name}_ms": None for k in
+                ("mean", "median", "std", *(f"p{p_word(p)}" for p in percentiles))}
+    mean, std = spill.moments(v, 1e3)
+    out = {f"mean_{name}_ms": mean, f"median_{name}_ms": spill.median(v, 1e3),
+           f"std_{name}_ms": std}
+    got = spill.percentiles(v, percentiles, 1e3)
     for p in percentiles:
-        out[f"p{p_word(p)}_{name}_ms"] = float(np.percentile(v, p)) if have else None
+        out[f"p{p_word(p)}_{name}_ms"] = got[p]
     return out
 
 
@@ -138,7 +146,7 @@ def _peaks(m: Measured) -> dict:
     t0 = float(m.send_s.min())
     last = float((m.send_s + m.e2el_s).max())
     buckets = int(np.ceil(last - t0)) + 1
-    tokens = np.bincount(np.floor(m.chunk_s - t0).astype(np.int64), minlength=buckets)
+    tokens = spill.bucket_counts(m.chunk_s, t0, buckets)
     first = np.floor(m.send_s - t0).astype(np.int64)
     stop = np.floor(m.send_s + m.e2el_s - t0).astype(np.int64) + 1
     delta = np.bincount(first, minlength=buckets + 1) - np.bincount(stop, minlength=buckets + 1)

@@ -159,10 +159,14 @@ class Disaggregated:
             ready, t.prompt_len[idx], t.output_len[idx], source=t.source),
             replace(self.config, plan=self.decode.plan), self.backend(), self.progress)
         dec.received = sent
-        d_tables = dec.run()
-        self.wall = {k: pre.wall[k] + dec.wall[k] for k in pre.wall}
-        self.sims = (pre, dec)
-        return self._combine(p_tables, d_tables, idx, move, nbytes)
+        dec.keep_measured = True  # its ITLs make this run's summary (_summary)
+        try:
+            d_tables = dec.run()
+            self.wall = {k: pre.wall[k] + dec.wall[k] for k in pre.wall}
+            self.sims = (pre, dec)
+            return self._combine(p_tables, d_tables, idx, move, nbytes)
+        finally:
+            dec.finished.drop()
 
     # -- one set of tables --------------------------------------------------------------
     def _combine(self, p: Tables, d: Tables, idx, move, nbytes) -> Tables:

@@ -9,8 +9,9 @@ every earlier request is recorded, then go on as the contiguous prefix (the buff
 the requests that finished while an earlier one was still in flight). Rows handed on go to the
 recorder's sink in chunks of its chunk_rows (as the steps and sockets rows do), or are kept for
 one table at the end when there is no sink. What the run's summary reads is kept compact: a few
-numeric columns of the requests table, the chunk times and ITLs in growing float arrays (the
-exact vLLM-style percentiles need every ITL), and the prefix cache's running totals.
+numeric columns of the requests table, the chunk times and ITLs (the exact vLLM-style
+percentiles need every ITL: engine/spill.py holds them in a bounded buffer, then a temporary
+file), and the prefix cache's running totals.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from rdu_cluster.engine import metrics
+from rdu_cluster.engine import metrics, spill
 from rdu_cluster.engine.requests import DONE, Request
 
 # The requests table's columns the run's summary reads (Simulation.summary, _measured).
@@ -34,9 +35,9 @@ class Finished:
         self.held: dict[int, tuple] = {}  # id -> what add() recorded, until its turn
         self.rows: list[tuple] = []  # rows handed on, not in a chunk yet
         self.kept: list[dict[str, np.ndarray]] = []  # SUMMARY_COLUMNS of each chunk
-        # 8 bytes a token each, the run's largest figure: grown by a quarter, not doubled
-        self.chunk_s = metrics.Growing(factor=1.25)
-        self.itl_s = metrics.Growing(factor=1.25)
+        # 8 bytes a token each, the run's largest figure: out of memory past spill.SPILL_VALUES
+        self.chunk_s = spill.Spill()
+        self.itl_s = spill.Spill()
         self.admitted = 0  # prompt tokens admitted (prefix_cache.summary's totals)
         self.prefix_tokens: dict[str, int] = {}
         self.prefix_copy_s = 0  # summed in id order, as a sum over the requests would be
@@ -101,6 +102,11 @@ class Finished:
         if self.rows or "requests" not in self.rec.sent:
             self.rec.send("requests", self._chunk(self.rec.meta))
         return None
+
+    def drop(self) -> None:
+        """Let the chunk times and ITLs go (their files with them), once the summary is read."""
+        self.chunk_s.close()
+        self.itl_s.close()
 
     def summary_columns(self) -> dict[str, np.ndarray]:
         """SUMMARY_COLUMNS over every request, in id order (float columns: NaN for null)."""

@@ -118,6 +118,7 @@ class Simulation:
         self.replicas: list[Replica] = []
         # the requests table, a row as each request is through (engine/finished.py)
         self.finished = Finished(self.rec)
+        self.keep_measured = False  # keep the ITLs past run() (a disaggregated run reads them)
         self.requests: list[Request] = []  # closed loop only (open loop: made on arrival)
         self.sampler = None
         self.dispatch = Dispatcher(config.routing, config.concurrency)
@@ -382,6 +383,7 @@ class Simulation:
         it in chunks of `chunk_rows` as the run records them (a request's row once it is
         through), in table order, and not kept: the Tables then hold None for them."""
         t = time.perf_counter()
+        ok = False
         try:
             self.start()
             if sink is not None:
@@ -393,8 +395,11 @@ class Simulation:
             ran = time.perf_counter()
             tables = self.tables(end)
             built = time.perf_counter()
+            ok = True
         finally:
             closing = time.perf_counter()
+            if not (ok and self.keep_measured):  # the ITLs' spill file goes with the run
+                self.finished.drop()
             self.backend.close()
         self.wall = {"start_s": started - t, "run_s": ran - started, "tables_s": built - ran,
                      "close_s": time.perf_counter() - closing}
@@ -857,13 +862,13 @@ class Simulation:
         """The completed requests' client-side times (engine/bench.py): `req`'s columns
         (this run's, or a disaggregated run's in this run's request order) and the chunk
         times and ITLs recorded as they completed (in request order)."""
-        done = [i for i, s in enumerate(req["state"]) if s == DONE]
-        col = lambda name: np.array([req[name][i] for i in done], dtype=float)
+        done = np.asarray(req["state"]) == DONE  # a mask: no Python object per request
+        col = lambda name: np.asarray(req[name])[done].astype(float)
         return bench.Measured(
             send_s=col("arrival_s"), ttft_s=col("ttft_s"), e2el_s=col("e2e_s"),
             output_len=col("generated_tokens").astype(np.int64),
             prompt_len=col("prompt_len").astype(np.int64),
-            itl_s=self.finished.itl_s.view(), chunk_s=self.finished.chunk_s.view())
+            itl_s=self.finished.itl_s, chunk_s=self.finished.chunk_s)
 
     def _overloaded(self, req: dict, end: float) -> bool:
         if self.config.concurrency is not None or self.trace.after is not None:

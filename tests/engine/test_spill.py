@@ -1,0 +1,100 @@
+"""engine/spill.py: the summary's statistics of values held out of memory are numpy's on the
+same values in memory (order statistics bit for bit, moments to ~1e-12), whatever the chunk."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from rdu_cluster.engine import bench, spill
+
+PS = (0.1, 1.0, 25.0, 50.0, 90.0, 99.0, 99.9, 99.99)
+
+
+def _spilled(values: np.ndarray, limit: int, pieces: int = 7) -> spill.Spill:
+    s = spill.Spill(limit=limit)
+    for part in np.array_split(values, pieces):
+        s.extend(part)
+    return s
+
+
+def _cases() -> list[np.ndarray]:
+    rng = np.random.default_rng(11)
+    return [
+        rng.random(1000),
+        rng.lognormal(-4, 1.5, 5001),  # ITL-like: skewed, spread over decades
+        np.round(rng.random(3000) * 5) / 7,  # a handful of values, heavily tied
+        np.full(777, 0.0251),  # all equal
+        np.concatenate([np.full(2000, 1.0), np.nextafter(1.0, 2.0) * np.ones(2000), [3.0]]),
+        rng.uniform(-1, 1, 400) * 1.5e308,  # a range whose width overflows a float
+        np.array([0.125]),  # a single value
+        np.array([2.0, 1.0]),
+    ]
+
+
+def _same(a: float, b: float) -> bool:
+    """Bit for bit (NaN as NaN)."""
+    return np.array_equal(np.float64(a), np.float64(b), equal_nan=True)
+
+
+@pytest.mark.parametrize("limit", [1, 3, 64, 10**6])
+def test_out_of_core_statistics_are_numpys(limit):
+    for values in _cases():
+        s = _spilled(values, limit)
+        assert len(s) == len(values)
+        assert np.array_equal(np.concatenate(list(s.chunks())), values)
+        if limit < len(values):
+            assert s.file is not None and all(len(c) <= limit for c in s.chunks())
+        with np.errstate(over="ignore", invalid="ignore"):  # the widest case: inf * 1e3
+            got = spill.percentiles(s, PS, 1e3)
+            for p in PS:
+                assert _same(got[p], np.percentile(values * 1e3, p)), (limit, p)
+            assert _same(spill.median(s, 1e3), np.median(values * 1e3))
+        with np.errstate(over="ignore"):  # the widest case's squares overflow: inf either way
+            mean, std = spill.moments(s, 1)
+            v = values
+            want_std = float(v.std())
+        if limit >= len(values):  # one chunk: numpy's figures exactly
+            assert _same(mean, v.mean()) and _same(std, want_std)
+        for got_m, want in ((mean, float(v.mean())), (std, want_std)):
+            assert (_same(got_m, want) if not np.isfinite(want)
+                    else got_m == pytest.approx(want, rel=1e-12, abs=1e-12 * abs(v).max()))
+        s.close()
+
+
+def test_order_statistics_of_every_rank():
+    values = np.random.default_rng(3).integers(0, 50, 500).astype(float) / 3
+    s = _spilled(values, 4)
+    got = spill.order_stats(s, range(len(values)))
+    assert [got[r] for r in range(len(values))] == np.sort(values).tolist()
+
+
+def test_stats_of_no_values_and_nan():
+    empty = bench._stats("itl", spill.Spill(limit=2), (50.0, 99.0))
+    assert empty == bench._stats("itl", np.zeros(0), (50.0, 99.0))
+    assert list(empty) == ["mean_itl_ms", "median_itl_ms", "std_itl_ms", "p50_itl_ms",
+                           "p99_itl_ms"] and set(empty.values()) == {None}
+    s = _spilled(np.array([1.0, np.nan, 2.0, 3.0]), 1, pieces=4)
+    assert math.isnan(spill.percentiles(s, (50.0,))[50.0]) and math.isnan(spill.median(s))
+
+
+def test_bucket_counts_are_one_bincount():
+    values = np.random.default_rng(5).random(3000) * 40 + 2.5
+    s = _spilled(values, 17)
+    want = np.bincount(np.floor(values - 2.5).astype(np.int64), minlength=10)
+    assert np.array_equal(spill.bucket_counts(s, 2.5, 10), want)
+
+
+def test_the_spill_file_has_no_name_and_goes_with_close(tmp_path):
+    s = spill.Spill(limit=2, tmpdir=str(tmp_path))
+    s.extend(np.arange(11.0))
+    assert s.file is not None and os.listdir(tmp_path) == []  # unlinked from the start
+    fd = s.file.fileno()
+    s.close()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    with pytest.raises(RuntimeError, match="dropped"):
+        list(s.chunks())
