@@ -196,7 +196,7 @@ class Disaggregated:
         out = dict(d.summary)
         served = [i for i, s in enumerate(req["state"]) if s == DONE]
         tokens = int(sum(req["generated_tokens"][i] for i in served))
-        parts = [energy.summary(s.rates, metrics.steps_columns(s.rec), c.sockets, end, tokens)
+        parts = [energy.summary(s.rates, s.rec.step_totals(), c.sockets, end, tokens)
                  for s, c in zip(self.sims, self.clusters)]
         total = {k: _sum(q[k] for q in parts) for k in ("energy_j", "cost_usd")}
         moves = [req["kv_transfer_s"][i] for i in served]

@@ -112,16 +112,15 @@ def split_over_requests(spans: list[Span], cols: dict[str, np.ndarray],
                 totals[r.id] = totals.get(r.id, 0.0) + each
 
 
-def summary(rates: Rates, steps: dict, cluster_sockets: int, makespan_s: float,
+def summary(rates: Rates, totals: dict, cluster_sockets: int, makespan_s: float,
             tokens: int) -> dict:
     """Energy and cost of the whole run: steps' energy plus idle draw of every socket whenever
-    it is in no step; the price of every socket over the makespan."""
-    held = float(np.dot(np.asarray(steps["time_s"], dtype=float),
-                        np.asarray(steps["sockets"], dtype=float)))  # socket-seconds in steps
+    it is in no step (the socket-seconds in steps: metrics.step_totals); the price of every
+    socket over the makespan."""
     energy = None
     if rates.idle_w is not None:
-        in_steps = float(np.sum(np.asarray(steps["energy_j"], dtype=float)))
-        energy = in_steps + rates.idle_w * (cluster_sockets * makespan_s - held)
+        energy = totals["energy_j"] + rates.idle_w * (cluster_sockets * makespan_s
+                                                      - totals["socket_s"])
     cost = (None if rates.socket_hour_usd is None
             else rates.socket_hour_usd * cluster_sockets * makespan_s / HOUR_S)
     return {

@@ -41,6 +41,7 @@ class Finished:
         self.admitted = 0  # prompt tokens admitted (prefix_cache.summary's totals)
         self.prefix_tokens: dict[str, int] = {}
         self.prefix_copy_s = 0  # summed in id order, as a sum over the requests would be
+        self.trim_at = 0  # the count at which the step times no one reads are dropped next
 
     @property
     def count(self) -> int:
@@ -61,11 +62,28 @@ class Finished:
         self.held[r.id] = (row, chunks, r.admitted_tokens, r.prefix_tokens, r.prefix_copy_s)
         r.emits = []  # its chunk times are recorded
         self._release()
+        if self.count >= self.trim_at:
+            self._trim()
 
     def _chunks(self, r: Request) -> np.ndarray:
         """Its chunk times: the end of each step that streamed it a token (bench.py)."""
-        parts = [self.rec.ends[rep].view()[first:first + n] for rep, first, n in r.emits]
+        parts = []
+        for rep, first, n in r.emits:
+            ends = self.rec.ends[rep]
+            parts.append(ends.view()[first - ends.first : first - ends.first + n])
         return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _trim(self) -> None:
+        """Drop the step times no request yet to be recorded reads: a live request reads
+        its steps from its admission (admit_step, its first chunk's) on, one yet to arrive
+        only steps not planned yet. The step a request counts from is taken over all
+        replicas (one moved by a fault reads another's), so this keeps a little more than it
+        must. Run as the count of recorded requests passes the live ones (O(1) a request)."""
+        firsts = [s for r, _ in self.live.values()
+                  for s in (r.admit_step, r.emits[0][1] if r.emits else -1) if s >= 0]
+        for rep in self.rec.ends:
+            self.rec.drop_steps_before(rep, min(firsts, default=len(self.rec.ends[rep])))
+        self.trim_at = self.count + max(256, len(self.live))
 
     def _release(self) -> None:
         while self.next in self.held:

@@ -92,20 +92,25 @@ SUMMARY_STEP_COLUMNS = ("phase", "time_s", "sockets", "energy_j", "decode_tokens
 OCCUPANCY = {f"{t}_used_bytes": t for t in TIERS}
 SOCKET_NULLABLE = ("energy_j", "cost_usd", *OCCUPANCY)  # None: no [power] / [cost], no tier
 COMPACT_EVERY = 64  # windows' step arrays joined into one chunk (a window's are a few steps)
+# Streaming: the summary's step columns of this many rows are reduced to their totals (one
+# reduction over all the rows where a run has fewer: the figures of an unstreamed run).
+TOTALS_ROWS = 1 << 18
 
 
 class Growing:
     """A numeric column appended to as a run goes, in one numpy buffer that grows by `factor`
-    when full (amortized O(1) per value, 8 bytes a value): step times, chunk times, ITLs.
-    Read in place (view), so the run's end makes no copy of it."""
+    when full (amortized O(1) per value, 8 bytes a value): a replica's step times. Values
+    before `first` may be dropped (drop_before) once nothing reads them: index i of view() is
+    value first + i, so a light-load run holds the steps of its requests in flight."""
 
     def __init__(self, dtype=np.float64, factor: float = 2.0) -> None:
         self.buf = np.empty(64, dtype=dtype)
         self.n = 0
+        self.first = 0  # the index (over every value appended) of buf[0]
         self.factor = factor
 
     def __len__(self) -> int:
-        return self.n
+        return self.first + self.n
 
     def extend(self, values: np.ndarray) -> None:
         k = len(values)
@@ -116,6 +121,17 @@ class Growing:
             self.buf = grown
         self.buf[self.n : self.n + k] = values
         self.n += k
+
+    def drop_before(self, index: int) -> None:
+        """Forget the values before `index`, once they are at least half of the buffer (so
+        the move costs O(1) a value), into a buffer sized to what is left."""
+        k = min(index, len(self)) - self.first
+        if k <= 0 or 2 * k < len(self.buf):
+            return
+        kept = self.buf[k : self.n]
+        self.buf = np.empty(max(64, 2 * len(kept)), dtype=self.buf.dtype)
+        self.buf[: len(kept)] = kept
+        self.n, self.first = len(kept), self.first + k
 
     def view(self) -> np.ndarray:
         return self.buf[: self.n]
@@ -204,11 +220,13 @@ class Recorder:
     loose: int = 0  # windows in self.steps not joined into a chunk yet (_compact)
     # Streaming: sink(name, Arrow table) takes the steps and sockets rows in chunks of
     # chunk_rows as they are recorded (None: all kept for the tables); of the steps handed
-    # on, the summary's columns are kept in `kept`.
+    # on, the summary's columns are kept in `kept` (TOTALS_ROWS at most), then in `totals`.
     sink: Callable[[str, pa.Table], None] | None = None
     chunk_rows: int = CHUNK_ROWS
     meta: dict = field(default_factory=dict)
     kept: list[dict] = field(default_factory=list)
+    kept_rows: int = 0
+    totals: list[dict] = field(default_factory=list)  # step_totals of TOTALS_ROWS each
     held_rows: int = 0  # step rows in self.steps
     sent: set = field(default_factory=set)  # tables the sink got a chunk of
 
@@ -252,6 +270,10 @@ class Recorder:
             return
         cols = steps_columns(self)
         self.kept.append({k: cols[k] for k in SUMMARY_STEP_COLUMNS})
+        self.kept_rows += len(cols["phase"])
+        if self.kept_rows >= TOTALS_ROWS:
+            self.totals.append(step_totals(_joined(self.kept, SUMMARY_STEP_COLUMNS)))
+            self.kept, self.kept_rows = [], 0
         self.send("steps", table(STEPS, cols, self.meta))
         self.steps, self.loose, self.held_rows = [], 0, 0
 
@@ -264,13 +286,14 @@ class Recorder:
         if k and (final or k >= self.chunk_rows):
             self.send("sockets", table(SOCKETS, self.sockets.take(k), self.meta))
 
-    def summary_steps(self) -> dict:
-        """The steps' columns the run's summary reads: all the steps' (streamed or not)."""
+    def step_totals(self) -> dict:
+        """The run's step figures (step_totals) over all its steps, streamed or not."""
         if self.sink is None:
-            return steps_columns(self)
-        if not self.kept:
-            return {k: np.zeros(0) for k in SUMMARY_STEP_COLUMNS}
-        return {k: np.concatenate([c[k] for c in self.kept]) for k in SUMMARY_STEP_COLUMNS}
+            return step_totals(steps_columns(self))
+        parts = [*self.totals]
+        if self.kept or not parts:
+            parts.append(step_totals(_joined(self.kept, SUMMARY_STEP_COLUMNS)))
+        return parts[0] if len(parts) == 1 else {k: sum(p[k] for p in parts) for k in parts[0]}
 
     def _compact(self) -> None:
         """Join each COMPACT_EVERY windows' arrays into one chunk per column (the same values
@@ -283,18 +306,25 @@ class Recorder:
                 [t.cols[f.name] for t in tail]) for f in STEPS})]
             self.loose = 0
 
-    def step_times(self, replica: int) -> tuple[np.ndarray, np.ndarray]:
-        """The replica's step start and end times so far, indexed by step (views: no copy)."""
+    def step_times(self, replica: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """The replica's step start and end times kept (views: no copy), and the step of
+        their first value (the ones before are dropped: drop_steps_before)."""
         if replica not in self.starts:
-            return np.zeros(0), np.zeros(0)
-        return self.starts[replica].view(), self.ends[replica].view()
+            return np.zeros(0), np.zeros(0), 0
+        return self.starts[replica].view(), self.ends[replica].view(), self.ends[replica].first
+
+    def drop_steps_before(self, replica: int, step: int) -> None:
+        """No request yet to be recorded reads the replica's steps before `step`."""
+        if replica in self.starts:
+            self.starts[replica].drop_before(step)
+            self.ends[replica].drop_before(step)
 
 
 def request_row(q: Request, rep: int, rec: Recorder) -> tuple:
     """A request's row of the requests table (REQUESTS' fields in order), from the step
     indices it recorded and its replica's step times; the per-request energy and cost totals
     it took are dropped from the recorder (a request is recorded once, when it is through)."""
-    starts, ends = rec.step_times(rep)
+    starts, ends, first = rec.step_times(rep)
     row = dict.fromkeys(REQUEST_FIELDS)
     row.update(request_id=q.id, replica=rep, model=q.model, state=q.state,
                arrival_s=q.arrival_s, prompt_len=q.prompt_len, output_len=q.output_len,
@@ -308,14 +338,15 @@ def request_row(q: Request, rep: int, rec: Recorder) -> tuple:
         totals = rec.split.get(name)
         row[name] = None if totals is None else totals.pop(q.id, 0.0)
     if q.admit_step >= 0:
-        row["queue_s"] = float(starts[q.admit_step] - q.arrival_s)
+        row["queue_s"] = float(starts[q.admit_step - first] - q.arrival_s)
     if q.first_token_step >= 0:
-        row["ttft_s"] = float(ends[q.first_token_step] - q.arrival_s)
+        row["ttft_s"] = float(ends[q.first_token_step - first] - q.arrival_s)
     if q.done_step >= 0:
-        finish = float(ends[q.done_step])
+        finish = float(ends[q.done_step - first])
         row["finish_s"], row["e2e_s"] = finish, finish - q.arrival_s
         if q.output_len > 1:
-            row["tpot_s"] = (finish - float(ends[q.first_token_step])) / (q.output_len - 1)
+            row["tpot_s"] = ((finish - float(ends[q.first_token_step - first]))
+                             / (q.output_len - 1))
     return tuple(row.values())
 
 
@@ -344,6 +375,27 @@ def steps_columns(rec: Recorder) -> dict:
     if not rec.steps:
         return {f.name: [] for f in STEPS}
     return {f.name: np.concatenate([s.cols[f.name] for s in rec.steps]) for f in STEPS}
+
+
+def _joined(chunks: list[dict], names: tuple[str, ...]) -> dict:
+    if not chunks:
+        return {k: np.zeros(0) for k in names}
+    return {k: np.concatenate([c[k] for c in chunks]) for k in names}
+
+
+def step_totals(steps: dict) -> dict:
+    """What the run's summary reads of its steps (SUMMARY_STEP_COLUMNS): engine steps and
+    decode steps (recovery rows are no engine steps), socket-seconds held in steps, their
+    energy (NaN without a [power] table), decode tokens and tokens emitted. Sums, so a run
+    streamed in parts adds its parts' totals."""
+    phase = np.asarray(steps["phase"]) if len(steps["phase"]) else np.zeros(0, dtype=str)
+    return {"steps": int(np.sum(phase != "recovery")),
+            "decode_steps": int(np.sum(phase == "decode")),
+            "socket_s": float(np.dot(np.asarray(steps["time_s"], dtype=float),
+                                     np.asarray(steps["sockets"], dtype=float))),
+            "energy_j": float(np.sum(np.asarray(steps["energy_j"], dtype=float))),
+            "decode_tokens": int(np.sum(steps["decode_tokens"])),
+            "emitted_tokens": int(np.sum(steps["emitted_tokens"]))}
 
 
 def sockets_columns(rec: Recorder) -> dict:

@@ -796,14 +796,15 @@ class Simulation:
             steps = metrics.steps_columns(self.rec)
             steps_tbl = metrics.table(metrics.STEPS, steps, meta)
             sockets_tbl = metrics.table(metrics.SOCKETS, metrics.sockets_columns(self.rec), meta)
-        else:  # the rest of the rows go to the sink; the summary reads its columns of the steps
+            totals = metrics.step_totals(steps)
+        else:  # the rest of the rows go to the sink; the summary reads the steps' totals
             self.rec.finish()
-            steps = self.rec.summary_steps()
+            totals = self.rec.step_totals()
         return Tables(
             requests=req_tbl,
             steps=steps_tbl, sockets=sockets_tbl,
             links=metrics.table(metrics.LINKS, link_cols, meta),
-            summary=self.summary(req_cols, steps, end),
+            summary=self.summary(req_cols, totals, end),
         )
 
     def _link_columns(self, end: float) -> dict:
@@ -828,21 +829,19 @@ class Simulation:
 
     def summary(self, req: dict[str, np.ndarray], steps: dict, end: float) -> dict:
         """The run's figures from the requests' summary columns (Finished.summary_columns:
-        NaN for null) and the steps' (metrics.SUMMARY_STEP_COLUMNS)."""
+        NaN for null) and the steps' totals (metrics.step_totals)."""
         served = req["state"] == DONE
         ttft = metrics.percentiles(req["ttft_s"][served])
         tpot = req["tpot_s"][served]
         tpot = metrics.percentiles(tpot[~np.isnan(tpot)])  # null: a one-token output
         tokens = int(np.sum(req["generated_tokens"][served]))
-        phase = np.asarray(steps["phase"]) if len(steps["phase"]) else np.zeros(0, dtype=str)
         return {
             "requests": len(self.trace), "served": int(np.sum(served)),
             "unserved": int(np.sum(req["state"] == UNSERVED)),
             "makespan_s": end, "output_tokens": tokens,
             "tokens_per_s": tokens / end if end > 0 else 0.0,
             "ttft_s": ttft, "tpot_s": tpot,
-            "steps": int(np.sum(phase != "recovery")),
-            "decode_steps": int(np.sum(phase == "decode")),
+            "steps": steps["steps"], "decode_steps": steps["decode_steps"],
             "windows": self.windows,
             "preemptions": int(np.sum(req["preemptions"])),
             "switches": len(self.rec.switch_s),
@@ -914,8 +913,8 @@ def _check_coe(config: ServeConfig) -> None:
 
 def _tokens_per_decode(steps: dict) -> float:
     """Mean tokens a sequence's decode step emits (1 without speculation)."""
-    decodes = float(np.sum(steps["decode_tokens"]))
-    return float(np.sum(steps["emitted_tokens"])) / decodes if decodes else float("nan")
+    decodes = float(steps["decode_tokens"])
+    return float(steps["emitted_tokens"]) / decodes if decodes else float("nan")
 
 
 def _check_prediction(predicted: np.ndarray, ends: np.ndarray) -> None:

@@ -78,7 +78,8 @@ class Spill:
 
     def _spill(self) -> None:
         if self.file is None:
-            self.file = tempfile.TemporaryFile(dir=self.tmpdir)
+            # held across the run, closed by close() (or with the object): no `with` fits
+            self.file = tempfile.TemporaryFile(dir=self.tmpdir)  # noqa: SIM115
         self.file.seek(0, 2)
         self.file.write(memoryview(self.buf[: self.n]).cast("B"))
         self.on_disk += self.n

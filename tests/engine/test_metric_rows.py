@@ -56,5 +56,19 @@ def test_joined_step_chunks_hold_the_same_rows():
     joined = metrics.steps_columns(rec)
     for f in metrics.STEPS:
         assert np.array_equal(joined[f.name], np.concatenate([c[f.name] for c in windows]))
-    starts, _ = rec.step_times(0)
-    assert np.array_equal(starts, np.concatenate([c["start_s"] for c in windows]))
+    starts, _, first = rec.step_times(0)
+    assert first == 0 and np.array_equal(starts, np.concatenate([c["start_s"] for c in windows]))
+
+
+def test_step_times_dropped_before_a_step_keep_their_indices():
+    """A replica's step times before the steps its requests in flight read are dropped, once
+    they are half the buffer; the rest keep their step numbers (view index + first)."""
+    g = metrics.Growing()
+    values = np.arange(1000.0)
+    for part in np.array_split(values, 37):
+        g.extend(part)
+        g.drop_before(len(g) - 10)  # a run that reads its last ten steps only
+    assert len(g) == 1000 and 10 <= g.n <= len(g.buf) and len(g.buf) < 200
+    assert np.array_equal(g.view(), values[g.first:])
+    g.drop_before(5)  # before what is already dropped: nothing to do
+    assert np.array_equal(g.view(), values[g.first:])
