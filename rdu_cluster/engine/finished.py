@@ -74,16 +74,20 @@ class Finished:
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def _trim(self) -> None:
-        """Drop the step times no request yet to be recorded reads: a live request reads
-        its steps from its admission (admit_step, its first chunk's) on, one yet to arrive
-        only steps not planned yet. The step a request counts from is taken over all
-        replicas (one moved by a fault reads another's), so this keeps a little more than it
-        must. Run as the count of recorded requests passes the live ones (O(1) a request)."""
-        firsts = [s for r, _ in self.live.values()
-                  for s in (r.admit_step, r.emits[0][1] if r.emits else -1) if s >= 0]
-        for rep in self.rec.ends:
-            self.rec.drop_steps_before(rep, min(firsts, default=len(self.rec.ends[rep])))
-        self.trim_at = self.count + max(256, len(self.live))
+        """Drop the step times no request yet to be recorded reads: a live request reads its
+        replica's steps from its admission on (request_row) and its chunks' (emits, each
+        run with its replica), one yet to arrive only steps not planned yet. Run each time
+        as many requests as are live have been recorded since (O(1) a request)."""
+        firsts = {rep: len(ends) for rep, ends in self.rec.ends.items()}
+        for r, rep in self.live.values():
+            for step in (r.admit_step, r.first_token_step):
+                if 0 <= step < firsts.get(rep, -1):
+                    firsts[rep] = step
+            for erep, first, _n in r.emits:
+                firsts[erep] = min(firsts.get(erep, first), first)
+        for rep, step in firsts.items():
+            self.rec.drop_steps_before(rep, step)
+        self.trim_at = self.count + max(32, len(self.live))
 
     def _release(self) -> None:
         while self.next in self.held:

@@ -92,9 +92,10 @@ SUMMARY_STEP_COLUMNS = ("phase", "time_s", "sockets", "energy_j", "decode_tokens
 OCCUPANCY = {f"{t}_used_bytes": t for t in TIERS}
 SOCKET_NULLABLE = ("energy_j", "cost_usd", *OCCUPANCY)  # None: no [power] / [cost], no tier
 COMPACT_EVERY = 64  # windows' step arrays joined into one chunk (a window's are a few steps)
-# Streaming: the summary's step columns of this many rows are reduced to their totals (one
-# reduction over all the rows where a run has fewer: the figures of an unstreamed run).
-TOTALS_ROWS = 1 << 18
+# The summary's step figures are summed over blocks of this many steps (step_totals), streamed
+# or not, so a streamed run keeps at most one block's summary columns and gives the figures of
+# an unstreamed one bit for bit.
+TOTALS_ROWS = CHUNK_ROWS
 
 
 class Growing:
@@ -271,9 +272,12 @@ class Recorder:
         cols = steps_columns(self)
         self.kept.append({k: cols[k] for k in SUMMARY_STEP_COLUMNS})
         self.kept_rows += len(cols["phase"])
-        if self.kept_rows >= TOTALS_ROWS:
-            self.totals.append(step_totals(_joined(self.kept, SUMMARY_STEP_COLUMNS)))
-            self.kept, self.kept_rows = [], 0
+        if self.kept_rows >= TOTALS_ROWS:  # whole blocks to totals, the rest kept
+            joined = _joined(self.kept, SUMMARY_STEP_COLUMNS)
+            whole = self.kept_rows - self.kept_rows % TOTALS_ROWS
+            self.totals.extend(_blocks({k: v[:whole] for k, v in joined.items()}))
+            self.kept = [{k: v[whole:].copy() for k, v in joined.items()}]
+            self.kept_rows -= whole
         self.send("steps", table(STEPS, cols, self.meta))
         self.steps, self.loose, self.held_rows = [], 0, 0
 
@@ -290,10 +294,7 @@ class Recorder:
         """The run's step figures (step_totals) over all its steps, streamed or not."""
         if self.sink is None:
             return step_totals(steps_columns(self))
-        parts = [*self.totals]
-        if self.kept or not parts:
-            parts.append(step_totals(_joined(self.kept, SUMMARY_STEP_COLUMNS)))
-        return parts[0] if len(parts) == 1 else {k: sum(p[k] for p in parts) for k in parts[0]}
+        return _added([*self.totals, *_blocks(_joined(self.kept, SUMMARY_STEP_COLUMNS))])
 
     def _compact(self) -> None:
         """Join each COMPACT_EVERY windows' arrays into one chunk per column (the same values
@@ -386,8 +387,26 @@ def _joined(chunks: list[dict], names: tuple[str, ...]) -> dict:
 def step_totals(steps: dict) -> dict:
     """What the run's summary reads of its steps (SUMMARY_STEP_COLUMNS): engine steps and
     decode steps (recovery rows are no engine steps), socket-seconds held in steps, their
-    energy (NaN without a [power] table), decode tokens and tokens emitted. Sums, so a run
-    streamed in parts adds its parts' totals."""
+    energy (NaN without a [power] table), decode tokens and tokens emitted; each block of
+    TOTALS_ROWS steps reduced on its own and the blocks' figures added in order."""
+    return _added(_blocks(steps))
+
+
+def _blocks(steps: dict) -> list[dict]:
+    n = len(steps["phase"])
+    return [_block_totals({k: steps[k][i : i + TOTALS_ROWS] for k in SUMMARY_STEP_COLUMNS})
+            for i in range(0, max(n, 1), TOTALS_ROWS)]
+
+
+def _added(parts: list[dict]) -> dict:
+    out = dict(parts[0])
+    for p in parts[1:]:
+        for k in out:
+            out[k] += p[k]
+    return out
+
+
+def _block_totals(steps: dict) -> dict:
     phase = np.asarray(steps["phase"]) if len(steps["phase"]) else np.zeros(0, dtype=str)
     return {"steps": int(np.sum(phase != "recovery")),
             "decode_steps": int(np.sum(phase == "decode")),

@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-# Values held in memory before they go to the file (8 MB of float64); also the size of the
+# Values held in memory before they go to the file (2 MB of float64); also the size of the
 # chunks the file is read back in, so a statistic's memory is a few times this, whatever the run.
-SPILL_VALUES = 1 << 20
+SPILL_VALUES = 1 << 18
 BINS = 4096  # a histogram pass narrows a rank's range by about this factor
 
 
