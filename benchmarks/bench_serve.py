@@ -15,7 +15,11 @@ and all at once (saturating), each at N and N/4 requests in a fresh process, wri
 `serve --out` writes them (requests, steps and sockets rows streamed): wall and CPU time per request,
 windows per request, peak RSS, the RSS each further request adds (the slope between the two
 sizes) and the million-request bound it implies (the issue's target: light load within 2x the
-saturated time per request, memory bounded by the requests in flight). `--prefix-cache off`
+saturated time per request, memory bounded by the requests in flight). The peak holds buffers
+bounded by the chunk size (rows waiting for their Parquet row group: 16,384 requests' rows;
+2 MB of ITLs before they spill), which fill up over the first tens of thousands of requests,
+so the slope at small N overstates what a million requests add; the line after it gives the
+resident memory each request adds within the larger run, between its middle and its end. `--prefix-cache off`
 takes the prefix cache's block entries out of the figures. 100,000 light requests take several
 minutes on a loaded 2-CPU machine; N = 20,000 fits in about two.
 """
@@ -103,16 +107,33 @@ def light_child(n: int, rate: float, prefix: str | None) -> None:
     trace = traces.synthetic(n, rate, "poisson", traces.LengthDist("fixed", 1024),
                              traces.LengthDist("fixed", 256))
     config = ServeConfig(limits=Limits(max_batch=32), prefix=PrefixConfig(mode=prefix))
+    resident: dict[str, tuple[int, int]] = {}  # "mid", "end": (requests recorded, RSS)
+
+    def watch(sim: Simulation, _windows: int) -> None:
+        k = sim.finished.count
+        for name, at in (("mid", n // 2), ("end", n - n // 16)):
+            if k >= at and name not in resident:
+                resident[name] = (k, _rss_now())
+
     with tempfile.TemporaryDirectory() as tmp:
         sim = Simulation(model, cluster, trace, config, LocalBackend())
+        sim.hooks.append(watch)
         t, c = time.perf_counter(), time.process_time()
         with results.TableFolder(Path(tmp) / "out", ()) as folder:
             tables = sim.run(sink=folder.write)
             folder.commit({"requests": tables.requests, "links": tables.links})
         wall, cpu = time.perf_counter() - t, time.process_time() - c
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    (k0, r0), (k1, r1) = resident["mid"], resident["end"]
     print(json.dumps({"wall_s": wall, "cpu_s": cpu, "rss": rss,
+                      "run_slope": (r1 - r0) / max(k1 - k0, 1),
                       "windows": tables.summary["windows"], "steps": tables.summary["steps"]}))
+
+
+def _rss_now() -> int:
+    """Resident bytes now (Linux: /proc/self/statm, in pages)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _child(n: int, rate: float, prefix: str | None) -> dict:
@@ -144,6 +165,8 @@ def light(n: int, prefix: str | None = None) -> int:
               f"{f['rss'] / 1e9:.2f} GB ({small:,} requests: {g['rss'] / 1e9:.2f} GB): "
               f"{slope / 1e3:.1f} kB per further request -> a million requests ~"
               f"{bound / 1e9:.1f} GB")
+        print(f"{'':<11} resident memory within the run, from request {n // 2:,} to "
+              f"{n - n // 16:,}: {f['run_slope']:,.0f} bytes a request")
     wall = out["light 50/s"][0] / out["saturated"][0]
     cpu = out["light 50/s"][1] / out["saturated"][1]
     print(f"light / saturated time per request: {wall:.1f}x wall, {cpu:.1f}x CPU "

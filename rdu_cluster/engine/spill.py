@@ -38,7 +38,6 @@ class Spill:
         self.n = 0  # values in buf
         self.file = None
         self.on_disk = 0  # values in the file
-        self.lo, self.hi = math.inf, -math.inf  # the values' range (NaN once one is NaN)
         self.closed = False
 
     @classmethod
@@ -46,7 +45,6 @@ class Spill:
         """Values already in memory, as one chunk (no copy where they are float64)."""
         s = cls(limit=max(len(values), 1))
         s.buf, s.n = np.asarray(values, dtype=float), len(values)
-        s._bounds(s.buf)
         return s
 
     def __len__(self) -> int:
@@ -54,7 +52,6 @@ class Spill:
 
     def extend(self, values: np.ndarray) -> None:
         values = np.asarray(values, dtype=float)
-        self._bounds(values)
         while len(values):
             room = self.limit - self.n
             if room == 0:
@@ -69,12 +66,17 @@ class Spill:
             self.buf[self.n : self.n + len(part)] = part
             self.n += len(part)
 
-    def _bounds(self, values: np.ndarray) -> None:
-        if len(values):
-            self.lo = min(self.lo, float(values.min()))
-            self.hi = max(self.hi, float(values.max()))
-            if np.isnan(values.min()):
-                self.lo = self.hi = math.nan
+    def bounds(self) -> tuple[float, float]:
+        """The least and largest value (NaN, NaN if one is NaN), in one pass: at the end
+        rather than on every extend, which the run pays for each request."""
+        lo, hi = math.inf, -math.inf
+        for c in self.chunks():
+            if len(c):
+                least = float(c.min())  # NaN if any is
+                if math.isnan(least):
+                    return math.nan, math.nan
+                lo, hi = min(lo, least), max(hi, float(c.max()))
+        return lo, hi
 
     def _spill(self) -> None:
         if self.file is None:
@@ -141,7 +143,7 @@ def order_stats(s: Spill, ranks: Sequence[int]) -> dict[int, float]:
     range (its least and largest value) and histogrammed again."""
     out: dict[int, float] = {}
     # pending: (lo, hi, below, count, ranks): `count` values lie in [lo, hi], `below` under lo
-    pending = [(s.lo, s.hi, 0, len(s), sorted(set(ranks)))]
+    pending = [(*s.bounds(), 0, len(s), sorted(set(ranks)))]
     while pending:
         nxt = []
         for lo, hi, below, count, want in pending:
@@ -221,7 +223,7 @@ def median(s: Spill, scale: float = 1.0) -> float:
 def _scaled(s: Spill, ranks: set[int], scale: float) -> dict[int, float]:
     """Order statistics of values * scale (scaling is monotone: select, then scale). NaN
     anywhere: NaN, as numpy gives."""
-    if math.isnan(s.lo):
+    if math.isnan(s.bounds()[0]):
         return dict.fromkeys(ranks, math.nan)
     return {r: float(np.float64(v) * scale) for r, v in order_stats(s, sorted(ranks)).items()}
 
