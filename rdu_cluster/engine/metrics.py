@@ -422,5 +422,8 @@ def sockets_columns(rec: Recorder) -> dict:
 
 
 def percentiles(values, qs=(50, 90, 99)) -> dict[int, float]:
-    v = np.asarray([x for x in values if x is not None], dtype=float)
+    """np.percentile of the values that are not None (a float array has none: taken as it is,
+    without a Python object a value)."""
+    v = (values if isinstance(values, np.ndarray) and values.dtype.kind == "f"
+         else np.asarray([x for x in values if x is not None], dtype=float))
     return {q: (float(np.percentile(v, q)) if len(v) else float("nan")) for q in qs}
