@@ -129,9 +129,8 @@ def _stats(name: str, values_s: np.ndarray | spill.Spill,
         return {f"{k}_{name}_ms": None for k in
                 ("mean", "median", "std", *(f"p{p_word(p)}" for p in percentiles))}
     mean, std = spill.moments(v, 1e3)
-    out = {f"mean_{name}_ms": mean, f"median_{name}_ms": spill.median(v, 1e3),
-           f"std_{name}_ms": std}
-    got = spill.percentiles(v, percentiles, 1e3)
+    median, got = spill.quantiles(v, percentiles, 1e3)
+    out = {f"mean_{name}_ms": mean, f"median_{name}_ms": median, f"std_{name}_ms": std}
     for p in percentiles:
         out[f"p{p_word(p)}_{name}_ms"] = got[p]
     return out

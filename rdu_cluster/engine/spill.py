@@ -196,8 +196,11 @@ def _narrow(s: Spill, lo: float, hi: float, below: int, want: list[int]) -> list
             for b, rs in bins.items()]
 
 
-def percentiles(s: Spill, ps: Sequence[float], scale: float = 1.0) -> dict[float, float]:
-    """np.percentile(values * scale, p) for each p (default "linear" method), bit for bit."""
+def quantiles(s: Spill, ps: Sequence[float], scale: float = 1.0
+              ) -> tuple[float, dict[float, float]]:
+    """np.median(values * scale) and np.percentile(values * scale, p) for each p (default
+    "linear" method), bit for bit, from one selection of the ranks they need (a few passes
+    over the values however many there are)."""
     n = len(s)
     where = {}
     for p in ps:
@@ -207,17 +210,19 @@ def percentiles(s: Spill, ps: Sequence[float], scale: float = 1.0) -> dict[float
             where[p] = (n - 1, n - 1, virtual - below)
         else:
             where[p] = (below, below + 1, virtual - below)
-    got = _scaled(s, {r for lo, hi, _ in where.values() for r in (lo, hi)}, scale)
-    return {p: _lerp(got[lo], got[hi], t) for p, (lo, hi, t) in where.items()}
+    middle = (n // 2, n // 2) if n % 2 else (n // 2 - 1, n // 2)
+    got = _scaled(s, {*middle, *(r for lo, hi, _ in where.values() for r in (lo, hi))}, scale)
+    # np.median: the middle value, or the mean of the middle two (as np.mean adds then halves)
+    med = got[middle[0]] if n % 2 else (got[middle[0]] + got[middle[1]]) / 2
+    return med, {p: _lerp(got[lo], got[hi], t) for p, (lo, hi, t) in where.items()}
+
+
+def percentiles(s: Spill, ps: Sequence[float], scale: float = 1.0) -> dict[float, float]:
+    return quantiles(s, ps, scale)[1]
 
 
 def median(s: Spill, scale: float = 1.0) -> float:
-    """np.median(values * scale): the middle value, or the mean of the middle two."""
-    n = len(s)
-    if n % 2:
-        return _scaled(s, {n // 2}, scale)[n // 2]
-    got = _scaled(s, {n // 2 - 1, n // 2}, scale)
-    return (got[n // 2 - 1] + got[n // 2]) / 2
+    return quantiles(s, (), scale)[0]
 
 
 def _scaled(s: Spill, ranks: set[int], scale: float) -> dict[int, float]:
