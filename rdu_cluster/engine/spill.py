@@ -7,7 +7,7 @@ never left memory (one chunk) and for the order statistics always: percentiles a
 select the values of the ranks they need out of core (a histogram pass finds the bin holding
 each rank, then the bin's values are collected, or its range narrowed, in bounded memory) and
 interpolate as np.percentile's default ("linear") and np.median do; mean and standard
-deviation combine each chunk's (Chan et al.'s pairwise update, to ~1e-15 relative of the
+deviation combine each chunk's (Chan et al.'s pairwise update, within 1e-12 relative of the
 in-memory figures). A run that never fills the buffer holds one chunk: the in-memory case is a
 spill that never spilled.
 """
@@ -136,7 +136,7 @@ def moments(s: Spill, scale: float = 1.0) -> tuple[float, float]:
 
 
 def order_stats(s: Spill, ranks: Sequence[int]) -> dict[int, float]:
-    """The values of the given ranks (0-based, in sorted order) of the finite values, exactly,
+    """The values of the given ranks (0-based, in sorted order) of the values (none NaN), exactly,
     in memory bounded by the spill's chunk size whatever their count: each pending range of
     values is histogrammed into BINS bins (a bin index monotone in the value), and the bin
     holding a rank is collected once it has at most `limit` values, else narrowed to its own
