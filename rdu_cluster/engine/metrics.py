@@ -94,8 +94,11 @@ SOCKET_NULLABLE = ("energy_j", "cost_usd", *OCCUPANCY)  # None: no [power] / [co
 COMPACT_EVERY = 64  # windows' step arrays joined into one chunk (a window's are a few steps)
 # The summary's step figures are summed over blocks of this many steps (step_totals), streamed
 # or not, so a streamed run keeps at most one block's summary columns and gives the figures of
-# an unstreamed one bit for bit.
-TOTALS_ROWS = CHUNK_ROWS
+# an unstreamed one bit for bit. At most 10,000: above that OpenBLAS (numpy's) runs a dot
+# product on its threads, which then spin for ~50 ms after each call, taking CPU from the run
+# (measured: 60 calls on 16,384 values cost 3 s of CPU), and the sum's order would follow the
+# thread count.
+TOTALS_ROWS = 8192
 
 
 class Growing:
