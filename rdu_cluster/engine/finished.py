@@ -67,10 +67,8 @@ class Finished:
 
     def _chunks(self, r: Request) -> np.ndarray:
         """Its chunk times: the end of each step that streamed it a token (bench.py)."""
-        parts = []
-        for rep, first, n in r.emits:
-            ends = self.rec.ends[rep]
-            parts.append(ends.view()[first - ends.first : first - ends.first + n])
+        ends = self.rec.ends
+        parts = [ends[rep].values(first, n) for rep, first, n in r.emits]
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def _trim(self) -> None:
@@ -83,7 +81,10 @@ class Finished:
             for step in (r.admit_step, r.first_token_step):
                 if 0 <= step < firsts.get(rep, -1):
                     firsts[rep] = step
-            for erep, first, _n in r.emits:
+            # Its first run (runs go on in step order; a request runs on one replica, and a
+            # run elsewhere before what is kept would be refused by Growing.values).
+            if r.emits:
+                erep, first, _n = r.emits[0]
                 firsts[erep] = min(firsts.get(erep, first), first)
         for rep, step in firsts.items():
             self.rec.drop_steps_before(rep, step)

@@ -140,6 +140,14 @@ class Growing:
     def view(self) -> np.ndarray:
         return self.buf[: self.n]
 
+    def values(self, index: int, n: int) -> np.ndarray:
+        """Values index .. index + n - 1 (a view); dropped ones are an error, never others'."""
+        i = index - self.first
+        if i < 0:
+            raise RuntimeError(f"Growing.values: value {index} was dropped (first kept: "
+                               f"{self.first})")
+        return self.buf[i : i + n]
+
 
 class SocketRows:
     """The sockets table's rows (one per socket per window), kept as typed arrays: 8 bytes a
@@ -329,6 +337,9 @@ def request_row(q: Request, rep: int, rec: Recorder) -> tuple:
     indices it recorded and its replica's step times; the per-request energy and cost totals
     it took are dropped from the recorder (a request is recorded once, when it is through)."""
     starts, ends, first = rec.step_times(rep)
+    if 0 <= q.admit_step < first or 0 <= q.first_token_step < first:
+        raise RuntimeError(f"request_row: request {q.id}'s steps were dropped (first kept: "
+                           f"{first})")
     row = dict.fromkeys(REQUEST_FIELDS)
     row.update(request_id=q.id, replica=rep, model=q.model, state=q.state,
                arrival_s=q.arrival_s, prompt_len=q.prompt_len, output_len=q.output_len,
