@@ -33,6 +33,10 @@ def ends(t0: float, durations: np.ndarray, resumes: Sequence[tuple[int, float]] 
     same steps give the same times however they were grouped into windows or timed).
     `resumes`: (step, time) where the replica, idle, resumed at an arrival: the sum starts
     again from that time at that step, as a new window would."""
+    if not resumes:  # most calls: one span timed as it is planned
+        out = np.empty(len(durations) + 1)
+        out[0], out[1:] = t0, durations
+        return np.cumsum(out, out=out)[1:]
     bounds = [(0, t0), *resumes, (len(durations), 0.0)]
     out = np.empty(len(durations))
     for (i, start), (j, _) in itertools.pairwise(bounds):

@@ -180,3 +180,19 @@ def test_an_idle_replica_waits_for_the_next_arrival_within_the_window(serve, mon
     assert ahead.requests.equals(one.requests)
     assert _by_step(ahead.steps).equals(_by_step(one.steps))
     assert ahead.summary == {**one.summary, "windows": ahead.summary["windows"]}
+
+
+def test_step_ends_restart_from_each_resume():
+    """ends: one sequential sum per stretch of steps, each from its own start; starts: the
+    previous end, or the resume time."""
+    from rdu_cluster.engine import lookahead
+
+    d = np.random.default_rng(0).random(50) * 1e-3
+    whole = np.cumsum(np.concatenate([[2.0], d]))[1:]
+    assert np.array_equal(lookahead.ends(2.0, d), whole)
+    e = lookahead.ends(2.0, d, [(20, 7.0), (35, 9.5)])
+    assert np.array_equal(e[:20], whole[:20])
+    assert np.array_equal(e[20:35], np.cumsum(np.concatenate([[7.0], d[20:35]]))[1:])
+    assert np.array_equal(e[35:], np.cumsum(np.concatenate([[9.5], d[35:]]))[1:])
+    s = lookahead.starts(2.0, e, [(20, 7.0), (35, 9.5)])
+    assert s[0] == 2.0 and s[20] == 7.0 and s[35] == 9.5 and np.array_equal(s[21:35], e[20:34])
