@@ -122,7 +122,7 @@ class Request:
 def decode_batch(requests: list[Request], steps: int, first: int, replica: int) -> None:
     """Each of `requests` ran `steps` decode steps from step `first` on `replica`: it read its
     cached tokens and sampled one token a step, each streamed as a chunk. One loop over a
-    span's batch, the engine's innermost, with what a method per request would do inlined."""
+    span's batch, the engine's innermost."""
     last = first + steps - 1
     for r in requests:
         if r.first_token_step < 0:  # disaggregated: its first token is a decode step's
@@ -131,10 +131,4 @@ def decode_batch(requests: list[Request], steps: int, first: int, replica: int) 
         r.generated += steps
         if r.generated >= r.output_len:
             r.state, r.done_step = DONE, last
-        runs = r.emits
-        if runs:
-            rep, start, n = runs[-1]
-            if rep == replica and start + n == first:
-                runs[-1] = (rep, start, n + steps)
-                continue
-        runs.append((replica, first, steps))
+        r.emit(replica, first, steps)
