@@ -196,3 +196,36 @@ def test_step_ends_restart_from_each_resume():
     assert np.array_equal(e[35:], np.cumsum(np.concatenate([[9.5], d[35:]]))[1:])
     s = lookahead.starts(2.0, e, [(20, 7.0), (35, 9.5)])
     assert s[0] == 2.0 and s[20] == 7.0 and s[35] == 9.5 and np.array_equal(s[21:35], e[20:34])
+
+
+def test_prefix_copies_from_ddr_are_timed_as_the_sockets_time_them(monkeypatch):
+    """Mooncake's shared blocks with a KV cache too small to keep them in HBM: admissions copy
+    blocks up from DDR, whose exposed seconds the timed window adds through _combine."""
+    from pathlib import Path
+
+    import pyarrow.compute as pc
+
+    from rdu_cluster.backends.local import LocalBackend
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.engine.prefix_cache import PrefixConfig
+    from rdu_cluster.engine.schedulers import Limits
+    from rdu_cluster.engine.simulation import ServeConfig
+    from workloads.catalog import load_model
+
+    trace = traces.read_trace(Path(__file__).resolve().parents[1] / "data" / "traces"
+                              / "mooncake_conversation_200.jsonl")
+
+    def run():
+        config = ServeConfig(prefix=PrefixConfig("tiered"), kv_memory_fraction=0.002,
+                             limits=Limits(max_batch=8, chunked_prefill=True))
+        sim = Simulation(load_model("llama-3.1-70b"), load_cluster("sn40l-16"), trace, config,
+                         LocalBackend())
+        return sim, sim.run()
+
+    sim, ahead = run()
+    assert sim.lookahead and pc.sum(ahead.steps["prefix_copy_s"]).as_py() > 0
+    monkeypatch.setattr(Simulation, "_can_look_ahead", lambda self: False)
+    sim_one, one = run()
+    assert sim_one.windows > sim.windows
+    assert ahead.requests.equals(one.requests)
+    assert _by_step(ahead.steps).equals(_by_step(one.steps))
