@@ -13,7 +13,10 @@ equal the times it planned with (Simulation.execute_window), so a window is exac
 step-by-step loop would have done.
 
 Saturated spans (the plan stopped at a limit, so an arrival could not change it) are timed only
-when a later plan needs the time, all at once: a saturated run costs nothing more.
+when a later plan needs the time, all at once: a saturated run costs nothing more. A replica
+left with nothing to run waits for its next arrival within the window (`Clock.idle`: the steps
+after it start at the arrival, `resumes`). Windows still end at Replica's MAX_SPANS, MAX_STEPS
+and MAX_COMPLETED, and where a span moves KV between tiers (its seconds are the sockets').
 """
 
 from __future__ import annotations
