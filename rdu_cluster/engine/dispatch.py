@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
@@ -89,16 +89,17 @@ class Dispatcher:
         self.concurrency = concurrency
         self.coupled = self.policy.stateful
         self.replicas: list[Replica] = []
-        self.requests: Sequence[Request] = ()
-        self.route: dict[int, int] = {}  # stateless policy: request id -> replica, up front
+        self.route: np.ndarray | None = None  # stateless closed loop: request -> replica
         self.pending: dict[int | None, Pending] = {}  # replica (None: any) -> arrivals to come
         self.unsent = 0  # closed loop: requests not sent yet
         self.unsent_to: dict[int | None, int] = {}  # ... by the replica they are pinned to
         self.finish: dict[int, float] = {}  # request id -> when it completed or was refused
         self.outstanding: dict[int, list[Request]] = {}
         self.last: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # replica -> (ends, kv blocks)
-        self.next_of: dict[int, list[Request]] = {}  # request id -> the requests it sends
-        self.delay: dict[int, float] = {}  # request id -> seconds after its predecessor ends
+        # closed loop: the requests each one sends, as ids sorted by the one they follow
+        self.chain = np.zeros(0, dtype=np.int64)
+        self.chain_key = np.zeros(0, dtype=np.int64)
+        self.think_s: np.ndarray | None = None  # sessions: seconds after the previous turn
         self.sessions = False
         # open loop (open_loop): arrivals in time order, the next to make, routes up front
         self.order, self.fed, self.route_of = np.zeros(0, dtype=np.int64), 0, None
@@ -108,32 +109,32 @@ class Dispatcher:
         self.taken: set[int] = set()  # ids taken before their Arrival was handled (`take`)
 
     # -- sending --------------------------------------------------------------------------
-    def initial(self, requests: Sequence[Request], replicas: list[Replica],
+    def initial(self, make: Callable[[int], Request], n: int, replicas: list[Replica],
                 after: np.ndarray | None = None, think_s: np.ndarray | None = None) -> list:
-        """The first events: every arrival (open loop) or each client's or session's first
-        (closed loop). `after[i]`: the request i follows in its session (-1: none), sent
-        `think_s[i]` after that one completes."""
+        """Closed loop: each client's or session's first request (made now: `make(i)` is
+        request i); the others are made when the one they follow is through, so a run holds
+        the requests in flight, not the trace. `after[i]`: the request i follows in its
+        session (-1: none), sent `think_s[i]` after that one completes."""
         self._set_up(replicas)
-        self.requests = requests
-        follows = self._follows(len(requests), after)
-        if not self.coupled:
+        self.make = make
+        follows = self._follows(n, after)
+        self.think_s = think_s if self.sessions else None
+        if not self.coupled:  # a stateless policy routes a chain as its first request
             blank = [ReplicaView(q.index, (), 0, q.kv.config.capacity_blocks, q)
                      for q in replicas]
-            for r in requests:  # a stateless policy; closed loop: as the chain's first
-                p = follows[r.id]
-                self.route[r.id] = self.policy.choose(r, blank) if p < 0 else self.route[p]
-        first = []
-        for r in requests:
-            p = follows[r.id]
-            if p < 0:
-                first.append(r)
-                continue
-            self.next_of.setdefault(p, []).append(r)
-            self.delay[r.id] = float(think_s[r.id]) if self.sessions else 0.0
-            rep = self.route.get(r.id)
-            self.unsent_to[rep] = self.unsent_to.get(rep, 0) + 1
-        self.unsent = len(requests) - len(first)
-        return [self._send(r, r.arrival_s) for r in first]
+            self.route = np.empty(n, dtype=np.int64)
+            for i in range(n):
+                p = follows[i]
+                self.route[i] = self.policy.choose(make(i), blank) if p < 0 else self.route[p]
+        sent_later = follows >= 0
+        self.chain = np.flatnonzero(sent_later)[np.argsort(follows[sent_later], kind="stable")]
+        self.chain_key = follows[self.chain]
+        self.unsent = int(sent_later.sum())
+        later = self.route[sent_later] if self.route is not None else np.zeros(0, np.int64)
+        self.unsent_to = ({int(k): int(v) for k, v in zip(*np.unique(later, return_counts=True))}
+                          if self.route is not None else {None: self.unsent})
+        return [self._send(r, r.arrival_s)
+                for r in map(make, np.flatnonzero(~sent_later).tolist())]
 
     def _set_up(self, replicas: list[Replica]) -> None:
         self.replicas = replicas
@@ -209,22 +210,27 @@ class Dispatcher:
             return True
         return False
 
-    def _follows(self, n: int, after: np.ndarray | None) -> list[int]:
+    def _follows(self, n: int, after: np.ndarray | None) -> np.ndarray:
         """The request each one is sent after (-1: sent at its arrival)."""
         if after is not None:
             if self.concurrency is not None:
                 raise ConfigError("--concurrency: not with --sessions (a session is its own "
                                   "closed loop)")
             self.sessions = True
-            return [int(a) for a in after]
+            return np.asarray(after, dtype=np.int64)
         c = self.concurrency
-        return [i - c if c is not None and i >= c else -1 for i in range(n)]
+        i = np.arange(n, dtype=np.int64)
+        return np.where(i >= c, i - c, -1) if c is not None else np.full(n, -1, np.int64)
+
+    def _replica_of(self, i: int) -> int | None:
+        """Closed loop: the replica request i is routed to up front (None: at arrival)."""
+        return None if self.route is None else int(self.route[i])
 
     def _send(self, r: Request, t: float):
         from rdu_cluster.engine.events import Arrival
 
         r.arrival_s = r.ready_s = max(t, r.ready_s)
-        rep = self.route.get(r.id)
+        rep = self._replica_of(r.id)
         self.pending[rep].push(r.ready_s)
         if rep is not None:
             self.replicas[rep].pending += 1
@@ -303,25 +309,40 @@ class Dispatcher:
         blocks = np.concatenate([sp.kv_blocks for sp in window.spans])
         self.last[rep.index] = (ends, blocks)
         out = []
-        if not (self.coupled or self.next_of):
+        if not (self.coupled or self.unsent):
             return []  # nothing reads completion times: open loop, stateless policy
+        done = []
         for sp in window.spans:
             for r in [*sp.decode, *(q for q, _ in sp.prefill)]:
                 if r.state == DONE and r.id not in self.finish:
                     self.finish[r.id] = float(ends[r.done_step - first])
                     out += self._next(r)
+                    done.append(r.id)
+        self._forget(done)
         return out
 
     def refused(self, r: Request, t: float) -> list:
         self.finish[r.id] = t
-        return self._next(r)
+        out = self._next(r)
+        self._forget([r.id])
+        return out
+
+    def _forget(self, ids: list[int]) -> None:
+        """Completion times only a stateful policy's views read again (they drop them)."""
+        if not self.coupled:
+            for i in ids:
+                del self.finish[i]
 
     def _next(self, r: Request) -> list:
+        """The requests r sends, made now."""
         out = []
-        for nxt in self.next_of.pop(r.id, []):
+        lo, hi = np.searchsorted(self.chain_key, [r.id, r.id + 1])
+        for i in self.chain[lo:hi].tolist():
+            nxt = self.make(i)
             self.unsent -= 1
-            self.unsent_to[self.route.get(nxt.id)] -= 1
+            self.unsent_to[self._replica_of(i)] -= 1
             if self.sessions and r.state != DONE:  # it needed this turn's answer
                 nxt.reason = NOT_SERVED
-            out.append(self._send(nxt, self.finish[r.id] + self.delay[nxt.id]))
+            delay = float(self.think_s[i]) if self.think_s is not None else 0.0
+            out.append(self._send(nxt, self.finish[r.id] + delay))
         return out

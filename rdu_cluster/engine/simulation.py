@@ -119,7 +119,6 @@ class Simulation:
         # the requests table, a row as each request is through (engine/finished.py)
         self.finished = Finished(self.rec)
         self.keep_measured = False  # keep the ITLs past run() (a disaggregated run reads them)
-        self.requests: list[Request] = []  # closed loop only (open loop: made on arrival)
         self.sampler = None
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
@@ -335,17 +334,17 @@ class Simulation:
 
     def initial_events(self) -> list[Event]:
         """The first arrivals and the faults. Open loop: a Request is made from the trace's
-        columns when its arrival is next (Dispatcher.open_loop), so the run holds the
-        requests in flight, not the trace; a closed loop makes them all up front."""
+        columns when its arrival is next (Dispatcher.open_loop); a closed loop makes one when
+        the request it follows is through (Dispatcher.initial): the run holds the requests in
+        flight, not the trace."""
         experts, ready = self._routing()
         make = functools.partial(self._request, experts=experts, ready=ready)
         if self.trace.after is None and self.config.concurrency is None:
             sent = np.maximum(np.asarray(self.trace.arrival_s, dtype=float), ready)
             events = self.dispatch.open_loop(make, sent, self.replicas)
         else:
-            self.requests = [make(i) for i in range(len(self.trace))]
-            events = self.dispatch.initial(self.requests, self.replicas, self.trace.after,
-                                           self.trace.think_s)
+            events = self.dispatch.initial(make, len(self.trace), self.replicas,
+                                           self.trace.after, self.trace.think_s)
         return events + [FaultAt(f.time_s, f) for f in self.faults]
 
     def _request(self, i: int, experts: np.ndarray, ready: np.ndarray) -> Request:
