@@ -475,7 +475,6 @@ class Simulation:
     def _clock(self, rep: Replica, t0: float) -> lookahead.Clock:
         """The window's time as it is planned (engine/lookahead.py): the predicted replies
         combined as the sockets' are; arrivals taken from the dispatcher as time passes them."""
-
         lay = self.layouts[rep.index]
         # One stage of sockets that run one program: the step time is that program's, as
         # _combine finds it (every socket equal, nothing to add but moves and copies).
