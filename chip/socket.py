@@ -207,9 +207,10 @@ class Socket:
         moves = np.zeros(len(spans.kind))
         if seq > self.seq:
             for i, span_ops in enumerate(ops):
-                t = self.apply(span_ops)
-                if i < len(moves):
-                    moves[i] = t
+                if span_ops:  # at light load most spans change no region
+                    t = self.apply(span_ops)
+                    if i < len(moves):
+                        moves[i] = t
             self.seq = seq
             self.last_moves = moves
         else:
@@ -220,7 +221,8 @@ class Socket:
         """A command's region ops without costing its spans (not again for a replay)."""
         if seq > self.seq:
             for span_ops in ops:
-                self.apply(span_ops)
+                if span_ops:
+                    self.apply(span_ops)
             self.seq = seq
             self.last_moves = _NO_MOVES
 

@@ -302,11 +302,11 @@ class Dispatcher:
         return (self.unsent if self.coupled else self.unsent_to.get(rep.index, 0)) > 0
 
     # -- completions ----------------------------------------------------------------------
-    def after_window(self, rep: Replica, window: Window, ends: np.ndarray) -> list:
-        """Record the completion times of the window's requests (and the KV per step); closed
-        loop: each completion sends the client's next request."""
+    def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
+                     blocks: np.ndarray) -> list:
+        """Record the completion times of the window's requests (and the KV blocks in use at
+        each step); closed loop: each completion sends the client's next request."""
         first = window.spans[0].first_step
-        blocks = np.concatenate([sp.kv_blocks for sp in window.spans])
         self.last[rep.index] = (ends, blocks)
         out = []
         if not (self.coupled or self.unsent):

@@ -99,17 +99,29 @@ def split_over_requests(spans: list[Span], cols: dict[str, np.ndarray],
                         into: dict[str, dict[int, float]]) -> None:
     """Add each span's energy_j / cost_usd to its requests by token share (module docstring).
     `cols` holds the window's step columns (one row per step of the spans); `into` maps a
-    column name to {request id: running total}, and holds only the configured columns."""
+    column name to {request id: running total}, and holds only the configured columns.
+    A request's shares are added one span after another (np.add.at adds in order), so its
+    total does not depend on how the spans were grouped into windows."""
+    if not into:
+        return
     firsts = np.concatenate([[0], np.cumsum([sp.steps for sp in spans])[:-1]]).astype(np.int64)
+    ids: list[int] = []
+    tokens: list[float] = []
+    for sp in spans:  # a span's prefills, then its decodes (one token each)
+        ids += [r.id for r, _ in sp.prefill]
+        ids += [r.id for r in sp.decode]
+        tokens += [float(t) for _, t in sp.prefill]
+        tokens += [1.0] * len(sp.decode)
+    count = [len(sp.prefill) + len(sp.decode) for sp in spans]
+    weight = np.repeat([sum(float(t) for _, t in sp.prefill) + len(sp.decode) for sp in spans],
+                       count)
+    keys, slot = np.unique(np.array(ids, dtype=np.int64), return_inverse=True)
+    keys = keys.tolist()
     for name, totals in into.items():
         per_span = np.add.reduceat(np.asarray(cols[name], dtype=float), firsts)
-        for sp, value in zip(spans, per_span.tolist()):
-            weight = sum(float(t) for _, t in sp.prefill) + len(sp.decode)
-            for r, t in sp.prefill:
-                totals[r.id] = totals.get(r.id, 0.0) + value * float(t) / weight
-            each = value / weight  # a decode's share: value * 1.0 / weight, the same float
-            for r in sp.decode:
-                totals[r.id] = totals.get(r.id, 0.0) + each
+        acc = np.array([totals.get(k, 0.0) for k in keys])
+        np.add.at(acc, slot, np.repeat(per_span, count) * np.array(tokens) / weight)
+        totals.update(zip(keys, acc.tolist()))
 
 
 def summary(rates: Rates, totals: dict, cluster_sockets: int, makespan_s: float,

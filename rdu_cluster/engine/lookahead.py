@@ -133,7 +133,7 @@ class Clock:
             n = span.steps
         else:
             e = ends(self.now(), self.time_of([span]))
-            n = min(span.steps, int(np.searchsorted(e, h, side="left")) + 1)
+            n = min(span.steps, int(e.searchsorted(h, side="left")) + 1)
             self._passed(e[:n])
         self.steps_run += n
         return n

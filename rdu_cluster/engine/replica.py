@@ -21,6 +21,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Protocol
 
 import numpy as np
@@ -38,6 +39,7 @@ MAX_STEPS = 65536  # steps per window: bounds a result's size (14 rows, ROWS, x 
 # back, so this bounds the requests held beyond those in flight (a window timed as it is
 # planned can otherwise run through hundreds of arrivals).
 MAX_COMPLETED = 256
+KV_GROUP = 1 << 18  # (decode, step) cells costed at once by Window.kv_blocks: 2 MB an array
 
 
 class Experts(Protocol):
@@ -57,10 +59,9 @@ class Span:
     ctx_sum: int = 0
     pre_prefix: int = 0
     running: int = 0
-    kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0))  # in use, each step
-    # (blocks in use, decodes' cached tokens, blocks they hold) as it opened: its kv_blocks,
-    # once it is known how many steps it runs (advance)
-    kv_at_open: tuple = (0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    # (blocks in use, decodes' cached tokens, blocks they hold) as it opened: the KV blocks in
+    # use at each of its steps follow from these and its steps (Window.kv_blocks)
+    kv_at_open: tuple[int, list[int], list[int]] = (0, [], [])
     cut_at: float = math.inf  # run up to the first step boundary at or after (conservative)
     tokens: np.ndarray | None = None  # speculative: tokens each decode emits (span of 1 step)
     expert: int = -1  # CoE: the expert the span runs
@@ -92,6 +93,22 @@ class Window:
             return np.full(sp[0].steps, f(sp[0]), dtype=dtype)
         return np.repeat(np.fromiter((f(s) for s in sp), dtype=dtype, count=len(sp)),
                          [s.steps for s in sp])
+
+    def kv_blocks(self, block_tokens: int) -> np.ndarray:
+        """KV blocks in use during each step of the window (after the step's writes): once a
+        window, not once a span, since at light load a window holds hundreds of short spans
+        and numpy's cost is in its calls (groups of spans bounded by KV_GROUP elements)."""
+        parts, group, size = [], [], 0
+        for sp in self.spans:
+            cells = len(sp.kv_at_open[1]) * sp.steps
+            if group and size + cells > KV_GROUP:
+                parts.append(_kv_per_step(group, block_tokens))
+                group, size = [], 0
+            group.append(sp)
+            size += cells
+        if group:
+            parts.append(_kv_per_step(group, block_tokens))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def columns(self) -> Spans:
         sp = self.spans
@@ -219,13 +236,16 @@ class Replica:
             return None
         kind = MIXED if decode and plan.prefill else (PREFILL if plan.prefill else DECODE)
         steps = 1
-        cached = np.fromiter((r.cached for r in decode), dtype=np.int64, count=len(decode))
-        held = np.fromiter((self.kv.held.get(r.id, 0) for r in decode), np.int64, len(decode))
+        # lists, not arrays: a light-load batch is a dozen sequences, and numpy's cost is in
+        # its calls (Window.kv_blocks makes arrays of a whole window's spans at once)
+        cached = [r.cached for r in decode]
+        have = self.kv.held
+        held = [have.get(r.id, 0) for r in decode]
         if kind == DECODE and self.speculate is None:
-            limit = min(r.output_len - r.generated for r in decode)  # remaining_output
+            limit = min([r.output_len - r.generated for r in decode])  # remaining_output
             steps = max(1, self._fit(cached, held, limit))
         span = Span(kind, steps, self.step, decode, list(plan.prefill),
-                    ctx_sum=int(cached.sum()), pre_prefix=sum(r.cached for r, _ in plan.prefill),
+                    ctx_sum=sum(cached), pre_prefix=sum(r.cached for r, _ in plan.prefill),
                     running=len(self.running), expert=plan.expert, switch=switch,
                     prefix_hit=hit, prefix_copy_s=copy_s)
         if self.speculate is not None and decode:
@@ -242,37 +262,31 @@ class Replica:
         ops += switch
         return bool(switch)
 
-    def _fit(self, cached: np.ndarray, held: np.ndarray, limit: int) -> int:
+    def _fit(self, cached: list[int], held: list[int], limit: int) -> int:
+        """The most steps (up to `limit`) whose KV growth fits in the free blocks."""
         bt = self.kv.config.block_tokens
         free = self.kv.free
+        # A sequence holds the blocks of its cached tokens (KVManager.grow after every span),
+        # so n more tokens take at most ceil(n / bt) more blocks: at light load, a bound
+        # that settles most spans without a pass over the batch.
+        if len(cached) * -(-limit // bt) <= free or sum(
+                [max(0, -(-(c + limit) // bt) - h) for c, h in zip(cached, held)]) <= free:
+            return limit
+        cached, held = np.array(cached, dtype=np.int64), np.array(held, dtype=np.int64)
 
         def growth(n: int) -> int:
             return int(np.maximum(0, -(-(cached + n) // bt) - held).sum())
 
-        if growth(limit) <= free:
-            return limit
         lo, hi = 0, limit
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if growth(mid) <= free else (lo, mid)
         return lo
 
-    def _kv_per_step(self, span: Span, steps: int) -> np.ndarray:
-        """KV blocks in use during each of the span's first `steps` steps (after its writes),
-        from the blocks in use, its decodes' cached tokens and the blocks they held as it
-        opened."""
-        used, cached, held = span.kv_at_open
-        bt = self.kv.config.block_tokens
-        k = np.arange(1, steps + 1)
-        need = -(-(cached[:, None] + k[None, :]) // bt)
-        extra = np.maximum(0, need - held[:, None]).sum(axis=0)
-        return used + extra
-
     # -- state changes ------------------------------------------------------------------
     def advance(self, span: Span, steps: int) -> None:
         """The span ran `steps` steps: move tokens, record completions, grow the KV cache."""
         span.steps = steps
-        span.kv_blocks = self._kv_per_step(span, steps)
         last = span.first_step + steps - 1
         for r, tokens in span.prefill:
             before = r.generated
@@ -282,16 +296,20 @@ class Replica:
             if self.prefix is not None and not r.prefilling:
                 self.prefix.computed(r, r.cached)
         if span.tokens is None:
-            decode_batch(span.decode, steps, span.first_step, self.index)
+            done = decode_batch(span.decode, steps, span.first_step, self.index)
         else:
             for r, t in zip(span.decode, span.tokens.tolist()):
                 r.decode_speculative(t, last)
                 r.emit(self.index, last, 1)
-        through = span.decode + [r for r, _ in span.prefill]
-        for r in through:
+            done = [r for r in span.decode if r.state == DONE]
+        prefilled = [r for r, _ in span.prefill]
+        for r in done:
+            self._finish(r)
+        for r in prefilled:
             if r.state == DONE:
                 self._finish(r)
-        self.kv.grow(r for r in through if r.state != DONE)
+        self.kv.grow([r for r in span.decode if r.state != DONE] if done else span.decode)
+        self.kv.grow(r for r in prefilled if r.state != DONE)
         self.step += steps
         self._fit_prefix()
 
@@ -408,6 +426,26 @@ class Replica:
         self.waiting.clear()
         self.swapped.clear()
         return out
+
+
+def _kv_per_step(spans: list[Span], bt: int) -> np.ndarray:
+    """The blocks in use at each step of consecutive spans: those in use as a span opened,
+    plus the blocks its decodes' cached tokens have grown past what they held then (a decode
+    writes one token a step)."""
+    n = np.fromiter((sp.steps for sp in spans), np.int64, len(spans))
+    out = np.repeat(np.fromiter((sp.kv_at_open[0] for sp in spans), np.int64, len(spans)), n)
+    b = np.fromiter((len(sp.kv_at_open[1]) for sp in spans), np.int64, len(spans))
+    if not b.any():
+        return out
+    cells = int(b.sum())
+    cached = np.fromiter(chain.from_iterable(sp.kv_at_open[1] for sp in spans), np.int64, cells)
+    held = np.fromiter(chain.from_iterable(sp.kv_at_open[2] for sp in spans), np.int64, cells)
+    reps = np.repeat(n, b)  # each decode's steps in its span
+    first = np.repeat(np.cumsum(n) - n, b)  # its span's first step in the group
+    k = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)  # 0, 1, ...
+    extra = np.maximum(0, -(-(np.repeat(cached, reps) + k + 1) // bt) - np.repeat(held, reps))
+    grown = np.bincount(np.repeat(first, reps) + k, weights=extra, minlength=len(out))
+    return out + grown.astype(np.int64)
 
 
 def _order(r: Request) -> tuple:

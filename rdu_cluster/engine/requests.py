@@ -119,11 +119,13 @@ class Request:
         self.swaps += 1
 
 
-def decode_batch(requests: list[Request], steps: int, first: int, replica: int) -> None:
+def decode_batch(requests: list[Request], steps: int, first: int, replica: int
+                 ) -> list[Request]:
     """Each of `requests` ran `steps` decode steps from step `first` on `replica`: it read its
-    cached tokens and sampled one token a step, each streamed as a chunk. One loop over a
-    span's batch, the engine's innermost."""
+    cached tokens and sampled one token a step, each streamed as a chunk. Returns those that
+    completed. One loop over a span's batch, the engine's innermost."""
     last = first + steps - 1
+    done = []
     for r in requests:
         if r.first_token_step < 0:  # disaggregated: its first token is a decode step's
             r.first_token_step = first
@@ -131,4 +133,6 @@ def decode_batch(requests: list[Request], steps: int, first: int, replica: int) 
         r.generated += steps
         if r.generated >= r.output_len:
             r.state, r.done_step = DONE, last
+            done.append(r)
         r.emit(replica, first, steps)
+    return done

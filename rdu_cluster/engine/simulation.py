@@ -460,10 +460,12 @@ class Simulation:
             step = {k: v[:m] for k, v in step.items()}
             ends = ends[:m]  # a running sum: the first m ends do not depend on the rest
         step["start_s"] = lookahead.starts(t0, ends, window.resumes)
+        step["kv_blocks"] = window.kv_blocks(rep.kv.config.block_tokens)
         end = self._record(rep, window, step, res, t0, m, ends)
         for obs in self.observers:
             obs.window(self, rep, window, res, step, t0, m)
-        self.spawned += self.dispatch.after_window(rep, window, ends)
+        self.spawned += self.dispatch.after_window(rep, window, ends,
+                                                   step["kv_blocks"])
         for r in rep.completed:
             self.finished.add(r)
         rep.completed = []
@@ -628,8 +630,7 @@ class Simulation:
             "emitted_tokens": per[:, 4], "expert": per[:, 5],
             "switch_s": step["switch_s"], "prefix_copy_s": step["prefix_copy_s"],
             "prefix_exposed_s": step["prefix_exposed_s"], "prefix_hit_tokens": per[:, 6],
-            "kv_used_bytes": (spans[0].kv_blocks if len(spans) == 1 else
-                              np.concatenate([sp.kv_blocks for sp in spans])) * bb,
+            "kv_used_bytes": step["kv_blocks"] * bb,
             "kv_swap_s": step["kv_swap_s"], "expert_load_max": step["expert_load_max"][:m],
             "straggler_socket": step["straggler_socket"], "straggler_s": step["straggler_s"],
         }

@@ -133,3 +133,39 @@ def test_failed_link_slows_communication(serve):
     _, base = serve(n=10)
     _, t = serve(n=10, faults=("link:2-3@0",))
     assert sum(cols(t.steps)["communication_s"]) > sum(cols(base.steps)["communication_s"])
+
+
+@pytest.mark.parametrize("case", ["swap", "recompute", "chunked-prefix", "speculative"])
+def test_every_running_sequence_holds_the_blocks_of_its_cached_tokens(serve, case, monkeypatch):
+    """Replica._fit bounds a span's KV growth by ceil(n / block) blocks a sequence, which holds
+    only if each running sequence holds the blocks of its cached tokens at every plan: checked
+    as every span opens, under KV pressure (preemption by swap and by recompute), with chunked
+    prefill and a tiered prefix cache, and with speculative decoding (several tokens a step)."""
+    from rdu_cluster.engine.prefix_cache import PrefixConfig
+    from rdu_cluster.engine.replica import Replica
+    from workloads.speculative import ConstantAcceptance, Speculation
+
+    seen = []
+    open_span = Replica._open
+
+    def checked(rep, plan, ops):
+        bt = rep.kv.config.block_tokens
+        for r in rep.running:
+            assert rep.kv.held.get(r.id, 0) >= -(-r.cached // bt), (case, r.id)
+            seen.append(r.cached)
+        return open_span(rep, plan, ops)
+
+    monkeypatch.setattr(Replica, "_open", checked)
+    tight = {"model": "llama-3.1-70b", "cluster": "dgx-h100", "n": 48, "rate": 1000.0,
+             "prompt": traces.LengthDist("fixed", 2048), "output": traces.LengthDist("fixed", 256),
+             "kv_memory_fraction": 0.02}
+    kw = {
+        "swap": {**tight, "limits": Limits(max_batch=64, preemption="swap")},
+        "recompute": {**tight, "limits": Limits(max_batch=64, preemption="recompute")},
+        "chunked-prefix": {"n": 60, "rate": 40.0, "prefix": PrefixConfig("tiered"),
+                           "limits": Limits(max_batch=8, chunked_prefill=True)},
+        "speculative": {"cluster": "sn40l-8", "n": 12, "rate": 30.0, "draft": "llama-3.2-1b",
+                        "speculation": Speculation(4, ConstantAcceptance(0.7))},
+    }[case]
+    _, t = serve(**kw)
+    assert set(cols(t.requests)["state"]) == {"done"} and len(seen) > 100

@@ -83,7 +83,7 @@ def _queue(view: View, room: int):
 
 
 def _decoding(running: list) -> tuple:
-    return tuple(r for r in running if not r.prefilling)
+    return tuple([r for r in running if r.cached >= r.target])  # not prefilling
 
 
 def _fit_decodes(view: View) -> tuple[list, tuple, int]:
@@ -98,8 +98,8 @@ def _fit_decodes(view: View) -> tuple[list, tuple, int]:
         return running, (), free
     bt, held = kv.config.block_tokens, kv.held
     while running:  # a decode's growth: the blocks of cached + 1 tokens less those it holds
-        need = sum(max(0, -(-(r.cached + 1) // bt) - held.get(r.id, 0))
-                   for r in running if r.cached >= r.target)  # not prefilling
+        need = sum([max(0, -(-(r.cached + 1) // bt) - held.get(r.id, 0))
+                    for r in running if r.cached >= r.target])  # not prefilling
         if need <= free:
             return running, tuple(preempt), free - need
         victim = running.pop()
