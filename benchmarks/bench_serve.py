@@ -20,8 +20,10 @@ bounded by the chunk size (rows waiting for their Parquet row group: 16,384 requ
 2 MB of ITLs before they spill), which fill up over the first tens of thousands of requests,
 so the slope at small N overstates what a million requests add; the line after it gives the
 resident memory each request adds within the larger run, between its middle and its end.
-`--prefix-cache off` takes the prefix cache's block entries out of the figures. N = 80,000
-takes about a minute and a half on a 2-CPU machine (all four runs); N = 20,000 about 25 s.
+`--prefix-cache off` takes the prefix cache's block entries out of the figures. The time ratio
+is the median over three rounds of a light and a saturated run back to back (a shared machine's
+speed drifts between runs by more than the difference measured). N = 80,000 takes about four
+minutes on a 2-CPU machine (all eight runs); N = 20,000 about a minute.
 """
 
 from __future__ import annotations
@@ -145,32 +147,42 @@ def _child(n: int, rate: float, prefix: str | None) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def light(n: int, prefix: str | None = None) -> int:
+def light(n: int, prefix: str | None = None, rounds: int = 3) -> int:
     """Each load at n and n // 4 requests, each run in a fresh process: wall and CPU time per
-    request at n (the ratio is taken on CPU time too: a loaded machine stretches wall time);
-    memory per request as the slope of peak RSS between the two sizes (what each further
-    request adds, the start-up and the caches that stop growing taken out), and the bound it
-    implies for a million requests: peak RSS at n plus the slope times the rest."""
-    out = {}
+    request at n; memory per request as the slope of peak RSS between the two sizes (what each
+    further request adds, the start-up and the caches that stop growing taken out), and the
+    bound it implies for a million requests: peak RSS at n plus the slope times the rest.
+    The ratio is taken per round, a light run and a saturated run one after the other, and
+    the median of `rounds` rounds is the figure (on a shared machine, speed drifts between
+    runs a minute apart by more than the difference to be measured)."""
+    loads = (("light 50/s", 50.0), ("saturated", float("inf")))
     small = max(n // 4, 1)
-    print(f"prefix cache: {prefix or 'default (tiered on sn40l)'}")
-    for label, rate in (("light 50/s", 50.0), ("saturated", float("inf"))):
-        f, g = _child(n, rate, prefix), _child(small, rate, prefix)
+    print(f"prefix cache: {prefix or 'default (tiered on sn40l)'}; {rounds} rounds")
+    runs = {label: [] for label, _ in loads}
+    for _ in range(rounds):
+        for label, rate in loads:
+            runs[label].append(_child(n, rate, prefix))
+    for label, rate in loads:
+        g = _child(small, rate, prefix)
+        f = runs[label][0]  # memory: the first round (peak RSS does not depend on speed)
         slope = max(f["rss"] - g["rss"], 0) / (n - small) if n > small else 0.0
         bound = f["rss"] + slope * (1_000_000 - n)
-        out[label] = (f["wall_s"] / n, f["cpu_s"] / n)
-        print(f"{label:<11} {n:,} requests: {f['wall_s']:.1f} s = {f['wall_s'] / n * 1e3:.2f} ms "
-              f"per request ({f['cpu_s'] / n * 1e3:.2f} ms CPU); {f['windows']:,} windows "
+        wall = statistics.median(x["wall_s"] for x in runs[label])
+        cpu = statistics.median(x["cpu_s"] for x in runs[label])
+        print(f"{label:<11} {n:,} requests: {wall:.1f} s = {wall / n * 1e3:.2f} ms "
+              f"per request ({cpu / n * 1e3:.2f} ms CPU; medians); {f['windows']:,} windows "
               f"({f['windows'] / n:.2f} a request), {f['steps']:,} steps; peak RSS "
               f"{f['rss'] / 1e9:.2f} GB ({small:,} requests: {g['rss'] / 1e9:.2f} GB): "
               f"{slope / 1e3:.1f} kB per further request -> a million requests ~"
               f"{bound / 1e9:.1f} GB")
         print(f"{'':<11} resident memory within the run, from request {n // 2:,} to "
               f"{n - n // 16:,}: {f['run_slope']:,.0f} bytes a request")
-    wall = out["light 50/s"][0] / out["saturated"][0]
-    cpu = out["light 50/s"][1] / out["saturated"][1]
+    ratio = {k: [a[k] / b[k] for a, b in zip(runs["light 50/s"], runs["saturated"])]
+             for k in ("wall_s", "cpu_s")}
+    wall, cpu = statistics.median(ratio["wall_s"]), statistics.median(ratio["cpu_s"])
     print(f"light / saturated time per request: {wall:.1f}x wall, {cpu:.1f}x CPU "
-          f"[target <= 2x]")
+          f"[target <= 2x] (median of rounds: "
+          f"{', '.join(f'{r:.2f}' for r in ratio['cpu_s'])} CPU)")
     return 0 if wall <= 2 else 1
 
 

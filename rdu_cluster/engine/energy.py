@@ -113,7 +113,7 @@ def split_over_requests(spans: list[Span], cols: dict[str, np.ndarray],
         tokens += [float(t) for _, t in sp.prefill]
         tokens += [1.0] * len(sp.decode)
     count = [len(sp.prefill) + len(sp.decode) for sp in spans]
-    weight = np.repeat([sum(float(t) for _, t in sp.prefill) + len(sp.decode) for sp in spans],
+    weight = np.repeat([float(sp.pre_tokens) + len(sp.decode) for sp in spans],
                        count)
     keys, slot = np.unique(np.array(ids, dtype=np.int64), return_inverse=True)
     keys = keys.tolist()

@@ -29,6 +29,8 @@ import numpy as np
 
 from chip.socket import CostTables, Spans
 
+SHORT = 64  # steps up to which Clock.steps times a span in Python rather than numpy
+
 
 def ends(t0: float, durations: np.ndarray, resumes: Sequence[tuple[int, float]] = ()
          ) -> np.ndarray:
@@ -104,11 +106,24 @@ class Clock:
     def __init__(self, t0: float, time_of: Callable[[list], np.ndarray],
                  next_arrival: Callable[[], float], deliver: Callable[[float], None]):
         self.t = t0
-        self.time_of, self.next_arrival, self.deliver = time_of, next_arrival, deliver
+        self.time_of, self._next_arrival, self._deliver = time_of, next_arrival, deliver
+        self._next: float | None = None  # the next arrival, until requests are delivered
         self.untimed: list = []  # spans run, in order, not timed yet (saturated ones)
-        self.timed: list[np.ndarray] = []  # the predicted step ends of the spans timed so far
+        self.timed: list = []  # the predicted step ends of the spans timed so far
         self.steps_run = 0  # steps planned so far in the window
         self.resumes: list[tuple[int, float]] = []  # (step, time) the replica resumed idle
+
+    def next_arrival(self) -> float:
+        """When the next request reaches the replica: it changes only when requests are
+        delivered (open loop, routed up front: nothing else adds one while a window is
+        planned), so it is asked once per delivery, not once per plan."""
+        if self._next is None:
+            self._next = self._next_arrival()
+        return self._next
+
+    def deliver(self, t: float) -> None:
+        self._deliver(t)
+        self._next = None
 
     def now(self) -> float:
         """The end of the last span planned (timing those not timed yet, together)."""
@@ -131,6 +146,17 @@ class Clock:
         if saturated or h == math.inf:
             self.untimed.append(span)
             n = span.steps
+        elif span.steps <= SHORT:
+            # A light-load span runs a few steps to the next arrival: a running sum in Python
+            # (the same additions, in the same order, as ends()) without numpy's per-call cost
+            t, e = self.now(), []
+            for d in self.time_of([span]).tolist():
+                t += d
+                e.append(t)
+                if t >= h:  # the first step boundary at or after the arrival
+                    break
+            n = len(e)
+            self._passed(e)
         else:
             e = ends(self.now(), self.time_of([span]))
             n = min(span.steps, int(e.searchsorted(h, side="left")) + 1)
@@ -150,10 +176,10 @@ class Clock:
         self.deliver(h)
         return True
 
-    def _passed(self, e: np.ndarray) -> None:
+    def _passed(self, e: np.ndarray | list[float]) -> None:
         self.timed.append(e)
         self.t = float(e[-1])
 
     def predicted(self) -> np.ndarray:
         """The predicted ends of the window's first steps (those timed)."""
-        return np.concatenate(self.timed) if self.timed else np.zeros(0)
+        return np.concatenate(self.timed, dtype=float) if self.timed else np.zeros(0)

@@ -57,6 +57,7 @@ class Span:
     decode: list[Request]
     prefill: list[tuple[Request, int]]
     ctx_sum: int = 0
+    pre_tokens: int = field(init=False)  # the new tokens its prefills bring
     pre_prefix: int = 0
     running: int = 0
     # (blocks in use, decodes' cached tokens, blocks they hold) as it opened: the KV blocks in
@@ -68,6 +69,9 @@ class Span:
     switch: bool = False  # CoE: its ops switch the expert in (the request waits for the copy)
     prefix_hit: int = 0  # tokens its admissions found in the prefix cache
     prefix_copy_s: float = 0.0  # seconds to copy the blocks found below HBM up to HBM
+
+    def __post_init__(self) -> None:
+        self.pre_tokens = sum(t for _, t in self.prefill)
 
     @property
     def emitted(self) -> int:
@@ -119,7 +123,7 @@ class Window:
             batch=col(lambda s: len(s.decode)),
             ctx_sum=col(lambda s: s.ctx_sum),
             pre_seqs=col(lambda s: len(s.prefill)),
-            pre_tokens=col(lambda s: sum(t for _, t in s.prefill)),
+            pre_tokens=col(lambda s: s.pre_tokens),
             pre_prefix=col(lambda s: s.pre_prefix),
         )
 

@@ -125,7 +125,7 @@ def decode_batch(requests: list[Request], steps: int, first: int, replica: int
     cached tokens and sampled one token a step, each streamed as a chunk. Returns those that
     completed. One loop over a span's batch, the engine's innermost."""
     last = first + steps - 1
-    done = []
+    done, run = [], (replica, first, steps)
     for r in requests:
         if r.first_token_step < 0:  # disaggregated: its first token is a decode step's
             r.first_token_step = first
@@ -134,5 +134,11 @@ def decode_batch(requests: list[Request], steps: int, first: int, replica: int
         if r.generated >= r.output_len:
             r.state, r.done_step = DONE, last
             done.append(r)
-        r.emit(replica, first, steps)
+        runs = r.emits  # r.emit(replica, first, steps), inline: the call is half the loop
+        if runs:
+            rep, start, n = runs[-1]
+            if rep == replica and start + n == first:
+                runs[-1] = (rep, start, n + steps)
+                continue
+        runs.append(run)
     return done

@@ -46,7 +46,7 @@ from rdu_cluster.engine.faults import LINK_DETOUR_FACTOR, Fault
 from rdu_cluster.engine.finished import Finished
 from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION, KVConfig, KVManager
 from rdu_cluster.engine.prefix_cache import PrefixCache, PrefixConfig
-from rdu_cluster.engine.replica import Replica, Window
+from rdu_cluster.engine.replica import Replica, Span, Window
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.routing import RoutingSampler
 from rdu_cluster.scenarios import coe
@@ -482,12 +482,16 @@ class Simulation:
         # _combine finds it (every socket equal, nothing to add but moves and copies).
         alone = self.predictor.shared(rep.sockets) if len(lay.stages) == 1 else None
 
+        def row(sp: Span) -> np.ndarray:
+            return alone.span_rows(sp.kind, len(sp.decode), sp.ctx_sum, sp.steps,
+                                   (len(sp.prefill), sp.pre_tokens,
+                                    sp.pre_prefix))[0]
+
         def time_of(spans: list) -> np.ndarray:
+            if alone is not None and len(spans) == 1 and not spans[0].prefix_copy_s:
+                return row(spans[0])  # most calls: one span, as Clock.steps times it
             if alone is not None and not any(sp.prefix_copy_s for sp in spans):
-                rows = [alone.span_rows(sp.kind, len(sp.decode), sp.ctx_sum, sp.steps,
-                                        (len(sp.prefill), sum(t for _, t in sp.prefill),
-                                         sp.pre_prefix))[0] for sp in spans]
-                return rows[0] if len(rows) == 1 else np.concatenate(rows)
+                return np.concatenate([row(sp) for sp in spans])
             w = Window(spans, [])
             return self._combine(rep, w, self.predictor.replies(rep.sockets, w.columns()))["time_s"]
 
@@ -508,7 +512,7 @@ class Simulation:
         per_decode = 1 if spec is None else spec.verify_tokens()  # tokens through the experts
         parts = []
         for sp in window.spans:
-            tokens = len(sp.decode) * per_decode + sum(t for _, t in sp.prefill)
+            tokens = len(sp.decode) * per_decode + sp.pre_tokens
             parts.append(self.sampler.loads(rep.index, sp.first_step, tokens, sp.steps))
         loads = np.concatenate(parts)  # (steps, ep)
         per_group = self.plan.tp // self.plan.ep
@@ -564,7 +568,7 @@ class Simulation:
         """The activations sent from each stage to the next (time and causes in place); returns
         each transfer's seconds, (steps, stages - 1)."""
         act = self.model.precision.activations.bytes * self.model.hidden_size
-        tokens = window.per_step(lambda sp: len(sp.decode) + sum(t for _, t in sp.prefill),
+        tokens = window.per_step(lambda sp: len(sp.decode) + sp.pre_tokens,
                                  float)
         hops = []
         for a, b in itertools.pairwise(stages):
@@ -618,13 +622,12 @@ class Simulation:
         bb = rep.kv.config.block_bytes
         # every per-span count at once: one (spans, 7) array repeated over the spans' steps
         per = np.repeat(np.array(
-            [(sp.kind, len(sp.decode) + len(sp.prefill), sum(t for _, t in sp.prefill),
+            [(sp.kind, len(sp.decode) + len(sp.prefill), sp.pre_tokens,
               len(sp.decode), sp.emitted, sp.expert, sp.prefix_hit) for sp in spans],
             dtype=np.int64), [sp.steps for sp in spans], axis=0)
         cols = {
             "replica": np.full(m, rep.index), "window": np.full(m, self.windows),
-            "step": (spans[0].first_step + np.arange(m) if len(spans) == 1 else
-                     np.concatenate([sp.first_step + np.arange(sp.steps) for sp in spans])),
+            "step": spans[0].first_step + np.arange(m),  # spans run consecutive steps
             "phase": PHASE_NAMES[per[:, 0]], "start_s": starts, "time_s": dur,
             "batch": per[:, 1], "prefill_tokens": per[:, 2], "decode_tokens": per[:, 3],
             "emitted_tokens": per[:, 4], "expert": per[:, 5],
