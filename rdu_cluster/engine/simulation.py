@@ -659,7 +659,10 @@ class Simulation:
         they fall between windows without lookahead)."""
         switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
         socks, nodes, links = self._socket_order(rep)
-        rows = np.stack([res[s][0] for s in socks])  # (sockets, ROWS, steps)
+        first = res[socks[0]][0]
+        rows = (np.broadcast_to(first, (len(socks), *first.shape))  # one reply: no copies
+                if all(res[s][0] is first for s in socks)
+                else np.stack([res[s][0] for s in socks]))  # (sockets, ROWS, steps)
         busy, sent = rows[:, 0, :m].sum(axis=1), rows[:, SENT_ROW, :m].sum(axis=1)
         switches = int(switch.sum())
         self.rec.sockets.add_window({
