@@ -109,7 +109,10 @@ class Clock:
         self.time_of, self._next_arrival, self._deliver = time_of, next_arrival, deliver
         self._next: float | None = None  # the next arrival, until requests are delivered
         self.untimed: list = []  # spans run, in order, not timed yet (saturated ones)
-        self.timed: list = []  # the predicted step ends of the spans timed so far
+        # the predicted step ends of the spans timed so far: arrays, and the ends of the
+        # short spans timed since the last array as one list (a window has hundreds of them)
+        self.timed: list[np.ndarray] = []
+        self.short: list[float] = []
         self.steps_run = 0  # steps planned so far in the window
         self.resumes: list[tuple[int, float]] = []  # (step, time) the replica resumed idle
 
@@ -177,9 +180,16 @@ class Clock:
         return True
 
     def _passed(self, e: np.ndarray | list[float]) -> None:
-        self.timed.append(e)
+        if isinstance(e, list):
+            self.short += e
+        else:
+            if self.short:
+                self.timed.append(np.array(self.short))
+                self.short = []
+            self.timed.append(e)
         self.t = float(e[-1])
 
     def predicted(self) -> np.ndarray:
         """The predicted ends of the window's first steps (those timed)."""
-        return np.concatenate(self.timed, dtype=float) if self.timed else np.zeros(0)
+        parts = self.timed + ([np.array(self.short)] if self.short else [])
+        return np.concatenate(parts) if parts else np.zeros(0)

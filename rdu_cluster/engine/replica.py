@@ -71,7 +71,7 @@ class Span:
     prefix_copy_s: float = 0.0  # seconds to copy the blocks found below HBM up to HBM
 
     def __post_init__(self) -> None:
-        self.pre_tokens = sum(t for _, t in self.prefill)
+        self.pre_tokens = sum([t for _, t in self.prefill]) if self.prefill else 0
 
     @property
     def emitted(self) -> int:
