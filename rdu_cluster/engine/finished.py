@@ -68,16 +68,16 @@ class Finished:
     def _chunks(self, r: Request) -> np.ndarray:
         """Its chunk times: the end of each step that streamed it a token (bench.py)."""
         ends, runs = self.rec.ends, r.emits
-        rep, lo, _ = runs[0] if runs else (0, 0, 0)
-        if len(runs) > 1 and all(q == rep for q, _, _ in runs):
-            # one replica (runs in step order): one gather, not a slice a run (at light load
-            # every arrival's prefill step breaks the batch's run)
-            first = np.array([f for _, f, _ in runs], dtype=np.int64)
-            n = np.array([k for _, _, k in runs], dtype=np.int64)
-            at = np.arange(int(n.sum())) + np.repeat(first - lo - (np.cumsum(n) - n), n)
-            return ends[rep].values(lo, int(at[-1]) + 1)[at]
-        parts = [ends[q].values(f, k) for q, f, k in runs]
-        return np.concatenate(parts) if parts else np.zeros(0)
+        if not runs:
+            return np.zeros(0)
+        rep, lo, _ = runs[0]
+        _, f, k = runs[-1]
+        if len({q for q, _, _ in runs}) == 1:
+            # one replica, runs in step order (at light load every arrival's prefill step
+            # breaks the batch's run): slices of one view of its step ends
+            v = ends[rep].values(lo, f + k - lo)
+            return np.concatenate([v[a - lo : a - lo + n] for _, a, n in runs])
+        return np.concatenate([ends[q].values(a, n) for q, a, n in runs])
 
     def _trim(self) -> None:
         """Drop the step times no request yet to be recorded reads: a live request reads its
