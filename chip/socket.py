@@ -46,6 +46,7 @@ COMM_ROW = ROWS.index("communication")
 SENT_ROW = ROWS.index("comm_bytes")
 DYNAMIC_ROW = ROWS.index("dynamic_j")
 CHUNK = 4096  # context sums per table chunk: one evaluation covers 4096 / b decode steps
+GROUPED = 64  # spans in a window from which CostTables.window gathers by table, not by span
 
 # Span kinds (a span is one row of the arrays in `Spans`).
 DECODE, PREFILL, MIXED = 0, 1, 2
@@ -281,6 +282,9 @@ class CostTables:
         self.evaluations -= 1
 
     def window(self, spans: Spans) -> np.ndarray:
+        """(ROWS, steps) rows of a window's spans."""
+        if len(spans.kind) >= GROUPED and not len(spans.expert_load):
+            return self._grouped(spans)
         parts = []
         loads = spans.expert_load
         start = 0
@@ -290,6 +294,44 @@ class CostTables:
             parts.append(self.span(spans, i, n, load))
             start += n
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(ROWS), 0))
+
+    def _grouped(self, spans: Spans) -> np.ndarray:
+        """`window` for a light-load window of hundreds of short spans: the decode steps
+        gathered from their tables a (batch, chunk) table at a time and the prefill steps a
+        shape at a time, rather than numpy calls a span (the same table entries)."""
+        steps = spans.steps.astype(np.int64)
+        start = np.cumsum(steps) - steps
+        out = np.empty((len(ROWS), int(steps.sum())))
+        kind = spans.kind
+        d = np.flatnonzero(kind == DECODE)
+        if len(d):
+            n = steps[d]
+            b = np.repeat(spans.batch[d].astype(np.int64), n)
+            k = np.arange(len(b)) - np.repeat(np.cumsum(n) - n, n)  # step within its span
+            s = np.repeat(spans.ctx_sum[d].astype(np.int64), n) + b * k  # context sum
+            at = np.repeat(start[d], n) + k
+            self._gather(out, at, b, s // CHUNK, s % CHUNK)
+        p = np.flatnonzero(kind == PREFILL)  # one step each
+        if len(p):
+            shapes = np.stack([spans.pre_seqs[p], spans.pre_tokens[p], spans.pre_prefix[p]], 1)
+            keys, inv = np.unique(shapes.astype(np.int64), axis=0, return_inverse=True)
+            for u, (q, t, x) in enumerate(keys.tolist()):
+                out[:, start[p[inv.ravel() == u]]] = self.prefill_step(q, t, x, None)
+        for i in np.flatnonzero((kind != DECODE) & (kind != PREFILL)).tolist():
+            n_i = int(steps[i])
+            out[:, start[i] : start[i] + n_i] = self.span(spans, i, n_i, None)
+        return out
+
+    def _gather(self, out: np.ndarray, at: np.ndarray, b: np.ndarray, chunk: np.ndarray,
+                col: np.ndarray) -> None:
+        """out[:, at] = the decode table (b, chunk)'s column col, a table at a time."""
+        key = b * (1 << 32) + chunk
+        order = np.argsort(key, kind="stable")
+        key, at, col = key[order], at[order], col[order]
+        edges = np.flatnonzero(np.diff(key)) + 1
+        for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(key)]):
+            kb, kj = divmod(int(key[lo]), 1 << 32)
+            out[:, at[lo:hi]] = self._decode_chunk(kb, kj)[:, col[lo:hi]]
 
     def span(self, s: Spans, i: int, n: int, load: np.ndarray | None) -> np.ndarray:
         return self.span_rows(int(s.kind[i]), int(s.batch[i]), int(s.ctx_sum[i]), n,
@@ -355,14 +397,15 @@ class CostTables:
     def prefill_step(self, k: int, tokens: int, prefix: int, load: np.ndarray | None):
         """One prefill step: k sequences bring `tokens` new tokens over `prefix` cached ones,
         costed at the means (tokens / k new over prefix / k cached each)."""
-        shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+        shape = lambda: StepShape("prefill", float(k), tokens / k, prefix / k)
         if load is not None and np.any(load != 1.0):
-            target = self._rows(self.program.graph(shape, float(load[0])), 1)
+            target = self._rows(self.program.graph(shape(), float(load[0])), 1)
             return target + self._prefill_extra(k, tokens, prefix)
         key = (k, tokens, prefix)
         rows = self.prefill.get(key)
         if rows is None:
-            rows = self._rows(self.program.graph(shape), 1) + self._prefill_extra(k, tokens, prefix)
+            rows = (self._rows(self.program.graph(shape()), 1)
+                    + self._prefill_extra(k, tokens, prefix))
             self.prefill[key] = rows
         return rows
 
