@@ -105,22 +105,25 @@ def split_over_requests(spans: list[Span], cols: dict[str, np.ndarray],
     if not into:
         return
     firsts = np.concatenate([[0], np.cumsum([sp.steps for sp in spans])[:-1]]).astype(np.int64)
-    ids: list[int] = []
-    tokens: list[float] = []
-    for sp in spans:  # a span's prefills, then its decodes (one token each)
-        ids += [r.id for r, _ in sp.prefill]
-        ids += [r.id for r in sp.decode]
-        tokens += [float(t) for _, t in sp.prefill]
-        tokens += [1.0] * len(sp.decode)
-    count = [len(sp.prefill) + len(sp.decode) for sp in spans]
-    weight = np.repeat([float(sp.pre_tokens) + len(sp.decode) for sp in spans],
-                       count)
-    keys, slot = np.unique(np.array(ids, dtype=np.int64), return_inverse=True)
+    ids = [r.id for sp in spans for r in sp.decode]  # each decode's one token
+    at = 2 * np.repeat(np.arange(len(spans)), [len(sp.decode) for sp in spans]) + 1
+    tokens = np.ones(len(ids))
+    pre = [(i, r.id, t) for i, sp in enumerate(spans) if sp.prefill for r, t in sp.prefill]
+    if pre:
+        i, r, t = zip(*pre)
+        ids += r
+        at = np.concatenate([at, 2 * np.array(i, dtype=np.int64)])
+        tokens = np.concatenate([tokens, np.array(t, dtype=float)])
+    order = np.argsort(at, kind="stable")  # span by span, a span's prefills first
+    span = at[order] // 2
+    tokens = tokens[order]
+    weight = np.array([float(sp.pre_tokens) + len(sp.decode) for sp in spans])[span]
+    keys, slot = np.unique(np.array(ids, dtype=np.int64)[order], return_inverse=True)
     keys = keys.tolist()
     for name, totals in into.items():
         per_span = np.add.reduceat(np.asarray(cols[name], dtype=float), firsts)
         acc = np.array([totals.get(k, 0.0) for k in keys])
-        np.add.at(acc, slot, np.repeat(per_span, count) * np.array(tokens) / weight)
+        np.add.at(acc, slot, per_span[span] * tokens / weight)
         totals.update(zip(keys, acc.tolist()))
 
 

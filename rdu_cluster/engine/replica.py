@@ -21,7 +21,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from itertools import chain
+from itertools import chain, pairwise
 from typing import Protocol
 
 import numpy as np
@@ -39,7 +39,7 @@ MAX_STEPS = 65536  # steps per window: bounds a result's size (14 rows, ROWS, x 
 # back, so this bounds the requests held beyond those in flight (a window timed as it is
 # planned can otherwise run through hundreds of arrivals).
 MAX_COMPLETED = 256
-KV_GROUP = 1 << 18  # (decode, step) cells costed at once by Window.kv_blocks: 2 MB an array
+KV_GROUP = 1 << 18  # (decode, step) cells Window.kv_blocks takes at once (about): 2 MB an array
 
 
 class Experts(Protocol):
@@ -102,16 +102,12 @@ class Window:
         """KV blocks in use during each step of the window (after the step's writes): once a
         window, not once a span, since at light load a window holds hundreds of short spans
         and numpy's cost is in its calls (groups of spans bounded by KV_GROUP elements)."""
-        parts, group, size = [], [], 0
-        for sp in self.spans:
-            cells = len(sp.kv_at_open[1]) * sp.steps
-            if group and size + cells > KV_GROUP:
-                parts.append(_kv_per_step(group, block_tokens))
-                group, size = [], 0
-            group.append(sp)
-            size += cells
-        if group:
-            parts.append(_kv_per_step(group, block_tokens))
+        sp = self.spans
+        n = np.fromiter((s.steps for s in sp), np.int64, len(sp))
+        b = np.fromiter((len(s.kv_at_open[1]) for s in sp), np.int64, len(sp))
+        cuts = np.flatnonzero(np.diff(np.cumsum(b * n) // KV_GROUP)) + 1
+        parts = [_kv_per_step(sp[lo:hi], n[lo:hi], b[lo:hi], block_tokens)
+                 for lo, hi in pairwise([0, *cuts.tolist(), len(sp)])]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def columns(self) -> Spans:
@@ -432,13 +428,11 @@ class Replica:
         return out
 
 
-def _kv_per_step(spans: list[Span], bt: int) -> np.ndarray:
-    """The blocks in use at each step of consecutive spans: those in use as a span opened,
-    plus the blocks its decodes' cached tokens have grown past what they held then (a decode
-    writes one token a step)."""
-    n = np.fromiter((sp.steps for sp in spans), np.int64, len(spans))
+def _kv_per_step(spans: list[Span], n: np.ndarray, b: np.ndarray, bt: int) -> np.ndarray:
+    """The blocks in use at each step of consecutive spans (`n` steps, `b` decodes each):
+    those in use as a span opened, plus the blocks its decodes' cached tokens have grown past
+    what they held then (a decode writes one token a step)."""
     out = np.repeat(np.fromiter((sp.kv_at_open[0] for sp in spans), np.int64, len(spans)), n)
-    b = np.fromiter((len(sp.kv_at_open[1]) for sp in spans), np.int64, len(spans))
     if not b.any():
         return out
     cells = int(b.sum())
