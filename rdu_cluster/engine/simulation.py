@@ -488,10 +488,10 @@ class Simulation:
                                     sp.pre_prefix))[0]
 
         def time_of(spans: list) -> np.ndarray:
-            if alone is not None and len(spans) == 1 and not spans[0].prefix_copy_s:
-                return row(spans[0])  # most calls: one span, as Clock.steps times it
             if alone is not None and not any(sp.prefix_copy_s for sp in spans):
-                return np.concatenate([row(sp) for sp in spans])
+                # most calls: one span, as Clock.steps times it
+                return row(spans[0]) if len(spans) == 1 else np.concatenate(
+                    [row(sp) for sp in spans])
             w = Window(spans, [])
             return self._combine(rep, w, self.predictor.replies(rep.sockets, w.columns()))["time_s"]
 
