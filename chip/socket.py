@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -221,9 +222,7 @@ class Socket:
     def apply_command(self, seq: int, ops: list[list]) -> None:
         """A command's region ops without costing its spans (not again for a replay)."""
         if seq > self.seq:
-            for span_ops in ops:
-                if span_ops:
-                    self.apply(span_ops)
+            self.apply(chain.from_iterable(ops))  # in order; their seconds are not asked for
             self.seq = seq
             self.last_moves = _NO_MOVES
 
@@ -273,6 +272,8 @@ class CostTables:
         self.decode: dict[tuple[int, int], np.ndarray] = {}
         self.prefill: dict[tuple[int, int, int], np.ndarray] = {}
         self.extra: dict[tuple[int, int, int], np.ndarray] = {}
+        # the time rows of those, as Python lists (step_times)
+        self.times: dict[tuple, list[float]] = {}
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -351,6 +352,26 @@ class CostTables:
         # decode part: an upper bound, since one fused step streams the weights only once.
         return pre + self.decode_span(batch, ctx_sum, 1, load)
 
+    def step_times(self, kind: int, batch: int, ctx_sum: int, n: int,
+                   prefill: tuple[int, int, int]) -> list[float]:
+        """The time row of span_rows as a list: the same floats, without a numpy call when
+        the span lies in one decode table or is a prefill step (a light-load span timed as it
+        is planned, lookahead.Clock)."""
+        if kind == DECODE:
+            j = ctx_sum // CHUNK
+            if (ctx_sum + batch * (n - 1)) // CHUNK == j:
+                times = self.times.get((batch, j))
+                if times is None:
+                    times = self.times[(batch, j)] = self._decode_chunk(batch, j)[0].tolist()
+                lo = ctx_sum - j * CHUNK
+                return times[lo : lo + batch * (n - 1) + 1 : batch]
+        elif kind == PREFILL:
+            times = self.times.get(prefill)
+            if times is None:
+                times = self.times[prefill] = self.prefill_step(*prefill, None)[0].tolist()
+            return times
+        return self.span_rows(kind, batch, ctx_sum, n, prefill)[0].tolist()
+
     def decode_span(self, b: int, s0: int, n: int, load: np.ndarray | None) -> np.ndarray:
         if load is not None and np.any(load != 1.0):
             ctx = (s0 + b * np.arange(n, dtype=float)) / b
@@ -360,13 +381,14 @@ class CostTables:
             table = self._decode_chunk(b, first)
             lo = s0 - first * CHUNK
             return table[:, lo : lo + b * (n - 1) + 1 : b]
-        sums = s0 + b * np.arange(n, dtype=np.int64)
-        chunk = sums // CHUNK
-        out = np.empty((len(ROWS), n))
+        # The steps within one chunk are consecutive: a strided slice of each chunk's table
+        parts, k = [], 0
         for j in range(first, last + 1):
-            sel = chunk == j
-            out[:, sel] = self._decode_chunk(b, j)[:, sums[sel] - j * CHUNK]
-        return out
+            end = min(n, -(-((j + 1) * CHUNK - s0) // b))  # the first step past chunk j
+            lo = s0 + b * k - j * CHUNK
+            parts.append(self._decode_chunk(b, j)[:, lo : lo + b * (end - k - 1) + 1 : b])
+            k = end
+        return np.concatenate(parts, axis=1)
 
     def _decode_chunk(self, b: int, j: int) -> np.ndarray:
         table = self.decode.get((b, j))

@@ -99,14 +99,17 @@ class Predictor:
 
 class Clock:
     """A window's time while it is planned. `time_of(spans)`: the per-step times of spans (the
-    engine combines the predicted replies as it combines the sockets'); `next_arrival()`: when
-    the next request reaches the replica (math.inf: none will); `deliver(t)`: queue the
-    requests that reached it by t."""
+    engine combines the predicted replies as it combines the sockets'); `step_times(span)`:
+    those of one span as a list (the same floats); `next_arrival()`: when the next request
+    reaches the replica (math.inf: none will); `deliver(t)`: queue the requests that reached
+    it by t."""
 
     def __init__(self, t0: float, time_of: Callable[[list], np.ndarray],
-                 next_arrival: Callable[[], float], deliver: Callable[[float], None]):
+                 next_arrival: Callable[[], float], deliver: Callable[[float], None],
+                 step_times: Callable[[object], list[float]] | None = None):
         self.t = t0
         self.time_of, self._next_arrival, self._deliver = time_of, next_arrival, deliver
+        self.step_times = step_times or (lambda span: time_of([span]).tolist())
         self._next: float | None = None  # the next arrival, until requests are delivered
         self.untimed: list = []  # spans run, in order, not timed yet (saturated ones)
         # the predicted step ends of the spans timed so far: arrays, and the ends of the
@@ -153,7 +156,7 @@ class Clock:
             # A light-load span runs a few steps to the next arrival: a running sum in Python
             # (the same additions, in the same order, as ends()) without numpy's per-call cost
             t, e = self.now(), []
-            for d in self.time_of([span]).tolist():
+            for d in self.step_times(span):
                 t += d
                 e.append(t)
                 if t >= h:  # the first step boundary at or after the arrival

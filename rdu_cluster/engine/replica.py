@@ -49,7 +49,7 @@ class Experts(Protocol):
     def switch_ops(self, expert: int) -> list: ...
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a light-load window holds hundreds of them
 class Span:
     kind: int
     steps: int
@@ -226,8 +226,11 @@ class Replica:
             hit, copy_s = hit + found.total, copy_s + found.copy_s
             if switch:
                 r.switch_step = self.step
-        self._fit_prefix()
-        decode = [r for r in plan.decode if r.state == RUNNING] + list(plan.swap_in) + received
+        if plan.admit or plan.preempt or plan.swap_in:  # else free blocks are as advance left them
+            self._fit_prefix()
+        # a plan's decodes are running sequences, less those it preempts
+        decode = ([r for r in plan.decode if r.state == RUNNING] if plan.preempt
+                  else list(plan.decode)) + list(plan.swap_in) + received
         if received:  # their KV came from a prefill replica: they decode, nothing to prefill
             plan = replace(plan, prefill=tuple(p for p in plan.prefill if p[0] not in received))
             if not plan.prefill:  # no prefill step after all: every running sequence decodes
@@ -288,6 +291,7 @@ class Replica:
         """The span ran `steps` steps: move tokens, record completions, grow the KV cache."""
         span.steps = steps
         last = span.first_step + steps - 1
+        prefilled = [r for r, _ in span.prefill]
         for r, tokens in span.prefill:
             before = r.generated
             r.prefill(tokens, span.first_step)
@@ -302,14 +306,14 @@ class Replica:
                 r.decode_speculative(t, last)
                 r.emit(self.index, last, 1)
             done = [r for r in span.decode if r.state == DONE]
-        prefilled = [r for r, _ in span.prefill]
         for r in done:
             self._finish(r)
         for r in prefilled:
             if r.state == DONE:
                 self._finish(r)
         self.kv.grow([r for r in span.decode if r.state != DONE] if done else span.decode)
-        self.kv.grow(r for r in prefilled if r.state != DONE)
+        if prefilled:
+            self.kv.grow([r for r in prefilled if r.state != DONE])
         self.step += steps
         self._fit_prefix()
 

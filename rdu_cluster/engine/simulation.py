@@ -489,14 +489,19 @@ class Simulation:
 
         def time_of(spans: list) -> np.ndarray:
             if alone is not None and not any(sp.prefix_copy_s for sp in spans):
-                # most calls: one span, as Clock.steps times it
                 return row(spans[0]) if len(spans) == 1 else np.concatenate(
                     [row(sp) for sp in spans])
             w = Window(spans, [])
             return self._combine(rep, w, self.predictor.replies(rep.sockets, w.columns()))["time_s"]
 
+        def step_times(sp: Span) -> list[float]:
+            if alone is not None and not sp.prefix_copy_s:  # most calls, as Clock.steps times
+                return alone.step_times(sp.kind, len(sp.decode), sp.ctx_sum, sp.steps,
+                                        (len(sp.prefill), sp.pre_tokens, sp.pre_prefix))
+            return time_of([sp]).tolist()
+
         return lookahead.Clock(t0, time_of, lambda: self.dispatch.next_arrival(rep, t0),
-                               lambda t: self._deliver(rep, t))
+                               lambda t: self._deliver(rep, t), step_times)
 
     def _deliver(self, rep: Replica, t: float) -> None:
         """The requests that reach `rep` by t join its queue now, as their arrivals would."""

@@ -64,8 +64,9 @@ def test_a_window_the_sockets_time_otherwise_is_an_internal_error(serve, monkeyp
 
     def off(self, rep, t0):
         clock = make(self, rep, t0)
-        time_of = clock.time_of
+        time_of, step_times = clock.time_of, clock.step_times
         clock.time_of = lambda spans: time_of(spans) * (1 + 1e-9)
+        clock.step_times = lambda span: [t * (1 + 1e-9) for t in step_times(span)]
         return clock
 
     monkeypatch.setattr(Simulation, "_clock", off)
