@@ -1,0 +1,66 @@
+"""The event loop's garbage-collector settings: raised while it runs, restored after, a
+caller's frozen objects left frozen; a run's tables do not depend on them."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import pytest
+
+from rdu_cluster.engine import loop
+from rdu_cluster.engine.events import Event
+
+
+@dataclass(frozen=True)
+class _Probe(Event):
+    seen: list
+
+    def handle(self, sim) -> list[Event]:
+        self.seen.append((gc.get_threshold(), gc.get_freeze_count() > 0))
+        return [_Probe(self.time + 1.0, self.seen)] if self.time < 2 else []
+
+
+class _Sim:
+    now = 0.0
+
+
+def test_collections_are_fewer_while_the_loop_runs_and_as_before_after():
+    before, frozen_before, seen = gc.get_threshold(), gc.get_freeze_count(), []
+    assert loop.run(_Sim(), [_Probe(0.0, seen)]) == 2.0
+    assert len(seen) == 3
+    assert all(t[0] >= loop.GC_THRESHOLD and t[1:] == before[1:] and frozen
+               for t, frozen in seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen_before
+
+
+def test_a_callers_frozen_objects_stay_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        loop.run(_Sim(), [_Probe(0.0, [])])
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_settings_are_restored_when_a_handler_raises():
+    before, frozen_before = gc.get_threshold(), gc.get_freeze_count()
+
+    @dataclass(frozen=True)
+    class _Boom(Event):
+        def handle(self, sim) -> list[Event]:
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError):
+        loop.run(_Sim(), [_Boom(0.0)])
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen_before
+
+
+def test_a_run_gives_the_same_tables_with_the_default_collector(serve, monkeypatch):
+    kw = {"n": 60, "rate": 40.0}
+    _, fewer = serve(**kw)
+    monkeypatch.setattr(loop, "GC_THRESHOLD", 1)
+    _, default = serve(**kw)
+    for name in ("requests", "steps", "sockets"):
+        assert getattr(fewer, name).equals(getattr(default, name))
