@@ -94,9 +94,12 @@ class Dataflow:
         ledger = Ledger()
         calls = 0.0
         if opts.fused:
-            memo, keys, parts = _memo(chip), {}, {}
+            memo, keys = _memo(chip), {}
             # A block's cost depends on its ops, repeat and place in a call only: a hybrid's
-            # hundred blocks are a dozen distinct ones, each looked up once.
+            # hundred blocks are a dozen distinct ones, each looked up once and booked once
+            # times its count (not merged with another of equal content that the memo returns
+            # the same costs for: the sums must not depend on the memo, which a grid of design
+            # points, or a table of token counts, does not use).
             blocks: dict[tuple, list] = {}
             for segment in _segments(graph.blocks, opts.kernel_looping):
                 looped = opts.kernel_looping and sum(b.repeat for b in segment) > 1
@@ -104,11 +107,9 @@ class Dataflow:
                     key = (id(block.ops), block.repeat, looped, i == 0)
                     blocks.setdefault(key, [block, 0])[1] += 1
             for (_, _, looped, head), (block, n) in blocks.items():
-                part = _fused_block_once(memo, keys, block, ctx, looped, head)
-                parts.setdefault(id(part), [part, 0])[1] += n
-            for (sub, n_calls), count in parts.values():  # each distinct block booked once
-                ledger.merge(sub, count)
-                calls += count * n_calls
+                sub, n_calls = _fused_block_once(memo, keys, block, ctx, looped, head)
+                ledger.merge(sub, n)
+                calls += n * n_calls
         else:
             for block in graph.blocks:
                 calls += _unfused_block(ledger, block, ctx)

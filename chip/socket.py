@@ -47,6 +47,13 @@ COMM_ROW = ROWS.index("communication")
 SENT_ROW = ROWS.index("comm_bytes")
 DYNAMIC_ROW = ROWS.index("dynamic_j")
 CHUNK = 4096  # context sums per table chunk: one evaluation covers 4096 / b decode steps
+# Token counts per prefill table: one evaluation of the execution model costs about as much
+# for 64 token counts as for one (numpy over the counts), and a trace of varied prompt
+# lengths would otherwise pay one evaluation per distinct length (benchmarks/bench_serve.py).
+PREFILL_CHUNK = 64
+# Prefill tables a CostTables keeps (8 KB each; the oldest go first): chunked prefill's cached
+# prefixes vary step to step, so its tables are mostly used once and would grow with the run.
+PREFILL_TABLES = 2048
 GROUPED = 64  # spans in a window from which CostTables.window gathers by table, not by span
 
 # Span kinds (a span is one row of the arrays in `Spans`).
@@ -265,13 +272,15 @@ def _degrade(rows: np.ndarray, factor: float, comm_factor: float) -> np.ndarray:
 
 
 class CostTables:
-    """The socket's cost memo: decode tables by batch size, prefill costs by shape."""
+    """The socket's cost memo: decode tables by batch size and context chunk, prefill tables by
+    sequences, cached prefix and token chunk (each evaluated over its chunk at once)."""
 
     def __init__(self, chip: ChipSpec, program: Program, comm_time: CommTime):
         self.chip, self.program, self.comm_time = chip, program, comm_time
         self.decode: dict[tuple[int, int], np.ndarray] = {}
+        # (k sequences, cached prefix, token chunk) -> prefill rows of PREFILL_CHUNK token counts
         self.prefill: dict[tuple[int, int, int], np.ndarray] = {}
-        self.extra: dict[tuple[int, int, int], np.ndarray] = {}
+        self.extra: dict[tuple[int, int, int], np.ndarray] = {}  # the same, of the draft, router
         # the time rows of those, as Python lists (step_times)
         self.times: dict[tuple, list[float]] = {}
         self.evaluations = 0
@@ -418,37 +427,51 @@ class CostTables:
 
     def prefill_step(self, k: int, tokens: int, prefix: int, load: np.ndarray | None):
         """One prefill step: k sequences bring `tokens` new tokens over `prefix` cached ones,
-        costed at the means (tokens / k new over prefix / k cached each)."""
-        shape = lambda: StepShape("prefill", float(k), tokens / k, prefix / k)
+        costed at the means (tokens / k new over prefix / k cached each): column
+        tokens % PREFILL_CHUNK of the (k, prefix) table of its chunk of token counts."""
         if load is not None and np.any(load != 1.0):
-            target = self._rows(self.program.graph(shape(), float(load[0])), 1)
-            return target + self._prefill_extra(k, tokens, prefix)
-        key = (k, tokens, prefix)
-        rows = self.prefill.get(key)
-        if rows is None:
-            rows = (self._rows(self.program.graph(shape()), 1)
-                    + self._prefill_extra(k, tokens, prefix))
-            self.prefill[key] = rows
-        return rows
+            shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+            target = self._rows(self.program.graph(shape, float(load[0])), 1)
+            return target + self._prefill_column(self.extra, self._extra_rows, k, tokens,
+                                                 prefix)
+        return self._prefill_column(self.prefill, self._prefill_rows, k, tokens, prefix)
 
-    def _prefill_extra(self, k: int, tokens: int, prefix: int) -> np.ndarray:
+    def _prefill_column(self, tables: dict, rows_of: Callable, k: int, tokens: int,
+                        prefix: int) -> np.ndarray:
+        """Column `tokens` of the (k, prefix) table of its chunk, evaluated on first use."""
+        if tokens < 1:
+            raise ValueError(f"a prefill step brings at least one token, got {tokens}")
+        j = tokens // PREFILL_CHUNK
+        table = tables.get((k, prefix, j))
+        if table is None:
+            if len(tables) >= PREFILL_TABLES:
+                del tables[next(iter(tables))]  # a pure cache: any table can be rebuilt
+            counts = np.arange(j * PREFILL_CHUNK, (j + 1) * PREFILL_CHUNK, dtype=np.int64)
+            counts[counts < 1] = 1  # never read: a step brings a token at least
+            table = tables[(k, prefix, j)] = rows_of(k, counts, prefix)
+        col = tokens - j * PREFILL_CHUNK
+        return table[:, col : col + 1]
+
+    def _prefill_rows(self, k: int, tokens: np.ndarray, prefix: int) -> np.ndarray:
+        """Prefill steps of k sequences over `prefix` cached tokens, one a token count."""
+        shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+        return (self._rows(self.program.graph(shape), len(tokens))
+                + self._extra_rows(k, tokens, prefix))
+
+    def _extra_rows(self, k: int, tokens: np.ndarray, prefix: int) -> np.ndarray:
         """What else a prefill step runs besides the target: the draft prefills the prompt too
-        (speculative decoding), the router routes the admitted prompts (CoE). Memoised apart
-        from the target, whose cost varies with the expert load."""
-        key = (k, tokens, prefix)
-        rows = self.extra.get(key)
-        if rows is None:
-            p = self.program
-            rows = np.zeros((len(ROWS), 1))
-            if p.draft is not None:
-                shape = StepShape("prefill", float(k), tokens / k, prefix / k)
-                rows += self._rows(p.draft_graph(shape), 1)
-            if p.router is not None:
-                rows += self._router_rows(k, tokens, prefix)
-            self.extra[key] = rows
+        (speculative decoding), the router routes the admitted prompts (CoE). Kept apart from
+        the target, whose cost varies with the expert load."""
+        p = self.program
+        rows = np.zeros((len(ROWS), len(tokens)))
+        if p.draft is not None:
+            shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+            rows += self._rows(p.draft_graph(shape), len(tokens))
+        if p.router is not None:
+            rows += self._router_rows(k, tokens, prefix)
         return rows
 
-    def _router_rows(self, k: int, tokens: int, prefix: int) -> np.ndarray:
+    def _router_rows(self, k: int, tokens: np.ndarray, prefix: int) -> np.ndarray:
         """CoE: the router's pass over the k sequences this step admits, one prefill of their
         new tokens and one decode step (the label), before their expert's prefill in the same
         step. A later chunk of a chunked prompt routes only its own tokens (the router's
@@ -457,7 +480,7 @@ class CostTables:
         tp = Shard.tensor(p.shard.attn_tp)
         pre = graphs.step_graph(p.router, StepShape("prefill", float(k), tokens / k, 0.0), tp)
         label = graphs.step_graph(p.router, StepShape.decode(float(k), (tokens + prefix) / k), tp)
-        return self._rows(pre, 1) + self._rows(label, 1)
+        return self._rows(pre, len(tokens)) + self._rows(label, len(tokens))
 
     def _rows(self, graph: Graph, n: int) -> np.ndarray:
         self.evaluations += 1

@@ -176,7 +176,7 @@ def test_router_runs_on_the_sockets_in_the_admitting_prefill_step(clusters):
         step = (8, 8 * 256, 0, load)
         extra = routed.prefill_step(*step)[0, 0] - bare.prefill_step(*step)[0, 0]
         assert extra > 0
-        assert extra == pytest.approx(routed._router_rows(8, 8 * 256, 0)[0, 0])
+        assert extra == pytest.approx(routed._router_rows(8, np.array([8 * 256]), 0)[0, 0])
     trace = synthetic(1, rate=1.0, prompt=LengthDist("fixed", 256), output=LengthDist("fixed", 4),
                       seed=0)
     req = _serve(c, trace, sc).requests.to_pydict()

@@ -4,8 +4,9 @@ rows must be those of costing each span alone, column for column."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from chip.socket import CHUNK, DECODE, GROUPED, MIXED, PREFILL, CostTables, Spans
+from chip.socket import CHUNK, DECODE, GROUPED, MIXED, PREFILL, PREFILL_CHUNK, CostTables, Spans
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
@@ -69,3 +70,82 @@ def test_step_times_are_the_time_row_of_span_rows():
         expected = t.span_rows(kind, b, ctx, n, pre)[0].tolist()
         assert t.step_times(kind, b, ctx, n, pre) == expected
         assert t.step_times(kind, b, ctx, n, pre) == expected  # from its memo as well
+
+
+def _program_tables(model: str, cluster: str, **replace) -> CostTables:
+    """CostTables of the first program of `model`'s default plan on `cluster`."""
+    import dataclasses
+
+    from rdu_cluster.engine import plan as plans
+
+    c, m = load_cluster(cluster), load_model(model)
+    program = next(iter(plans.layouts(m, c, plans.PlanSpec.parse(None, c, m))[0].programs
+                        .values()))
+    return CostTables(c.chip, dataclasses.replace(program, **replace), lambda coll: 3e-6)
+
+
+def _one_shape(t: CostTables, k: int, tokens: int, prefix: int) -> np.ndarray:
+    """A prefill step costed alone, from scalars: the target, the draft's prefill and the
+    router's pass (what the chunk tables must hold, column for column)."""
+    from workloads.ops import Shard, StepShape
+
+    p = t.program
+    shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+    rows = t._rows(p.graph(shape), 1)
+    extra = np.zeros_like(rows)
+    if p.draft is not None:
+        extra += t._rows(p.draft_graph(shape), 1)
+    if p.router is not None:
+        from workloads import graph as graphs
+
+        tp = Shard.tensor(p.shard.attn_tp)
+        pre = graphs.step_graph(p.router, StepShape("prefill", float(k), tokens / k, 0.0), tp)
+        label = graphs.step_graph(p.router, StepShape.decode(float(k), (tokens + prefix) / k),
+                                  tp)
+        extra += t._rows(pre, 1) + t._rows(label, 1)
+    return rows + extra
+
+
+@pytest.mark.parametrize("model, cluster, extra", [
+    ("llama-3.1-8b", "sn40l-8", None), ("llama-3.1-70b", "dgx-h100", None),
+    ("gpt-oss-120b", "sn40l-16", None), ("nemotron-h-56b", "sn40l-16", None),
+    ("llama-3.1-8b", "sn40l-8", "draft"), ("llama-2-7b", "sn40l-8", "router")])
+def test_a_prefill_step_is_its_column_of_a_chunk_table_bit_for_bit(model, cluster, extra):
+    """A prefill table holds PREFILL_CHUNK token counts, evaluated at once (numpy over the
+    counts); each column is the step costed alone, bit for bit (dense and MoE on RDU, dense on
+    GPU, a hybrid, with a draft, with a CoE router), on both sides of chunk boundaries."""
+    if extra == "draft":
+        t = _program_tables(model, cluster, draft=load_model("llama-3.2-1b"))
+    elif extra == "router":
+        from rdu_cluster.scenarios.coe import CoEScenario
+
+        t = _program_tables(model, cluster, router=CoEScenario.copies(4, hbm_slots=1).router)
+    else:
+        t = _program_tables(model, cluster)
+    rng = np.random.default_rng(3)
+    shapes = [(1, PREFILL_CHUNK - 1, 0), (1, PREFILL_CHUNK, 0), (3, 2 * PREFILL_CHUNK + 1, 64),
+              (1, 1, 0)]
+    shapes += [(int(k), int(rng.integers(k, 9000)), int(rng.choice([0, 16 * rng.integers(1, 200)])))
+               for k in rng.integers(1, 9, 6)]
+    for k, tokens, prefix in shapes:
+        assert np.array_equal(t.prefill_step(k, tokens, prefix, None),
+                              _one_shape(t, k, tokens, prefix)), (k, tokens, prefix)
+
+
+def test_prefill_lengths_within_a_chunk_cost_one_evaluation_and_old_tables_go_first(
+        monkeypatch):
+    """A trace of varied prompt lengths pays one evaluation a chunk, not one a length; the
+    tables are capped (PREFILL_TABLES, oldest first) and an evicted one is rebuilt the same."""
+    from chip import socket
+
+    t = _program_tables("llama-3.1-8b", "sn40l-8")
+    first = {n: t.prefill_step(1, n, 0, None).copy() for n in range(PREFILL_CHUNK, 2 * PREFILL_CHUNK)}
+    assert t.evaluations == 1
+    monkeypatch.setattr(socket, "PREFILL_TABLES", 3)
+    for j in range(2, 6):
+        t.prefill_step(1, j * PREFILL_CHUNK, 0, None)
+    assert len(t.prefill) == 3 and (1, 0, 1) not in t.prefill
+    assert all(np.array_equal(t.prefill_step(1, n, 0, None), v) for n, v in first.items())
+    assert t.evaluations == 6
+    with pytest.raises(ValueError, match="at least one token"):
+        t.prefill_step(1, 0, 0, None)
