@@ -6,7 +6,7 @@ on the same run. Prints the figures; exits 1 if a target is missed (start-up of 
 is reported apart: it is paid once per session, not per simulated step).
 
     python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray] [--prefix-cache M]
-    python benchmarks/bench_serve.py --light N   # issue #18: light vs saturated load
+    python benchmarks/bench_serve.py --light N [--lengths lognormal]   # issue #18: light vs saturated
     python benchmarks/bench_serve.py --prefix-memory N   # issue #18: the prefix cache's memory
     python benchmarks/bench_serve.py --replicas  # issue #18: 1 against 64 replicas
 
@@ -20,7 +20,10 @@ bounded by the chunk size (rows waiting for their Parquet row group: 16,384 requ
 2 MB of ITLs before they spill), which fill up over the first tens of thousands of requests,
 so the slope at small N overstates what a million requests add; the line after it gives the
 resident memory each request adds within the larger run, between its middle and its end.
-`--prefix-cache off` takes the prefix cache's block entries out of the figures. The time ratio
+`--prefix-cache off` takes the prefix cache's block entries out of the figures. `--lengths
+lognormal` draws prompt and output lengths lognormal (means 1,024 and 256, sigma 0.5) instead
+of fixed: thousands of distinct prefill shapes, and a saturated run no longer in lock step;
+the line of each load then also gives the cost-model evaluations it made. The time ratio
 is the median over three rounds of a light and a saturated run back to back (a shared machine's
 speed drifts between runs by more than the difference measured). N = 80,000 takes about four
 minutes on a 2-CPU machine (all eight runs); N = 20,000 about a minute.
@@ -96,7 +99,12 @@ def replicas(model: str = "llama-3.1-8b") -> int:
     return 0 if ratio >= 0.8 else 1
 
 
-def light_child(n: int, rate: float, prefix: str | None) -> None:
+LENGTHS = {"fixed": (traces.LengthDist("fixed", 1024), traces.LengthDist("fixed", 256)),
+           "lognormal": (traces.LengthDist("lognormal", 1024, 0.5),
+                         traces.LengthDist("lognormal", 256, 0.5))}
+
+
+def light_child(n: int, rate: float, prefix: str | None, lengths: str = "fixed") -> None:
     """One run as `serve --out` makes it: requests, steps and sockets rows streamed into the
     result folder as they are recorded, the links table written at the end."""
     import json
@@ -106,8 +114,7 @@ def light_child(n: int, rate: float, prefix: str | None) -> None:
     from rdu_cluster.output import results
 
     model, cluster = load_model("llama-3.1-8b"), load_cluster("sn40l-8")
-    trace = traces.synthetic(n, rate, "poisson", traces.LengthDist("fixed", 1024),
-                             traces.LengthDist("fixed", 256))
+    trace = traces.synthetic(n, rate, "poisson", *LENGTHS[lengths])
     config = ServeConfig(limits=Limits(max_batch=32), prefix=PrefixConfig(mode=prefix))
     resident: dict[str, tuple[int, int]] = {}  # "mid", "end": (requests recorded, RSS)
 
@@ -129,7 +136,8 @@ def light_child(n: int, rate: float, prefix: str | None) -> None:
     (k0, r0), (k1, r1) = resident["mid"], resident["end"]
     print(json.dumps({"wall_s": wall, "cpu_s": cpu, "rss": rss,
                       "run_slope": (r1 - r0) / max(k1 - k0, 1),
-                      "windows": tables.summary["windows"], "steps": tables.summary["steps"]}))
+                      "windows": tables.summary["windows"], "steps": tables.summary["steps"],
+                      "evaluations": sum(t.evaluations for t in sim.backend.memo.values())}))
 
 
 def _rss_now() -> int:
@@ -138,16 +146,17 @@ def _rss_now() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _child(n: int, rate: float, prefix: str | None) -> dict:
+def _child(n: int, rate: float, prefix: str | None, lengths: str) -> dict:
     import json
     import subprocess
 
     run = subprocess.run([sys.executable, __file__, "--light-child", str(n), str(rate),
-                          prefix or "default"], capture_output=True, text=True, check=True)
+                          prefix or "default", lengths], capture_output=True, text=True,
+                         check=True)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def light(n: int, prefix: str | None = None, rounds: int = 3) -> int:
+def light(n: int, prefix: str | None = None, rounds: int = 3, lengths: str = "fixed") -> int:
     """Each load at n and n // 4 requests, each run in a fresh process: wall and CPU time per
     request at n; memory per request as the slope of peak RSS between the two sizes (what each
     further request adds, the start-up and the caches that stop growing taken out), and the
@@ -157,13 +166,14 @@ def light(n: int, prefix: str | None = None, rounds: int = 3) -> int:
     runs a minute apart by more than the difference to be measured)."""
     loads = (("light 50/s", 50.0), ("saturated", float("inf")))
     small = max(n // 4, 1)
-    print(f"prefix cache: {prefix or 'default (tiered on sn40l)'}; {rounds} rounds")
+    print(f"prefix cache: {prefix or 'default (tiered on sn40l)'}; {lengths} lengths; "
+          f"{rounds} rounds")
     runs = {label: [] for label, _ in loads}
     for _ in range(rounds):
         for label, rate in loads:
-            runs[label].append(_child(n, rate, prefix))
+            runs[label].append(_child(n, rate, prefix, lengths))
     for label, rate in loads:
-        g = _child(small, rate, prefix)
+        g = _child(small, rate, prefix, lengths)
         f = runs[label][0]  # memory: the first round (peak RSS does not depend on speed)
         slope = max(f["rss"] - g["rss"], 0) / (n - small) if n > small else 0.0
         bound = f["rss"] + slope * (1_000_000 - n)
@@ -174,7 +184,7 @@ def light(n: int, prefix: str | None = None, rounds: int = 3) -> int:
               f"({f['windows'] / n:.2f} a request), {f['steps']:,} steps; peak RSS "
               f"{f['rss'] / 1e9:.2f} GB ({small:,} requests: {g['rss'] / 1e9:.2f} GB): "
               f"{slope / 1e3:.1f} kB per further request -> a million requests ~"
-              f"{bound / 1e9:.1f} GB")
+              f"{bound / 1e9:.1f} GB; {f['evaluations']:,} cost-model evaluations")
         print(f"{'':<11} resident memory within the run, from request {n // 2:,} to "
               f"{n - n // 16:,}: {f['run_slope']:,.0f} bytes a request")
     ratio = {k: [a[k] / b[k] for a, b in zip(runs["light 50/s"], runs["saturated"])]
@@ -214,9 +224,10 @@ def prefix_memory(n: int) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) == 5 and sys.argv[1] == "--light-child":
+    if len(sys.argv) == 6 and sys.argv[1] == "--light-child":
         mode = sys.argv[4]
-        light_child(int(sys.argv[2]), float(sys.argv[3]), None if mode == "default" else mode)
+        light_child(int(sys.argv[2]), float(sys.argv[3]), None if mode == "default" else mode,
+                    sys.argv[5])
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--light", type=int, default=0, help="light vs saturated, N requests")
@@ -226,13 +237,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
     ap.add_argument("--skip-ray", action="store_true")
+    ap.add_argument("--lengths", choices=tuple(LENGTHS), default="fixed",
+                    help="--light: prompt and output lengths, fixed or lognormal")
     ap.add_argument("--prefix-cache", choices=MODES, default=None,
                     help="the prefix cache's mode (default: serve's, tiered on sn40l-16)")
     args = ap.parse_args()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} CPUs, load average {load}")
     if args.light:
-        return light(args.light, args.prefix_cache)
+        return light(args.light, args.prefix_cache, lengths=args.lengths)
     if args.prefix_memory:
         prefix_memory(args.prefix_memory)
         return 0
