@@ -271,6 +271,13 @@ def _degrade(rows: np.ndarray, factor: float, comm_factor: float) -> np.ndarray:
     return out
 
 
+def _chunk_counts(j: int) -> np.ndarray:
+    """The token counts of prefill chunk j (count 0, never read, costed as 1)."""
+    counts = np.arange(j * PREFILL_CHUNK, (j + 1) * PREFILL_CHUNK, dtype=np.int64)
+    counts[counts < 1] = 1
+    return counts
+
+
 class CostTables:
     """The socket's cost memo: decode tables by batch size and context chunk, prefill tables by
     sequences, cached prefix and token chunk (each evaluated over its chunk at once)."""
@@ -293,8 +300,12 @@ class CostTables:
 
     def window(self, spans: Spans) -> np.ndarray:
         """(ROWS, steps) rows of a window's spans."""
-        if len(spans.kind) >= GROUPED and not len(spans.expert_load):
-            return self._grouped(spans)
+        if not len(spans.expert_load):
+            pre = np.flatnonzero(spans.kind != DECODE)
+            self.fill_prefill(zip(spans.pre_seqs[pre].tolist(), spans.pre_tokens[pre].tolist(),
+                                  spans.pre_prefix[pre].tolist()))
+            if len(spans.kind) >= GROUPED:
+                return self._grouped(spans)
         parts = []
         loads = spans.expert_load
         start = 0
@@ -436,6 +447,24 @@ class CostTables:
                                                  prefix)
         return self._prefill_column(self.prefill, self._prefill_rows, k, tokens, prefix)
 
+    def fill_prefill(self, shapes: Iterable[tuple[int, int, int]]) -> None:
+        """Evaluate the missing prefill tables of these (sequences, tokens, prefix) shapes
+        together: one evaluation a sequence count over all their token counts and prefixes
+        (a window of chunked prefills brings hundreds of shapes, their cached prefixes all
+        different). A table holds the same values however it was filled."""
+        missing: dict[int, set] = {}
+        for k, tokens, prefix in shapes:
+            key = (k, prefix, tokens // PREFILL_CHUNK)
+            if tokens >= 1 and key not in self.prefill:
+                missing.setdefault(k, set()).add(key)
+        for k, keys in missing.items():
+            keys = sorted(keys)[-PREFILL_TABLES:]
+            counts = np.concatenate([_chunk_counts(j) for _, _, j in keys])
+            prefix = np.repeat(np.array([x for _, x, _ in keys], dtype=np.int64), PREFILL_CHUNK)
+            rows = self._prefill_rows(k, counts, prefix)
+            for i, key in enumerate(keys):
+                self._keep(self.prefill, key, rows[:, i * PREFILL_CHUNK : (i + 1) * PREFILL_CHUNK])
+
     def _prefill_column(self, tables: dict, rows_of: Callable, k: int, tokens: int,
                         prefix: int) -> np.ndarray:
         """Column `tokens` of the (k, prefix) table of its chunk, evaluated on first use."""
@@ -444,21 +473,24 @@ class CostTables:
         j = tokens // PREFILL_CHUNK
         table = tables.get((k, prefix, j))
         if table is None:
-            if len(tables) >= PREFILL_TABLES:
-                del tables[next(iter(tables))]  # a pure cache: any table can be rebuilt
-            counts = np.arange(j * PREFILL_CHUNK, (j + 1) * PREFILL_CHUNK, dtype=np.int64)
-            counts[counts < 1] = 1  # never read: a step brings a token at least
-            table = tables[(k, prefix, j)] = rows_of(k, counts, prefix)
+            table = self._keep(tables, (k, prefix, j), rows_of(k, _chunk_counts(j), prefix))
         col = tokens - j * PREFILL_CHUNK
         return table[:, col : col + 1]
 
-    def _prefill_rows(self, k: int, tokens: np.ndarray, prefix: int) -> np.ndarray:
+    @staticmethod
+    def _keep(tables: dict, key: tuple, table: np.ndarray) -> np.ndarray:
+        if len(tables) >= PREFILL_TABLES:
+            del tables[next(iter(tables))]  # a pure cache: any table can be rebuilt
+        tables[key] = np.ascontiguousarray(table)
+        return tables[key]
+
+    def _prefill_rows(self, k: int, tokens: np.ndarray, prefix: Work) -> np.ndarray:
         """Prefill steps of k sequences over `prefix` cached tokens, one a token count."""
         shape = StepShape("prefill", float(k), tokens / k, prefix / k)
         return (self._rows(self.program.graph(shape), len(tokens))
                 + self._extra_rows(k, tokens, prefix))
 
-    def _extra_rows(self, k: int, tokens: np.ndarray, prefix: int) -> np.ndarray:
+    def _extra_rows(self, k: int, tokens: np.ndarray, prefix: Work) -> np.ndarray:
         """What else a prefill step runs besides the target: the draft prefills the prompt too
         (speculative decoding), the router routes the admitted prompts (CoE). Kept apart from
         the target, whose cost varies with the expert load."""
@@ -471,7 +503,7 @@ class CostTables:
             rows += self._router_rows(k, tokens, prefix)
         return rows
 
-    def _router_rows(self, k: int, tokens: np.ndarray, prefix: int) -> np.ndarray:
+    def _router_rows(self, k: int, tokens: np.ndarray, prefix: Work) -> np.ndarray:
         """CoE: the router's pass over the k sequences this step admits, one prefill of their
         new tokens and one decode step (the label), before their expert's prefill in the same
         step. A later chunk of a chunked prompt routes only its own tokens (the router's

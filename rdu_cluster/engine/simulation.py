@@ -489,8 +489,11 @@ class Simulation:
 
         def time_of(spans: list) -> np.ndarray:
             if alone is not None and not any(sp.prefix_copy_s for sp in spans):
-                return row(spans[0]) if len(spans) == 1 else np.concatenate(
-                    [row(sp) for sp in spans])
+                if len(spans) == 1:
+                    return row(spans[0])
+                alone.fill_prefill((len(sp.prefill), sp.pre_tokens, sp.pre_prefix)
+                                   for sp in spans if sp.prefill)  # at once, as window() does
+                return np.concatenate([row(sp) for sp in spans])
             w = Window(spans, [])
             return self._combine(rep, w, self.predictor.replies(rep.sockets, w.columns()))["time_s"]
 

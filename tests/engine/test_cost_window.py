@@ -149,3 +149,21 @@ def test_prefill_lengths_within_a_chunk_cost_one_evaluation_and_old_tables_go_fi
     assert t.evaluations == 6
     with pytest.raises(ValueError, match="at least one token"):
         t.prefill_step(1, 0, 0, None)
+
+
+def test_a_window_fills_its_missing_prefill_tables_at_once_with_the_same_values():
+    """fill_prefill (what window() and the engine's clock call first) evaluates the missing
+    tables of many shapes together, one evaluation a sequence count, over arbitrary cached
+    prefixes (chunked prefill's): each column is still the step costed alone, bit for bit."""
+    t = _program_tables("gpt-oss-120b", "sn40l-16")
+    rng = np.random.default_rng(9)
+    shapes = [(int(k), int(rng.integers(k, 9000)), int(rng.integers(0, 5000)))
+              for k in rng.choice([1, 3], 40)]
+    t.fill_prefill(shapes)
+    assert t.evaluations == 2  # one a sequence count
+    assert len(t.prefill) == len({(k, x, n // PREFILL_CHUNK) for k, n, x in shapes})
+    alone = _program_tables("gpt-oss-120b", "sn40l-16")
+    for k, tokens, prefix in shapes:
+        assert np.array_equal(t.prefill_step(k, tokens, prefix, None),
+                              _one_shape(alone, k, tokens, prefix)), (k, tokens, prefix)
+    assert t.evaluations == 2  # every lookup found its table
