@@ -6,7 +6,8 @@ on the same run. Prints the figures; exits 1 if a target is missed (start-up of 
 is reported apart: it is paid once per session, not per simulated step).
 
     python benchmarks/bench_serve.py [--rate R] [--requests N] [--skip-ray] [--prefix-cache M]
-    python benchmarks/bench_serve.py --light N [--lengths lognormal]   # issue #18: light vs saturated
+    python benchmarks/bench_serve.py --light N [--lengths lognormal] [--chunked-prefill B]
+                                                 # issue #18: light vs saturated
     python benchmarks/bench_serve.py --prefix-memory N   # issue #18: the prefix cache's memory
     python benchmarks/bench_serve.py --replicas  # issue #18: 1 against 64 replicas
 
@@ -23,7 +24,10 @@ resident memory each request adds within the larger run, between its middle and 
 `--prefix-cache off` takes the prefix cache's block entries out of the figures. `--lengths
 lognormal` draws prompt and output lengths lognormal (means 1,024 and 256, sigma 0.5) instead
 of fixed: thousands of distinct prefill shapes, and a saturated run no longer in lock step;
-the line of each load then also gives the cost-model evaluations it made. The time ratio
+the line of each load then also gives the cost-model evaluations it made. `--chunked-prefill
+B` runs both loads with chunked prefill and a token budget of B (Sarathi-Serve; vLLM V1's
+default scheduling), whose cached prefixes make most prefill steps a shape of their own. The
+time ratio
 is the median over three rounds of a light and a saturated run back to back (a shared machine's
 speed drifts between runs by more than the difference measured). N = 80,000 takes about four
 minutes on a 2-CPU machine (all eight runs); N = 20,000 about a minute.
@@ -104,7 +108,8 @@ LENGTHS = {"fixed": (traces.LengthDist("fixed", 1024), traces.LengthDist("fixed"
                          traces.LengthDist("lognormal", 256, 0.5))}
 
 
-def light_child(n: int, rate: float, prefix: str | None, lengths: str = "fixed") -> None:
+def light_child(n: int, rate: float, prefix: str | None, lengths: str = "fixed",
+                budget: int = 0) -> None:
     """One run as `serve --out` makes it: requests, steps and sockets rows streamed into the
     result folder as they are recorded, the links table written at the end."""
     import json
@@ -115,7 +120,9 @@ def light_child(n: int, rate: float, prefix: str | None, lengths: str = "fixed")
 
     model, cluster = load_model("llama-3.1-8b"), load_cluster("sn40l-8")
     trace = traces.synthetic(n, rate, "poisson", *LENGTHS[lengths])
-    config = ServeConfig(limits=Limits(max_batch=32), prefix=PrefixConfig(mode=prefix))
+    limits = (Limits(max_batch=32, token_budget=budget, chunked_prefill=True) if budget
+              else Limits(max_batch=32))
+    config = ServeConfig(limits=limits, prefix=PrefixConfig(mode=prefix))
     resident: dict[str, tuple[int, int]] = {}  # "mid", "end": (requests recorded, RSS)
 
     def watch(sim: Simulation, _windows: int) -> None:
@@ -146,17 +153,19 @@ def _rss_now() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _child(n: int, rate: float, prefix: str | None, lengths: str) -> dict:
+def _child(n: int, rate: float, prefix: str | None, lengths: str, budget: int) -> dict:
     import json
     import subprocess
 
     run = subprocess.run([sys.executable, __file__, "--light-child", str(n), str(rate),
-                          prefix or "default", lengths], capture_output=True, text=True,
+                          prefix or "default", lengths, str(budget)], capture_output=True,
+                         text=True,
                          check=True)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def light(n: int, prefix: str | None = None, rounds: int = 3, lengths: str = "fixed") -> int:
+def light(n: int, prefix: str | None = None, rounds: int = 3, lengths: str = "fixed",
+          budget: int = 0) -> int:
     """Each load at n and n // 4 requests, each run in a fresh process: wall and CPU time per
     request at n; memory per request as the slope of peak RSS between the two sizes (what each
     further request adds, the start-up and the caches that stop growing taken out), and the
@@ -166,14 +175,15 @@ def light(n: int, prefix: str | None = None, rounds: int = 3, lengths: str = "fi
     runs a minute apart by more than the difference to be measured)."""
     loads = (("light 50/s", 50.0), ("saturated", float("inf")))
     small = max(n // 4, 1)
+    chunked = f"chunked prefill, token budget {budget:,}" if budget else "prefill first"
     print(f"prefix cache: {prefix or 'default (tiered on sn40l)'}; {lengths} lengths; "
-          f"{rounds} rounds")
+          f"{chunked}; {rounds} rounds")
     runs = {label: [] for label, _ in loads}
     for _ in range(rounds):
         for label, rate in loads:
-            runs[label].append(_child(n, rate, prefix, lengths))
+            runs[label].append(_child(n, rate, prefix, lengths, budget))
     for label, rate in loads:
-        g = _child(small, rate, prefix, lengths)
+        g = _child(small, rate, prefix, lengths, budget)
         f = runs[label][0]  # memory: the first round (peak RSS does not depend on speed)
         slope = max(f["rss"] - g["rss"], 0) / (n - small) if n > small else 0.0
         bound = f["rss"] + slope * (1_000_000 - n)
@@ -224,10 +234,10 @@ def prefix_memory(n: int) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) == 6 and sys.argv[1] == "--light-child":
+    if len(sys.argv) == 7 and sys.argv[1] == "--light-child":
         mode = sys.argv[4]
         light_child(int(sys.argv[2]), float(sys.argv[3]), None if mode == "default" else mode,
-                    sys.argv[5])
+                    sys.argv[5], int(sys.argv[6]))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--light", type=int, default=0, help="light vs saturated, N requests")
@@ -239,13 +249,16 @@ def main() -> int:
     ap.add_argument("--skip-ray", action="store_true")
     ap.add_argument("--lengths", choices=tuple(LENGTHS), default="fixed",
                     help="--light: prompt and output lengths, fixed or lognormal")
+    ap.add_argument("--chunked-prefill", type=int, default=0, metavar="BUDGET",
+                    help="--light: chunked prefill with this token budget")
     ap.add_argument("--prefix-cache", choices=MODES, default=None,
                     help="the prefix cache's mode (default: serve's, tiered on sn40l-16)")
     args = ap.parse_args()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} CPUs, load average {load}")
     if args.light:
-        return light(args.light, args.prefix_cache, lengths=args.lengths)
+        return light(args.light, args.prefix_cache, lengths=args.lengths,
+                     budget=args.chunked_prefill)
     if args.prefix_memory:
         prefix_memory(args.prefix_memory)
         return 0
