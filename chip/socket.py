@@ -51,9 +51,14 @@ CHUNK = 4096  # context sums per table chunk: one evaluation covers 4096 / b dec
 # for 64 token counts as for one (numpy over the counts), and a trace of varied prompt
 # lengths would otherwise pay one evaluation per distinct length (benchmarks/bench_serve.py).
 PREFILL_CHUNK = 64
-# Prefill tables a CostTables keeps (8 KB each; the oldest go first): chunked prefill's cached
-# prefixes vary step to step, so its tables are mostly used once and would grow with the run.
+# The tables a CostTables keeps, the oldest evicted first (pure caches: an evicted table is
+# rebuilt with the same values). They would otherwise grow with the shapes a run visits, not
+# with its requests in flight: chunked prefill's cached prefixes vary step to step, so its
+# prefill tables (8 KB each) are mostly used once; varied lengths visit many (batch, context
+# chunk) decode tables (512 KB each, and their time rows as lists, 128 KB).
 PREFILL_TABLES = 2048
+DECODE_TABLES = 256
+TIME_ROWS = 512
 GROUPED = 64  # spans in a window from which CostTables.window gathers by table, not by span
 
 # Span kinds (a span is one row of the arrays in `Spans`).
@@ -271,6 +276,14 @@ def _degrade(rows: np.ndarray, factor: float, comm_factor: float) -> np.ndarray:
     return out
 
 
+def _keep(tables: dict, key: tuple, value: Any, most: int) -> Any:
+    """tables[key] = value, the oldest entry evicted first when `most` are held."""
+    if len(tables) >= most:
+        del tables[next(iter(tables))]
+    tables[key] = value
+    return value
+
+
 def _chunk_counts(j: int) -> np.ndarray:
     """The token counts of prefill chunk j (count 0, never read, costed as 1)."""
     counts = np.arange(j * PREFILL_CHUNK, (j + 1) * PREFILL_CHUNK, dtype=np.int64)
@@ -382,13 +395,15 @@ class CostTables:
             if (ctx_sum + batch * (n - 1)) // CHUNK == j:
                 times = self.times.get((batch, j))
                 if times is None:
-                    times = self.times[(batch, j)] = self._decode_chunk(batch, j)[0].tolist()
+                    times = _keep(self.times, (batch, j), self._decode_chunk(batch, j)[0]
+                                  .tolist(), TIME_ROWS)
                 lo = ctx_sum - j * CHUNK
                 return times[lo : lo + batch * (n - 1) + 1 : batch]
         elif kind == PREFILL:
             times = self.times.get(prefill)
             if times is None:
-                times = self.times[prefill] = self.prefill_step(*prefill, None)[0].tolist()
+                times = _keep(self.times, prefill, self.prefill_step(*prefill, None)[0]
+                              .tolist(), TIME_ROWS)
             return times
         return self.span_rows(kind, batch, ctx_sum, n, prefill)[0].tolist()
 
@@ -415,7 +430,7 @@ class CostTables:
         if table is None:
             ctx = np.arange(j * CHUNK, (j + 1) * CHUNK, dtype=float) / b
             table = self._decode_rows(b, ctx, CHUNK)
-            self.decode[(b, j)] = table
+            _keep(self.decode, (b, j), table, DECODE_TABLES)
         return table
 
     def _decode_rows(self, b: int, ctx: np.ndarray, n: int, load: Work = 1.0) -> np.ndarray:
@@ -463,7 +478,8 @@ class CostTables:
             prefix = np.repeat(np.array([x for _, x, _ in keys], dtype=np.int64), PREFILL_CHUNK)
             rows = self._prefill_rows(k, counts, prefix)
             for i, key in enumerate(keys):
-                self._keep(self.prefill, key, rows[:, i * PREFILL_CHUNK : (i + 1) * PREFILL_CHUNK])
+                _keep(self.prefill, key, np.ascontiguousarray(
+                    rows[:, i * PREFILL_CHUNK : (i + 1) * PREFILL_CHUNK]), PREFILL_TABLES)
 
     def _prefill_column(self, tables: dict, rows_of: Callable, k: int, tokens: int,
                         prefix: int) -> np.ndarray:
@@ -473,16 +489,11 @@ class CostTables:
         j = tokens // PREFILL_CHUNK
         table = tables.get((k, prefix, j))
         if table is None:
-            table = self._keep(tables, (k, prefix, j), rows_of(k, _chunk_counts(j), prefix))
+            table = _keep(tables, (k, prefix, j), rows_of(k, _chunk_counts(j), prefix),
+                          PREFILL_TABLES)
         col = tokens - j * PREFILL_CHUNK
         return table[:, col : col + 1]
 
-    @staticmethod
-    def _keep(tables: dict, key: tuple, table: np.ndarray) -> np.ndarray:
-        if len(tables) >= PREFILL_TABLES:
-            del tables[next(iter(tables))]  # a pure cache: any table can be rebuilt
-        tables[key] = np.ascontiguousarray(table)
-        return tables[key]
 
     def _prefill_rows(self, k: int, tokens: np.ndarray, prefix: Work) -> np.ndarray:
         """Prefill steps of k sequences over `prefix` cached tokens, one a token count."""

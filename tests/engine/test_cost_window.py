@@ -135,7 +135,8 @@ def test_a_prefill_step_is_its_column_of_a_chunk_table_bit_for_bit(model, cluste
 def test_prefill_lengths_within_a_chunk_cost_one_evaluation_and_old_tables_go_first(
         monkeypatch):
     """A trace of varied prompt lengths pays one evaluation a chunk, not one a length; the
-    tables are capped (PREFILL_TABLES, oldest first) and an evicted one is rebuilt the same."""
+    tables are capped (PREFILL_TABLES, DECODE_TABLES, TIME_ROWS: oldest first) and an evicted
+    one is rebuilt the same."""
     from chip import socket
 
     t = _program_tables("llama-3.1-8b", "sn40l-8")
@@ -149,6 +150,14 @@ def test_prefill_lengths_within_a_chunk_cost_one_evaluation_and_old_tables_go_fi
     assert t.evaluations == 6
     with pytest.raises(ValueError, match="at least one token"):
         t.prefill_step(1, 0, 0, None)
+    monkeypatch.setattr(socket, "DECODE_TABLES", 2)  # the decode tables and time rows too
+    monkeypatch.setattr(socket, "TIME_ROWS", 2)
+    kept = {b: t.decode_span(b, 100 * b, 5, None).copy() for b in (1, 2, 3)}
+    assert sorted(t.decode) == [(2, 0), (3, 0)]
+    assert all(np.array_equal(t.decode_span(b, 100 * b, 5, None), v) for b, v in kept.items())
+    for b in (1, 2, 3):
+        assert t.step_times(DECODE, b, 100 * b, 5, (0, 0, 0)) == kept[b][0].tolist()
+    assert len(t.times) == 2
 
 
 def test_a_window_fills_its_missing_prefill_tables_at_once_with_the_same_values():
