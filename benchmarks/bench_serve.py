@@ -27,11 +27,10 @@ lognormal` draws prompt and output lengths lognormal (means 1,024 and 256, sigma
 of fixed: thousands of distinct prefill shapes, and a saturated run no longer in lock step;
 the line of each load then also gives the cost-model evaluations it made. `--chunked-prefill
 B` runs both loads with chunked prefill and a token budget of B (Sarathi-Serve; vLLM V1's
-default scheduling), whose cached prefixes make most prefill steps a shape of their own. The
-time ratio
-is the median over three rounds of a light and a saturated run back to back (a shared machine's
-speed drifts between runs by more than the difference measured). N = 80,000 takes about four
-minutes on a 2-CPU machine (all eight runs); N = 20,000 about a minute.
+default scheduling), whose cached prefixes make most prefill steps a shape of their own.
+The time ratio is the median over three rounds of a light and a saturated run back to back
+(a shared machine's speed drifts between runs by more than the difference measured). N =
+80,000 takes about four minutes on a 2-CPU machine (all eight runs); N = 20,000 about a minute.
 """
 
 from __future__ import annotations
@@ -159,9 +158,8 @@ def _child(n: int, rate: float, prefix: str | None, lengths: str, budget: int) -
     import subprocess
 
     run = subprocess.run([sys.executable, __file__, "--light-child", str(n), str(rate),
-                          prefix or "default", lengths, str(budget)], capture_output=True,
-                         text=True,
-                         check=True)
+                          prefix or "default", lengths, str(budget)],
+                         capture_output=True, text=True, check=True)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
@@ -255,6 +253,8 @@ def main() -> int:
     ap.add_argument("--prefix-cache", choices=MODES, default=None,
                     help="the prefix cache's mode (default: serve's, tiered on sn40l-16)")
     args = ap.parse_args()
+    if args.chunked_prefill < 0:
+        ap.error(f"--chunked-prefill: a token budget >= 1 (0: off), got {args.chunked_prefill}")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} CPUs, load average {load}")
     if args.light:

@@ -494,7 +494,6 @@ class CostTables:
         col = tokens - j * PREFILL_CHUNK
         return table[:, col : col + 1]
 
-
     def _prefill_rows(self, k: int, tokens: np.ndarray, prefix: Work) -> np.ndarray:
         """Prefill steps of k sequences over `prefix` cached tokens, one a token count."""
         shape = StepShape("prefill", float(k), tokens / k, prefix / k)
