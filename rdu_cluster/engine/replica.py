@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import chain, pairwise
 from typing import Protocol
 
@@ -166,13 +166,12 @@ class Replica:
         spans, ops = [], [self.next_ops]
         self.next_ops = []
         steps = 0
+        follow = None  # the plan that stands after the last span (StepPlan.stands)
         while len(spans) < MAX_SPANS and steps < MAX_STEPS and len(self.completed) < MAX_COMPLETED:
-            caught = clock is not None and not clock.untimed
-            if caught:
-                clock.catch_up()  # the time is known: no plan is made without the arrivals
-            plan = self.scheduler.step(self.view())
-            if clock is not None and not caught and not plan.saturated and clock.catch_up():
-                plan = self.scheduler.step(self.view())  # with the requests just arrived
+            if follow is not None:
+                plan, follow = follow, None
+            else:
+                plan = self._plan(clock)
             if plan.empty:
                 if spans and clock is not None and clock.idle():
                     continue
@@ -190,17 +189,39 @@ class Replica:
                 ops.append([])
                 break
             n = clock.steps(span, plan.saturated) if timed else span.steps
-            self.advance(span, n)
+            rest = self.advance(span, n)
             steps += n
             ops.append(self.next_ops)
             self.next_ops = []
             if clock is not None and not timed:
                 break  # the clock cannot tell when this span ended
+            if plan.stands and n == span.steps and rest and clock is not None:
+                follow = self._follow(plan, rest, clock)
         if not spans:
             self.next_ops = [op for part in ops for op in part]
             return Window([], [])
         ops[-1] = ops[-1] + self._sync_growth()
         return Window(spans, ops, [] if clock is None else clock.resumes)
+
+    def _plan(self, clock: Clock | None) -> StepPlan:
+        caught = clock is not None and not clock.untimed
+        if caught:
+            clock.catch_up()  # the time is known: no plan is made without the arrivals
+        plan = self.scheduler.step(self.view())
+        if clock is not None and not caught and not plan.saturated and clock.catch_up():
+            plan = self.scheduler.step(self.view())  # with the requests just arrived
+        return plan
+
+    def _follow(self, plan: StepPlan, rest: list[Request], clock: Clock) -> StepPlan | None:
+        """The plan after a span that ran to its end, without asking the scheduler: the same
+        decodes less those that completed, where the plan stands (StepPlan.stands), no request
+        arrived by the span's end, and each decode's next step fits in the free KV blocks."""
+        h = clock.next_arrival()
+        if h < math.inf and (clock.untimed or clock.t >= h) or self.kv.free < len(rest):
+            return None
+        # a standing plan decodes and does nothing else
+        return StepPlan(decode=tuple(rest), saturated=plan.saturated, stands=True,
+                        expert=plan.expert)
 
     def _moves(self, plan: StepPlan) -> bool:
         """Whether opening the plan's span moves KV between tiers (swap preemption, swap-in)."""
@@ -210,6 +231,9 @@ class Replica:
     def _open(self, plan: StepPlan, ops: list) -> Span | None:
         """Apply what happens at the start of a span (preemption, swap-in, admission) and make
         the span; None when the plan only preempted."""
+        if not (plan.prefill or plan.admit or plan.preempt or plan.swap_in or plan.expert >= 0):
+            # a decode plan (two spans in three at light load): nothing to apply
+            return self._span(DECODE, list(plan.decode), [], -1) if plan.decode else None
         for r in plan.preempt:
             self._preempt(r, ops)
         for r in plan.swap_in:
@@ -227,13 +251,20 @@ class Replica:
         # a plan's decodes are running sequences, less those it preempts
         decode = ([r for r in plan.decode if r.state == RUNNING] if plan.preempt
                   else list(plan.decode)) + list(plan.swap_in) + received
+        prefill = plan.prefill
         if received:  # their KV came from a prefill replica: they decode, nothing to prefill
-            plan = replace(plan, prefill=tuple(p for p in plan.prefill if p[0] not in received))
-            if not plan.prefill:  # no prefill step after all: every running sequence decodes
+            prefill = tuple(p for p in prefill if p[0] not in received)
+            if not prefill:  # no prefill step after all: every running sequence decodes
                 decode = [r for r in self.running if not r.prefilling]
-        if not decode and not plan.prefill:
+        if not decode and not prefill:
             return None
-        kind = MIXED if decode and plan.prefill else (PREFILL if plan.prefill else DECODE)
+        kind = MIXED if decode and prefill else (PREFILL if prefill else DECODE)
+        return self._span(kind, decode, list(prefill), plan.expert, switch, hit, copy_s)
+
+    def _span(self, kind: int, decode: list[Request], prefill: list[tuple[Request, int]],
+              expert: int, switch: bool = False, hit: int = 0, copy_s: float = 0.0) -> Span:
+        """The span of these decodes and prefills from this step: a decode span runs to its
+        first completion or as far as its KV growth fits."""
         steps = 1
         # lists, not arrays: a light-load batch is a dozen sequences, and numpy's cost is in
         # its calls (Window.kv_blocks makes arrays of a whole window's spans at once)
@@ -243,9 +274,9 @@ class Replica:
         if kind == DECODE and self.speculate is None:
             limit = min([r.output_len - r.generated for r in decode])  # remaining_output
             steps = max(1, self._fit(cached, held, limit))
-        span = Span(kind, steps, self.step, decode, list(plan.prefill),
-                    ctx_sum=sum(cached), pre_prefix=sum(r.cached for r, _ in plan.prefill),
-                    running=len(self.running), expert=plan.expert, switch=switch,
+        span = Span(kind, steps, self.step, decode, prefill, ctx_sum=sum(cached),
+                    pre_prefix=sum([r.cached for r, _ in prefill]) if prefill else 0,
+                    running=len(self.running), expert=expert, switch=switch,
                     prefix_hit=hit, prefix_copy_s=copy_s)
         if self.speculate is not None and decode:
             left = np.fromiter((r.remaining_output for r in decode), np.int64, len(decode))
@@ -283,8 +314,9 @@ class Replica:
         return lo
 
     # -- state changes ------------------------------------------------------------------
-    def advance(self, span: Span, steps: int) -> None:
-        """The span ran `steps` steps: move tokens, record completions, grow the KV cache."""
+    def advance(self, span: Span, steps: int) -> list[Request]:
+        """The span ran `steps` steps: move tokens, record completions, grow the KV cache.
+        Returns its decodes that did not complete."""
         span.steps = steps
         last = span.first_step + steps - 1
         prefilled = [r for r, _ in span.prefill]
@@ -295,7 +327,9 @@ class Replica:
                 r.emit(self.index, span.first_step, 1)
             if self.prefix is not None and not r.prefilling:
                 self.prefix.computed(r, r.cached)
-        if span.tokens is None:
+        if not span.decode:  # a prefill step
+            done = ()
+        elif span.tokens is None:
             done = decode_batch(span.decode, steps, span.first_step, self.index)
         else:
             for r, t in zip(span.decode, span.tokens.tolist()):
@@ -307,11 +341,14 @@ class Replica:
         for r in prefilled:
             if r.state == DONE:
                 self._finish(r)
-        self.kv.grow([r for r in span.decode if r.state != DONE] if done else span.decode)
+        rest = [r for r in span.decode if r.state != DONE] if done else span.decode
+        if rest:
+            self.kv.grow(rest)
         if prefilled:
             self.kv.grow([r for r in prefilled if r.state != DONE])
         self.step += steps
         self._fit_prefix()
+        return rest
 
     def _fit_prefix(self) -> None:
         if self.prefix is not None:

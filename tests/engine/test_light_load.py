@@ -57,6 +57,61 @@ def test_timed_windows_give_the_tables_of_one_window_per_plan(serve, monkeypatch
     assert ahead.summary == {**one.summary, "windows": ahead.summary["windows"]}
 
 
+def test_a_standing_plan_gives_the_tables_of_asking_the_scheduler(serve, monkeypatch):
+    """After a decode span that ran to its end, a plan that stands (StepPlan.stands) is
+    followed without asking the scheduler: the same tables as asking it at every span, on a
+    light run and on one whose KV cache is short enough to preempt (there the replica must
+    ask: a decode's next step may not fit)."""
+    follows = []
+    real = replica.Replica._follow
+
+    def count(self, plan, rest, clock):
+        out = real(self, plan, rest, clock)
+        follows.append(out is not None)
+        return out
+
+    # 16 long requests on one replica, all admitted, whose decodes outgrow the KV cache
+    # (1,144 blocks) with nothing waiting
+    pressed = {"cluster": "sn40l-8", "n": 16, "rate": 200.0,
+               "prompt": traces.LengthDist("fixed", 1024),
+               "output": traces.LengthDist("uniform", 200, 1500), "kv_memory_fraction": 0.0045}
+    for kw in (LIGHT, pressed):
+        follows.clear()
+        monkeypatch.setattr(replica.Replica, "_follow", count)
+        _, followed = serve(**kw)
+        assert sum(follows) > 5
+        monkeypatch.setattr(replica.Replica, "_follow", lambda self, plan, rest, clock: None)
+        _, asked = serve(**kw)
+        for name in ("requests", "steps", "sockets", "links"):
+            assert getattr(followed, name).equals(getattr(asked, name)), name
+        assert followed.summary == asked.summary
+    assert not all(follows)  # under KV pressure some spans end where the plan does not stand
+    assert pc.sum(followed.requests["preemptions"]).as_py() > 0
+
+
+def test_the_continuous_plan_stands_only_with_nothing_waiting_or_swapped():
+    from rdu_cluster.engine.kv import KVConfig, KVManager
+    from rdu_cluster.engine.requests import RUNNING, Request
+    from rdu_cluster.engine.schedulers import Limits, View
+    from rdu_cluster.engine.schedulers.continuous import Continuous
+
+    kv = KVManager(KVConfig(10_000, 16, 1.0))
+    running = [Request(i, 0.0, 100, 50, state=RUNNING, cached=100, target=100)
+               for i in range(3)]
+    for r in running:
+        kv.set(r, r.cached)
+    policy = Continuous(Limits(max_batch=4))
+    late = Request(9, 1.0, 20_000_000, 5)  # too long to admit: the plan is a decode
+    swapped = Request(8, 0.0, 100, 50, state="swapped", cached=100, target=100)
+    assert policy.step(View(running, [], [], kv, True)).stands
+    assert not policy.step(View(running, [late], [], kv, True)).stands
+    plan = policy.step(View(running, [], [swapped], kv, True))
+    assert plan.swap_in and not plan.stands
+    prefilling = [*running, Request(5, 0.0, 100, 50, state=RUNNING, cached=10, target=100)]
+    kv.set(prefilling[-1], 100)
+    assert not policy.step(View(prefilling, [], [], kv, True)).stands
+
+
 def test_a_window_the_sockets_time_otherwise_is_an_internal_error(serve, monkeypatch):
     """The engine checks the sockets' times against those it planned with: a prediction off
     by one part in 10^9 is caught, not recorded."""

@@ -50,7 +50,11 @@ class Continuous:
             return StepPlan(prefill=prefill, admit=tuple(admit), saturated=saturated)
         room_left = len(running) < self.limits.max_batch
         saturated = bool(view.waiting) or not room_left or not view.more_arrivals
-        return StepPlan(decode=_decoding(running), saturated=saturated)
+        decode = _decoding(running)
+        # with nothing waiting or swapped and every running sequence decoding, a completion
+        # changes nothing but the batch (_fit_decodes' first test settles the next plan)
+        stands = not (view.waiting or view.swapped) and len(decode) == len(running)
+        return StepPlan(decode=decode, saturated=saturated, stands=stands)
 
     def _chunked(self, view: View, running: list, free: int) -> StepPlan:
         decode = _decoding(running)
