@@ -74,7 +74,7 @@ class StepPlan:
     # A decode plan that stands until a request arrives: at a span's end with none arrived,
     # the policy would plan the same decodes less those that completed, as long as each
     # one's next step fits in the free KV blocks (a decode grows by at most one a step). The
-    # engine then runs the next span without asking (at light load, a third of the spans).
+    # engine then runs the next span without asking (at light load, a quarter of the spans).
     stands: bool = False
 
     @property
