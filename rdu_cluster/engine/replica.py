@@ -188,14 +188,15 @@ class Replica:
                 span.cut_at = horizon
                 ops.append([])
                 break
-            n = clock.steps(span, plan.saturated) if timed else span.steps
+            planned = span.steps
+            n = clock.steps(span, plan.saturated) if timed else planned
             rest = self.advance(span, n)
             steps += n
             ops.append(self.next_ops)
             self.next_ops = []
             if clock is not None and not timed:
                 break  # the clock cannot tell when this span ended
-            if plan.stands and n == span.steps and rest and clock is not None:
+            if plan.stands and n == planned and rest and clock is not None:
                 follow = self._follow(plan, rest, clock)
         if not spans:
             self.next_ops = [op for part in ops for op in part]
