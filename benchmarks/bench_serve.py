@@ -21,7 +21,10 @@ saturated time per request, memory bounded by the requests in flight). The peak 
 bounded by the chunk size (rows waiting for their Parquet row group: 16,384 requests' rows;
 2 MB of ITLs before they spill), which fill up over the first tens of thousands of requests,
 so the slope at small N overstates what a million requests add; the line after it gives the
-resident memory each request adds within the larger run, between its middle and its end.
+resident memory each request adds within the larger run, between its middle and its end. The
+third line of each load gives the spans it planned a request and the CPU time its replicas
+spent planning them (Replica.plan_window), a request and a span: what a light run pays that a
+saturated one, in lock step, does not.
 `--prefix-cache off` takes the prefix cache's block entries out of the figures. `--lengths
 lognormal` draws prompt and output lengths lognormal (means 1,024 and 256, sigma 0.5) instead
 of fixed: thousands of distinct prefill shapes, and a saturated run no longer in lock step;
@@ -45,6 +48,7 @@ from pathlib import Path
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
+from rdu_cluster.engine.replica import Replica
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from workloads import traces
@@ -131,9 +135,11 @@ def light_child(n: int, rate: float, prefix: str | None, lengths: str = "fixed",
             if k >= at and name not in resident:
                 resident[name] = (k, _rss_now())
 
+    planning = _PlanningClock()
     with tempfile.TemporaryDirectory() as tmp:
         sim = Simulation(model, cluster, trace, config, LocalBackend())
         sim.hooks.append(watch)
+        sim.observers.append(planning)
         t, c = time.perf_counter(), time.process_time()
         with results.TableFolder(Path(tmp) / "out", ()) as folder:
             tables = sim.run(sink=folder.write)
@@ -144,7 +150,29 @@ def light_child(n: int, rate: float, prefix: str | None, lengths: str = "fixed",
     print(json.dumps({"wall_s": wall, "cpu_s": cpu, "rss": rss,
                       "run_slope": (r1 - r0) / max(k1 - k0, 1),
                       "windows": tables.summary["windows"], "steps": tables.summary["steps"],
+                      "spans": planning.spans, "planning_s": planning.cpu_s,
                       "evaluations": sum(t.evaluations for t in sim.backend.memo.values())}))
+
+
+class _PlanningClock:
+    """The spans a run plans and the CPU time its replicas spend planning them
+    (Replica.plan_window, timed around each call: a light run's cost is per span)."""
+
+    def __init__(self) -> None:
+        self.spans, self.cpu_s = 0, 0.0
+        plan = Replica.plan_window
+
+        def timed(rep, *args, **kwargs):
+            t = time.process_time()
+            try:
+                return plan(rep, *args, **kwargs)
+            finally:
+                self.cpu_s += time.process_time() - t
+
+        Replica.plan_window = timed  # this child process runs one simulation
+
+    def window(self, sim, rep, window, res, step, t0, m) -> None:
+        self.spans += len(window.spans)
 
 
 def _rss_now() -> int:
@@ -196,6 +224,10 @@ def light(n: int, prefix: str | None = None, rounds: int = 3, lengths: str = "fi
               f"{bound / 1e9:.1f} GB; {f['evaluations']:,} cost-model evaluations")
         print(f"{'':<11} resident memory within the run, from request {n // 2:,} to "
               f"{n - n // 16:,}: {f['run_slope']:,.0f} bytes a request")
+        plan_cpu = statistics.median(x["planning_s"] for x in runs[label])
+        print(f"{'':<11} {f['spans'] / n:.2f} spans a request; planning them "
+              f"{plan_cpu / n * 1e6:.1f} us of CPU a request, "
+              f"{plan_cpu / max(f['spans'], 1) * 1e6:.1f} us a span (median)")
     ratio = {k: [a[k] / b[k] for a, b in zip(runs["light 50/s"], runs["saturated"])]
              for k in ("wall_s", "cpu_s")}
     wall, cpu = statistics.median(ratio["wall_s"]), statistics.median(ratio["cpu_s"])
