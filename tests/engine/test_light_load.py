@@ -12,7 +12,10 @@ import pyarrow.compute as pc
 import pytest
 
 from rdu_cluster.engine import replica
-from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.kv import KVConfig, KVManager
+from rdu_cluster.engine.requests import RUNNING, Request
+from rdu_cluster.engine.schedulers import Limits, View
+from rdu_cluster.engine.schedulers.continuous import Continuous
 from rdu_cluster.engine.simulation import Simulation
 from workloads import traces
 
@@ -95,11 +98,6 @@ def test_a_standing_plan_gives_the_tables_of_asking_the_scheduler(serve, monkeyp
 
 
 def test_the_continuous_plan_stands_only_with_nothing_waiting_or_swapped():
-    from rdu_cluster.engine.kv import KVConfig, KVManager
-    from rdu_cluster.engine.requests import RUNNING, Request
-    from rdu_cluster.engine.schedulers import Limits, View
-    from rdu_cluster.engine.schedulers.continuous import Continuous
-
     kv = KVManager(KVConfig(10_000, 16, 1.0))
     running = [Request(i, 0.0, 100, 50, state=RUNNING, cached=100, target=100)
                for i in range(3)]

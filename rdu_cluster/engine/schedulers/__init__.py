@@ -49,7 +49,8 @@ class Limits:
 
 
 # View and StepPlan are values no one mutates, but not frozen: at light load the engine builds
-# one of each a span, and a frozen dataclass's __init__ (object.__setattr__ a field) costs 3x
+# one of each a span, and a frozen dataclass's __init__ (object.__setattr__ a field) costs
+# about 5x (1.16 against 0.22 microseconds for a StepPlan)
 @dataclass(slots=True)
 class View:
     """What a policy sees at a step boundary (read only)."""
