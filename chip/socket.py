@@ -223,7 +223,7 @@ class Socket:
             for i, span_ops in enumerate(ops):
                 if span_ops:  # at light load most spans change no region
                     t = self.apply(span_ops)
-                    if i < len(moves):
+                    if t and i < len(moves):  # most ops move nothing: seconds 0
                         moves[i] = t
             self.seq = seq
             self.last_moves = moves

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, pairwise
 from typing import Protocol
@@ -54,7 +54,7 @@ class Span:
     kind: int
     steps: int
     first_step: int
-    decode: list[Request]
+    decode: Sequence[Request]  # never changed: a plan's tuple, or a list
     prefill: list[tuple[Request, int]]
     ctx_sum: int = 0
     pre_tokens: int = field(init=False)  # the new tokens its prefills bring
@@ -213,7 +213,7 @@ class Replica:
             plan = self.scheduler.step(self.view())  # with the requests just arrived
         return plan
 
-    def _follow(self, plan: StepPlan, rest: list[Request], clock: Clock) -> StepPlan | None:
+    def _follow(self, plan: StepPlan, rest: Sequence[Request], clock: Clock) -> StepPlan | None:
         """The plan after a span that ran to its end, without asking the scheduler: the same
         decodes less those that completed, where the plan stands (StepPlan.stands), no request
         arrived by the span's end, and each decode's next step fits in the free KV blocks."""
@@ -234,7 +234,7 @@ class Replica:
         the span; None when the plan only preempted."""
         if not (plan.prefill or plan.admit or plan.preempt or plan.swap_in or plan.expert >= 0):
             # a decode plan (two spans in three at light load): nothing to apply
-            return self._span(DECODE, list(plan.decode), [], -1) if plan.decode else None
+            return self._span(DECODE, plan.decode, [], -1) if plan.decode else None
         for r in plan.preempt:
             self._preempt(r, ops)
         for r in plan.swap_in:
@@ -262,7 +262,7 @@ class Replica:
         kind = MIXED if decode and prefill else (PREFILL if prefill else DECODE)
         return self._span(kind, decode, list(prefill), plan.expert, switch, hit, copy_s)
 
-    def _span(self, kind: int, decode: list[Request], prefill: list[tuple[Request, int]],
+    def _span(self, kind: int, decode: Sequence[Request], prefill: list[tuple[Request, int]],
               expert: int, switch: bool = False, hit: int = 0, copy_s: float = 0.0) -> Span:
         """The span of these decodes and prefills from this step: a decode span runs to its
         first completion or as far as its KV growth fits."""
@@ -315,7 +315,7 @@ class Replica:
         return lo
 
     # -- state changes ------------------------------------------------------------------
-    def advance(self, span: Span, steps: int) -> list[Request]:
+    def advance(self, span: Span, steps: int) -> Sequence[Request]:
         """The span ran `steps` steps: move tokens, record completions, grow the KV cache.
         Returns its decodes that did not complete."""
         span.steps = steps

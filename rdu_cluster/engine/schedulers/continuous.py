@@ -93,13 +93,14 @@ def _decoding(running: list) -> tuple:
 def _fit_decodes(view: View) -> tuple[list, tuple, int]:
     """Preempt the newest running sequences until one decode step of the rest fits; the free
     blocks left after that step (read only to admit or swap in)."""
-    running = list(view.running)
     kv, preempt = view.kv, []
     free = kv.free
-    if free >= len(running) and not view.waiting and not view.swapped:
+    if free >= len(view.running) and not view.waiting and not view.swapped:
         # A decode step grows a sequence by at most one block (it holds its cached tokens'
-        # blocks), so all fit, and nothing waits to be admitted with what is left.
-        return running, (), free
+        # blocks), so all fit, and nothing waits to be admitted with what is left. (The
+        # running list itself: no caller changes it.)
+        return view.running, (), free
+    running = list(view.running)
     bt, held = kv.config.block_tokens, kv.held
     while running:
         # A decode's growth: the blocks of cached + 1 tokens less those it holds. It holds the
