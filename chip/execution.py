@@ -85,12 +85,15 @@ def parse_params(cls: type[P], table: Mapping[str, Any], where: str) -> P:
     """Build a frozen params dataclass from an [execution] table with exactly its fields.
 
     Every field is a non-negative number (seconds, bytes, counts); fields whose name ends in
-    `_efficiency` or `_fraction` must lie in (0, 1]. Errors name `<where>.<key>`."""
+    `_efficiency` or `_fraction` must lie in (0, 1], seconds (`_s`) at most
+    checks.MAX_LATENCY_S. Errors name `<where>.<key>`."""
     names = [f.name for f in dataclasses.fields(cls)]
     checks.exact_keys(table, names, where)
     values = {}
     for name in names:
-        v = checks.non_negative(table, name, where)
+        seconds = name.endswith("_s") and not name.endswith("_per_s")
+        v = checks.latency(table, name, where) if seconds else checks.non_negative(table, name,
+                                                                                   where)
         if name.endswith(("_efficiency", "_fraction")) and not 0 < v <= 1:
             raise ConfigError(f"{where}.{name}: expected a fraction in (0, 1], got {v!r}")
         values[name] = v

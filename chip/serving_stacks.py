@@ -40,5 +40,5 @@ def stack(name: str) -> GpuOptions:
         return STACKS[name]
     except KeyError:
         raise ConfigError(
-            f"stack: {name!r} unknown; accepted: {', '.join(sorted(STACKS))}"
+            f"--stack: {name!r} unknown; accepted: {', '.join(sorted(STACKS))}"
         ) from None

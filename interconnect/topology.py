@@ -54,10 +54,13 @@ class TopologySpec:
         if d["kind"] not in KINDS:
             raise ConfigError(f"{where}.kind: {d['kind']!r} unknown; accepted: {', '.join(KINDS)}")
         checks.source(d, where)
-        for key in sorted(numbers | {"link_bandwidth_bytes_per_s", "link_latency_s"}):
-            checks.non_negative({key: d.get(key, 0.0)}, key, where)
-        if d["link_bandwidth_bytes_per_s"] <= 0:
-            raise ConfigError(f"{where}.link_bandwidth_bytes_per_s: must be positive")
+        checks.rate(d, "link_bandwidth_bytes_per_s", where)
+        if d.get("inter_node_bandwidth_bytes_per_s", 0):  # 0: one node, no fabric
+            checks.rate(d, "inter_node_bandwidth_bytes_per_s", where)
+        checks.non_negative({"inter_node_bandwidth_bytes_per_s": d.get(
+            "inter_node_bandwidth_bytes_per_s", 0.0)}, "inter_node_bandwidth_bytes_per_s", where)
+        for key in ("link_latency_s", "inter_node_latency_s"):
+            checks.latency({key: d.get(key, 0.0)}, key, where)
         lpp = checks.integer(d.get("links_per_pair", 1), f"{where}.links_per_pair", 1, 64)
         shape = d.get("torus_shape", [])
         if not isinstance(shape, list) or not all(
@@ -67,6 +70,9 @@ class TopologySpec:
         shape = tuple(shape)
         if d["kind"] == "torus2d" and len(shape) != 2:
             raise ConfigError(f"{where}.torus_shape: torus2d needs [x, y], got {list(shape)!r}")
+        if d["kind"] != "torus2d" and shape:
+            raise ConfigError(f"{where}.torus_shape: only a torus2d has one; kind is "
+                              f"{d['kind']!r}")
         algos = d.get("algorithms", list(ALGORITHMS))
         if not isinstance(algos, list):
             raise ConfigError(f"{where}.algorithms: expected a list of names, got {algos!r:.40}")

@@ -22,10 +22,11 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
+from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.spec import FFN, Mixer, ModelSpec
 
-_PART = re.compile(r"(tp|pp|ep|dp)(\d+)")
+_PART = re.compile(r"(tp|pp|ep|dp)(\d{1,9})")  # 9 digits: past MAX_DEGREE, never past int()
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,14 @@ class Plan:
             pos = m.end()
         if pos != len(base) or not degrees or not all(1 <= d <= MAX_DEGREE for d in degrees.values()):
             raise ConfigError(
-                f"--plan: {text!r} is not a plan; expected degrees like tp8, tp4pp2, ep16, "
+                f"--plan: {show(text)} is not a plan; expected degrees like tp8, tp4pp2, ep16, "
                 f"tp8ep2, tp2pp2dp4 (each 1 to {MAX_DEGREE}), optionally @mixer=degree,..."
             )
         return cls(**degrees, mixer_tp=_parse_blocks(blocks, text))
 
 
 # No parallel degree exceeds the largest cluster accepted (rdu_cluster/config.py MAX_SOCKETS).
-MAX_DEGREE = 65536
+MAX_DEGREE = 16384
 
 
 def _parse_blocks(text: str, whole: str) -> tuple[tuple[Mixer, int], ...]:
@@ -99,12 +100,11 @@ def _parse_blocks(text: str, whole: str) -> tuple[tuple[Mixer, int], ...]:
             out.append((Mixer(name.strip()), int(deg)))
         except ValueError:
             kinds = ", ".join(m.value for m in Mixer if m is not Mixer.NONE)
-            raise ConfigError(
-                f"--plan: {whole!r}: block choice {item!r}; expected mixer=degree with a mixer "
-                f"among {kinds}"
-            ) from None
+            raise ConfigError(f"--plan: {show(whole)}: block choice {show(item)}; expected "
+                              f"mixer=degree with a mixer among {kinds}") from None
         if not 1 <= out[-1][1] <= MAX_DEGREE:
-            raise ConfigError(f"--plan: {whole!r}: block degree {deg}; expected 1 to {MAX_DEGREE}")
+            raise ConfigError(f"--plan: {show(whole)}: block degree {show(deg)}; expected 1 to "
+                              f"{MAX_DEGREE}")
     return tuple(sorted(out, key=lambda md: md[0].value))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import shutil
 import signal
 from dataclasses import dataclass, field
@@ -801,6 +802,104 @@ def format_counts() -> str:
     return "\n".join(lines)
 
 
+# ---- a second campaign (stop 26): cases a fresh hostile run found past the first table ---------
+
+def _requests_table_of_other_columns() -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"batch": [1, 2], "tokens_per_s": [1.0, 2.0]}), buf)
+    return buf.getvalue()
+
+
+def _second_campaign_cases() -> None:
+    llama = {k: v for k, v in catalog.model_config("llama-3.2-1b").items() if k != "_rdu"}
+    tiny = ["--requests", "4", "--prompt-len", "64", "--output-len", "8"]
+    small = ["serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", *tiny, "--out",
+             "{d}/out"]
+    # files that never end: reading them must not hang (FIFO: a reader waits for a writer)
+    add("simulate", "config_file", "simulate", "--model", "{d}/fifo.json", "--cluster",
+        "sn40l-8", files={"fifo.json": "FIFO"})
+    add("simulate", "config_file", "simulate", "--model", "{d}/m", "--cluster", "sn40l-8",
+        files={"m": "DIR", "m/config.json": "FIFO"})
+    add("simulate", "config_file", "simulate", "--model", "/dev/zero", "--cluster", "sn40l-8")
+    add("validate", "cases_file", "validate", "--no-loo", "--cases", "{d}/f", files={"f": "FIFO"})
+    add("validate", "cases_file", "validate", "--no-loo", "--cases", "{d}/c.toml",
+        files={"c.toml": CASE.replace("value = 14.9", "value = 0")})  # errors are relative
+    # past the stated bounds: sockets, plan digits, seconds, a round's digits
+    add("plan", "cli_value", "plan", "--model", "llama-3.1-405b", "--cluster", "dgx-h100",
+        "--sockets", "65536", "--top", "1")
+    add("plan", "cli_value", *PLAN, "--top", "0")
+    add("serve", "cli_value", *small, "--rate", "1", "--replicas", "65536", "--plan", "tp1")
+    add("serve", "cli_value", "serve", "--model", "llama-3.2-1b", *tiny, "--out", "{d}/out",
+        "--rate", "1", "--prefill-pool", "sn40l-8:tp8:1000000000", "--decode-pool",
+        "sn40l-8:tp8:1")
+    add("simulate", "plan", *SIM, "--plan", "tp" + "1" * 5000)
+    for extra in (["--rate", "1e-300"], ["--concurrency", "2", "--ramp-up", "nan"],
+                  ["--concurrency", "2", "--ramp-up", "1e300"],
+                  ["--rate", "1", "--timeline", "{d}/out"],
+                  ["--rate", "1", "--timeline", "{d}/out/t.json"]):
+        add("serve", "cli_value", *small, *extra)
+    for think in ("1e300", "uniform:0:1e300"):
+        add("serve", "cli_value", *small[:5], "--out", "{d}/out", "--sessions", "2", "--turns",
+            "2", "--think-time", think)
+    add("capacity", "cli_value", *CAP, "--prompt-len", "64", "--output-len", "8", "--rate",
+        "1e-300", "--requests", "4", "--slo", "tpot:50")
+    add("sweep", "sweep_filter", "sweep", "{d}/spec.toml", "--out", "{d}/o",
+        files={"spec.toml": _spec(filters='[filters]\nkeep = ["round(batch, -10**9) == 0"]')})
+    # hardware figures past a finite machine, and fields that were ignored
+    for setting in ("topology.torus_shape=[3,3]", "chip.name=", "chip.peak_flops.fp4=1e15",
+                    "chip.tiers.hbm.bandwidth_bytes_per_s=1000",
+                    "chip.execution.op_latency_s=1e300"):
+        add("simulate", "cluster_toml", *SIM, "--set", setting)
+    for stack in ("", "bogus"):
+        add("simulate", "cli_value", *SIM, "--stack", stack)
+    add("serve", "hf_config", "serve", "--model", "{d}/config.json", *small[3:], "--rate", "1",
+        files={"config.json": dict(llama, rope_scaling="x")}, label="rope_scaling string")
+    # traces a parser would choke on
+    replay = ["serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--out", "{d}/out"]
+    add("serve", "trace", *replay, "--trace", "{d}/t.csv",
+        files={"t.csv": "arrival_s,prompt_len,output_len,arrival_s\n0,64,8,1\n"})
+    add("serve", "trace", *replay, "--trace", "{d}/t.jsonl",
+        files={"t.jsonl": "[" * 100000 + "]" * 100000 + "\n"})
+    # state: a folder where a part file belongs (resume must not drop its manifest first); a
+    # report into the dataset; a serve folder whose requests table is another table
+    add("sweep", "corrupt_state", "sweep", "{d}/spec.toml", "--out", "{d}/ds",
+        files={"ds/cluster=sn40l-8/model=llama-3.1-8b/part-*.parquet": "DIR"}, dataset=True)
+    add("report", "output_path", "report", "{d}/ds", "--out", "{d}/ds/r.html", dataset=True)
+    add("report", "corrupt_state", "report", "{d}/srv", "--out", "{d}/r.html",
+        files={"srv": "DIR", "srv/requests.parquet": _requests_table_of_other_columns()})
+    add("simulate", "output_path", "simulate", "--model", "a" * 300, "--cluster", "sn40l-8")
+    for out in ("", "{d}/x.arrow/"):  # a name that names nothing, or a folder
+        add("simulate", "output_path", *SIM, "--out", out)
+    # empty values that name nothing: a bound, a percentile, a tree, an exponent
+    for extra in (["--goodput", ""], ["--metric-percentiles", ""],
+                  ["--draft", "llama-3.2-1b", "--tree", ""]):
+        add("serve", "cli_value", *small, "--rate", "1", *extra)
+    add("plan", "cli_value", *PLAN, "--routing", "zipf:")
+    # a row field no one reads, an id twice; a profile value never fitted, a parameter twice
+    add("validate", "cases_file", "validate", "--no-loo", "--cases", "{d}/c.toml",
+        files={"c.toml": CASE + "bogus = 1\n"})
+    add("validate", "cases_file", "validate", "--no-loo", "--cases", "{d}/c.toml",
+        files={"c.toml": CASE + "\n" + CASE})
+    for text in (PROFILE.replace("value = 3e-06", "value = 0.0"), PROFILE + "\n" +
+                 PROFILE[PROFILE.index("[[parameter]]"):]):
+        add("simulate", "calibration", *SIM, "--calibration", "{d}/p.toml",
+            files={"p.toml": text})
+    # a sweep's base values past the command line's bounds: refused, not rows of failures
+    for bad in ("burstiness = 1e300", "rate = 1e-300"):
+        base = 'rate = 1.0\nrequests = 3\narrival = "bursty"\n' + bad
+        add("sweep", "sweep_spec", "sweep", "{d}/spec.toml", "--out", "{d}/o",
+            files={"spec.toml": _spec(kind="serve", base=base).replace(
+                "rate = 1.0\n" if bad.startswith("rate") else "\0", "", 1)})
+
+
+_second_campaign_cases()
+
+
 # ---- running a case ---------------------------------------------------------------------------
 
 class _Hang(BaseException):
@@ -832,7 +931,12 @@ def _materialize(case: Case, d: Path, dataset_root: Path | None) -> None:
             path = d / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if content == "DIR":
+            if path.is_file():  # a folder where the dataset's file was
+                path.unlink()
             path.mkdir(exist_ok=True)
+            continue
+        if content == "FIFO":  # a file that never ends
+            os.mkfifo(path)
             continue
         if isinstance(content, dict):
             content = json.dumps(content)

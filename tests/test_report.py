@@ -105,9 +105,13 @@ def test_a_missing_column_skips_the_plot_with_a_sentence(serve_sweep):
 
 
 def test_unknown_kind_and_bad_folder_are_one_line(tmp_path):
-    r = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    (tmp_path / "d").mkdir()
+    r = CliRunner().invoke(main, ["report", str(tmp_path / "d"), "--out", str(tmp_path / "r.html")])
     assert r.exit_code == 2 and "neither a sweep dataset" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+    # a report written into the dataset would become one of its files
+    r = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(tmp_path / "d/r.html")])
+    assert r.exit_code == 2 and "inside DIR" in r.stderr and not (tmp_path / "d/r.html").exists()
     data = report_cli.Dataset("capacity", "t", [], {"point_id": np.array(["a"])})
     (fig,) = report_cli.render(data)
     assert fig.html is None and "No plots for a 'capacity' dataset" in fig.caption

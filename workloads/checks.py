@@ -18,6 +18,16 @@ from workloads.errors import ConfigError
 MAX_COUNT = 2**40
 # A batch past 2^20 sequences holds more KV cache than any cluster here (2^20 x 1 token x 1 KB).
 MAX_BATCH = 2**20
+# The longest time an input may set (an arrival, a think time, a ramp-up), in seconds: 2^24 s is
+# 194 days, beyond any published trace (Azure's and Mooncake's cover hours to a week), and a
+# run's vLLM peak figures count in one-second buckets (bench.py), 2^24 of them 128 MB.
+MAX_SECONDS = float(2**24)
+# Hardware figures: a bandwidth or a peak rate below 10^6 a second (bytes or flops) is 10^2 below
+# the slowest memory, link or datapath a config here describes (a PCIe 1.0 lane moves 2.5e8 B/s);
+# a latency (one op, one hop, one step overhead) above 1 s is 10^4 past the largest one (~10 us
+# a network hop). Past these, a run's times leave floating point (1e-300 B/s, 1e300 s).
+MIN_RATE = 1e6
+MAX_LATENCY_S = 1.0
 
 
 def exact_keys(
@@ -74,6 +84,16 @@ def positive(table: Mapping[str, Any], key: str, where: str) -> float:
 
 def non_negative(table: Mapping[str, Any], key: str, where: str) -> float:
     return number(table.get(key), f"{where}.{key}", 0.0)
+
+
+def rate(table: Mapping[str, Any], key: str, where: str) -> float:
+    """A bandwidth or peak rate (per second): MIN_RATE or more."""
+    return number(table.get(key), f"{where}.{key}", MIN_RATE)
+
+
+def latency(table: Mapping[str, Any], key: str, where: str) -> float:
+    """A hardware latency or overhead in seconds: 0 to MAX_LATENCY_S."""
+    return number(table.get(key), f"{where}.{key}", 0.0, MAX_LATENCY_S)
 
 
 def source(table: Mapping[str, Any], where: str, key: str = "source") -> str:

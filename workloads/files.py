@@ -22,10 +22,15 @@ def read_text(path: str | Path, what: str = "") -> str:
     try:
         if p.is_dir():
             raise ConfigError(f"{w}: is a directory, expected a file")
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise ConfigError(f"{w}: {size:,} bytes; at most {MAX_BYTES:,} accepted")
-        return p.read_bytes().decode("utf-8")
+        if not p.exists():
+            raise FileNotFoundError(p)
+        if not p.is_file():  # a FIFO or a device: reading it may never end
+            raise ConfigError(f"{w}: not a regular file; expected a file")
+        with p.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)  # at most: a file may grow after its size is read
+        if len(data) > MAX_BYTES:
+            raise ConfigError(f"{w}: over {MAX_BYTES:,} bytes; at most {MAX_BYTES:,} accepted")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{w}: no such file") from None
     except UnicodeDecodeError as e:

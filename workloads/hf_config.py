@@ -807,6 +807,9 @@ def from_hf_config(
             f"supported: {', '.join(supported_model_types())}"
         )
     cfg = _Cfg(data, source, model_type)
+    for key, value in data.items():  # a field of a known kind is checked, read or not
+        if value is not None:
+            cfg._checked(key, lambda w, k=key, v=value: _kind_check(k, v, w))
     meta = _Cfg(cfg.get("_rdu", {}), f"{source}: _rdu", model_type)
     name = name or meta.get("name") or cfg.get("_name_or_path") or model_type
     spec = IMPORTERS[model_type](cfg, name)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workloads import checks
 from workloads.errors import ConfigError
 from workloads.traces import LengthDist, Trace, arrivals
 
@@ -46,9 +47,10 @@ class ThinkTime:
         except ValueError:
             raise ConfigError(f"{where}: {text!r}: not a number; expected S, fixed:S, "
                               "exponential:MEAN or uniform:LO:HI (seconds)") from None
-        if not all(math.isfinite(v) and v >= 0 for v in vals) or (len(vals) == 2
+        if not all(0 <= v <= checks.MAX_SECONDS for v in vals) or (len(vals) == 2
                                                                    and vals[1] < vals[0]):
-            raise ConfigError(f"{where}: {text!r}: seconds must be finite, >= 0 (and HI >= LO)")
+            raise ConfigError(f"{where}: {text!r}: seconds must be >= 0 and at most "
+                              f"{checks.MAX_SECONDS:g} (194 days), and HI >= LO")
         return cls(parts[0], vals[0], vals[1] if len(vals) > 1 else 0.0)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -260,8 +260,9 @@ def parse_acceptance(text: str, source: str = "") -> Acceptance:
 
 
 def parse_tree(text: str | None) -> tuple[int, ...] | None:
-    """"4,2,1" -> (4, 2, 1): candidates kept under each node, depth by depth."""
-    if not text:
+    """"4,2,1" -> (4, 2, 1): candidates kept under each node, depth by depth (None: none given;
+    an empty text is refused: it gives no tree)."""
+    if text is None:
         return None
     try:
         out = tuple(int(x) for x in text.split(","))

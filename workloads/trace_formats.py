@@ -12,12 +12,13 @@ traces.read_trace reads through its column aliases (date-times become seconds af
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from workloads.checks import MAX_SECONDS
 from workloads.errors import ConfigError
+from workloads.files import parse_json
 from workloads.traces import Trace
 
 MOONCAKE_BLOCK_TOKENS = 512  # FAST25-release/README.md: "The block size is 512 tokens."
@@ -51,10 +52,7 @@ def read_mooncake(path: str | Path) -> Trace:
 
 
 def _row(line: str, where: str) -> tuple[float, int, int, list[int]]:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: not JSON ({e.msg})") from None
+    obj = parse_json(line, where)
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: expected an object with {', '.join(MOONCAKE_KEYS)}")
     missing = [k for k in MOONCAKE_KEYS if k not in obj]
@@ -62,8 +60,10 @@ def _row(line: str, where: str) -> tuple[float, int, int, list[int]]:
         raise ConfigError(f"{where}: missing {', '.join(missing)} (a Mooncake trace has "
                           f"{', '.join(MOONCAKE_KEYS)})")
     t, prompt, out, ids = (obj[k] for k in MOONCAKE_KEYS)
-    if not isinstance(t, int | float) or isinstance(t, bool) or not t >= 0:
-        raise ConfigError(f"{where}: timestamp {t!r}: expected milliseconds >= 0")
+    if (not isinstance(t, int | float) or isinstance(t, bool) or not t >= 0
+            or not t <= 1e3 * MAX_SECONDS):
+        raise ConfigError(f"{where}: timestamp {t!r}: expected milliseconds in [0, "
+                          f"{1e3 * MAX_SECONDS:g}]")
     for name, v in (("input_length", prompt), ("output_length", out)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ConfigError(f"{where}: {name} {v!r}: expected a whole number >= 1")

@@ -133,6 +133,13 @@ class LengthDist:
         return np.clip(draws, 1, MAX_LENGTH).astype(np.int64)
 
 
+def check_span(n: int, rate: float) -> None:
+    """n requests at `rate` a second span at most checks.MAX_SECONDS (their mean span)."""
+    if (n - 1) / rate > checks.MAX_SECONDS:
+        raise ConfigError(f"--rate: {rate:g} spreads {n:,} requests over {(n - 1) / rate:.3g} s;"
+                          f" at most {checks.MAX_SECONDS:g} s (194 days) accepted")
+
+
 def arrivals(kind: str, n: int, rate: float, rng: np.random.Generator, burstiness: float = 1.0):
     if not rate > 0:
         raise ConfigError(f"--rate: must be positive, got {rate}")
@@ -140,6 +147,7 @@ def arrivals(kind: str, n: int, rate: float, rng: np.random.Generator, burstines
         raise ConfigError(f"arrivals: unknown {kind!r}; accepted: {', '.join(ARRIVALS)}")
     if math.isinf(rate):
         return np.zeros(n)
+    check_span(n, rate)
     if kind == "fixed":
         return np.arange(n) / rate
     if kind == "poisson":
@@ -190,6 +198,11 @@ def read_trace(path: str | Path) -> Trace:
         return read_mooncake(path)
     table = _read_table(path)
     cols = {c.lower(): c for c in table.column_names}
+    if len(cols) < len(table.column_names):
+        twice = next(c for c in table.column_names
+                     if sum(n.lower() == c.lower() for n in table.column_names) > 1)
+        raise ConfigError(f"--trace {path}: column {twice!r} appears more than once (names are "
+                          "case-insensitive); expected each once")
     found = {}
     for key, names in COLUMNS.items():
         hit = next((cols[n] for n in names if n in cols), None)
@@ -239,8 +252,9 @@ def _validated(table, found: dict, where: str) -> Trace:
         raise ConfigError(f"--trace {where}: non-numeric value ({e})") from None
     if len(arr) == 0:
         raise ConfigError(f"--trace {where}: no requests")
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ConfigError(f"--trace {where}: arrival times must be finite and >= 0")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr > checks.MAX_SECONDS):
+        raise ConfigError(f"--trace {where}: arrival times must be finite, >= 0 and at most "
+                          f"{checks.MAX_SECONDS:g} s (194 days) from the first")
     for name, col in (("prompt length", prompt), ("output length", out)):
         if np.any(col < 1) or np.any(col > MAX_LENGTH):
             raise ConfigError(f"--trace {where}: every {name} must be >= 1 and at most "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -9,6 +10,7 @@ import traceback
 
 import click
 
+from workloads.checks import show
 from workloads.errors import ConfigError
 
 DEBUG_ENV = "RDU_CLUSTER_DEBUG"
@@ -39,6 +41,11 @@ class Main(click.Group):
             click.echo(f"error: {_one_line(str(e))}", err=True)
             sys.exit(2)
         except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
+            if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
+                # bad input wherever it is met: only a path the user gave is ever too long
+                click.echo(f"error: {show(str(e.filename))}: file name too long; at most 255 "
+                           "bytes a name, 4,096 a path (Linux)", err=True)
+                sys.exit(2)
             if debug:
                 traceback.print_exc()
             where = f"; traceback with --debug or {DEBUG_ENV}=1" if not debug else ""

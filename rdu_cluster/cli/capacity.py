@@ -158,6 +158,8 @@ def _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_c
     if concurrency is not None and concurrency < 1:
         raise ConfigError(f"--concurrency: must be positive, got {concurrency}")
     base = cap.Traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache)
+    if rate is not None and math.isfinite(rate) and trace_path is None and n_sessions is None:
+        traces.check_span(base.n_requests(rate), rate)  # before any candidate is searched
     if n_sessions is not None or turns is not None:
         if concurrency is not None:
             raise ConfigError("--concurrency: not with --sessions (each session is a user)")

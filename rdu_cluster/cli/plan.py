@@ -30,7 +30,8 @@ from workloads.spec import check_context
 @click.option("--batch", default=1, show_default=True, type=o.BATCH, help="Sequences per replica.")
 @click.option("--context", default=8192, show_default=True, type=o.LENGTH, help="Prompt tokens.")
 @click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
-@click.option("--top", default=10, show_default=True, type=o.TOP, help="Plans to print.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 10**6),
+              help="Plans to print.")
 @click.option("--weights", "weights_dtype", default=None, help="Weight dtype (bf16, fp8, ...).")
 @click.option("--spill", is_flag=True, help="Let weights, then KV cache, spill to DDR.")
 @click.option("--routing", default="uniform", show_default=True,
@@ -86,10 +87,10 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
 
 
 def parse_routing(text: str, seed: int) -> RoutingModel:
-    kind, _, s = text.partition(":")
-    if kind == "uniform" and not s:
+    kind, colon, s = text.partition(":")
+    if kind == "uniform" and not colon:
         return RoutingModel("uniform", seed=seed)
-    if kind == "zipf":
+    if kind == "zipf" and not (colon and not s):  # zipf (S = 1) or zipf:S, not "zipf:"
         try:
             exponent = float(s or 1.0)
         except ValueError:

@@ -23,7 +23,7 @@ from rdu_cluster.cli.options import (
     session_options,
     speculative_options,
 )
-from rdu_cluster.config import load_cluster, load_fabric
+from rdu_cluster.config import MAX_SOCKETS, load_cluster, load_fabric
 from rdu_cluster.engine import bench, disagg, evictions, replica_routing, schedulers
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
@@ -31,7 +31,7 @@ from rdu_cluster.output import results
 from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
-from workloads import traces
+from workloads import checks, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.spec import with_dtypes
@@ -119,10 +119,11 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               "the requests meeting all of them. Repeatable, or space-separated.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object with vllm bench serve's key names.")
-@click.option("--replicas", default=None, type=int,
+@click.option("--replicas", default=None, type=click.IntRange(1, MAX_SOCKETS),
               help="N replicas of --plan on --cluster's chip and node network (nodes added as "
               "needed, joined by --fabric) [default: as many as the cluster holds].")
-@click.option("--ramp-up", default=0.0, show_default=True, type=float,
+@click.option("--ramp-up", default=0.0, show_default=True,
+              type=o.Finite(0.0, checks.MAX_SECONDS),
               help="With --concurrency: the clients start one after another over this many "
               "seconds (client i at i x S / N) instead of all at 0.")
 @click.option("--prefill-pool", default=None,
@@ -150,8 +151,9 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         trace = workload.trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len,
                        output_len, seed)
     trace = _ramped(trace, concurrency, ramp_up)
+    # vLLM's syntax: --goodput "ttft:500 tpot:50" (an empty one names no bound: refused)
     bench_spec = bench.MetricSpec.parse(metric_percentiles,
-                                        [g for item in goodput for g in item.split()])
+                                        [g for item in goodput for g in item.split() or [item]])
     ctx = click.get_current_context()
     if coe_experts is None:
         given = [f"--{n.replace('_', '-')}" for n in ("coe_router", "coe_distribution",
@@ -189,7 +191,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     # created at the run's first rows (steps and sockets rows are streamed into it), swapped
     # in whole at the end, removed on an error or interruption
     stream = results.TableFolder(out_dir, OWNED)
-    timeline = _timeline(timeline_path)
+    timeline = _timeline(timeline_path, out_dir)
     kwargs = {"address": address} if backend_name == "ray" else {}
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
@@ -285,12 +287,16 @@ def _default(ctx: click.Context, name: str) -> bool:
     return ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT
 
 
-def _timeline(path: str | None) -> Timeline | None:
+def _timeline(path: str | None, out_dir: str) -> Timeline | None:
     if path is None:
         return None
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"--timeline {target}: is a folder; give a file name (run.json)")
+    out = Path(out_dir).resolve()
+    if target.resolve() == out or out in target.resolve().parents:
+        raise ConfigError(f"--timeline {target}: the --out folder or in it (a run replaces the "
+                          "folder whole); give a file beside it")
     results.check_destination(target, "--timeline")
     return Timeline()
 

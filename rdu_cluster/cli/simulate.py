@@ -149,7 +149,7 @@ def simulate(
     stack_name,
 ) -> None:
     """Estimate decode and prefill of MODEL on each CLUSTER (--set and --sockets apply to each)."""
-    if out_path:
+    if out_path is not None:  # "" too: a name that names nothing is refused
         results.check_table_path(out_path)  # before any work: nothing runs for nowhere
     if coe_flag:
         click.echo(_coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts,
@@ -184,10 +184,10 @@ def simulate(
     if tp and plan_text:
         raise ConfigError("--tp and --plan: give one of them")
     rows, estimates = [], []
+    profile = None if stack_name is None else serving_stacks.stack(stack_name)  # known, or exit 2
     for cluster in clusters:
         plan = _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len)
-        gpu_stack = stack_name and cluster.chip.kind == "gpu"
-        options = serving_stacks.stack(stack_name) if gpu_stack else None
+        options = profile if cluster.chip.kind == "gpu" else None
         est = estimate_plan(spec, cluster, plan, batch, prompt_len, gen_len, options=options)
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)

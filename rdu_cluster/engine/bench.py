@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rdu_cluster.engine import spill
+from workloads import checks
 from workloads.errors import ConfigError
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -45,7 +46,7 @@ class MetricSpec:
     def parse(cls, percentiles: str | None, goodput: Sequence[str] = (),
               flag: str = "--goodput") -> MetricSpec:
         """`--metric-percentiles 50,90,99` and `--goodput ttft:500 tpot:50` (vLLM's syntax)."""
-        ps = DEFAULT_PERCENTILES if not percentiles else tuple(
+        ps = DEFAULT_PERCENTILES if percentiles is None else tuple(
             _number(p, "--metric-percentiles") for p in percentiles.split(","))
         for p in ps:
             if not 0 < p < 100:
@@ -144,6 +145,10 @@ def _peaks(m: Measured) -> dict:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     t0 = float(m.send_s.min())
     last = float((m.send_s + m.e2el_s).max())
+    if not last - t0 <= 2 * checks.MAX_SECONDS:  # inputs are bounded, turns of them are not
+        raise ConfigError(f"the run spans {last - t0:.3g} s of simulated time; vLLM's peak "
+                          f"figures count one-second buckets over at most "
+                          f"{2 * checks.MAX_SECONDS:g} s (shorter think times or gaps)")
     buckets = int(np.ceil(last - t0)) + 1
     tokens = spill.bucket_counts(m.chunk_s, t0, buckets)
     first = np.floor(m.send_s - t0).astype(np.int64)

@@ -37,7 +37,7 @@ from interconnect.routes import route, route_latency
 from interconnect.topology import TopologySpec, build_topology
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan as PartitionPlan
-from rdu_cluster.config import FabricSpec, load_cluster
+from rdu_cluster.config import MAX_SOCKETS, FabricSpec, load_cluster
 from rdu_cluster.engine import bench, energy, metrics
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.requests import DONE, UNSERVED
@@ -75,6 +75,9 @@ class Pool:
         base = load_cluster(self.cluster)
         group = group_sockets(self.plan)
         sockets = self.replicas * group
+        if sockets > MAX_SOCKETS:
+            raise ConfigError(f"{self}: {self.replicas:,} replicas of {group} sockets are "
+                              f"{sockets:,} sockets; at most {MAX_SOCKETS:,} accepted")
         per_node = math.gcd(sockets, base.sockets_per_node)
         topo = base.topology
         if sockets > per_node and topo.inter_node_bandwidth_bytes_per_s <= 0:

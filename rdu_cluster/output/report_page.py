@@ -12,11 +12,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rdu_cluster.engine import metrics
 from rdu_cluster.output import plots
 from rdu_cluster.sweep import dataset
 from workloads.errors import ConfigError
 
 RUN_TABLES = ("requests", "steps", "sockets", "links")  # what `serve --out` writes (cli/serve.py)
+_SCHEMAS = {"requests": metrics.REQUESTS, "steps": metrics.STEPS, "sockets": metrics.SOCKETS,
+            "links": metrics.LINKS}
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,17 @@ def load(root: Path) -> Dataset:
 
 def _read_table(path: Path):
     try:
-        return pq.read_table(path)
+        table = pq.read_table(path)
     except (OSError, pa.ArrowException) as e:
         raise ConfigError(f"damaged table {path} ({str(e).splitlines()[0][:80]}); rerun the "
                           "serve command that wrote it") from None
+    # its first columns, the same in every schema version: another table is refused, an
+    # earlier version's (fewer columns after these) still read
+    missing = [n for n in _SCHEMAS[path.stem].names[:3] if n not in table.column_names]
+    if missing:
+        raise ConfigError(f"damaged table {path} (not a {path.stem} table: no column "
+                          f"{missing[0]!r}); rerun the serve command that wrote it")
+    return table
 
 
 def _load_run(root: Path) -> Dataset:

@@ -336,6 +336,9 @@ def write_table(tbl: pa.Table, path: str | Path) -> Path:
 
 
 def check_table_path(path: str | Path, what: str = "--out") -> Path:
+    if str(path).endswith("/"):  # Path() would drop the slash that makes it a folder
+        raise ConfigError(f"{what} {path}: names a folder; expected a .parquet or .arrow file "
+                          "name")
     path = Path(path)
     if path.suffix not in (".parquet", ".arrow"):
         raise ConfigError(f"{what} {path}: expected a .parquet or .arrow file name")

@@ -98,7 +98,16 @@ _ALLOWED_NODES = (
     ast.Attribute,
     ast.Call,
 )
-_FUNCTIONS = {"min": min, "max": max, "abs": abs, "round": round}
+
+
+def _round(x: Any, digits: Any = None) -> Any:
+    """round(x[, digits]) with |digits| <= 30: an int rounded to -10**9 digits builds 10**10**9."""
+    if digits is not None and not (isinstance(digits, int) and abs(digits) <= 30):
+        raise ValueError(f"round: digits must be an integer in [-30, 30], got {digits!r:.30}")
+    return round(x) if digits is None else round(x, digits)
+
+
+_FUNCTIONS = {"min": min, "max": max, "abs": abs, "round": _round}
 
 # Bounds of a filter, so a spec cannot make the expansion hang or exhaust memory (9**9**9**9,
 # [0] * 10**11, 20,000 chained terms). Real filters are a line or two: "batch * (prompt_len +

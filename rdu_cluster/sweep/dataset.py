@@ -310,8 +310,14 @@ def drop_broken_chunks(root: Path) -> list[str]:
     still has are removed with the leftovers. Returns the chunks dropped."""
     dropped = []
     folder = manifest_dir(root)
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        entry = _manifest_entry(path)
+    entries = [(p, _manifest_entry(p)) for p in sorted(folder.glob("*.json"))] \
+        if folder.is_dir() else []
+    for _, entry in entries:  # checked before any entry is dropped: nothing changes on refusal
+        squat = next((root / rel for rel in entry["files"] if (root / rel).is_dir()), None)
+        if squat is not None:
+            raise ConfigError(f"--out {root}: {squat} is a folder where a part file belongs; "
+                              "delete it and rerun, or rerun with --force to start anew")
+    for path, entry in entries:
         if not all(_readable_part(root / rel) for rel in entry["files"]):
             path.unlink()
             dropped.append(entry.get("chunk", path.stem))

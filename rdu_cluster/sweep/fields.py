@@ -46,12 +46,16 @@ def positive_float(value: Any) -> float:
     return float(value)
 
 
-def finite_positive_float(value: Any) -> float:
-    """A positive number that a point's canonical JSON can hold (no inf, no nan)."""
-    v = positive_float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"expected a finite positive number, got {value!r}")
-    return v
+def float_in(lo: float, hi: float) -> Normalizer:
+    """A number in (lo, hi]: the bounds the command line states for the same option."""
+
+    def normalize(value: Any) -> float:
+        v = positive_float(value)
+        if not lo < v <= hi:
+            raise ValueError(f"expected a number in ({lo:g}, {hi:g}], got {value!r:.40}")
+        return v
+
+    return normalize
 
 
 def fraction(value: Any) -> float:

@@ -31,17 +31,17 @@ from rdu_cluster.sweep.fields import (
     boolean,
     choice,
     dtype,
-    finite_positive_float,
+    float_in,
     fraction,
     int_in,
     length_dist,
     nonnegative_int,
-    positive_float,
     positive_int,
     scalar,
     text,
 )
 from rdu_cluster.sweep.registry import Point, Runner, RunOutput, register
+from workloads import checks
 from workloads.checks import MAX_BATCH
 from workloads.errors import ConfigError
 from workloads.traces import MAX_LENGTH, MAX_REQUESTS
@@ -429,10 +429,11 @@ def serve_fields() -> dict[str, FieldDef]:
         FieldDef("plan", text, s, column="plan", doc="tp16, tp2ep8, tp4pp4 [tp over all sockets]"),
         FieldDef("execution_model", text, s, column="execution_model", doc="[the chip's]"),
         FieldDef("requests", int_in(1, MAX_REQUESTS), i64, doc="synthetic trace: number of requests"),
-        FieldDef("rate", finite_positive_float, f64, column="rate_requests_per_s",
-                 doc="synthetic trace: requests per second"),
+        # at least one request in checks.MAX_SECONDS: below, no two fit in a run (traces.py)
+        FieldDef("rate", float_in(1 / checks.MAX_SECONDS, 1e300), f64,
+                 column="rate_requests_per_s", doc="synthetic trace: requests per second"),
         FieldDef("arrival", choice(*ARRIVALS), s, default="poisson", column="arrival"),
-        FieldDef("burstiness", positive_float, f64, default=1.0, column="burstiness",
+        FieldDef("burstiness", float_in(0.0, 1e3), f64, default=1.0, column="burstiness",
                  doc="coefficient of variation of bursty gaps"),
         FieldDef("prompt_len", length_dist, s, default="1024", column="prompt_len_dist",
                  doc="N, uniform:LO:HI or lognormal:MEAN:SIGMA"),

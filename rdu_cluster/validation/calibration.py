@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -99,8 +100,11 @@ def load(ref: str | None) -> Profile | None:
         raise ConfigError(f"calibration {path.name}: name: expected a non-empty string, got "
                           f"{checks.show(name)}")
     declared: dict[str, tuple[str, ...]] = {}
+    ranges: dict[tuple[str, str], tuple[float, float]] = {}  # (chip, key) -> declared range
     for d in declarations():
         declared[d.key] = declared.get(d.key, ()) + d.chips
+        for chip in d.chips if d.range else ():
+            ranges[(chip, d.key)] = d.range
     values = {}
     for i, p in enumerate(entries):
         where = f"calibration {path.name}: parameter {i + 1}"
@@ -115,6 +119,12 @@ def load(ref: str | None) -> Profile | None:
                               f"chips {p['key']} is declared for ({', '.join(declared[p['key']])})")
         v = checks.number(p["value"], f"{where}.value", 0.0)
         for chip in chips:
+            if (chip, p["key"]) in values:
+                raise ConfigError(f"{where}: {p['key']} of {chip} is set twice; expected once")
+            lo, hi = ranges.get((chip, p["key"]), (0.0, math.inf))
+            if not lo <= v <= hi:  # calibrate fits within it: a value outside was never fitted
+                raise ConfigError(f"{where}.value: {v:g} outside {p['key']}'s declared range "
+                                  f"[{lo:g}, {hi:g}] (parameters.toml)")
             values[(chip, p["key"])] = v
     meta = {k: v for k, v in raw.items() if k != "parameter"}
     return Profile(name, values, meta)

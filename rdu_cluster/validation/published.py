@@ -86,9 +86,13 @@ def load_table(path: str | None = None) -> dict[str, Any]:
     rows = table["row"]
     if not isinstance(rows, list) or not rows or len(rows) > MAX_ROWS:
         raise ConfigError(f"{where}: row: expected 1 to {MAX_ROWS:,} [[row]] tables")
+    ids: dict[str, int] = {}
     for i, row in enumerate(rows):
         check_row(row, f"{where}: row[{i}]")
         _check_row(row)
+        if ids.setdefault(row["id"], i) != i:  # results, LOO and --json are keyed by it
+            raise ConfigError(f"{where}: row[{i}].id: {row['id']!r} is row[{ids[row['id']]}]'s "
+                              "too; expected each id once")
     _check_refs(rows, where)
     return table
 
@@ -126,15 +130,15 @@ _COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
 # Positive numbers: the HBM peak per socket a paper computes its fraction of roofline against.
 _AMOUNTS = {"peak_hbm_bytes_per_s": 1e15}
 _KINDS = ("value", "min", "max", "range", "argmax")
+# A measured figure is a positive quantity (errors are relative to it); 10^15 is past every one
+# a row can name (tokens/s, ms, GiB, ratios, fractions: the set's largest is ~10^3).
+MAX_VALUE = 1e15
 MAX_ROWS = 10_000
 
 
 def check_row(row: Any, where: str) -> None:
-    if not isinstance(row, dict):
-        raise ConfigError(f"{where}: expected a table, got {checks.show(row)}")
-    for key in ("id", "metric", "kind", "value"):
-        if key not in row:
-            raise ConfigError(f"{where}.{key}: missing field")
+    checks.exact_keys(row, ("id", "metric", "kind", "value"), where,
+                      (*_TEXT, *_COUNTS, *_AMOUNTS, "rtol", "models"))
     for key in _TEXT:
         if key in row and not (isinstance(row[key], str) and row[key]):
             raise ConfigError(f"{where}.{key}: expected a non-empty string, got "
@@ -168,9 +172,9 @@ def _check_value(row: dict, where: str) -> None:
         if not (isinstance(value, list) and len(value) == 2):
             raise ConfigError(f"{where}.value: kind range expects [lo, hi]")
         for j, v in enumerate(value):
-            checks.number(v, f"{where}.value[{j}]")
+            checks.number(v, f"{where}.value[{j}]", 0.0, MAX_VALUE, lo_open=True)
     else:
-        checks.number(value, f"{where}.value")
+        checks.number(value, f"{where}.value", 0.0, MAX_VALUE, lo_open=True)
     if kind in ("value", "range"):
         checks.number(row.get("rtol"), f"{where}.rtol", 0.0, 10.0)
 

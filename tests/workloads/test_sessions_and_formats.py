@@ -67,7 +67,7 @@ def test_azure_excerpt_reads_its_timestamps_as_seconds():
 
 
 @pytest.mark.parametrize("line, fragment", [
-    ("{", "not JSON"),
+    ("{", "malformed JSON"),
     ('{"timestamp": 0, "input_length": 10}', "missing output_length, hash_ids"),
     ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}',
      "expected 2 whole numbers"),
