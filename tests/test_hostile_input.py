@@ -889,6 +889,14 @@ def _second_campaign_cases() -> None:
                  PROFILE[PROFILE.index("[[parameter]]"):]):
         add("simulate", "calibration", *SIM, "--calibration", "{d}/p.toml",
             files={"p.toml": text})
+    # options of a mode not run, refused rather than ignored (serve refuses the same)
+    for extra in (["--acceptance", "0.9"], ["--tree", "4,2"], ["--draft-sockets", "4"],
+                  ["--experts", "5"], ["--coe", "--draft", "llama-3.2-1b"],
+                  ["--ablate", "--draft", "llama-3.2-1b"]):
+        add("simulate", "cli_value", *SIM, *extra)
+    for flag in ("--expert-model", "--router"):  # the default request past its context
+        add("footprint", "hf_config", *FOOT, "--experts", "2", flag, "{d}/short.json",
+            files={"short.json": dict(llama, max_position_embeddings=100)})
     # a sweep's base values past the command line's bounds: refused, not rows of failures
     for bad in ("burstiness = 1e300", "rate = 1e-300"):
         base = 'rate = 1.0\nrequests = 3\narrival = "bursty"\n' + bad

@@ -151,6 +151,7 @@ def simulate(
     """Estimate decode and prefill of MODEL on each CLUSTER (--set and --sockets apply to each)."""
     if out_path is not None:  # "" too: a name that names nothing is refused
         results.check_table_path(out_path)  # before any work: nothing runs for nowhere
+    _check_modes(click.get_current_context(), draft, coe_flag, ablate)
     if coe_flag:
         click.echo(_coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts,
                               overrides))
@@ -212,6 +213,21 @@ def _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len) -
     if plan_text:
         return Plan.parse(plan_text)
     return best_plan(spec, cluster, objective, batch, prompt_len, gen_len)
+
+
+def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool) -> None:
+    """An option of a mode not run is refused, not ignored (serve refuses the same ones)."""
+    given = lambda names: [f"--{n.replace('_', '-')}" for n in names
+                           if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
+    if draft is None and (spec := given(("spec_k", "acceptance", "tree", "placement",
+                                         "draft_sockets"))):
+        raise ConfigError(f"{'/'.join(spec)}: only with --draft")
+    if not coe and (only := given(("experts",))):
+        raise ConfigError(f"{only[0]}: only with --coe")
+    modes = [flag for flag, on in (("--draft", draft is not None), ("--coe", coe),
+                                   ("--ablate", ablate)) if on]
+    if len(modes) > 1:
+        raise ConfigError(f"{' and '.join(modes)}: give one of them (each is its own table)")
 
 
 def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, overrides) -> str:

@@ -26,6 +26,7 @@ from rdu_cluster.scenarios.coe import DEFAULT_ROUTER, capacity_tier, switch_time
 from workloads import graph as graphs
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
+from workloads.spec import check_context
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ def footprint(
         raise ConfigError(f"--latency-target: must be positive, got {latency_target_s}")
     node = _node(cluster)
     spec, r_spec = load_model(expert_model), load_model(router)
+    for m, flag in ((spec, "--expert-model"), (r_spec, "--router")):
+        check_context(m, prompt_len, gen_len, f"{flag} {m.name}: --prompt-len")
     e_bytes = graphs.weight_bytes(spec)
     r_bytes = graphs.weight_bytes(r_spec)
     # the node's sockets hold the KV cache tensor-parallel (heads replicated past their count)
