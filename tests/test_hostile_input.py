@@ -3,7 +3,8 @@ through click's CliRunner. Each must end with exit code 2, exactly one line on s
 traceback, nothing written (the folder it runs in, its inputs included, unchanged), and within
 a time limit (a hang fails, it does not stall CI).
 
-`python tests/test_hostile_input.py` prints the number of cases by command and input kind.
+`python -m tests.test_hostile_input` (from the repository root) prints the number of cases by
+command and input kind (`python tests/...` would import tests/interconnect for the package).
 """
 
 from __future__ import annotations
