@@ -73,6 +73,21 @@ def test_an_interrupted_serve_write_leaves_the_earlier_set_whole(tmp_path, monke
     assert seeds == {b"1"}  # the new set replaced the old one as a whole
 
 
+def test_a_symlinked_out_becomes_the_new_set_and_leaves_its_target_and_no_link(tmp_path):
+    """The swap exchanges the names: the link ends up where the earlier set would be deleted
+    from; it goes (not rmtree's refusal, a stray .new link), the folder it named stays."""
+    earlier = tmp_path / "earlier"
+    assert run(*SERVE, "--seed", "0", "--out", str(earlier)).exit_code == 0
+    before = _tables(earlier)
+    (tmp_path / "lnk").symlink_to(earlier)
+    assert run(*SERVE, "--seed", "1", "--out", str(tmp_path / "lnk")).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "lnk"]
+    assert not (tmp_path / "lnk").is_symlink() and _tables(earlier) == before
+    seeds = {pq.read_schema(tmp_path / "lnk" / f"{t}.parquet").metadata[b"rdu_cluster.seed"]
+             for t in TABLES}
+    assert seeds == {b"1"}
+
+
 def test_a_rejected_serve_writes_nothing(tmp_path):
     out = tmp_path / "new" / "out"
     (tmp_path / "new").mkdir()

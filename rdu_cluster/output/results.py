@@ -370,14 +370,23 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
     try:
         yield tmp
         os.rename(tmp, new)
-        shutil.rmtree(_swap(out, new, old), ignore_errors=True)
+        _remove(_swap(out, new, old))
     except OSError as e:
         raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
     finally:
         if old.exists() and not out.exists():  # interrupted between the renames after all
             os.rename(old, out)
         for leftover in (tmp, new, old):
-            shutil.rmtree(leftover, ignore_errors=True)
+            _remove(leftover)
+
+
+def _remove(path: Path) -> None:
+    """Delete an earlier result set: a symlinked `out` swapped out leaves the link here (the
+    folder it points to is not ours to delete), which rmtree refuses."""
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class TableFolder:
