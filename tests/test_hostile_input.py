@@ -890,6 +890,8 @@ def _second_campaign_cases() -> None:
                  PROFILE[PROFILE.index("[[parameter]]"):]):
         add("simulate", "calibration", *SIM, "--calibration", "{d}/p.toml",
             files={"p.toml": text})
+    for fault in ("socket:3@1:degraded:1e-300", "socket:3@1:degraded:5e-324", "socket:3@1e300"):
+        add("serve", "fault", *small, "--rate", "20", "--fault", fault)
     # options of a mode not run, refused rather than ignored (serve refuses the same)
     for extra in (["--acceptance", "0.9"], ["--tree", "4,2"], ["--draft-sockets", "4"],
                   ["--experts", "5"], ["--coe", "--draft", "llama-3.2-1b"],

@@ -170,6 +170,29 @@ def test_report_names_a_damaged_part_and_skips_a_stray_file(tmp_path):
     assert "delete it and rerun" in r.stderr and not (tmp_path / "r2.html").exists()
 
 
+# The console script, SIGTERM arriving while it imports the CLI (made certain: sent from the
+# import itself, not after a guessed delay).
+_EARLY_SIGTERM = """
+import builtins, os, signal, sys
+from rdu_cluster import entry
+real = builtins.__import__
+def imp(name, *args, **kwargs):
+    if name == "rdu_cluster.cli":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(name, *args, **kwargs)
+builtins.__import__ = imp
+sys.argv = ["rdu-cluster", "models"]
+entry.run()
+"""
+
+
+def test_sigterm_while_the_cli_loads_exits_like_ctrl_c():
+    r = subprocess.run([sys.executable, "-c", _EARLY_SIGTERM], capture_output=True, text=True,
+                       check=False,
+                       timeout=120)
+    assert r.returncode == 130 and r.stderr == "aborted\n" and r.stdout == ""
+
+
 @pytest.mark.slow
 def test_sigterm_during_a_run_exits_like_ctrl_c_and_writes_nothing(tmp_path):
     out = tmp_path / "out"

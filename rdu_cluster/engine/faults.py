@@ -16,11 +16,15 @@ bandwidth). Effects, at the first step boundary at or after the time:
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
+from workloads import checks
 from workloads.errors import ConfigError
+
+# A degraded target keeps at least a millionth of its speed: a step 10^6 times longer is a
+# failed socket or link in all but name (and past it a run's times leave floating point).
+MIN_FRACTION = 1e-6
 
 _PATTERN = re.compile(
     r"^(socket):(\d+)@([0-9.eE+-]+)(?::(failed|degraded)(?::([0-9.eE+-]+))?)?$"
@@ -59,11 +63,13 @@ class Fault:
         return f
 
     def check(self, text: str, sockets: int) -> None:
-        if not 0 <= self.time_s < math.inf:
-            raise ConfigError(f"--fault {text!r}: time must be finite and >= 0")
+        if not 0 <= self.time_s <= checks.MAX_SECONDS:
+            raise ConfigError(f"--fault {text!r}: time must be >= 0 and at most "
+                              f"{checks.MAX_SECONDS:g} s (194 days)")
         if self.target == "link" and self.a == self.b:
             raise ConfigError(f"--fault {text!r}: a link joins two different sockets")
         if not all(0 <= s < sockets for s in (self.a, self.b) if s >= 0):
             raise ConfigError(f"--fault {text!r}: socket out of range 0..{sockets - 1}")
-        if self.kind == "degraded" and not 0 < self.fraction <= 1:
-            raise ConfigError(f"--fault {text!r}: a degraded fraction must be in (0, 1]")
+        if self.kind == "degraded" and not MIN_FRACTION <= self.fraction <= 1:
+            raise ConfigError(f"--fault {text!r}: a degraded fraction must be in "
+                              f"[{MIN_FRACTION:g}, 1] (slower than that, mark it failed)")
