@@ -871,6 +871,9 @@ def _second_campaign_cases() -> None:
     add("sweep", "corrupt_state", "sweep", "{d}/spec.toml", "--out", "{d}/ds",
         files={"ds/cluster=sn40l-8/model=llama-3.1-8b/part-*.parquet": "DIR"}, dataset=True)
     add("report", "output_path", "report", "{d}/ds", "--out", "{d}/ds/r.html", dataset=True)
+    for target, text in (("ds.sweep/manifest", "a file"), ("ds/notes.txt", "mine")):
+        add("sweep", "corrupt_state", "sweep", "{d}/spec.toml", "--out", "{d}/ds",
+            files={target: text}, dataset=True, label=f"{target} is a stray file")
     add("report", "corrupt_state", "report", "{d}/srv", "--out", "{d}/r.html",
         files={"srv": "DIR", "srv/requests.parquet": _requests_table_of_other_columns()})
     add("simulate", "output_path", "simulate", "--model", "a" * 300, "--cluster", "sn40l-8")
@@ -949,6 +952,8 @@ def _materialize(case: Case, d: Path, dataset_root: Path | None) -> None:
         if content == "FIFO":  # a file that never ends
             os.mkfifo(path)
             continue
+        if path.is_dir():  # a file where the dataset's folder was
+            shutil.rmtree(path)
         if isinstance(content, dict):
             content = json.dumps(content)
         if isinstance(content, str):

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -20,6 +21,7 @@ from rdu_cluster.output import results
 from rdu_cluster.sweep import LocalBackend, dataset, expand, load_spec, run_sweep
 from tests.sweep import helpers
 from tests.sweep.helpers import write
+from workloads.errors import ConfigError
 
 SERVE = ["serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "12",
          "--rate", "20", "--prompt-len", "uniform:32:256", "--output-len", "8"]
@@ -148,10 +150,15 @@ def test_resume_reruns_chunks_whose_parts_are_missing_or_damaged(tmp_path):
     parts = dataset.part_files(out)
     parts[0].unlink()
     parts[1].write_bytes(parts[1].read_bytes()[:20])  # truncated: no footer
+    twice = pq.read_table(parts[2])  # a valid file that holds its rows twice
+    pq.write_table(pa.concat_tables([twice, twice]), parts[2])
     helpers.CALLS.clear()
     s = run_sweep(spec, points, out, LocalBackend(), progress=False, points_per_task=2)
-    assert s.ran == 4 and sum(helpers.CALLS) == 4  # the two chunks those files held
+    assert s.ran == 6 and sum(helpers.CALLS) == 6  # the three chunks those files held
     assert dataset.read_dataset(out).sort_by("point_id").equals(full)
+    (out / "notes.txt").write_text("mine")  # a reader would fail on it: the resume refuses
+    with pytest.raises(ConfigError, match="notes.txt is not one of the dataset's part files"):
+        run_sweep(spec, points, out, LocalBackend(), progress=False, points_per_task=2)
 
 
 def test_report_names_a_damaged_part_and_skips_a_stray_file(tmp_path):

@@ -370,6 +370,7 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
     try:
         yield tmp
         os.rename(tmp, new)
+        # a symlinked `out` swapped out leaves the link here: unlinked, not its folder deleted
         _remove(_swap(out, new, old))
     except OSError as e:
         raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
@@ -378,15 +379,6 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
             os.rename(old, out)
         for leftover in (tmp, new, old):
             _remove(leftover)
-
-
-def _remove(path: Path) -> None:
-    """Delete an earlier result set: a symlinked `out` swapped out leaves the link here (the
-    folder it points to is not ours to delete), which rmtree refuses."""
-    if path.is_symlink():
-        path.unlink()
-    else:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class TableFolder:

@@ -232,8 +232,10 @@ def _refuse_foreign(root: Path) -> None:
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--out {root}: exists and is not a folder")
     meta = meta_dir(root)
-    if meta.exists() and not meta.is_dir():
-        raise ConfigError(f"--out {root}: {meta} exists and is not a folder")
+    for folder in (meta, manifest_dir(root)):
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--out {root}: {folder} exists and is not a folder; delete it "
+                              "and rerun with --force to start the sweep anew")
     if sweep_info(root) is not None:
         return
     for folder in (root, meta):
@@ -257,6 +259,7 @@ def prepare(root: Path, spec, n_points: int, force: bool) -> Manifest:
         drop_broken_chunks(root)
         manifest = read_manifest(root)
         remove_leftovers(root, manifest)
+        _refuse_strays(root)
         return manifest
     root.mkdir(parents=True, exist_ok=True)
     atomic_write(meta_dir(root) / SWEEP_FILE, json.dumps(header(spec, n_points), indent=2).encode())
@@ -318,17 +321,33 @@ def drop_broken_chunks(root: Path) -> list[str]:
             raise ConfigError(f"--out {root}: {squat} is a folder where a part file belongs; "
                               "delete it and rerun, or rerun with --force to start anew")
     for path, entry in entries:
-        if not all(_readable_part(root / rel) for rel in entry["files"]):
+        rows = [_part_rows(root / rel) for rel in entry["files"]]
+        # a part that is missing, unreadable, or holds other rows than its chunk recorded
+        if None in rows or sum(rows) != entry["rows"]:
             path.unlink()
             dropped.append(entry.get("chunk", path.stem))
     return dropped
 
 
-def _readable_part(path: Path) -> bool:
+def _part_rows(path: Path) -> int | None:
+    """Rows a part file's footer counts; None if it cannot be read (a truncated file has no
+    footer)."""
     try:
-        return pq.ParquetFile(path).metadata is not None  # a truncated file has no footer
+        return pq.ParquetFile(path).metadata.num_rows
     except (OSError, pa.ArrowException):
-        return False
+        return None
+
+
+def _refuse_strays(root: Path) -> None:
+    """A file of someone else's in OUT: every reader opens OUT as the dataset's Parquet parts,
+    and a stray file makes pyarrow, polars or DuckDB refuse it (resume would finish a dataset
+    nobody can open). Hidden names (. or _) are left alone: the readers skip them too."""
+    for path in sorted(root.rglob("*")):
+        hidden = any(p.startswith((".", "_")) for p in path.relative_to(root).parts)
+        part = path.name.startswith("part-") and path.suffix == ".parquet"
+        if path.is_file() and not (hidden or part):
+            raise ConfigError(f"--out {root}: {path} is not one of the dataset's part files; "
+                              "move it out and rerun (readers open the folder as its parts)")
 
 
 def remove_leftovers(root: Path, manifest: Manifest) -> int:
@@ -385,7 +404,7 @@ def read_dataset(root: str | Path) -> pa.Table:
 
     files = part_files(root)
     for path in files:
-        if not _readable_part(path):
+        if _part_rows(path) is None:
             raise ConfigError(f"damaged part file {path}: not a readable Parquet file; delete "
                               "it and rerun the sweep command to redo its chunk")
     # The part files by name (not the folder): a stray file beside them is not read. Partition
