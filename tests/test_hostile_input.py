@@ -871,6 +871,19 @@ def _second_campaign_cases() -> None:
     add("sweep", "corrupt_state", "sweep", "{d}/spec.toml", "--out", "{d}/ds",
         files={"ds/cluster=sn40l-8/model=llama-3.1-8b/part-*.parquet": "DIR"}, dataset=True)
     add("report", "output_path", "report", "{d}/ds", "--out", "{d}/ds/r.html", dataset=True)
+    part = "ds/cluster=sn40l-8/model=llama-3.1-8b/part-*.parquet"
+    add("sweep", "corrupt_state", "sweep", "{d}/spec.toml", "--out", "{d}/ds",
+        files={part: "FIFO"}, dataset=True, label="a FIFO for a part file")
+    add("report", "corrupt_state", "report", "{d}/ds", "--out", "{d}/r.html",
+        files={part: "FIFO"}, dataset=True, label="a FIFO for a part file")
+    # an existing device, FIFO or socket is not replaced by a result; names leave room for the
+    # temporaries beside them
+    add("simulate", "output_path", *SIM, "--out", "{d}/f.parquet", files={"f.parquet": "FIFO"})
+    add("serve", "output_path", *small, "--rate", "1", "--timeline", "{d}/t.json",
+        files={"t.json": "FIFO"})
+    add("serve", "output_path", *small[:-1], "{d}/" + "a" * 240, "--rate", "1")
+    add("sweep", "output_path", "sweep", "{d}/spec.toml", "--out", "{d}/" + "b" * 210,
+        files={"spec.toml": _spec()})
     for target, text in (("ds.sweep/manifest", "a file"), ("ds/notes.txt", "mine")):
         add("sweep", "corrupt_state", "sweep", "{d}/spec.toml", "--out", "{d}/ds",
             files={target: text}, dataset=True, label=f"{target} is a stray file")
@@ -949,7 +962,9 @@ def _materialize(case: Case, d: Path, dataset_root: Path | None) -> None:
                 path.unlink()
             path.mkdir(exist_ok=True)
             continue
-        if content == "FIFO":  # a file that never ends
+        if content == "FIFO":  # a file that never ends (in place of the dataset's, if named so)
+            if path.is_file():
+                path.unlink()
             os.mkfifo(path)
             continue
         if path.is_dir():  # a file where the dataset's folder was

@@ -3,6 +3,7 @@ Ctrl-C or SIGTERM without leftovers; internal errors as one line; resume checks 
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
@@ -88,6 +89,24 @@ def test_a_symlinked_out_becomes_the_new_set_and_leaves_its_target_and_no_link(t
     seeds = {pq.read_schema(tmp_path / "lnk" / f"{t}.parquet").metadata[b"rdu_cluster.seed"]
              for t in TABLES}
     assert seeds == {b"1"}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # its __del__
+def test_a_disk_that_fills_as_the_tables_close_is_one_line_and_leaves_nothing(tmp_path,
+                                                                              monkeypatch):
+    close, full_for = pq.ParquetWriter.close, []
+
+    def full(self):
+        if not full_for or self is full_for[0]:  # the first footer, at every try: a full disk
+            full_for[:] = [self]
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return close(self)
+
+    monkeypatch.setattr(pq.ParquetWriter, "close", full)
+    r = run(*SERVE, "--no-progress", "--out", str(tmp_path / "out"))
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
+        f"error: --out {tmp_path / 'out'}: cannot write: No space left on device"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_rejected_serve_writes_nothing(tmp_path):

@@ -25,6 +25,7 @@ from rdu_cluster.cli.options import (
 )
 from rdu_cluster.config import MAX_SOCKETS, load_cluster, load_fabric
 from rdu_cluster.engine import bench, disagg, evictions, replica_routing, schedulers
+from rdu_cluster.engine.faults import Fault
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import results
@@ -188,6 +189,9 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                          metrics=bench_spec, routing=routing, concurrency=concurrency,
                          prefix=PrefixConfig(prefix_cache, prefix_block, prefix_eviction))
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
+    if not (prefill_pool or decode_pool):  # before a backend starts (Ray takes seconds)
+        for text in faults:
+            Fault.parse(text, cluster.sockets)
     # created at the run's first rows (steps and sockets rows are streamed into it), swapped
     # in whole at the end, removed on an error or interruption
     stream = results.TableFolder(out_dir, OWNED)

@@ -181,6 +181,8 @@ def check_destination(path: str | Path, what: str = "--out",
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{what} {path}: is a directory; expected a file name")
+    _check_replaceable(path, what)
+    check_name(path, what)
     parent = path.parent
     while create_parents and not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -211,6 +213,29 @@ def _probe(folder: Path, where: str) -> None:
 _HOST = hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
 _STATES = ("tmp", "new", "old")
 _PROBE = "rdu-probe"  # the name _probe's empty folders are temporaries of
+
+
+def _check_replaceable(path: Path, what: str) -> None:
+    """A result replaces its destination by a rename: never a device, FIFO or socket that
+    happens to bear the name (as root, /dev/null or /dev/full would be replaced by a file)."""
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{what} {path}: exists and is not a regular file (a device, FIFO or "
+                          "socket); expected a file name")
+
+
+# A name's bytes the file system takes (255) less what a temporary beside it adds (_temp_prefix,
+# ".tmp"/".new" and mkstemp's 8 characters: about 40).
+MAX_NAME = 215
+
+
+def check_name(path: Path, what: str, extra: str = "") -> None:
+    """A destination whose name, with `extra` added (a sweep's ".sweep" folder beside it), leaves
+    room for the temporaries written beside it: a legal name is not refused later for them."""
+    size = len((path.name + extra).encode())
+    if size > MAX_NAME:
+        raise ConfigError(f"{what} {path.name[:40]}...: a name of {size} bytes"
+                          f"{f' with {extra}' if extra else ''}; at most {MAX_NAME} accepted (a "
+                          f"hidden temporary beside it adds {255 - MAX_NAME} to the system's 255)")
 
 
 def _temp_prefix(name: str) -> str:
@@ -313,6 +338,7 @@ def atomic_write(path: str | Path, data: bytes | Callable[[str], None],
             os.fsync(f.fileno())
         if path.is_dir():
             raise ConfigError(f"{what} {path}: is a directory; expected a file name")
+        _check_replaceable(path, what)
         os.replace(tmp, path)
     except OSError as e:
         raise ConfigError(f"{what} {path}: cannot write: {e.strerror or e}") from None
@@ -398,7 +424,12 @@ class TableFolder:
         return self
 
     def __exit__(self, *exc) -> bool:
-        self._close_writers()
+        try:
+            self._close_writers()
+        except ConfigError as e:  # a full disk: the hidden folder goes all the same
+            self._stack.__exit__(type(e), e, e.__traceback__)
+            if exc[0] is None:
+                raise
         return self._stack.__exit__(*exc)
 
     def _folder(self) -> Path:
@@ -428,9 +459,13 @@ class TableFolder:
         self._stack.close()
 
     def _close_writers(self) -> None:
-        for writer in self._writers.values():
-            writer.close()
-        self._writers.clear()
+        try:  # a file's last row group and footer are written here: a full disk shows now
+            for writer in self._writers.values():
+                writer.close()
+        except OSError as e:
+            raise ConfigError(f"{self.what} {self.out}: cannot write: {e.strerror or e}") from None
+        finally:
+            self._writers.clear()
 
 
 def _swap(out: Path, new: Path, old: Path) -> Path:
@@ -502,6 +537,7 @@ def _exchange(a: Path, b: Path) -> bool:
 def check_folder(out: str | Path, owned: Iterable[str], what: str = "--out") -> Path:
     """The checks folder_swap makes, for use before any work starts."""
     out = Path(out)
+    check_name(out, what)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{what} {out}: exists and is not a folder")
     if out.is_dir():

@@ -209,12 +209,14 @@ def locked(root: Path) -> Iterator[None]:
     """Hold an exclusive lock on OUT while a sweep writes it: two runs on one folder would
     both run the unfinished points and commit them twice. flock dies with its process, so a
     killed run leaves no stale lock."""
+    results.check_name(Path(os.path.abspath(root)), "--out", META_SUFFIX)
     _refuse_foreign(root)
     try:
         meta_dir(root).mkdir(parents=True, exist_ok=True)
         f = open(meta_dir(root) / LOCK_FILE, "a+b")  # noqa: SIM115 - held across the yield below
     except OSError as e:
-        raise ConfigError(f"--out {root}: cannot write: {e.strerror or e}") from None
+        raise ConfigError(f"--out {root}: cannot write its lock {meta_dir(root) / LOCK_FILE}: "
+                          f"{e.strerror or e}") from None
     with f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -316,17 +318,34 @@ def drop_broken_chunks(root: Path) -> list[str]:
     entries = [(p, _manifest_entry(p)) for p in sorted(folder.glob("*.json"))] \
         if folder.is_dir() else []
     for _, entry in entries:  # checked before any entry is dropped: nothing changes on refusal
-        squat = next((root / rel for rel in entry["files"] if (root / rel).is_dir()), None)
-        if squat is not None:
-            raise ConfigError(f"--out {root}: {squat} is a folder where a part file belongs; "
-                              "delete it and rerun, or rerun with --force to start anew")
+        squat = next((root / rel for rel in entry["files"]
+                      if (root / rel).exists() and not (root / rel).is_file()), None)
+        if squat is not None:  # a folder, a FIFO (opening it would block), a device
+            raise ConfigError(f"--out {root}: {squat} is not a regular file where a part file "
+                              "belongs; delete it and rerun, or rerun with --force to start anew")
     for path, entry in entries:
-        rows = [_part_rows(root / rel) for rel in entry["files"]]
-        # a part that is missing, unreadable, or holds other rows than its chunk recorded
-        if None in rows or sum(rows) != entry["rows"]:
+        # missing or unreadable parts, or other points or rows than the chunk recorded (a part
+        # copied over another's, or rewritten)
+        if not _held(root, entry):
             path.unlink()
             dropped.append(entry.get("chunk", path.stem))
     return dropped
+
+
+def _held(root: Path, entry: dict[str, Any]) -> bool:
+    """Whether the chunk's part files hold what its manifest entry recorded: its rows, of the
+    points it ran that were not infeasible."""
+    ids: set[str] = set()
+    rows = 0
+    for rel in entry["files"]:
+        try:
+            table = pq.read_table(root / rel, columns=["point_id"])
+        except (OSError, KeyError, pa.ArrowException):
+            return False
+        rows += table.num_rows
+        ids.update(table.column("point_id").to_pylist())
+    return rows == entry["rows"] and ids == {p for p in entry["points"]
+                                             if p not in entry["infeasible"]}
 
 
 def _part_rows(path: Path) -> int | None:
@@ -357,7 +376,9 @@ def remove_leftovers(root: Path, manifest: Manifest) -> int:
     removed = 0
     data = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
     for path in data:
-        orphan = path.suffix == ".parquet" and not path.name.startswith(".") and \
+        # a part file (named as the sweep names them: a user's other .parquet is refused by
+        # _refuse_strays, not deleted) that no manifest entry names
+        orphan = path.name.startswith("part-") and path.suffix == ".parquet" and \
             path.relative_to(root).as_posix() not in manifest.files
         if results.is_temporary(path) or orphan:
             path.unlink()
@@ -404,7 +425,7 @@ def read_dataset(root: str | Path) -> pa.Table:
 
     files = part_files(root)
     for path in files:
-        if _part_rows(path) is None:
+        if not path.is_file() or _part_rows(path) is None:  # a FIFO's open would block
             raise ConfigError(f"damaged part file {path}: not a readable Parquet file; delete "
                               "it and rerun the sweep command to redo its chunk")
     # The part files by name (not the folder): a stray file beside them is not read. Partition

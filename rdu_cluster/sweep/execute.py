@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -139,7 +140,8 @@ class LocalBackend:
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         self._pool = ProcessPoolExecutor(self.workers,
-                                         mp_context=multiprocessing.get_context("spawn"))
+                                         mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_end_with, initargs=(os.getpid(),))
         futures = [self._pool.submit(run_chunk, chunk, ctx) for chunk in chunks]
         try:
             for done in as_completed(futures):
@@ -152,6 +154,20 @@ class LocalBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _end_with(parent: int) -> None:
+    """A pool worker ends with the sweep that started it, even one killed with SIGKILL (which
+    runs no clean-up of its own): Linux sends the worker SIGKILL when its parent dies
+    (prctl PR_SET_PDEATHSIG). Elsewhere a killed sweep's workers finish their task and stay."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl: not Linux
+        return
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(1)
 
 
 class _Worker:

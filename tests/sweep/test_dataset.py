@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -138,3 +141,25 @@ def test_second_writer_refused_while_one_runs(tmp_path):
     # as if another sweep were writing
     with dataset.locked(out), pytest.raises(ConfigError, match="another sweep is writing"):
         run(spec_file(tmp_path, 2), out)
+
+
+def _death_signal() -> int:
+    import ctypes
+
+    value = ctypes.c_int()
+    ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(value))  # 2: PR_GET_PDEATHSIG
+    return value.value
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl is Linux's")
+def test_a_pool_worker_is_killed_with_a_killed_sweep():
+    """A sweep killed with SIGKILL runs no clean-up: its pool workers must end by themselves
+    (the kernel kills them with their parent: execute._end_with)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from rdu_cluster.sweep import execute
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=execute._end_with, initargs=(os.getpid(),)) as pool:
+        assert pool.submit(_death_signal).result(timeout=120) == signal.SIGKILL
