@@ -24,8 +24,7 @@ def report(data_dir, out_path) -> None:
     out = Path(out_path)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ConfigError(f"--out {out}: expected an .html file name")
-    root = Path(data_dir).resolve()
-    if root == out.resolve() or root in out.resolve().parents:
+    if results.within(out, data_dir):
         raise ConfigError(f"--out {out}: inside DIR {data_dir}, which holds only its tables; "
                           "give a file outside it")
     results.check_destination(out)  # before any work

@@ -297,8 +297,7 @@ def _timeline(path: str | None, out_dir: str) -> Timeline | None:
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"--timeline {target}: is a folder; give a file name (run.json)")
-    out = Path(out_dir).resolve()
-    if target.resolve() == out or out in target.resolve().parents:
+    if results.within(target, out_dir):
         raise ConfigError(f"--timeline {target}: the --out folder or in it (a run replaces the "
                           "folder whole); give a file beside it")
     results.check_destination(target, "--timeline")

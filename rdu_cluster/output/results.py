@@ -215,6 +215,13 @@ _STATES = ("tmp", "new", "old")
 _PROBE = "rdu-probe"  # the name _probe's empty folders are temporaries of
 
 
+def within(path: str | Path, folder: str | Path) -> bool:
+    """Whether `path` is `folder` or lies in it (links resolved): a file written there would
+    join a result set that is replaced, or read, as a whole."""
+    path, folder = Path(path).resolve(), Path(folder).resolve()
+    return path == folder or folder in path.parents
+
+
 def _check_replaceable(path: Path, what: str) -> None:
     """A result replaces its destination by a rename: never a device, FIFO or socket that
     happens to bear the name (as root, /dev/null or /dev/full would be replaced by a file)."""

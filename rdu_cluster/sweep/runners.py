@@ -18,6 +18,7 @@ import functools
 import importlib
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -430,7 +431,7 @@ def serve_fields() -> dict[str, FieldDef]:
         FieldDef("execution_model", text, s, column="execution_model", doc="[the chip's]"),
         FieldDef("requests", int_in(1, MAX_REQUESTS), i64, doc="synthetic trace: number of requests"),
         # at least one request in checks.MAX_SECONDS: below, no two fit in a run (traces.py)
-        FieldDef("rate", float_in(1 / checks.MAX_SECONDS, 1e300), f64,
+        FieldDef("rate", float_in(1 / checks.MAX_SECONDS, sys.float_info.max), f64,
                  column="rate_requests_per_s", doc="synthetic trace: requests per second"),
         FieldDef("arrival", choice(*ARRIVALS), s, default="poisson", column="arrival"),
         FieldDef("burstiness", float_in(0.0, 1e3), f64, default=1.0, column="burstiness",
