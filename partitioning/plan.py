@@ -26,7 +26,10 @@ from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.spec import FFN, Mixer, ModelSpec
 
-_PART = re.compile(r"(tp|pp|ep|dp)(\d{1,9})")  # 9 digits: past MAX_DEGREE, never past int()
+# ASCII digits only (re.ASCII: \d would take any script's digits); 9: past MAX_DEGREE, never
+# past int()
+_PART = re.compile(r"(tp|pp|ep|dp)(\d{1,9})", re.ASCII)
+_BLOCK = re.compile(r"\s*([a-z0-9_]+)\s*=\s*(\d{1,9})\s*", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class Plan:
     @classmethod
     def parse(cls, text: str) -> Plan:
         """"tp4pp2", "ep16", "tp8ep2", "tp16@mamba2=8"; raises ConfigError naming the part."""
-        base, _, blocks = text.strip().lower().partition("@")
+        base, at, blocks = text.strip().lower().partition("@")
         degrees: dict[str, int] = {}
         pos = 0
         for m in _PART.finditer(base):
@@ -83,6 +86,9 @@ class Plan:
                 f"--plan: {show(text)} is not a plan; expected degrees like tp8, tp4pp2, ep16, "
                 f"tp8ep2, tp2pp2dp4 (each 1 to {MAX_DEGREE}), optionally @mixer=degree,..."
             )
+        if at and not blocks.strip():
+            raise ConfigError(f"--plan: {show(text)}: nothing after '@'; expected "
+                              "mixer=degree,... (or no '@')")
         return cls(**degrees, mixer_tp=_parse_blocks(blocks, text))
 
 
@@ -93,19 +99,24 @@ MAX_DEGREE = 16384
 def _parse_blocks(text: str, whole: str) -> tuple[tuple[Mixer, int], ...]:
     if not text:
         return ()
-    out = []
+    out: dict[Mixer, int] = {}
     for item in text.split(","):
-        name, _, deg = item.partition("=")
+        m = _BLOCK.fullmatch(item)
         try:
-            out.append((Mixer(name.strip()), int(deg)))
+            mixer = Mixer(m.group(1)) if m else None
         except ValueError:
+            mixer = None
+        if mixer is None or mixer is Mixer.NONE:
             kinds = ", ".join(m.value for m in Mixer if m is not Mixer.NONE)
             raise ConfigError(f"--plan: {show(whole)}: block choice {show(item)}; expected "
-                              f"mixer=degree with a mixer among {kinds}") from None
-        if not 1 <= out[-1][1] <= MAX_DEGREE:
-            raise ConfigError(f"--plan: {show(whole)}: block degree {show(deg)}; expected 1 to "
-                              f"{MAX_DEGREE}")
-    return tuple(sorted(out, key=lambda md: md[0].value))
+                              f"mixer=degree with a mixer among {kinds}")
+        if mixer in out:
+            raise ConfigError(f"--plan: {show(whole)}: {mixer.value} is given twice")
+        out[mixer] = int(m.group(2))
+        if not 1 <= out[mixer] <= MAX_DEGREE:
+            raise ConfigError(f"--plan: {show(whole)}: block degree {show(m.group(2))}; "
+                              f"expected 1 to {MAX_DEGREE}")
+    return tuple(sorted(out.items(), key=lambda md: md[0].value))
 
 
 def validate(plan: Plan, spec: ModelSpec, sockets: int) -> None:

@@ -30,7 +30,7 @@ class Main(click.Group):
             rv = self._run(*args, **kwargs)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
-        except (click.exceptions.Abort, KeyboardInterrupt):
+        except (click.exceptions.Abort, KeyboardInterrupt, _Interrupted):
             click.echo("aborted", err=True)
             sys.exit(130)
         except click.ClickException as e:
@@ -56,6 +56,14 @@ class Main(click.Group):
             _restore(previous)
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def invoke(self, ctx: click.Context):
+        # click meets a KeyboardInterrupt in a command with a bare newline on stderr before
+        # its Abort: the one line is "aborted", so the interrupt passes click as another type
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted from None
+
     def _run(self, *args, **kwargs):
         """One command; the calibration profile its --calibration activated ends with it (an
         in-process caller, a test runner, must not inherit it)."""
@@ -65,6 +73,10 @@ class Main(click.Group):
             return super().main(*args, **kwargs)
         finally:
             calibration.activate(None)
+
+
+class _Interrupted(Exception):
+    """Ctrl-C or SIGTERM inside a command (Main.invoke)."""
 
 
 def _one_line(text: str) -> str:

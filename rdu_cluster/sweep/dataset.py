@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -49,6 +50,7 @@ MANIFEST_DIR = "manifest"
 META_SUFFIX = ".sweep"
 FORMAT = "rdu-cluster-sweep"
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,9 @@ def commit_chunk(
         "chunk": chunk_id,
         "points": sorted(point_ids),
         "files": sorted(p.path for p in parts),
+        # what resume checks a part against: any change to it (a column dropped, rows
+        # rewritten, bytes lost) reruns the chunk rather than finishing a dataset with it
+        "sha256": {p.path: hashlib.sha256(p.data).hexdigest() for p in parts},
         "rows": sum(p.rows for p in parts),
         "reasons": reasons,
         "infeasible": {k: reasons.index(v) for k, v in sorted(infeasible.items())},
@@ -178,6 +183,9 @@ def _manifest_entry(path: Path) -> dict[str, Any]:
               and all(isinstance(entry.get(k), list) for k in ("points", "files", "reasons"))
               and all(isinstance(x, str) for k in ("points", "files", "reasons")
                       for x in entry[k])
+              and isinstance(entry.get("sha256"), dict)
+              and sorted(entry["sha256"]) == sorted(entry["files"])
+              and all(isinstance(h, str) and _HEX.fullmatch(h) for h in entry["sha256"].values())
               and isinstance(entry.get("rows"), int) and not isinstance(entry["rows"], bool)
               and isinstance(entry.get("infeasible"), dict)
               and all(isinstance(i, int) and 0 <= i < len(entry["reasons"])
@@ -310,8 +318,8 @@ def _check_same(root: Path, info: Mapping[str, Any], spec) -> None:
 
 
 def drop_broken_chunks(root: Path) -> list[str]:
-    """Resume trusts no manifest entry blindly: a chunk whose part files are missing or
-    unreadable (deleted, truncated) loses its entry, so its points run again; the part files it
+    """Resume trusts no manifest entry blindly: a chunk whose part files are missing or not
+    the bytes it wrote (deleted, truncated, rewritten) loses its entry, so its points run again; the part files it
     still has are removed with the leftovers. Returns the chunks dropped."""
     dropped = []
     folder = manifest_dir(root)
@@ -324,8 +332,6 @@ def drop_broken_chunks(root: Path) -> list[str]:
             raise ConfigError(f"--out {root}: {squat} is not a regular file where a part file "
                               "belongs; delete it and rerun, or rerun with --force to start anew")
     for path, entry in entries:
-        # missing or unreadable parts, or other points or rows than the chunk recorded (a part
-        # copied over another's, or rewritten)
         if not _held(root, entry):
             path.unlink()
             dropped.append(entry.get("chunk", path.stem))
@@ -333,19 +339,19 @@ def drop_broken_chunks(root: Path) -> list[str]:
 
 
 def _held(root: Path, entry: dict[str, Any]) -> bool:
-    """Whether the chunk's part files hold what its manifest entry recorded: its rows, of the
-    points it ran that were not infeasible."""
-    ids: set[str] = set()
-    rows = 0
+    """Whether the chunk's part files are, byte for byte, those its manifest entry recorded
+    (a missing, truncated, rewritten or swapped part reruns the chunk)."""
     for rel in entry["files"]:
+        digest = hashlib.sha256()
         try:
-            table = pq.read_table(root / rel, columns=["point_id"])
-        except (OSError, KeyError, pa.ArrowException):
+            with open(root / rel, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError:
             return False
-        rows += table.num_rows
-        ids.update(table.column("point_id").to_pylist())
-    return rows == entry["rows"] and ids == {p for p in entry["points"]
-                                             if p not in entry["infeasible"]}
+        if digest.hexdigest() != entry["sha256"][rel]:
+            return False
+    return True
 
 
 def _part_rows(path: Path) -> int | None:

@@ -37,7 +37,14 @@ def test_plan_names_round_trip():
     assert (p.tp, p.ep, p.width, p.sockets) == (8, 2, 16, 16)
 
 
-@pytest.mark.parametrize("text", ["tp", "tp0", "xp4", "tp4tp2", "tp8@ssm=4"])
+@pytest.mark.parametrize("text", [
+    "tp", "tp0", "xp4", "tp4tp2", "tp8@ssm=4",
+    "tp8@", "tp8@ ",  # an '@' with nothing after it was read as tp8
+    "tp16@mamba2=8,mamba2=4",  # the last of two degrees won, silently
+    "tp16@mamba2=8_0", "tp16@mamba2=+8",  # int() reads '8_0' as 80
+    "tp\u0661\u0666",  # Arabic-Indic digits: \d and int() take them
+    "tp16@none=2",  # not a mixer kind a block can have
+])
 def test_bad_plan_names(text):
     with pytest.raises(ConfigError, match="--plan"):
         Plan.parse(text)
