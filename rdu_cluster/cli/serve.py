@@ -143,43 +143,28 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           fabric, acceptance, no_progress, timeline_path, overrides, n_sessions, turns,
           system_prompt, think_time, prefix_cache, prefix_block, prefix_eviction) -> None:
     """Simulate serving a request trace on a cluster."""
+    ctx = click.get_current_context()
     if concurrency is not None and rate is None and trace_path is None:
         rate = math.inf  # closed loop: every request is ready, the clients pace them
     if n_sessions is not None or turns is not None:
-        trace = workload.session_trace(trace_path, n_requests, n_sessions, turns, rate, arrival, prompt_len,
-                          output_len, system_prompt, think_time, seed)
+        trace = workload.session_trace(trace_path, n_requests, n_sessions, turns, rate, arrival,
+                                       prompt_len, output_len, system_prompt, think_time, seed)
     else:
         trace = workload.trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len,
-                       output_len, seed)
+                               output_len, seed)
     trace = _ramped(trace, concurrency, ramp_up)
     # vLLM's syntax: --goodput "ttft:500 tpot:50" (an empty one names no bound: refused)
     bench_spec = bench.MetricSpec.parse(metric_percentiles,
                                         [g for item in goodput for g in item.split() or [item]])
-    ctx = click.get_current_context()
-    if coe_experts is None:
-        given = [f"--{n.replace('_', '-')}" for n in ("coe_router", "coe_distribution",
-                 "coe_policy", "coe_hbm_slots") if not _default(ctx, n)]
-        if given:
-            raise ConfigError(f"{'/'.join(given)}: only with --coe-experts")
-    if coe_experts is not None and _default(ctx, "model_ref"):
-        model_ref = coe.DEFAULT_EXPERT  # [MICRO24]'s experts
-    if coe_experts is not None and _default(ctx, "scheduler"):
-        scheduler = "coe"
+    model_ref, scheduler = _coe_defaults(ctx, coe_experts, model_ref, scheduler)
     model = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
-    cluster = load_cluster(cluster_ref, overrides)
-    if replicas is not None:
-        if plan is None:
-            raise ConfigError("--replicas: give the replica's --plan too")
-        if overrides:
-            raise ConfigError("--replicas: not with --set/--sockets (a pool loads its cluster as "
-                              "bundled)")
-        cluster = disagg.Pool(cluster_ref, plan, replicas).spec(model, load_fabric(fabric))
+    cluster = _cluster(cluster_ref, overrides, replicas, plan, model, fabric)
     limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
     scenario = (None if coe_experts is None else coe.CoEScenario.copies(
         coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),
         hbm_slots=coe_hbm_slots, policy=coe_policy))
-    speculation = workload.speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch,
-                               tree, placement, draft_sockets, plan)
+    speculation = workload.speculation(model, cluster, trace, draft, spec_k, acceptance,
+                                       max_batch, tree, placement, draft_sockets, plan)
     if scenario is not None and speculation is not None:
         raise ConfigError("--draft: not with --coe-experts")
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
@@ -192,38 +177,27 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     if not (prefill_pool or decode_pool):  # before a backend starts (Ray takes seconds)
         for text in faults:
             Fault.parse(text, cluster.sockets)
-    # created at the run's first rows (steps and sockets rows are streamed into it), swapped
-    # in whole at the end, removed on an error or interruption
-    stream = results.TableFolder(out_dir, OWNED)
-    timeline = _timeline(timeline_path, out_dir)
-    kwargs = {"address": address} if backend_name == "ray" else {}
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
-    started = time.perf_counter()
+    stream = results.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet
+    timeline = _timeline(timeline_path, out_dir)
     pools = _pools(prefill_pool, decode_pool, fabric, ctx)
-    with stream, Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
+    if timeline is not None and pools:
+        raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
+    name = f"{pools[0]} -> {pools[1]} over {pools[2].name}" if pools else cluster.name
+    context = {"model": model.name, "cluster": name, "plan": plan, "backend": backend_name,
+               "routing": routing, "num_prompts": len(trace), "request_rate": rate,
+               "burstiness": burstiness, "max_concurrency": concurrency}
+    started = time.perf_counter()
+    with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
+        backend = lambda: make_backend(  # started once the inputs are checked
+            backend_name, **({"address": address} if backend_name == "ray" else {}))
         if pools:
-            sim = disagg.Disaggregated(model, *pools, trace, config,
-                                       lambda: make_backend(backend_name, **kwargs),
+            sim = disagg.Disaggregated(model, *pools, trace, config, backend,
                                        progress=bar.set_done)
-            cluster_name = f"{pools[0]} -> {pools[1]} over {pools[2].name}"
         else:
-            sim = Simulation(model, cluster, trace, config,
-                             make_backend(backend_name, **kwargs), progress=bar.set_done)
-            cluster_name = cluster.name
-        if timeline is not None:
-            if pools:
-                raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
-            sim.observers.append(timeline)
-        # the timeline reads the whole steps table; a disaggregated run joins two runs' tables
-        tables = sim.run() if timeline is not None or pools else sim.run(sink=stream.write)
-        doc = bench_json(tables.summary, model=model.name, cluster=cluster_name,
-                         plan=(sim.metadata()["plan"] if tables.requests is None  # streamed
-                               else tables.requests.schema.metadata[b"rdu_cluster.plan"].decode()),
-                         backend=backend_name, routing=routing,
-                         num_prompts=len(trace), request_rate=rate, burstiness=burstiness,
-                         max_concurrency=concurrency)
-        stream.commit({name: getattr(tables, name) for name in TABLES}, doc, SUMMARY)
+            sim = Simulation(model, cluster, trace, config, backend(), progress=bar.set_done)
+        tables, doc = _run(sim, stream, timeline, context, streamed=not (timeline or pools))
     if timeline is not None:
         events = timeline.write(timeline_path, tables)
         click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
@@ -234,7 +208,53 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     if as_json:
         click.echo(json.dumps(doc))
     else:
-        click.echo(format_summary(tables, wall, backend_name, model.name, cluster_name))
+        click.echo(format_summary(tables, wall, backend_name, model.name, name))
+
+
+def _coe_defaults(ctx: click.Context, coe_experts: int | None, model_ref: str,
+                  scheduler: str) -> tuple[str, str]:
+    """A CoE run's model and scheduler where not given ([MICRO24]'s experts, the coe policy);
+    the --coe-* options refused without --coe-experts."""
+    if coe_experts is None:
+        given = [f"--{n.replace('_', '-')}" for n in ("coe_router", "coe_distribution",
+                 "coe_policy", "coe_hbm_slots") if not _default(ctx, n)]
+        if given:
+            raise ConfigError(f"{'/'.join(given)}: only with --coe-experts")
+        return model_ref, scheduler
+    return (coe.DEFAULT_EXPERT if _default(ctx, "model_ref") else model_ref,
+            "coe" if _default(ctx, "scheduler") else scheduler)
+
+
+def _cluster(ref: str, overrides, replicas: int | None, plan: str | None, model,
+             fabric: str):
+    """--cluster with --set/--sockets; with --replicas, that many replicas of --plan on its
+    chip and node network (disagg.Pool)."""
+    cluster = load_cluster(ref, overrides)
+    if replicas is None:
+        return cluster
+    if plan is None:
+        raise ConfigError("--replicas: give the replica's --plan too")
+    if overrides:
+        raise ConfigError("--replicas: not with --set/--sockets (a pool loads its cluster as "
+                          "bundled)")
+    return disagg.Pool(ref, plan, replicas).spec(model, load_fabric(fabric))
+
+
+def _run(sim, stream: results.TableFolder, timeline: Timeline | None, context: dict,
+         streamed: bool) -> tuple[Tables, dict]:
+    """Run and write the result set: created at the run's first rows (steps and sockets rows
+    are streamed into it), swapped in whole at the end, removed on an error or interruption.
+    The timeline reads the whole steps table, and a disaggregated run joins two runs' tables:
+    those are not streamed."""
+    with stream:
+        if timeline is not None:
+            sim.observers.append(timeline)
+        tables = sim.run(sink=stream.write) if streamed else sim.run()
+        plan = (sim.metadata()["plan"] if tables.requests is None  # streamed
+                else tables.requests.schema.metadata[b"rdu_cluster.plan"].decode())
+        doc = bench_json(tables.summary, **{**context, "plan": plan})  # the plan run
+        stream.commit({name: getattr(tables, name) for name in TABLES}, doc, SUMMARY)
+    return tables, doc
 
 
 OVERLOAD_WARNING = ("warning: overloaded: the queue of requests waiting for admission grew "
