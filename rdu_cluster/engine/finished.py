@@ -66,36 +66,40 @@ class Finished:
             self._trim()
 
     def _chunks(self, r: Request) -> np.ndarray:
-        """Its chunk times: the end of each step that streamed it a token (bench.py)."""
-        ends, runs = self.rec.ends, r.emits
-        if not runs:
+        """Its chunk times: the end of each step that streamed it a token (bench.py), in the
+        order of its emission runs (Request.emits: a prefill's step, or decode steps)."""
+        parts = [self.rec.ends[q].values(-1 - a, 1) if a < 0
+                 else self.rec.decode_ends[q].values(a, n) for q, a, n in r.emits]
+        if not parts:
             return np.zeros(0)
-        rep, lo, _ = runs[0]
-        _, f, k = runs[-1]
-        if len({q for q, _, _ in runs}) == 1:
-            # one replica, runs in step order (at light load every arrival's prefill step
-            # breaks the batch's run): slices of one view of its step ends
-            v = ends[rep].values(lo, f + k - lo)
-            return np.concatenate([v[a - lo : a - lo + n] for _, a, n in runs])
-        return np.concatenate([ends[q].values(a, n) for q, a, n in runs])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _trim(self) -> None:
         """Drop the step times no request yet to be recorded reads: a live request reads its
         replica's steps from its admission on (request_row) and its chunks' (emits, each
         run with its replica), one yet to arrive only steps not planned yet. Run each time
         as many requests as are live have been recorded since (O(1) a request)."""
-        firsts = {rep: len(ends) for rep, ends in self.rec.ends.items()}
+        ends, decode_ends = self.rec.ends, self.rec.decode_ends
+        firsts = {rep: [len(ends[rep]), len(decode_ends[rep])] for rep in ends}
         for r, rep in self.live.values():
             for step in (r.admit_step, r.first_token_step):
-                if 0 <= step < firsts.get(rep, -1):
-                    firsts[rep] = step
-            # Its first run (runs go on in step order; a request runs on one replica, and a
-            # run elsewhere before what is kept would be refused by Growing.values).
-            if r.emits:
-                erep, first, _n = r.emits[0]
-                firsts[erep] = min(firsts.get(erep, first), first)
-        for rep, step in firsts.items():
-            self.rec.drop_steps_before(rep, step)
+                if 0 <= step < firsts.get(rep, (-1,))[0]:
+                    firsts[rep][0] = step
+            # Its first run of each kind, a prefill's step and decode steps (runs go on in
+            # order; a request runs on one replica, and a run elsewhere before what is kept
+            # would be refused by Growing.values): most often its first two.
+            seen = [False, False]
+            for erep, first, _n in r.emits:
+                kind = 0 if first < 0 else 1
+                if not seen[kind]:
+                    seen[kind] = True
+                    kept = firsts.get(erep)
+                    if kept is not None:
+                        kept[kind] = min(kept[kind], -1 - first if first < 0 else first)
+                    if seen[1 - kind]:
+                        break
+        for rep, (step, decode_step) in firsts.items():
+            self.rec.drop_steps_before(rep, step, decode_step)
         self.trim_at = self.count + max(32, len(self.live))
 
     def _release(self) -> None:

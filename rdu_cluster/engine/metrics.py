@@ -226,6 +226,8 @@ class Recorder:
     link_bytes: dict[tuple[int, int], float] = field(default_factory=dict)
     ends: dict[int, Growing] = field(default_factory=dict)  # replica -> step end times
     starts: dict[int, Growing] = field(default_factory=dict)
+    # replica -> end times of its steps with decodes (what Request.emits' decode runs index)
+    decode_ends: dict[int, Growing] = field(default_factory=dict)
     switch_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (replica, step)
     # energy_j / cost_usd per request id, only the configured ones (engine/energy.py)
     split: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -251,13 +253,15 @@ class Recorder:
             ends = np.concatenate([cols["start_s"][1:],
                                    [cols["start_s"][-1] + cols["time_s"][-1]]])
         phase = cols["phase"]
+        decodes = cols["decode_tokens"] > 0
         if len(phase) and phase[0] == "recovery":  # recovery rows are not engine steps
             keep = phase != "recovery"
-            starts, ends = cols["start_s"][keep], ends[keep]
+            starts, ends, decodes = cols["start_s"][keep], ends[keep], decodes[keep]
         else:  # a window's steps: never a recovery row
             starts = cols["start_s"]
         self.starts.setdefault(replica, Growing()).extend(starts)
         self.ends.setdefault(replica, Growing()).extend(ends)
+        self.decode_ends.setdefault(replica, Growing()).extend(ends[decodes])
         self._compact()
         self.held_rows += len(phase)
         if self.sink is not None and self.held_rows >= self.chunk_rows:
@@ -325,11 +329,13 @@ class Recorder:
             return np.zeros(0), np.zeros(0), 0
         return self.starts[replica].view(), self.ends[replica].view(), self.ends[replica].first
 
-    def drop_steps_before(self, replica: int, step: int) -> None:
-        """No request yet to be recorded reads the replica's steps before `step`."""
+    def drop_steps_before(self, replica: int, step: int, decode_step: int) -> None:
+        """No request yet to be recorded reads the replica's steps before `step`, nor its
+        decode steps before `decode_step`."""
         if replica in self.starts:
             self.starts[replica].drop_before(step)
             self.ends[replica].drop_before(step)
+            self.decode_ends[replica].drop_before(decode_step)
 
 
 def request_row(q: Request, rep: int, rec: Recorder) -> tuple:

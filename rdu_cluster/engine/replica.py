@@ -142,6 +142,7 @@ class Replica:
         self.expecting: Callable[[], bool] = lambda: self.pending > 0  # more may arrive
         self.window_end = 0.0  # end of its last (while busy: current) window
         self.step = 0
+        self.decode_steps = 0  # its steps with decodes (Request.emits counts them)
         self.busy = False
         self.down_until = 0.0
         self.synced: dict[int, int] = {}  # request id -> KV blocks the sockets hold for it
@@ -325,18 +326,21 @@ class Replica:
             before = r.generated
             r.prefill(tokens, span.first_step)
             if r.generated > before:
-                r.emit(self.index, span.first_step, 1)
+                r.emit_prefill(self.index, span.first_step)
             if self.prefix is not None and not r.prefilling:
                 self.prefix.computed(r, r.cached)
+        d0 = self.decode_steps
         if not span.decode:  # a prefill step
             done = ()
         elif span.tokens is None:
-            done = decode_batch(span.decode, steps, span.first_step, self.index)
+            done = decode_batch(span.decode, steps, span.first_step, self.index, d0)
         else:
             for r, t in zip(span.decode, span.tokens.tolist()):
                 r.decode_speculative(t, last)
-                r.emit(self.index, last, 1)
+                r.emit(self.index, d0 + steps - 1, 1)
             done = [r for r in span.decode if r.state == DONE]
+        if span.decode:
+            self.decode_steps = d0 + steps
         for r in done:
             self._finish(r)
         for r in prefilled:

@@ -35,9 +35,12 @@ class Request:
     expert: int = -1  # Composition of Experts: the expert the router chose (-1: none)
     ready_s: float = -1.0  # when the scheduler first sees it; -1: on arrival
     switch_step: int = -1  # CoE: the step whose expert switch it waited for
-    # Steps that streamed tokens to the client, as runs (replica, first step, steps): one chunk
-    # a step (a speculative step's accepted tokens arrive together), for the ITL (bench.py);
-    # consecutive runs are merged (emit).
+    # Steps that streamed tokens to the client, one chunk a step (a speculative step's
+    # accepted tokens arrive together), for the ITL (bench.py), in order, as (replica, first,
+    # steps): decodes as runs of the replica's decode steps (its steps with decodes: first
+    # counts those before, so another request's prefill-only step does not break a run),
+    # consecutive ones merged (emit); a prefill's token (emit_prefill) as first = -1 - its
+    # step, steps 1.
     emits: list[tuple[int, int, int]] = field(default_factory=list)
     # Disaggregated decode: tokens whose KV arrives with the request from its prefill replica
     # (None: it prefills here). Admission then allocates that KV and decodes at once.
@@ -99,16 +102,20 @@ class Request:
             self.state, self.done_step = DONE, step
 
     def emit(self, replica: int, first: int, steps: int) -> None:
-        """It streamed a token in each of `steps` steps from `first` on `replica`: a run that
-        continues the last one is merged into it (the same chunks, one tuple per run of
-        consecutive steps rather than one per span)."""
+        """It streamed a token in each of `steps` decode steps from decode step `first` on
+        `replica`: a run that continues the last one is merged into it (the same chunks, one
+        tuple per run of consecutive decode steps rather than one per span)."""
         runs = self.emits
         if runs:
             rep, start, n = runs[-1]
-            if rep == replica and start + n == first:
+            if rep == replica and start + n == first and start >= 0:  # not a prefill's
                 runs[-1] = (rep, start, n + steps)
                 return
         runs.append((replica, first, steps))
+
+    def emit_prefill(self, replica: int, step: int) -> None:
+        """Its prefill, done in `step` on `replica`, sampled a token (Request.emits)."""
+        self.emits.append((replica, -1 - step, 1))
 
     def preempt_recompute(self) -> None:
         self.state, self.cached, self.target = WAITING, 0, 0
@@ -119,13 +126,14 @@ class Request:
         self.swaps += 1
 
 
-def decode_batch(requests: list[Request], steps: int, first: int, replica: int
-                 ) -> list[Request]:
-    """Each of `requests` ran `steps` decode steps from step `first` on `replica`: it read its
-    cached tokens and sampled one token a step, each streamed as a chunk. Returns those that
-    completed. One loop over a span's batch, the engine's innermost."""
+def decode_batch(requests: list[Request], steps: int, first: int, replica: int,
+                 dfirst: int) -> list[Request]:
+    """Each of `requests` ran `steps` decode steps from step `first` (decode step `dfirst`)
+    on `replica`: it read its cached tokens and sampled one token a step, each streamed as a
+    chunk. Returns those that completed. One loop over a span's batch, the engine's
+    innermost."""
     last = first + steps - 1
-    done, run = [], (replica, first, steps)
+    done, run = [], (replica, dfirst, steps)
     for r in requests:
         if r.first_token_step < 0:  # disaggregated: its first token is a decode step's
             r.first_token_step = first
@@ -137,7 +145,7 @@ def decode_batch(requests: list[Request], steps: int, first: int, replica: int
         runs = r.emits  # r.emit(replica, first, steps), inline: the call is half the loop
         if runs:
             rep, start, n = runs[-1]
-            if rep == replica and start + n == first:
+            if rep == replica and start + n == dfirst and start >= 0:  # not a prefill's
                 runs[-1] = (rep, start, n + steps)
                 continue
         runs.append(run)

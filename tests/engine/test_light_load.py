@@ -309,3 +309,40 @@ def test_a_closed_loop_makes_each_request_when_it_is_sent(serve, monkeypatch):
     assert t.requests.num_rows == n and t.summary["served"] == n
     assert at_first_window[0] < n // 4
     assert sorted(set(made)) == list(range(n)) and len(made) == n + clients
+
+
+def test_a_request_streams_in_every_decode_step_it_ran_and_its_prefill(serve, monkeypatch):
+    """Request.emits counts decode runs in the replica's steps with decodes, so the prefill
+    steps of later arrivals do not break them: a request never preempted holds its prefill's
+    step and one decode run, and its chunk times are the ends of exactly those steps, read
+    from the steps table (every step from its first token to its last with decodes in it:
+    under prefill-first, a running sequence decodes in every decode step)."""
+    from rdu_cluster.engine.finished import Finished
+
+    seen = {}
+    chunks = Finished._chunks
+
+    def spy(self, r):
+        seen[r.id] = (list(r.emits), r.first_token_step, r.done_step, r.preemptions,
+                      chunks(self, r))
+        return seen[r.id][-1]
+
+    monkeypatch.setattr(Finished, "_chunks", spy)
+    _, tables = serve(**{**LIGHT, "n": 60})
+    steps = tables.steps.to_pydict()
+    by_step = {(rep, s): (end, dec) for rep, s, end, dec in zip(
+        steps["replica"], steps["step"],
+        np.add(steps["start_s"], steps["time_s"]), steps["decode_tokens"])}
+    requests = tables.requests.to_pydict()
+    replica_of = dict(zip(requests["request_id"], requests["replica"]))
+    broken = 0  # requests whose decodes other requests' prefill steps interrupted
+    for rid, (emits, first, done, preemptions, got) in seen.items():
+        if preemptions:
+            continue
+        rep = replica_of[rid]
+        assert [(q, a < 0) for q, a, _ in emits] == [(rep, True), (rep, False)][:len(emits)]
+        want = [by_step[(rep, first)][0]] + [
+            by_step[(rep, s)][0] for s in range(first + 1, done + 1) if by_step[(rep, s)][1]]
+        assert np.array_equal(got, want)
+        broken += any(not by_step[(rep, s)][1] for s in range(first + 1, done + 1))
+    assert broken > 10  # the runs did span other requests' prefill steps
