@@ -133,7 +133,7 @@ def load_cluster(
         sockets_per_node=per_node,
         topology=topology,
         description=_typed(raw, "description", str, where),
-        source=_typed(raw, "source", str, where),
+        source=checks.source(raw, where),
         cost=parse_cost(_table(raw, "cost", where, {}), f"{where}: cost"),
     )
 
@@ -255,8 +255,16 @@ def _scaled(overrides: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]
     return overrides
 
 
+# The longest `extends` chain: the bundled files use one level, a hand-made variant family a few;
+# 32 leaves room for any of them and keeps the recursion far from Python's stack limit.
+MAX_EXTENDS = 32
+
+
 def _read_extended(kind: str, path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A chip or cluster file with its `extends` chain merged in (the file's own values win)."""
+    if len(seen) >= MAX_EXTENDS:
+        raise ConfigError(f"{seen[0].name}: extends: a chain of more than {MAX_EXTENDS} files "
+                          f"(reaching {path.name}); at most {MAX_EXTENDS} accepted")
     raw = _read(path)
     parent = raw.pop("extends", None)
     if parent is None:

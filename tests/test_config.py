@@ -86,6 +86,16 @@ def test_bad_cluster_files(tmp_path, text, fragment):
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
+def test_empty_top_level_source_refused(tmp_path):
+    # [cost] and [topology] already refused an empty source; the cluster's own was accepted.
+    text = cluster_configs.bundled("clusters")["sn40l-8"].read_text()
+    p = tmp_path / "c.toml"
+    p.write_text(text.replace('source = "[MICRO24] section IV, VII"', 'source = ""', 1))
+    with pytest.raises(ConfigError, match=r"^c.toml.source: expected a non-empty string naming "
+                       "the basis$"):
+        load_cluster(p)
+
+
 def test_unknown_names_list_what_exists():
     with pytest.raises(ConfigError, match="bundled: .*sn40l-16"):
         load_cluster("sn50")

@@ -124,6 +124,17 @@ def test_extends_errors(tmp_path):
     assert "unknown chip 'sn99'; bundled:" in one_line(load_chip, tmp_path / "d.toml")
 
 
+def test_extends_chain_depth_is_bounded(tmp_path):
+    # 1000 files deep overflowed Python's stack; the bound stops it at the 33rd file.
+    for i in range(40):
+        (tmp_path / f"c{i}.toml").write_text(f'extends = "c{i + 1}.toml"\n')
+    (tmp_path / "c40.toml").write_text('extends = "sn40l-8"\n')
+    assert one_line(load_cluster, tmp_path / "c0.toml") == (
+        "c0.toml: extends: a chain of more than 32 files (reaching c32.toml); at most 32 "
+        "accepted")
+    assert load_cluster(tmp_path / "c10.toml").name == "sn40l-8"  # 31 files and the bundled one
+
+
 def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 

@@ -7,8 +7,8 @@ Qwen3NextConfig, NemotronHConfig, Llama4TextConfig, Gemma2Config, Gemma3TextConf
 DeepseekV2Config, Qwen2MoeConfig, Glm4MoeConfig, Mistral3Config) and MiniMaxAI/MiniMax-M2's
 configuration_minimax_m2.py. Multimodal configs (llama4, gemma3, mistral3) nest the language model
 under `text_config`; only that part is imported (the vision encoder runs once per image, outside
-the decode loop this simulator costs). `quantization_config` sets the weight dtype (see
-`checkpoint_precision`). Every error is a ConfigError with a one-line message naming the file and
+the decode loop this simulator costs). `quantization_config` (top level, or under
+`text_config`) sets the weight dtype (see `checkpoint_precision`). Every error is a ConfigError with a one-line message naming the file and
 the field or model_type.
 """
 
@@ -241,12 +241,14 @@ def _window(c: _Cfg) -> int | None:
     return c.size("sliding_window") if window is not None else None
 
 
-def _pattern(c: _Cfg, n: int, default: Callable[[int], str]) -> tuple[Mixer, ...]:
+def _pattern(c: _Cfg, n: int, default: Callable[[int], str],
+             accepted: tuple[str, ...] = ("full_attention", "sliding_attention")
+             ) -> tuple[Mixer, ...]:
     """Per-layer attention kinds: `layer_types` when the config lists them (newer transformers
-    write them out), else the family's rule `default(i)`."""
+    write them out), one of the family's `accepted` kinds a layer, else its rule `default(i)`."""
     if c.get("layer_types") is None:
         return tuple(_layer_type(c, default(i)) for i in range(n))
-    kinds = c.per_layer("layer_types", n, ("full_attention", "sliding_attention"))
+    kinds = c.per_layer("layer_types", n, accepted)
     return tuple(_layer_type(c, k) for k in kinds)
 
 
@@ -397,12 +399,8 @@ def _gpt_oss(c: _Cfg, name: str) -> ModelSpec:
     """Alternating sliding (window `sliding_window`) and full attention by `layer_types`, learned
     sinks per head, biases on attention and experts (MXFP4 experts: quantization_config mxfp4)."""
     n = c.size("num_hidden_layers")
-    types = c.get("layer_types") or [
-        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)
-    ]
-    layers = tuple(LayerSpec(_layer_type(c, t), FFN.MOE) for t in types)
-    if len(layers) != n:
-        raise c.fail(f"field 'layer_types' has {len(layers)} entries, num_hidden_layers is {n}")
+    rule = lambda i: "sliding_attention" if i % 2 == 0 else "full_attention"
+    layers = tuple(LayerSpec(m, FFN.MOE) for m in _pattern(c, n, rule))
     moe = MoESpec(
         num_experts=c.size("num_local_experts"),
         # gpt-oss configs carry both names; older ones only experts_per_token.
@@ -432,7 +430,7 @@ def _minimax_m2(c: _Cfg, name: str) -> ModelSpec:
     experts (sigmoid routing with a score-correction bias), `num_mtp_modules` MTP modules.
     `attn_type_list` 1 = softmax attention (0 would be MiniMax-01's lightning attention)."""
     n = c.size("num_hidden_layers")
-    kinds = c.get("attn_type_list", [1] * n)
+    kinds = c.per_layer("attn_type_list", n) if c.get("attn_type_list") is not None else [1]
     if any(k != 1 for k in kinds):
         raise c.fail("field 'attn_type_list': only softmax attention (1) is supported")
     moe = MoESpec(
@@ -457,10 +455,9 @@ def _qwen3_next(c: _Cfg, name: str) -> ModelSpec:
     (layer i full iff (i + 1) % interval == 0, Qwen3NextConfig)."""
     n = c.size("num_hidden_layers")
     interval = c.size("full_attention_interval", 4)
-    types = c.get("layer_types") or [
-        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
-    ]
-    layers = tuple(LayerSpec(_layer_type(c, t), _qwen_moe_ffn(c, i)) for i, t in enumerate(types))
+    rule = lambda i: "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+    mixers = _pattern(c, n, rule, ("full_attention", "linear_attention"))
+    layers = tuple(LayerSpec(m, _qwen_moe_ffn(c, i)) for i, m in enumerate(mixers))
     shared = c.get("shared_expert_intermediate_size", 0)
     moe = MoESpec(
         num_experts=c.size("num_experts"),
@@ -816,5 +813,6 @@ def from_hf_config(
     check_model(spec, source)
     if precision is not None:
         return spec.with_precision(precision)
-    quant, label = checkpoint_precision(cfg, spec.is_moe)
+    # A multimodal config may quantize only its language model: text_config's own table wins.
+    quant, label = checkpoint_precision(cfg.nested("text_config", model_type), spec.is_moe)
     return replace(spec, precision=quant, quantization=label)

@@ -195,7 +195,10 @@ def read_trace(path: str | Path) -> Trace:
     if path.suffix == ".jsonl":
         from workloads.trace_formats import read_mooncake
 
-        return read_mooncake(path)
+        try:
+            return read_mooncake(path)
+        except UnicodeDecodeError:  # read line by line: the byte offset would be the buffer's
+            raise ConfigError(f"--trace {path}: not UTF-8 text; expected JSON lines") from None
     table = _read_table(path)
     cols = {c.lower(): c for c in table.column_names}
     if len(cols) < len(table.column_names):
@@ -235,12 +238,16 @@ def _read_table(path: Path):
 def _validated(table, found: dict, where: str) -> Trace:
     import pyarrow as pa
 
-    for key in ("arrival_s", "prompt_len", "output_len"):
+    for key, unit in (("arrival_s", "seconds"), ("prompt_len", "tokens"),
+                      ("output_len", "tokens")):
         typ = table.schema.field(found[key]).type
-        timed = key == "arrival_s" and pa.types.is_temporal(typ)  # a CSV's timestamps
+        # Date-times (Azure's TIMESTAMP) become seconds after the first; a date or a duration
+        # carries a unit (days, ms) that reading it as a number would drop.
+        timed = key == "arrival_s" and pa.types.is_timestamp(typ)
         if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or timed):
-            raise ConfigError(f"--trace {where}: column {found[key]!r} holds {typ}; expected "
-                              "numbers")
+            dates = " (or date-times)" if key == "arrival_s" else ""
+            raise ConfigError(f"--trace {where}: column {found[key]!r} holds {typ}; accepted: "
+                              f"{unit} as numbers{dates}")
     if not 1 <= table.num_rows <= MAX_REQUESTS:
         raise ConfigError(f"--trace {where}: {table.num_rows:,} requests; accepted 1 to "
                           f"{MAX_REQUESTS:,}")

@@ -180,6 +180,17 @@ def test_bad_quantization_config(quant, fragment):
         ("qwen1.5-moe-a2.7b", "mlp_only_layers", "0,1", "must list layer indices in 0..23"),
         ("glm-4.5-air", "partial_rotary_factor", 0, "must be a number in (0, 1]"),
         ("mistral-small-3.1-24b", "text_config", [], "'text_config' must be a JSON object"),
+        ("qwen3-next-80b-a3b", "layer_types", ["full_attention"] * 3,
+         "'layer_types' must list one entry per layer (48), got 3 entries"),
+        ("qwen3-next-80b-a3b", "layer_types", ["sliding_attention"] * 48,
+         "entry 'sliding_attention'; accepted: 'full_attention', 'linear_attention'"),
+        ("gpt-oss-20b", "layer_types", ["linear_attention"] * 24,
+         "entry 'linear_attention'; accepted: 'full_attention', 'sliding_attention'"),
+        ("gpt-oss-20b", "layer_types", ["full_attention"] * 3, "one entry per layer (24), got 3"),
+        ("minimax-m2", "attn_type_list", [1, 1, 1], "one entry per layer (62), got 3 entries"),
+        ("minimax-m2", "attn_type_list", [], "one entry per layer (62), got 0 entries"),
+        ("gemma-3-27b", "quantization_config", {"quant_method": "magic"},
+         "text_config: field 'quantization_config.quant_method': 'magic' unsupported"),
     ],
 )
 def test_new_family_fields_validated(name, key, value, fragment):
@@ -223,6 +234,15 @@ def test_deepseek_v3_first_k_dense_and_mla():
     assert spec.moe.num_shared_experts == 1 and spec.moe.shared_intermediate == 2048
     assert spec.mtp_layers == 1
     assert spec.precision.weights is DType.FP8  # the quantization_config: fp8, 128x128 blocks
+
+
+def test_text_config_quantization_sets_the_weights():
+    # A multimodal checkpoint's quantization_config may sit with its language model.
+    cfg = catalog.model_config("gemma-3-27b")
+    cfg["text_config"]["quantization_config"] = {"quant_method": "fp8"}
+    spec = from_hf_config(cfg)
+    assert spec.precision.weights is DType.FP8
+    assert spec.quantization == "fp8 (quantization_config fp8)"
 
 
 def test_gpt_oss_layer_types_sinks_mxfp4():

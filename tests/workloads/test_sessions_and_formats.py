@@ -87,3 +87,31 @@ def test_a_numeric_timestamp_column_is_refused(tmp_path):
     path.write_text("timestamp,prompt_len,output_len\n1,10,10\n")
     with pytest.raises(ConfigError, match="'timestamp' must hold date-times"):
         traces.read_trace(path)
+
+
+def test_date_and_duration_arrival_columns_are_refused(tmp_path):
+    # Read as numbers they would be days since 1970 or milliseconds taken for seconds.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dates = tmp_path / "dates.csv"
+    dates.write_text("arrival_s,prompt_len,output_len\n2024-01-01,64,8\n2024-01-02,64,8\n")
+    with pytest.raises(ConfigError, match=r"column 'arrival_s' holds date32\[day\]; accepted: "
+                       r"seconds as numbers \(or date-times\)$"):
+        traces.read_trace(dates)
+    table = pa.table({"arrival_s": pa.array([0, 1000], pa.duration("ms")),
+                      "prompt_len": [64, 64], "output_len": pa.array([8, 8], pa.duration("s"))})
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(ConfigError, match=r"'arrival_s' holds duration\[ms\]"):
+        traces.read_trace(tmp_path / "d.parquet")
+    pq.write_table(table.set_column(0, "arrival_s", pa.array([0.0, 1.0])), tmp_path / "o.parquet")
+    with pytest.raises(ConfigError, match=r"'output_len' holds duration\[s\]; accepted: tokens "
+                       "as numbers$"):
+        traces.read_trace(tmp_path / "o.parquet")
+
+
+def test_a_mooncake_file_that_is_not_text_is_refused(tmp_path):
+    path = tmp_path / "binary.jsonl"
+    path.write_bytes(b"\xff\xfe\x00\x01binary\n")
+    with pytest.raises(ConfigError, match=r"binary.jsonl: not UTF-8 text; expected JSON lines$"):
+        traces.read_trace(path)
