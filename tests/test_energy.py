@@ -49,6 +49,9 @@ def test_bad_power_and_cost_tables():
         parse_cost({"socket_hour_usd": -1, "source": "x"}, "c")
     with pytest.raises(ConfigError):
         parse_cost({"socket_hour_usd": 1}, "c")
+    # 1e308 made the cost per token infinite (JSON's Infinity, which no reader accepts)
+    with pytest.raises(ConfigError, match=r"c.socket_hour_usd: expected .* \[0, 10000\]"):
+        parse_cost({"socket_hour_usd": 1e308, "source": "x"}, "c")
 
 
 def test_cost_arithmetic():

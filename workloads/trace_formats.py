@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.checks import MAX_SECONDS
+from workloads.checks import MAX_SECONDS, show
 from workloads.errors import ConfigError
 from workloads.files import parse_json
-from workloads.traces import Trace
+from workloads.traces import MAX_LENGTH, Trace
 
 MOONCAKE_BLOCK_TOKENS = 512  # FAST25-release/README.md: "The block size is 512 tokens."
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -65,8 +65,9 @@ def _row(line: str, where: str) -> tuple[float, int, int, list[int]]:
         raise ConfigError(f"{where}: timestamp {t!r}: expected milliseconds in [0, "
                           f"{1e3 * MAX_SECONDS:g}]")
     for name, v in (("input_length", prompt), ("output_length", out)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ConfigError(f"{where}: {name} {v!r}: expected a whole number >= 1")
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_LENGTH:
+            raise ConfigError(f"{where}: {name} {show(v)}: expected a whole number in [1, "
+                              f"{MAX_LENGTH:,}] (tokens)")
     blocks = -(-prompt // MOONCAKE_BLOCK_TOKENS)
     if (not isinstance(ids, list) or len(ids) != blocks
             or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids)):

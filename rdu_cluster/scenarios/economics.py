@@ -21,6 +21,10 @@ from workloads import checks
 from workloads.ops import Work
 
 COST_KEYS = ("socket_hour_usd", "source")
+# A bound, not a price: on-demand cloud prices are under USD 100 an hour for a whole 8-GPU node
+# (about USD 2-12 a GPU-hour in 2024-26 list prices), so 1e4 a socket-hour is 100x past any
+# real one and keeps every derived figure finite (1e308 gave an infinite cost per token).
+MAX_SOCKET_HOUR_USD = 1e4
 COLUMNS = ("power_w", "joules_per_token", "socket_hour_usd", "cost_per_million_tokens_usd")
 
 
@@ -30,7 +34,8 @@ def parse_cost(table: Mapping[str, Any], where: str) -> dict[str, Any]:
         return {}
     checks.exact_keys(table, COST_KEYS, where)
     return {
-        "socket_hour_usd": checks.non_negative(table, "socket_hour_usd", where),
+        "socket_hour_usd": checks.number(table.get("socket_hour_usd"),
+                                         f"{where}.socket_hour_usd", 0.0, MAX_SOCKET_HOUR_USD),
         "source": checks.source(table, where),
     }
 

@@ -73,6 +73,10 @@ def test_azure_excerpt_reads_its_timestamps_as_seconds():
      "expected 2 whole numbers"),
     ('{"timestamp": -5, "input_length": 6, "output_length": 1, "hash_ids": [1]}', "timestamp"),
     ('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}', "input_length"),
+    # past int64: numpy's conversion raised OverflowError (an internal error)
+    (('{"timestamp": 0, "input_length": 6, "output_length": 100000000000000000000000, '
+      '"hash_ids": [1]}'),
+     "output_length an integer of 24 digits: expected a whole number in [1, 16,777,216]"),
 ])
 def test_bad_mooncake_lines_are_one_line_errors(tmp_path, line, fragment):
     path = tmp_path / "t.jsonl"
