@@ -205,7 +205,7 @@ def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:
         execution=dict(table),
         power=parse_power(_table(raw, "power", where, {}), f"{where}: power"),
         description=_typed(raw, "description", str, where),
-        source=_typed(raw, "source", str, where),
+        source=checks.source(raw, where),
     )
 
 
@@ -222,7 +222,7 @@ def _parse_tiers(table: Mapping[str, Any], names: tuple[str, ...], where: str) -
                 name=name,
                 capacity_bytes=_positive(t, "capacity_bytes", w),
                 bandwidth_bytes_per_s=checks.rate(t, "bandwidth_bytes_per_s", w),
-                source=_typed(t, "source", str, w),
+                source=checks.source(t, w),
             )
         )
     return tuple(tiers)

@@ -96,6 +96,20 @@ def test_empty_top_level_source_refused(tmp_path):
         load_cluster(p)
 
 
+@pytest.mark.parametrize("line, where", [
+    ('source = "[MICRO24] Table II"', r"chip.toml.source"),
+    ('source = "[MICRO24] Table II (alternative 1.6 TB/s in [HC24])"', r"tiers.hbm.source"),
+])
+def test_empty_chip_sources_refused(tmp_path, line, where):
+    # the cluster's were refused, the chip's own and its tiers' were accepted
+    text = cluster_configs.bundled("chips")["sn40l"].read_text()
+    assert line in text
+    chip = tmp_path / "chip.toml"
+    chip.write_text(text.replace(line, 'source = ""', 1))
+    with pytest.raises(ConfigError, match=where + ": expected a non-empty string"):
+        load_chip(chip)
+
+
 def test_unknown_names_list_what_exists():
     with pytest.raises(ConfigError, match="bundled: .*sn40l-16"):
         load_cluster("sn50")
