@@ -13,7 +13,7 @@ from rdu_cluster.cli import main, workload
 from rdu_cluster.config import load_fabric
 from rdu_cluster.scenarios import capacity as cap
 from workloads import sessions
-from workloads.catalog import load_model
+from workloads.catalog import load_model, model_config
 from workloads.errors import ConfigError
 
 BASE = ["capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--cluster", "dgx-h100",
@@ -178,3 +178,39 @@ def test_speculative_axis_both(tmp_path):
     assert args[args.index("--draft") + 1] == "llama-3.2-1b"
     assert args[args.index("--acceptance") + 1] == "0.7"
     reserved(spec[0], tmp_path)
+
+
+TINY = ["capacity", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--slo", "tpot:50",
+         "--prompt-len", "64", "--output-len", "8", "--rate", "1"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--think-time", "9", "--system-prompt", "5"],
+     "--think-time/--system-prompt: only with --sessions"),
+    (["--slo", "tpot:20"], "--slo: tpot given twice; give each key once"),
+    (["--draft", "qwen2.5-7b"],
+     "a vocabulary of 152064, llama-3.2-1b of 128256; a draft must share the target's tokenizer"),
+    (["--draft", "llama-3.2-1b", "--draft-sockets", "4"],
+     "--draft-sockets: only with --draft-placement separate"),
+])
+def test_options_with_no_effect_and_impossible_drafts_are_refused(extra, message):
+    r = run(*TINY, *extra)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output
+
+
+def test_lengths_are_refused_with_a_trace(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_len,output_len\n0,64,8\n1,64,8\n")
+    r = run(*TINY[:7], "--trace", str(trace), "--prompt-len", "5000")
+    assert r.exit_code == 2 and "error: --prompt-len: not with --trace" in r.output, r.output
+
+
+def test_the_draft_context_is_checked(tmp_path):
+    doc = {k: v for k, v in model_config("llama-3.2-1b").items() if k != "_rdu"}
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({**doc, "max_position_embeddings": 2048}))
+    args = [*TINY[:7], "--prompt-len", "4000", "--output-len", "8", "--rate", "1"]
+    r = run(*args, "--draft", str(draft))
+    assert r.exit_code == 2 and ("error: --draft: prompt 4,000 + output 8 tokens exceed the "
+                                 "2,048-token context of") in r.output, r.output

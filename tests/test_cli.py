@@ -179,3 +179,55 @@ def test_simulate_summary_names_the_weight_dtype_and_its_origin(tmp_path):
     r = CliRunner().invoke(main, ["simulate", "--model", "openai/GPT-OSS-20B", "--cluster",
                                   "sn40l-16"])
     assert "weights experts mxfp4 (quantization_config mxfp4)" in r.output.splitlines()[0]
+
+
+SPEC = ["simulate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--draft", "llama-3.2-1b"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([*SPEC, "--draft-sockets", "4"], "--draft-sockets: only with --draft-placement separate"),
+    # the draft's own sockets beside the target's, as serve lays them out
+    ([*SPEC, "--placement", "separate", "--draft-sockets", "8"],
+     "--draft-sockets: 8 must divide the 8 sockets and leave room for the plan's 8"),
+    ([*SPEC, "--placement", "separate", "--draft-sockets", "3"],
+     "--draft-sockets: 3 must divide the 8 sockets"),
+    ([*SPEC, "--placement", "separate", "--draft-sockets", "4", "--tp", "8"],
+     "--draft-sockets: 4 must divide the 8 sockets and leave room for the plan's 8"),
+    (["simulate", "--coe", "--cluster", "sn40l-8", "--experts", "4", "--plan", "tp3",
+      "--weights", "fp3", "--kv-dtype", "int1"], "--plan/--weights/--kv-dtype: not with --coe"),
+    (["simulate", "--coe", "--cluster", "dgx-h100", "--experts", "4", "--stack", "bogus"],
+     "--stack: not with --coe"),
+    (["simulate", "--coe", "--cluster", "sn40l-8", "--experts", "4", "--tp", "8", "--json"],
+     "--tp/--json: not with --coe"),
+    (["simulate", "--coe", "--cluster", "sn40l-8", "--experts", "4", "--prompt-len", "100000"],
+     "--prompt-len: prompt 100,000 + output 20 tokens exceed the 4,096-token context"),
+])
+def test_simulate_refuses_what_its_mode_ignores_or_cannot_hold(args, message):
+    r = run(*args)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output
+
+
+def test_simulate_separate_draft_beside_a_smaller_plan():
+    r = run(*SPEC, "--placement", "separate", "--draft-sockets", "4", "--tp", "4")
+    assert r.exit_code == 0, r.output
+    assert "separate (4)" in r.output
+
+
+def test_simulate_checks_the_draft_context(tmp_path):
+    doc = {k: v for k, v in catalog.model_config("llama-3.2-1b").items() if k != "_rdu"}
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({**doc, "max_position_embeddings": 2048}))
+    r = run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--prompt-len",
+            "100000", "--gen-len", "8", "--draft", str(draft), "--spec-k", "4")
+    assert r.exit_code == 2 and ("error: --draft: prompt 100,000 + output 8 tokens exceed the "
+                                 "2,048-token context of") in r.stderr, r.output
+
+
+def test_simulate_out_is_refused_on_the_model_file(tmp_path):
+    doc = {k: v for k, v in catalog.model_config("llama-3.2-1b").items() if k != "_rdu"}
+    model = tmp_path / "m.parquet"
+    model.write_text(json.dumps(doc))
+    r = run("simulate", "--model", str(model), "--cluster", "sn40l-8", "--out", str(model))
+    assert r.exit_code == 2 and "is the --model file (it would be overwritten)" in r.stderr
+    assert json.loads(model.read_text()) == doc

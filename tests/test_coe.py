@@ -34,6 +34,9 @@ def test_popularity():
     for bad in ("zipf:x", "normal", "zipf:-1"):
         with pytest.raises(ConfigError):
             Popularity.parse(bad)
+    for bad in ("uniform:3", "trace:1"):  # an argument would be dropped
+        with pytest.raises(ConfigError, match="takes no argument; expected uniform, zipf:S"):
+            Popularity.parse(bad)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from rdu_cluster.cli import main
+from workloads import catalog
 
 ARGS = ["serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-16", "--requests", "20",
         "--rate", "20", "--prompt-len", "uniform:32:512", "--output-len", "16"]
@@ -188,3 +192,101 @@ def test_bad_pools_are_one_line(tmp_path, extra, message):
     assert r.exit_code == 2
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.output
+
+
+SMALL = ["serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--requests", "4",
+         "--rate", "2", "--prompt-len", "64", "--output-len", "8"]
+POOLS = ["--prefill-pool", "sn40l-8:tp8:1", "--decode-pool", "sn40l-8:tp8:1"]
+
+
+def _trace(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_len,output_len\n0,64,8\n1,64,8\n")
+    return str(trace)
+
+
+def _config(tmp_path, **fields):
+    """The catalog's llama-3.2-1b as a config.json (without the catalog's own key)."""
+    doc = catalog.model_config("llama-3.2-1b")
+    doc.pop("_rdu")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**doc, **fields}))
+    return str(path)
+
+
+@pytest.mark.parametrize("extra, message", [
+    # options that would have no effect: refused, as --turns without --sessions
+    ([*POOLS, "--set", "chip.tiers.hbm.bandwidth_bytes_per_s=1e9"],
+     "--set/--sockets: not with --prefill-pool/--decode-pool"),
+    ([*POOLS, "--sockets", "4"], "--set/--sockets: not with --prefill-pool/--decode-pool"),
+    (["--fabric", "nope"], "--fabric: only with --prefill-pool/--decode-pool or --replicas"),
+    (["--think-time", "30"], "--think-time: only with --sessions"),
+    (["--system-prompt", "100000"], "--system-prompt: only with --sessions"),
+    (["--burstiness", "3"], "--burstiness: only with --arrival bursty"),
+    (["--arrival", "fixed", "--burstiness", "3"], "--burstiness: only with --arrival bursty"),
+    (["--sessions", "2", "--turns", "2", "--arrival", "bursty", "--burstiness", "3"],
+     "--burstiness: not with --sessions"),
+    (["--draft", "llama-3.2-1b", "--draft-sockets", "4"],
+     "--draft-sockets: only with --draft-placement separate"),
+    (["--coe-experts", "2", "--coe-distribution", "uniform:3"],
+     "distribution: 'uniform:3': uniform takes no argument"),
+    # impossible inputs
+    (["--draft", "qwen2.5-7b", "--spec-k", "2"], "a draft must share the target's tokenizer"),
+    (["--goodput", "tpot:5", "--goodput", "tpot:10"], "--goodput: tpot given twice"),
+    (["--goodput", "tpot:5 ttft:9 tpot:10"], "--goodput: tpot given twice"),
+    (["--prefix-block", "100000000000"], "'--prefix-block': 100000000000 is not in the range"),
+    (["--concurrency", "10000000000000"], "'--concurrency': 10000000000000 is not in the range"),
+])
+def test_options_with_no_effect_and_impossible_values_are_refused(tmp_path, extra, message):
+    args = [a for a in SMALL if not (extra[0] == "--sessions" and a in ("--requests", "4"))]
+    r = run(*args, *extra, "--out", str(tmp_path / "out"))
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_synthetic_workload_options_are_refused_with_a_trace(tmp_path):
+    trace = _trace(tmp_path)
+    for extra, flags in ((["--prompt-len", "100000", "--output-len", "5000"],
+                          "--prompt-len/--output-len"),
+                         (["--arrival", "bursty", "--burstiness", "4"], "--arrival/--burstiness")):
+        r = run("serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--trace", trace,
+                *extra, "--out", str(tmp_path / "out"))
+        assert r.exit_code == 2 and f"error: {flags}: not with --trace" in r.output, r.output
+
+
+def test_a_fabric_is_checked_where_it_is_used(tmp_path):
+    r = run(*SMALL, "--replicas", "1", "--plan", "tp8", "--fabric", "nope",
+            "--out", str(tmp_path / "out"))
+    assert r.exit_code == 2 and "unknown fabric 'nope'" in r.output, r.output
+
+
+def test_the_draft_context_holds_every_request(tmp_path):
+    draft = _config(tmp_path, max_position_embeddings=2048)
+    args = [*SMALL, "--draft", draft, "--spec-k", "2", "--out", str(tmp_path / "out")]
+    r = run(*args[:args.index("64")], "4000", *args[args.index("64") + 1:])
+    assert r.exit_code == 2, r.output
+    assert ("error: --draft: prompt 4,000 + output 8 tokens exceed the 2,048-token context of"
+            in r.output)
+    assert run(*args).exit_code == 0  # 64 + 8 tokens fit
+
+
+def test_a_link_fault_names_two_linked_sockets(tmp_path):
+    ring = [*SMALL[:3], "--cluster", "sn40l-16-ring", *SMALL[5:]]
+    r = run(*ring, "--fault", "link:0-8@0", "--out", str(tmp_path / "out"))
+    assert r.exit_code == 2 and ("--fault 'link:0-8@0': no link 0-8 in sn40l-16-ring's ring "
+                                 "network; a link joins neighbours") in r.output, r.output
+    r = run(*ring, "--fault", "link:15-0@0", "--out", str(tmp_path / "out"))
+    assert r.exit_code == 0, r.output  # the ring wraps around
+
+
+def test_timeline_is_refused_on_an_input_file(tmp_path):
+    trace, config = _trace(tmp_path), _config(tmp_path)
+    before = {p: Path(p).read_text() for p in (trace, config)}
+    r = run("serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--trace", trace,
+            "--timeline", trace, "--out", str(tmp_path / "out"))
+    assert r.exit_code == 2 and "is the --trace file (it would be overwritten)" in r.output
+    r = run("serve", "--model", config, *SMALL[3:], "--timeline", config, "--out",
+            str(tmp_path / "out"))
+    assert r.exit_code == 2 and "is the --model file (it would be overwritten)" in r.output
+    assert {p: Path(p).read_text() for p in (trace, config)} == before

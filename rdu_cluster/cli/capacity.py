@@ -19,6 +19,7 @@ from partitioning.plan import Plan as PartitionPlan
 from partitioning.plan import validate as validate_plan
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
+from rdu_cluster.cli import options as o
 from rdu_cluster.cli import workload
 from rdu_cluster.cli.options import (
     TRACE_HELP,
@@ -36,7 +37,6 @@ from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.spec import with_dtypes
 from workloads.speculative import parse_acceptance, parse_tree
-from workloads.traces import MAX_REQUESTS
 
 # Each shortlisted deployment is one or more serving-engine runs (seconds each): 100 per system
 # is already more than an interactive search waits for, and far more than candidates differ.
@@ -54,7 +54,7 @@ MAX_SHORTLIST = 100
               help="Replica plans to try [default: tp over 1/4, 1/2, 1 and 2 nodes, tpNpp2].")
 @click.option("--max-nodes", default=16, show_default=True, type=click.IntRange(1, MAX_SOCKETS),
               help="Upper bound on the nodes of a deployment (per pool when disaggregated).")
-@click.option("--concurrency", default=None, type=click.IntRange(1, MAX_REQUESTS // 2),
+@click.option("--concurrency", default=None, type=click.IntRange(1, o.MAX_CONCURRENCY),
               help="Traffic: N closed-loop users (2 requests each by default, so at most half "
               "the --requests bound).")
 @click.option("--rate", default=None, type=float,
@@ -110,6 +110,9 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     slo = cap.SLO.parse(slos, slo_percentile)
     traffic = _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache,
                        trace_path, n_sessions, turns, system_prompt, think_time)
+    workload.check_unused(o.given(click.get_current_context(), "prompt_len", "output_len",
+                                  "think_time", "system_prompt"),
+                          trace_path is not None, n_sessions is not None)
     modes = _spec_modes(spec_mode, draft, spec_k, acceptance, tree, placement, draft_sockets)
     traffic = replace(traffic, spec_args=tuple(
         a for flag, v in (("--acceptance", acceptance), ("--tree", tree)) if v is not None
@@ -198,8 +201,7 @@ def _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance,
     model = load_model(model_ref)
     for w in weights:
         with_dtypes(model, w, None)
-    if draft is not None:
-        load_model(draft)
+    workload.check_draft(draft, model, _sample(traffic))
     if acceptance is not None:
         parse_acceptance(acceptance)
     parse_tree(tree)
@@ -233,6 +235,8 @@ def _spec_modes(mode, draft, spec_k, acceptance, tree, placement, draft_sockets)
                              draft_sockets, None)  # options only with --draft: one message
     elif mode == "off":
         raise ConfigError("--draft: not with --speculative off")
+    else:
+        speculative.check_sockets(placement, draft_sockets)
     if placement != "shared":
         raise ConfigError(f"--draft-placement {placement}: capacity tries shared only (a "
                           "draft on sockets of its own is not priced yet)")

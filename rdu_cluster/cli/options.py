@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
 
 from rdu_cluster.config import MAX_SOCKETS, cli_overrides
 from rdu_cluster.validation import calibration
-from workloads.checks import MAX_BATCH
+from workloads.checks import MAX_BATCH, show
+from workloads.errors import ConfigError
 from workloads.speculative import MAX_SPEC_K
 from workloads.traces import MAX_LENGTH, MAX_REQUESTS
 
@@ -36,6 +38,28 @@ SOCKETS = click.IntRange(1, MAX_SOCKETS)
 SPEC_K = click.IntRange(1, MAX_SPEC_K)
 TOKENS = click.IntRange(1, MAX_BATCH * 64)  # a token budget: a batch of 64-token chunks
 TOP = click.IntRange(0, 10**6)
+# Closed-loop clients: capacity sends 2 requests per user by default, so half the requests bound.
+MAX_CONCURRENCY = MAX_REQUESTS // 2
+
+
+def given(ctx: click.Context, *names: str) -> list[str]:
+    """The flags of the parameters `names` given on the command line (not left at their
+    defaults): an option that would have no effect is refused only when the user asked for it."""
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    return [flags[n] for n in names
+            if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
+
+
+def check_not_inputs(path: str | None, what: str,
+                     inputs: Iterable[tuple[str, str | None]]) -> None:
+    """Refuse an output `path` that is one of the command's input files ((flag, path) pairs; a
+    catalog name that names no file is skipped): writing it would replace the input."""
+    if path is None or not os.path.exists(path):
+        return
+    for flag, ref in inputs:
+        if ref is not None and os.path.isfile(ref) and os.path.samefile(path, ref):
+            raise ConfigError(f"{what} {show(path)}: is the {flag} file (it would be "
+                              "overwritten); give another file name")
 
 
 class Finite(click.ParamType):

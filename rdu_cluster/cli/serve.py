@@ -61,7 +61,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="Prefix caching: off, in HBM, or tiered (spilled to DDR / host memory) "
               "[default: tiered where the chip has a tier below HBM].")
-@click.option("--prefix-block", default=None, type=int,
+@click.option("--prefix-block", default=None, type=click.IntRange(max=traces.MAX_LENGTH),
               help="Tokens per prefix-cache block [default: the KV block, 16].")
 @click.option("--prefix-eviction", default="lru", show_default=True,
               help=f"Prefix-cache eviction policy: {', '.join(evictions.names())}.")
@@ -105,7 +105,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--coe-hbm-slots", default=None, type=click.IntRange(1, o.MAX_EXPERTS),
               help="Experts HBM may hold [default: as many as fit].")
 @speculative_options(speculative.PLACEMENTS)
-@click.option("--concurrency", default=None, type=int,
+@click.option("--concurrency", default=None, type=click.IntRange(max=o.MAX_CONCURRENCY),
               help="Closed loop: N clients, each sending its next request when its last one "
               "finishes (vLLM's --max-concurrency); with --rate, no request before its arrival.")
 @click.option("--routing", default=replica_routing.DEFAULT, show_default=True,
@@ -144,6 +144,10 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           system_prompt, think_time, prefix_cache, prefix_block, prefix_eviction) -> None:
     """Simulate serving a request trace on a cluster."""
     ctx = click.get_current_context()
+    _check_unused(ctx, trace_path, n_sessions, arrival, prefill_pool or decode_pool, replicas)
+    o.check_not_inputs(timeline_path, "--timeline", [
+        ("--trace", trace_path), ("--model", model_ref), ("--draft", draft),
+        ("--coe-router", coe_router), ("--cluster", cluster_ref), ("--fabric", fabric)])
     if concurrency is not None and rate is None and trace_path is None:
         rate = math.inf  # closed loop: every request is ready, the clients pace them
     if n_sessions is not None or turns is not None:
@@ -176,12 +180,12 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     if not (prefill_pool or decode_pool):  # before a backend starts (Ray takes seconds)
         for text in faults:
-            Fault.parse(text, cluster.sockets)
+            Fault.parse(text, cluster.sockets, cluster)
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
     stream = results.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet
     timeline = _timeline(timeline_path, out_dir)
-    pools = _pools(prefill_pool, decode_pool, fabric, ctx)
+    pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
     if timeline is not None and pools:
         raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
     name = f"{pools[0]} -> {pools[1]} over {pools[2].name}" if pools else cluster.name
@@ -293,12 +297,28 @@ def _ramped(trace: traces.Trace, concurrency: int | None, ramp_up: float) -> tra
     return dataclasses.replace(trace, arrival_s=arrival)
 
 
-def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Context):
+def _check_unused(ctx: click.Context, trace_path: str | None, n_sessions: int | None,
+                  arrival: str, pools: str | None, replicas: int | None) -> None:
+    """Options given that would have no effect are refused (workload.check_unused): the
+    fabric joins pools or replicas only."""
+    workload.check_unused(o.given(ctx, "prompt_len", "output_len", "arrival", "burstiness",
+                                  "think_time", "system_prompt"),
+                          trace_path is not None, n_sessions is not None, arrival)
+    if not (pools or replicas) and not _default(ctx, "fabric"):
+        raise ConfigError("--fabric: only with --prefill-pool/--decode-pool or --replicas (it "
+                          "joins their nodes)")
+
+
+def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Context,
+           overrides: dict):
     """(prefill Pool, decode Pool, FabricSpec), or None for aggregated serving."""
     if prefill is None and decode is None:
         return None
     if prefill is None or decode is None:
         raise ConfigError("--prefill-pool/--decode-pool: give both (or neither: aggregated)")
+    if overrides:
+        raise ConfigError("--set/--sockets: not with --prefill-pool/--decode-pool (a pool loads "
+                          "its cluster as bundled)")
     for name, flag in (("cluster_ref", "--cluster"), ("plan", "--plan")):
         if not _default(ctx, name):
             raise ConfigError(f"{flag}: not with --prefill-pool/--decode-pool (each pool names "

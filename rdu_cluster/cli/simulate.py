@@ -151,6 +151,8 @@ def simulate(
     """Estimate decode and prefill of MODEL on each CLUSTER (--set and --sockets apply to each)."""
     if out_path is not None:  # "" too: a name that names nothing is refused
         results.check_table_path(out_path)  # before any work: nothing runs for nowhere
+        o.check_not_inputs(out_path, "--out", [("--model", model_ref), ("--draft", draft),
+                                               *(("--cluster", c) for c in cluster_refs)])
     _check_modes(click.get_current_context(), draft, coe_flag, ablate)
     if coe_flag:
         click.echo(_coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts,
@@ -224,6 +226,10 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
         raise ConfigError(f"{'/'.join(spec)}: only with --draft")
     if not coe and (only := given(("experts",))):
         raise ConfigError(f"{only[0]}: only with --coe")
+    if coe and (unused := o.given(ctx, "tp", "plan_text", "objective", "weights_dtype",
+                                  "kv_dtype", "stack_name", "out_path", "as_json")):
+        raise ConfigError(f"{'/'.join(unused)}: not with --coe (its table takes --model, "
+                          "--cluster, --batch, the lengths and --experts)")
     modes = [flag for flag, on in (("--draft", draft is not None), ("--coe", coe),
                                    ("--ablate", ablate)) if on]
     if len(modes) > 1:
@@ -236,15 +242,13 @@ def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, ove
     given = lambda name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
     expert = model_ref if given("model_ref") else coe.DEFAULT_EXPERT
     refs = cluster_refs or ("sn40l-8", "dgx-h100", "dgx-a100")
+    prompt_len = prompt_len if given("prompt_len") else 512
+    gen_len = gen_len if given("gen_len") else 20
+    check_context(load_model(expert), prompt_len, gen_len)  # each pair: a prompt and its answer
+    check_context(load_model(coe.DEFAULT_ROUTER), prompt_len, 1)  # the router reads the prompt
     tvs = [
-        coe.table_v(
-            load_cluster(c, overrides),
-            experts,
-            batch if given("batch") else 8,
-            prompt_len if given("prompt_len") else 512,
-            gen_len if given("gen_len") else 20,
-            expert,
-        )
+        coe.table_v(load_cluster(c, overrides), experts, batch if given("batch") else 8,
+                    prompt_len, gen_len, expert)
         for c in refs
     ]
     return coe.table_v_report(tvs)

@@ -6,12 +6,35 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
+
+import numpy as np
 
 from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.scenarios import speculative
 from workloads import sessions, traces
 from workloads.errors import ConfigError
 from workloads.speculative import Speculation, parse_acceptance, parse_tree
+
+
+def check_unused(flags: Sequence[str], trace: bool, sessions: bool,
+                 arrival: str | None = None) -> None:
+    """Refuse the workload options among `flags` (given on the command line) that would have
+    no effect: a trace brings its own lengths and arrivals, only sessions think or share a
+    system prompt, and only bursty arrivals have a burstiness."""
+    rules = (
+        (("--think-time", "--system-prompt"), not sessions, "only with --sessions"),
+        (("--prompt-len", "--output-len", "--arrival", "--burstiness"), trace,
+         "not with --trace (the trace gives each request's lengths and arrival)"),
+        (("--burstiness",), sessions,
+         "not with --sessions (session starts take --arrival with its default shape)"),
+        (("--burstiness",), arrival != "bursty",
+         "only with --arrival bursty (the coefficient of variation of its gaps)"),
+    )
+    for names, applies, why in rules:
+        hit = [f for f in flags if f in names]
+        if applies and hit:
+            raise ConfigError(f"{'/'.join(hit)}: {why}")
 
 
 def trace(path, n, rate, arrival, burstiness, prompt_len, output_len, seed) -> traces.Trace:
@@ -97,6 +120,8 @@ def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tre
             raise ConfigError(f"{'/'.join(given) or '--draft-placement/--draft-sockets'}: "
                               "only with --draft")
         return None
+    check_draft(draft, model, trace)
+    speculative.check_sockets(placement, draft_sockets)
     acc = (speculative.default_acceptance(draft, model.name) if acceptance is None
            else parse_acceptance(acceptance))
     branching = parse_tree(tree)
@@ -112,3 +137,12 @@ def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tre
                               gen_len=float(trace.output_len.mean()), placement=placement,
                               draft_sockets=draft_sockets)
     return best.speculation
+
+
+def check_draft(draft: str | None, model, trace: traces.Trace) -> None:
+    """The draft against the target and the trace's longest request (speculative.check_draft)."""
+    if draft is None or not len(trace):
+        return
+    worst = int(np.argmax(trace.prompt_len + trace.output_len))
+    speculative.check_draft(draft, model, int(trace.prompt_len[worst]),
+                            int(trace.output_len[worst]))

@@ -51,7 +51,12 @@ class MetricSpec:
         for p in ps:
             if not 0 < p < 100:
                 raise ConfigError(f"--metric-percentiles: {p:g} must be in (0, 100)")
-        return cls(ps, tuple(_goodput(g, flag) for g in goodput))
+        bounds = tuple(_goodput(g, flag) for g in goodput)
+        keys = [k for k, _ in bounds]
+        twice = next((k for k in keys if keys.count(k) > 1), None)
+        if twice is not None:  # one bound per key: a second would replace the first unseen
+            raise ConfigError(f"{flag}: {twice} given twice; give each key once")
+        return cls(ps, bounds)
 
 
 def _number(text: str, flag: str) -> float:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from interconnect.topology import build_topology
+from partitioning.cluster import ClusterSpec
 from workloads import checks
 from workloads.errors import ConfigError
 
@@ -43,7 +45,8 @@ class Fault:
     fraction: float = 0.0  # remaining speed / bandwidth of a degraded target
 
     @classmethod
-    def parse(cls, text: str, sockets: int) -> Fault:
+    def parse(cls, text: str, sockets: int, cluster: ClusterSpec | None = None) -> Fault:
+        """With `cluster`, a link fault must name two sockets its topology links."""
         m = _PATTERN.match(text.strip())
         if not m:
             raise ConfigError(
@@ -60,6 +63,8 @@ class Fault:
             raise ConfigError(f"--fault {text!r}: time and fraction must be numbers, as in "
                               "socket:3@2.5:degraded:0.5") from None
         f.check(text, sockets)
+        if cluster is not None and f.target == "link":
+            f.check_link(text, cluster)
         return f
 
     def check(self, text: str, sockets: int) -> None:
@@ -73,3 +78,21 @@ class Fault:
         if self.kind == "degraded" and not MIN_FRACTION <= self.fraction <= 1:
             raise ConfigError(f"--fault {text!r}: a degraded fraction must be in "
                               f"[{MIN_FRACTION:g}, 1] (slower than that, mark it failed)")
+
+    def check_link(self, text: str, cluster: ClusterSpec) -> None:
+        """A link joins two sockets of one node that its network wires together (a pair of
+        nodes meets only through the fabric switch)."""
+        spn, kind = cluster.sockets_per_node, cluster.topology.kind
+        (na, a), (nb, b) = divmod(self.a, spn), divmod(self.b, spn)
+        if na == nb and kind in ("full_mesh", "switch"):
+            return
+        wired = {(link.src, link.dst) for link in build_topology(
+            cluster.topology, spn, spn).node_links}
+        if na != nb or (a, b) not in wired:
+            raise ConfigError(f"--fault {text!r}: no link {self.a}-{self.b} in {cluster.name}'s "
+                              f"{kind} network; a link joins {_LINKED[kind]}")
+
+
+_LINKED = {"full_mesh": "two sockets of one node", "switch": "two sockets of one node",
+           "ring": "neighbours on a node's ring (i and i+1)",
+           "torus2d": "neighbours on a node's torus"}

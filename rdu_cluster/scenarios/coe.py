@@ -75,6 +75,9 @@ class Popularity:
                     f"distribution: {text!r}: zipf takes a number, zipf:1.1"
                 ) from None
             return cls("zipf", s)
+        if arg and name in DISTRIBUTIONS:
+            raise ConfigError(f"distribution: {text!r}: {name} takes no argument; expected "
+                              "uniform, zipf:S or trace")
         return cls(name)
 
     def probabilities(self, n: int) -> np.ndarray:

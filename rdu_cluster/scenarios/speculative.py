@@ -34,6 +34,7 @@ from partitioning.estimate import Estimate, estimate, tp_comm_time
 from partitioning.footprint import PlanDoesNotFit, fit_message, kv_cache_per_socket
 from partitioning.plan import Plan
 from rdu_cluster.config import load_cluster
+from rdu_cluster.engine.plan import PlanSpec, check_draft_sockets
 from rdu_cluster.output import results
 from rdu_cluster.output.report import text_table
 from rdu_cluster.scenarios import economics
@@ -41,7 +42,7 @@ from workloads import graph as graphs
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.ops import Block, Op, OpClass, Shard, StepShape, Work
-from workloads.spec import ModelSpec
+from workloads.spec import ModelSpec, check_context
 from workloads.speculative import (
     Acceptance,
     ConstantAcceptance,
@@ -156,6 +157,26 @@ def resolve_draft(draft: str, target: ModelSpec) -> ModelSpec:
             f"{target.vocab_size}; a draft must share the target's tokenizer"
         )
     return spec
+
+
+def check_draft(draft: str, target: ModelSpec, prompt_len: int, output_len: int) -> ModelSpec:
+    """The draft (resolve_draft: the target's tokenizer) holding the longest request in its
+    context: it processes the same sequence as the target."""
+    spec = resolve_draft(draft, target)
+    check_context(spec, prompt_len, output_len, "--draft")
+    return spec
+
+
+def check_sockets(placement: str, draft_sockets: int, cluster: ClusterSpec | None = None,
+                  tp: int | None = None) -> None:
+    """The draft's own sockets: none when shared (--draft-sockets would have no effect); when
+    separate, beside the target's tp on the cluster, as serve lays them out."""
+    if placement == "shared":
+        if draft_sockets != 1:
+            raise ConfigError("--draft-sockets: only with --draft-placement separate (a shared "
+                              "draft runs on the target's sockets)")
+    elif cluster is not None:
+        check_draft_sockets(cluster, PlanSpec(tp or cluster.sockets), draft_sockets)
 
 
 def speculative_estimate(
@@ -413,6 +434,9 @@ def simulate(
     acc = (default_acceptance(draft, target.name) if acceptance is None
            else parse_acceptance(acceptance))
     branching = parse_tree(tree)
+    check_draft(draft, target, kw["prompt_len"], kw["gen_len"])
+    for cluster in clusters:
+        check_sockets(placement, draft_sockets, cluster, kw.get("tp"))
     kw.update(placement=placement, draft_sockets=draft_sockets)
     sests = []
     for cluster in clusters:
