@@ -101,7 +101,8 @@ def check_draft_sockets(cluster: ClusterSpec, plan: PlanSpec, draft_sockets: int
     if draft_sockets < 1 or cluster.sockets % draft_sockets or group > cluster.sockets:
         raise ConfigError(
             f"--draft-sockets: {draft_sockets} must divide the {cluster.sockets} sockets and "
-            f"leave room for the plan's {plan.group} (with --draft-placement separate)"
+            f"leave room for the plan's {plan.group} (with --draft-placement separate: give a "
+            "smaller --plan or --tp)"
         )
     return group
 
