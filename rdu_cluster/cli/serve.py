@@ -221,12 +221,12 @@ def _coe_defaults(ctx: click.Context, coe_experts: int | None, model_ref: str,
     the --coe-* options refused without --coe-experts."""
     if coe_experts is None:
         given = [f"--{n.replace('_', '-')}" for n in ("coe_router", "coe_distribution",
-                 "coe_policy", "coe_hbm_slots") if not _default(ctx, n)]
+                 "coe_policy", "coe_hbm_slots") if o.given(ctx, n)]
         if given:
             raise ConfigError(f"{'/'.join(given)}: only with --coe-experts")
         return model_ref, scheduler
-    return (coe.DEFAULT_EXPERT if _default(ctx, "model_ref") else model_ref,
-            "coe" if _default(ctx, "scheduler") else scheduler)
+    return (model_ref if o.given(ctx, "model_ref") else coe.DEFAULT_EXPERT,
+            scheduler if o.given(ctx, "scheduler") else "coe")
 
 
 def _cluster(ref: str, overrides, replicas: int | None, plan: str | None, model,
@@ -304,7 +304,7 @@ def _check_unused(ctx: click.Context, trace_path: str | None, n_sessions: int | 
     workload.check_unused(o.given(ctx, "prompt_len", "output_len", "arrival", "burstiness",
                                   "think_time", "system_prompt"),
                           trace_path is not None, n_sessions is not None, arrival)
-    if not (pools or replicas) and not _default(ctx, "fabric"):
+    if not (pools or replicas) and o.given(ctx, "fabric"):
         raise ConfigError("--fabric: only with --prefill-pool/--decode-pool or --replicas (it "
                           "joins their nodes)")
 
@@ -320,15 +320,12 @@ def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Cont
         raise ConfigError("--set/--sockets: not with --prefill-pool/--decode-pool (a pool loads "
                           "its cluster as bundled)")
     for name, flag in (("cluster_ref", "--cluster"), ("plan", "--plan")):
-        if not _default(ctx, name):
+        if o.given(ctx, name):
             raise ConfigError(f"{flag}: not with --prefill-pool/--decode-pool (each pool names "
                               "its cluster and plan)")
     return (disagg.Pool.parse(prefill, "--prefill-pool"),
             disagg.Pool.parse(decode, "--decode-pool"), load_fabric(fabric))
 
-
-def _default(ctx: click.Context, name: str) -> bool:
-    return ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT
 
 
 def _timeline(path: str | None, out_dir: str) -> Timeline | None:

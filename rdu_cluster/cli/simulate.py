@@ -219,12 +219,10 @@ def _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len) -
 
 def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool) -> None:
     """An option of a mode not run is refused, not ignored (serve refuses the same ones)."""
-    given = lambda names: [f"--{n.replace('_', '-')}" for n in names
-                           if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
-    if draft is None and (spec := given(("spec_k", "acceptance", "tree", "placement",
-                                         "draft_sockets"))):
+    if draft is None and (spec := o.given(ctx, "spec_k", "acceptance", "tree", "placement",
+                                          "draft_sockets")):
         raise ConfigError(f"{'/'.join(spec)}: only with --draft")
-    if not coe and (only := given(("experts",))):
+    if not coe and (only := o.given(ctx, "experts")):
         raise ConfigError(f"{only[0]}: only with --coe")
     if coe and (unused := o.given(ctx, "tp", "plan_text", "objective", "weights_dtype",
                                   "kv_dtype", "stack_name", "out_path", "as_json")):
@@ -239,7 +237,7 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
 def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, overrides) -> str:
     """MICRO24 Table V's setting; options left at simulate's defaults take the table's values."""
     ctx = click.get_current_context()
-    given = lambda name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+    given = lambda name: bool(o.given(ctx, name))
     expert = model_ref if given("model_ref") else coe.DEFAULT_EXPERT
     refs = cluster_refs or ("sn40l-8", "dgx-h100", "dgx-a100")
     prompt_len = prompt_len if given("prompt_len") else 512
