@@ -76,6 +76,34 @@ def test_calibrate_writes_a_profile_with_ranges_rows_and_residuals(tmp_path):
         assert field in body
 
 
+def test_calibrate_out_may_not_replace_the_cases_file(tmp_path):
+    rows = tmp_path / "rows.toml"
+    text = v.resources.files("rdu_cluster").joinpath("validation/measurements.toml").read_text()
+    rows.write_text(text)
+    result = CliRunner().invoke(main, ["calibrate", "--cases", str(rows), "--out",
+                                       str(tmp_path / "." / "rows.toml")])
+    assert result.exit_code == 2
+    assert "is the --cases file, which the fit reads" in result.output
+    assert rows.read_text() == text
+
+
+@pytest.mark.parametrize("role, chip, needle", [
+    ("check", None, "no calibrate rows for the chips with unknown parameters"),
+    ("calibrate", "sn40l", "no calibrate rows for chip sn40l to fit"),
+    ("calibrate", "h100-sxm", "no calibrate row responds to an unknown parameter of chip h100"),
+])
+def test_calibrate_with_nothing_to_fit_writes_nothing(tmp_path, role, chip, needle):
+    from tests.test_validate import ROW  # a weight_gib row on dgx-h100: no parameter moves it
+
+    cases = tmp_path / "c.toml"
+    cases.write_text(ROW.replace('role = "check"', f'role = "{role}"'))
+    out = tmp_path / "p.toml"
+    args = ["calibrate", "--cases", str(cases), "--out", str(out)]
+    result = CliRunner().invoke(main, args + (["--chip", chip] if chip else []))
+    assert result.exit_code == 2 and needle in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+
+
 def _decode(model, cluster, **kw):
     return estimate(load_model(model), load_cluster(cluster), prompt_len=1024, gen_len=64, **kw)
 

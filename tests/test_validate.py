@@ -83,6 +83,15 @@ def test_a_row_with_an_unknown_role_is_one_line_error(tmp_path):
     assert "role" in result.output and "calibrate, check" in result.output
 
 
+def test_a_row_id_on_two_lines_is_refused(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(ROW.replace('id = "weights"', 'id = "x\\ny"'))
+    result = CliRunner().invoke(main, ["validate", "--no-loo", "--cases", str(path)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: --cases {path}: row[0].id: expected an id on one "
+                                     "line (printable characters), got 'x\\ny'")
+
+
 def _row(**fields) -> dict:
     row = {"id": "t", "source": "test", "tier": "primary", "role": "check", "system": "sn40l-8",
            "ambiguity": "none", "claim": "test", "model": "llama-3.1-8b", "cluster": "sn40l-8",

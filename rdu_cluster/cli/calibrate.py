@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.report import text_table
 from rdu_cluster.validation import calibration, fit
 from rdu_cluster.validation import published as v
+from workloads.errors import ConfigError
 
 
 @click.command()
@@ -28,8 +30,14 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     uniformity and ignored: a fit never starts from another fit."""
     path = _destination(chip, name, out)
     table = v.load_table(cases_path)
+    _not_an_input(path, cases_path, table["row"])
+    where = f"--cases {cases_path}" if cases_path else "measurements.toml"
+    fit.check_rows(table["row"], chip, where)
     with calibration.use(None), Progress(0, "groups", "calibrate") as bar:
         result = fit.fit(table["row"], chip=chip, progress=bar.set_done)
+    if not result.groups:  # rows on the chips, but none moves with a parameter: nothing to write
+        raise ConfigError(f"{where}: no calibrate row responds to an unknown parameter"
+                          f"{f' of chip {chip}' if chip else ''}; a profile would hold none")
     text = fit.profile_text(result, table["row"], table.get("version", ""), name)
     results.atomic_write(path, text.encode())
     rows = [[g_d.key, ",".join(g_d.chips), f"{result.values[(g_d.key, *g_d.chips)]:.4g}",
@@ -38,6 +46,26 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     click.echo(text_table(["parameter", "chips", "fitted", "first principles", "range", "rows"],
                           rows))
     click.echo(f"wrote {path}")
+
+
+# The row fields that may name a file calibrate reads (published._check_refs loads them).
+REF_FIELDS = ("model", "draft", "models", "cluster", "baseline_cluster")
+
+
+def _not_an_input(path: Path, cases_path: str | None, rows: list[dict]) -> None:
+    """The profile must not replace a file it is fitted from: the measurements (bundled or
+    --cases) or a model or cluster file a row names."""
+    bundled = v.resources.files("rdu_cluster").joinpath("validation/measurements.toml")
+    inputs = [("--cases", cases_path or str(bundled))]
+    for row in rows:
+        for key in REF_FIELDS:
+            refs = row.get(key, [])
+            inputs += [(f"row {row['id']}: {key}", r) for r in (refs if isinstance(refs, list)
+                                                                else [refs])]
+    for what, ref in inputs:
+        if path.exists() and os.path.isfile(ref) and os.path.samefile(path, ref):
+            raise ConfigError(f"--out {path}: is the {what} file, which the fit reads; choose "
+                              "another file")
 
 
 # A profile name is a file name in cluster_configs/calibration/ and a TOML string: no path

@@ -75,6 +75,8 @@ def sweep(
     simulation per point). Rerunning the same command
     skips finished points; see docs/sweeps.md for the format.
     """
+    if backend == "local" and address:
+        raise ConfigError("--address: only with --backend ray")
     spec = load_spec(spec_path)
     exp = expand(spec, max_points)
     if dry_run:

@@ -256,27 +256,62 @@ def _refuse_foreign(root: Path) -> None:
 
 
 def prepare(root: Path, spec, n_points: int, force: bool) -> Manifest:
-    """Open OUT for this spec: new, resumed (same spec hash and code version), or refused.
-    Returns what is already finished. Called only once the spec is known to be good, under
-    `locked(root)`."""
+    """Open OUT for this spec: new, resumed (same spec hash, code version and referenced
+    files), or refused. Returns what is already finished. Called only once the spec is known to
+    be good, under `locked(root)`."""
     _refuse_foreign(root)
     info = sweep_info(root)
     if info is not None and force:
         wipe(root)
         info = None
+    files = referenced_files(spec)
     if info is not None:
         _check_same(root, info, spec)
+        _check_files(root, info, files)
         drop_broken_chunks(root)
         manifest = read_manifest(root)
         remove_leftovers(root, manifest)
         _refuse_strays(root)
         return manifest
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write(meta_dir(root) / SWEEP_FILE, json.dumps(header(spec, n_points), indent=2).encode())
+    info = header(spec, n_points, files)
+    atomic_write(meta_dir(root) / SWEEP_FILE, json.dumps(info, indent=2).encode())
     return Manifest()
 
 
-def header(spec, n_points: int) -> dict[str, Any]:
+# The fields whose value may name a local file (a model config, a cluster TOML, a calibration
+# profile, a trace, a fabric; a pool CLUSTER:PLAN:N names its cluster first): the spec hash
+# covers the name, the sweep file the content.
+FILE_FIELDS = ("model", "cluster", "calibration", "trace", "fabric", "prefill_pool",
+               "decode_pool")
+
+
+def referenced_files(spec) -> dict[str, str]:
+    """The sha256 of each local file the spec names, by the name the spec gives it."""
+    out = {}
+    for name in FILE_FIELDS:
+        for value in spec.values_of(name):
+            ref = str(value).split(":")[0] if name.endswith("_pool") else str(value)
+            path = Path(ref) / "config.json" if Path(ref).is_dir() else Path(ref)
+            if path.is_file():
+                out[ref] = _sha256(path)
+    return dict(sorted(out.items()))
+
+
+def _check_files(root: Path, info: Mapping[str, Any], files: Mapping[str, str]) -> None:
+    """Refuse to resume once a file the spec names has changed: the spec hash would still
+    match, and the dataset would mix rows of two models (or clusters, or traces)."""
+    before = info.get("files", files)  # a sweep file of an earlier version records none
+    if not isinstance(before, dict):
+        raise ConfigError(f"damaged sweep file {meta_dir(root) / SWEEP_FILE} (files: not a "
+                          "table); rerun with --force to start the sweep anew")
+    for ref in sorted(set(before) | set(files)):
+        if before.get(ref) != files.get(ref):
+            raise ConfigError(f"--out {root}: {ref} has changed since the sweep started; restore "
+                              "it, or rerun with --force to start the sweep anew")
+
+
+def header(spec, n_points: int, files: Mapping[str, str]) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "dataset_schema_version": DATASET_SCHEMA_VERSION,
@@ -287,6 +322,7 @@ def header(spec, n_points: int) -> dict[str, Any]:
         "name": spec.name,
         "points": n_points,
         "spec": spec.normalized,
+        "files": dict(files),  # sha256 of each local file the spec names (referenced_files)
     }
 
 
@@ -342,16 +378,20 @@ def _held(root: Path, entry: dict[str, Any]) -> bool:
     """Whether the chunk's part files are, byte for byte, those its manifest entry recorded
     (a missing, truncated, rewritten or swapped part reruns the chunk)."""
     for rel in entry["files"]:
-        digest = hashlib.sha256()
         try:
-            with open(root / rel, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
+            if _sha256(root / rel) != entry["sha256"][rel]:
+                return False
         except OSError:
             return False
-        if digest.hexdigest() != entry["sha256"][rel]:
-            return False
     return True
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _part_rows(path: Path) -> int | None:

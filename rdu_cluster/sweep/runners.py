@@ -45,6 +45,7 @@ from rdu_cluster.sweep.registry import Point, Runner, RunOutput, register
 from workloads import checks
 from workloads.checks import MAX_BATCH
 from workloads.errors import ConfigError
+from workloads.spec import check_context
 from workloads.traces import MAX_LENGTH, MAX_REQUESTS
 
 VECTOR = ("batch", "prompt_len", "gen_len")
@@ -194,6 +195,21 @@ def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
             _blame(functools.partial(execution.get, name), ["execution_model"], origin)
 
 
+def check_simulate_plans(points: Sequence[Point], origin: Mapping[str, str]) -> None:
+    """check_simulate, and a plan that is no plan at all, or beside tp: spec errors, where a
+    plan that does not fit its cluster is an infeasible point."""
+    from partitioning.plan import Plan
+
+    check_simulate(points, origin)
+    for ref in sorted({p.fields["plan"] for p in points if "plan" in p.fields}):
+        try:
+            Plan.parse(ref)
+        except ConfigError as e:
+            raise ConfigError(f"{origin.get('plan', 'base')}.plan: {_unflag(str(e))}") from None
+    if any("plan" in p.fields and "tp" in p.fields for p in points):
+        raise ConfigError(f"{origin.get('plan', 'base')}.plan: not with tp (give one of them)")
+
+
 def _blame(load, fields: Sequence[str], origin: Mapping[str, str]) -> None:
     """Run `load`; a ConfigError is prefixed with the spec field it most likely comes from: an
     override whose name the message mentions, else the first field (the cluster or model)."""
@@ -243,6 +259,7 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
         tbl = results.table([{"model": model.name, "cluster": cluster.name, **p.fields,
                               "feasible": False, "infeasible_reason": str(e)} for p in points])
     else:
+        est = _context_misfit(model, points, est)
         misfit = np.broadcast_to(np.asarray(est.misfit, dtype=object), (len(points),))
         bad = {p.id: str(why) for p, why in zip(points, misfit) if why}
         tbl = results.estimate_table(est, cluster.chip.name,
@@ -257,6 +274,22 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     hbm_bw = chip.hbm.bandwidth_bytes_per_s
     tbl = tbl.append_column("chip_hbm_bandwidth_bytes_per_s", pa.array(np.full(n, hbm_bw)))
     return tbl, bad
+
+
+def _context_misfit(model, points: Sequence[Point], est):
+    """The estimate with each point longer than the model's context window (as `simulate`
+    refuses it) marked as not fitting, with that reason before the footprint's."""
+    reasons = {}
+    for i, p in enumerate(points):
+        try:
+            check_context(model, p.fields["prompt_len"], p.fields["gen_len"], "prompt_len")
+        except ConfigError as e:
+            reasons[i] = str(e)
+    if not reasons:
+        return est
+    misfit = np.array(np.broadcast_to(np.asarray(est.misfit, dtype=object), (len(points),)))
+    misfit[list(reasons)] = list(reasons.values())
+    return dataclasses.replace(est, misfit=misfit)
 
 
 # What a point that does not fit keeps: who it is and what it would hold.
@@ -283,7 +316,7 @@ SIMULATE = register(
         fields=simulate_fields(),
         namespaces=simulate_namespaces(),
         run=run_simulate,
-        check=check_simulate,
+        check=check_simulate_plans,
         vector_fields=VECTOR,
         points_per_task=4096,
         required=("model", "cluster"),
@@ -335,6 +368,7 @@ def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
         options = make_options(cluster.chip.kind, option_values(f))
         who = {"point_id": p.id, "cluster": cluster.name, "model": model.name}
         try:
+            check_context(model, f["prompt_len"], f["gen_len"], "prompt_len")
             result = search_plans(model, cluster, f["objective"], f["batch"], f["prompt_len"],
                                   f["gen_len"], placement, parse_routing(f["routing"], seed),
                                   options)
@@ -531,14 +565,24 @@ def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
     from rdu_cluster.engine import disagg
     from rdu_cluster.engine.simulation import Simulation
 
-    if "prefill_pool" not in f and "decode_pool" not in f:
+    pools = _pools(f)
+    if pools is None:
         return Simulation(model, cluster, trace, config, make_backend("local"))
-    if "prefill_pool" not in f or "decode_pool" not in f:
-        raise ConfigError("prefill_pool/decode_pool: give both (or neither: aggregated)")
-    return disagg.Disaggregated(model, disagg.Pool.parse(f["prefill_pool"], "prefill_pool"),
-                                disagg.Pool.parse(f["decode_pool"], "decode_pool"),
-                                load_fabric(f["fabric"]), trace, config,
+    return disagg.Disaggregated(model, *pools, load_fabric(f["fabric"]), trace, config,
                                 lambda: make_backend("local"))
+
+
+POOLS = ("prefill_pool", "decode_pool")
+
+
+def _pools(f: Mapping[str, Any]) -> tuple | None:
+    """The point's (prefill, decode) pools; None: aggregated serving."""
+    from rdu_cluster.engine import disagg
+
+    given = [disagg.Pool.parse(f[k], "--" + k.replace("_", "-")) for k in POOLS if k in f]
+    if len(given) == 1:
+        raise ConfigError("give both prefill_pool and decode_pool (or neither: aggregated)")
+    return tuple(given) or None
 
 
 def _shape(sim) -> dict:
@@ -651,16 +695,17 @@ def _check_workload(f: Mapping[str, Any], origin: Mapping[str, str]) -> None:
 
 def _unflag(message: str) -> str:
     """An engine message names its CLI flag ("--plan: ..."); a spec error names the field."""
-    return re.sub(r"^--[a-z-]+:?\s*", "", message)
+    return re.sub(r"^--[a-z-]+(/--[a-z-]+)*:?\s*", "", message)
 
 
 def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     """Clusters and models as `simulate` checks them; then every distinct plan (on its cluster
     and model), scheduler, fault and options set, so that a bad one fails before anything runs,
     naming its field."""
-    from rdu_cluster.engine import disagg, replica_routing, schedulers
     from rdu_cluster.engine import plan as plans
+    from rdu_cluster.engine import replica_routing, schedulers
     from rdu_cluster.engine.faults import Fault
+    from rdu_cluster.engine.prefix_cache import PrefixConfig
 
     check_simulate(points, origin)
     checks: dict[tuple, tuple[str, str, Any]] = {}  # key -> (field, context, load)
@@ -686,10 +731,10 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
                                functools.partial(Fault.parse, f["fault"], cluster.sockets)))
         checks.setdefault(("routing", f["routing"]), ("routing", "", functools.partial(
             replica_routing.get, f["routing"])))
-        for key in ("prefill_pool", "decode_pool"):
-            if key in f:
-                checks.setdefault((key, f[key]), (key, "", functools.partial(
-                    disagg.Pool.parse, f[key], "--" + key.replace("_", "-"))))
+        _pool_checks(f, model, cluster.chip.kind, origin, checks)
+        prefix = PrefixConfig(f.get("prefix_cache"), f.get("prefix_block"),
+                              f.get("prefix_eviction", "lru"))
+        checks.setdefault(("prefix", prefix), (None, "", prefix.check))
         opts = option_values(f)
         if opts:
             checks.setdefault(("options", cluster.chip.kind, opts),
@@ -699,8 +744,56 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
         try:
             load()
         except ConfigError as e:
+            field = field or _flag_field(str(e))
             where = origin.get(field, "base")
             raise ConfigError(f"{where}.{field}: {context}{_unflag(str(e))}") from None
+
+
+def _pool_checks(f: Mapping[str, Any], model, chip_kind: str, origin: Mapping[str, str],
+                 checks: dict) -> None:
+    """A disaggregated point's spec errors, whatever its numbers: one pool without the other,
+    a pool's cluster or plan, the fabric, and the fields the engine refuses beside pools (its
+    own check, on a one-request stand-in of the workload: the trace is not built twice)."""
+    from rdu_cluster.config import load_fabric
+    from rdu_cluster.engine import disagg
+    from workloads.traces import Trace
+
+    try:
+        pools = _pools(f)
+    except ConfigError as e:
+        field = _flag_field(str(e), next(k for k in POOLS if k in f))
+        raise ConfigError(f"{origin.get(field, 'base')}.{field}: {_unflag(str(e))}") from None
+    if pools is None:
+        return
+    if "plan" in f:
+        raise ConfigError(f"{origin.get('plan', 'base')}.plan: not with prefill_pool/decode_pool "
+                          "(each pool names its plan)")
+    checks.setdefault(("fabric", f["fabric"]), ("fabric", "", functools.partial(
+        load_fabric, f["fabric"])))
+    for key, pool in zip(POOLS, pools):
+        checks.setdefault((key, str(pool), f["fabric"], model.name), (key, "", functools.partial(
+            _pool_plan, pool, model, f["fabric"])))
+    one = np.ones(1, dtype=np.int64)
+    stand_in = Trace(np.zeros(1), one, one, after=-one if "sessions" in f else None)
+    config = _serve_config(f, chip_kind, 0)
+    checks.setdefault(("disagg", "sessions" in f, config.concurrency, config.faults), (
+        None, "", lambda: disagg.Disaggregated(model, *pools, load_fabric(f["fabric"]),
+                                               stand_in, config, None)))
+
+
+def _pool_plan(pool, model, fabric: str) -> None:
+    """The pool's cluster loads and its plan fits it, as the plan of an aggregated point."""
+    from rdu_cluster.config import load_fabric
+    from rdu_cluster.engine import plan as plans
+
+    plans.PlanSpec.parse(pool.plan, pool.spec(model, load_fabric(fabric)), model)
+
+
+def _flag_field(message: str, default: str = "prefill_pool") -> str:
+    """The field of the CLI flag an engine message starts with (--prefix-eviction:
+    prefix_eviction; --prefill-pool/--decode-pool: prefill_pool), else `default`."""
+    m = re.match(r"--([a-z-]+)", message)
+    return m.group(1).replace("-", "_") if m else default
 
 
 SERVE = register(

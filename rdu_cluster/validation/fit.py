@@ -24,6 +24,7 @@ import rdu_cluster
 from rdu_cluster.config import load_cluster
 from rdu_cluster.validation import calibration, published
 from rdu_cluster.validation.calibration import Declaration, Profile
+from workloads.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,18 @@ def _pid(d: Declaration) -> tuple[str, ...]:
 def row_chips(row: dict[str, Any]) -> set[str]:
     with calibration.use(None):
         return {load_cluster(row[k]).chip.name for k in ("cluster", "baseline_cluster") if k in row}
+
+
+def check_rows(rows: Sequence[dict[str, Any]], chip: str | None, where: str) -> None:
+    """Refuse, before the fit, rows that leave nothing to fit: no calibrate row simulates a
+    chip with unknown parameters (the profile would hold none)."""
+    chips = {c for d in fitted_declarations(chip) for c in d.chips}
+    cal = [r for r in rows if r["role"] == "calibrate"]
+    if not any(row_chips(r) & chips for r in cal):
+        scope = f"chip {chip}" if chip else \
+            f"the chips with unknown parameters ({', '.join(sorted(chips))})"
+        raise ConfigError(f"{where}: no calibrate rows for {scope} to fit ({len(cal)} calibrate "
+                          f"of {len(rows)} rows); a profile would hold no parameters")
 
 
 def groups(rows: Sequence[dict[str, Any]], decls: Sequence[Declaration]) -> list[Group]:

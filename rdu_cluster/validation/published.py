@@ -143,6 +143,9 @@ def check_row(row: Any, where: str) -> None:
         if key in row and not (isinstance(row[key], str) and row[key]):
             raise ConfigError(f"{where}.{key}: expected a non-empty string, got "
                               f"{checks.show(row[key])}")
+    if not row["id"].isprintable():  # it heads a line of the validate table
+        raise ConfigError(f"{where}.id: expected an id on one line (printable characters), got "
+                          f"{checks.show(row['id'])}")
     for key, hi in _COUNTS.items():
         if key in row:
             checks.integer(row[key], f"{where}.{key}", 1, hi)

@@ -117,6 +117,26 @@ def test_changed_spec_refused_force_starts_anew(tmp_path):
     assert s.skipped == 0 and count_rows(out) == 48
 
 
+def test_resume_refused_once_a_named_file_changed(tmp_path):
+    """The spec hash covers a file's name, not its content: a model config edited between two
+    runs would give a dataset of two models under one spec."""
+    model = tmp_path / "model.json"
+    model.write_text('{"layers": 16}')
+    path = write(tmp_path, f'[sweep]\nkind = "fake"\n[base]\nmodel = "{model}"\n'
+                 "[[axes]]\ntype = 'grid'\nx = [1, 2, 3]\n")
+    out = tmp_path / "out"
+    run(path, out, points_per_task=1)
+    model.write_text('{"layers": 64}')
+    with pytest.raises(ConfigError, match=f"--out {out}: {model} has changed since the sweep "
+                       "started; restore it, or rerun with --force"):
+        run(path, out)
+    model.write_text('{"layers": 16}')  # restored: resumes
+    assert run(path, out)[1].ran == 0
+    model.write_text('{"layers": 64}')
+    _, s = run(path, out, force=True)
+    assert s.skipped == 0 and count_rows(out) == 3
+
+
 def test_non_sweep_folder_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -119,6 +119,17 @@ points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
         ('prefill_pool = "dgx-h100:tp8"', "base.prefill_pool: 'dgx-h100:tp8'; expected"),
         ('backend = "ray"', "base.backend: unknown field; accepted: arrival,"),
         ("[[axes]]\ntype = 'grid'\nrate = [1.0, inf]", "axes[0].rate[1]: expected a finite"),
+        ('prefill_pool = "sn40l-8:tp8:1"',
+         "base.prefill_pool: give both prefill_pool and decode_pool (or neither: aggregated)"),
+        ('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\nfabric = "nope"',
+         "base.fabric: unknown fabric 'nope'"),
+        ('prefill_pool = "nope:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"',
+         "base.prefill_pool: unknown cluster 'nope'"),
+        ('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\nplan = "tp8"',
+         "base.plan: not with prefill_pool/decode_pool"),
+        ('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\nconcurrency = 2',
+         "base.concurrency: not with --prefill-pool/--decode-pool"),
+        ('prefix_eviction = "mru"', "base.prefix_eviction: unknown 'mru'; accepted: lru"),
     ],
 )
 def test_bad_serve_spec_is_one_line_naming_the_field(tmp_path, extra, fragment):

@@ -19,6 +19,7 @@ from rdu_cluster.sweep import LocalBackend, expand, load_spec, read_manifest, ru
 from rdu_cluster.sweep.runners import run_simulate
 from tests.sweep.helpers import write
 from workloads.catalog import load_model
+from workloads.errors import ConfigError
 
 SPEC = """
 [sweep]
@@ -87,7 +88,7 @@ gen_len = 128
 [[axes]]
 type = "grid"
 batch = [1, 8, 64, 256]
-prompt_len = [1024, 131072]
+prompt_len = [1024, 130944]
 """
     spec = load_spec(write(tmp_path, body))
     points = expand(spec).points
@@ -145,3 +146,41 @@ batch = [1, 4]
     assert s.rows == 2 and sorted(df.batch) == [1, 4]
     assert (df.plans_feasible >= 1).all() and df.plan.str.len().min() > 0
     assert set(df.objective) == {"latency"}
+
+
+@pytest.mark.parametrize("kind", ["simulate", "plan"])
+def test_a_prompt_past_the_context_is_an_infeasible_point(tmp_path, kind):
+    """As `simulate` and `plan --context` refuse it, and a serve sweep records it."""
+    body = f"""
+[sweep]
+kind = "{kind}"
+[base]
+model = "llama-3.2-1b"
+cluster = "sn40l-8"
+gen_len = 8
+[[axes]]
+type = "grid"
+prompt_len = [1024, 200000]
+"""
+    spec = load_spec(write(tmp_path, body))
+    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    assert (s.rows, s.infeasible) == (2, 1)
+    df = pq.read_table(tmp_path / "out").to_pandas().set_index("prompt_len")
+    assert bool(df.feasible[1024]) and not df.feasible[200000]
+    assert df.infeasible_reason[200000] == (
+        "prompt_len: prompt 200,000 + output 8 tokens exceed the 131,072-token context of "
+        "llama-3.2-1b (max_position_embeddings)")
+    assert np.isnan(df.tpot_s[200000])
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('plan = "xyz"', "base.plan: 'xyz' is not a plan; expected degrees like tp8"),
+    ('plan = "tp4"\ntp = 4', "base.plan: not with tp (give one of them)"),
+])
+def test_a_plan_spec_error_is_refused_not_a_row(tmp_path, extra, message):
+    body = f'[base]\nmodel = "llama-3.2-1b"\ncluster = "sn40l-8"\n{extra}\n'
+    spec = load_spec(write(tmp_path, body))
+    with pytest.raises(ConfigError) as e:
+        run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()

@@ -111,6 +111,14 @@ def test_cli_bad_spec_exit_2_nothing_written(tmp_path):
     assert not out.exists()
 
 
+def test_cli_address_only_with_ray(tmp_path):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["sweep", str(write(tmp_path, SPEC)), "--out", str(out),
+                                  "--address", "127.0.0.1:1"])
+    assert r.exit_code == 2 and r.stderr.strip() == "error: --address: only with --backend ray"
+    assert not out.exists()
+
+
 def test_max_points_refused_before_expansion(tmp_path):
     many = lambda n: "[" + ", ".join(str(i) for i in range(1, n + 1)) + "]"
     big = f"""
