@@ -726,9 +726,9 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
                           ("scheduler", "", functools.partial(schedulers.get, f["scheduler"],
                                                               limits)))
         if "fault" in f:
-            checks.setdefault(("fault", f["fault"], cluster.sockets),
+            checks.setdefault(("fault", f["fault"], cluster.name, cluster.sockets),
                               ("fault", f"on {cluster.name}: ",
-                               functools.partial(Fault.parse, f["fault"], cluster.sockets)))
+                               functools.partial(Fault.parse, f["fault"], cluster.sockets, cluster)))
         checks.setdefault(("routing", f["routing"]), ("routing", "", functools.partial(
             replica_routing.get, f["routing"])))
         _pool_checks(f, model, cluster.chip.kind, origin, checks)
