@@ -98,6 +98,8 @@ class Finished:
                         kept[kind] = min(kept[kind], -1 - first if first < 0 else first)
                     if seen[1 - kind]:
                         break
+            if r.decoding_since >= 0 and not seen[1] and rep in firsts:  # its run, still open
+                firsts[rep][1] = min(firsts[rep][1], r.decoding_since)
         for rep, (step, decode_step) in firsts.items():
             self.rec.drop_steps_before(rep, step, decode_step)
         self.trim_at = self.count + max(32, len(self.live))

@@ -30,7 +30,15 @@ from chip.socket import DECODE, MIXED, PREFILL, Spans
 from rdu_cluster.engine.kv import KVManager
 from rdu_cluster.engine.lookahead import Clock
 from rdu_cluster.engine.prefix_cache import Claim, PrefixCache
-from rdu_cluster.engine.requests import DONE, RUNNING, SWAPPED, UNSERVED, Request, decode_batch
+from rdu_cluster.engine.requests import (
+    DONE,
+    RUNNING,
+    SWAPPED,
+    UNSERVED,
+    Request,
+    decode_batch,
+    decode_lockstep,
+)
 from rdu_cluster.engine.schedulers import Scheduler, StepPlan, View
 
 MAX_SPANS = 2048  # spans per window: bounds a command's size (about 50 bytes a span)
@@ -143,6 +151,10 @@ class Replica:
         self.window_end = 0.0  # end of its last (while busy: current) window
         self.step = 0
         self.decode_steps = 0  # its steps with decodes (Request.emits counts them)
+        # the policy decodes every decoding sequence at every decode step: a sequence's
+        # chunks are one run while it decodes (Request.decoding_since), not one a span
+        self.lockstep = bool(getattr(scheduler, "lockstep", False))
+        self.decoding = 0  # sequences with such a run open
         self.busy = False
         self.down_until = 0.0
         self.synced: dict[int, int] = {}  # request id -> KV blocks the sockets hold for it
@@ -248,6 +260,8 @@ class Replica:
             hit, copy_s = hit + found.total, copy_s + found.copy_s
             if switch:
                 r.switch_step = self.step
+        for r in received:  # their KV came with them: they decode from this span
+            self._start_run(r, self.decode_steps)
         if plan.admit or plan.preempt or plan.swap_in:  # else free blocks are as advance left them
             self._fit_prefix()
         # a plan's decodes are running sequences, less those it preempts
@@ -322,22 +336,29 @@ class Replica:
         span.steps = steps
         last = span.first_step + steps - 1
         prefilled = [r for r, _ in span.prefill]
+        d0 = self.decode_steps
+        if self.lockstep and span.decode and len(span.decode) != self.decoding:
+            raise RuntimeError(f"replica {self.index}: a lockstep policy decodes "
+                               f"{len(span.decode)} of {self.decoding} decoding sequences")
         for r, tokens in span.prefill:
             before = r.generated
             r.prefill(tokens, span.first_step)
             if r.generated > before:
                 r.emit_prefill(self.index, span.first_step)
+                if r.state == RUNNING:  # it decodes from the next decode step on
+                    self._start_run(r, d0 + (steps if span.decode else 0))
             if self.prefix is not None and not r.prefilling:
                 self.prefix.computed(r, r.cached)
-        d0 = self.decode_steps
         if not span.decode:  # a prefill step
             done = ()
         elif span.tokens is None:
-            done = decode_batch(span.decode, steps, span.first_step, self.index, d0)
+            done = (decode_lockstep(span.decode, steps, span.first_step) if self.lockstep
+                    else decode_batch(span.decode, steps, span.first_step, self.index, d0))
         else:
             for r, t in zip(span.decode, span.tokens.tolist()):
                 r.decode_speculative(t, last)
-                r.emit(self.index, d0 + steps - 1, 1)
+                if not self.lockstep:
+                    r.emit(self.index, d0 + steps - 1, 1)
             done = [r for r in span.decode if r.state == DONE]
         if span.decode:
             self.decode_steps = d0 + steps
@@ -354,6 +375,21 @@ class Replica:
         self.step += steps
         self._fit_prefix()
         return rest
+
+    def _start_run(self, r: Request, decode_step: int) -> None:
+        """Under a lockstep policy, r decodes in every decode step from `decode_step` on."""
+        if self.lockstep:
+            r.decoding_since = decode_step
+            self.decoding += 1
+
+    def _end_run(self, r: Request) -> None:
+        """r stops decoding here: its run of decode steps joins its chunks (Request.emits)."""
+        if r.decoding_since >= 0:
+            n = self.decode_steps - r.decoding_since
+            if n:
+                r.emits.append((self.index, r.decoding_since, n))
+            r.decoding_since = -1
+            self.decoding -= 1
 
     def _fit_prefix(self) -> None:
         if self.prefix is not None:
@@ -389,6 +425,7 @@ class Replica:
         return found
 
     def _finish(self, r: Request) -> None:
+        self._end_run(r)
         self.completed.append(r)
         self.running.remove(r)
         self.kv.release(r)
@@ -398,6 +435,7 @@ class Replica:
             self.next_ops.append(["free", f"kv/{r.id}"])
 
     def _preempt(self, r: Request, ops: list) -> None:
+        self._end_run(r)
         self.running.remove(r)
         blocks = self.kv.release(r)
         if self.prefix is not None:
@@ -418,6 +456,7 @@ class Replica:
     def _swap_in(self, r: Request, ops: list) -> None:
         self.swapped.remove(r)
         r.state = RUNNING
+        self._start_run(r, self.decode_steps)
         self.kv.set(r, r.cached)
         self.running.append(r)
         ops.append(["move", f"kv/{r.id}", "hbm"])
@@ -439,6 +478,7 @@ class Replica:
         recomputed (its KV shards on the failed socket are gone)."""
         victims = list(self.running) + list(self.swapped)
         for r in victims:
+            self._end_run(r)
             self.kv.release(r)
             r.preempt_recompute()
         if self.prefix is not None:
@@ -462,6 +502,7 @@ class Replica:
         out = []
         for r in self.requests:
             if r.state not in (DONE, UNSERVED):
+                self._end_run(r)
                 r.state, r.reason = UNSERVED, reason
                 out.append(r)
         self.running.clear()

@@ -9,7 +9,7 @@ and resolves them to times once the steps' times are known.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 WAITING, RUNNING, SWAPPED, DONE, UNSERVED = "waiting", "running", "swapped", "done", "unserved"
@@ -42,6 +42,10 @@ class Request:
     # consecutive ones merged (emit); a prefill's token (emit_prefill) as first = -1 - its
     # step, steps 1.
     emits: list[tuple[int, int, int]] = field(default_factory=list)
+    # Under a lockstep policy (schedulers.Scheduler.lockstep), the decode step from which it
+    # decodes in every decode step of its replica: its run, added to `emits` when it stops
+    # (completes or is preempted); -1 when it is not decoding.
+    decoding_since: int = -1
     # Disaggregated decode: tokens whose KV arrives with the request from its prefill replica
     # (None: it prefills here). Admission then allocates that KV and decodes at once.
     received: int | None = None
@@ -126,7 +130,23 @@ class Request:
         self.swaps += 1
 
 
-def decode_batch(requests: list[Request], steps: int, first: int, replica: int,
+def decode_lockstep(requests: Sequence[Request], steps: int, first: int) -> list[Request]:
+    """decode_batch under a lockstep policy: each sequence's run of chunks is kept open
+    (Request.decoding_since), so a span does not touch it."""
+    last = first + steps - 1
+    done = []
+    for r in requests:
+        if r.first_token_step < 0:  # disaggregated: its first token is a decode step's
+            r.first_token_step = first
+        r.cached += steps
+        r.generated += steps
+        if r.generated >= r.output_len:
+            r.state, r.done_step = DONE, last
+            done.append(r)
+    return done
+
+
+def decode_batch(requests: Sequence[Request], steps: int, first: int, replica: int,
                  dfirst: int) -> list[Request]:
     """Each of `requests` ran `steps` decode steps from step `first` (decode step `dfirst`)
     on `replica`: it read its cached tokens and sampled one token a step, each streamed as a

@@ -346,3 +346,22 @@ def test_a_request_streams_in_every_decode_step_it_ran_and_its_prefill(serve, mo
         assert np.array_equal(got, want)
         broken += any(not by_step[(rep, s)][1] for s in range(first + 1, done + 1))
     assert broken > 10  # the runs did span other requests' prefill steps
+
+
+def test_a_lockstep_policy_that_leaves_a_decode_out_is_caught(serve, monkeypatch):
+    """Under a lockstep policy a sequence's chunks are one run while it decodes; a policy that
+    declares lockstep and yet leaves a decoding sequence out of a step would give it chunks
+    it never streamed, so the engine checks the count at every decode span."""
+    from rdu_cluster.engine.schedulers.continuous import Continuous
+
+    real = Continuous.step
+
+    def step(self, view):
+        plan = real(self, view)
+        if len(plan.decode) > 1:  # the oldest sequence sits this step out
+            plan.decode, plan.stands = plan.decode[1:], False
+        return plan
+
+    monkeypatch.setattr(Continuous, "step", step)
+    with pytest.raises(RuntimeError, match="a lockstep policy decodes"):
+        serve(**{**LIGHT, "n": 30})

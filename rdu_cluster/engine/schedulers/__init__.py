@@ -85,6 +85,10 @@ class StepPlan:
 
 class Scheduler(Protocol):
     name: str
+    # Optional (False when absent): every decode step the policy plans decodes every running
+    # sequence that is not prefilling. The engine then keeps a sequence's streamed chunks as
+    # one run from when it starts decoding (Request.decoding_since), not one a span.
+    lockstep: bool
 
     def __init__(self, limits: Limits) -> None: ...
 

@@ -17,6 +17,7 @@ from rdu_cluster.engine.schedulers import Limits, StepPlan, View, register
 @register
 class Continuous:
     name = "continuous"
+    lockstep = True  # its decode steps decode every running sequence not prefilling
 
     def __init__(self, limits: Limits):
         self.limits = limits
