@@ -261,6 +261,7 @@ class Replica:
             if switch:
                 r.switch_step = self.step
         for r in received:  # their KV came with them: they decode from this span
+            r.first_token_step = self.step  # the first token a decode step's
             self._start_run(r, self.decode_steps)
         if plan.admit or plan.preempt or plan.swap_in:  # else free blocks are as advance left them
             self._fit_prefix()

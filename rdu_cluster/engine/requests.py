@@ -131,13 +131,13 @@ class Request:
 
 
 def decode_lockstep(requests: Sequence[Request], steps: int, first: int) -> list[Request]:
-    """decode_batch under a lockstep policy: each sequence's run of chunks is kept open
-    (Request.decoding_since), so a span does not touch it."""
+    """Each of `requests` ran `steps` decode steps from step `first`: it read its cached
+    tokens and sampled one token a step. Returns those that completed. decode_batch under a
+    lockstep policy, whose runs of chunks stay open while a sequence decodes
+    (Request.decoding_since): the engine's innermost loop."""
     last = first + steps - 1
     done = []
     for r in requests:
-        if r.first_token_step < 0:  # disaggregated: its first token is a decode step's
-            r.first_token_step = first
         r.cached += steps
         r.generated += steps
         if r.generated >= r.output_len:
@@ -155,8 +155,6 @@ def decode_batch(requests: Sequence[Request], steps: int, first: int, replica: i
     last = first + steps - 1
     done, run = [], (replica, dfirst, steps)
     for r in requests:
-        if r.first_token_step < 0:  # disaggregated: its first token is a decode step's
-            r.first_token_step = first
         r.cached += steps
         r.generated += steps
         if r.generated >= r.output_len:
