@@ -92,6 +92,15 @@ def test_serve_folder_report(serve_run, tmp_path):
     assert len(_figures(page)) == 6
 
 
+def test_a_serve_folder_missing_a_table_is_refused(serve_run, tmp_path):
+    cut = tmp_path / "cut"
+    shutil.copytree(serve_run, cut)
+    (cut / "steps.parquet").unlink()
+    r = CliRunner().invoke(main, ["report", str(cut), "--out", str(tmp_path / "r.html")])
+    assert r.exit_code == 2 and f"{cut}: not a whole `serve --out` folder (no steps.parquet" \
+        in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+
 def test_a_missing_column_skips_the_plot_with_a_sentence(serve_sweep):
     data = report_cli.load(serve_sweep)
     cols = {k: v for k, v in data.cols.items() if k != "tpot_p50_s"}

@@ -203,6 +203,25 @@ def test_report_names_a_damaged_part_and_skips_a_stray_file(tmp_path):
     assert "delete it and rerun" in r.stderr and not (tmp_path / "r2.html").exists()
 
 
+
+def test_report_refuses_a_part_file_of_another_sweep_or_table(tmp_path):
+    pytest.importorskip("plotly")
+    spec = load_spec(write(tmp_path, "[base]\nmodel = 'llama-3.1-8b'\ncluster = 'sn40l-8'\n"))
+    out = tmp_path / "ds"
+    run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False)
+    (own,) = dataset.part_files(out)
+    rows = pq.read_table(own)
+    other = rows.replace_schema_metadata({**rows.schema.metadata,
+                                          b"rdu_cluster.spec_hash": b"0123456789abcdef"})
+    for name, table in (("part-serve.parquet", pa.table({"link_id": ["a"], "bytes": [1.0]})),
+                        ("part-other.parquet", other)):
+        pq.write_table(table, own.parent / name)
+        r = run("report", str(out), "--out", str(tmp_path / "r.html"))
+        assert r.exit_code == 2 and f"part file {own.parent / name}: not a row of this sweep" \
+            in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+        (own.parent / name).unlink()
+
 # The console script, SIGTERM arriving while it imports the CLI (made certain: sent from the
 # import itself, not after a guessed delay).
 _EARLY_SIGTERM = """

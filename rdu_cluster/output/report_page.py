@@ -74,8 +74,13 @@ def _read_table(path: Path):
 
 
 def _load_run(root: Path) -> Dataset:
-    tables = {n: _read_table(root / f"{n}.parquet") for n in RUN_TABLES
-              if (root / f"{n}.parquet").is_file()}
+    # serve writes the four tables or none: one missing is a result set someone cut short
+    lacking = [n for n in RUN_TABLES if not (root / f"{n}.parquet").is_file()]
+    if lacking:
+        raise ConfigError(f"{root}: not a whole `serve --out` folder (no {lacking[0]}.parquet, "
+                          f"one of {', '.join(RUN_TABLES)}); rerun the serve command that "
+                          "wrote it")
+    tables = {n: _read_table(root / f"{n}.parquet") for n in RUN_TABLES}
     raw = tables["requests"].schema.metadata or {}
     meta = {k.decode().removeprefix("rdu_cluster."): v.decode() for k, v in raw.items()}
     shown = [(k.replace("_", " "), meta[k]) for k in ("model", "cluster", "plan", "scheduler",

@@ -403,6 +403,20 @@ def _part_rows(path: Path) -> int | None:
         return None
 
 
+def _check_part(path: Path, info: Mapping[str, Any]) -> None:
+    """A part file readable and written by this sweep: one of another sweep or a serve table
+    copied in (its own columns, the partition columns missing) would mix into the rows."""
+    if not path.is_file() or _part_rows(path) is None:  # a FIFO's open would block
+        raise ConfigError(f"damaged part file {path}: not a readable Parquet file; delete "
+                          "it and rerun the sweep command to redo its chunk")
+    meta = pq.read_schema(path).metadata or {}
+    written = meta.get(b"rdu_cluster.spec_hash", b"").decode(errors="replace")
+    if written != info.get("spec_hash"):
+        by = f"spec hash {written}" if written else "no sweep spec hash"
+        raise ConfigError(f"part file {path}: not a row of this sweep ({by}, this sweep "
+                          f"{info.get('spec_hash')}); move it out of the dataset folder")
+
+
 def _refuse_strays(root: Path) -> None:
     """A file of someone else's in OUT: every reader opens OUT as the dataset's Parquet parts,
     and a stray file makes pyarrow, polars or DuckDB refuse it (resume would finish a dataset
@@ -463,7 +477,8 @@ def part_files(root: str | Path) -> list[Path]:
 def read_dataset(root: str | Path) -> pa.Table:
     """The whole dataset as one table, partition columns included (as plain strings)."""
     root = Path(root)
-    if sweep_info(root) is None:
+    info = sweep_info(root)
+    if info is None:
         raise ConfigError(f"{root}: not a sweep dataset (no {meta_dir(root) / SWEEP_FILE})")
     if not part_files(root):
         raise ConfigError(f"{root}: the sweep has no rows yet")
@@ -471,9 +486,7 @@ def read_dataset(root: str | Path) -> pa.Table:
 
     files = part_files(root)
     for path in files:
-        if not path.is_file() or _part_rows(path) is None:  # a FIFO's open would block
-            raise ConfigError(f"damaged part file {path}: not a readable Parquet file; delete "
-                              "it and rerun the sweep command to redo its chunk")
+        _check_part(path, info)
     # The part files by name (not the folder): a stray file beside them is not read. Partition
     # columns come back as plain strings, as every reader shows them (test_readers).
     part = ds.HivePartitioning.discover(infer_dictionary=False)
