@@ -687,6 +687,11 @@ def _check_workload(f: Mapping[str, Any], origin: Mapping[str, str]) -> None:
             if name not in f:
                 raise ConfigError(f"{name}: missing field (set it in [base] or in an axis; or "
                                   "give sessions and turns, or trace)")
+    if f["burstiness"] != 1.0 and f["arrival"] != "bursty":  # as `serve --burstiness` refuses
+        raise ConfigError(f"{origin.get('burstiness', 'base')}.burstiness: "
+                          f"{checks.show(f['burstiness'])} needs arrival = 'bursty' (it is the "
+                          "coefficient of variation of bursty gaps); this point's arrival is "
+                          f"{checks.show(f['arrival'])}")
     if "trace" in f:
         from workloads import traces
 

@@ -130,6 +130,10 @@ points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
         ('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\nconcurrency = 2',
          "base.concurrency: not with --prefill-pool/--decode-pool"),
         ('prefix_eviction = "mru"', "base.prefix_eviction: unknown 'mru'; accepted: lru"),
+        ("burstiness = 3.0", "base.burstiness: 3.0 needs arrival = 'bursty'"),
+        ("[[axes]]\ntype = 'grid'\narrival = ['bursty', 'fixed']\nburstiness = [2.0]",
+         ("axes[0].burstiness: 2.0 needs arrival = 'bursty' (it is the coefficient of variation"
+          " of bursty gaps); this point's arrival is 'fixed'")),
     ],
 )
 def test_bad_serve_spec_is_one_line_naming_the_field(tmp_path, extra, fragment):
