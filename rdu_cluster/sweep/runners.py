@@ -196,8 +196,9 @@ def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
 
 
 def check_simulate_plans(points: Sequence[Point], origin: Mapping[str, str]) -> None:
-    """check_simulate, and a plan that is no plan at all, or beside tp: spec errors, where a
-    plan that does not fit its cluster is an infeasible point."""
+    """check_simulate, and a plan that is no plan at all, beside tp, or whose sockets do not
+    divide its cluster's (as `simulate --tp/--plan` and a serve sweep refuse it): spec errors,
+    where a plan whose model does not fit in memory is an infeasible point."""
     from partitioning.plan import Plan
 
     check_simulate(points, origin)
@@ -208,6 +209,28 @@ def check_simulate_plans(points: Sequence[Point], origin: Mapping[str, str]) -> 
             raise ConfigError(f"{origin.get('plan', 'base')}.plan: {_unflag(str(e))}") from None
     if any("plan" in p.fields and "tp" in p.fields for p in points):
         raise ConfigError(f"{origin.get('plan', 'base')}.plan: not with tp (give one of them)")
+    _check_divides(points, origin)
+
+
+def _check_divides(points: Sequence[Point], origin: Mapping[str, str]) -> None:
+    """Each point's tp or plan uses a number of sockets that divides its cluster's."""
+    from partitioning.plan import Plan
+
+    seen = set()
+    for p in points:
+        f = p.fields
+        field = "tp" if "tp" in f else "plan" if "plan" in f else None
+        key = (field, f.get(field), f["cluster"], cluster_overrides(f), f.get("calibration"))
+        if field is None or key in seen:
+            continue
+        seen.add(key)
+        cluster = point_cluster(f)
+        used = f["tp"] if field == "tp" else Plan.parse(f["plan"]).sockets
+        if cluster.sockets % used:  # a plan wider than the cluster too
+            uses = "" if field == "tp" else f" uses {used} sockets, which"
+            raise ConfigError(f"{origin.get(field, 'base')}.{field}: {checks.show(f[field])}"
+                              f"{uses} does not divide the {cluster.sockets} sockets of "
+                              f"{cluster.name}")
 
 
 def _blame(load, fields: Sequence[str], origin: Mapping[str, str]) -> None:

@@ -176,6 +176,12 @@ prompt_len = [1024, 200000]
 @pytest.mark.parametrize("extra, message", [
     ('plan = "xyz"', "base.plan: 'xyz' is not a plan; expected degrees like tp8"),
     ('plan = "tp4"\ntp = 4', "base.plan: not with tp (give one of them)"),
+    # as `simulate --tp 3` refuses it: a plan the cluster cannot hold, not a point that misfits
+    ("tp = 3", "base.tp: 3 does not divide the 8 sockets of sn40l-8"),
+    ('plan = "tp4pp4"', ("base.plan: 'tp4pp4' uses 16 sockets, which does not divide the 8 "
+     "sockets of sn40l-8")),
+    ("[[axes]]\ntype = 'grid'\nsockets = [8, 6]\ntp = [4]",
+     "axes[0].tp: 4 does not divide the 6 sockets of sn40l-8"),
 ])
 def test_a_plan_spec_error_is_refused_not_a_row(tmp_path, extra, message):
     body = f'[base]\nmodel = "llama-3.2-1b"\ncluster = "sn40l-8"\n{extra}\n'
