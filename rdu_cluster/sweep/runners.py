@@ -292,7 +292,9 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     n = len(points)
     tbl = tbl.append_column("point_id", pa.array([p.id for p in points], pa.string()))
     chip = cluster.chip
-    peak = chip.flops(model.precision.weights.value)
+    # the peak the estimate costed every op at: its activations' (workloads.graph flop_dtype),
+    # not the weights' (fp8 weights still multiply in bf16), so the roofline's roof is its own
+    peak = chip.flops(model.precision.activations.value)
     tbl = tbl.append_column("chip_peak_flops_per_s", pa.array(np.full(n, peak)))
     hbm_bw = chip.hbm.bandwidth_bytes_per_s
     tbl = tbl.append_column("chip_hbm_bandwidth_bytes_per_s", pa.array(np.full(n, hbm_bw)))

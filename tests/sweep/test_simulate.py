@@ -148,6 +148,15 @@ batch = [1, 4]
     assert set(df.objective) == {"latency"}
 
 
+def test_peak_flops_column_is_the_peak_the_estimate_used(tmp_path):
+    """fp8 weights still multiply at the activations' dtype (bf16): the roofline's roof is that
+    peak, not the fp8 one."""
+    body = '[base]\nmodel = "llama-3.1-8b"\ncluster = "dgx-h100"\nweights = "fp8"\n'
+    tbl = run_simulate(expand(load_spec(write(tmp_path, body))).points, 0).table
+    chip = load_cluster("dgx-h100").chip
+    assert chip.flops("fp8") > chip.flops("bf16")
+    assert tbl.column("chip_peak_flops_per_s").to_pylist() == [chip.flops("bf16")]
+
 @pytest.mark.parametrize("kind", ["simulate", "plan"])
 def test_a_prompt_past_the_context_is_an_infeasible_point(tmp_path, kind):
     """As `simulate` and `plan --context` refuse it, and a serve sweep records it."""
