@@ -70,6 +70,15 @@ def check_params(model_name: str, table: Mapping[str, Any], where: str) -> None:
     get(model_name).check_params(table, where)
 
 
+def check_chip(chip: ChipSpec, where: str) -> None:
+    """The chip's [execution] values against the rest of it (a buffer against the memory that
+    holds it), for the models that have such a check: run on the values a run uses, after a
+    calibration profile has set them."""
+    check = getattr(get(chip.execution_model), "check_chip", None)
+    if check is not None:
+        check(chip, where)
+
+
 def step_cost(
     graph: Graph,
     chip: ChipSpec,
