@@ -1,8 +1,9 @@
 """The registry of execution models: the only code that turns operator work into seconds.
 
 An execution model is a module that defines a class with `name`, `check_params(table, where)`
-and `step_cost(graph, chip, comm_time, options)`, and calls `register` on import. Adding one is
-one module plus its name in BUILTIN.
+and `step_cost(graph, chip, comm_time, options)` (optionally `check_chip(chip, where)`: its
+parameters against the rest of the chip), and calls `register` on import. Adding one is one
+module plus its name in BUILTIN.
 """
 
 from __future__ import annotations
