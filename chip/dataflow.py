@@ -34,6 +34,8 @@ from chip.breakdown import OVERHEAD, Ledger
 from chip.cost import StepCost
 from chip.execution import CommTime, options_of, params_for, parse_params, register
 from chip.spec import ChipSpec
+from workloads.checks import show
+from workloads.errors import ConfigError
 from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass
 
 ATTENTION_LIKE = {OpClass.ATTENTION, OpClass.LINEAR_ATTENTION}
@@ -84,6 +86,22 @@ class Dataflow:
 
     def check_params(self, table: Mapping[str, Any], where: str) -> None:
         parse_params(DataflowParams, table, where)
+
+    def check_chip(self, chip: ChipSpec, where: str) -> None:
+        """The parameters against the chip's SRAM, which holds the activations and the prefetch
+        buffer: the model reads both from the sram tier."""
+        if not chip.has_tier("sram"):
+            raise ConfigError(f"{where}: the dataflow model needs an sram tier (a kind = \"rdu\" "
+                              "chip)")
+        sram = chip.tier("sram").capacity_bytes
+        buffer = chip.execution["prefetch_buffer_bytes"]
+        # The buffer is SRAM, so the SRAM's capacity bounds it. (The stated range's top, "all
+        # SRAM not holding activations", is tighter but rests on an assumed activation share.)
+        if buffer > sram:
+            raise ConfigError(
+                f"{where}.prefetch_buffer_bytes: {show(buffer)} is more than the "
+                f"{sram:,.0f} bytes of SRAM that hold it (tiers.sram.capacity_bytes); at most that "
+                "accepted")
 
     def step_cost(
         self, graph: Graph, chip: ChipSpec, comm_time: CommTime, options: Any = None

@@ -1,8 +1,9 @@
 """The registry of execution models: the only code that turns operator work into seconds.
 
 An execution model is a module that defines a class with `name`, `check_params(table, where)`
-and `step_cost(graph, chip, comm_time, options)`, and calls `register` on import. Adding one is
-one module plus its name in BUILTIN.
+and `step_cost(graph, chip, comm_time, options)` (optionally `check_chip(chip, where)`: its
+parameters against the rest of the chip), and calls `register` on import. Adding one is one
+module plus its name in BUILTIN.
 """
 
 from __future__ import annotations
@@ -68,6 +69,15 @@ def options_of(options: Any, cls: type[P], model_name: str) -> P:
 
 def check_params(model_name: str, table: Mapping[str, Any], where: str) -> None:
     get(model_name).check_params(table, where)
+
+
+def check_chip(chip: ChipSpec, where: str) -> None:
+    """The chip's [execution] values against the rest of it (a buffer against the memory that
+    holds it), for the models that have such a check: run on the values a run uses, after a
+    calibration profile has set them."""
+    check = getattr(get(chip.execution_model), "check_chip", None)
+    if check is not None:
+        check(chip, where)
 
 
 def step_cost(

@@ -27,6 +27,10 @@ from workloads.errors import ConfigError
 from workloads.ops import Work
 
 POWER_KEYS = ("idle_w", "peak_w", "compute_share", "memory_share", "source")
+# A bound, not a figure: a whole SambaRack SN40L-16 draws ~10 kW and a DGX H100 system ~10.2 kW,
+# so one socket drawing 1e5 W (ten racks) is past any real one, and every derived figure (joules
+# per token, energy of a run) stays finite (1.7e308 W gave infinite joules per token).
+MAX_SOCKET_W = 1e5
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,9 @@ def parse_power(table: Mapping[str, Any], where: str) -> dict[str, Any]:
         return {}
     checks.exact_keys(table, POWER_KEYS, where)
     out: dict[str, Any] = {"source": checks.source(table, where)}
-    out.update({key: checks.non_negative(table, key, where) for key in POWER_KEYS[:-1]})
+    for key in POWER_KEYS[:-1]:
+        hi = MAX_SOCKET_W if key.endswith("_w") else 1.0
+        out[key] = checks.number(table.get(key), f"{where}.{key}", 0.0, hi)
     if not 0 < out["peak_w"] or out["idle_w"] > out["peak_w"]:
         raise ConfigError(f"{where}: idle_w must not exceed peak_w, and peak_w must be positive")
     if abs(out["compute_share"] + out["memory_share"] - 1.0) > 1e-9:

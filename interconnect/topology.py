@@ -62,6 +62,9 @@ class TopologySpec:
         for key in ("link_latency_s", "inter_node_latency_s"):
             checks.latency({key: d.get(key, 0.0)}, key, where)
         lpp = checks.integer(d.get("links_per_pair", 1), f"{where}.links_per_pair", 1, 64)
+        if d["kind"] != "full_mesh" and "links_per_pair" in d:  # only a full mesh reads it
+            raise ConfigError(f"{where}.links_per_pair: only a full_mesh has parallel links; "
+                              f"kind is {d['kind']!r}")
         shape = d.get("torus_shape", [])
         if not isinstance(shape, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 2**16 for x in shape):

@@ -24,7 +24,7 @@ from functools import cached_property
 
 from workloads.checks import show
 from workloads.errors import ConfigError
-from workloads.spec import FFN, Mixer, ModelSpec
+from workloads.spec import FFN, Mixer, ModelSpec, MoESpec
 
 # ASCII digits only (re.ASCII: \d would take any script's digits); 9: past MAX_DEGREE, never
 # past int()
@@ -156,6 +156,19 @@ def validate(plan: Plan, spec: ModelSpec, sockets: int) -> None:
         raise ConfigError(
             f"{where}: width {plan.width} does not divide the FFN width {spec.intermediate_size}"
         )
+    if spec.moe is not None:
+        _check_expert_widths(plan, spec.moe, where)
+
+
+def _check_expert_widths(plan: Plan, moe: MoESpec, where: str) -> None:
+    """Each routed expert's matrices are split over tp, a shared expert over the whole width
+    (module docstring), so either must divide its FFN width as a dense FFN's does."""
+    if moe.expert_intermediate % plan.tp:
+        raise ConfigError(f"{where}: tp {plan.tp} does not divide the expert FFN width "
+                          f"{moe.expert_intermediate} (each expert is split over tp)")
+    if moe.shared_intermediate % plan.width:
+        raise ConfigError(f"{where}: width {plan.width} does not divide the shared-expert FFN "
+                          f"width {moe.shared_intermediate}")
 
 
 _TRAITS: dict[int, tuple] = {}

@@ -88,7 +88,7 @@ MAX_SOCKETS = 16384
 def load_chip(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> ChipSpec:
     path = _resolve("chips", name_or_path)
     raw = _apply_overrides(_read_extended("chips", path), overrides or {}, path.name)
-    return _calibrated(parse_chip(raw, path.name), overrides or {})
+    return _calibrated(parse_chip(raw, path.name), overrides or {}, path.name)
 
 
 def load_cluster(
@@ -128,7 +128,8 @@ def load_cluster(
             "topology.inter_node_bandwidth_bytes_per_s=50e9)")
     return ClusterSpec(
         name=_name(raw, where),
-        chip=_calibrated(chip, {**chip_over, **_dotted(raw.get("chip_overrides", {}))}),
+        chip=_calibrated(chip, {**chip_over, **_dotted(raw.get("chip_overrides", {}))},
+                         chip_path.name),
         sockets=sockets,
         sockets_per_node=per_node,
         topology=topology,
@@ -138,13 +139,16 @@ def load_cluster(
     )
 
 
-def _calibrated(chip: ChipSpec, overrides: Mapping[str, Any]) -> ChipSpec:
+def _calibrated(chip: ChipSpec, overrides: Mapping[str, Any], where: str) -> ChipSpec:
     """The active calibration profile's fitted values (rdu_cluster/validation/calibration.py);
-    an [execution] value the user overrides explicitly keeps the user's value."""
+    an [execution] value the user overrides explicitly keeps the user's value. The values a run
+    uses are then checked against the chip (the prefetch buffer against its SRAM)."""
     from rdu_cluster.validation import calibration
 
     keep = {k.split(".", 1)[1] for k in overrides if k.startswith("execution.")}
-    return calibration.apply_chip(chip, keep=keep)
+    out = calibration.apply_chip(chip, keep=keep)
+    execution.check_chip(out, f"{where}: execution")
+    return out
 
 
 def _dotted(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -190,7 +194,12 @@ def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:
     if "bf16" not in peak:
         raise ConfigError(f"{where}: peak_flops.bf16: missing field")
     for dtype in peak:
-        DType.parse(dtype, f"{where}: peak_flops")
+        # ChipSpec.flops reads a peak by the dtype's own name: another spelling (BF16) would be
+        # a second entry that nothing reads, so it is refused rather than silently ignored.
+        canonical = DType.parse(dtype, f"{where}: peak_flops").value
+        if dtype != canonical:
+            raise ConfigError(f"{where}: peak_flops.{dtype}: write the dtype as {canonical!r} "
+                              "(lower case)")
         checks.rate(peak, dtype, f"{where}: peak_flops")
     tiers = _parse_tiers(_table(raw, "tiers", where), TIER_NAMES[kind], where)
     model = _typed(raw, "execution_model", str, where)

@@ -125,3 +125,14 @@ def test_negative_figure_rejected(tmp_path):
     with pytest.raises(ConfigError,
                        match=r"tiers.hbm.bandwidth_bytes_per_s: expected a finite number in \[1e\+06"):
         load_chip(p)
+
+
+def test_dataflow_model_needs_an_sram_tier(tmp_path):
+    # A gpu-kind chip has no SRAM tier, which the dataflow model reads (a KeyError mid-run).
+    text = cluster_configs.bundled("chips")["sn40l"].read_text()
+    ddr, execution = text.index("[tiers.ddr]"), text.index("[execution]")
+    text = (text[:ddr] + text[execution:]).replace('kind = "rdu"', 'kind = "gpu"')
+    (tmp_path / "gpu.toml").write_text(text.replace("[tiers.sram]", "[tiers.host]"))
+    with pytest.raises(ConfigError, match=r"^gpu.toml: execution: the dataflow model needs an sram "
+                       "tier"):
+        load_chip(tmp_path / "gpu.toml")

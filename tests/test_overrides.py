@@ -12,6 +12,7 @@ import cluster_configs
 from rdu_cluster.cli import main
 from rdu_cluster.config import cli_overrides, load_chip, load_cluster, parse_assignment
 from rdu_cluster.sweep.runners import cached_cluster, cluster_overrides
+from rdu_cluster.validation import calibration
 from workloads.errors import ConfigError
 
 
@@ -82,6 +83,45 @@ def test_override_errors_are_the_loaders():
     assert "'name' is a value, not a table" in one_line(load_chip, "sn40l", {"name.x": 1})
     assert "unknown key 'options.fused'" in one_line(load_cluster, "sn40l-16",
                                                      {"options.fused": True})
+
+
+@pytest.mark.parametrize("key", ["chip.power.peak_w", "chip.power.idle_w"])
+def test_power_figures_are_bounded(key):
+    # 1.7e308 W made joules_per_token infinite (invalid JSON) and serve fail internally.
+    msg = one_line(load_cluster, "sn40l-8", {key: 1.7e308})
+    assert f"{key[5:]}: expected a finite number in [0, 100000], got 1.7e+308" in msg
+    assert load_cluster("sn40l-8", {"chip.power.peak_w": 1e5}).chip.power["peak_w"] == 1e5
+
+
+def test_prefetch_buffer_is_bounded_by_the_sram():
+    msg = one_line(load_cluster, "sn40l-8", {"chip.execution.prefetch_buffer_bytes": 1e15})
+    assert msg == ("sn40l.toml: execution.prefetch_buffer_bytes: 1000000000000000.0 is more than "
+                   "the 545,259,520 bytes of SRAM that hold it (tiers.sram.capacity_bytes); at "
+                   "most that accepted")
+    whole = {"chip.execution.prefetch_buffer_bytes": 545259520}
+    assert load_cluster("sn40l-8", whole).chip.execution["prefetch_buffer_bytes"] == 545259520
+    # The values a run uses are judged: the first-principles 272.6 MB buffer does not fit a
+    # 10 MB SRAM; the default profile's fitted 1 MB one does.
+    small = {"chip.tiers.sram.capacity_bytes": 1e7}
+    assert "272629760 is more than the 10,000,000 bytes" in one_line(load_cluster, "sn40l-8",
+                                                                     small)
+    with calibration.use(calibration.load("default")):
+        assert load_cluster("sn40l-8", small).chip.execution["prefetch_buffer_bytes"] == 1e6
+
+
+def test_peak_flops_dtype_keys_are_spelled_as_read():
+    # BF16 was accepted beside bf16 and never read (ChipSpec.flops looks up "bf16").
+    msg = one_line(load_cluster, "dgx-h100", {"chip.peak_flops.BF16": 1e13})
+    assert msg == "h100-sxm.toml: peak_flops.BF16: write the dtype as 'bf16' (lower case)"
+    assert "unknown dtype 'bf17'" in one_line(load_chip, "sn40l", {"peak_flops.bf17": 1e13})
+
+
+def test_links_per_pair_only_on_a_full_mesh():
+    msg = one_line(load_cluster, "dgx-h100", {"topology.links_per_pair": 4})
+    assert msg == ("dgx-h100.toml: topology.links_per_pair: only a full_mesh has parallel "
+                   "links; kind is 'switch'")
+    assert "kind is 'ring'" in one_line(load_cluster, "sn40l-16",
+                                        {"topology.kind": "ring", "topology.links_per_pair": 2})
 
 
 def test_sockets_scale_by_whole_nodes_or_shrink_one():

@@ -217,10 +217,55 @@ def _base(c: _Cfg, name: str, layers: tuple[LayerSpec, ...], **fields: Any) -> M
         hidden_size=c.size("hidden_size"),
         vocab_size=c.size("vocab_size"),
         layers=layers,
-        max_context=c.size("max_position_embeddings", 0),
+        max_context=_context(c, layers),
         source=c.source,
         **fields,
     )
+
+
+# transformers' default max_position_embeddings of each model_type, which its config class sets
+# when a config.json leaves the key out; the class, in transformers main (2025-26), after each.
+_CONTEXT_DEFAULTS = {
+    "llama": 2048,  # LlamaConfig
+    "mistral": 4096 * 32,  # MistralConfig
+    "mixtral": 4096 * 32,  # MixtralConfig
+    "qwen2": 32768,  # Qwen2Config
+    "qwen3": 32768,  # Qwen3Config
+    "qwen3_moe": 32768,  # Qwen3MoeConfig
+    "qwen2_moe": 32768,  # Qwen2MoeConfig
+    "qwen3_next": 32768,  # Qwen3NextConfig
+    "deepseek_v2": 2048,  # DeepseekV2Config
+    "deepseek_v3": 4096,  # DeepseekV3Config
+    "gpt_oss": 131072,  # GptOssConfig
+    "minimax_m2": 196608,  # MiniMaxM2Config
+    "minimax": 196608,  # the same model under the name some ports register: MiniMaxM2Config's
+    "nemotron_h": 4096,  # NemotronHConfig
+    "llama4": 4096 * 32,  # Llama4TextConfig (the text model of Llama4Config)
+    "llama4_text": 4096 * 32,  # Llama4TextConfig
+    "gemma2": 8192,  # Gemma2Config
+    "gemma3": 131072,  # Gemma3TextConfig (the text model of Gemma3Config)
+    "gemma3_text": 131072,  # Gemma3TextConfig
+    "phi3": 4096,  # Phi3Config
+    "glm4_moe": 131072,  # Glm4MoeConfig
+}
+_ATTENTION = (Mixer.FULL_ATTENTION, Mixer.SLIDING_ATTENTION)
+
+
+def _context(c: _Cfg, layers: tuple[LayerSpec, ...]) -> int:
+    """The context bound: `max_position_embeddings`, else the default transformers gives it for
+    the model_type (a nested text model's own type first: mistral3 nests a mistral or llama
+    one); 0, no bound, for a model without attention layers (a state-space stack has none)."""
+    if c.data.get("max_position_embeddings") is not None:
+        return c.size("max_position_embeddings")
+    if not any(la.mixer in _ATTENTION for la in layers):
+        return 0
+    own = c.data.get("model_type")
+    default = _CONTEXT_DEFAULTS.get(own if isinstance(own, str) else c.model_type,
+                                    _CONTEXT_DEFAULTS.get(c.model_type))
+    if default is None:
+        raise c.fail("missing field 'max_position_embeddings' (no transformers default known "
+                     "for this model_type)")
+    return default
 
 
 def _dense_width(c: _Cfg, layers: tuple[LayerSpec, ...], key: str = "intermediate_size") -> int:
@@ -552,10 +597,9 @@ def _gemma3(c: _Cfg, name: str) -> ModelSpec:
     """Gemma 3: every `sliding_window_pattern`-th layer global, the rest sliding; q/k RMSNorm.
     The multimodal checkpoints nest the text model under `text_config` and leave out the keys at
     Gemma3TextConfig's defaults; the ones that matter here are supplied as that class does:
-    vocab_size 262208, max_position_embeddings 131072, sliding_window_pattern 6."""
+    vocab_size 262208, sliding_window_pattern 6 (max_position_embeddings: _CONTEXT_DEFAULTS)."""
     t = c.nested("text_config", "gemma3_text")
-    t = _Cfg({"vocab_size": 262208, "max_position_embeddings": 131072} | dict(t.data),
-             t.source, t.model_type)
+    t = _Cfg({"vocab_size": 262208} | dict(t.data), t.source, t.model_type)
     every = t.size("sliding_window_pattern", 6)
     rule = lambda i: "full_attention" if (i + 1) % every == 0 else "sliding_attention"
     return _gemma(t, name, rule, qk_norm=True)
@@ -749,11 +793,7 @@ def _quant_dtype(c: _Cfg, method: str, q: Mapping[str, Any]) -> DType:
     if method in ("fp8", "fbgemm_fp8"):
         return DType.FP8
     if method == "bitsandbytes":
-        if q.get("load_in_4bit"):
-            return DType.INT4
-        if q.get("load_in_8bit"):
-            return DType.INT8
-        raise c.fail("field 'quantization_config': bitsandbytes needs load_in_4bit or load_in_8bit")
+        return _bnb_dtype(c, q)
     if method in ("awq", "gptq"):
         return _bits(c, "quantization_config.bits", q.get("bits"), "int")
     groups = q.get("config_groups")
@@ -770,6 +810,23 @@ def _quant_dtype(c: _Cfg, method: str, q: Mapping[str, Any]) -> DType:
         raise c.fail("field 'quantization_config.config_groups': groups of different weight "
                      f"dtypes ({', '.join(sorted(d.value for d in found))}) are not supported")
     return found.pop()
+
+
+def _bnb_dtype(c: _Cfg, q: Mapping[str, Any]) -> DType:
+    """BitsAndBytesConfig's flags: each a boolean (absent: false), at most one true, as its
+    own checks require (a TypeError for a non-boolean, a ValueError for both)."""
+    flags = {}
+    for key in ("load_in_4bit", "load_in_8bit"):
+        flags[key] = q.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise c.fail(f"field 'quantization_config.{key}' must be true or false, got "
+                         f"{checks.show(flags[key])}")
+    if all(flags.values()):
+        raise c.fail("field 'quantization_config': load_in_4bit and load_in_8bit are both true; "
+                     "bitsandbytes takes one of them")
+    if not any(flags.values()):
+        raise c.fail("field 'quantization_config': bitsandbytes needs load_in_4bit or load_in_8bit")
+    return DType.INT4 if flags["load_in_4bit"] else DType.INT8
 
 
 def _bits(c: _Cfg, where: str, bits: Any, kind: Any) -> DType:

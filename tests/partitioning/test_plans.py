@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
 from partitioning.evaluate import evaluate_plan, search_plans
 from partitioning.footprint import Placement, PlanDoesNotFit, footprints
-from partitioning.plan import Plan
+from partitioning.plan import Plan, validate
 from partitioning.program import build_programs, groups_of
 from partitioning.routing import RoutingModel, expert_load
 from rdu_cluster.config import load_cluster
@@ -54,6 +55,30 @@ def test_tp3_on_16_sockets_is_rejected(sn16):
     spec = load_model("llama-3.1-70b")
     with pytest.raises(ConfigError, match="does not divide the 16"):
         evaluate_plan(spec, sn16, Plan.parse("tp3"))
+
+
+@pytest.mark.parametrize("plan, message", [
+    ("tp8", ("plan tp8: tp 8 does not divide the expert FFN width 14337 (each expert is split "
+             "over tp)")),
+    ("tp2ep4", "plan tp2ep4: tp 2 does not divide the expert FFN width 14337"),
+])
+def test_expert_width_must_divide_by_tp(plan, message):
+    # A dense FFN width that the width does not divide was refused; an expert's was not.
+    spec = replace(load_model("mixtral-8x7b"), moe=replace(load_model("mixtral-8x7b").moe,
+                                                           expert_intermediate=14337))
+    with pytest.raises(ConfigError) as e:
+        validate(Plan.parse(plan), spec, 8)
+    assert str(e.value).startswith(message)
+    validate(Plan.parse("ep8"), spec, 8)  # whole experts: tp 1
+
+
+def test_shared_expert_width_must_divide_by_the_width():
+    spec = load_model("qwen3-next-80b-a3b")  # shared expert 512 wide, split over the width
+    blocks = "@full_attention=1,linear_attention=1"
+    validate(Plan.parse("tp16ep32" + blocks), spec, 512)
+    with pytest.raises(ConfigError, match="^plan tp16ep64@.*: width 1024 does not divide the "
+                                          "shared-expert FFN width 512$"):
+        validate(Plan.parse("tp16ep64" + blocks), spec, 1024)
 
 
 def test_groups_layout():

@@ -128,6 +128,8 @@ def test_glm4_moe_and_mistral3():
         ({"quant_method": "awq", "bits": 4, "group_size": 128}, DType.INT4, None),
         ({"quant_method": "gptq", "bits": 8}, DType.INT8, None),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, DType.INT4, None),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": False, "load_in_8bit": True},
+         DType.INT8, None),
         ({"quant_method": "mxfp4"}, DType.MXFP4, None),
     ],
 )
@@ -156,6 +158,15 @@ def test_mxfp4_quantizes_only_experts_of_moe_models():
         ({"quant_method": "compressed-tensors", "config_groups": {"g": {
             "weights": {"num_bits": 4, "type": "float"}}}}, "float 4-bit weights unsupported"),
         ("fp8", "'quantization_config' must be a JSON object"),
+        # BitsAndBytesConfig's own checks: boolean flags, at most one set ("false" read as true).
+        ({"quant_method": "bitsandbytes", "load_in_4bit": "false", "load_in_8bit": True},
+         "field 'quantization_config.load_in_4bit' must be true or false, got 'false'"),
+        ({"quant_method": "bitsandbytes", "load_in_8bit": 2},
+         "field 'quantization_config.load_in_8bit' must be true or false, got 2"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": True},
+         "load_in_4bit and load_in_8bit are both true; bitsandbytes takes one of them"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": False},
+         "bitsandbytes needs load_in_4bit or load_in_8bit"),
     ],
 )
 def test_bad_quantization_config(quant, fragment):
@@ -277,6 +288,40 @@ def test_nemotron_h_pattern():
     assert [la.ffn for la in spec.layers].count(FFN.DENSE) == 54
     assert spec.ffn_matrices == 2  # squared ReLU, no gate
     assert spec.mamba.state_size == 256 and spec.mamba.n_groups == 8
+
+
+def test_context_default_when_max_position_embeddings_is_absent():
+    # transformers' config classes default the key (LlamaConfig: 2048); without it a 1M-token
+    # prompt was accepted.
+    cfg = dict(catalog.model_config("llama-3.2-1b"))
+    del cfg["max_position_embeddings"]
+    assert from_hf_config(cfg).max_context == 2048
+    nested = catalog.model_config("mistral-small-3.1-24b")
+    text = {k: v for k, v in nested["text_config"].items() if k != "max_position_embeddings"}
+    assert from_hf_config(dict(nested, text_config=text)).max_context == 131072  # MistralConfig
+    assert from_hf_config(dict(nested, text_config=dict(text, model_type="llama"))
+                          ).max_context == 2048
+
+
+def test_context_default_known_for_every_model_type():
+    for model_type in IMPORTERS:
+        if model_type == "mistral3":  # its text model's type decides
+            continue
+        name = BY_TYPE.get(model_type) or FLAT.get(model_type) or BY_TYPE["minimax_m2"]
+        cfg = catalog.model_config(name)
+        cfg = dict(cfg.get("text_config", cfg) if model_type in FLAT else cfg,
+                   model_type=model_type)
+        for c in (cfg, cfg.get("text_config", {})):
+            c.pop("max_position_embeddings", None)
+        assert from_hf_config(cfg).max_context > 0, model_type
+
+
+def test_state_space_only_model_has_no_context_bound():
+    cfg = dict(catalog.model_config("nemotron-h-56b"), hybrid_override_pattern="M-M-",
+               num_hidden_layers=4)
+    del cfg["max_position_embeddings"]
+    assert from_hf_config(cfg).max_context == 0
+    assert from_hf_config(dict(cfg, hybrid_override_pattern="M*M-")).max_context == 4096
 
 
 def _one_line_error(cfg) -> str:
