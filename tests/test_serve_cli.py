@@ -58,6 +58,18 @@ def test_serve_json_has_vllm_keys_and_is_saved(tmp_path):
     assert doc["mean_tpot_ms"] == pytest.approx((doc["mean_e2el_ms"] - doc["mean_ttft_ms"]) / 15)
 
 
+def test_one_token_outputs_give_vllms_zero_tpot(tmp_path):
+    # vLLM's calculate_metrics: np.mean(tpots or 0) and so on, 0 when no request has a TPOT
+    r = run("serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--requests", "4",
+            "--rate", "5", "--prompt-len", "64", "--output-len", "1", "--json", "--out",
+            str(tmp_path / "o"), "--no-progress")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["completed"] == 4 and doc["mean_ttft_ms"] > 0
+    for stat in ("mean", "median", "std", "p99"):
+        assert doc[f"{stat}_tpot_ms"] == 0.0 and doc[f"{stat}_itl_ms"] == 0.0
+
+
 def test_serve_closed_loop_and_dtypes(tmp_path):
     import json
 
