@@ -195,6 +195,12 @@ def test_serve_disaggregated_pools(tmp_path):
     (["--prefill-pool", "dgx-h100:tp8:1"], "--prefill-pool/--decode-pool: give both"),
     (["--prefill-pool", "dgx-h100:tp8:1", "--decode-pool", "sn40l-16:tp16:1", "--plan", "tp8"],
      "--plan: not with --prefill-pool"),
+    (["--prefill-pool", "sn40l-8:tp2dp2:1", "--decode-pool", "sn40l-8:tp8:1"],
+     "--plan: 'tp2dp2': serve takes tp, ep and pp degrees only (the replicas are --replicas"),
+    (["--cluster", "sn40l-8", "--plan", "tp2dp2"], "serve takes tp, ep and pp degrees only"),
+    (["--cluster", "sn40l-8", "--plan", "tp1dp2", "--replicas", "8"],
+     "serve takes tp, ep and pp degrees only"),
+    (["--cluster", "sn40l-8", "--plan", "tp2dp1"], "serve takes tp, ep and pp degrees only"),
     (["--prefill-pool", "dgx-h100:tp8:1", "--decode-pool", "sn40l-16:tp16:1", "--fabric",
       "nvlink9"], "unknown fabric 'nvlink9'"),
 ])

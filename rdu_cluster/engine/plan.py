@@ -19,6 +19,7 @@ from partitioning.plan import Plan
 from partitioning.program import stage_layers
 from workloads import graph as graphs
 from workloads import params
+from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.ops import OpClass, Shard, StepShape
 from workloads.spec import ModelSpec
@@ -32,13 +33,17 @@ class PlanSpec:
 
     @classmethod
     def parse(cls, text: str | None, cluster: ClusterSpec, model: ModelSpec) -> PlanSpec:
-        """The plan syntax of `simulate` and `plan` (tp16, tp4pp4, tp2ep8); data parallelism
-        is implied by the sockets left over. The engine's tp is the stage width (tp x ep)."""
+        """The plan syntax of `simulate` and `plan` (tp16, tp4pp4, tp2ep8): one replica's
+        degrees, no dp (the replicas fill the sockets, or --replicas gives them). The engine's
+        tp is the stage width (tp x ep). Serve, its pools and serve sweeps all parse here."""
         if not text:
             return cls(cluster.sockets)
         p = Plan.parse(text)
-        if p.mixer_tp or p.micro_batches:
-            raise ConfigError(f"--plan: {text!r}: serve takes tp, ep and pp degrees only")
+        # A dp degree would be replaced by the replicas the cluster holds: refused, not changed
+        # (after a successful parse, "dp" can only be a degree)
+        if p.mixer_tp or p.micro_batches or "dp" in text.lower():
+            raise ConfigError(f"--plan: {show(text)}: serve takes tp, ep and pp degrees only "
+                              "(the replicas are --replicas, or as many as the cluster holds)")
         plan = cls(p.tp * p.ep, p.ep, p.pp)
         plan.check(cluster, model)
         return plan
