@@ -103,7 +103,7 @@ def test_serve_reads_a_trace_file(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--scheduler", "fifo"], "--scheduler: unknown 'fifo'"),
-    (["--rate", "0"], "Invalid value for '--rate': '0': expected a finite number in (0, inf] or inf"),
+    (["--rate", "0"], "Invalid value for '--rate': '0': expected a positive finite number or inf"),
     (["--rate", "-3"], "Invalid value for '--rate'"),
     (["--plan", "tp3"], "--plan: tp x pp = 3 must divide"),
     (["--fault", "socket:99@1"], "--fault 'socket:99@1': socket out of range"),

@@ -64,6 +64,11 @@ class PlanSpec:
     def group(self) -> int:
         return self.tp * self.pp
 
+    @property
+    def name(self) -> str:
+        """In the partitioner's syntax (tp2ep8: the stage width tp x ep is 16)."""
+        return Plan(tp=self.tp // self.ep, ep=self.ep, pp=self.pp).name
+
     def shard(self) -> Shard:
         return Shard(attn_tp=self.tp, mlp_tp=self.tp, expert_tp=self.tp // self.ep, ep=self.ep,
                      vocab_tp=self.tp)
@@ -106,8 +111,8 @@ def check_draft_sockets(cluster: ClusterSpec, plan: PlanSpec, draft_sockets: int
     if draft_sockets < 1 or cluster.sockets % draft_sockets or group > cluster.sockets:
         raise ConfigError(
             f"--draft-sockets: {draft_sockets} must divide the {cluster.sockets} sockets and "
-            f"leave room for the plan's {plan.group} (with --draft-placement separate: give a "
-            "smaller --plan or --tp)"
+            f"leave room for the {plan.group} of the plan {plan.name} (with --draft-placement "
+            "separate: give a smaller --plan or --tp)"
         )
     return group
 

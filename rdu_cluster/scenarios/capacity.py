@@ -223,10 +223,11 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
             return None
         try:
             spec, memo = choose(cl, plan), {}
-            tpot = np.array([float(speculative.speculative_estimate(
+            ests = [speculative.speculative_estimate(
                 model, cl, spec, draft, batch=int(b), prompt_len=int(prompt),
-                gen_len=int(gen), tp=p.tp, memo=memo).tpot_s) for b in batches])
-            prefill = float(at(1).ttft_s)
+                gen_len=int(gen), tp=p.tp, memo=memo) for b in batches]
+            tpot = np.array([float(e.tpot_s) for e in ests])
+            prefill = float(ests[0].ttft_s)  # batch 1 (BATCHES[0]): the draft's prefill too
         except ConfigError:
             return None
         price = cl.cost.get("socket_hour_usd") if cl.cost else None
