@@ -214,3 +214,29 @@ def test_the_draft_context_is_checked(tmp_path):
     r = run(*args, "--draft", str(draft))
     assert r.exit_code == 2 and ("error: --draft: prompt 4,000 + output 8 tokens exceed the "
                                  "2,048-token context of") in r.output, r.output
+
+
+@pytest.mark.parametrize("lengths", [["--output-len", "1"], ["--output-len", "uniform:1:1.4"]])
+def test_a_tpot_slo_on_one_token_outputs_is_refused(lengths):
+    r = run(*TINY, *lengths, "--requests", "4")
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "--slo tpot: no request of the traffic has more than one output token" in lines[0]
+
+
+def test_a_tpot_slo_on_a_trace_of_one_token_outputs_is_refused(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_len,output_len\n0,64,1\n1,64,1\n")
+    r = run(*TINY[:7], "--trace", str(trace))
+    assert r.exit_code == 2 and "no request of the traffic has more than one" in r.output
+
+
+def test_one_token_outputs_under_a_ttft_slo_give_serves_zero_tpot():
+    args = [a if a != "tpot:50" else "ttft:1000" for a in TINY]
+    r = run(*args, "--output-len", "1", "--requests", "4", "--max-nodes", "1", "--json")
+    assert r.exit_code == 0, r.output
+    def strict(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    rows = [json.loads(line, parse_constant=strict) for line in r.stdout.splitlines()]
+    assert rows and all(row["p99_tpot_ms"] == 0.0 and row["meets_slo"] for row in rows)

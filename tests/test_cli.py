@@ -188,11 +188,29 @@ SPEC = ["simulate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--draft"
     ([*SPEC, "--draft-sockets", "4"], "--draft-sockets: only with --draft-placement separate"),
     # the draft's own sockets beside the target's, as serve lays them out
     ([*SPEC, "--placement", "separate", "--draft-sockets", "8"],
-     "--draft-sockets: 8 must divide the 8 sockets and leave room for the plan's 8"),
+     "--draft-sockets: 8 must divide the 8 sockets and leave room for the 8 of the plan tp8"),
     ([*SPEC, "--placement", "separate", "--draft-sockets", "3"],
      "--draft-sockets: 3 must divide the 8 sockets"),
     ([*SPEC, "--placement", "separate", "--draft-sockets", "4", "--tp", "8"],
-     "--draft-sockets: 4 must divide the 8 sockets and leave room for the plan's 8"),
+     "--draft-sockets: 4 must divide the 8 sockets and leave room for the 8 of the plan tp8"),
+    # the plan given, not the whole cluster: a tp8 plan leaves no room, tp4dp2 none for drafts
+    ([*SPEC, "--placement", "separate", "--draft-sockets", "4", "--plan", "tp8"],
+     "leave room for the 8 of the plan tp8"),
+    ([*SPEC, "--placement", "separate", "--draft-sockets", "4", "--plan", "tp4dp2"],
+     ("--draft-sockets: 4: the 2 replicas of plan tp4dp2, 8 sockets each with their drafts, "
+      "exceed the 8 sockets of sn40l-8")),
+    ([*SPEC, "--plan", "tp4pp2"], "--plan: 'tp4pp2': with --draft, tp and dp degrees only"),
+    ([*SPEC, "--plan", "tp4", "--tp", "4"], "--tp and --plan: give one of them"),
+    (["simulate", "--cluster", "sn40l-8", "--ablate", "--json"], "--json: not with --ablate"),
+    (["simulate", "--cluster", "sn40l-8", "--ablate", "--out", "a.parquet"],
+     "--out: not with --ablate"),
+    (["simulate", "--cluster", "sn40l-8", "--ablate", "--plan", "tp8"],
+     "--plan: not with --ablate"),
+    (["simulate", "--cluster", "sn40l-8", "--objective", "throughput", "--plan", "tp8"],
+     "--objective: not with --plan (it ranks the default plan search, which --plan skips)"),
+    (["simulate", "--cluster", "sn40l-8", "--objective", "latency", "--tp", "8"],
+     "--objective: not with --tp"),
+    ([*SPEC, "--objective", "throughput"], "--objective: not with --draft"),
     (["simulate", "--coe", "--cluster", "sn40l-8", "--experts", "4", "--plan", "tp3",
       "--weights", "fp3", "--kv-dtype", "int1"], "--plan/--weights/--kv-dtype: not with --coe"),
     (["simulate", "--coe", "--cluster", "dgx-h100", "--experts", "4", "--stack", "bogus"],
@@ -208,10 +226,33 @@ def test_simulate_refuses_what_its_mode_ignores_or_cannot_hold(args, message):
     assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output
 
 
-def test_simulate_separate_draft_beside_a_smaller_plan():
-    r = run(*SPEC, "--placement", "separate", "--draft-sockets", "4", "--tp", "4")
+@pytest.mark.parametrize("plan", [["--tp", "4"], ["--plan", "tp4"]])
+def test_simulate_separate_draft_beside_a_smaller_plan(plan):
+    r = run(*SPEC, "--placement", "separate", "--draft-sockets", "4", *plan)
     assert r.exit_code == 0, r.output
     assert "separate (4)" in r.output
+
+
+def test_simulate_draft_runs_the_plan_given():
+    # --plan tp4 is one replica on 4 sockets, --tp 4 is tp4 replicated over the rest (tp4dp2)
+    rows = {p: json.loads(run(*SPEC, "--spec-k", "3", *p, "--json").stdout)
+            for p in (("--plan", "tp4"), ("--tp", "4"))}
+    assert rows[("--plan", "tp4")]["plan"] == "tp4" and rows[("--tp", "4")]["plan"] == "tp4dp2"
+    assert rows[("--tp", "4")]["tokens_per_s_total"] == pytest.approx(
+        2 * rows[("--plan", "tp4")]["tokens_per_s_total"])
+    assert "replicated over the rest" in run("simulate", "--help").output
+    assert "shorthand for --plan tpN" not in run("simulate", "--help").output
+
+
+def test_simulate_draft_ttft_includes_the_draft_prefill():
+    # serve's prefill step with a shared draft runs the draft's prefill too
+    args = ["simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp8",
+            "--prompt-len", "2048", "--gen-len", "64", "--json"]
+    plain = json.loads(run(*args).stdout)
+    spec = json.loads(run(*args, "--draft", "llama-3.2-1b", "--spec-k", "3").stdout)
+    assert spec["ttft_s"] > plain["ttft_s"]
+    causes = [k for k in spec if k.startswith("prefill_") and k.endswith("_s")]
+    assert sum(spec[k] for k in causes) == pytest.approx(spec["ttft_s"])
 
 
 def test_simulate_checks_the_draft_context(tmp_path):
@@ -231,3 +272,16 @@ def test_simulate_out_is_refused_on_the_model_file(tmp_path):
     r = run("simulate", "--model", str(model), "--cluster", "sn40l-8", "--out", str(model))
     assert r.exit_code == 2 and "is the --model file (it would be overwritten)" in r.stderr
     assert json.loads(model.read_text()) == doc
+
+
+@pytest.mark.parametrize("extra, unused", [(["--routing", "zipf:3"], "--routing"),
+                                           (["--seed", "7"], "--seed"),
+                                           (["--routing", "uniform", "--seed", "1"],
+                                            "--routing/--seed")])
+def test_plan_refuses_routing_on_a_model_without_routed_experts(extra, unused):
+    r = run("plan", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--top", "3", *extra)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert f"{unused}: llama-3.2-1b has no routed experts" in lines[0]
+    moe = run("plan", "--model", "mixtral-8x7b", "--cluster", "sn40l-8", "--top", "1", *extra)
+    assert moe.exit_code == 0, moe.output

@@ -58,3 +58,11 @@ def test_cli():
     assert "chosen" in r.output and "ddr" in r.output and "host" in r.output
     r = CliRunner().invoke(main, ["footprint", "--experts", "5", "--expert-model", "nope"])
     assert r.exit_code == 2
+
+
+@pytest.mark.parametrize("value", ["inf", "0", "nan"])
+def test_latency_target_message_states_the_range_accepted(value):
+    r = CliRunner().invoke(main, ["footprint", "--experts", "4", "--latency-target", value])
+    assert r.exit_code == 2, r.output
+    assert f"'{value}': expected a positive finite number" in r.output
+    assert "inf]" not in r.output

@@ -58,6 +58,18 @@ def test_serve_json_has_vllm_keys_and_is_saved(tmp_path):
     assert doc["mean_tpot_ms"] == pytest.approx((doc["mean_e2el_ms"] - doc["mean_ttft_ms"]) / 15)
 
 
+def test_one_token_outputs_give_vllms_zero_tpot(tmp_path):
+    # vLLM's calculate_metrics: np.mean(tpots or 0) and so on, 0 when no request has a TPOT
+    r = run("serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--requests", "4",
+            "--rate", "5", "--prompt-len", "64", "--output-len", "1", "--json", "--out",
+            str(tmp_path / "o"), "--no-progress")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["completed"] == 4 and doc["mean_ttft_ms"] > 0
+    for stat in ("mean", "median", "std", "p99"):
+        assert doc[f"{stat}_tpot_ms"] == 0.0 and doc[f"{stat}_itl_ms"] == 0.0
+
+
 def test_serve_closed_loop_and_dtypes(tmp_path):
     import json
 
@@ -91,7 +103,7 @@ def test_serve_reads_a_trace_file(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--scheduler", "fifo"], "--scheduler: unknown 'fifo'"),
-    (["--rate", "0"], "Invalid value for '--rate': '0': expected a finite number in (0, inf] or inf"),
+    (["--rate", "0"], "Invalid value for '--rate': '0': expected a positive finite number or inf"),
     (["--rate", "-3"], "Invalid value for '--rate'"),
     (["--plan", "tp3"], "--plan: tp x pp = 3 must divide"),
     (["--fault", "socket:99@1"], "--fault 'socket:99@1': socket out of range"),
@@ -183,6 +195,12 @@ def test_serve_disaggregated_pools(tmp_path):
     (["--prefill-pool", "dgx-h100:tp8:1"], "--prefill-pool/--decode-pool: give both"),
     (["--prefill-pool", "dgx-h100:tp8:1", "--decode-pool", "sn40l-16:tp16:1", "--plan", "tp8"],
      "--plan: not with --prefill-pool"),
+    (["--prefill-pool", "sn40l-8:tp2dp2:1", "--decode-pool", "sn40l-8:tp8:1"],
+     "--plan: 'tp2dp2': serve takes tp, ep and pp degrees only (the replicas are --replicas"),
+    (["--cluster", "sn40l-8", "--plan", "tp2dp2"], "serve takes tp, ep and pp degrees only"),
+    (["--cluster", "sn40l-8", "--plan", "tp1dp2", "--replicas", "8"],
+     "serve takes tp, ep and pp degrees only"),
+    (["--cluster", "sn40l-8", "--plan", "tp2dp1"], "serve takes tp, ep and pp degrees only"),
     (["--prefill-pool", "dgx-h100:tp8:1", "--decode-pool", "sn40l-16:tp16:1", "--fabric",
       "nvlink9"], "unknown fabric 'nvlink9'"),
 ])

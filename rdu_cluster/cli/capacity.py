@@ -113,6 +113,9 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     workload.check_unused(o.given(click.get_current_context(), "prompt_len", "output_len",
                                   "think_time", "system_prompt"),
                           trace_path is not None, n_sessions is not None)
+    if slo.tpot_ms is not None and traffic.one_token:
+        raise ConfigError("--slo tpot: no request of the traffic has more than one output "
+                          "token")
     modes = _spec_modes(spec_mode, draft, spec_k, acceptance, tree, placement, draft_sockets)
     traffic = replace(traffic, spec_args=tuple(
         a for flag, v in (("--acceptance", acceptance), ("--tree", tree)) if v is not None
@@ -324,14 +327,20 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
         "usd_per_million_tokens": s.get("cost_per_million_tokens_usd"),
         "joules_per_token": s.get("joules_per_token"),
         "usd_per_hour": d.price_per_hour,
-        f"p{_pw(slo)}_ttft_ms": r.ttft_ms, f"p{_pw(slo)}_tpot_ms": r.tpot_ms,
-        "meets_slo": r.meets_slo, "miss": r.miss,
+        f"p{_pw(slo)}_ttft_ms": _finite(r.ttft_ms), f"p{_pw(slo)}_tpot_ms": _finite(r.tpot_ms),
+        "meets_slo": r.meets_slo, "miss": _finite(r.miss),
         "verified": ("sessions (a closed loop each)" if "--sessions" in r.serve_args
                      else "trace replayed" if "--trace" in r.serve_args
                      else f"open loop {d.rate:.4g} req/s" if d.disaggregated
                      else "closed loop" if r.serve_args.count("--concurrency") else "open loop"),
         "serve_args": r.serve_args,
     }
+
+
+def _finite(v: float) -> float | None:
+    """null for a run that served no request (inf internally, to rank last): JSON has no
+    Infinity."""
+    return v if math.isfinite(v) else None
 
 
 def _weights(r: cap.Result) -> str | None:
@@ -367,7 +376,7 @@ def _table(results, slo, traffic, wall) -> str:
             f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
             f"{_f(rec['usd_per_million_tokens'], '.2f'):>7} "
             f"{_f(rec['joules_per_token'], '.2f'):>6} {r.ttft_ms:>10.1f} {r.tpot_ms:>10.2f}  "
-            f"{'meets' if r.meets_slo else f'misses by {r.miss:.0%}'}"
+            f"{'meets' if r.meets_slo else _misses(r.miss)}"
             f"{' (open loop)' if r.deployment.disaggregated and traffic.concurrency else ''}")
     if traffic.concurrency and any(r.deployment.disaggregated for r in results):
         lines.append("(open loop): disaggregated pools are verified at the users' request rate "
@@ -388,7 +397,11 @@ def _closest(results, slo) -> str:
     best = min(results, key=lambda r: r.miss)
     return (f"nothing meets the SLO; closest: {best.deployment.label} "
             f"{' + '.join(str(p) for p in best.deployment.pools)}, p{_pw(slo)} TTFT "
-            f"{best.ttft_ms:.1f} ms, TPOT {best.tpot_ms:.2f} ms: misses by {best.miss:.0%}")
+            f"{best.ttft_ms:.1f} ms, TPOT {best.tpot_ms:.2f} ms: {_misses(best.miss)}")
+
+
+def _misses(miss: float) -> str:
+    return f"misses by {miss:.0%}" if math.isfinite(miss) else "serves no request"
 
 
 def _plot(costs, path: Path) -> None:

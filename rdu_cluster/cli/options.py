@@ -86,11 +86,16 @@ class Finite(click.ParamType):
         return x
 
     def _accepted(self) -> str:
-        left = "(" if self.lo_open else "["
-        lo = "-inf" if self.lo is None else f"{self.lo:g}"
-        hi = "inf" if self.hi is None else f"{self.hi:g}"
+        """The range in words; no interval closed at inf (a finite number never reaches it)."""
         extra = " or inf" if self.allow_inf else ""
-        return f"a finite number in {left}{lo}, {hi}]{extra}"
+        if self.hi is not None:
+            lo = "-inf" if self.lo is None else f"{self.lo:g}"
+            return f"a finite number in {'(' if self.lo_open else '['}{lo}, {self.hi:g}]{extra}"
+        if self.lo is None:
+            return f"a finite number{extra}"
+        if self.lo == 0:
+            return f"a {'positive' if self.lo_open else 'non-negative'} finite number{extra}"
+        return f"a finite number {'>' if self.lo_open else '>='} {self.lo:g}{extra}"
 
 
 POSITIVE = Finite(0.0, lo_open=True)

@@ -48,6 +48,9 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
         raise ConfigError("--batch, --context, --gen-len and --top must be positive")
     spec = load_model(model_ref)
     check_context(spec, context, gen_len, "--context")
+    if not spec.is_moe and (unused := o.given(click.get_current_context(), "routing", "seed")):
+        raise ConfigError(f"{'/'.join(unused)}: {spec.name} has no routed experts (expert "
+                          "routing applies to MoE models only)")
     if weights_dtype:
         p = spec.precision
         spec = spec.with_precision(Precision(DType.parse(weights_dtype, "--weights"),

@@ -46,8 +46,8 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     "--tp",
     default=None,
     type=o.SOCKETS,
-    help="Tensor parallelism over this many sockets, "
-    "replicated over the rest (shorthand for --plan tpN).",
+    help="Tensor parallelism over this many sockets, replicated over the rest of each "
+    "cluster (--plan tpNdpM with N x M its sockets; --plan tpN is one replica on N).",
 )
 @click.option(
     "--plan",
@@ -61,7 +61,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     type=click.Choice(["latency", "throughput", "sockets"]),
     default="latency",
     show_default=True,
-    help="How the default plan is chosen.",
+    help="How the default plan is chosen (not with --plan or --tp).",
 )
 @click.option(
     "--weights",
@@ -178,14 +178,13 @@ def simulate(
             prompt_len=prompt_len,
             gen_len=gen_len,
             tp=tp,
+            plan=plan_text,
         )
         tbl = results.table(rows)
         if out_path:
             results.write_table(tbl, out_path)
         click.echo(results.json_lines(tbl) if as_json else text)
         return
-    if tp and plan_text:
-        raise ConfigError("--tp and --plan: give one of them")
     rows, estimates = [], []
     profile = None if stack_name is None else serving_stacks.stack(stack_name)  # known, or exit 2
     for cluster in clusters:
@@ -232,6 +231,17 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
                                    ("--ablate", ablate)) if on]
     if len(modes) > 1:
         raise ConfigError(f"{' and '.join(modes)}: give one of them (each is its own table)")
+    if ablate and (unused := o.given(ctx, "plan_text", "objective", "stack_name", "out_path",
+                                     "as_json")):
+        raise ConfigError(f"{'/'.join(unused)}: not with --ablate (its text tables take "
+                          "--model, --cluster, --batch, the lengths, --tp, the dtypes and --set)")
+    if ctx.params["tp"] and ctx.params["plan_text"]:
+        raise ConfigError("--tp and --plan: give one of them")
+    if o.given(ctx, "objective"):
+        skips = o.given(ctx, "tp", "plan_text") or (["--draft"] if draft is not None else [])
+        if skips:
+            raise ConfigError(f"--objective: not with {skips[0]} (it ranks the default plan "
+                              f"search, which {skips[0]} skips)")
 
 
 def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, overrides) -> str:

@@ -16,7 +16,9 @@ the completed requests / duration), request_goodput (completed requests meeting 
 --goodput, per second), and, as vLLM computes them over one-second buckets from the first send,
 max_output_tokens_per_s (chunks per bucket) and max_concurrent_requests (requests in flight
 during a bucket). Statistics are in ms: mean_, median_, std_ and p<P>_ with P from
---metric-percentiles (vLLM's p_word: 99 -> "p99", 99.9 -> "p99.9").
+--metric-percentiles (vLLM's p_word: 99 -> "p99", 99.9 -> "p99.9"); each is 0 where no value
+was measured (no request of more than one output token for TPOT, none completed), as vLLM's
+`np.mean(tpots or 0)` and the like give.
 """
 
 from __future__ import annotations
@@ -131,8 +133,8 @@ def _stats(name: str, values_s: np.ndarray | spill.Spill,
     """Mean, median, std and percentiles in ms: numpy's figures on the values in memory, the
     same selected out of core where they spilled (engine/spill.py)."""
     v = values_s if isinstance(values_s, spill.Spill) else spill.Spill.of(values_s)
-    if not len(v):
-        return {f"{k}_{name}_ms": None for k in
+    if not len(v):  # vLLM: np.mean(values or 0), and so on for each statistic
+        return {f"{k}_{name}_ms": 0.0 for k in
                 ("mean", "median", "std", *(f"p{p_word(p)}" for p in percentiles))}
     mean, std = spill.moments(v, 1e3)
     median, got = spill.quantiles(v, percentiles, 1e3)

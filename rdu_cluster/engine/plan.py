@@ -19,6 +19,7 @@ from partitioning.plan import Plan
 from partitioning.program import stage_layers
 from workloads import graph as graphs
 from workloads import params
+from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.ops import OpClass, Shard, StepShape
 from workloads.spec import ModelSpec
@@ -32,13 +33,17 @@ class PlanSpec:
 
     @classmethod
     def parse(cls, text: str | None, cluster: ClusterSpec, model: ModelSpec) -> PlanSpec:
-        """The plan syntax of `simulate` and `plan` (tp16, tp4pp4, tp2ep8); data parallelism
-        is implied by the sockets left over. The engine's tp is the stage width (tp x ep)."""
+        """The plan syntax of `simulate` and `plan` (tp16, tp4pp4, tp2ep8): one replica's
+        degrees, no dp (the replicas fill the sockets, or --replicas gives them). The engine's
+        tp is the stage width (tp x ep). Serve, its pools and serve sweeps all parse here."""
         if not text:
             return cls(cluster.sockets)
         p = Plan.parse(text)
-        if p.mixer_tp or p.micro_batches:
-            raise ConfigError(f"--plan: {text!r}: serve takes tp, ep and pp degrees only")
+        # A dp degree would be replaced by the replicas the cluster holds: refused, not changed
+        # (after a successful parse, "dp" can only be a degree)
+        if p.mixer_tp or p.micro_batches or "dp" in text.lower():
+            raise ConfigError(f"--plan: {show(text)}: serve takes tp, ep and pp degrees only "
+                              "(the replicas are --replicas, or as many as the cluster holds)")
         plan = cls(p.tp * p.ep, p.ep, p.pp)
         plan.check(cluster, model)
         return plan
@@ -58,6 +63,11 @@ class PlanSpec:
     @property
     def group(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def name(self) -> str:
+        """In the partitioner's syntax (tp2ep8: the stage width tp x ep is 16)."""
+        return Plan(tp=self.tp // self.ep, ep=self.ep, pp=self.pp).name
 
     def shard(self) -> Shard:
         return Shard(attn_tp=self.tp, mlp_tp=self.tp, expert_tp=self.tp // self.ep, ep=self.ep,
@@ -101,8 +111,8 @@ def check_draft_sockets(cluster: ClusterSpec, plan: PlanSpec, draft_sockets: int
     if draft_sockets < 1 or cluster.sockets % draft_sockets or group > cluster.sockets:
         raise ConfigError(
             f"--draft-sockets: {draft_sockets} must divide the {cluster.sockets} sockets and "
-            f"leave room for the plan's {plan.group} (with --draft-placement separate: give a "
-            "smaller --plan or --tp)"
+            f"leave room for the {plan.group} of the plan {plan.name} (with --draft-placement "
+            "separate: give a smaller --plan or --tp)"
         )
     return group
 

@@ -113,6 +113,16 @@ class Traffic:
             return 1.0
         return uncached_tokens(self.trace) / float(self.trace.prompt_len.sum())
 
+    @property
+    def one_token(self) -> bool:
+        """Every request has one output token, so none has a TPOT (a fixed or uniform length,
+        or a lognormal of sigma 0, that rounds to 1; a trace's own lengths)."""
+        if self.trace is not None:
+            return bool((self.trace.output_len <= 1).all())
+        d = self.dists()[1]
+        top = d.b if d.kind == "uniform" else d.a if d.kind == "fixed" or d.b == 0 else math.inf
+        return top < 1.5  # the largest length drawn rounds to 1
+
     def dists(self) -> tuple[traces.LengthDist, traces.LengthDist]:
         return (traces.LengthDist.parse(self.prompt, "--prompt-len"),
                 traces.LengthDist.parse(self.output, "--output-len"))
@@ -213,10 +223,11 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
             return None
         try:
             spec, memo = choose(cl, plan), {}
-            tpot = np.array([float(speculative.speculative_estimate(
+            ests = [speculative.speculative_estimate(
                 model, cl, spec, draft, batch=int(b), prompt_len=int(prompt),
-                gen_len=int(gen), tp=p.tp, memo=memo).tpot_s) for b in batches])
-            prefill = float(at(1).ttft_s)
+                gen_len=int(gen), tp=p.tp, memo=memo) for b in batches]
+            tpot = np.array([float(e.tpot_s) for e in ests])
+            prefill = float(ests[0].ttft_s)  # batch 1 (BATCHES[0]): the draft's prefill too
         except ConfigError:
             return None
         price = cl.cost.get("socket_hour_usd") if cl.cost else None
@@ -416,7 +427,9 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     s = sim.run().summary
     b = s["bench"]
     w = bench.p_word(pct)
-    ttft, tpot = b[f"p{w}_ttft_ms"] or math.inf, b[f"p{w}_tpot_ms"] or math.inf
+    # none served: vLLM's statistics are then 0, which would read as meeting every bound
+    ttft, tpot = ((b[f"p{w}_ttft_ms"], b[f"p{w}_tpot_ms"]) if b["completed"]
+                  else (math.inf, math.inf))
     return Result(dep, s, ttft, tpot, slo.misses(ttft, tpot),
                   serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace))
 

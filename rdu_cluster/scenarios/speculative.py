@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from chip import execution
-from chip.cost import StepCost
+from chip.cost import CAUSES, StepCost
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import Estimate, estimate, tp_comm_time
 from partitioning.footprint import PlanDoesNotFit, fit_message, kv_cache_per_socket
@@ -40,6 +40,7 @@ from rdu_cluster.output.report import text_table
 from rdu_cluster.scenarios import economics
 from workloads import graph as graphs
 from workloads.catalog import load_model
+from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.ops import Block, Op, OpClass, Shard, StepShape, Work
 from workloads.spec import ModelSpec, check_context
@@ -105,6 +106,7 @@ class SpecEstimate:
     draft_steps: tuple[StepCost, ...]
     verify: StepCost
     transfer_s: Work
+    draft_prefill: StepCost | None = None  # the draft's pass over the prompt
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -140,6 +142,23 @@ class SpecEstimate:
     def sockets_per_replica(self) -> int:
         return self.base.tp + self.draft_sockets
 
+    @property
+    def ttft_s(self) -> Work:
+        """The prompt's prefill with the draft's, as the serving engine runs them: a shared
+        draft prefills after the target on its sockets (chip/socket.py _extra_rows), a separate
+        one beside it on its own, the slower holding the step (simulation._draft_then_verify)."""
+        return self.prefill_cause(None)
+
+    def prefill_cause(self, name: str | None) -> Work:
+        """The prefill's seconds of one cause (None: in all), combined as ttft_s says."""
+        t, d = self.base.prefill, self.draft_prefill
+        of = lambda c: c.time_s if name is None else c.cause(name)
+        if d is None:
+            return of(t)
+        if self.placement == "shared":
+            return of(t) + of(d)
+        return np.where(np.asarray(t.time_s) >= np.asarray(d.time_s), of(t), of(d))
+
 
 def resolve_draft(draft: str, target: ModelSpec) -> ModelSpec:
     """The draft's ModelSpec: a catalog model / path, or "mtp" for the target's own module."""
@@ -168,15 +187,32 @@ def check_draft(draft: str, target: ModelSpec, prompt_len: int, output_len: int)
 
 
 def check_sockets(placement: str, draft_sockets: int, cluster: ClusterSpec | None = None,
-                  tp: int | None = None) -> None:
+                  plan: Plan | None = None) -> None:
     """The draft's own sockets: none when shared (--draft-sockets would have no effect); when
-    separate, beside the target's tp on the cluster, as serve lays them out."""
+    separate, beside a replica of the target's plan (default: tp over the cluster) on the
+    cluster, as serve lays them out; each of a plan's dp replicas with a draft of its own."""
     if placement == "shared":
         if draft_sockets != 1:
             raise ConfigError("--draft-sockets: only with --draft-placement separate (a shared "
                               "draft runs on the target's sockets)")
     elif cluster is not None:
-        check_draft_sockets(cluster, PlanSpec(tp or cluster.sockets), draft_sockets)
+        p = plan or Plan(tp=cluster.sockets)
+        group = check_draft_sockets(cluster, PlanSpec(p.tp * p.ep, p.ep, p.pp), draft_sockets)
+        if p.dp * group > cluster.sockets:
+            raise ConfigError(
+                f"--draft-sockets: {draft_sockets}: the {p.dp} replicas of plan {p.name}, "
+                f"{group} sockets each with their drafts, exceed the {cluster.sockets} sockets "
+                f"of {cluster.name}")
+
+
+def tensor_plan(text: str) -> Plan:
+    """`--plan` with a draft: tp and dp degrees only (a speculative step is costed tensor
+    parallel: the draft and the verification over the replica's tp sockets)."""
+    p = Plan.parse(text)
+    if p.pp > 1 or p.ep > 1 or p.mixer_tp or p.micro_batches:
+        raise ConfigError(f"--plan: {show(text)}: with --draft, tp and dp degrees only (the "
+                          "speculative step is costed tensor parallel)")
+    return p
 
 
 def speculative_estimate(
@@ -194,12 +230,15 @@ def speculative_estimate(
     options: Any = None,
     execution_model: str | None = None,
     memo: dict | None = None,
+    plan: Plan | None = None,
 ) -> SpecEstimate:
     """`memo`: draft-step costs shared between calls on the same target, cluster and options
-    (best_k's k values repeat each other's first draft steps)."""
+    (best_k's k values repeat each other's first draft steps). `plan`: the target's plan (a
+    tensor_plan), in place of tp over `tp` sockets replicated over the rest."""
     if placement not in PLACEMENTS:
         raise ConfigError(f"placement: {placement!r} unknown; accepted: {', '.join(PLACEMENTS)}")
-    base = estimate(target, cluster, batch, prompt_len, gen_len, tp, options, execution_model)
+    base = estimate(target, cluster, batch, prompt_len, gen_len, tp, options, execution_model,
+                    plan=plan)
     spec_d = resolve_draft(draft, target)
     ctx = base.prompt_len + (base.gen_len - 1.0) / 2.0
     cost = _coster(cluster, options, execution_model)
@@ -226,6 +265,10 @@ def speculative_estimate(
         draft_steps=steps,
         verify=verify,
         transfer_s=hops * cluster.topology.link_latency_s,
+        # the engine's prefill: a shared draft over the target's sockets (compute bound, it
+        # takes them all, whatever tp its decode steps run at), a separate one over its own
+        draft_prefill=_draft_prefill(spec_d, draft, target, base,
+                                     base.tp if placement == "shared" else d_tp, cost, memo),
     )
 
 
@@ -277,6 +320,22 @@ def _draft_steps(spec_d, draft, target, speculation, base, ctx, tp, cost, memo=N
         if memo is not None and key is not None:
             memo[key] = out[-1]
     return tuple(out)
+
+
+def _draft_prefill(spec_d, draft, target, base, tp, cost, memo=None) -> StepCost:
+    """The draft's pass over the prompts, tensor parallel over `tp` sockets."""
+    scalar = np.ndim(base.batch) == 0 and np.ndim(base.prompt_len) == 0
+    key = ("prefill", draft, float(base.batch), float(base.prompt_len), tp) if scalar else None
+    if memo is not None and key in memo:
+        return memo[key]
+    shape = StepShape.prefill(base.batch, base.prompt_len)
+    g = graphs.step_graph(spec_d, shape, Shard.tensor(tp))
+    if draft == "mtp":
+        g = _with_mtp_projection(g, target, shape, tp)
+    out = cost(g, tp)
+    if memo is not None and key is not None:
+        memo[key] = out
+    return out
 
 
 def _with_mtp_projection(g, target: ModelSpec, shape: StepShape, tp: int):
@@ -372,6 +431,9 @@ def records(sest: SpecEstimate, cluster: ClusterSpec) -> list[dict]:
         "tokens_per_s_per_request": _f(sest.tokens_per_s_per_request),
         "tokens_per_s_total": _f(sest.tokens_per_s_total),
         "tpot_s": _f(sest.tpot_s),
+        "ttft_s": _f(sest.ttft_s),
+        **({f"prefill_{c}_s": _f(sest.prefill_cause(c)) for c in CAUSES}
+           if sest.base.prefill.by_cause else {}),
         "draft": sest.draft,
         "spec_k": sest.speculation.k,
         "acceptance": sest.speculation.acceptance.describe(),
@@ -435,8 +497,12 @@ def simulate(
            else parse_acceptance(acceptance))
     branching = parse_tree(tree)
     check_draft(draft, target, kw["prompt_len"], kw["gen_len"])
+    if kw.get("plan") is not None:
+        kw["plan"] = tensor_plan(kw["plan"])
     for cluster in clusters:
-        check_sockets(placement, draft_sockets, cluster, kw.get("tp"))
+        tp = kw.get("tp")  # tpN replicated over the rest: as serve, as many as fit
+        check_sockets(placement, draft_sockets, cluster,
+                      kw.get("plan") or (Plan(tp=tp) if tp else None))
     kw.update(placement=placement, draft_sockets=draft_sockets)
     sests = []
     for cluster in clusters:

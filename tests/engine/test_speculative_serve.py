@@ -129,6 +129,19 @@ def test_separate_draft_prefills_side_by_side_with_the_target(serve):
     assert _first(t, "prefill") < target + draft
 
 
+@pytest.mark.parametrize("placement", [{}, SEPARATE])
+def test_simulate_ttft_is_the_engines_prefill_with_the_draft(serve, placement):
+    # simulate --draft's TTFT (SpecEstimate.ttft_s) is the engine's prefill step: a shared
+    # draft's prefill after the target's, a separate one's beside it
+    spec = Speculation(K, ConstantAcceptance(RATE))
+    _, t = _one_request(serve, spec, **placement)
+    est = _estimate(spec, **({"placement": "separate", "draft_sockets": 4, "tp": 4}
+                             if placement else {}))
+    assert _first(t, "prefill") == pytest.approx(float(est.ttft_s), rel=1e-12)
+    # shared: the target's prefill and the draft's; separate: the slower (here the target)
+    assert (float(est.ttft_s) > float(est.base.ttft_s)) != bool(placement)
+
+
 def test_separate_draft_sockets_hold_the_draft_and_its_own_kv_cache(serve):
     from rdu_cluster.engine.plan import resident_weight_bytes
     from workloads import graph as graphs
