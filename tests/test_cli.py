@@ -233,6 +233,16 @@ def test_simulate_separate_draft_beside_a_smaller_plan(plan):
     assert "separate (4)" in r.output
 
 
+def test_simulate_tp_with_a_separate_draft_replicates_only_over_what_the_drafts_leave():
+    # tp4 beside a 4-socket draft fills sn40l-8 once: one replica, not tp4dp2 (16 sockets)
+    row = json.loads(run(*SPEC, "--spec-k", "3", "--tp", "4", "--placement", "separate",
+                         "--draft-sockets", "4", "--json").stdout)
+    assert (row["plan"], row["replicas"]) == ("tp4", 1)
+    row = json.loads(run(*SPEC, "--spec-k", "3", "--tp", "2", "--placement", "separate",
+                         "--draft-sockets", "2", "--json").stdout)
+    assert (row["plan"], row["replicas"]) == ("tp2dp2", 2)
+
+
 def test_simulate_draft_runs_the_plan_given():
     # --plan tp4 is one replica on 4 sockets, --tp 4 is tp4 replicated over the rest (tp4dp2)
     rows = {p: json.loads(run(*SPEC, "--spec-k", "3", *p, "--json").stdout)

@@ -205,6 +205,19 @@ def check_sockets(placement: str, draft_sockets: int, cluster: ClusterSpec | Non
                 f"of {cluster.name}")
 
 
+def _with_draft_replicas(kw: dict, cluster: ClusterSpec) -> dict:
+    """simulate's arguments on `cluster`, its draft's sockets checked: `--tp N` with a separate
+    draft is tpN replicated over as many (N + draft sockets) groups as the cluster holds, as
+    serve lays them out (tp alone would replicate over sockets the drafts take)."""
+    tp, placement, draft_sockets = kw.get("tp"), kw["placement"], kw["draft_sockets"]
+    plan = kw.get("plan")
+    if plan is None and tp and placement == "separate":
+        plan = Plan(tp=tp, dp=max(1, cluster.sockets // (tp + draft_sockets)))
+        kw = {**kw, "plan": plan, "tp": None}
+    check_sockets(placement, draft_sockets, cluster, plan or (Plan(tp=tp) if tp else None))
+    return kw
+
+
 def tensor_plan(text: str) -> Plan:
     """`--plan` with a draft: tp and dp degrees only (a speculative step is costed tensor
     parallel: the draft and the verification over the replica's tp sockets)."""
@@ -499,18 +512,15 @@ def simulate(
     check_draft(draft, target, kw["prompt_len"], kw["gen_len"])
     if kw.get("plan") is not None:
         kw["plan"] = tensor_plan(kw["plan"])
-    for cluster in clusters:
-        tp = kw.get("tp")  # tpN replicated over the rest: as serve, as many as fit
-        check_sockets(placement, draft_sockets, cluster,
-                      kw.get("plan") or (Plan(tp=tp) if tp else None))
     kw.update(placement=placement, draft_sockets=draft_sockets)
+    per_cluster = [_with_draft_replicas(kw, cluster) for cluster in clusters]
     sests = []
-    for cluster in clusters:
+    for cluster, args in zip(clusters, per_cluster):
         if spec_k is None:
             ks = range(1, (len(branching) if branching else 16) + 1)
-            sests.append(best_k(target, cluster, acc, draft, ks=ks, branching=branching, **kw))
+            sests.append(best_k(target, cluster, acc, draft, ks=ks, branching=branching, **args))
         else:
             spec = Speculation(spec_k, acc, branching)
-            sests.append(speculative_estimate(target, cluster, spec, draft, **kw))
+            sests.append(speculative_estimate(target, cluster, spec, draft, **args))
     rows = [r for e, c in zip(sests, clusters) for r in records(e, c)]
     return rows, report(sests, clusters)
