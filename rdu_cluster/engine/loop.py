@@ -8,6 +8,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator
 
+from rdu_cluster.engine import allocator
 from rdu_cluster.engine.events import Event
 
 # The loop makes and drops many small objects (spans, plans, lists) and next to no reference
@@ -47,6 +48,7 @@ def run(sim, events: Iterable[Event]) -> float:
     for e in events:
         push(e)
     now = 0.0
+    allocator.keep_freed_memory()
     with _fewer_collections():
         while heap:
             now, _, _, event = heapq.heappop(heap)

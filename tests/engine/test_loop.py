@@ -64,3 +64,29 @@ def test_a_run_gives_the_same_tables_with_the_default_collector(serve, monkeypat
     _, default = serve(**kw)
     for name in ("requests", "steps", "sockets"):
         assert getattr(fewer, name).equals(getattr(default, name))
+
+
+def test_the_loop_fixes_the_allocators_thresholds_once(monkeypatch):
+    """glibc's mallopt gets the thresholds its dynamic rule would reach (mmap at 32 MiB, trim
+    at twice that), once a process; where there is no mallopt nothing is set."""
+    from rdu_cluster.engine import allocator
+
+    calls = []
+
+    class _Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: _Libc())
+    loop.run(_Sim(), [])
+    loop.run(_Sim(), [])
+    assert calls == [(allocator.M_MMAP_THRESHOLD, 32 << 20), (allocator.M_TRIM_THRESHOLD, 64 << 20)]
+
+    class _NoMallopt:  # macOS, Windows
+        pass
+
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: _NoMallopt())
+    assert allocator.keep_freed_memory() is False
