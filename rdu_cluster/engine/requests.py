@@ -132,9 +132,9 @@ class Request:
 
 def decode_lockstep(requests: Sequence[Request], steps: int, first: int) -> list[Request]:
     """Each of `requests` ran `steps` decode steps from step `first`: it read its cached
-    tokens and sampled one token a step. Returns those that completed. decode_batch under a
-    lockstep policy, whose runs of chunks stay open while a sequence decodes
-    (Request.decoding_since): the engine's innermost loop."""
+    tokens and sampled one token a step. Returns those that completed. The engine's innermost
+    loop; under a lockstep policy a sequence's run of chunks stays open while it decodes
+    (Request.decoding_since), so this is all a decode span does to it."""
     last = first + steps - 1
     done = []
     for r in requests:
@@ -148,19 +148,12 @@ def decode_lockstep(requests: Sequence[Request], steps: int, first: int) -> list
 
 def decode_batch(requests: Sequence[Request], steps: int, first: int, replica: int,
                  dfirst: int) -> list[Request]:
-    """Each of `requests` ran `steps` decode steps from step `first` (decode step `dfirst`)
-    on `replica`: it read its cached tokens and sampled one token a step, each streamed as a
-    chunk. Returns those that completed. One loop over a span's batch, the engine's
-    innermost."""
-    last = first + steps - 1
-    done, run = [], (replica, dfirst, steps)
+    """decode_lockstep, each step's token streamed as a chunk of the run from decode step
+    `dfirst` on `replica` (a policy that is not lockstep: CoE)."""
+    done = decode_lockstep(requests, steps, first)
+    run = (replica, dfirst, steps)
     for r in requests:
-        r.cached += steps
-        r.generated += steps
-        if r.generated >= r.output_len:
-            r.state, r.done_step = DONE, last
-            done.append(r)
-        runs = r.emits  # r.emit(replica, first, steps), inline: the call is half the loop
+        runs = r.emits  # r.emit(replica, dfirst, steps), inline
         if runs:
             rep, start, n = runs[-1]
             if rep == replica and start + n == dfirst and start >= 0:  # not a prefill's
