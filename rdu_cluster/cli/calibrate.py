@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import click
 
+from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_options
 from rdu_cluster.output import results
 from rdu_cluster.output.progress import Progress
@@ -62,10 +62,7 @@ def _not_an_input(path: Path, cases_path: str | None, rows: list[dict]) -> None:
             refs = row.get(key, [])
             inputs += [(f"row {row['id']}: {key}", r) for r in (refs if isinstance(refs, list)
                                                                 else [refs])]
-    for what, ref in inputs:
-        if path.exists() and os.path.isfile(ref) and os.path.samefile(path, ref):
-            raise ConfigError(f"--out {path}: is the {what} file, which the fit reads; choose "
-                              "another file")
+    o.check_not_inputs(str(path), "--out", inputs, ", which the fit reads; choose another file")
 
 
 # A profile name is a file name in cluster_configs/calibration/ and a TOML string: no path

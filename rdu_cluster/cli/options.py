@@ -50,16 +50,15 @@ def given(ctx: click.Context, *names: str) -> list[str]:
             if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
 
 
-def check_not_inputs(path: str | None, what: str,
-                     inputs: Iterable[tuple[str, str | None]]) -> None:
+def check_not_inputs(path: str | None, what: str, inputs: Iterable[tuple[str, str | None]],
+                     why: str = " (it would be overwritten); give another file name") -> None:
     """Refuse an output `path` that is one of the command's input files ((flag, path) pairs; a
     catalog name that names no file is skipped): writing it would replace the input."""
     if path is None or not os.path.exists(path):
         return
     for flag, ref in inputs:
         if ref is not None and os.path.isfile(ref) and os.path.samefile(path, ref):
-            raise ConfigError(f"{what} {show(path)}: is the {flag} file (it would be "
-                              "overwritten); give another file name")
+            raise ConfigError(f"{what} {show(path)}: is the {flag} file{why}")
 
 
 class Finite(click.ParamType):

@@ -180,7 +180,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     if not (prefill_pool or decode_pool):  # before a backend starts (Ray takes seconds)
         for text in faults:
-            Fault.parse(text, cluster.sockets, cluster)
+            Fault.parse(text, cluster)
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
     stream = results.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet

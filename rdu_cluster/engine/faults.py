@@ -45,8 +45,8 @@ class Fault:
     fraction: float = 0.0  # remaining speed / bandwidth of a degraded target
 
     @classmethod
-    def parse(cls, text: str, sockets: int, cluster: ClusterSpec | None = None) -> Fault:
-        """With `cluster`, a link fault must name two sockets its topology links."""
+    def parse(cls, text: str, cluster: ClusterSpec) -> Fault:
+        """A fault on `cluster`: its sockets in range, a link fault's two sockets linked."""
         m = _PATTERN.match(text.strip())
         if not m:
             raise ConfigError(
@@ -62,8 +62,8 @@ class Fault:
         except ValueError:  # the pattern admits '1..2' or '1e+': not a number after all
             raise ConfigError(f"--fault {text!r}: time and fraction must be numbers, as in "
                               "socket:3@2.5:degraded:0.5") from None
-        f.check(text, sockets)
-        if cluster is not None and f.target == "link":
+        f.check(text, cluster.sockets)
+        if f.target == "link":
             f.check_link(text, cluster)
         return f
 

@@ -107,7 +107,7 @@ class Simulation:
         # observer.window(sim, replica, window, per-socket results, per-step dict, t0, steps).
         self.observers: list = []
         self.plan = plans.PlanSpec.parse(config.plan, cluster, model)
-        self.faults = [Fault.parse(f, cluster.sockets, cluster) for f in config.faults]
+        self.faults = [Fault.parse(f, cluster) for f in config.faults]
         self.router = Router(cluster)
         self.rates = energy.Rates.of(cluster)  # idle W, USD per socket-hour: engine/energy.py
         self.rec = metrics.Recorder(split=energy.split_columns(self.rates))

@@ -758,7 +758,7 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
         if "fault" in f:
             checks.setdefault(("fault", f["fault"], cluster.name, cluster.sockets),
                               ("fault", f"on {cluster.name}: ",
-                               functools.partial(Fault.parse, f["fault"], cluster.sockets, cluster)))
+                               functools.partial(Fault.parse, f["fault"], cluster)))
         checks.setdefault(("routing", f["routing"]), ("routing", "", functools.partial(
             replica_routing.get, f["routing"])))
         _pool_checks(f, model, cluster.chip.kind, origin, checks)
