@@ -66,6 +66,16 @@ class KVManager:
                 held[r.id] = need
         self.used = used
 
+    def blocks(self, req: Request) -> int:
+        """The blocks `req` holds: those recorded, or, while it decodes under a lockstep policy
+        (whose growth engine/lockstep.py counts in `used` alone), those of its cached tokens."""
+        return max(self.held.get(req.id, 0), -(-req.cached // self.config.block_tokens))
+
+    def record(self, req: Request) -> int:
+        """Bring `req`'s entry up to the blocks it holds (already counted in `used`)."""
+        blocks = self.held[req.id] = self.blocks(req)
+        return blocks
+
     def release(self, req: Request) -> int:
         blocks = self.held.pop(req.id, 0)
         self.used -= blocks

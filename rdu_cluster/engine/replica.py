@@ -28,6 +28,7 @@ import numpy as np
 
 from chip.socket import DECODE, MIXED, PREFILL, Spans
 from rdu_cluster.engine.kv import KVManager
+from rdu_cluster.engine.lockstep import Lockstep
 from rdu_cluster.engine.lookahead import Clock
 from rdu_cluster.engine.prefix_cache import Claim, PrefixCache
 from rdu_cluster.engine.requests import (
@@ -68,9 +69,11 @@ class Span:
     pre_tokens: int = field(init=False)  # the new tokens its prefills bring
     pre_prefix: int = 0
     running: int = 0
-    # (blocks in use, decodes' cached tokens, blocks they hold) as it opened: the KV blocks in
-    # use at each of its steps follow from these and its steps (Window.kv_blocks)
-    kv_at_open: tuple[int, list[int], list[int]] = (0, [], [])
+    # (blocks in use, decodes' cached tokens, blocks they hold, decode step, decodes per phase)
+    # as it opened: the KV blocks in use at each of its steps follow from these and its steps
+    # (Window.kv_blocks). Under Lockstep, the decodes it keeps apart and its phase counts;
+    # else every decode, and no phase counts.
+    kv_at_open: tuple[int, list[int], list[int], int, tuple[int, ...]] = (0, [], [], 0, ())
     cut_at: float = math.inf  # run up to the first step boundary at or after (conservative)
     tokens: np.ndarray | None = None  # speculative: tokens each decode emits (span of 1 step)
     expert: int = -1  # CoE: the expert the span runs
@@ -113,7 +116,7 @@ class Window:
         sp = self.spans
         n = np.fromiter((s.steps for s in sp), np.int64, len(sp))
         b = np.fromiter((len(s.kv_at_open[1]) for s in sp), np.int64, len(sp))
-        cuts = np.flatnonzero(np.diff(np.cumsum(b * n) // KV_GROUP)) + 1
+        cuts = np.flatnonzero(np.diff(np.cumsum((b + 1) * n) // KV_GROUP)) + 1
         parts = [_kv_per_step(sp[lo:hi], n[lo:hi], b[lo:hi], block_tokens)
                  for lo, hi in pairwise([0, *cuts.tolist(), len(sp)])]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -155,6 +158,9 @@ class Replica:
         # chunks are one run while it decodes (Request.decoding_since), not one a span
         self.lockstep = bool(getattr(scheduler, "lockstep", False))
         self.decoding = 0  # sequences with such a run open
+        # one token a step, too: the decoding sequences in aggregate (engine/lockstep.py)
+        self.together = (Lockstep(kv.config.block_tokens)
+                         if self.lockstep and speculate is None else None)
         self.busy = False
         self.down_until = 0.0
         self.synced: dict[int, int] = {}  # request id -> KV blocks the sockets hold for it
@@ -283,22 +289,32 @@ class Replica:
         """The span of these decodes and prefills from this step: a decode span runs to its
         first completion or as far as its KV growth fits."""
         steps = 1
-        # lists, not arrays: a light-load batch is a dozen sequences, and numpy's cost is in
-        # its calls (Window.kv_blocks makes arrays of a whole window's spans at once)
-        cached = [r.cached for r in decode]
-        have = self.kv.held
-        held = [have.get(r.id, 0) for r in decode]
-        if kind == DECODE and self.speculate is None:
-            limit = min([r.output_len - r.generated for r in decode])  # remaining_output
-            steps = max(1, self._fit(cached, held, limit))
-        span = Span(kind, steps, self.step, decode, prefill, ctx_sum=sum(cached),
+        together = self.together
+        if together is not None and decode:
+            at = self.decode_steps
+            ctx = together.context(at)
+            if kind == DECODE:
+                steps = max(1, self._fit_together(together.least_remaining(at)))
+            cached, held, phases = together.at_open(at)
+        else:
+            # lists, not arrays: a light-load batch is a dozen sequences, and numpy's cost is
+            # in its calls (Window.kv_blocks makes arrays of a whole window's spans at once)
+            at, phases = 0, ()
+            cached = [r.cached for r in decode]
+            have = self.kv.held
+            held = [have.get(r.id, 0) for r in decode]
+            ctx = sum(cached)
+            if kind == DECODE and self.speculate is None:
+                limit = min([r.output_len - r.generated for r in decode])  # remaining_output
+                steps = max(1, self._fit(cached, held, limit))
+        span = Span(kind, steps, self.step, decode, prefill, ctx_sum=ctx,
                     pre_prefix=sum([r.cached for r, _ in prefill]) if prefill else 0,
                     running=len(self.running), expert=expert, switch=switch,
                     prefix_hit=hit, prefix_copy_s=copy_s)
         if self.speculate is not None and decode:
             left = np.fromiter((r.remaining_output for r in decode), np.int64, len(decode))
             span.tokens = np.minimum(self.speculate(self.index, self.step, len(decode)), left)
-        span.kv_at_open = (self.kv.used, cached, held)
+        span.kv_at_open = (self.kv.used, cached, held, at, phases)
         return span
 
     def _switch(self, plan: StepPlan, ops: list) -> bool:
@@ -330,6 +346,18 @@ class Replica:
             lo, hi = (mid, hi) if growth(mid) <= free else (lo, mid)
         return lo
 
+    def _fit_together(self, limit: int) -> int:
+        """_fit, from the decoding sequences in aggregate (Lockstep.growth)."""
+        together, free, at = self.together, self.kv.free, self.decode_steps
+        if together.count * -(-limit // self.kv.config.block_tokens) <= free or \
+                together.growth(at, limit) <= free:
+            return limit
+        lo, hi = 0, limit
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if together.growth(at, mid) <= free else (lo, mid)
+        return lo
+
     # -- state changes ------------------------------------------------------------------
     def advance(self, span: Span, steps: int) -> Sequence[Request]:
         """The span ran `steps` steps: move tokens, record completions, grow the KV cache.
@@ -341,6 +369,9 @@ class Replica:
         if self.lockstep and span.decode and len(span.decode) != self.decoding:
             raise RuntimeError(f"replica {self.index}: a lockstep policy decodes "
                                f"{len(span.decode)} of {self.decoding} decoding sequences")
+        together = self.together
+        if together is not None and span.decode:  # before a prefill here joins the batch
+            self.kv.used += together.growth(d0, steps)
         for r, tokens in span.prefill:
             before = r.generated
             r.prefill(tokens, span.first_step)
@@ -363,13 +394,15 @@ class Replica:
             done = [r for r in span.decode if r.state == DONE]
         if span.decode:
             self.decode_steps = d0 + steps
+            if together is not None and together.apart:
+                together.settle(self.decode_steps)
         for r in done:
             self._finish(r)
         for r in prefilled:
             if r.state == DONE:
                 self._finish(r)
         rest = [r for r in span.decode if r.state != DONE] if done else span.decode
-        if rest:
+        if rest and together is None:
             self.kv.grow(rest)
         if prefilled:
             self.kv.grow([r for r in prefilled if r.state != DONE])
@@ -382,6 +415,8 @@ class Replica:
         if self.lockstep:
             r.decoding_since = decode_step
             self.decoding += 1
+            if self.together is not None:
+                self.together.join(r, decode_step, self.kv.held.get(r.id, 0))
 
     def _end_run(self, r: Request) -> None:
         """r stops decoding here: its run of decode steps joins its chunks (Request.emits)."""
@@ -391,6 +426,9 @@ class Replica:
                 r.emits.append((self.index, r.decoding_since, n))
             r.decoding_since = -1
             self.decoding -= 1
+            if self.together is not None:
+                self.together.leave(r, self.decode_steps)
+                self.kv.record(r)
 
     def _fit_prefix(self) -> None:
         if self.prefix is not None:
@@ -457,8 +495,8 @@ class Replica:
     def _swap_in(self, r: Request, ops: list) -> None:
         self.swapped.remove(r)
         r.state = RUNNING
-        self._start_run(r, self.decode_steps)
         self.kv.set(r, r.cached)
+        self._start_run(r, self.decode_steps)
         self.running.append(r)
         ops.append(["move", f"kv/{r.id}", "hbm"])
 
@@ -467,7 +505,7 @@ class Replica:
         out = []
         bb = self.kv.config.block_bytes
         for r in self.running:
-            blocks = self.kv.held.get(r.id, 0)
+            blocks = self.kv.record(r) if r.id in self.kv.held else 0
             if self.synced.get(r.id) != blocks:
                 out.append(["resize", f"kv/{r.id}", blocks * bb])
                 self.synced[r.id] = blocks
@@ -513,10 +551,14 @@ class Replica:
 
 
 def _kv_per_step(spans: list[Span], n: np.ndarray, b: np.ndarray, bt: int) -> np.ndarray:
-    """The blocks in use at each step of consecutive spans (`n` steps, `b` decodes each):
-    those in use as a span opened, plus the blocks its decodes' cached tokens have grown past
-    what they held then (a decode writes one token a step)."""
+    """The blocks in use at each step of consecutive spans (`n` steps, `b` decodes listed
+    each): those in use as a span opened, plus the blocks its decodes' cached tokens have grown
+    past what they held then (a decode writes one token a step), those listed one by one and
+    those counted by phase (Lockstep) together."""
     out = np.repeat(np.fromiter((sp.kv_at_open[0] for sp in spans), np.int64, len(spans)), n)
+    counted = [i for i, sp in enumerate(spans) if sp.kv_at_open[4]]
+    if counted:
+        out += _phase_growth(spans, counted, n, bt)
     if not b.any():
         return out
     cells = int(b.sum())
@@ -528,6 +570,22 @@ def _kv_per_step(spans: list[Span], n: np.ndarray, b: np.ndarray, bt: int) -> np
     extra = np.maximum(0, -(-(np.repeat(cached, reps) + k + 1) // bt) - np.repeat(held, reps))
     grown = np.bincount(np.repeat(first, reps) + k, weights=extra, minlength=len(out))
     return out + grown.astype(np.int64)
+
+
+def _phase_growth(spans: list[Span], counted: list[int], n: np.ndarray, bt: int) -> np.ndarray:
+    """The blocks taken by step k of each span in `counted` and the steps before it in the span
+    (the growth of the decodes it counts by phase): at decode step D, those of phase -D mod bt."""
+    phases = np.array([spans[i].kv_at_open[4] for i in counted], dtype=np.int64)
+    m = n[counted]
+    at = np.fromiter((spans[i].kv_at_open[3] for i in counted), np.int64, len(counted))
+    k = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)  # step within its span
+    taken = phases[np.repeat(np.arange(len(counted)), m), -(np.repeat(at, m) + k) % bt]
+    total = np.cumsum(taken)
+    within = total - np.repeat(total[np.cumsum(m) - m] - taken[np.cumsum(m) - m], m)
+    out = np.zeros(int(n.sum()), dtype=np.int64)
+    first = np.cumsum(n) - n  # each span's first step in the group
+    out[np.repeat(first[counted], m) + k] = within
+    return out
 
 
 def _order(r: Request) -> tuple:

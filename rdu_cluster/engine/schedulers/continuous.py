@@ -102,19 +102,19 @@ def _fit_decodes(view: View) -> tuple[list, tuple, int]:
         # running list itself: no caller changes it.)
         return view.running, (), free
     running = list(view.running)
-    bt, held = kv.config.block_tokens, kv.held
+    bt = kv.config.block_tokens
     while running:
         # A decode's growth: the blocks of cached + 1 tokens less those it holds. It holds the
         # blocks of its cached tokens (KVManager.grow), so it needs one more block exactly
         # when those fill their last block, and it holds no spare one (the first test settles
         # 15 in 16 sequences).
         need = sum([1 for r in running if r.cached % bt == 0 and r.cached >= r.target
-                    and held.get(r.id, 0) * bt <= r.cached])  # not prefilling
+                    and kv.blocks(r) * bt <= r.cached])  # not prefilling
         if need <= free:
             return running, tuple(preempt), free - need
         victim = running.pop()
         preempt.append(victim)
-        free += kv.held.get(victim.id, 0)
+        free += kv.blocks(victim)
     return running, tuple(preempt), free
 
 

@@ -1,0 +1,128 @@
+"""engine/lockstep.py: a lockstep batch's context sum, least remaining output and KV growth
+from aggregates give what a pass over the batch gives."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rdu_cluster.backends.local import LocalBackend
+from rdu_cluster.config import load_fabric
+from rdu_cluster.engine import disagg
+from rdu_cluster.engine import lockstep as lockstep_module
+from rdu_cluster.engine import replica as replica_module
+from rdu_cluster.engine.lockstep import Lockstep
+from rdu_cluster.engine.prefix_cache import PrefixConfig
+from rdu_cluster.engine.requests import Request
+from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.simulation import ServeConfig
+from workloads import traces
+from workloads.catalog import load_model
+
+BT = 16
+
+
+def _batch(rng: random.Random, n: int, at: int) -> tuple[Lockstep, list[tuple[int, int]]]:
+    """A Lockstep of n sequences joined at decode steps up to `at`, and each one's (cached,
+    held) at `at` as a pass over the batch reads them."""
+    agg, rows = Lockstep(BT), []
+    for i in range(n):
+        since = rng.randrange(0, at + 1)
+        c0 = rng.randrange(1, 3000)
+        spare = rng.choice([0, 0, 0, 1, 5, 40])  # blocks beyond its cached tokens'
+        held = -(-c0 // BT) + spare
+        r = Request(i, 0.0, c0, 10_000)
+        r.cached = c0
+        agg.join(r, since, held)
+        cached = c0 + at - since
+        rows.append((cached, max(held, -(-cached // BT))))
+    agg.settle(at)
+    return agg, rows
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_growth_is_the_sum_over_the_batch(seed):
+    rng = random.Random(seed)
+    at = rng.randrange(0, 500)
+    agg, rows = _batch(rng, rng.randrange(1, 40), at)
+    for n in (1, 2, 7, 15, 16, 17, 33, 250):
+        want = sum(max(0, -(-(c + n) // BT) - h) for c, h in rows)
+        assert agg.growth(at, n) == want, n
+    assert agg.context(at) == sum(c for c, _ in rows)
+    # as a span opens (replica._kv_per_step): those kept apart one by one, the rest by phase
+    cached, held, phases = agg.at_open(at)
+    for k in range(40):
+        want = sum(max(0, -(-(c + k + 1) // BT) - h) for c, h in rows)
+        apart = sum(max(0, -(-(c + k + 1) // BT) - h) for c, h in zip(cached, held))
+        assert apart + sum(phases[-(at + j) % BT] for j in range(k + 1)) == want, k
+
+
+def test_least_remaining_skips_those_that_left():
+    agg = Lockstep(BT)
+    reqs = [Request(i, 0.0, 100, out) for i, out in enumerate((50, 20, 80))]
+    for r in reqs:
+        r.cached = 100
+        agg.join(r, 0, -(-100 // BT))
+    assert agg.least_remaining(5) == 15
+    reqs[1].cached += 5
+    agg.leave(reqs[1], 5)
+    assert agg.least_remaining(5) == 45 and agg.count == 2
+    reqs[1].cached, reqs[1].generated = 105, 5  # back, at the same step: a new run
+    agg.join(reqs[1], 5, -(-105 // BT))
+    assert agg.least_remaining(5) == 15
+
+
+def _tables(run):
+    _, t = run()
+    return [t.requests.to_pydict(), t.steps.to_pydict(), dict(t.summary, windows=0)]
+
+
+def _disagg():
+    trace = traces.synthetic(40, 20.0, "poisson", traces.LengthDist("uniform", 64, 2048),
+                             traces.LengthDist("uniform", 2, 120), seed=7)
+    d = disagg.Disaggregated(load_model("llama-3.1-8b"),
+                             disagg.Pool.parse("dgx-h100:tp8:1", "--prefill-pool"),
+                             disagg.Pool.parse("sn40l-8:tp8:1", "--decode-pool"),
+                             load_fabric("ib-ndr"), trace, ServeConfig(), LocalBackend)
+    return d, d.run()
+
+
+LONG = traces.LengthDist("uniform", 1024, 4096)
+CASES = {
+    "light": {"cluster": "sn40l-16", "plan": "tp4", "n": 80, "rate": 40.0},
+    "static": {"cluster": "sn40l-8", "n": 40, "rate": 40.0, "scheduler": "static"},
+    "pressure-swap": {"model": "llama-3.1-70b", "cluster": "dgx-h100", "n": 40, "rate": 500.0,
+                      "prompt": LONG, "kv_memory_fraction": 0.03,
+                      "limits": Limits(max_batch=64, preemption="swap")},
+    "pressure-recompute": {"model": "llama-3.1-70b", "cluster": "dgx-h100", "n": 40,
+                           "rate": 500.0, "prompt": LONG, "kv_memory_fraction": 0.03,
+                           "limits": Limits(max_batch=64, preemption="recompute")},
+    "chunked-prefix": {"n": 50, "rate": 40.0, "prefix": PrefixConfig("tiered"),
+                       "limits": Limits(max_batch=8, chunked_prefill=True)},
+    "disaggregated": None,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_aggregate_gives_the_tables_of_a_pass_over_the_batch(serve, case, monkeypatch):
+    """Each case with Lockstep and with the pass over the batch it replaces (the path a policy
+    that is not lockstep, or speculation, takes): the same tables. Static batching's reserved
+    output and a disaggregated hand-over's spare block exercise the sequences kept apart."""
+    kw = CASES[case]
+    run = _disagg if kw is None else (lambda: serve(**kw))
+    joined, apart = [], []
+    join = Lockstep.join
+
+    def spy(self, r, since, held):
+        join(self, r, since, held)
+        joined.append(r.id)
+        apart.extend([r.id] if r.id in self.apart else [])
+
+    monkeypatch.setattr(lockstep_module.Lockstep, "join", spy)
+    with_aggregate = _tables(run)
+    assert joined
+    if case in ("static", "disaggregated"):
+        assert apart
+    monkeypatch.setattr(replica_module, "Lockstep", lambda block_tokens: None)
+    assert _tables(run) == with_aggregate
