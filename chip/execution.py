@@ -43,10 +43,14 @@ def register(model: ExecutionModel) -> ExecutionModel:
     return model
 
 
+def _load_builtin() -> None:
+    for module in BUILTIN:
+        importlib.import_module(module)
+
+
 def get(name: str) -> ExecutionModel:
     if name not in MODELS:
-        for module in BUILTIN:
-            importlib.import_module(module)
+        _load_builtin()
     try:
         return MODELS[name]
     except KeyError:
@@ -69,6 +73,20 @@ def options_of(options: Any, cls: type[P], model_name: str) -> P:
 
 def check_params(model_name: str, table: Mapping[str, Any], where: str) -> None:
     get(model_name).check_params(table, where)
+
+
+def check_runs_on(name: str, chip: ChipSpec) -> None:
+    """A chip's [execution] table holds the parameters of its own execution model, so another
+    model can run on it only if it reads none (`reads_params = False`: roofline)."""
+    if name == chip.execution_model or not getattr(get(name), "reads_params", True):
+        return
+    _load_builtin()
+    anywhere = sorted(n for n, m in MODELS.items() if not getattr(m, "reads_params", True))
+    raise ConfigError(
+        f"execution_model: {name!r} reads parameters chip {chip.name} does not give (its "
+        f"[execution] table is for {chip.execution_model!r}); accepted on it: "
+        f"{', '.join([chip.execution_model, *anywhere])}"
+    )
 
 
 def check_chip(chip: ChipSpec, where: str) -> None:

@@ -21,6 +21,7 @@ from workloads.ops import Graph, OpClass
 
 class Roofline:
     name = "roofline"
+    reads_params = False  # peak rates only: it runs on any chip (execution.check_runs_on)
 
     def check_params(self, table: Mapping[str, Any], where: str) -> None:
         if table:

@@ -174,13 +174,14 @@ def make_options(chip_kind: str, values: tuple[tuple[str, bool], ...]) -> Any:
 def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     """Load every distinct cluster and model once, so that a bad name or override fails before
     anything runs, naming where in the spec it came from."""
-    clusters, models, engines = set(), set(), set()
+    clusters, models, engines = set(), set(), {}
     for p in points:
-        clusters.add((p.fields["cluster"], cluster_overrides(p.fields),
-                      p.fields.get("calibration") or "default"))
+        key = (p.fields["cluster"], cluster_overrides(p.fields),
+               p.fields.get("calibration") or "default")
+        clusters.add(key)
         models.add((p.fields["model"], p.get("weights"), p.get("kv_dtype")))
         if p.get("execution_model"):
-            engines.add(p.get("execution_model"))
+            engines.setdefault((p.get("execution_model"), key), p)
     for ref, over, profile in sorted(clusters, key=repr):
         _blame(functools.partial(cached_cluster, ref, over, profile),
                ["cluster", "calibration", *dict(over)], origin)
@@ -191,8 +192,16 @@ def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     if engines:
         from chip import execution
 
-        for name in sorted(engines):
+        for name in sorted({name for name, _ in engines}):
             _blame(functools.partial(execution.get, name), ["execution_model"], origin)
+        for (name, key), p in engines.items():
+            chip = cached_cluster(*key).chip
+            try:
+                execution.check_runs_on(name, chip)
+            except ConfigError as e:
+                raise ConfigError(f"{origin.get('execution_model', 'base')}.{e} (the point "
+                                  f"with cluster {p.fields['cluster']!r}: a filter can drop "
+                                  "such points)") from None
 
 
 def check_simulate_plans(points: Sequence[Point], origin: Mapping[str, str]) -> None:

@@ -191,6 +191,11 @@ prompt_len = [1024, 200000]
      "sockets of sn40l-8")),
     ("[[axes]]\ntype = 'grid'\nsockets = [8, 6]\ntp = [4]",
      "axes[0].tp: 4 does not divide the 6 sockets of sn40l-8"),
+    # the chip's [execution] table holds its own model's parameters, none of another's
+    ("[[axes]]\ntype = 'grid'\nexecution_model = ['roofline', 'kernel_by_kernel']",
+     ("axes[0].execution_model: 'kernel_by_kernel' reads parameters chip sn40l does not give "
+      "(its [execution] table is for 'dataflow'); accepted on it: dataflow, roofline (the "
+      "point with cluster 'sn40l-8': a filter can drop such points)")),
 ])
 def test_a_plan_spec_error_is_refused_not_a_row(tmp_path, extra, message):
     body = f'[base]\nmodel = "llama-3.2-1b"\ncluster = "sn40l-8"\n{extra}\n'
@@ -199,3 +204,13 @@ def test_a_plan_spec_error_is_refused_not_a_row(tmp_path, extra, message):
         run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_roofline_runs_on_any_chip(tmp_path):
+    """It reads no chip parameters (execution.check_runs_on): an RDU and a GPU point alike."""
+    body = ('[base]\nmodel = "llama-3.2-1b"\nexecution_model = "roofline"\n[[axes]]\n'
+            'type = "grid"\ncluster = ["sn40l-8", "dgx-h100"]\n')
+    spec = load_spec(write(tmp_path, body))
+    run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    rows = pq.read_table(tmp_path / "out", columns=["feasible", "execution_model"]).to_pydict()
+    assert rows["feasible"] == [True, True] and set(rows["execution_model"]) == {"roofline"}
