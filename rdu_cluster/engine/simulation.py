@@ -155,7 +155,7 @@ class Simulation:
             kv = self._kv(lay)
             self.replicas.append(Replica(r, list(lay.sockets), sched, kv, self._swap_tier(),
                                          self._speculate(), self._experts(),
-                                         self._prefix_cache(kv)))
+                                         self._prefix_cache(kv), self._lookahead()))
             self.replicas[-1].expecting = functools.partial(self.dispatch.more_arrivals,
                                                             self.replicas[-1])
         if self.plan.ep > 1:
@@ -210,6 +210,12 @@ class Simulation:
         seed = self.config.seed
         return lambda rep, step, n: spec.sample_tokens(
             np.random.default_rng([seed, rep, step]), n)
+
+    def _lookahead(self) -> int:
+        """The most tokens a decode step writes (schedulers.View.lookahead): k drafts and the
+        target's own token with speculative decoding."""
+        spec = self.config.speculation
+        return 1 if spec is None else spec.k + 1
 
     def _coe_memory(self) -> coe.Memory:
         sc = self.config.coe
