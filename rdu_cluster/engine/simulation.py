@@ -923,8 +923,12 @@ def _describe(config: ServeConfig) -> str:
 
 
 def _check_coe(config: ServeConfig) -> None:
-    if (config.coe is None) != (config.scheduler != "coe"):
-        raise ConfigError("--scheduler coe: goes with --coe-experts (and only with it)")
+    # a CoE batch holds one expert's requests: only the coe policy plans so, and needs experts
+    if config.coe is not None and config.scheduler != "coe":
+        raise ConfigError(f"--scheduler {config.scheduler}: not with --coe-experts, which runs "
+                          "--scheduler coe (its default)")
+    if config.coe is None and config.scheduler == "coe":
+        raise ConfigError("--scheduler coe: only with --coe-experts")
     if config.coe is not None and config.faults:
         raise ConfigError("--fault: not with --coe-experts (a re-planned group would lose its "
                           "expert copies)")
