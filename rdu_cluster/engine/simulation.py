@@ -416,10 +416,15 @@ class Simulation:
         reason = self._refusal(rep, r)
         if reason:
             r.state, r.reason = UNSERVED, reason
-            self.finished.add(r)
-            return self.dispatch.refused(r, self.now)
+            return self._refused(r)
         rep.waiting.append(r)
         return []
+
+    def _refused(self, r: Request) -> list[Event]:
+        """Record a request refused now (unserved, with its reason); closed loop: its client's
+        next request, or its session's next turn (refused in turn), is sent now."""
+        self.finished.add(r)
+        return self.dispatch.refused(r, self.now)
 
     def take_spawned(self) -> list[Event]:
         out, self.spawned = self.spawned, []
@@ -738,20 +743,21 @@ class Simulation:
     def _fail_socket(self, s: int) -> list[Event]:
         self.failed.add(s)
         self.backend.set_fault(s, 1.0, 1.0, True)
+        out = []
         for rep in self.replicas:
             if s in rep.sockets:
-                self._route_around(rep)
-        return []
+                out += self._route_around(rep)
+        return out
 
-    def _route_around(self, rep: Replica) -> None:
+    def _route_around(self, rep: Replica) -> list[Event]:
+        """Re-plan the replica on its healthy sockets, or refuse its requests; returns what the
+        refusals send (closed loop)."""
         healthy = tuple(x for x in rep.sockets if x not in self.failed)
         new = self._smaller_plan(len(healthy))
         rep.drop_all_kv()
         if new is None:
             rep.refused = "a socket of its replica failed and no plan fits the remaining sockets"
-            for r in rep.refuse_all(rep.refused):
-                self.finished.add(r)
-            return
+            return [e for r in rep.refuse_all(rep.refused) for e in self._refused(r)]
         lay = self._with_draft(plans.layouts(self.model, self.cluster, new, self.config.options,
                                              self.config.execution_model,
                                              sockets=healthy[: new.group])[0])
@@ -763,12 +769,14 @@ class Simulation:
                 self.backend.set_fault(s, d[0], d[1], False)
         self.layouts[rep.index] = lay
         rep.sockets, rep.kv = list(lay.sockets), self._kv(lay)
+        out = []
         for r in list(rep.waiting):
             if self._refusal(rep, r):
                 rep.waiting.remove(r)
                 r.state, r.reason = UNSERVED, self._refusal(rep, r)
-                self.finished.add(r)
+                out += self._refused(r)
         self._recovery(rep, setups)
+        return out
 
     def _smaller_plan(self, healthy: int) -> plans.PlanSpec | None:
         if self.plan.pp > 1:
