@@ -125,9 +125,6 @@ class Simulation:
         self.received: np.ndarray | None = None  # per request: KV tokens it arrives with
         self.lookahead = False  # windows are timed as they are planned (set at start)
         self.predictor: lookahead.Predictor | None = None
-        if config.concurrency is not None and self.faults:
-            raise ConfigError("--fault: not with --concurrency (a refused request's slot would "
-                              "not be freed at the fault)")
         self.draft = resolve_draft(config.draft, model) if config.speculation else None
         if config.speculation and self.plan.pp > 1:
             raise ConfigError("--draft: speculative decoding needs a plan without pipeline stages")
