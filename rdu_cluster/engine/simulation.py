@@ -145,7 +145,7 @@ class Simulation:
         setups = {}
         for r, lay in enumerate(layouts):
             self.layouts[r] = lay
-            setups.update(self._setups(lay, self.plan.tp))
+            setups.update(self._setups(lay, self.plan))
         self.backend.start(setups)
         for r, lay in enumerate(layouts):
             sched = schedulers.get(self.config.scheduler, self.config.limits)
@@ -230,9 +230,11 @@ class Simulation:
             return None
         return coe.ExpertResidency(mem.slots, self.config.coe.policy, mem.tier_name)
 
-    def _setups(self, lay: plans.ReplicaLayout, tp: int) -> dict[int, SocketSetup]:
-        # The engine's tp is the stage width, ep a split of it (partitioning's tp x ep).
-        ep = self.plan.ep
+    def _setups(self, lay: plans.ReplicaLayout, plan: plans.PlanSpec
+                ) -> dict[int, SocketSetup]:
+        # The engine's tp is the stage width, ep a split of it (partitioning's tp x ep); a
+        # replica re-planned after a fault has degrees of its own (Simulation._smaller_plan)
+        tp, ep = plan.tp, plan.ep
         comm = plan_comm_time(self.cluster, PartitionPlan(tp=tp // ep, ep=ep,
                                                           dp=self.cluster.sockets // tp))
         ref = _kv_reference(lay)
@@ -530,13 +532,16 @@ class Simulation:
         for sp in window.spans:
             tokens = len(sp.decode) * per_decode + sp.pre_tokens
             parts.append(self.sampler.loads(rep.index, sp.first_step, tokens, sp.steps))
-        loads = np.concatenate(parts)  # (steps, ep)
-        per_group = self.plan.tp // self.plan.ep
-        out = {}
+        loads = np.concatenate(parts)  # (steps, the run's ep)
         lay = self.layouts[rep.index]
-        for stage in lay.stages[1:] if lay.draft_stage else lay.stages:
+        stages = lay.stages[1:] if lay.draft_stage else lay.stages
+        shard = lay.programs[stages[0][0]].shard  # the replica's degrees: a re-planned one
+        if shard.ep < loads.shape[1]:  # (_smaller_plan) holds the experts in fewer groups
+            loads = loads.reshape(len(loads), shard.ep, -1).mean(axis=2)
+        out = {}
+        for stage in stages:
             for pos, s in enumerate(stage):
-                out[s] = np.ascontiguousarray(loads[:, pos // per_group])
+                out[s] = np.ascontiguousarray(loads[:, pos // shard.expert_tp])
         return out, loads.max(axis=1)
 
     def _combine(self, rep: Replica, window: Window, res: dict) -> dict:
@@ -758,7 +763,7 @@ class Simulation:
         lay = self._with_draft(plans.layouts(self.model, self.cluster, new, self.config.options,
                                              self.config.execution_model,
                                              sockets=healthy[: new.group])[0])
-        setups = self._setups(lay, new.tp)
+        setups = self._setups(lay, new)
         for s, setup in setups.items():
             self.backend.reprogram(s, setup)
             d = self.degradation.get(s)
