@@ -689,7 +689,9 @@ class Simulation:
         self.rec.sockets.add_window({
             "socket": socks, "replica": rep.index, "node": nodes,
             "window": self.windows, "time_s": end, "window_s": span, "busy_s": busy,
-            "busy_fraction": busy / span if span > 0 else np.zeros(len(socks)),
+            # at most 1: `span` is a difference of absolute times, which loses their last
+            # bits (nanoseconds, 194 days in) where busy sums the steps, so it can come out short
+            "busy_fraction": np.minimum(busy / span, 1.0) if span > 0 else np.zeros(len(socks)),
             "sent_bytes": sent, "switches": switches,
             "switch_s": ([float(np.sum(np.asarray(res[s][1])[: len(switch)][switch]))
                           for s in socks]

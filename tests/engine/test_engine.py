@@ -198,3 +198,11 @@ def test_every_running_sequence_holds_the_blocks_of_its_cached_tokens(serve, cas
     }[case]
     _, t = serve(**kw)
     assert set(cols(t.requests)["state"]) == {"done"} and len(seen) > 100
+
+
+def test_busy_fraction_is_at_most_one_months_into_a_run(serve):
+    """Arrivals 10^7 s in: a window's length, a difference of such times, rounds below the
+    sum of its steps' times; busy_fraction read 1.0000000083."""
+    _, t = serve(cluster="sn40l-8", n=6, rate=4e-7, output=traces.LengthDist("fixed", 30))
+    assert max(t.requests.column("arrival_s").to_pylist()) > 5e6
+    assert max(t.sockets.column("busy_fraction").to_pylist()) == 1.0
