@@ -153,10 +153,14 @@ def test_coe_scheduler_and_experts_go_together(clusters):
 
     trace = coe_trace(4)
     model = load_model("llama-2-7b")
-    for config in (ServeConfig(scheduler="coe"),
-                   ServeConfig(coe=CoEScenario.copies(4)),
-                   ServeConfig(scheduler="coe", coe=CoEScenario.copies(4), faults=("socket:1@1",))):
-        with pytest.raises(ConfigError, match="coe"):
+    # the message names the scheduler given (it named coe when static was given with experts)
+    for config, message in (
+            (ServeConfig(scheduler="coe"), "--scheduler coe: only with --coe-experts"),
+            (ServeConfig(coe=CoEScenario.copies(4)), "--scheduler continuous: not with --coe"),
+            (ServeConfig(scheduler="static", coe=CoEScenario.copies(4)), "--scheduler static: "),
+            (ServeConfig(scheduler="coe", coe=CoEScenario.copies(4), faults=("socket:1@1",)),
+             "--fault: not with --coe-experts")):
+        with pytest.raises(ConfigError, match=message):
             Simulation(model, clusters["sn40l-8"], trace, config, LocalBackend())
 
 

@@ -308,3 +308,20 @@ def test_timeline_is_refused_on_an_input_file(tmp_path):
             str(tmp_path / "out"))
     assert r.exit_code == 2 and "is the --model file (it would be overwritten)" in r.output
     assert {p: Path(p).read_text() for p in (trace, config)} == before
+
+
+@pytest.mark.parametrize("routing", ["round-robin", "least-outstanding"])
+def test_a_closed_loop_goes_on_through_a_fault_that_refuses_a_replica(tmp_path, routing):
+    """--fault with --concurrency: a request refused at the fault frees its client's slot (its
+    next request is sent), so every request is accounted for. It was refused outright for
+    want of that."""
+    fail = [a for s in range(4) for a in ("--fault", f"socket:{s}@0.02")]
+    r = run("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp4",
+            "--requests", "30", "--prompt-len", "100", "--output-len", "40", "--concurrency",
+            "4", "--routing", routing, *fail, "--out", str(tmp_path / "a"))
+    assert r.exit_code == 0, r.output
+    req = pq.read_table(tmp_path / "a" / "requests.parquet").to_pydict()
+    assert req["request_id"] == list(range(30))
+    served = [s == "done" for s in req["state"]]
+    assert 0 < sum(served) < 30  # the healthy replica served some, the failed one refused some
+    assert all(g == 40 for g, ok in zip(req["generated_tokens"], served) if ok)

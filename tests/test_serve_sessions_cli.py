@@ -116,3 +116,21 @@ def test_capacity_carries_the_prefix_cache_into_serve_args():
     row = json.loads(r.output.splitlines()[0])
     i = row["serve_args"].index("--prefix-cache")
     assert row["serve_args"][i + 1] == "off"
+
+
+@pytest.mark.parametrize("routing", ["round-robin", "least-kv"])
+def test_a_fault_that_refuses_a_replica_still_sends_its_sessions_later_turns(tmp_path, routing):
+    """Every socket of the one replica fails mid-turn: its requests are refused, and each
+    refusal sends the session's next turn (refused in turn), as a refusal at admission does.
+    The fault's refusals sent nothing, so the later turns were never made and the requests
+    table lost them (1 row of 9, the rows after the first held back for them)."""
+    fail = [a for s in range(8) for a in ("--fault", f"socket:{s}@0.01")]
+    r = run("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp8",
+            "--sessions", "3", "--turns", "3", "--prompt-len", "20", "--output-len", "50",
+            "--think-time", "0", "--routing", routing, *fail, "--no-progress",
+            "--out", str(tmp_path / "a"))
+    assert r.exit_code == 0, r.output
+    req = pq.read_table(tmp_path / "a" / "requests.parquet").to_pydict()
+    assert req["request_id"] == list(range(9))
+    assert set(req["state"]) == {"unserved"}
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["failed"] == 9

@@ -134,11 +134,13 @@ class Window:
 class Replica:
     def __init__(self, index: int, sockets: list[int], scheduler: Scheduler, kv: KVManager,
                  swap_tier: str, speculate: Callable[[int, int, int], np.ndarray] | None = None,
-                 experts: Experts | None = None, prefix: PrefixCache | None = None):
+                 experts: Experts | None = None, prefix: PrefixCache | None = None,
+                 lookahead: int = 1):
         self.index = index
         self.prefix = prefix
 
         self.speculate = speculate  # (replica, step, n) -> tokens each of n decodes emits
+        self.lookahead = lookahead  # the most tokens a decode step writes (View.lookahead)
         self.experts = experts
         self.sockets = sockets
         self.scheduler = scheduler
@@ -169,7 +171,8 @@ class Replica:
 
     # -- planning -----------------------------------------------------------------------
     def view(self) -> View:
-        return View(self.running, self.waiting, self.swapped, self.kv, self.expecting())
+        return View(self.running, self.waiting, self.swapped, self.kv, self.expecting(),
+                    self.lookahead)
 
     def plan_window(self, horizon_of, clock: Clock | None = None) -> Window:
         """Spans until a time-dependent boundary, MAX_SPANS or MAX_STEPS. `horizon_of(plan)`
@@ -237,6 +240,7 @@ class Replica:
         decodes less those that completed, where the plan stands (StepPlan.stands), no request
         arrived by the span's end, and each decode's next step fits in the free KV blocks."""
         h = clock.next_arrival()
+        # a decode grows by one block at most: a clock never times speculation (lookahead 1)
         if h < math.inf and (clock.untimed or clock.t >= h) or self.kv.free < len(rest):
             return None
         # a standing plan decodes and does nothing else

@@ -125,9 +125,6 @@ class Simulation:
         self.received: np.ndarray | None = None  # per request: KV tokens it arrives with
         self.lookahead = False  # windows are timed as they are planned (set at start)
         self.predictor: lookahead.Predictor | None = None
-        if config.concurrency is not None and self.faults:
-            raise ConfigError("--fault: not with --concurrency (a refused request's slot would "
-                              "not be freed at the fault)")
         self.draft = resolve_draft(config.draft, model) if config.speculation else None
         if config.speculation and self.plan.pp > 1:
             raise ConfigError("--draft: speculative decoding needs a plan without pipeline stages")
@@ -148,14 +145,14 @@ class Simulation:
         setups = {}
         for r, lay in enumerate(layouts):
             self.layouts[r] = lay
-            setups.update(self._setups(lay, self.plan.tp))
+            setups.update(self._setups(lay, self.plan))
         self.backend.start(setups)
         for r, lay in enumerate(layouts):
             sched = schedulers.get(self.config.scheduler, self.config.limits)
             kv = self._kv(lay)
             self.replicas.append(Replica(r, list(lay.sockets), sched, kv, self._swap_tier(),
                                          self._speculate(), self._experts(),
-                                         self._prefix_cache(kv)))
+                                         self._prefix_cache(kv), self._lookahead()))
             self.replicas[-1].expecting = functools.partial(self.dispatch.more_arrivals,
                                                             self.replicas[-1])
         if self.plan.ep > 1:
@@ -211,6 +208,12 @@ class Simulation:
         return lambda rep, step, n: spec.sample_tokens(
             np.random.default_rng([seed, rep, step]), n)
 
+    def _lookahead(self) -> int:
+        """The most tokens a decode step writes (schedulers.View.lookahead): k drafts and the
+        target's own token with speculative decoding."""
+        spec = self.config.speculation
+        return 1 if spec is None else spec.k + 1
+
     def _coe_memory(self) -> coe.Memory:
         sc = self.config.coe
         ctx = int(np.max(self.trace.prompt_len + self.trace.output_len, initial=1))
@@ -227,9 +230,11 @@ class Simulation:
             return None
         return coe.ExpertResidency(mem.slots, self.config.coe.policy, mem.tier_name)
 
-    def _setups(self, lay: plans.ReplicaLayout, tp: int) -> dict[int, SocketSetup]:
-        # The engine's tp is the stage width, ep a split of it (partitioning's tp x ep).
-        ep = self.plan.ep
+    def _setups(self, lay: plans.ReplicaLayout, plan: plans.PlanSpec
+                ) -> dict[int, SocketSetup]:
+        # The engine's tp is the stage width, ep a split of it (partitioning's tp x ep); a
+        # replica re-planned after a fault has degrees of its own (Simulation._smaller_plan)
+        tp, ep = plan.tp, plan.ep
         comm = plan_comm_time(self.cluster, PartitionPlan(tp=tp // ep, ep=ep,
                                                           dp=self.cluster.sockets // tp))
         ref = _kv_reference(lay)
@@ -410,10 +415,15 @@ class Simulation:
         reason = self._refusal(rep, r)
         if reason:
             r.state, r.reason = UNSERVED, reason
-            self.finished.add(r)
-            return self.dispatch.refused(r, self.now)
+            return self._refused(r)
         rep.waiting.append(r)
         return []
+
+    def _refused(self, r: Request) -> list[Event]:
+        """Record a request refused now (unserved, with its reason); closed loop: its client's
+        next request, or its session's next turn (refused in turn), is sent now."""
+        self.finished.add(r)
+        return self.dispatch.refused(r, self.now)
 
     def take_spawned(self) -> list[Event]:
         out, self.spawned = self.spawned, []
@@ -522,13 +532,16 @@ class Simulation:
         for sp in window.spans:
             tokens = len(sp.decode) * per_decode + sp.pre_tokens
             parts.append(self.sampler.loads(rep.index, sp.first_step, tokens, sp.steps))
-        loads = np.concatenate(parts)  # (steps, ep)
-        per_group = self.plan.tp // self.plan.ep
-        out = {}
+        loads = np.concatenate(parts)  # (steps, the run's ep)
         lay = self.layouts[rep.index]
-        for stage in lay.stages[1:] if lay.draft_stage else lay.stages:
+        stages = lay.stages[1:] if lay.draft_stage else lay.stages
+        shard = lay.programs[stages[0][0]].shard  # the replica's degrees: a re-planned one
+        if shard.ep < loads.shape[1]:  # (_smaller_plan) holds the experts in fewer groups
+            loads = loads.reshape(len(loads), shard.ep, -1).mean(axis=2)
+        out = {}
+        for stage in stages:
             for pos, s in enumerate(stage):
-                out[s] = np.ascontiguousarray(loads[:, pos // per_group])
+                out[s] = np.ascontiguousarray(loads[:, pos // shard.expert_tp])
         return out, loads.max(axis=1)
 
     def _combine(self, rep: Replica, window: Window, res: dict) -> dict:
@@ -676,7 +689,9 @@ class Simulation:
         self.rec.sockets.add_window({
             "socket": socks, "replica": rep.index, "node": nodes,
             "window": self.windows, "time_s": end, "window_s": span, "busy_s": busy,
-            "busy_fraction": busy / span if span > 0 else np.zeros(len(socks)),
+            # at most 1: `span` is a difference of absolute times, which loses their last
+            # bits (nanoseconds, 194 days in) where busy sums the steps, so it can come out short
+            "busy_fraction": np.minimum(busy / span, 1.0) if span > 0 else np.zeros(len(socks)),
             "sent_bytes": sent, "switches": switches,
             "switch_s": ([float(np.sum(np.asarray(res[s][1])[: len(switch)][switch]))
                           for s in socks]
@@ -732,24 +747,25 @@ class Simulation:
     def _fail_socket(self, s: int) -> list[Event]:
         self.failed.add(s)
         self.backend.set_fault(s, 1.0, 1.0, True)
+        out = []
         for rep in self.replicas:
             if s in rep.sockets:
-                self._route_around(rep)
-        return []
+                out += self._route_around(rep)
+        return out
 
-    def _route_around(self, rep: Replica) -> None:
+    def _route_around(self, rep: Replica) -> list[Event]:
+        """Re-plan the replica on its healthy sockets, or refuse its requests; returns what the
+        refusals send (closed loop)."""
         healthy = tuple(x for x in rep.sockets if x not in self.failed)
         new = self._smaller_plan(len(healthy))
         rep.drop_all_kv()
         if new is None:
             rep.refused = "a socket of its replica failed and no plan fits the remaining sockets"
-            for r in rep.refuse_all(rep.refused):
-                self.finished.add(r)
-            return
+            return [e for r in rep.refuse_all(rep.refused) for e in self._refused(r)]
         lay = self._with_draft(plans.layouts(self.model, self.cluster, new, self.config.options,
                                              self.config.execution_model,
                                              sockets=healthy[: new.group])[0])
-        setups = self._setups(lay, new.tp)
+        setups = self._setups(lay, new)
         for s, setup in setups.items():
             self.backend.reprogram(s, setup)
             d = self.degradation.get(s)
@@ -757,12 +773,14 @@ class Simulation:
                 self.backend.set_fault(s, d[0], d[1], False)
         self.layouts[rep.index] = lay
         rep.sockets, rep.kv = list(lay.sockets), self._kv(lay)
+        out = []
         for r in list(rep.waiting):
             if self._refusal(rep, r):
                 rep.waiting.remove(r)
                 r.state, r.reason = UNSERVED, self._refusal(rep, r)
-                self.finished.add(r)
+                out += self._refused(r)
         self._recovery(rep, setups)
+        return out
 
     def _smaller_plan(self, healthy: int) -> plans.PlanSpec | None:
         if self.plan.pp > 1:
@@ -917,8 +935,12 @@ def _describe(config: ServeConfig) -> str:
 
 
 def _check_coe(config: ServeConfig) -> None:
-    if (config.coe is None) != (config.scheduler != "coe"):
-        raise ConfigError("--scheduler coe: goes with --coe-experts (and only with it)")
+    # a CoE batch holds one expert's requests: only the coe policy plans so, and needs experts
+    if config.coe is not None and config.scheduler != "coe":
+        raise ConfigError(f"--scheduler {config.scheduler}: not with --coe-experts, which runs "
+                          "--scheduler coe (its default)")
+    if config.coe is None and config.scheduler == "coe":
+        raise ConfigError("--scheduler coe: only with --coe-experts")
     if config.coe is not None and config.faults:
         raise ConfigError("--fault: not with --coe-experts (a re-planned group would lose its "
                           "expert copies)")

@@ -123,6 +123,31 @@ def test_failed_socket_is_routed_around(serve):
     assert sum(r["preemptions"]) > 0  # the sequences cached at the failure were recomputed
 
 
+@pytest.mark.parametrize("faults", [("socket:0@0.01",), ("socket:0@0.01", "socket:1@0.01")])
+def test_a_re_planned_moe_replica_takes_its_own_expert_groups(serve, faults):
+    """tp2ep8 on 16 sockets re-planned at tp8ep8, then tp4ep4: each socket's expert load is
+    its own group's share (one group a socket, then two of the run's groups merged), so the
+    loads of a step average 1 over the sockets and the busiest is the step's expert_load_max.
+    The re-planned replica took the run's ep: its comm plan divided tp 4 by ep 8 (internal
+    error: integer modulo by zero), and at tp8ep8 its sockets read groups 0-3 twice each."""
+    from rdu_cluster.backends.local import LocalBackend
+
+    seen = []
+
+    class Watch(LocalBackend):
+        def run(self, seq, ops, spans, loads, sockets):
+            if loads and len(sockets) < 16:  # the re-planned replica
+                seen.append(np.array([loads[s] for s in sockets]))
+            return super().run(seq, ops, spans, loads, sockets)
+
+    _, t = serve(model="mixtral-8x7b", plan="tp2ep8", n=12, rate=50.0, faults=faults,
+                 backend=Watch())
+    assert set(cols(t.requests)["state"]) == {"done"}
+    loads = np.concatenate(seen, axis=1)  # (sockets, steps)
+    assert loads.mean(axis=0) == pytest.approx(np.ones(loads.shape[1]))
+    assert set(cols(t.steps)["expert_load_max"]) >= set(loads.max(axis=0).tolist())
+
+
 def test_failure_with_no_plan_left_reports_unserved(serve):
     _, t = serve(model="llama-3.1-405b", n=6, rate=2.0, faults=("socket:0@1.0",))
     states = cols(t.requests)["state"]
@@ -173,3 +198,11 @@ def test_every_running_sequence_holds_the_blocks_of_its_cached_tokens(serve, cas
     }[case]
     _, t = serve(**kw)
     assert set(cols(t.requests)["state"]) == {"done"} and len(seen) > 100
+
+
+def test_busy_fraction_is_at_most_one_months_into_a_run(serve):
+    """Arrivals 10^7 s in: a window's length, a difference of such times, rounds below the
+    sum of its steps' times; busy_fraction read 1.0000000083."""
+    _, t = serve(cluster="sn40l-8", n=6, rate=4e-7, output=traces.LengthDist("fixed", 30))
+    assert max(t.requests.column("arrival_s").to_pylist()) > 5e6
+    assert max(t.sockets.column("busy_fraction").to_pylist()) == 1.0

@@ -175,3 +175,26 @@ def test_separate_placement_bad_input_names_the_field(serve):
         _one_request(serve, spec, draft_placement="separate", draft_sockets=8, plan="tp4")
     with pytest.raises(ConfigError, match="--draft-placement: 'far' unknown"):
         _one_request(serve, spec, draft_placement="far")
+
+
+# ---- speculation under KV pressure ----------------------------------------------------------
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_a_speculative_step_never_writes_past_the_kv_cache(serve, preemption):
+    """A decode step writes up to k + 1 tokens a sequence: the scheduler preempts until that
+    lookahead fits (vLLM's lookahead slots), not one token's block. It checked one block, so
+    the KV cache ran past its capacity, and the prefix cache, fitting into a negative count of
+    free blocks, failed with an internal error (serve --draft ... --kv-fraction 0.001)."""
+    from rdu_cluster.engine.schedulers import Limits
+
+    least = []
+    watch = lambda sim, _: least.append(min(rep.kv.free for rep in sim.replicas))
+    spec = Speculation(8, ConstantAcceptance(0.9))
+    _, t = serve(cluster="sn40l-8", n=30, rate=float("inf"), prompt=traces.LengthDist(
+        "fixed", 512), output=traces.LengthDist("fixed", 64), speculation=spec,
+        draft="llama-3.2-1b", kv_memory_fraction=0.001, limits=Limits(preemption=preemption),
+        hooks=[watch])
+    assert min(least) >= 0
+    pushed = t.requests.column("preemptions").to_pylist() + t.requests.column("swaps").to_pylist()
+    assert sum(pushed) > 0
+    assert set(t.requests.column("generated_tokens").to_pylist()) == {64}

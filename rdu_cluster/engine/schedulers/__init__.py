@@ -60,6 +60,10 @@ class View:
     swapped: Sequence[Request]
     kv: KVManager
     more_arrivals: bool  # requests of the trace not yet arrived
+    # tokens a decode of the next step may write: 1, or k + 1 with speculative decoding
+    # (the drafts it may accept and the target's own), for which vLLM reserves its
+    # lookahead slots before the step
+    lookahead: int = 1
 
 
 @dataclass(slots=True)

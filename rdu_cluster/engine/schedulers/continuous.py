@@ -96,20 +96,15 @@ def _fit_decodes(view: View) -> tuple[list, tuple, int]:
     blocks left after that step (read only to admit or swap in)."""
     kv, preempt = view.kv, []
     free = kv.free
-    if free >= len(view.running) and not view.waiting and not view.swapped:
-        # A decode step grows a sequence by at most one block (it holds its cached tokens'
-        # blocks), so all fit, and nothing waits to be admitted with what is left. (The
-        # running list itself: no caller changes it.)
+    if free >= len(view.running) * kv.blocks_for(view.lookahead) and not view.waiting \
+            and not view.swapped:
+        # A decode step grows a sequence by at most the blocks of its lookahead (it holds
+        # its cached tokens' blocks), so all fit, and nothing waits to be admitted with what
+        # is left. (The running list itself: no caller changes it.)
         return view.running, (), free
     running = list(view.running)
-    bt = kv.config.block_tokens
     while running:
-        # A decode's growth: the blocks of cached + 1 tokens less those it holds. It holds the
-        # blocks of its cached tokens (KVManager.grow), so it needs one more block exactly
-        # when those fill their last block, and it holds no spare one (the first test settles
-        # 15 in 16 sequences).
-        need = sum([1 for r in running if r.cached % bt == 0 and r.cached >= r.target
-                    and kv.blocks(r) * bt <= r.cached])  # not prefilling
+        need = _growth(running, kv, view.lookahead)
         if need <= free:
             return running, tuple(preempt), free - need
         victim = running.pop()
@@ -118,10 +113,25 @@ def _fit_decodes(view: View) -> tuple[list, tuple, int]:
     return running, tuple(preempt), free
 
 
+def _growth(running: list, kv, lookahead: int) -> int:
+    """The blocks one decode step of the running sequences may take: those of its cached
+    tokens and the lookahead (no more than its output has left) less those each holds (not
+    prefilling)."""
+    bt = kv.config.block_tokens
+    if lookahead == 1:
+        # It holds the blocks of its cached tokens (KVManager.grow), so it needs one more
+        # block exactly when those fill their last block, and it holds no spare one (the
+        # first test settles 15 in 16 sequences).
+        return sum([1 for r in running if r.cached % bt == 0 and r.cached >= r.target
+                    and kv.blocks(r) * bt <= r.cached])
+    return sum([max(0, -(-(r.cached + min(lookahead, r.remaining_output)) // bt) - kv.blocks(r))
+                for r in running if r.cached >= r.target])
+
+
 def _swap_in(view: View, running: list, free: int, max_batch: int) -> tuple:
     out = []
     for r in view.swapped:
-        need = view.kv.blocks_for(r.cached + 1)
+        need = view.kv.blocks_for(r.cached + min(view.lookahead, r.remaining_output))
         if len(running) + len(out) >= max_batch or need > free:
             break
         out.append(r)
