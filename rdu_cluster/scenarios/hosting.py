@@ -114,7 +114,11 @@ def _capacities(node: ClusterSpec) -> tuple[float, float, str]:
 def _tiered(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: float) -> Placement:
     hbm, cap, tier = _capacities(node)
     slots = int((hbm - r - kv) // e)
-    nodes = max(1, math.ceil(n * e / cap - 1e-12))
+    # Experts are whole (each lives on one node): a node's tier holds floor(cap / e) of them.
+    # Dividing the total bytes by cap instead counted fractions of an expert, and the busiest
+    # node then held more than its tier (65,536 x 70B on sn40l-8: 12,135 of 12,000 GB of DDR).
+    room = int(cap // e)
+    nodes = math.ceil(n / room) if room else 1
     per_node = math.ceil(n / nodes)
     slots = max(0, min(slots, per_node))
     return Placement(
@@ -127,7 +131,7 @@ def _tiered(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: floa
         tier_capacity=cap,
         tier_name=tier,
         experts_in_hbm=slots,
-        fits=slots >= 1,
+        fits=slots >= 1 and room >= 1,
     )
 
 
