@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -81,3 +83,13 @@ def test_tiered_does_not_fit_when_one_expert_exceeds_the_tier():
     small = load_cluster("sn40l-8", {"chip.tiers.ddr.capacity_bytes": 1e9})  # 8 GB a node
     tiered = next(p for p in footprint(2, "llama-2-7b", small).placements if p.name == "tiered")
     assert not tiered.fits
+
+
+def test_json_says_why_a_system_has_no_placement():
+    """Its placement fields were null with no reason (the text table said it)."""
+    r = CliRunner().invoke(main, ["footprint", "--experts", "150", "--cluster", "sn40l-8",
+                                  "--latency-target", "1e-9", "--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output)
+    assert row["placement"] is None
+    assert row["infeasible_reason"] == "no placement meets the target"

@@ -62,6 +62,15 @@ class Footprint:
         ok = [p for p in self.placements if p.meets(self.latency_target_s)]
         return min(ok, key=lambda p: (p.nodes, p.name != "hbm")) if ok else None
 
+    @property
+    def infeasible_reason(self) -> str | None:
+        """Why no placement is chosen (None when one is): the table's row and the JSON's."""
+        if self.chosen is not None:
+            return None
+        if any(p.fits for p in self.placements):
+            return "no placement meets the target"
+        return "no placement fits"
+
 
 def footprint(
     experts: int,
@@ -184,7 +193,7 @@ def report(fps: list[Footprint]) -> str:
                 mark,
             ])
         if chosen is None:
-            rows.append([fp.cluster, "-", "-", "", "", "", "", "no placement meets the target"])
+            rows.append([fp.cluster, "-", "-", "", "", "", "", fp.infeasible_reason])
     lines.append(text_table(header, rows))
     lines.append(_ratio_line(fps))
     return "\n".join(line for line in lines if line)
