@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from partitioning.evaluate import evaluate_plan, search_plans
-from partitioning.footprint import Placement, PlanDoesNotFit, footprints
+from partitioning.footprint import Placement, PlanDoesNotFit, fit_message, footprints
 from partitioning.plan import Plan, validate
 from partitioning.program import build_programs, groups_of
 from partitioning.routing import RoutingModel, expert_load
@@ -237,3 +237,11 @@ def test_plan_refusal_names_the_same_mixer_under_any_hash_seed():
                            timeout=60).stdout
             for seed in ("0", "1")}
     assert seen == {"plan tp16: full_attention degree 16 does not divide its 40 heads\n"}
+
+
+def test_fit_message_shows_a_small_overflow():
+    """A plan short of 93 kB of SRAM read "overflows by 0.0 GB (needs 0.5 GB, has 0.5 GB)"."""
+    msg = fit_message(Plan.parse("tp16"), "m", "c", "sram", 0, 545353000.0, 545259520.0)
+    assert msg.endswith("overflows by 0.000093 GB (needs 0.545353 GB, has 0.545260 GB)")
+    big = fit_message(Plan.parse("tp8"), "m", "c", "hbm", 0, 101.6e9, 85.9e9)
+    assert big.endswith("overflows by 15.7 GB (needs 101.6 GB, has 85.9 GB)")
