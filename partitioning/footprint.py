@@ -19,6 +19,7 @@ bandwidth by the evaluator.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -261,6 +262,9 @@ def misfits(fps: tuple[Footprint, ...], plan: Plan, model: str, cluster: str) ->
 def fit_message(plan: Plan, model: str, cluster: str, tier: str, socket: int, need: float,
                 capacity: float) -> str:
     over = need - capacity
+    # As many decimals as show the overflow with two digits: at a fixed one, a plan short of a
+    # few MB read "overflows by 0.0 GB (needs 0.5 GB, has 0.5 GB)".
+    d = min(9, max(1, 1 - math.floor(math.log10(over / 1e9))))
     return (f"plan {plan.name}: {model} does not fit {cluster}: {tier} of socket {socket} "
-            f"overflows by {over / 1e9:.1f} GB (needs {need / 1e9:.1f} GB, has "
-            f"{capacity / 1e9:.1f} GB)")
+            f"overflows by {over / 1e9:.{d}f} GB (needs {need / 1e9:.{d}f} GB, has "
+            f"{capacity / 1e9:.{d}f} GB)")

@@ -139,7 +139,9 @@ def validate(plan: Plan, spec: ModelSpec, sockets: int) -> None:
                 f"{where}: ep={plan.ep} does not divide the {spec.moe.num_experts} experts"
             )
     mixers, dense = _layer_traits(spec)
-    for mixer in mixers:
+    # In a fixed order: `mixers` is a frozenset, whose order moves with the hash seed, so a plan
+    # that fails two mixers' checks named either one from run to run.
+    for mixer in sorted(mixers, key=lambda m: m.value):
         d = plan.mixer_degree(mixer)
         if plan.width % d:
             raise ConfigError(f"{where}: {mixer.value} degree {d} does not divide width "

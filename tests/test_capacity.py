@@ -70,6 +70,13 @@ def test_nothing_meets_the_slo_shows_the_closest_and_exits_1():
     assert "nothing meets the SLO" in r.output
 
 
+def test_json_says_on_stderr_why_nothing_meets_the_slo():
+    """--json with no candidate past the pre-filter exited 1 with nothing on stdout or stderr."""
+    r = run(*BASE, "--slo", "tpot:0.001", "--json")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert "nothing meets the SLO: no candidate passed the analytic pre-filter" in r.stderr
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--slo", "tpot:10", "--rate", "5"], "give --concurrency N or --rate R"),
     (["--slo", "tpot:10", "--speculative", "on"], "--speculative on: give --draft MODEL"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -66,3 +68,28 @@ def test_latency_target_message_states_the_range_accepted(value):
     assert r.exit_code == 2, r.output
     assert f"'{value}': expected a positive finite number" in r.output
     assert "inf]" not in r.output
+
+
+def test_tiered_holds_whole_experts_within_each_node_tier(sn8):
+    """Nodes were total bytes / tier capacity, as if experts split across nodes: 65,536 x 70B
+    took 771 nodes whose busiest held 86 experts, 12,135 GB in 12,000 GB of DDR."""
+    fp = footprint(65536, "llama-3.1-70b", sn8)
+    tiered = next(p for p in fp.placements if p.name == "tiered")
+    assert tiered.nodes == 772  # 85 experts of 141.1 GB in 12 TB a node
+    assert tiered.tier_bytes["experts"] <= tiered.tier_capacity
+
+
+def test_tiered_does_not_fit_when_one_expert_exceeds_the_tier():
+    small = load_cluster("sn40l-8", {"chip.tiers.ddr.capacity_bytes": 1e9})  # 8 GB a node
+    tiered = next(p for p in footprint(2, "llama-2-7b", small).placements if p.name == "tiered")
+    assert not tiered.fits
+
+
+def test_json_says_why_a_system_has_no_placement():
+    """Its placement fields were null with no reason (the text table said it)."""
+    r = CliRunner().invoke(main, ["footprint", "--experts", "150", "--cluster", "sn40l-8",
+                                  "--latency-target", "1e-9", "--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output)
+    assert row["placement"] is None
+    assert row["infeasible_reason"] == "no placement meets the target"

@@ -152,8 +152,9 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     else:
         click.echo(_table(results, slo, traffic, wall))
     if not any(r.meets_slo for r in results):
-        if not as_json:
-            click.echo(_closest(results, slo))
+        # With --json on stderr, so stdout stays JSON lines; without it a run whose candidates
+        # all failed the pre-filter printed no row and no word, and exited 1.
+        click.echo(_closest(results, slo), err=as_json)
         sys.exit(1)
 
 

@@ -52,6 +52,7 @@ def footprint(n, expert_model, cluster_refs, latency_target, router, batch, prom
                 "hbm_bytes_per_node": chosen.hbm_bytes if chosen else None,
                 "tier_bytes_per_node": chosen.tier_bytes if chosen else None,
                 "tier": chosen.tier_name if chosen else None,
+                "infeasible_reason": fp.infeasible_reason,  # as simulate's: why the above are null
             }))
     else:
         click.echo(report(fps))

@@ -62,6 +62,15 @@ class Footprint:
         ok = [p for p in self.placements if p.meets(self.latency_target_s)]
         return min(ok, key=lambda p: (p.nodes, p.name != "hbm")) if ok else None
 
+    @property
+    def infeasible_reason(self) -> str | None:
+        """Why no placement is chosen (None when one is): the table's row and the JSON's."""
+        if self.chosen is not None:
+            return None
+        if any(p.fits for p in self.placements):
+            return "no placement meets the target"
+        return "no placement fits"
+
 
 def footprint(
     experts: int,
@@ -114,7 +123,11 @@ def _capacities(node: ClusterSpec) -> tuple[float, float, str]:
 def _tiered(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: float) -> Placement:
     hbm, cap, tier = _capacities(node)
     slots = int((hbm - r - kv) // e)
-    nodes = max(1, math.ceil(n * e / cap - 1e-12))
+    # Experts are whole (each lives on one node): a node's tier holds floor(cap / e) of them.
+    # Dividing the total bytes by cap instead counted fractions of an expert, and the busiest
+    # node then held more than its tier (65,536 x 70B on sn40l-8: 12,135 of 12,000 GB of DDR).
+    room = int(cap // e)
+    nodes = math.ceil(n / room) if room else 1
     per_node = math.ceil(n / nodes)
     slots = max(0, min(slots, per_node))
     return Placement(
@@ -127,7 +140,7 @@ def _tiered(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: floa
         tier_capacity=cap,
         tier_name=tier,
         experts_in_hbm=slots,
-        fits=slots >= 1,
+        fits=slots >= 1 and room >= 1,
     )
 
 
@@ -180,7 +193,7 @@ def report(fps: list[Footprint]) -> str:
                 mark,
             ])
         if chosen is None:
-            rows.append([fp.cluster, "-", "-", "", "", "", "", "no placement meets the target"])
+            rows.append([fp.cluster, "-", "-", "", "", "", "", fp.infeasible_reason])
     lines.append(text_table(header, rows))
     lines.append(_ratio_line(fps))
     return "\n".join(line for line in lines if line)

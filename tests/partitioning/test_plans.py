@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from partitioning.evaluate import evaluate_plan, search_plans
-from partitioning.footprint import Placement, PlanDoesNotFit, footprints
+from partitioning.footprint import Placement, PlanDoesNotFit, fit_message, footprints
 from partitioning.plan import Plan, validate
 from partitioning.program import build_programs, groups_of
 from partitioning.routing import RoutingModel, expert_load
@@ -218,3 +222,26 @@ def test_best_plan_and_named_plan(sn16):
     assert estimate_plan(spec, sn16, Plan.parse("tp4pp2"), prompt_len=2048).sockets == 8
     with pytest.raises(PlanDoesNotFit, match="overflows by"):
         best_plan(load_model("deepseek-v3", BF16_WEIGHTS), sn16, prompt_len=2048)
+
+
+def test_plan_refusal_names_the_same_mixer_under_any_hash_seed():
+    """Llama 4 Maverick's full and sliding attention both fail tp16 (40 heads); the model's
+    mixers are a frozenset, so the message named either from run to run (by the hash seed)."""
+    root = str(Path(__file__).resolve().parents[2])
+    code = ("from partitioning.plan import Plan, validate\n"
+            "from workloads.catalog import load_model\n"
+            "try:\n    validate(Plan.parse('tp16'), load_model('llama-4-maverick'), 16)\n"
+            "except ValueError as e:\n    print(e)\n")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root},
+                           timeout=60).stdout
+            for seed in ("0", "1")}
+    assert seen == {"plan tp16: full_attention degree 16 does not divide its 40 heads\n"}
+
+
+def test_fit_message_shows_a_small_overflow():
+    """A plan short of 93 kB of SRAM read "overflows by 0.0 GB (needs 0.5 GB, has 0.5 GB)"."""
+    msg = fit_message(Plan.parse("tp16"), "m", "c", "sram", 0, 545353000.0, 545259520.0)
+    assert msg.endswith("overflows by 0.000093 GB (needs 0.545353 GB, has 0.545260 GB)")
+    big = fit_message(Plan.parse("tp8"), "m", "c", "hbm", 0, 101.6e9, 85.9e9)
+    assert big.endswith("overflows by 15.7 GB (needs 101.6 GB, has 85.9 GB)")
