@@ -295,3 +295,16 @@ def test_plan_refuses_routing_on_a_model_without_routed_experts(extra, unused):
     assert f"{unused}: llama-3.2-1b has no routed experts" in lines[0]
     moe = run("plan", "--model", "mixtral-8x7b", "--cluster", "sn40l-8", "--top", "1", *extra)
     assert moe.exit_code == 0, moe.output
+
+
+def test_plan_sizes_a_shorter_context_model_at_its_own_context():
+    """The default prompt is 8,192 tokens, or the model's context less --gen-len (llama-2-7b:
+    4,096 - 256); a prompt given is checked as given."""
+    r = run("plan", "--model", "llama-2-7b", "--cluster", "sn40l-8", "--top", "1")
+    assert r.exit_code == 0 and "context 3840, gen 256" in r.output, r.output
+    r = run("plan", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--top", "1")
+    assert r.exit_code == 0 and "context 8192, gen 256" in r.output, r.output
+    r = run("plan", "--model", "llama-2-7b", "--cluster", "sn40l-8", "--context", "8192")
+    assert r.exit_code == 2 and r.stderr.startswith("error: --context: prompt 8,192 + output")
+    r = run("plan", "--model", "llama-2-7b", "--cluster", "sn40l-8", "--gen-len", "5000")
+    assert r.exit_code == 2 and r.stderr.startswith("error: --gen-len: prompt 1 + output 5,000")

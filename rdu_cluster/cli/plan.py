@@ -20,6 +20,8 @@ from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
 from workloads.spec import check_context
 
+CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the model says fewer
+
 
 @click.command()
 @calibration_option
@@ -28,7 +30,9 @@ from workloads.spec import check_context
 @click.option("--objective", default="latency", show_default=True,
               type=click.Choice(["latency", "throughput", "sockets"]))
 @click.option("--batch", default=1, show_default=True, type=o.BATCH, help="Sequences per replica.")
-@click.option("--context", default=8192, show_default=True, type=o.LENGTH, help="Prompt tokens.")
+@click.option("--context", default=None, type=o.LENGTH,
+              help=f"Prompt tokens [default: {CONTEXT:,}, or the model's context less --gen-len "
+                   "where that is shorter].")
 @click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 10**6),
               help="Plans to print.")
@@ -44,10 +48,15 @@ from workloads.spec import check_context
 def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype, spill,
          routing, seed, as_json, plan_text, overrides) -> None:
     """Enumerate and rank the plans (tp, pp, ep, dp, per-block degrees) of MODEL on CLUSTER."""
+    spec = load_model(model_ref)
+    where = "--context"
+    if context is None:  # a model of a shorter context (llama-2: 4,096) plans at its own
+        where, context = "--gen-len", CONTEXT
+        if spec.max_context:
+            context = max(1, min(CONTEXT, spec.max_context - gen_len))
     if min(batch, context, gen_len, top) < 1:
         raise ConfigError("--batch, --context, --gen-len and --top must be positive")
-    spec = load_model(model_ref)
-    check_context(spec, context, gen_len, "--context")
+    check_context(spec, context, gen_len, where)
     if not spec.is_moe and (unused := o.given(click.get_current_context(), "routing", "seed")):
         raise ConfigError(f"{'/'.join(unused)}: {spec.name} has no routed experts (expert "
                           "routing applies to MoE models only)")
