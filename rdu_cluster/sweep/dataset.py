@@ -249,7 +249,11 @@ def _refuse_foreign(root: Path) -> None:
     if sweep_info(root) is not None:
         return
     for folder in (root, meta):
-        if folder.exists() and any(p.name != LOCK_FILE for p in folder.iterdir()):
+        # a run killed before its sweep file was renamed in leaves the lock and that file's
+        # temporary: a sweep's own start, not someone else's folder (prepare's write of the
+        # sweep file removes the temporary)
+        if folder.exists() and any(p.name != LOCK_FILE and not results.is_temporary(p)
+                                   for p in folder.iterdir()):
             raise ConfigError(
                 f"--out {root}: {folder} exists and is not a sweep dataset (no "
                 f"{meta / SWEEP_FILE}); choose an empty or new folder")

@@ -183,3 +183,17 @@ def test_a_pool_worker_is_killed_with_a_killed_sweep():
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                              initializer=execute._end_with, initargs=(os.getpid(),)) as pool:
         assert pool.submit(_death_signal).result(timeout=120) == signal.SIGKILL
+
+
+def test_a_sweep_killed_before_its_sweep_file_is_renamed_in_starts_again(tmp_path):
+    """SIGKILL between the sweep file's temporary and its rename leaves OUT.sweep with the lock
+    and that temporary: the rerun starts the sweep, not refuses a foreign folder."""
+    out = tmp_path / "out"
+    out.mkdir()
+    meta = dataset.meta_dir(out)
+    meta.mkdir()
+    (meta / dataset.LOCK_FILE).touch()
+    stale = meta / f".sweep.json.rdu-{results._HOST}-999999999-abcd1234.tmp"
+    stale.write_text('{"form')
+    _, s = run(spec_file(tmp_path, 2), out)
+    assert s.ran == 16 and count_rows(out) == 16 and not stale.exists()
