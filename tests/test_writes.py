@@ -324,3 +324,35 @@ def test_sigterm_during_a_sweep_is_ctrl_c_and_the_rerun_resumes(tmp_path, monkey
     key = lambda root: dataset.read_dataset(root).sort_by("point_id").select(["point_id",
                                                                                 "tpot_s"])
     assert key(tmp_path / "ds").equals(key(tmp_path / "whole"))
+
+
+# A Ctrl-C inside a class body's __set_name__ (numpy's finfo, while the CLI loads) comes out of
+# the import as a RuntimeError caused by the KeyboardInterrupt.
+_WRAPPED_INTERRUPT = """
+import builtins, sys
+from rdu_cluster import entry
+real = builtins.__import__
+def imp(name, *args, **kwargs):
+    if name == "rdu_cluster.cli":
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Error calling __set_name__ on 'cached_property'") from e
+    return real(name, *args, **kwargs)
+builtins.__import__ = imp
+sys.argv = ["rdu-cluster", "models"]
+entry.run()
+"""
+
+
+def test_an_interrupt_an_import_wrapped_is_still_aborted(monkeypatch):
+    """Exit 130 and "aborted", not an internal error or a traceback."""
+    r = subprocess.run([sys.executable, "-c", _WRAPPED_INTERRUPT], capture_output=True,
+                       text=True, check=False, timeout=120)
+    assert r.returncode == 130 and r.stderr == "aborted\n" and r.stdout == ""
+    def wrapped(*args, **kwargs):  # as a command's lazy import would
+        raise RuntimeError("Error calling __set_name__") from KeyboardInterrupt()
+
+    monkeypatch.setattr(main.commands["simulate"], "callback", wrapped)
+    r = CliRunner().invoke(main, ["simulate"])
+    assert r.exit_code == 130 and r.stderr == "aborted\n"
