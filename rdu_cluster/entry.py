@@ -20,7 +20,14 @@ def run() -> None:
             raise
         sys.stderr.write("aborted\n")
         sys.exit(130)
-    main()
+    try:
+        main()
+    finally:
+        # The command is over, its output written and its exit code set: a signal now would
+        # only cut the interpreter's teardown short (which restores the default handlers
+        # first), killing it with no "aborted" line and no exit code of its own.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def interrupted(e: BaseException) -> bool:

@@ -356,3 +356,26 @@ def test_an_interrupt_an_import_wrapped_is_still_aborted(monkeypatch):
     monkeypatch.setattr(main.commands["simulate"], "callback", wrapped)
     r = CliRunner().invoke(main, ["simulate"])
     assert r.exit_code == 130 and r.stderr == "aborted\n"
+
+
+# A signal while the interpreter tears down after the command (made certain: sent from an
+# atexit function, which runs then).
+_LATE_SIGNAL = """
+import atexit, os, signal, sys, time
+from rdu_cluster import entry
+def late():
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)
+atexit.register(late)
+sys.argv = ["rdu-cluster", "models"]
+entry.run()
+"""
+
+
+def test_a_signal_after_the_command_ended_changes_nothing():
+    """The run was killed by the signal (status -2, nothing on stderr) once the teardown had
+    restored the default handlers; the command's own exit code stands."""
+    r = subprocess.run([sys.executable, "-c", _LATE_SIGNAL], capture_output=True, text=True,
+                       check=False, timeout=120)
+    assert r.returncode == 0 and r.stderr == "" and "llama-3.1-8b" in r.stdout
