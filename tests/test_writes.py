@@ -379,3 +379,22 @@ def test_a_signal_after_the_command_ended_changes_nothing():
     r = subprocess.run([sys.executable, "-c", _LATE_SIGNAL], capture_output=True, text=True,
                        check=False, timeout=120)
     assert r.returncode == 0 and r.stderr == "" and "llama-3.1-8b" in r.stdout
+
+
+def test_report_reads_the_committed_parts_and_names_a_missing_one(tmp_path):
+    """A part no manifest entry names (a killed run's, or a copy of a committed one) was drawn
+    (rows not finished, or repeated), and a deleted part left its rows out without a word."""
+    path = write(tmp_path, "[sweep]\nkind = 'fake'\n[[axes]]\ntype = 'grid'\n"
+                 "cluster = ['c1']\nx = [1, 2, 3, 4]\n")
+    spec = load_spec(path)
+    out = tmp_path / "ds"
+    run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False, points_per_task=2)
+    full = dataset.read_dataset(out)
+    first = dataset.part_files(out)[0]
+    copy = first.with_name("part-0000000000000000.parquet")
+    copy.write_bytes(first.read_bytes())
+    assert dataset.read_dataset(out).num_rows == full.num_rows == 4
+    copy.unlink()
+    first.unlink()
+    with pytest.raises(ConfigError, match=f"part file {first} is missing .*rerun the sweep"):
+        dataset.read_dataset(out)
