@@ -217,16 +217,16 @@ class RayBackend:
         self._ray = ray
         self._owned = False
         if not ray.is_initialized():
+            from rdu_cluster.backends import join_ray
+
             addr = address or os.environ.get("RAY_ADDRESS")
             kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
             if addr:
-                from rdu_cluster.backends import join_ray
-
                 join_ray(addr, **kwargs)
             else:
                 # "local": always an instance of our own, never a cluster that happens to
                 # run on this machine (/tmp/ray/ray_current_cluster).
-                ray.init(address="local", num_cpus=workers, include_dashboard=False, **kwargs)
+                join_ray("local", num_cpus=workers, include_dashboard=False, **kwargs)
             self._owned = True
         self.cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or max(1, self.cpus)
