@@ -68,6 +68,8 @@ def _own_sigterm() -> Iterator[None]:
     held = signal.getsignal(signal.SIGTERM)
     try:
         yield
+    except SystemExit:  # raised by Ray's handler, a SIGTERM while ray.init ran: as Ctrl-C
+        raise KeyboardInterrupt from None
     finally:
         if held is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, held)
@@ -85,6 +87,9 @@ def join_ray(address: str | None, **init_kwargs) -> None:
     try:
         with _own_sigterm():
             ray.init(address=address, **init_kwargs)
+    except KeyboardInterrupt:
+        ray.shutdown()  # stop what it started, rather than leave it to the interpreter's exit
+        raise
     except Exception as e:
         if type(e).__name__ == "AuthenticationError":  # ray.exceptions (Ray >= 2.52)
             raise ConfigError(f"--address {address}: {AUTH_HINT}") from None

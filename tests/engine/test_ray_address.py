@@ -169,3 +169,23 @@ def test_joining_ray_keeps_the_cli_sigterm_handler(monkeypatch):
         assert signal.getsignal(signal.SIGTERM) is cli
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_while_ray_starts_is_ctrl_c_and_stops_it(monkeypatch):
+    """Ray's own handler, still in place while ray.init runs, raised SystemExit(15): the run
+    ended with status 15 and nothing said. It is Ctrl-C's KeyboardInterrupt, and what ray.init
+    had started is shut down."""
+    import types
+
+    from rdu_cluster.backends import join_ray
+
+    calls = []
+
+    def init(**kwargs):
+        sys.exit(signal.SIGTERM)
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(
+        init=init, shutdown=lambda: calls.append("shutdown")))
+    with pytest.raises(KeyboardInterrupt):
+        join_ray("local")
+    assert calls == ["shutdown"]
