@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -327,14 +328,17 @@ def atomic_write(path: str | Path, data: bytes | Callable[[str], None],
     file at the path it is given. An unwritable destination is one ConfigError line naming
     it."""
     path = Path(path)
+    # named before it is created, inside the try whose finally removes it: a Ctrl-C or SIGTERM
+    # inside mkstemp, or between it and the try, left the file behind (seen in a sweep's
+    # manifest folder)
+    tmp = str(path.parent / f"{_temp_prefix(path.name)}{secrets.token_hex(4)}.tmp")
     try:
-        if clean:
-            recover(path)
-        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=".tmp",
-                                   dir=path.parent)
-    except OSError as e:
-        raise ConfigError(f"{what} {path}: cannot write: {e.strerror or e}") from None
-    try:
+        try:
+            if clean:
+                recover(path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise ConfigError(f"{what} {path}: cannot write: {e.strerror or e}") from None
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             if isinstance(data, (bytes, bytearray, memoryview)):
