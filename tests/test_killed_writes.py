@@ -190,3 +190,20 @@ def test_an_interrupt_as_the_temporary_is_created_leaves_nothing(tmp_path, monke
         results.atomic_write(tmp_path / "r.json", b"{}")
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_as_the_hidden_folder_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """As for atomic_write's file: folder_swap's hidden folder, made by mkdtemp before its
+    name was held, stayed behind an interruption right after it was created."""
+    real = os.mkdir
+
+    def interrupted(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        if Path(path).name.startswith(".out.rdu-"):  # not check_folder's probe
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", interrupted)
+    with pytest.raises(KeyboardInterrupt), results.folder_swap(tmp_path / "out", NAMES):
+        pass
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
