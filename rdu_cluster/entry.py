@@ -15,7 +15,29 @@ def run() -> None:
     signal.signal(signal.SIGTERM, interrupt)  # SIGINT raises KeyboardInterrupt already
     try:
         from rdu_cluster.cli import main
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not interrupted(e):
+            raise
         sys.stderr.write("aborted\n")
         sys.exit(130)
-    main()
+    try:
+        main()
+    finally:
+        # The command is over, its output written and its exit code set: a signal now would
+        # only cut the interpreter's teardown short (which restores the default handlers
+        # first), killing it with no "aborted" line and no exit code of its own.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def interrupted(e: BaseException) -> bool:
+    """Whether `e` is a Ctrl-C or SIGTERM (KeyboardInterrupt), or an error it caused: raised
+    in a class body's __set_name__ (numpy's, while it imports) it comes out as a RuntimeError
+    with the interrupt as its cause, which is an interruption all the same, not a failure."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

@@ -173,3 +173,37 @@ def test_a_writability_probe_left_by_a_killed_run_is_removed(tmp_path):
     probe.mkdir()
     results.check_destination(tmp_path / "r.parquet")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_as_the_temporary_is_created_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM right after the temporary file was created, before the writer held
+    its name (inside mkstemp), left it behind: seen as a manifest entry's .tmp after a sweep
+    was aborted."""
+    real = os.open
+
+    def interrupted(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "open", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        results.atomic_write(tmp_path / "r.json", b"{}")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_as_the_hidden_folder_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """As for atomic_write's file: folder_swap's hidden folder, made by mkdtemp before its
+    name was held, stayed behind an interruption right after it was created."""
+    real = os.mkdir
+
+    def interrupted(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        if Path(path).name.startswith(".out.rdu-"):  # not check_folder's probe
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", interrupted)
+    with pytest.raises(KeyboardInterrupt), results.folder_swap(tmp_path / "out", NAMES):
+        pass
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []

@@ -12,6 +12,10 @@ Both answer the same calls with the same values, bit for bit:
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from chip.socket import CommTime, Program
@@ -55,6 +59,22 @@ AUTH_HINT = ("the Ray cluster requires token authentication and this process has
              "cluster's token (`ray get-auth-token` on its head) and RAY_AUTH_MODE=token")
 
 
+@contextlib.contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """ray.init sets a SIGTERM handler of its own (the driver's sys.exit(15), an embedded
+    head's shutdown): a SIGTERM then ended a Ray run with no "aborted" and none of the CLI's
+    clean-up. The handler that was there (the CLI's: as Ctrl-C) is put back; the backend's
+    close stops the embedded instance on the way out."""
+    held = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    except SystemExit:  # raised by Ray's handler, a SIGTERM while ray.init ran: as Ctrl-C
+        raise KeyboardInterrupt from None
+    finally:
+        if held is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, held)
+
+
 def join_ray(address: str | None, **init_kwargs) -> None:
     """ray.init(address) for both Ray backends, every failure one ConfigError naming what to
     fix: nothing listening (probe_address), a cluster that needs Ray's auth token (Ray >= 2.52,
@@ -65,7 +85,11 @@ def join_ray(address: str | None, **init_kwargs) -> None:
     probe_address(address)
     _check_token(address)
     try:
-        ray.init(address=address, **init_kwargs)
+        with _own_sigterm():
+            ray.init(address=address, **init_kwargs)
+    except KeyboardInterrupt:
+        ray.shutdown()  # stop what it started, rather than leave it to the interpreter's exit
+        raise
     except Exception as e:
         if type(e).__name__ == "AuthenticationError":  # ray.exceptions (Ray >= 2.52)
             raise ConfigError(f"--address {address}: {AUTH_HINT}") from None

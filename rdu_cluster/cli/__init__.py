@@ -10,6 +10,7 @@ import traceback
 
 import click
 
+from rdu_cluster.entry import interrupted
 from workloads.checks import show
 from workloads.errors import ConfigError
 
@@ -41,6 +42,9 @@ class Main(click.Group):
             click.echo(f"error: {_one_line(str(e))}", err=True)
             sys.exit(2)
         except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
+            if interrupted(e):  # a Ctrl-C that a lazy import (plotly, ray) wrapped
+                click.echo("aborted", err=True)
+                sys.exit(130)
             if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
                 # bad input wherever it is met: only a path the user gave is ever too long
                 click.echo(f"error: {show(str(e.filename))}: file name too long; at most 255 "

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -327,14 +328,17 @@ def atomic_write(path: str | Path, data: bytes | Callable[[str], None],
     file at the path it is given. An unwritable destination is one ConfigError line naming
     it."""
     path = Path(path)
+    # named before it is created, inside the try whose finally removes it: a Ctrl-C or SIGTERM
+    # inside mkstemp, or between it and the try, left the file behind (seen in a sweep's
+    # manifest folder); folder_swap's folder likewise
+    tmp = str(path.parent / f"{_temp_prefix(path.name)}{secrets.token_hex(4)}.tmp")
     try:
-        if clean:
-            recover(path)
-        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=".tmp",
-                                   dir=path.parent)
-    except OSError as e:
-        raise ConfigError(f"{what} {path}: cannot write: {e.strerror or e}") from None
-    try:
+        try:
+            if clean:
+                recover(path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise ConfigError(f"{what} {path}: cannot write: {e.strerror or e}") from None
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             if isinstance(data, (bytes, bytearray, memoryview)):
@@ -391,16 +395,16 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
     nothing but names in `owned` (an earlier result set): a folder of other files is refused,
     never replaced."""
     out = check_folder(out, owned, what)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        recover(out)
-        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out.name), suffix=".tmp",
-                                    dir=out.parent))
-        os.chmod(tmp, DIR_MODE)
-    except OSError as e:
-        raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
+    tmp = out.parent / f"{_temp_prefix(out.name)}{secrets.token_hex(4)}.tmp"  # as atomic_write's
     new, old = tmp.with_suffix(".new"), tmp.with_suffix(".old")
     try:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            recover(out)
+            os.mkdir(tmp, 0o700)
+            os.chmod(tmp, DIR_MODE)
+        except OSError as e:
+            raise ConfigError(f"{what} {out}: cannot write: {e.strerror or e}") from None
         yield tmp
         os.rename(tmp, new)
         # a symlinked `out` swapped out leaves the link here: unlinked, not its folder deleted

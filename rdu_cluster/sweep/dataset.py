@@ -249,7 +249,11 @@ def _refuse_foreign(root: Path) -> None:
     if sweep_info(root) is not None:
         return
     for folder in (root, meta):
-        if folder.exists() and any(p.name != LOCK_FILE for p in folder.iterdir()):
+        # a run killed before its sweep file was renamed in leaves the lock and that file's
+        # temporary: a sweep's own start, not someone else's folder (prepare's write of the
+        # sweep file removes the temporary)
+        if folder.exists() and any(p.name != LOCK_FILE and not results.is_temporary(p)
+                                   for p in folder.iterdir()):
             raise ConfigError(
                 f"--out {root}: {folder} exists and is not a sweep dataset (no "
                 f"{meta / SWEEP_FILE}); choose an empty or new folder")
@@ -469,6 +473,21 @@ def count_rows(root: str | Path) -> int:
     return sum(pq.ParquetFile(p).metadata.num_rows for p in part_files(root))
 
 
+def _committed_parts(root: Path, info: Mapping[str, Any]) -> list[Path]:
+    """The part files the manifest names, each checked: a part no entry names is a killed
+    run's uncommitted write (its rows are not finished; a copy of a committed part would
+    repeat them), and a named part that is gone would leave its rows out unsaid."""
+    committed = read_manifest(root).files
+    files = part_files(root)
+    for path in files:
+        _check_part(path, info)
+    missing = sorted(committed - {p.relative_to(root).as_posix() for p in files})
+    if missing:
+        raise ConfigError(f"part file {root / missing[0]} is missing ({len(missing)} of the "
+                          "sweep's); rerun the sweep command to redo its chunk")
+    return [p for p in files if p.relative_to(root).as_posix() in committed]
+
+
 def part_files(root: str | Path) -> list[Path]:
     root = Path(root)
     return sorted(p for p in root.rglob("part-*.parquet") if not p.name.startswith("."))
@@ -480,13 +499,11 @@ def read_dataset(root: str | Path) -> pa.Table:
     info = sweep_info(root)
     if info is None:
         raise ConfigError(f"{root}: not a sweep dataset (no {meta_dir(root) / SWEEP_FILE})")
-    if not part_files(root):
-        raise ConfigError(f"{root}: the sweep has no rows yet")
     import pyarrow.dataset as ds
 
-    files = part_files(root)
-    for path in files:
-        _check_part(path, info)
+    files = _committed_parts(root, info)
+    if not files:
+        raise ConfigError(f"{root}: the sweep has no rows yet")
     # The part files by name (not the folder): a stray file beside them is not read. Partition
     # columns come back as plain strings, as every reader shows them (test_readers).
     part = ds.HivePartitioning.discover(infer_dictionary=False)

@@ -8,6 +8,7 @@ on the workers in parallel and the driver only writes files and the manifest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -139,10 +140,11 @@ class LocalBackend:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        self._pool = ProcessPoolExecutor(self.workers,
-                                         mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_end_with, initargs=(os.getpid(),))
-        futures = [self._pool.submit(run_chunk, chunk, ctx) for chunk in chunks]
+        with parent_only_signals():  # the workers are spawned by the first submits
+            self._pool = ProcessPoolExecutor(self.workers,
+                                             mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_end_with, initargs=(os.getpid(),))
+            futures = [self._pool.submit(run_chunk, chunk, ctx) for chunk in chunks]
         try:
             for done in as_completed(futures):
                 yield done.result()
@@ -154,6 +156,25 @@ class LocalBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+@contextlib.contextmanager
+def parent_only_signals() -> Iterator[None]:
+    """Processes started inside never take Ctrl-C or SIGTERM: they start with both blocked (a
+    signal mask survives fork and exec, and nothing in a worker unblocks it). A Ctrl-C at a
+    terminal reaches the whole process group, and a worker taking it, in its imports or a
+    task, printed its own traceback beside the sweep's "aborted"; the sweep alone handles it
+    and ends its workers (pool shutdown, or _end_with when it is killed). Here, in the parent,
+    a signal that arrives meanwhile is delivered when the mask is restored."""
+    from multiprocessing import resource_tracker
+
+    # started at the first spawn, the tracker unblocks both signals once it is up: before
+    resource_tracker.ensure_running()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _end_with(parent: int) -> None:
@@ -196,16 +217,16 @@ class RayBackend:
         self._ray = ray
         self._owned = False
         if not ray.is_initialized():
+            from rdu_cluster.backends import join_ray
+
             addr = address or os.environ.get("RAY_ADDRESS")
             kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
             if addr:
-                from rdu_cluster.backends import join_ray
-
                 join_ray(addr, **kwargs)
             else:
                 # "local": always an instance of our own, never a cluster that happens to
                 # run on this machine (/tmp/ray/ray_current_cluster).
-                ray.init(address="local", num_cpus=workers, include_dashboard=False, **kwargs)
+                join_ray("local", num_cpus=workers, include_dashboard=False, **kwargs)
             self._owned = True
         self.cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or max(1, self.cpus)

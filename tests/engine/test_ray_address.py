@@ -146,3 +146,46 @@ def test_a_cluster_that_needs_the_auth_token_is_one_line_naming_it(tmp_path):
                 assert len(lines) == 1 and "RAY_AUTH_TOKEN" in lines[0], out.stderr[-2000:]
                 assert "token authentication" in lines[0]
                 assert time.monotonic() - start < 30
+
+
+def test_joining_ray_keeps_the_cli_sigterm_handler(monkeypatch):
+    """ray.init installs its own SIGTERM handler (sys.exit(15)): a SIGTERM then ended a Ray
+    sweep or serve with no "aborted" and none of the CLI's clean-up (seen: status -15)."""
+    import types
+
+    from rdu_cluster.backends import join_ray
+
+    def init(**kwargs):  # as ray.init does
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(init=init))
+
+    def cli(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, cli)
+    try:
+        join_ray("local", num_cpus=1)
+        assert signal.getsignal(signal.SIGTERM) is cli
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_while_ray_starts_is_ctrl_c_and_stops_it(monkeypatch):
+    """Ray's own handler, still in place while ray.init runs, raised SystemExit(15): the run
+    ended with status 15 and nothing said. It is Ctrl-C's KeyboardInterrupt, and what ray.init
+    had started is shut down."""
+    import types
+
+    from rdu_cluster.backends import join_ray
+
+    calls = []
+
+    def init(**kwargs):
+        sys.exit(signal.SIGTERM)
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(
+        init=init, shutdown=lambda: calls.append("shutdown")))
+    with pytest.raises(KeyboardInterrupt):
+        join_ray("local")
+    assert calls == ["shutdown"]

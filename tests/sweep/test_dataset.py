@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import pandas as pd
@@ -183,3 +184,39 @@ def test_a_pool_worker_is_killed_with_a_killed_sweep():
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                              initializer=execute._end_with, initargs=(os.getpid(),)) as pool:
         assert pool.submit(_death_signal).result(timeout=120) == signal.SIGKILL
+
+
+def test_a_sweep_killed_before_its_sweep_file_is_renamed_in_starts_again(tmp_path):
+    """SIGKILL between the sweep file's temporary and its rename leaves OUT.sweep with the lock
+    and that temporary: the rerun starts the sweep, not refuses a foreign folder."""
+    out = tmp_path / "out"
+    out.mkdir()
+    meta = dataset.meta_dir(out)
+    meta.mkdir()
+    (meta / dataset.LOCK_FILE).touch()
+    stale = meta / f".sweep.json.rdu-{results._HOST}-999999999-abcd1234.tmp"
+    stale.write_text('{"form')
+    _, s = run(spec_file(tmp_path, 2), out)
+    assert s.ran == 16 and count_rows(out) == 16 and not stale.exists()
+
+
+def test_pool_workers_never_take_ctrl_c(tmp_path):
+    """Ctrl-C at a terminal reaches every process of the group: a pool worker that took it
+    printed a traceback beside the sweep's "aborted". Workers start with SIGINT and SIGTERM
+    blocked (execute.parent_only_signals), and the parent's mask is restored after. In a fresh
+    process: the first spawn also starts multiprocessing's resource tracker, which unblocked
+    them."""
+    code = ("import multiprocessing, signal\n"
+            "from concurrent.futures import ProcessPoolExecutor\n"
+            "from rdu_cluster.sweep import execute\n"
+            "def blocked():\n    return sorted(map(int, signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n"
+            "if __name__ == '__main__':\n"
+            "    with execute.parent_only_signals():\n"
+            "        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))\n"
+            "        future = pool.submit(blocked)\n"
+            "    with pool:\n        print(future.result(timeout=120), blocked())\n")
+    script = tmp_path / "pool.py"
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=False)
+    assert out.stdout == f"[{signal.SIGINT:d}, {signal.SIGTERM:d}] []\n", out.stderr
