@@ -269,15 +269,31 @@ def _scaled(overrides: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]
 MAX_EXTENDS = 32
 
 
-def _read_extended(kind: str, path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def _read_extended(kind: str, path: Path) -> dict[str, Any]:
     """A chip or cluster file with its `extends` chain merged in (the file's own values win)."""
+    return _extended(kind, path)[0]
+
+
+def cluster_files(ref: str | Path) -> list[Path]:
+    """The files load_cluster(ref) reads: the cluster's, its `extends` chain, its chip's and
+    that one's chain (what must not change under a resumed sweep)."""
+    path = _resolve("clusters", ref)
+    raw, chain = _extended("clusters", path)
+    chip_ref = raw.get("chip")
+    if not isinstance(chip_ref, str):  # load_cluster names what is wrong
+        return chain
+    return chain + _extended("chips", _resolve("chips", chip_ref, relative_to=path.parent))[1]
+
+
+def _extended(kind: str, path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, list[Path]]:
+    """_read_extended's values, and the files they came from (the file's own first)."""
     if len(seen) >= MAX_EXTENDS:
         raise ConfigError(f"{seen[0].name}: extends: a chain of more than {MAX_EXTENDS} files "
                           f"(reaching {path.name}); at most {MAX_EXTENDS} accepted")
     raw = _read(path)
     parent = raw.pop("extends", None)
     if parent is None:
-        return raw
+        return raw, [path]
     if not isinstance(parent, str):
         raise ConfigError(f"{path.name}: extends: expected a {kind[:-1]} name or path, "
                           f"got {parent!r}")
@@ -285,7 +301,8 @@ def _read_extended(kind: str, path: Path, seen: tuple[Path, ...] = ()) -> dict[s
     chain = (*seen, path.resolve())
     if parent_path.resolve() in chain:
         raise ConfigError(f"{path.name}: extends: {parent!r} leads back to {path.name} (a cycle)")
-    return _merge(_read_extended(kind, parent_path, chain), raw)
+    base, files = _extended(kind, parent_path, chain)
+    return _merge(base, raw), [path, *files]
 
 
 def _read(path: Path) -> dict[str, Any]:

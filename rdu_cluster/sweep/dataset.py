@@ -35,7 +35,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+import cluster_configs
 import rdu_cluster
+from rdu_cluster.config import cluster_files
 from rdu_cluster.output import results
 from rdu_cluster.sweep.registry import Point
 from workloads.errors import ConfigError
@@ -291,7 +293,9 @@ FILE_FIELDS = ("model", "cluster", "calibration", "trace", "fabric", "prefill_po
 
 
 def referenced_files(spec) -> dict[str, str]:
-    """The sha256 of each local file the spec names, by the name the spec gives it."""
+    """The sha256 of each local file the spec names, by the name the spec gives it, and of the
+    local files a cluster it names reads beside its own (an `extends` chain, a chip TOML), by
+    their paths."""
     out = {}
     for name in FILE_FIELDS:
         for value in spec.values_of(name):
@@ -299,7 +303,17 @@ def referenced_files(spec) -> dict[str, str]:
             path = Path(ref) / "config.json" if Path(ref).is_dir() else Path(ref)
             if path.is_file():
                 out[ref] = _sha256(path)
+                if name in ("cluster", "prefill_pool", "decode_pool"):
+                    out.update(_cluster_files(path))
     return dict(sorted(out.items()))
+
+
+def _cluster_files(path: Path) -> dict[str, str]:
+    """The files a local cluster TOML reads beside itself, less the package's own (the code
+    version covers those)."""
+    bundled = {p.resolve() for kind in ("chips", "clusters")
+               for p in cluster_configs.bundled(kind).values()}
+    return {str(p): _sha256(p) for p in cluster_files(path)[1:] if p.resolve() not in bundled}
 
 
 def _check_files(root: Path, info: Mapping[str, Any], files: Mapping[str, str]) -> None:

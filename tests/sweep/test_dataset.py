@@ -220,3 +220,22 @@ def test_pool_workers_never_take_ctrl_c(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=False)
     assert out.stdout == f"[{signal.SIGINT:d}, {signal.SIGTERM:d}] []\n", out.stderr
+
+
+def test_resume_refused_once_a_cluster_s_chip_file_changed(tmp_path):
+    """A cluster TOML reads its chip's (and each one its `extends` chain): an edited chip file
+    changes every point the cluster names. The package's own files are the code version's."""
+    chip = tmp_path / "chip.toml"
+    chip.write_text('extends = "sn40l"\nname = "mine"\n')
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('extends = "sn40l-16"\nchip = "chip.toml"\n')
+    path = write(tmp_path, f'[sweep]\nkind = "fake"\n[base]\ncluster = "{cluster}"\n'
+                 "[[axes]]\ntype = 'grid'\nx = [1, 2]\n")
+    out = tmp_path / "out"
+    run(path, out, points_per_task=1)
+    chip.write_text('extends = "sn40l"\nname = "mine, faster"\n')
+    with pytest.raises(ConfigError, match=f"--out {out}: {chip} has changed since the sweep "
+                       "started"):
+        run(path, out)
+    chip.write_text('extends = "sn40l"\nname = "mine"\n')  # restored: resumes
+    assert run(path, out)[1].ran == 0
