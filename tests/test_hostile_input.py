@@ -480,7 +480,7 @@ def _cli_cases() -> None:
         ["--address", "auto"], ["--arrival", "random"], ["--preemption", "kill"],
         ["--goodput", "tpot:nan"], ["--goodput", "tpot:inf"], ["--goodput", "ttfb:5"],
         ["--goodput", "tpot:-1"], ["--metric-percentiles", "nan"],
-        ["--metric-percentiles", "50,100"],
+        ["--metric-percentiles", "50,100.5"], ["--metric-percentiles", "-1"],
     ]
     for extra in serve:
         add("serve", "cli_value", *SERVE, *extra, label=" ".join(extra))

@@ -58,6 +58,16 @@ def test_serve_json_has_vllm_keys_and_is_saved(tmp_path):
     assert doc["mean_tpot_ms"] == pytest.approx((doc["mean_e2el_ms"] - doc["mean_ttft_ms"]) / 15)
 
 
+def test_percentiles_0_and_100_are_the_least_and_largest(tmp_path):
+    """vLLM passes --metric-percentiles to np.percentile, which takes [0, 100]."""
+    r = run(*ARGS, "--json", "--metric-percentiles", "0,100", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    ttft = pq.read_table(tmp_path / "o" / "requests.parquet").column("ttft_s").to_numpy() * 1e3
+    assert doc["p0_ttft_ms"] == pytest.approx(ttft.min(), rel=1e-12)
+    assert doc["p100_ttft_ms"] == pytest.approx(ttft.max(), rel=1e-12)
+
+
 def test_one_token_outputs_give_vllms_zero_tpot(tmp_path):
     # vLLM's calculate_metrics: np.mean(tpots or 0) and so on, 0 when no request has a TPOT
     r = run("serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--requests", "4",

@@ -51,8 +51,8 @@ class MetricSpec:
         ps = DEFAULT_PERCENTILES if percentiles is None else tuple(
             _number(p, "--metric-percentiles") for p in percentiles.split(","))
         for p in ps:
-            if not 0 < p < 100:
-                raise ConfigError(f"--metric-percentiles: {p:g} must be in (0, 100)")
+            if not 0 <= p <= 100:  # np.percentile's range, which vLLM passes them to
+                raise ConfigError(f"--metric-percentiles: {p:g} must be in [0, 100]")
         bounds = tuple(_goodput(g, flag) for g in goodput)
         keys = [k for k, _ in bounds]
         twice = next((k for k in keys if keys.count(k) > 1), None)
