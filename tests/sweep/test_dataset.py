@@ -118,22 +118,31 @@ def test_changed_spec_refused_force_starts_anew(tmp_path):
     assert s.skipped == 0 and count_rows(out) == 48
 
 
-def test_resume_refused_once_a_named_file_changed(tmp_path):
+@pytest.mark.parametrize("field", ["model", "cluster"])
+def test_resume_refused_once_a_named_file_changed(tmp_path, field):
     """The spec hash covers a file's name, not its content: a model config edited between two
-    runs would give a dataset of two models under one spec."""
-    model = tmp_path / "model.json"
-    model.write_text('{"layers": 16}')
-    path = write(tmp_path, f'[sweep]\nkind = "fake"\n[base]\nmodel = "{model}"\n'
+    runs would give a dataset of two models under one spec. A cluster TOML reads its chip's
+    (each one its `extends` chain), so an edited chip file counts too; the package's own
+    files are the code version's."""
+    edited = tmp_path / ("model.json" if field == "model" else "chip.toml")
+    before, after = (('{"layers": 16}', '{"layers": 64}') if field == "model" else
+                     ('extends = "sn40l"\nname = "mine"\n', 'extends = "sn40l"\nname = "b"\n'))
+    edited.write_text(before)
+    named = edited
+    if field == "cluster":
+        named = tmp_path / "cluster.toml"
+        named.write_text('extends = "sn40l-16"\nchip = "chip.toml"\n')
+    path = write(tmp_path, f'[sweep]\nkind = "fake"\n[base]\n{field} = "{named}"\n'
                  "[[axes]]\ntype = 'grid'\nx = [1, 2, 3]\n")
     out = tmp_path / "out"
     run(path, out, points_per_task=1)
-    model.write_text('{"layers": 64}')
-    with pytest.raises(ConfigError, match=f"--out {out}: {model} has changed since the sweep "
+    edited.write_text(after)
+    with pytest.raises(ConfigError, match=f"--out {out}: {edited} has changed since the sweep "
                        "started; restore it, or rerun with --force"):
         run(path, out)
-    model.write_text('{"layers": 16}')  # restored: resumes
+    edited.write_text(before)  # restored: resumes
     assert run(path, out)[1].ran == 0
-    model.write_text('{"layers": 64}')
+    edited.write_text(after)
     _, s = run(path, out, force=True)
     assert s.skipped == 0 and count_rows(out) == 3
 
@@ -220,22 +229,3 @@ def test_pool_workers_never_take_ctrl_c(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=False)
     assert out.stdout == f"[{signal.SIGINT:d}, {signal.SIGTERM:d}] []\n", out.stderr
-
-
-def test_resume_refused_once_a_cluster_s_chip_file_changed(tmp_path):
-    """A cluster TOML reads its chip's (and each one its `extends` chain): an edited chip file
-    changes every point the cluster names. The package's own files are the code version's."""
-    chip = tmp_path / "chip.toml"
-    chip.write_text('extends = "sn40l"\nname = "mine"\n')
-    cluster = tmp_path / "cluster.toml"
-    cluster.write_text('extends = "sn40l-16"\nchip = "chip.toml"\n')
-    path = write(tmp_path, f'[sweep]\nkind = "fake"\n[base]\ncluster = "{cluster}"\n'
-                 "[[axes]]\ntype = 'grid'\nx = [1, 2]\n")
-    out = tmp_path / "out"
-    run(path, out, points_per_task=1)
-    chip.write_text('extends = "sn40l"\nname = "mine, faster"\n')
-    with pytest.raises(ConfigError, match=f"--out {out}: {chip} has changed since the sweep "
-                       "started"):
-        run(path, out)
-    chip.write_text('extends = "sn40l"\nname = "mine"\n')  # restored: resumes
-    assert run(path, out)[1].ran == 0
