@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from workloads import checks
+from workloads.checks import show
 from workloads.errors import ConfigError
 
 ARRIVALS = ("fixed", "poisson", "bursty")
@@ -238,6 +239,10 @@ def _read_table(path: Path):
 def _validated(table, found: dict, where: str) -> Trace:
     import pyarrow as pa
 
+    # before the types: a header-only CSV's columns are typed null
+    if not 1 <= table.num_rows <= MAX_REQUESTS:
+        raise ConfigError(f"--trace {where}: {table.num_rows:,} requests; accepted 1 to "
+                          f"{MAX_REQUESTS:,}")
     for key, unit in (("arrival_s", "seconds"), ("prompt_len", "tokens"),
                       ("output_len", "tokens")):
         typ = table.schema.field(found[key]).type
@@ -248,25 +253,10 @@ def _validated(table, found: dict, where: str) -> Trace:
             dates = " (or date-times)" if key == "arrival_s" else ""
             raise ConfigError(f"--trace {where}: column {found[key]!r} holds {typ}; accepted: "
                               f"{unit} as numbers{dates}")
-    if not 1 <= table.num_rows <= MAX_REQUESTS:
-        raise ConfigError(f"--trace {where}: {table.num_rows:,} requests; accepted 1 to "
-                          f"{MAX_REQUESTS:,}")
-    try:
-        arr = _seconds(table.column(found["arrival_s"]), found["arrival_s"], where)
-        prompt = _ints(table, found["prompt_len"])
-        out = _ints(table, found["output_len"])
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"--trace {where}: non-numeric value ({e})") from None
-    if len(arr) == 0:
-        raise ConfigError(f"--trace {where}: no requests")
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr > checks.MAX_SECONDS):
-        raise ConfigError(f"--trace {where}: arrival times must be finite, >= 0 and at most "
-                          f"{checks.MAX_SECONDS:g} s (194 days) from the first")
-    for name, col in (("prompt length", prompt), ("output length", out)):
-        if np.any(col < 1) or np.any(col > MAX_LENGTH):
-            raise ConfigError(f"--trace {where}: every {name} must be >= 1 and at most "
-                              f"{MAX_LENGTH:,} (2^24), got "
-                              f"{int(col.min() if np.any(col < 1) else col.max()):,}")
+    arr = _seconds(table.column(found["arrival_s"]), found["arrival_s"], where)
+    _refuse_row(table, found["arrival_s"], where, ~(np.isfinite(arr) & (arr >= 0) & (arr <= checks.MAX_SECONDS)),
+        f"seconds, finite, >= 0 and at most {checks.MAX_SECONDS:g} (194 days) from the first")
+    prompt, out = (_ints(table, found[k], where) for k in ("prompt_len", "output_len"))
     order = np.argsort(arr, kind="stable")
     models = None
     if found["model"] is not None:
@@ -276,24 +266,43 @@ def _validated(table, found: dict, where: str) -> Trace:
 
 
 def _seconds(column, name: str, where: str) -> np.ndarray:
-    """Arrival seconds: a number of seconds, or date-times (seconds after the first)."""
+    """Arrival seconds: a number of seconds, or date-times (seconds after the first). Date-times
+    are read in their own unit: a cast to ns overflows outside 1677..2262, and the span check
+    refuses what lies too far apart."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     if pa.types.is_timestamp(column.type):
-        ns = np.asarray(column.cast(pa.timestamp("ns")).to_numpy(zero_copy_only=False),
-                        dtype="datetime64[ns]").astype(np.int64)
-        return (ns - (ns.min() if len(ns) else 0)) / 1e9
+        ticks = column.cast(pa.int64())
+        per_s = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}[column.type.unit]
+        first = pc.min(ticks).as_py() or 0  # subtracted in int64: ns past 2^53 as floats
+        return np.asarray(pc.subtract(ticks, first).to_numpy(zero_copy_only=False),
+                          dtype=float) / per_s  # nulls become NaN, refused by row
     if name.lower() == "timestamp":
         raise ConfigError(f"--trace {where}: column {name!r} must hold date-times (use "
                           "arrival_s for seconds)")
     return np.asarray(column.to_numpy(zero_copy_only=False), float)
 
 
-def _ints(table, column: str) -> np.ndarray:
+def _ints(table, column: str, where: str) -> np.ndarray:
     values = np.asarray(table.column(column).to_numpy(zero_copy_only=False), dtype=float)
-    if not np.all(np.isfinite(values)) or np.any(values != np.rint(values)):
-        raise ValueError(f"column {column} must hold whole numbers")
-    return np.clip(values, -1, MAX_LENGTH + 1).astype(np.int64)  # out of range: refused above
+    _refuse_row(table, column, where, ~((values >= 1) & (values <= MAX_LENGTH) & (values == np.rint(values))),
+                f"a whole number of tokens in [1, {MAX_LENGTH:,}] (2^24)")
+    return values.astype(np.int64)
+
+
+def _refuse_row(table, column: str, where: str, bad: np.ndarray, accepted: str) -> None:
+    """Refuse the first row where `bad` holds (NaN and null included), naming the row (from 1,
+    after the header) and its value as the file holds it, not as converted (an int64 past 2^53
+    or a null read as float would show another number)."""
+    if not np.any(bad):
+        return
+    i = int(np.argmax(bad))
+    value = table.column(column)[i].as_py()
+    text = ("null (empty, NA or NaN)" if value is None else value.isoformat(" ")
+            if hasattr(value, "isoformat") else show(value))
+    raise ConfigError(f"--trace {where}: row {i + 1:,}, column {column!r}: {text}; expected "
+                      f"{accepted}")
 
 
 def write_csv(trace: Trace, path: str | Path) -> None:

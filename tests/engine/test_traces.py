@@ -66,14 +66,31 @@ def test_csv_and_parquet_round_trip(tmp_path):
 @pytest.mark.parametrize("text, match", [
     ("arrival_s,prompt_len\n0,1\n", "missing column 'output_len'"),
     ("arrival_s,prompt_len,output_len\n-1,1,1\n", ">= 0"),
-    ("arrival_s,prompt_len,output_len\n0,0,1\n", "prompt length must be >= 1"),
-    ("arrival_s,prompt_len,output_len\n0,1.5,1\n", "whole numbers"),
+    ("arrival_s,prompt_len,output_len\n0,0,1\n", "row 1, column .prompt_len.: 0; expected"),
+    ("arrival_s,prompt_len,output_len\n0,1.5,1\n", "whole number"),
+    # the first bad row is named with its value as written, not as converted or clipped
+    ("arrival_s,prompt_len,output_len\n0,1,1\n0,9223372036854775808,1\n",
+     "row 2, column 'prompt_len': 9.2233720"),
+    ("arrival_s,prompt_len,output_len\n0,1,1\n,1,1\n", "row 2, column 'arrival_s': null"),
+    ("arrival_s,prompt_len,output_len\n", "0 requests"),
+    # a number under TIMESTAMP: one message, not one nested in "non-numeric value (...)"
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,1,1\n", "^--trace \\S+: column 'TIMESTAMP'"),
+    # date-times outside datetime64[ns]'s 1677..2262: the span, not a cast's overflow
+    (("TIMESTAMP,ContextTokens,GeneratedTokens\n1900-01-01 00:00:00,1,1\n"
+      "2100-01-01 00:00:00,1,1\n"), "row 2, column 'TIMESTAMP': 2100-01-01 00:00:00; expected"),
 ])
 def test_bad_trace_files(tmp_path, text, match):
     path = tmp_path / "bad.csv"
     path.write_text(text)
     with pytest.raises(ConfigError, match=match):
         traces.read_trace(path)
+
+
+def test_date_times_past_2262_are_read(tmp_path):
+    path = tmp_path / "far.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n9999-12-31 23:59:58,1,1\n"
+                    "9999-12-31 23:59:59,1,1\n")
+    assert list(traces.read_trace(path).arrival_s) == [0.0, 1.0]
 
 
 def test_missing_and_unknown_files(tmp_path):
