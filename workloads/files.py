@@ -16,16 +16,21 @@ from workloads.errors import ConfigError
 MAX_BYTES = 16 * 2**20
 
 
+def check_file(p: Path, w: str) -> None:
+    """Refuse a path that is not a regular file, saying what it is instead."""
+    if p.is_dir():
+        raise ConfigError(f"{w}: is a directory, expected a file")
+    if not p.exists():
+        raise ConfigError(f"{w}: no such file")
+    if not p.is_file():  # a FIFO or a device: reading it may never end
+        raise ConfigError(f"{w}: not a regular file; expected a file")
+
+
 def read_text(path: str | Path, what: str = "") -> str:
     p = Path(path)
     w = f"{what} {p}" if what else str(p)
     try:
-        if p.is_dir():
-            raise ConfigError(f"{w}: is a directory, expected a file")
-        if not p.exists():
-            raise FileNotFoundError(p)
-        if not p.is_file():  # a FIFO or a device: reading it may never end
-            raise ConfigError(f"{w}: not a regular file; expected a file")
+        check_file(p, w)
         with p.open("rb") as f:
             data = f.read(MAX_BYTES + 1)  # at most: a file may grow after its size is read
         if len(data) > MAX_BYTES:

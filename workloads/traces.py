@@ -31,6 +31,7 @@ import numpy as np
 from workloads import checks
 from workloads.checks import show
 from workloads.errors import ConfigError
+from workloads.files import check_file
 
 ARRIVALS = ("fixed", "poisson", "bursty")
 LENGTHS = ("fixed", "uniform", "lognormal")
@@ -191,8 +192,7 @@ def read_trace(path: str | Path) -> Trace:
     """A trace file: .csv, .parquet or .arrow / .feather, columns as in COLUMNS; .jsonl: the
     Mooncake format (workloads/trace_formats.py)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--trace {path}: no such file")
+    check_file(path, f"--trace {path}")
     if path.suffix == ".jsonl":
         from workloads.trace_formats import read_mooncake
 

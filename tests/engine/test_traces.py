@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -91,6 +93,15 @@ def test_date_times_past_2262_are_read(tmp_path):
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n9999-12-31 23:59:58,1,1\n"
                     "9999-12-31 23:59:59,1,1\n")
     assert list(traces.read_trace(path).arrival_s) == [0.0, 1.0]
+
+
+def test_a_directory_or_fifo_is_not_called_missing(tmp_path):
+    (tmp_path / "d.csv").mkdir()
+    with pytest.raises(ConfigError, match="is a directory"):
+        traces.read_trace(tmp_path / "d.csv")
+    os.mkfifo(tmp_path / "f.csv")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        traces.read_trace(tmp_path / "f.csv")
 
 
 def test_missing_and_unknown_files(tmp_path):
