@@ -34,7 +34,7 @@ def own_chunk(row: int) -> int:
 def read_mooncake(path: str | Path) -> Trace:
     path = Path(path)
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # a BOM, as the CSV reader accepts one
         for n, line in enumerate(f, 1):
             if line.strip():
                 rows.append(_row(line, f"--trace {path}:{n}"))

@@ -119,3 +119,10 @@ def test_a_mooncake_file_that_is_not_text_is_refused(tmp_path):
     path.write_bytes(b"\xff\xfe\x00\x01binary\n")
     with pytest.raises(ConfigError, match=r"binary.jsonl: not UTF-8 text; expected JSON lines$"):
         traces.read_trace(path)
+
+
+def test_mooncake_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_text('\ufeff{"timestamp": 0, "input_length": 10, "output_length": 2, '
+                    '"hash_ids": [7]}\n', encoding="utf-8")
+    assert list(traces.read_trace(path).output_len) == [2]
