@@ -155,3 +155,17 @@ def test_simulate_stack_and_calibration_options():
     assert json.loads(trt.output)["tpot_s"] > json.loads(none.output)["tpot_s"]
     bad = CliRunner().invoke(main, [*args, "--stack", "triton"])
     assert bad.exit_code == 2 and "stack" in bad.output
+
+
+
+@pytest.mark.parametrize("kind, name", [("chips", "sn40l"), ("clusters", "sn40l-16")])
+def test_calibrate_out_may_not_replace_a_file_a_rows_cluster_reads(kind, name):
+    # the row names the bundled cluster sn40l-16 (no path): it reads its TOML and the chip's.
+    # Checked on the function, not the command: a regression would overwrite the bundled file.
+    import importlib
+
+    c = importlib.import_module("rdu_cluster.cli.calibrate")  # the package's name is the command
+    rows = [r for r in v.load_cases() if r["id"] == "sn40l16-llama8b-tokens"]
+    assert rows[0]["cluster"] == "sn40l-16"
+    with pytest.raises(ConfigError, match=f"{name}.toml file, which the fit reads"):
+        c._not_an_input(cluster_configs.config_dir(kind) / f"{name}.toml", None, rows)
