@@ -169,3 +169,12 @@ def test_calibrate_out_may_not_replace_a_file_a_rows_cluster_reads(kind, name):
     assert rows[0]["cluster"] == "sn40l-16"
     with pytest.raises(ConfigError, match=f"{name}.toml file, which the fit reads"):
         c._not_an_input(cluster_configs.config_dir(kind) / f"{name}.toml", None, rows)
+
+
+def test_profile_text_quotes_what_the_cases_file_carries():
+    # a --cases version with a quote made a profile no TOML reader could open
+    import tomllib
+
+    version = 'v"2\\n\n\x7f\tü'
+    text = fit.profile_text(fit.Fit({}, (), {}), [], version, "p")
+    assert tomllib.loads(text)["measurements_version"] == version
