@@ -4,6 +4,7 @@ mechanisms the fit relies on (visible in the breakdown, which still partitions t
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -178,3 +179,22 @@ def test_profile_text_quotes_what_the_cases_file_carries():
     version = 'v"2\\n\n\x7f\tü'
     text = fit.profile_text(fit.Fit({}, (), {}), [], version, "p")
     assert tomllib.loads(text)["measurements_version"] == version
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("", "parameter: missing field"),
+    ('name = "p"\n[[paramter]]\nchips = ["sn40l"]\nkey = "collective_latency_s"\nvalue = 3e-6\n',
+     "paramter: unknown field"),
+    ("parameter = []\n", "one or more"),
+    ('[[parameter]]\nchips = ["sn40l"]\nkey = "hbm_efficiency"\nvalue = 0.5\n',
+     "'hbm_efficiency'; accepted: the unknown parameters"),
+    ('[[parameter]]\nchips = ["h100-sxm"]\nkey = "kernel_latency_s"\nvalue = 3e-6\n',
+     "declared for together (['h100-sxm', 'h200-sxm'] or ['a100-sxm-80gb'])"),
+])
+def test_a_profile_holds_only_what_calibrate_writes(tmp_path, text, needle):
+    # each was accepted: no values at all (as --calibration none), a derived parameter set by
+    # hand, or one of two chips that share a fitted value
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        calibration.load(str(path))
