@@ -198,3 +198,14 @@ def test_a_profile_holds_only_what_calibrate_writes(tmp_path, text, needle):
     path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(needle)):
         calibration.load(str(path))
+
+
+def test_a_profile_knows_the_rows_it_was_fitted_to(tmp_path):
+    profile = calibration.load("default")
+    assert "sn40l16-llama8b-tokens" in profile.rows
+    assert not profile.rows & {r["id"] for r in v.load_cases() if r["role"] == "check"}
+    path = tmp_path / "p.toml"
+    path.write_text('[[parameter]]\nchips = ["sn40l"]\nkey = "collective_latency_s"\n'
+                    "value = 3e-6\nrows = 5\n")
+    with pytest.raises(ConfigError, match="parameter 1.rows: expected a list of row ids"):
+        calibration.load(str(path))

@@ -52,6 +52,7 @@ class Profile:
     name: str
     values: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (chip, key) -> value
     meta: Mapping[str, Any] = field(default_factory=dict)
+    rows: frozenset[str] = frozenset()  # the ids of the rows it was fitted to (validate's check)
 
 
 def declarations() -> list[Declaration]:
@@ -104,15 +105,24 @@ def load(ref: str | None) -> Profile | None:
         raise ConfigError(f"{where}: name: expected a non-empty string, got {checks.show(name)}")
     fitted = {(d.key, d.chips): d.range for d in declarations() if d.status == "unknown" and d.chips}
     values: dict[tuple[str, str], float] = {}
+    rows: set[str] = set()
     for i, p in enumerate(entries):
         key, chips, v = _entry(p, fitted, f"{where}: parameter {i + 1}")
+        rows |= _rows(p, f"{where}: parameter {i + 1}")
         for chip in chips:
             if (chip, key) in values:
                 raise ConfigError(f"{where}: parameter {i + 1}: {key} of {chip} is set twice; "
                                   "expected once")
             values[(chip, key)] = v
     meta = {k: v for k, v in raw.items() if k != "parameter"}
-    return Profile(name, values, meta)
+    return Profile(name, values, meta, frozenset(rows))
+
+
+def _rows(p: Mapping[str, Any], where: str) -> set[str]:
+    rows = p.get("rows", [])
+    if not (isinstance(rows, list) and all(isinstance(r, str) and r for r in rows)):
+        raise ConfigError(f"{where}.rows: expected a list of row ids, got {checks.show(rows)}")
+    return set(rows)
 
 
 def _entry(p: Any, fitted: Mapping[tuple[str, tuple[str, ...]], tuple[float, float]],
