@@ -154,3 +154,13 @@ def test_a_check_row_the_profile_was_fitted_to_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["validate", "--no-loo", "--calibration", "none",
                                        "--cases", str(path)])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("field", ["role", "tier"])
+def test_a_row_without_role_or_tier_names_the_file_and_row(tmp_path, field):
+    path = tmp_path / "c.toml"
+    path.write_text("\n".join(line for line in ROW.splitlines()
+                              if not line.startswith(f"{field} =")))
+    result = CliRunner().invoke(main, ["validate", "--no-loo", "--cases", str(path)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: --cases {path}: row[0].{field}: missing field")
