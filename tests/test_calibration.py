@@ -4,6 +4,7 @@ mechanisms the fit relies on (visible in the breakdown, which still partitions t
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -155,3 +156,56 @@ def test_simulate_stack_and_calibration_options():
     assert json.loads(trt.output)["tpot_s"] > json.loads(none.output)["tpot_s"]
     bad = CliRunner().invoke(main, [*args, "--stack", "triton"])
     assert bad.exit_code == 2 and "stack" in bad.output
+
+
+
+@pytest.mark.parametrize("kind, name", [("chips", "sn40l"), ("clusters", "sn40l-16")])
+def test_calibrate_out_may_not_replace_a_file_a_rows_cluster_reads(kind, name):
+    # the row names the bundled cluster sn40l-16 (no path): it reads its TOML and the chip's.
+    # Checked on the function, not the command: a regression would overwrite the bundled file.
+    import importlib
+
+    c = importlib.import_module("rdu_cluster.cli.calibrate")  # the package's name is the command
+    rows = [r for r in v.load_cases() if r["id"] == "sn40l16-llama8b-tokens"]
+    assert rows[0]["cluster"] == "sn40l-16"
+    with pytest.raises(ConfigError, match=f"{name}.toml file, which the fit reads"):
+        c._not_an_input(cluster_configs.config_dir(kind) / f"{name}.toml", None, rows)
+
+
+def test_profile_text_quotes_what_the_cases_file_carries():
+    # a --cases version with a quote made a profile no TOML reader could open
+    import tomllib
+
+    version = 'v"2\\n\n\x7f\tü'
+    text = fit.profile_text(fit.Fit({}, (), {}), [], version, "p")
+    assert tomllib.loads(text)["measurements_version"] == version
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("", "parameter: missing field"),
+    ('name = "p"\n[[paramter]]\nchips = ["sn40l"]\nkey = "collective_latency_s"\nvalue = 3e-6\n',
+     "paramter: unknown field"),
+    ("parameter = []\n", "one or more"),
+    ('[[parameter]]\nchips = ["sn40l"]\nkey = "hbm_efficiency"\nvalue = 0.5\n',
+     "'hbm_efficiency'; accepted: the unknown parameters"),
+    ('[[parameter]]\nchips = ["h100-sxm"]\nkey = "kernel_latency_s"\nvalue = 3e-6\n',
+     "declared for together (['h100-sxm', 'h200-sxm'] or ['a100-sxm-80gb'])"),
+])
+def test_a_profile_holds_only_what_calibrate_writes(tmp_path, text, needle):
+    # each was accepted: no values at all (as --calibration none), a derived parameter set by
+    # hand, or one of two chips that share a fitted value
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        calibration.load(str(path))
+
+
+def test_a_profile_knows_the_rows_it_was_fitted_to(tmp_path):
+    profile = calibration.load("default")
+    assert "sn40l16-llama8b-tokens" in profile.rows
+    assert not profile.rows & {r["id"] for r in v.load_cases() if r["role"] == "check"}
+    path = tmp_path / "p.toml"
+    path.write_text('[[parameter]]\nchips = ["sn40l"]\nkey = "collective_latency_s"\n'
+                    "value = 3e-6\nrows = 5\n")
+    with pytest.raises(ConfigError, match="parameter 1.rows: expected a list of row ids"):
+        calibration.load(str(path))

@@ -139,3 +139,28 @@ def test_a_linear_row_costs_the_gpu_kernel_and_refuses_an_unknown_split():
     assert v.METRICS["linear_time_us"]({**row, "tp": 1}) > 6 * column  # 8x the bytes, one latency
     with pytest.raises(ConfigError, match="parallel"):
         v.check_row({**row, "parallel": "diagonal"}, "row")
+
+
+def test_a_check_row_the_profile_was_fitted_to_is_refused(tmp_path):
+    # a calibrate row re-marked check was summarised as an out-of-sample error
+    path = tmp_path / "c.toml"
+    path.write_text(ROW.replace('id = "weights"', 'id = "sn40l16-llama8b-tokens"'))
+    result = CliRunner().invoke(main, ["validate", "--no-loo", "--cases", str(path)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: --cases {path}: row sn40l16-llama8b-tokens: role 'check', but calibration "
+        "profile default was fitted to it; accepted: role 'calibrate' for a row the profile was "
+        "fitted to, or --calibration none")
+    result = CliRunner().invoke(main, ["validate", "--no-loo", "--calibration", "none",
+                                       "--cases", str(path)])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("field", ["role", "tier"])
+def test_a_row_without_role_or_tier_names_the_file_and_row(tmp_path, field):
+    path = tmp_path / "c.toml"
+    path.write_text("\n".join(line for line in ROW.splitlines()
+                              if not line.startswith(f"{field} =")))
+    result = CliRunner().invoke(main, ["validate", "--no-loo", "--cases", str(path)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: --cases {path}: row[0].{field}: missing field")

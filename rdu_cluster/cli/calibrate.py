@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from rdu_cluster import config
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_options
 from rdu_cluster.output import results
@@ -50,18 +51,25 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
 
 # The row fields that may name a file calibrate reads (published._check_refs loads them).
 REF_FIELDS = ("model", "draft", "models", "cluster", "baseline_cluster")
+CLUSTER_FIELDS = ("cluster", "baseline_cluster")
 
 
 def _not_an_input(path: Path, cases_path: str | None, rows: list[dict]) -> None:
     """The profile must not replace a file it is fitted from: the measurements (bundled or
-    --cases) or a model or cluster file a row names."""
-    bundled = v.resources.files("rdu_cluster").joinpath("validation/measurements.toml")
-    inputs = [("--cases", cases_path or str(bundled))]
+    --cases), the parameter declarations, a model or cluster file a row names, or a file such
+    a cluster reads (its extends chain, its chip TOML: a bundled name like sn40l-16 names no
+    file itself, yet --out cluster_configs/chips/sn40l.toml replaced the chip)."""
+    package = v.resources.files("rdu_cluster")
+    inputs = [("--cases", cases_path or str(package.joinpath("validation/measurements.toml"))),
+              ("parameters.toml", str(package.joinpath("validation/parameters.toml")))]
     for row in rows:
         for key in REF_FIELDS:
             refs = row.get(key, [])
-            inputs += [(f"row {row['id']}: {key}", r) for r in (refs if isinstance(refs, list)
-                                                                else [refs])]
+            for r in refs if isinstance(refs, list) else [refs]:
+                inputs.append((f"row {row['id']}: {key}", r))
+                if key in CLUSTER_FIELDS:
+                    inputs += [(f"row {row['id']}: {key} {r}: {f.name}", str(f))
+                               for f in config.cluster_files(r)]
     o.check_not_inputs(str(path), "--out", inputs, ", which the fit reads; choose another file")
 
 

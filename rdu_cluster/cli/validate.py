@@ -24,7 +24,8 @@ from rdu_cluster.validation import report as vr
 def validate(as_json: bool, cases_path: str | None, no_loo: bool) -> None:
     """Run every row; exit 1 if any is outside its stated tolerance (a row's tolerance is a claim
     about the simulator, so a miss is a failure whatever its role)."""
-    report = vr.build(v.load_cases(cases_path), loo=not no_loo)
+    where = f"--cases {cases_path}" if cases_path else "measurements.toml"
+    report = vr.build(v.load_cases(cases_path), loo=not no_loo, where=where)
     if as_json:
         click.echo(json.dumps(report.as_dict(), default=float))
     else:

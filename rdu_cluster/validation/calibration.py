@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from workloads.files import read_toml
 DEFAULT = "default"
 # What `rdu-cluster calibrate` writes beside chips, key and value (fit.profile_text).
 PROFILE_EXTRA = {"first_principles", "range", "basis", "rows"}
+PROFILE_META = {"name", "date", "code_version", "measurements_version", "method", "residual"}
 STATUSES = ("published", "derived", "unknown")
 
 
@@ -52,6 +52,7 @@ class Profile:
     name: str
     values: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (chip, key) -> value
     meta: Mapping[str, Any] = field(default_factory=dict)
+    rows: frozenset[str] = frozenset()  # the ids of the rows it was fitted to (validate's check)
 
 
 def declarations() -> list[Declaration]:
@@ -80,8 +81,8 @@ def profile_path(ref: str) -> Path:
 
 def load(ref: str | None) -> Profile | None:
     """A profile by bundled name or path; None or "none": no profile (first-principles values).
-    Every field is checked: a profile holds only declared parameters (parameters.toml) of the
-    chips they are declared for, each with a finite value >= 0."""
+    Every field is checked: a profile holds only unknown parameters (parameters.toml) of the
+    chips they are declared for, each with a value in its declared range."""
     if ref is None or ref == "none":
         return None
     path = profile_path(ref)
@@ -91,43 +92,61 @@ def load(ref: str | None) -> Profile | None:
             f"calibration: {ref!r} not found; accepted: none, {', '.join(found)} or a .toml path"
         )
     raw = read_toml(path, "calibration")
-    entries = raw.get("parameter", [])
-    if not isinstance(entries, list):
-        raise ConfigError(f"calibration {path.name}: parameter: expected [[parameter]] tables, "
+    where = f"calibration {path.name}"
+    # what profile_text writes: a misspelt table ([[paramter]]) or an empty file was a profile
+    # of no values, i.e. --calibration none under another name
+    checks.exact_keys(raw, {"parameter"}, where, PROFILE_META)
+    entries = raw["parameter"]
+    if not (isinstance(entries, list) and entries):
+        raise ConfigError(f"{where}: parameter: expected [[parameter]] tables (one or more), "
                           f"got {checks.show(entries)}")
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"calibration {path.name}: name: expected a non-empty string, got "
-                          f"{checks.show(name)}")
-    declared: dict[str, tuple[str, ...]] = {}
-    ranges: dict[tuple[str, str], tuple[float, float]] = {}  # (chip, key) -> declared range
-    for d in declarations():
-        declared[d.key] = declared.get(d.key, ()) + d.chips
-        for chip in d.chips if d.range else ():
-            ranges[(chip, d.key)] = d.range
-    values = {}
+        raise ConfigError(f"{where}: name: expected a non-empty string, got {checks.show(name)}")
+    fitted = {(d.key, d.chips): d.range for d in declarations() if d.status == "unknown" and d.chips}
+    values: dict[tuple[str, str], float] = {}
+    rows: set[str] = set()
     for i, p in enumerate(entries):
-        where = f"calibration {path.name}: parameter {i + 1}"
-        checks.exact_keys(p, {"chips", "key", "value"}, where, PROFILE_EXTRA)
-        if p["key"] not in declared:
-            raise ConfigError(f"{where}.key: {checks.show(p['key'])}; accepted: the keys of "
-                              f"parameters.toml ({', '.join(sorted(declared))})")
-        chips = p["chips"]
-        if not (isinstance(chips, list) and chips
-                and all(isinstance(c, str) and c in declared[p["key"]] for c in chips)):
-            raise ConfigError(f"{where}.chips: {checks.show(chips)}; accepted: a list of the "
-                              f"chips {p['key']} is declared for ({', '.join(declared[p['key']])})")
-        v = checks.number(p["value"], f"{where}.value", 0.0)
+        key, chips, v = _entry(p, fitted, f"{where}: parameter {i + 1}")
+        rows |= _rows(p, f"{where}: parameter {i + 1}")
         for chip in chips:
-            if (chip, p["key"]) in values:
-                raise ConfigError(f"{where}: {p['key']} of {chip} is set twice; expected once")
-            lo, hi = ranges.get((chip, p["key"]), (0.0, math.inf))
-            if not lo <= v <= hi:  # calibrate fits within it: a value outside was never fitted
-                raise ConfigError(f"{where}.value: {v:g} outside {p['key']}'s declared range "
-                                  f"[{lo:g}, {hi:g}] (parameters.toml)")
-            values[(chip, p["key"])] = v
+            if (chip, key) in values:
+                raise ConfigError(f"{where}: parameter {i + 1}: {key} of {chip} is set twice; "
+                                  "expected once")
+            values[(chip, key)] = v
     meta = {k: v for k, v in raw.items() if k != "parameter"}
-    return Profile(name, values, meta)
+    return Profile(name, values, meta, frozenset(rows))
+
+
+def _rows(p: Mapping[str, Any], where: str) -> set[str]:
+    rows = p.get("rows", [])
+    if not (isinstance(rows, list) and all(isinstance(r, str) and r for r in rows)):
+        raise ConfigError(f"{where}.rows: expected a list of row ids, got {checks.show(rows)}")
+    return set(rows)
+
+
+def _entry(p: Any, fitted: Mapping[tuple[str, tuple[str, ...]], tuple[float, float]],
+           where: str) -> tuple[str, tuple[str, ...], float]:
+    """One [[parameter]]: an unknown parameter (the only kind calibrate fits) with the chips of
+    its declaration, all of them (they share one value), and a value in its declared range."""
+    checks.exact_keys(p, {"chips", "key", "value"}, where, PROFILE_EXTRA)
+    declared = {}
+    for key, chips in fitted:
+        declared.setdefault(key, []).append(chips)
+    if p["key"] not in declared:
+        raise ConfigError(f"{where}.key: {checks.show(p['key'])}; accepted: the unknown "
+                          f"parameters of parameters.toml ({', '.join(sorted(declared))})")
+    chips = tuple(p["chips"]) if isinstance(p["chips"], list) else None
+    if chips not in declared[p["key"]]:
+        shown = " or ".join(str(list(c)) for c in declared[p["key"]])
+        raise ConfigError(f"{where}.chips: {checks.show(p['chips'])}; accepted: the chips "
+                          f"{p['key']} is declared for together ({shown})")
+    v = checks.number(p["value"], f"{where}.value", 0.0)
+    lo, hi = fitted[(p["key"], chips)]
+    if not lo <= v <= hi:  # calibrate fits within it: a value outside was never fitted
+        raise ConfigError(f"{where}.value: {v:g} outside {p['key']}'s declared range "
+                          f"[{lo:g}, {hi:g}] (parameters.toml)")
+    return p["key"], chips, v
 
 
 # ---- the active profile ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ together; independent groups separately, so leaving one row out refits only its 
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 from collections.abc import Callable, Sequence
@@ -224,10 +225,10 @@ def profile_text(
         "# Calibration profile written by `rdu-cluster calibrate`: the fitted values of the unknown",
         "# parameters (rdu_cluster/validation/parameters.toml), never edited by hand. Rerun it to",
         "# refresh; `--calibration none` runs without it.",
-        f'name = "{name}"',
+        f"name = {_q(name)}",
         f'date = "{date.today().isoformat()}"',
-        f'code_version = "{code_version()}"',
-        f'measurements_version = "{measurements_version}"',
+        f"code_version = {_q(code_version())}",
+        f"measurements_version = {_q(str(measurements_version))}",
         'method = "scipy.optimize.least_squares, bounded, residual = log(simulated / measured)"',
     ]
     for g in result.groups:
@@ -256,4 +257,7 @@ def profile_text(
 
 
 def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A TOML basic string: JSON's escapes are TOML's (quote, backslash, control characters
+    below U+0020); DEL is the one more TOML refuses unescaped. Any text a --cases file carries
+    (its version, a row id) must come back from the profile as it went in."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")

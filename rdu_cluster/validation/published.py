@@ -89,7 +89,7 @@ def load_table(path: str | None = None) -> dict[str, Any]:
     ids: dict[str, int] = {}
     for i, row in enumerate(rows):
         check_row(row, f"{where}: row[{i}]")
-        _check_row(row)
+        _check_row(row, f"{where}: row[{i}]")
         if ids.setdefault(row["id"], i) != i:  # results, LOO and --json are keyed by it
             raise ConfigError(f"{where}: row[{i}].id: {row['id']!r} is row[{ids[row['id']]}]'s "
                               "too; expected each id once")
@@ -187,15 +187,17 @@ def load_cases(path: str | None = None) -> list[dict[str, Any]]:
     return load_table(path)["row"]
 
 
-def _check_row(row: dict[str, Any]) -> None:
-    rid = row.get("id", "?")
+def _check_row(row: dict[str, Any], where: str) -> None:
+    """Role and tier: named with the file and the row like every other field (they were
+    "measurements row ID: role None" for a --cases file's row without a role)."""
     for key, accepted in (("role", ROLES), ("tier", TIERS)):
-        if row.get(key) not in accepted:
-            raise ConfigError(
-                f"measurements row {rid}: {key} {row.get(key)!r}; accepted: {', '.join(accepted)}"
-            )
+        if key not in row:
+            raise ConfigError(f"{where}.{key}: missing field; accepted: {', '.join(accepted)}")
+        if row[key] not in accepted:
+            raise ConfigError(f"{where}.{key}: {row[key]!r}; accepted: {', '.join(accepted)}")
     if row["role"] == "calibrate" and row.get("kind") != "value":
-        raise ConfigError(f"measurements row {rid}: a calibrate row must be kind = \"value\"")
+        raise ConfigError(f"{where}.kind: {row.get('kind')!r}; a calibrate row must be kind = "
+                          "\"value\"")
 
 
 def group_of(case: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rdu_cluster.validation import calibration, fit, published
+from workloads.errors import ConfigError
 
 # The goal (issue 14): LOO and check rows, single-system speeds: median |error| <= 10%, max <= 25%;
 # ratios within 15%.
@@ -66,9 +67,10 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def build(rows: list[dict[str, Any]], loo: bool = True) -> Report:
+def build(rows: list[dict[str, Any]], loo: bool = True, where: str = "measurements.toml") -> Report:
     """Run every row under the active profile; leave-one-out refits its fitted groups."""
     profile = calibration.active()
+    _check_not_fitted(rows, profile, where)
     results = [published.run_case(r) for r in rows]
     out: dict[str, dict[str, float]] = {}
     if loo and profile is not None:
@@ -79,6 +81,19 @@ def build(rows: list[dict[str, Any]], loo: bool = True) -> Report:
             out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
     name = profile.name if profile is not None else "none"
     return Report(results, out, name)
+
+
+def _check_not_fitted(rows: list[dict[str, Any]], profile: calibration.Profile | None,
+                      where: str) -> None:
+    """A check row's error is reported as one on a row the profile was not fitted to: a row
+    the profile's fit used (by id, from its `rows`) may not be a check row (a --cases file
+    that marks a calibrate row `check` summarised in-sample errors as out-of-sample)."""
+    fitted = profile.rows if profile is not None else frozenset()
+    for r in rows:
+        if r["role"] == "check" and r["id"] in fitted:
+            raise ConfigError(f"{where}: row {r['id']}: role 'check', but calibration profile "
+                              f"{profile.name} was fitted to it; accepted: role 'calibrate' "
+                              "for a row the profile was fitted to, or --calibration none")
 
 
 def loo_cell(report: Report, rid: str) -> str:
