@@ -200,7 +200,15 @@ def test_report_names_a_damaged_part_and_skips_a_stray_file(tmp_path):
     part.write_bytes(b"PAR1 broken")
     r = run("report", str(out), "--out", str(tmp_path / "r2.html"))
     assert r.exit_code == 2 and f"damaged part file {part}" in r.stderr
-    assert "delete it and rerun" in r.stderr and not (tmp_path / "r2.html").exists()
+    assert not (tmp_path / "r2.html").exists()
+    assert "delete it and rerun the sweep command" in r.stderr
+    part.unlink()
+    sweep_file = dataset.meta_dir(out) / dataset.SWEEP_FILE
+    sweep_file.write_text("[1, 2]")
+    r = run("report", str(out), "--out", str(tmp_path / "r3.html"))
+    # report has no --force: what to rerun with it is the sweep
+    assert r.exit_code == 2 and f"damaged sweep file {sweep_file}" in r.stderr
+    assert "rerun the sweep with --force to start it anew" in r.stderr
 
 
 

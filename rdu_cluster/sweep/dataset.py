@@ -177,8 +177,9 @@ def read_manifest(root: str | Path) -> Manifest:
 def _manifest_entry(path: Path) -> dict[str, Any]:
     """One chunk's manifest entry, its shape checked: a damaged one is named with what to do
     (a truncated file is what a killed run can leave only if the disk lies about fsync)."""
-    fix = ("delete it and rerun the same command to redo its chunk, or rerun with --force to "
-           "start the sweep anew")
+    # `report` meets this too, and has no --force: what to rerun is the sweep
+    fix = ("delete it and rerun the sweep command to redo its chunk, or rerun the sweep with "
+           "--force to start it anew")
     try:
         entry = parse_json(read_text(path), str(path))
         ok = (isinstance(entry, dict)
@@ -209,8 +210,8 @@ def sweep_info(root: str | Path) -> dict[str, Any] | None:
         info = e
     if not isinstance(info, dict):
         why = str(info) if isinstance(info, ConfigError) else f"holds a {type(info).__name__}"
-        raise ConfigError(f"damaged sweep file {path} ({why}); rerun with --force to start the "
-                          "sweep anew, or choose another --out")
+        raise ConfigError(f"damaged sweep file {path} ({why}); rerun the sweep with --force "
+                          "to start it anew, or choose another --out")
     return info
 
 
@@ -247,7 +248,7 @@ def _refuse_foreign(root: Path) -> None:
     for folder in (meta, manifest_dir(root)):
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"--out {root}: {folder} exists and is not a folder; delete it "
-                              "and rerun with --force to start the sweep anew")
+                              "and rerun the sweep with --force to start it anew")
     if sweep_info(root) is not None:
         return
     for folder in (root, meta):
@@ -322,11 +323,11 @@ def _check_files(root: Path, info: Mapping[str, Any], files: Mapping[str, str]) 
     before = info.get("files", files)  # a sweep file of an earlier version records none
     if not isinstance(before, dict):
         raise ConfigError(f"damaged sweep file {meta_dir(root) / SWEEP_FILE} (files: not a "
-                          "table); rerun with --force to start the sweep anew")
+                          "table); rerun the sweep with --force to start it anew")
     for ref in sorted(set(before) | set(files)):
         if before.get(ref) != files.get(ref):
             raise ConfigError(f"--out {root}: {ref} has changed since the sweep started; restore "
-                              "it, or rerun with --force to start the sweep anew")
+                              "it, or rerun the sweep with --force to start it anew")
 
 
 def header(spec, n_points: int, files: Mapping[str, str]) -> dict[str, Any]:
@@ -384,7 +385,8 @@ def drop_broken_chunks(root: Path) -> list[str]:
                       if (root / rel).exists() and not (root / rel).is_file()), None)
         if squat is not None:  # a folder, a FIFO (opening it would block), a device
             raise ConfigError(f"--out {root}: {squat} is not a regular file where a part file "
-                              "belongs; delete it and rerun, or rerun with --force to start anew")
+                              "belongs; delete it and rerun the sweep, or rerun it with --force to "
+                              "start anew")
     for path, entry in entries:
         if not _held(root, entry):
             path.unlink()

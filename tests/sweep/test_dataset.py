@@ -138,7 +138,7 @@ def test_resume_refused_once_a_named_file_changed(tmp_path, field):
     run(path, out, points_per_task=1)
     edited.write_text(after)
     with pytest.raises(ConfigError, match=f"--out {out}: {edited} has changed since the sweep "
-                       "started; restore it, or rerun with --force"):
+                       "started; restore it, or rerun the sweep with --force"):
         run(path, out)
     edited.write_text(before)  # restored: resumes
     assert run(path, out)[1].ran == 0
