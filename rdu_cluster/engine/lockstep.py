@@ -33,7 +33,6 @@ class Lockstep:
         self.count = 0
         self.offsets = 0  # sum of c0 - since
         self.phases = [0] * block_tokens  # sequences per phase, those kept apart not counted
-        self.regular = 0  # sum of phases
         # id -> (the decode step it first takes a block, phase, c0 - since, blocks held)
         self.apart: dict[int, tuple[int, int, int, int]] = {}
         self.runs: dict[int, int] = {}  # id -> its run (a heap entry is live where it matches)
@@ -50,7 +49,6 @@ class Lockstep:
             self.apart[r.id] = (since + held * self.bt - r.cached, phase, off, held)
         else:
             self.phases[phase] += 1
-            self.regular += 1
         self.run += 1
         self.runs[r.id] = self.run
         heapq.heappush(self.ends, (since + r.output_len - r.generated, self.run, r))
@@ -63,7 +61,6 @@ class Lockstep:
         del self.runs[r.id]
         if self.apart.pop(r.id, None) is None:
             self.phases[off % self.bt] -= 1
-            self.regular -= 1
 
     def context(self, at: int) -> int:
         """The batch's cached tokens at decode step `at`."""
@@ -79,7 +76,7 @@ class Lockstep:
     def growth(self, at: int, n: int) -> int:
         """Blocks the batch takes in decode steps at .. at + n - 1."""
         bt, phases = self.bt, self.phases
-        out = n // bt * self.regular
+        out = n // bt * (self.count - len(self.apart))  # each counted by phase, once a cycle
         for j in range(at, at + n % bt):
             out += phases[-j % bt]
         for need, phase, _, _ in self.apart.values():
@@ -92,9 +89,7 @@ class Lockstep:
         """Sequences kept apart that took their first block before decode step `at` now hold
         the blocks of their cached tokens."""
         for rid in [rid for rid, kept in self.apart.items() if kept[0] < at]:
-            phase = self.apart.pop(rid)[1]
-            self.phases[phase] += 1
-            self.regular += 1
+            self.phases[self.apart.pop(rid)[1]] += 1
 
     def at_open(self, at: int) -> tuple[list[int], list[int], tuple[int, ...]]:
         """(cached, held) of those kept apart, and the phase counts, as a span opens at `at`

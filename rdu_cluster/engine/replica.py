@@ -298,7 +298,8 @@ class Replica:
             at = self.decode_steps
             ctx = together.context(at)
             if kind == DECODE:
-                steps = max(1, self._fit_together(together.least_remaining(at)))
+                steps = max(1, self._fit(together.count, together.least_remaining(at),
+                                         lambda n: together.growth(at, n)))
             cached, held, phases = together.at_open(at)
         else:
             # lists, not arrays: a light-load batch is a dozen sequences, and numpy's cost is
@@ -310,7 +311,7 @@ class Replica:
             ctx = sum(cached)
             if kind == DECODE and self.speculate is None:
                 limit = min([r.output_len - r.generated for r in decode])  # remaining_output
-                steps = max(1, self._fit(cached, held, limit))
+                steps = max(1, self._fit(len(decode), limit, self._growth(cached, held)))
         span = Span(kind, steps, self.step, decode, prefill, ctx_sum=ctx,
                     pre_prefix=sum([r.cached for r, _ in prefill]) if prefill else 0,
                     running=len(self.running), expert=expert, switch=switch,
@@ -329,38 +330,26 @@ class Replica:
         ops += switch
         return bool(switch)
 
-    def _fit(self, cached: list[int], held: list[int], limit: int) -> int:
-        """The most steps (up to `limit`) whose KV growth fits in the free blocks."""
-        bt = self.kv.config.block_tokens
+    def _fit(self, decodes: int, limit: int, growth: Callable[[int], int]) -> int:
+        """The most steps (up to `limit`) whose KV growth (`growth(n)` blocks in n steps) fits
+        in the free blocks."""
         free = self.kv.free
         # A sequence holds the blocks of its cached tokens (KVManager.grow after every span),
         # so n more tokens take at most ceil(n / bt) more blocks: at light load, a bound
-        # that settles most spans without a pass over the batch.
-        if len(cached) * -(-limit // bt) <= free or sum(
-                [max(0, -(-(c + limit) // bt) - h) for c, h in zip(cached, held)]) <= free:
+        # that settles most spans without counting.
+        if decodes * -(-limit // self.kv.config.block_tokens) <= free or growth(limit) <= free:
             return limit
-        cached, held = np.array(cached, dtype=np.int64), np.array(held, dtype=np.int64)
-
-        def growth(n: int) -> int:
-            return int(np.maximum(0, -(-(cached + n) // bt) - held).sum())
-
         lo, hi = 0, limit
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if growth(mid) <= free else (lo, mid)
         return lo
 
-    def _fit_together(self, limit: int) -> int:
-        """_fit, from the decoding sequences in aggregate (Lockstep.growth)."""
-        together, free, at = self.together, self.kv.free, self.decode_steps
-        if together.count * -(-limit // self.kv.config.block_tokens) <= free or \
-                together.growth(at, limit) <= free:
-            return limit
-        lo, hi = 0, limit
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if together.growth(at, mid) <= free else (lo, mid)
-        return lo
+    def _growth(self, cached: list[int], held: list[int]) -> Callable[[int], int]:
+        """Blocks n steps of decodes holding (cached, held) take, a pass over them (Lockstep
+        counts them in aggregate)."""
+        bt = self.kv.config.block_tokens
+        return lambda n: sum([max(0, -(-(c + n) // bt) - h) for c, h in zip(cached, held)])
 
     # -- state changes ------------------------------------------------------------------
     def advance(self, span: Span, steps: int) -> Sequence[Request]:
