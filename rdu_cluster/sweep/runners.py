@@ -294,8 +294,9 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
         est = _context_misfit(model, points, est)
         misfit = np.broadcast_to(np.asarray(est.misfit, dtype=object), (len(points),))
         bad = {p.id: str(why) for p, why in zip(points, misfit) if why}
+        # with the cluster, as `simulate` gives records(): its energy and cost columns
         tbl = results.estimate_table(est, cluster.chip.name,
-                                     engine or cluster.chip.execution_model)
+                                     engine or cluster.chip.execution_model, cluster=cluster)
         if bad:
             tbl = _null_speed(tbl, pa.array(misfit == ""))
     n = len(points)

@@ -214,3 +214,34 @@ def test_roofline_runs_on_any_chip(tmp_path):
     run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
     rows = pq.read_table(tmp_path / "out", columns=["feasible", "execution_model"]).to_pydict()
     assert rows["feasible"] == [True, True] and set(rows["execution_model"]) == {"roofline"}
+
+
+def test_sweep_rows_carry_energy_and_cost_as_simulate_out(tmp_path):
+    """A sweep's row of a point holds what `simulate --out` writes for it, the energy and cost
+    columns included (they were null in every sweep row: the runner built the table without
+    the cluster that prices them)."""
+    spec = write(tmp_path, """
+[sweep]
+[base]
+model = "llama-3.1-8b"
+batch = 4
+[[axes]]
+type = "list"
+points = [{ cluster = "sn40l-8" }, { cluster = "dgx-h100" }]
+""")
+    out = tmp_path / "sim.parquet"
+    runner = CliRunner()
+    res = runner.invoke(main, ["simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8",
+                               "--cluster", "dgx-h100", "--batch", "4", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    cli = {r["cluster"]: r for r in pq.read_table(out).to_pylist()}
+    swept = {r["cluster"]: r for r in
+             run_simulate(expand(load_spec(spec)).points, 0).table.to_pylist()}
+    assert set(cli) == set(swept) == {"sn40l-8", "dgx-h100"}
+    for name, row in cli.items():
+        assert row["power_w"] is not None and row["cost_per_million_tokens_usd"] is not None
+        for col, value in row.items():
+            if isinstance(value, float):
+                assert swept[name][col] == pytest.approx(value, rel=1e-12), (name, col)
+            else:
+                assert swept[name][col] == value, (name, col)
