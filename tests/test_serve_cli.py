@@ -335,3 +335,41 @@ def test_a_closed_loop_goes_on_through_a_fault_that_refuses_a_replica(tmp_path, 
     served = [s == "done" for s in req["state"]]
     assert 0 < sum(served) < 30  # the healthy replica served some, the failed one refused some
     assert all(g == 40 for g, ok in zip(req["generated_tokens"], served) if ok)
+
+
+def _peak(send, e2el):
+    import numpy as np
+
+    from rdu_cluster.engine import bench, spill
+
+    send, e2el = np.asarray(send, float), np.asarray(e2el, float)
+    m = bench.Measured(send, e2el / 2, e2el, np.full(len(send), 2), np.ones(len(send)),
+                       spill.Spill.of(e2el / 2), spill.Spill.of(send + e2el))
+    return bench._peaks(m)["max_concurrent_requests"]
+
+
+def test_max_concurrent_requests_is_vllms_exact_peak():
+    """vLLM's calculate_metrics (vllm/benchmarks/serve.py, after issue #56653): the peak of
+    requests in flight over half-open [send, completion) intervals, not one-second buckets."""
+    assert _peak([0.0, 1.0], [1.0, 1.0]) == 1  # adjacent: the first ends as the second starts
+    assert _peak([0.0, 0.3, 0.6], [0.2, 0.2, 0.2]) == 1  # three in one second, never together
+    assert _peak([0.0, 1.0], [1.5, 1.0]) == 2  # overlapping
+    assert _peak([0.0, 0.1, 0.2, 5.0], [1.0, 1.0, 1.0, 0.5]) == 3
+
+
+def test_closed_loop_peak_concurrency_is_at_most_the_clients(tmp_path):
+    """N clients never have more than N requests in flight, and the summary says so (it said 20
+    for 4 clients, counting every request that touched a busy second)."""
+    import numpy as np
+
+    r = run("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp4",
+            "--requests", "60", "--concurrency", "4", "--prompt-len", "64", "--output-len", "8",
+            "--json", "--no-progress", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    req = pq.read_table(tmp_path / "o" / "requests.parquet").to_pandas()
+    t = np.concatenate([req.finish_s, req.arrival_s])
+    d = np.concatenate([-np.ones(len(req)), np.ones(len(req))])
+    exact = int(np.cumsum(d[np.lexsort((d, t))]).max())
+    assert exact == 4
+    assert doc["max_concurrent_requests"] == exact

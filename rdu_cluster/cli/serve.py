@@ -353,7 +353,7 @@ def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster
         (f"  throughput {b['request_throughput']:.3g} req/s, {b['output_throughput']:.0f} output "
          f"tokens/s, {b['total_token_throughput']:.0f} total tokens/s over "
          f"{s['makespan_s']:.2f} s simulated; max concurrent requests "
-         f"{b['max_concurrent_requests']} (vLLM's 1-s buckets)"
+         f"{b['max_concurrent_requests']}"
          + ("" if b["request_goodput"] is None
             else f"; goodput {b['request_goodput']:.3g} req/s")),
         f"  {s['steps']} steps ({s['decode_steps']} decode) in {s['windows']} windows",

@@ -13,9 +13,11 @@ Per completed request, as vLLM measures them at the client:
 Run-wide: duration (first send to last completion: 0 to the makespan), request_throughput
 (completed / duration), output_throughput, total_token_throughput (prompt + output tokens of
 the completed requests / duration), request_goodput (completed requests meeting every bound of
---goodput, per second), and, as vLLM computes them over one-second buckets from the first send,
-max_output_tokens_per_s (chunks per bucket) and max_concurrent_requests (requests in flight
-during a bucket). Statistics are in ms: mean_, median_, std_ and p<P>_ with P from
+--goodput, per second), max_output_tokens_per_s (as vLLM computes it over one-second buckets
+from the first send: chunks per bucket) and max_concurrent_requests (vLLM's exact peak of
+requests in flight: a sweep over the half-open intervals [send, completion), a completion
+before a send at the same instant; vLLM replaced its one-second buckets, which counted a
+request in every bucket it touched, by this sweep, vllm-project/vllm issue #56653). Statistics are in ms: mean_, median_, std_ and p<P>_ with P from
 --metric-percentiles (vLLM's p_word: 99 -> "p99", 99.9 -> "p99.9"); each is 0 where no value
 was measured (no request of more than one output token for TPOT, none completed), as vLLM's
 `np.mean(tpots or 0)` and the like give.
@@ -145,9 +147,8 @@ def _stats(name: str, values_s: np.ndarray | spill.Spill,
 
 
 def _peaks(m: Measured) -> dict:
-    """vLLM's peak figures over one-second buckets from the first send: chunks per bucket, and
-    requests in flight at some time of a bucket (a request counts in every bucket from its
-    send's to its completion's)."""
+    """vLLM's peak figures: chunks per one-second bucket from the first send, and the most
+    requests in flight at one instant (each in flight over [send, completion))."""
     if not len(m.send_s):
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     t0 = float(m.send_s.min())
@@ -158,11 +159,13 @@ def _peaks(m: Measured) -> dict:
                           f"{2 * checks.MAX_SECONDS:g} s (shorter think times or gaps)")
     buckets = int(np.ceil(last - t0)) + 1
     tokens = spill.bucket_counts(m.chunk_s, t0, buckets)
-    first = np.floor(m.send_s - t0).astype(np.int64)
-    stop = np.floor(m.send_s + m.e2el_s - t0).astype(np.int64) + 1
-    delta = np.bincount(first, minlength=buckets + 1) - np.bincount(stop, minlength=buckets + 1)
+    # vLLM's sweep line: events by time, a completion (-1) before a send (+1) at a tie
+    n = len(m.send_s)
+    times = np.concatenate([m.send_s + m.e2el_s, m.send_s])
+    delta = np.concatenate([np.full(n, -1, np.int64), np.ones(n, np.int64)])
+    order = np.lexsort((delta, times))
     return {"max_output_tokens_per_s": float(tokens.max()),
-            "max_concurrent_requests": int(np.cumsum(delta).max())}
+            "max_concurrent_requests": max(0, int(np.cumsum(delta[order]).max()))}
 
 
 def overloaded(arrival_s: np.ndarray, admit_s: np.ndarray) -> bool:
