@@ -200,3 +200,18 @@ def test_calibration_field_is_the_profile_serve_uses(tmp_path):
         spec = load_spec(write(tmp_path, SMALL + f'calibration = "{profile}"\n'))
         rows[profile] = run_serve(expand(spec).points, spec.seed).table.to_pylist()[0]
     assert rows["none"]["tpot_p50_s"] < rows["default"]["tpot_p50_s"]
+
+
+def test_every_serve_row_column_is_in_docs_sweeps_md():
+    """docs/sweeps.md names every column of a serve row (request_throughput, the ITL and peak
+    concurrency figures, the KV hand-over and the prefix-cache columns were written and not
+    named); `cluster` and `model` are the partition folders."""
+    import re
+
+    doc = (Path(__file__).parents[2] / "docs" / "sweeps.md").read_text()
+    sec = doc[doc.index("A `serve` row"):doc.index("A task is committed")]
+    names = set(re.findall(r"[a-z][a-z0-9_]*", sec))
+    names |= {m.group(1) + q + "_s" for m in re.finditer(r"`([a-z0-9]+_p)\*_s`", sec)
+              for q in ("50", "90", "99")}
+    missing = [c for c in SERVE_SCHEMA.names if c not in names | {"cluster", "model"}]
+    assert missing == []
