@@ -373,3 +373,20 @@ def test_closed_loop_peak_concurrency_is_at_most_the_clients(tmp_path):
     exact = int(np.cumsum(d[np.lexsort((d, t))]).max())
     assert exact == 4
     assert doc["max_concurrent_requests"] == exact
+
+
+def test_swap_preemptions_are_in_the_summary(tmp_path):
+    """--preemption swap: the summary counted recompute preemptions only and said '0
+    preemptions' while requests were swapped out; it now carries swaps, the requests' total."""
+    args = ["serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp4",
+            "--requests", "120", "--rate", "100", "--kv-fraction", "0.01", "--preemption",
+            "swap", "--no-progress"]
+    r = run(*args, "--json", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    swaps = int(pq.read_table(tmp_path / "o" / "requests.parquet").column("swaps").to_numpy()
+                .sum())
+    assert swaps > 0 and doc["swaps"] == swaps and doc["preemptions"] == 0
+    text = run(*args, "--out", str(tmp_path / "t"))
+    assert text.exit_code == 0, text.output
+    assert f"0 preemptions, {swaps} swapped out" in text.output

@@ -276,7 +276,7 @@ def bench_json(summary: dict, **context) -> dict:
         "request_rate": "inf" if rate is None or math.isinf(rate) else rate,
         **summary["bench"],
         "failed": summary["unserved"], "overloaded": summary["overloaded"],
-        "preemptions": summary["preemptions"],
+        "preemptions": summary["preemptions"], "swaps": summary["swaps"],
         **{k: summary[k] for k in ("energy_j", "joules_per_token", "power_w", "cost_usd",
                                    "cost_per_million_tokens_usd") if k in summary},
         **{k: summary[k] for k in ("prefix_cache", "prefix_cache_hit_rate",
@@ -348,7 +348,8 @@ def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster
     b = s["bench"]
     lines = [
         (f"{model} on {cluster} ({backend} backend): {s['served']}/{s['requests']} requests "
-        f"served, {s['unserved']} unserved, {s['preemptions']} preemptions"),
+        f"served, {s['unserved']} unserved, {s['preemptions']} preemptions"
+        + (f", {s['swaps']} swapped out" if s["swaps"] else "")),
         *(f"  {name:<4} ms  {_stats_text(b, key)}" for name, key in bench_rows()),
         (f"  throughput {b['request_throughput']:.3g} req/s, {b['output_throughput']:.0f} output "
          f"tokens/s, {b['total_token_throughput']:.0f} total tokens/s over "

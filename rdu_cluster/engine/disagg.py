@@ -213,7 +213,7 @@ class Disaggregated:
             "steps": p.summary["steps"] + d.summary["steps"],
             "decode_steps": p.summary["decode_steps"] + d.summary["decode_steps"],
             "windows": p.summary["windows"] + d.summary["windows"],
-            "preemptions": int(sum(req["preemptions"])),
+            "preemptions": int(sum(req["preemptions"])), "swaps": int(sum(req["swaps"])),
             "energy_j": total["energy_j"], "cost_usd": total["cost_usd"],
             "power_w": energy._ratio(total["energy_j"], end),
             "joules_per_token": energy._ratio(total["energy_j"], tokens),

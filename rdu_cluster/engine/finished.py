@@ -39,6 +39,7 @@ class Finished:
         self.chunk_s = spill.Spill()
         self.itl_s = spill.Spill()
         self.admitted = 0  # prompt tokens admitted (prefix_cache.summary's totals)
+        self.swaps = 0  # swap preemptions of the requests recorded (the summary's)
         self.prefix_tokens: dict[str, int] = {}
         self.prefix_copy_s = 0  # summed in id order, as a sum over the requests would be
         self.trim_at = 0  # the count at which the step times no one reads are dropped next
@@ -58,6 +59,7 @@ class Finished:
         if self.recorded(r):
             return
         row = metrics.request_row(r, self.live.pop(r.id)[1], self.rec)
+        self.swaps += r.swaps
         chunks = self._chunks(r) if r.state == DONE else None
         self.held[r.id] = (row, chunks, r.admitted_tokens, r.prefix_tokens, r.prefix_copy_s)
         r.emits = []  # its chunk times are recorded

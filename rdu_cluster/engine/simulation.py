@@ -874,7 +874,8 @@ class Simulation:
             "ttft_s": ttft, "tpot_s": tpot,
             "steps": steps["steps"], "decode_steps": steps["decode_steps"],
             "windows": self.windows,
-            "preemptions": int(np.sum(req["preemptions"])),
+            "preemptions": int(np.sum(req["preemptions"])),  # recompute preemptions
+            "swaps": self.finished.swaps,  # swap preemptions (--preemption swap)
             "switches": len(self.rec.switch_s),
             "switch_waited": int(np.count_nonzero(req["switch_wait_s"])),
             "switch_s": float(sum(self.rec.switch_s.values())),
