@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -53,6 +55,29 @@ META_SUFFIX = ".sweep"
 FORMAT = "rdu-cluster-sweep"
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 _HEX = re.compile(r"[0-9a-f]{64}")
+# The packages a row is computed by, and the files of theirs it reads (setup.cfg's packages and
+# package_data): their bytes are the code version of a sweep, beside the release number.
+CODE_PACKAGES = ("rdu_cluster", "chip", "interconnect", "partitioning", "workloads",
+                 "cluster_configs")
+CODE_SUFFIXES = (".py", ".toml", ".json", ".parquet")
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """`rdu_cluster.__version__` + a digest of every source and data file of the packages.
+    The release number alone stays the same across changes of the code or of a bundled chip
+    or cluster TOML, so a sweep resumed across one mixed rows of both; the digest makes it a
+    different version (refused on resume, _check_same)."""
+    h = hashlib.sha256()
+    for pkg in CODE_PACKAGES:
+        spec = importlib.util.find_spec(pkg)
+        for base in spec.submodule_search_locations or ():
+            base = Path(base)
+            for f in sorted(base.rglob("*")):
+                if f.suffix in CODE_SUFFIXES and "__pycache__" not in f.parts and f.is_file():
+                    h.update(f"{pkg}/{f.relative_to(base).as_posix()}\0".encode())
+                    h.update(hashlib.sha256(f.read_bytes()).digest())
+    return f"{rdu_cluster.__version__}+{h.hexdigest()[:16]}"
 
 
 @dataclass(frozen=True)
@@ -335,7 +360,7 @@ def header(spec, n_points: int, files: Mapping[str, str]) -> dict[str, Any]:
         "format": FORMAT,
         "dataset_schema_version": DATASET_SCHEMA_VERSION,
         "spec_hash": spec.hash,
-        "code_version": rdu_cluster.__version__,
+        "code_version": code_version(),
         "seed": spec.seed,
         "kind": spec.kind,
         "name": spec.name,
@@ -353,7 +378,7 @@ def file_metadata(spec) -> dict[str, str]:
         "seed": str(spec.seed),
         "kind": spec.kind,
         "sweep": spec.name,
-        "code_version": rdu_cluster.__version__,
+        "code_version": code_version(),
     }
 
 
@@ -365,10 +390,10 @@ def _check_same(root: Path, info: Mapping[str, Any], spec) -> None:
             f"--out {root}: holds a different sweep (spec hash {info.get('spec_hash')}, this spec "
             f"{spec.hash}); rerun with --force to start it anew, or choose another --out"
         )
-    if info.get("code_version") != rdu_cluster.__version__:
+    if info.get("code_version") != code_version():
         raise ConfigError(
             f"--out {root}: was written by rdu-cluster {info.get('code_version')}, this is "
-            f"{rdu_cluster.__version__}; rows of two versions would mix: use --force or another --out"
+            f"{code_version()}; rows of two versions would mix: use --force or another --out"
         )
 
 

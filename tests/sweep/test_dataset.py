@@ -229,3 +229,39 @@ def test_pool_workers_never_take_ctrl_c(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=False)
     assert out.stdout == f"[{signal.SIGINT:d}, {signal.SIGTERM:d}] []\n", out.stderr
+
+
+def test_code_version_follows_the_package_files(tmp_path, monkeypatch):
+    """The code version is the release number and a digest of the packages' files: a changed
+    source file or bundled TOML is another version (the release number alone, '0.1.0' through
+    every change, let a sweep resumed after editing cluster_configs/chips/sn40l.toml mix rows
+    of both HBM bandwidths)."""
+    import sys
+
+    pkg = tmp_path / "lib" / "fakecodepkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "chip.toml").write_text("bandwidth_bytes_per_s = 1.8e12\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.setattr(dataset, "CODE_PACKAGES", ("fakecodepkg",))
+    sys.modules.pop("fakecodepkg", None)
+    dataset.code_version.cache_clear()
+    before = dataset.code_version()
+    (pkg / "sub" / "chip.toml").write_text("bandwidth_bytes_per_s = 0.9e12\n")
+    dataset.code_version.cache_clear()
+    after = dataset.code_version()
+    dataset.code_version.cache_clear()
+    assert before != after and before.startswith("0.1.0+") and after.startswith("0.1.0+")
+
+
+def test_resume_under_another_code_version_is_refused(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    helpers.FAIL_AFTER.append(2)
+    with pytest.raises(KeyboardInterrupt):
+        run(spec_file(tmp_path), out, points_per_task=30)
+    info = json.loads((dataset.meta_dir(out) / dataset.SWEEP_FILE).read_text())
+    assert info["code_version"] == dataset.code_version()
+    helpers.FAIL_AFTER.clear()
+    monkeypatch.setattr(dataset, "code_version", lambda: info["code_version"] + "x")
+    with pytest.raises(ConfigError, match="rows of two versions would mix"):
+        run(spec_file(tmp_path), out, points_per_task=30)
