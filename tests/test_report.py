@@ -270,3 +270,17 @@ def test_report_renders_in_headless_chromium(which, request, tmp_path):
     assert empty == [], f"charts with nothing drawn: {empty}"
     overlaps = {c["id"]: c["overlaps"] for c in verdict["charts"] if c["overlaps"]}
     assert overlaps == {}, f"labels drawn over each other (1280 px wide): {overlaps}"
+
+
+def test_a_run_without_steps_says_so_not_single_socket(tmp_path):
+    """A tp4pp2 run whose socket fails at 0 runs no step: its page said 'a single-socket plan'
+    for the missing link plot."""
+    out = tmp_path / "run"
+    _cli("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp4pp2",
+         "--requests", "6", "--rate", "20", "--output-len", "8", "--prompt-len", "64",
+         "--fault", "socket:1@0", "--out", out, "--no-progress")
+    html = tmp_path / "run.html"
+    _cli("report", out, "--out", html)
+    page = html.read_text()
+    assert "no link traffic (no step ran)" in page
+    assert "single-socket plan" not in page

@@ -535,7 +535,9 @@ def socket_busy(cols: Cols):
 
 def link_use(cols: Cols):
     if not len(cols["links.src"]):
-        return None, "The run has no link traffic (a single-socket plan): no link plot."
+        why = ("a single-socket plan" if len(cols["steps.time_s"])
+               else "no step ran")
+        return None, f"The run has no link traffic ({why}): no link plot."
     go = require_plotly()
     fig, where = _panels(["utilization per link"], cols_max=1)
     names = [f"{a}->{b}" for a, b in zip(cols["links.src"].tolist(), cols["links.dst"].tolist())]
