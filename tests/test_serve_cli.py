@@ -390,3 +390,33 @@ def test_swap_preemptions_are_in_the_summary(tmp_path):
     text = run(*args, "--out", str(tmp_path / "t"))
     assert text.exit_code == 0, text.output
     assert f"0 preemptions, {swaps} swapped out" in text.output
+
+
+def test_summary_burstiness_is_vllms_gamma_shape(tmp_path):
+    """summary.json's `burstiness` is vLLM's (the gamma shape of the gaps, CV 1 / sqrt(shape));
+    --burstiness here is the gaps' coefficient of variation, and the summary wrote it as it
+    was: 3 for gaps of CV 3, which vLLM's key reads as CV 0.58."""
+    import numpy as np
+
+    base = ["serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp4",
+            "--prompt-len", "32", "--output-len", "2", "--json", "--no-progress"]
+    r = run(*base, "--requests", "600", "--rate", "50", "--arrival", "bursty",
+            "--burstiness", "3", "--out", str(tmp_path / "b"))
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["burstiness"] == pytest.approx(1 / 9)
+    gaps = np.diff(pq.read_table(tmp_path / "b" / "requests.parquet").column("arrival_s")
+                   .to_numpy())
+    cv = gaps.std() / gaps.mean()
+    assert 2 < cv < 4  # the gaps' CV is --burstiness: vLLM's shape for it is 1 / 9
+    r = run(*base, "--requests", "20", "--rate", "50", "--arrival", "fixed", "--out",
+            str(tmp_path / "f"))
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["burstiness"] == "inf"
+    r = run(*base, "--requests", "20", "--rate", "50", "--out", str(tmp_path / "p"))
+    assert json.loads(r.stdout)["burstiness"] == 1.0
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_len,output_len\n0,32,2\n0.5,32,2\n")
+    r = run("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp4",
+            "--trace", str(trace), "--json", "--no-progress", "--out", str(tmp_path / "t"))
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["burstiness"] is None

@@ -68,7 +68,8 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--arrival", type=click.Choice(traces.ARRIVALS), default="poisson",
               show_default=True)
 @click.option("--burstiness", default=1.0, show_default=True, type=o.Finite(0.0, 1e3, lo_open=True),
-              help="Coefficient of variation of bursty gaps.")
+              help="Coefficient of variation of bursty gaps (vLLM's --burstiness is the gamma "
+                   "shape, 1 / CV^2: summary.json gives that).")
 @click.option("--prompt-len", default="1024", show_default=True,
               help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
 @click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
@@ -191,7 +192,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     name = f"{pools[0]} -> {pools[1]} over {pools[2].name}" if pools else cluster.name
     context = {"model": model.name, "cluster": name, "plan": plan, "backend": backend_name,
                "routing": routing, "num_prompts": len(trace), "request_rate": rate,
-               "burstiness": burstiness, "max_concurrency": concurrency}
+               "burstiness": _vllm_burstiness(trace_path, arrival, burstiness),
+               "max_concurrency": concurrency}
     started = time.perf_counter()
     with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
         backend = lambda: make_backend(  # started once the inputs are checked
@@ -282,6 +284,19 @@ def bench_json(summary: dict, **context) -> dict:
         **{k: summary[k] for k in ("prefix_cache", "prefix_cache_hit_rate",
                                    "prefix_cache_hit_rate_by_tier", "prefix_copy_s")},
     }
+
+
+def _vllm_burstiness(trace_path: str | None, arrival: str, cv: float) -> float | str | None:
+    """The arrivals as vLLM's `burstiness`: the shape of its gamma gaps (vllm/benchmarks/
+    serve.py, get_request: gamma(shape=burstiness, scale=1 / (rate x burstiness)), coefficient
+    of variation 1 / sqrt(shape)), where --burstiness here is the coefficient of variation:
+    1 / cv^2 for bursty gaps, 1 for Poisson, 'inf' for fixed gaps (vLLM's constant-delay
+    limit, written as it writes an infinite request_rate), None for a trace file's own times."""
+    if trace_path is not None:
+        return None
+    if arrival == "fixed":
+        return "inf"
+    return 1.0 / cv**2 if arrival == "bursty" else 1.0
 
 
 def _ramped(trace: traces.Trace, concurrency: int | None, ramp_up: float) -> traces.Trace:
