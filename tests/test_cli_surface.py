@@ -52,3 +52,43 @@ def test_flags_and_repeatable_options_may_repeat_and_help_wins():
     assert r.exit_code == 0 and len(r.stdout.strip().splitlines()) == 2, r.output
     r = run("simulate", "--batch", "2", "--batch", "3", "--help")
     assert r.exit_code == 0 and "Usage:" in r.stdout, r.output
+
+
+def test_simulate_refuses_a_serving_stack_the_speculative_table_ignores():
+    args = ["simulate", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--draft",
+            "llama-3.2-1b", "--json"]
+    assert run(*args).exit_code == 0
+    refused(run(*args, "--stack", "vllm"), "--stack: not with --draft")
+
+
+@pytest.mark.parametrize("extra, unused", [(["--objective", "throughput"], "--objective"),
+                                           (["--top", "3"], "--top")])
+def test_plan_refuses_search_options_with_one_plan(extra, unused):
+    args = ["plan", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--plan", "tp8"]
+    assert run(*args).exit_code == 0
+    refused(run(*args, *extra), f"{unused}: not with --plan")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prefix-cache", "off", "--prefix-block", "32"],
+     "--prefix-block: not with --prefix-cache off"),
+    (["--prefix-cache", "off", "--prefix-eviction", "lru"],
+     "--prefix-eviction: not with --prefix-cache off"),
+    (["--replicas", "2", *POOLS], "--replicas: not with --prefill-pool/--decode-pool"),
+])
+def test_serve_refuses_options_with_no_effect(tmp_path, extra, message):
+    args = [a for a in SERVE if not (POOLS[0] in extra and a in ("--plan", "tp8", "--cluster",
+                                                                 "sn40l-8"))]
+    refused(run(*args, *extra, "--out", tmp_path / "out"), message)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dry-run", "--out", "x"], "--out: not with --dry-run"),
+    (["--dry-run", "--force", "--workers", "2"], "--workers/--force: not with --dry-run"),
+    (["--show", "3", "--out", "x", "--no-progress"], "--show: only with --dry-run"),
+])
+def test_sweep_refuses_options_with_no_effect(tmp_path, monkeypatch, extra, message):
+    monkeypatch.chdir(tmp_path)
+    refused(run("sweep", SPEC, *extra), message)
+    assert list(tmp_path.iterdir()) == []

@@ -48,6 +48,9 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
 def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype, spill,
          routing, seed, as_json, plan_text, overrides) -> None:
     """Enumerate and rank the plans (tp, pp, ep, dp, per-block degrees) of MODEL on CLUSTER."""
+    if plan_text and (unused := o.given(click.get_current_context(), "objective", "top")):
+        raise ConfigError(f"{'/'.join(unused)}: not with --plan (it evaluates that one plan: "
+                          "there is no search to rank)")
     spec = load_model(model_ref)
     where = "--context"
     if context is None:  # a model of a shorter context (llama-2: 4,096) plans at its own

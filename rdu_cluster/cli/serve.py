@@ -304,6 +304,13 @@ def _check_unused(ctx: click.Context, trace_path: str | None, n_sessions: int | 
     workload.check_unused(o.given(ctx, "prompt_len", "output_len", "arrival", "burstiness",
                                   "think_time", "system_prompt"),
                           trace_path is not None, n_sessions is not None, arrival)
+    if pools and replicas is not None:
+        raise ConfigError("--replicas: not with --prefill-pool/--decode-pool (each pool names "
+                          "its replicas: CLUSTER:PLAN:N)")
+    if ctx.params["prefix_cache"] == "off" and (unused := o.given(ctx, "prefix_block",
+                                                                 "prefix_eviction")):
+        raise ConfigError(f"{'/'.join(unused)}: not with --prefix-cache off (there is no "
+                          "prefix cache to size or evict from)")
     if not (pools or replicas) and o.given(ctx, "fabric"):
         raise ConfigError("--fabric: only with --prefill-pool/--decode-pool or --replicas (it "
                           "joins their nodes)")

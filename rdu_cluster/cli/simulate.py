@@ -235,6 +235,9 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
                                      "as_json")):
         raise ConfigError(f"{'/'.join(unused)}: not with --ablate (its text tables take "
                           "--model, --cluster, --batch, the lengths, --tp, the dtypes and --set)")
+    if draft is not None and (unused := o.given(ctx, "stack_name")):
+        raise ConfigError(f"{unused[0]}: not with --draft (the speculative table costs each GPU "
+                          "with its execution model's defaults)")
     if ctx.params["tp"] and ctx.params["plan_text"]:
         raise ConfigError("--tp and --plan: give one of them")
     if o.given(ctx, "objective"):
