@@ -86,8 +86,8 @@ def test_json_says_on_stderr_why_nothing_meets_the_slo():
     (["--slo", "tpot:10", "--trace", "tests/data/traces/azure_llm_conv_2023_200.csv"],
      "--concurrency: not with --trace"),
     (["--slo", "tpot:10", "--sessions", "4"], "--concurrency: not with --sessions"),
-    (["--slo", "ttfb:10"], "--slo: 'ttfb:10'"),
-    (["--slo", "e2el:10"], "--slo: e2el: accepted keys ttft, tpot"),
+    (["--slo", "ttfb:10"], "--slo: 'ttfb:10'; accepted: KEY:MS with KEY one of ttft, tpot"),
+    (["--slo", "e2el:10"], "--slo: 'e2el:10'; accepted: KEY:MS with KEY one of ttft, tpot"),
     (["--slo", "tpot:10", "--pair", "dgx-h100"], "--pair: 'dgx-h100'"),
     (["--slo", "tpot:10", "--plot", "x.svg"], "--plot x.svg: expected an .html"),
 ])

@@ -4,6 +4,7 @@ the current one is refused before any work; the files a --help text names exist.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,11 @@ def test_serve_refuses_options_with_no_effect(tmp_path, extra, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_serve_names_turns_when_turns_meets_requests(tmp_path):
+    refused(run(*SERVE, "--turns", "2", "--out", tmp_path / "out"),
+            "--turns: not with --trace or --requests")
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--dry-run", "--out", "x"], "--out: not with --dry-run"),
     (["--dry-run", "--force", "--workers", "2"], "--workers/--force: not with --dry-run"),
@@ -92,3 +98,18 @@ def test_sweep_refuses_options_with_no_effect(tmp_path, monkeypatch, extra, mess
     monkeypatch.chdir(tmp_path)
     refused(run("sweep", SPEC, *extra), message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_files_help_texts_name_exist():
+    """A module or config path a --help text cites (serve --coe-experts cited
+    rdu_cluster/coe.py, which is rdu_cluster/scenarios/coe.py)."""
+    cited = set()
+    for name in main.commands:
+        text = " ".join(run(name, "--help").stdout.split())
+        text = re.sub(r"(?<=[\w/])- (?=\w)", "-", text)  # words click wrapped at a hyphen
+        cited |= set(re.findall(r"\b(?:rdu_cluster|chip|workloads|partitioning|interconnect|"
+                                r"cluster_configs)/[\w/.-]*\w", text))
+    assert cited
+    missing = sorted(p for p in cited  # NAME.toml and the like: a placeholder, not a file
+                     if not re.search(r"\b[A-Z]{2,}\b", p) and not (ROOT / p).exists())
+    assert not missing, missing

@@ -55,8 +55,10 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--requests", "n_requests", default=None, type=o.REQUESTS,
               help="Synthetic trace: number of requests.")
 @click.option("--rate", default=None, type=o.Finite(0.0, lo_open=True, allow_inf=True),
-              help="Synthetic trace: requests per second ('inf': all at 0); with --sessions, "
-              "session starts per second [default: inf].")
+              help="Synthetic trace: requests per second ('inf': all at 0), needed with --requests "
+              "unless --concurrency is given; with --trace, its arrivals rescaled to this mean "
+              "rate; with --sessions, session starts per second [default: inf with "
+              "--concurrency or --sessions].")
 @session_options
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="Prefix caching: off, in HBM, or tiered (spilled to DDR / host memory) "
@@ -97,7 +99,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               "in ui.perfetto.dev): a track per socket and per link, a slice per step.")
 @click.option("--coe-experts", default=None, type=o.EXPERTS,
               help="Composition of Experts: N copies of --model (default llama-2-7b) behind a "
-              "router (rdu_cluster/coe.py).")
+              "router (rdu_cluster/scenarios/coe.py).")
 @click.option("--coe-router", default="llama-2-7b", show_default=True)
 @click.option("--coe-distribution", default="uniform", show_default=True,
               help="Request-to-expert: uniform, zipf:S, or trace (its model column).")
