@@ -89,6 +89,17 @@ def test_serve_names_turns_when_turns_meets_requests(tmp_path):
             "--turns: not with --trace or --requests")
 
 
+@pytest.mark.parametrize("out", ["", ".", "./", "..", "sub/.."])
+def test_serve_refuses_an_out_that_names_no_folder_of_its_own(tmp_path, monkeypatch, out):
+    """`--out .` in an empty folder ran the whole simulation, then failed to swap the current
+    folder for its result ('Device or resource busy')."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    refused(run(*SERVE, "--out", out), "names no folder of its own")
+    assert list(here.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--dry-run", "--out", "x"], "--out: not with --dry-run"),
     (["--dry-run", "--force", "--workers", "2"], "--workers/--force: not with --dry-run"),
