@@ -47,6 +47,22 @@ def test_an_option_of_one_value_given_twice_is_refused(args, message):
     refused(run(*args), message)
 
 
+@pytest.mark.parametrize("args, flag", [
+    # '' was read as the option left out: a plain simulation, the model's dtype, the best plan
+    (["simulate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--draft", ""], "--draft"),
+    (["simulate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--weights", ""],
+     "--weights"),
+    (["plan", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--plan", ""], "--plan"),
+    ([*SERVE, "--address", "", "--out", "x"], "--address"),
+    ([*SERVE, "--goodput", "ttft:100", "--goodput", "", "--out", "x"], "--goodput"),
+    ([*SERVE, "--out", ""], "--out"),
+])
+def test_an_empty_value_is_refused(tmp_path, monkeypatch, args, flag):
+    monkeypatch.chdir(tmp_path)
+    refused(run(*args), f"{flag}: an empty value; give one or leave the option out")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_flags_and_repeatable_options_may_repeat_and_help_wins():
     r = run("simulate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--cluster",
             "dgx-h100", "--json", "--json")
@@ -89,7 +105,7 @@ def test_serve_names_turns_when_turns_meets_requests(tmp_path):
             "--turns: not with --trace or --requests")
 
 
-@pytest.mark.parametrize("out", ["", ".", "./", "..", "sub/.."])
+@pytest.mark.parametrize("out", [".", "./", "..", "sub/.."])
 def test_serve_refuses_an_out_that_names_no_folder_of_its_own(tmp_path, monkeypatch, out):
     """`--out .` in an empty folder ran the whole simulation, then failed to swap the current
     folder for its result ('Device or resource busy')."""

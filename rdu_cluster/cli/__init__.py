@@ -71,7 +71,7 @@ class Main(click.Group):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         name, cmd, rest = super().resolve_command(ctx, args)
         if cmd is not None and not ctx.resilient_parsing:
-            _refuse_repeats(cmd, click.Context(cmd, info_name=name, parent=ctx), rest)
+            _refuse_unclear(cmd, click.Context(cmd, info_name=name, parent=ctx), rest)
         return name, cmd, rest
 
     def _run(self, *args, **kwargs):
@@ -85,12 +85,14 @@ class Main(click.Group):
             calibration.activate(None)
 
 
-def _refuse_repeats(cmd: click.Command, ctx: click.Context, args: list[str]) -> None:
+def _refuse_unclear(cmd: click.Command, ctx: click.Context, args: list[str]) -> None:
     """An option of one value given twice is refused: click would keep the last one and drop
     the first unseen (`plan --cluster a --cluster b` planned b alone). Flags and repeatable
-    options may repeat; input the parser refuses is left to the command's own parse."""
+    options may repeat. An empty value is refused too: commands read '' as the option left out
+    (`simulate --draft ''` ran without speculation, `--weights ''` at the model's dtype). Input
+    the parser refuses is left to the command's own parse."""
     try:
-        _, _, order = cmd.make_parser(ctx).parse_args(args=list(args))
+        values, _, order = cmd.make_parser(ctx).parse_args(args=list(args))
     except click.ClickException:
         return
     help_option = cmd.get_help_option(ctx)
@@ -102,6 +104,11 @@ def _refuse_repeats(cmd: click.Command, ctx: click.Context, args: list[str]) -> 
                 and (n := order.count(param)) > 1):
             raise click.UsageError(f"{'/'.join(param.opts)}: given {n} times; it takes one "
                                    "value, give it once", ctx=ctx)
+        given = values.get(param.name)
+        if (isinstance(param, click.Option) and not param.is_flag
+                and "" in (given if isinstance(given, list) else [given])):
+            raise click.UsageError(f"{'/'.join(param.opts)}: an empty value; give one or leave "
+                                   "the option out", ctx=ctx)
 
 
 class _Interrupted(Exception):
