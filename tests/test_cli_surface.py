@@ -4,6 +4,7 @@ the current one is refused before any work; the files a --help text names exist.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -140,3 +141,42 @@ def test_the_files_help_texts_name_exist():
     missing = sorted(p for p in cited  # NAME.toml and the like: a placeholder, not a file
                      if not re.search(r"\b[A-Z]{2,}\b", p) and not (ROOT / p).exists())
     assert not missing, missing
+
+
+def _no_constant(token: str):
+    raise ValueError(f"{token} is not JSON (strict parsers reject it)")
+
+
+@pytest.mark.parametrize("args", [
+    ["simulate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--cluster", "dgx-h100"],
+    ["simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--draft", "llama-3.2-1b"],
+    ["plan", "--model", "mixtral-8x7b", "--cluster", "sn40l-8", "--top", "3"],
+    ["footprint", "--experts", "8"],
+    ["models"],
+    ["clusters"],
+    [*SERVE[:SERVE.index("--output-len") + 1], "1", *SERVE[SERVE.index("--output-len") + 2:],
+     "--out", "{d}/out"],  # one output token: no TPOT or ITL measured
+    ["capacity", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--max-nodes", "1",
+     "--shortlist", "1", "--concurrency", "2", "--prompt-len", "64", "--output-len", "8",
+     "--slo", "tpot:50"],
+    ["validate", "--no-loo", "--calibration", "none"],
+])
+def test_every_json_output_is_strict_json_with_its_documented_keys(tmp_path, args):
+    """README: every --json is strict JSON (no NaN or Infinity), in the keys it lists."""
+    r = run(*[a.replace("{d}", str(tmp_path)) for a in args], "--json")
+    assert r.exit_code in ((0, 1) if args[0] == "validate" else (0,)), r.output
+    text = r.stdout.strip()
+    docs = ([json.loads(text, parse_constant=_no_constant)] if args[0] in ("serve", "validate")
+            else [json.loads(line, parse_constant=_no_constant) for line in text.splitlines()])
+    assert docs
+    keys = {"plan": PLAN_KEYS, "footprint": FOOTPRINT_KEYS, "validate": VALIDATE_KEYS}
+    for doc in docs:
+        assert keys.get(args[0], set()) <= set(doc), sorted(set(keys[args[0]]) - set(doc))
+
+
+PLAN_KEYS = {"plan", "sockets", "tp", "pp", "ep", "dp", "mixer_tp", "tokens_per_s_per_request",
+             "tokens_per_s_total", "tpot_s", "hbm_used_bytes", "ddr_used_bytes",
+             "bubble_fraction", "expert_load", "bound"}
+FOOTPRINT_KEYS = {"cluster", "experts", "expert_model", "placement", "nodes", "ttft_s",
+                  "hbm_bytes_per_node", "tier_bytes_per_node", "tier", "infeasible_reason"}
+VALIDATE_KEYS = {"profile", "rows", "leave_one_out", "summary"}
