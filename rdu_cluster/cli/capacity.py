@@ -141,7 +141,7 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
                            model, fab, shortlist)
         for dep in cands:
             results.append(_verified(dep, model, model_ref, w, traffic, slo, fab,
-                                     backend_name))
+                                     backend_name, max_nodes))
     results = cap.ranked([r for r in results if r is not None])
     wall = time.perf_counter() - started
     if plot_path:
@@ -290,18 +290,20 @@ def _cheapest(deps, k):
     return sorted(deps, key=key)[:k]
 
 
-def _verified(dep, model, model_ref, w, traffic, slo, fab, backend_name):
-    """Serve the deployment; one size up (at most GROW_TRIES times) while it misses; one size
-    down (at most SHRINK_TRIES times) while it meets with a margin (the pre-filter is
-    conservative: TPOT at the next evaluated batch up, one prompt's prefill unbatched)."""
+def _verified(dep, model, model_ref, w, traffic, slo, fab, backend_name, max_nodes):
+    """Serve the deployment; one size up (at most GROW_TRIES times, within --max-nodes) while
+    it misses; one size down (at most SHRINK_TRIES times) while it meets with a margin (the
+    pre-filter is conservative: TPOT at the next evaluated batch up, one prompt's prefill
+    unbatched)."""
     serve = lambda d: cap.verify(d, model, model_ref, w, traffic, slo, fab,
                                  lambda: make_backend(backend_name))
     try:
         res = serve(dep)
         for _ in range(cap.GROW_TRIES):
-            if res.meets_slo:
+            bigger = res.deployment.grown()
+            if res.meets_slo or not bigger.within(max_nodes):
                 break
-            res = serve(res.deployment.grown())
+            res = serve(bigger)
         for _ in range(cap.SHRINK_TRIES):
             smaller = res.deployment.shrunk()
             if not res.meets_slo or res.miss > -cap.SHRINK_MARGIN or smaller is None:

@@ -286,6 +286,11 @@ class Deployment:
         return sum(-(-p.replicas * group_sockets(p.plan) // n)
                    for p, n in zip(self.pools, self.sockets_per_node))
 
+    def within(self, max_nodes: int) -> bool:
+        """Whether every pool holds at most `max_nodes` nodes (--max-nodes: per pool)."""
+        return all(p.replicas * group_sockets(p.plan) <= max_nodes * n
+                   for p, n in zip(self.pools, self.sockets_per_node))
+
     def grown(self) -> Deployment:
         """One size up: a replica more (of the decode pool when disaggregated)."""
         return self._resized(1)
@@ -413,7 +418,8 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
         (k, v) for k, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms)) if v is not None))
     rate = dep.rate if dep.disaggregated else traffic.rate
     trace = _trace(dep, traffic, rate)
-    config = ServeConfig(plan=dep.pools[0].plan, limits=Limits(max_batch=dep.max_batch),
+    limits = Limits(max_batch=dep.max_batch, token_budget=token_budget(trace))
+    config = ServeConfig(plan=dep.pools[0].plan, limits=limits,
                          seed=traffic.seed, metrics=spec,
                          concurrency=(None if dep.disaggregated or traffic.trace is not None
                                       else traffic.concurrency),
@@ -432,6 +438,14 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
                   else (math.inf, math.inf))
     return Result(dep, s, ttft, tpot, slo.misses(ttft, tpot),
                   serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace))
+
+
+def token_budget(trace: traces.Trace) -> int:
+    """serve's token budget, or the longest prompt where that is longer: the engine refuses a
+    prompt over the budget unchunked, and the pre-filter prefills one prompt at a time (a
+    32,768-token prompt was verified as 'serves no request')."""
+    default = Limits().token_budget
+    return max(default, int(trace.prompt_len.max())) if len(trace) else default
 
 
 def _trace(dep: Deployment, traffic: Traffic, rate: float | None) -> traces.Trace:
@@ -476,6 +490,8 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
         args += ["--concurrency", str(traffic.concurrency), "--ramp-up", repr(dep.ramp_s)]
     else:
         args += ["--rate", repr(rate)]
+    if (budget := token_budget(trace)) != Limits().token_budget:
+        args += ["--token-budget", str(budget)]
     args += ["--metric-percentiles", f"50,{bench.p_word(slo.percentile)}", "--goodput",
              slo.goodput_args()]
     if traffic.prefix_cache is not None:
