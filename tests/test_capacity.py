@@ -130,7 +130,10 @@ def reserved(row, tmp_path):
 
 def test_trace_traffic_is_replayed_rescaled_to_the_rate(tmp_path):
     path = "tests/data/traces/mooncake_conversation_200.jsonl"
-    r = run(*SMALL, "--trace", path, "--requests", "30", "--rate", "4")
+    # the excerpt's long prompts (up to 87,169 tokens, prefilled whole) take seconds to first
+    # token on one node
+    r = run(*setting(SMALL, "--slo", "ttft:10000"), "--trace", path, "--requests", "30",
+            "--rate", "4")
     assert r.exit_code == 0, r.output
     row = json.loads(r.output.splitlines()[0])
     args = row["serve_args"]
@@ -293,3 +296,30 @@ def test_prompts_past_serves_token_budget_are_verified_with_a_budget_that_holds_
     again = run("serve", *best["serve_args"], "--json", "--out", str(tmp_path / "out"))
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["p99_tpot_ms"] == pytest.approx(best["p99_tpot_ms"])
+
+
+def test_a_deployment_that_refuses_requests_does_not_meet_the_slo(monkeypatch):
+    """The percentiles are over the requests served: a run that refused half the trace (30 of
+    the Mooncake excerpt's first 60, past the token budget) read 'meets'."""
+    import importlib
+    from types import SimpleNamespace
+
+    from rdu_cluster.engine.disagg import Pool
+
+    cli = importlib.import_module("rdu_cluster.cli.capacity")
+    summary = {"unserved": 30, "requests": 60,
+               "bench": {"completed": 30, "p99_ttft_ms": 300.0, "p99_tpot_ms": 11.0}}
+    monkeypatch.setattr(cap, "Simulation", lambda *a, **k: SimpleNamespace(
+        run=lambda: SimpleNamespace(summary=summary)))
+    monkeypatch.setattr(cap, "serve_args", lambda *a: [])
+    dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp2", 2),), 24, None, 0.0, (8,), 1.0)
+    traffic = cap.Traffic(concurrency=None, rate=4.0, requests=60)
+    slo = cap.SLO.parse(["ttft:2000", "tpot:20"], 99.0)
+    model = load_model("llama-3.1-8b")
+    r = cap.verify(dep, model, "llama-3.1-8b", None, traffic, slo, load_fabric("ib-ndr"),
+                   lambda: None)
+    assert not r.meets_slo and r.ttft_ms == 300.0
+    assert cli._misses(r) == "refuses 30 of 60 requests"
+    summary["unserved"] = 0
+    assert cap.verify(dep, model, "llama-3.1-8b", None, traffic, slo, load_fabric("ib-ndr"),
+                      lambda: None).meets_slo

@@ -331,7 +331,7 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
         "joules_per_token": s.get("joules_per_token"),
         "usd_per_hour": d.price_per_hour,
         f"p{_pw(slo)}_ttft_ms": _finite(r.ttft_ms), f"p{_pw(slo)}_tpot_ms": _finite(r.tpot_ms),
-        "meets_slo": r.meets_slo, "miss": _finite(r.miss),
+        "meets_slo": r.meets_slo, "miss": _finite(r.miss), "unserved": r.summary["unserved"],
         "verified": ("sessions (a closed loop each)" if "--sessions" in r.serve_args
                      else "trace replayed" if "--trace" in r.serve_args
                      else f"open loop {d.rate:.4g} req/s" if d.disaggregated
@@ -379,7 +379,7 @@ def _table(results, slo, traffic, wall) -> str:
             f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
             f"{_f(rec['usd_per_million_tokens'], '.2f'):>7} "
             f"{_f(rec['joules_per_token'], '.2f'):>6} {r.ttft_ms:>10.1f} {r.tpot_ms:>10.2f}  "
-            f"{'meets' if r.meets_slo else _misses(r.miss)}"
+            f"{'meets' if r.meets_slo else _misses(r)}"
             f"{' (open loop)' if r.deployment.disaggregated and traffic.concurrency else ''}")
     if traffic.concurrency and any(r.deployment.disaggregated for r in results):
         lines.append("(open loop): disaggregated pools are verified at the users' request rate "
@@ -400,11 +400,14 @@ def _closest(results, slo) -> str:
     best = min(results, key=lambda r: r.miss)
     return (f"nothing meets the SLO; closest: {best.deployment.label} "
             f"{' + '.join(str(p) for p in best.deployment.pools)}, p{_pw(slo)} TTFT "
-            f"{best.ttft_ms:.1f} ms, TPOT {best.tpot_ms:.2f} ms: {_misses(best.miss)}")
+            f"{best.ttft_ms:.1f} ms, TPOT {best.tpot_ms:.2f} ms: {_misses(best)}")
 
 
-def _misses(miss: float) -> str:
-    return f"misses by {miss:.0%}" if math.isfinite(miss) else "serves no request"
+def _misses(r: cap.Result) -> str:
+    s = r.summary
+    if s["unserved"] and s["bench"]["completed"]:
+        return f"refuses {s['unserved']} of {s['requests']} requests"
+    return f"misses by {r.miss:.0%}" if math.isfinite(r.miss) else "serves no request"
 
 
 def _plot(costs, path: Path) -> None:

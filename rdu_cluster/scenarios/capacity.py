@@ -436,7 +436,10 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     # none served: vLLM's statistics are then 0, which would read as meeting every bound
     ttft, tpot = ((b[f"p{w}_ttft_ms"], b[f"p{w}_tpot_ms"]) if b["completed"]
                   else (math.inf, math.inf))
-    return Result(dep, s, ttft, tpot, slo.misses(ttft, tpot),
+    # a request refused (its KV past the replica's, its prompt past the budget) is traffic not
+    # served: the percentiles of the rest do not show it, so the deployment misses outright
+    miss = math.inf if s["unserved"] else slo.misses(ttft, tpot)
+    return Result(dep, s, ttft, tpot, miss,
                   serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace))
 
 
