@@ -101,6 +101,13 @@ def test_serve_refuses_options_with_no_effect(tmp_path, extra, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tree_deeper_than_spec_k_says_what_to_give():
+    refused(run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--draft",
+                "llama-3.2-1b", "--tree", "4,2,1", "--spec-k", "2"),
+            "tree: 3 branching factors make a tree of depth 3, but k (--spec-k) is 2; give k = 3 "
+            "or leave it out")
+
+
 def test_serve_names_turns_when_turns_meets_requests(tmp_path):
     refused(run(*SERVE, "--turns", "2", "--out", tmp_path / "out"),
             "--turns: not with --trace or --requests")
