@@ -187,3 +187,15 @@ PLAN_KEYS = {"plan", "sockets", "tp", "pp", "ep", "dp", "mixer_tp", "tokens_per_
 FOOTPRINT_KEYS = {"cluster", "experts", "expert_model", "placement", "nodes", "ttft_s",
                   "hbm_bytes_per_node", "tier_bytes_per_node", "tier", "infeasible_reason"}
 VALIDATE_KEYS = {"profile", "rows", "leave_one_out", "summary"}
+
+
+@pytest.mark.parametrize("workload", [["--sessions", "2", "--turns", "2"],
+                                      ["--requests", "3", "--rate", "inf"],
+                                      ["--requests", "3", "--concurrency", "2"]])
+def test_serve_refuses_an_arrival_process_at_rate_inf(tmp_path, workload):
+    """At rate inf (given, or the default of sessions and closed loops) every request arrives
+    at 0: --arrival fixed/bursty changed nothing."""
+    args = ["serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--prompt-len", "64",
+            "--output-len", "4", "--no-progress", *workload, "--out", tmp_path / "out"]
+    refused(run(*args, "--arrival", "fixed"), "--arrival: only with a finite --rate")
+    assert run(*args).exit_code == 0

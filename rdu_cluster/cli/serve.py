@@ -306,6 +306,12 @@ def _check_unused(ctx: click.Context, trace_path: str | None, n_sessions: int | 
     workload.check_unused(o.given(ctx, "prompt_len", "output_len", "arrival", "burstiness",
                                   "think_time", "system_prompt"),
                           trace_path is not None, n_sessions is not None, arrival)
+    rate = ctx.params["rate"]
+    if (trace_path is None and o.given(ctx, "arrival") and (rate is None or math.isinf(rate))
+            and (n_sessions is not None or ctx.params["concurrency"] is not None
+                 or rate is not None)):
+        raise ConfigError("--arrival: only with a finite --rate (at rate inf every request "
+                          "arrives at 0, whatever the process)")
     if pools and replicas is not None:
         raise ConfigError("--replicas: not with --prefill-pool/--decode-pool (each pool names "
                           "its replicas: CLUSTER:PLAN:N)")
