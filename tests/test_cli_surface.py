@@ -199,3 +199,17 @@ def test_serve_refuses_an_arrival_process_at_rate_inf(tmp_path, workload):
             "--output-len", "4", "--no-progress", *workload, "--out", tmp_path / "out"]
     refused(run(*args, "--arrival", "fixed"), "--arrival: only with a finite --rate")
     assert run(*args).exit_code == 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--chunked-prefill", "--prompt-len", "10000"],
+     "--chunked-prefill: not with --scheduler static"),
+    (["--preemption", "swap"], "--preemption swap: not with --scheduler static"),
+])
+def test_static_batching_refuses_limits_it_cannot_honour(tmp_path, extra, message):
+    """A static batch prefills whole prompts and is never preempted: with --chunked-prefill a
+    10,000-token prompt was neither served nor refused (0 completed, 0 failed, left waiting)."""
+    args = ["serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--scheduler", "static",
+            "--requests", "2", "--rate", "1", "--no-progress", "--out", tmp_path / "out"]
+    refused(run(*args, *extra), message)
+    assert not (tmp_path / "out").exists()

@@ -200,3 +200,12 @@ def test_calibration_field_is_the_profile_serve_uses(tmp_path):
         spec = load_spec(write(tmp_path, SMALL + f'calibration = "{profile}"\n'))
         rows[profile] = run_serve(expand(spec).points, spec.seed).table.to_pylist()[0]
     assert rows["none"]["tpot_p50_s"] < rows["default"]["tpot_p50_s"]
+
+
+def test_a_static_scheduler_with_chunked_prefill_names_the_field(tmp_path):
+    """A limit the static scheduler cannot honour is refused in a sweep too, naming its field
+    (the scheduler check had named every limit error base.scheduler)."""
+    spec = write(tmp_path, SMALL.replace('[base]\n', '[base]\nscheduler = "static"\n'
+                                         'chunked_prefill = true\n', 1))
+    r = CliRunner().invoke(main, ["sweep", str(spec), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "base.chunked_prefill: not with --scheduler static" in r.output
