@@ -71,10 +71,10 @@ DETAIL = (
     + [(f"decode_{c}_s", pa.float64()) for c in CAUSES]
     + [(f"decode_class_{c.value}_s", pa.float64()) for c in OpClass]
     + [(f"prefill_{c}_s", pa.float64()) for c in CAUSES]
-    # energy and cost of decode (rdu_cluster/economics.py); null when the estimate comes without
+    # energy and cost of decode (rdu_cluster/scenarios/economics.py); null when the estimate comes without
     # its cluster or the cluster's chip has no [power] / the cluster no [cost] table
     + [(c, pa.float64()) for c in ECONOMICS]
-    # speculative decoding (rdu_cluster/speculative.py); null for plain decode
+    # speculative decoding (rdu_cluster/scenarios/speculative.py); null for plain decode
     + [
         ("draft", pa.string()),
         ("spec_k", pa.int64()),
