@@ -28,14 +28,15 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
 @click.option("--model", "model_ref", required=True, help="Catalog name or config.json path.")
 @click.option("--cluster", "cluster_ref", required=True, help="Cluster name or TOML path.")
 @click.option("--objective", default="latency", show_default=True,
-              type=click.Choice(["latency", "throughput", "sockets"]))
+              type=click.Choice(["latency", "throughput", "sockets"]),
+              help="How the plans are ranked (not with --plan).")
 @click.option("--batch", default=1, show_default=True, type=o.BATCH, help="Sequences per replica.")
 @click.option("--context", default=None, type=o.LENGTH,
               help=f"Prompt tokens [default: {CONTEXT:,}, or the model's context less --gen-len "
                    "where that is shorter].")
 @click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 10**6),
-              help="Plans to print.")
+              help="Plans to print (not with --plan).")
 @click.option("--weights", "weights_dtype", default=None, help="Weight dtype (bf16, fp8, ...).")
 @click.option("--spill", is_flag=True, help="Let weights, then KV cache, spill to DDR.")
 @click.option("--routing", default="uniform", show_default=True,
