@@ -121,7 +121,8 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     "stack_name",
     default=None,
     help="GPU clusters: a serving-stack profile (tensorrt-llm, vllm, sglang, eager; "
-    "chip/serving_stacks.py) [default: the execution model's defaults]. RDU clusters ignore it.",
+    "chip/serving_stacks.py) [default: the execution model's defaults]. RDU clusters ignore it; "
+    "not with --draft, --coe or --ablate.",
 )
 def simulate(
     model_ref,
