@@ -213,3 +213,22 @@ def test_static_batching_refuses_limits_it_cannot_honour(tmp_path, extra, messag
             "--requests", "2", "--rate", "1", "--no-progress", "--out", tmp_path / "out"]
     refused(run(*args, *extra), message)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["serve", "sweep"])
+def test_an_unreachable_ray_address_from_the_environment_is_named_as_such(
+        tmp_path, monkeypatch, command):
+    """$RAY_ADDRESS with nothing listening was reported as '--address HOST:PORT', an option
+    the user had not given."""
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    args = ([*SERVE, "--backend", "ray", "--out", tmp_path / "out"] if command == "serve" else
+            ["sweep", SPEC, "--backend", "ray", "--out", tmp_path / "out", "--no-progress"])
+    refused(run(*args), f"error: RAY_ADDRESS=127.0.0.1:{port}: no Ray cluster reachable there")
+    refused(run(*args, "--address", f"127.0.0.1:{port}"),
+            f"error: --address 127.0.0.1:{port}: no Ray cluster reachable there")
