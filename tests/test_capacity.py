@@ -323,3 +323,14 @@ def test_a_deployment_that_refuses_requests_does_not_meet_the_slo(monkeypatch):
     summary["unserved"] = 0
     assert cap.verify(dep, model, "llama-3.1-8b", None, traffic, slo, load_fabric("ib-ndr"),
                       lambda: None).meets_slo
+
+
+def test_a_candidate_given_twice_is_tried_once():
+    """--weights fp8 --weights FP8 verified the same deployment twice and listed it twice (a
+    --cluster or --plan given twice was tried once)."""
+    args = [*setting(TINY, "--slo", "tpot:100"), "--max-nodes", "1", "--shortlist", "1",
+            "--requests", "4", "--json"]
+    for extra in (["--weights", "fp8", "--weights", "FP8"], ["--plan", "tp2", "--plan", "tp2"]):
+        r = run(*args, *extra)
+        assert r.exit_code == 0, r.output
+        assert len(r.stdout.splitlines()) == 1, r.stdout

@@ -101,6 +101,8 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
              draft_sockets, acceptance) -> None:
     """Find the cheapest deployments that meet a latency SLO for a traffic."""
     started = time.perf_counter()
+    # a dtype given twice is one candidate (as a --cluster or --plan given twice is)
+    weights = tuple(dict.fromkeys(w.lower() for w in weights))
     if rate is not None and not 0 < rate < math.inf:
         raise ConfigError(f"--rate: must be a positive finite number, got {rate}")
     if plot_path and Path(plot_path).suffix != ".html":
