@@ -216,19 +216,27 @@ def test_static_batching_refuses_limits_it_cannot_honour(tmp_path, extra, messag
 
 
 @pytest.mark.parametrize("command", ["serve", "sweep"])
-def test_an_unreachable_ray_address_from_the_environment_is_named_as_such(
-        tmp_path, monkeypatch, command):
+def test_an_unreachable_ray_address_from_the_environment_is_named_as_such(tmp_path, command):
     """$RAY_ADDRESS with nothing listening was reported as '--address HOST:PORT', an option
-    the user had not given."""
+    the user had not given. In a process of its own: a test before may have started Ray here."""
     pytest.importorskip("ray")
+    import os
     import socket
+    import subprocess
+    import sys
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    env = dict(os.environ, RAY_ADDRESS=f"127.0.0.1:{port}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     args = ([*SERVE, "--backend", "ray", "--out", tmp_path / "out"] if command == "serve" else
             ["sweep", SPEC, "--backend", "ray", "--out", tmp_path / "out", "--no-progress"])
-    refused(run(*args), f"error: RAY_ADDRESS=127.0.0.1:{port}: no Ray cluster reachable there")
-    refused(run(*args, "--address", f"127.0.0.1:{port}"),
-            f"error: --address 127.0.0.1:{port}: no Ray cluster reachable there")
+    entry = "from rdu_cluster.entry import run; run()"
+    for extra, named in (([], "RAY_ADDRESS="), (["--address", f"127.0.0.1:{port}"], "--address ")):
+        r = subprocess.run([sys.executable, "-c", entry, *map(str, args), *extra], env=env,
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                           check=False)
+        want = f"error: {named}127.0.0.1:{port}: no Ray cluster reachable there"
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(want), r.stderr
