@@ -240,3 +240,13 @@ def test_an_unreachable_ray_address_from_the_environment_is_named_as_such(tmp_pa
         want = f"error: {named}127.0.0.1:{port}: no Ray cluster reachable there"
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(want), r.stderr
+
+
+def test_ablate_refuses_a_gpu_cluster_it_would_skip():
+    """simulate --ablate --cluster sn40l-8 --cluster dgx-h100 printed sn40l-8's table alone,
+    the GPU cluster dropped unseen."""
+    args = ["simulate", "--ablate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8"]
+    assert run(*args).exit_code == 0
+    refused(run(*args, "--cluster", "dgx-h100"),
+            "--ablate: needs RDU (dataflow) clusters only; got dgx-h100")
+    assert run("simulate", "--ablate", "--model", "llama-3.2-1b").exit_code == 0  # the defaults
