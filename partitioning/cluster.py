@@ -19,7 +19,7 @@ class ClusterSpec:
     topology: TopologySpec
     description: str = ""
     source: str = ""
-    cost: Mapping[str, Any] = field(default_factory=dict)  # [cost] table: rdu_cluster/economics.py
+    cost: Mapping[str, Any] = field(default_factory=dict)  # [cost] table: rdu_cluster/scenarios/economics.py
 
     @property
     def nodes(self) -> int:

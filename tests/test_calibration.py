@@ -209,3 +209,12 @@ def test_a_profile_knows_the_rows_it_was_fitted_to(tmp_path):
                     "value = 3e-6\nrows = 5\n")
     with pytest.raises(ConfigError, match="parameter 1.rows: expected a list of row ids"):
         calibration.load(str(path))
+
+
+def test_calibrate_no_progress_silences_stderr(tmp_path):
+    """docs/sweeps.md: the long commands' progress on stderr, --no-progress silences it;
+    calibrate had no --no-progress."""
+    r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--out",
+                                  str(tmp_path / "p.toml"), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "" and "wrote" in r.stdout

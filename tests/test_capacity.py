@@ -86,8 +86,8 @@ def test_json_says_on_stderr_why_nothing_meets_the_slo():
     (["--slo", "tpot:10", "--trace", "tests/data/traces/azure_llm_conv_2023_200.csv"],
      "--concurrency: not with --trace"),
     (["--slo", "tpot:10", "--sessions", "4"], "--concurrency: not with --sessions"),
-    (["--slo", "ttfb:10"], "--slo: 'ttfb:10'"),
-    (["--slo", "e2el:10"], "--slo: e2el: accepted keys ttft, tpot"),
+    (["--slo", "ttfb:10"], "--slo: 'ttfb:10'; accepted: KEY:MS with KEY one of ttft, tpot"),
+    (["--slo", "e2el:10"], "--slo: 'e2el:10'; accepted: KEY:MS with KEY one of ttft, tpot"),
     (["--slo", "tpot:10", "--pair", "dgx-h100"], "--pair: 'dgx-h100'"),
     (["--slo", "tpot:10", "--plot", "x.svg"], "--plot x.svg: expected an .html"),
 ])
@@ -130,7 +130,10 @@ def reserved(row, tmp_path):
 
 def test_trace_traffic_is_replayed_rescaled_to_the_rate(tmp_path):
     path = "tests/data/traces/mooncake_conversation_200.jsonl"
-    r = run(*SMALL, "--trace", path, "--requests", "30", "--rate", "4")
+    # the excerpt's long prompts (up to 87,169 tokens, prefilled whole) take seconds to first
+    # token on one node
+    r = run(*setting(SMALL, "--slo", "ttft:10000"), "--trace", path, "--requests", "30",
+            "--rate", "4")
     assert r.exit_code == 0, r.output
     row = json.loads(r.output.splitlines()[0])
     args = row["serve_args"]
@@ -191,6 +194,12 @@ TINY = ["capacity", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--slo", 
          "--prompt-len", "64", "--output-len", "8", "--rate", "1"]
 
 
+def setting(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag` given `value` (an option is given once: a repeat is refused)."""
+    i = args.index(flag)
+    return [*args[:i + 1], value, *args[i + 2:]]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--think-time", "9", "--system-prompt", "5"],
      "--think-time/--system-prompt: only with --sessions"),
@@ -225,7 +234,7 @@ def test_the_draft_context_is_checked(tmp_path):
 
 @pytest.mark.parametrize("lengths", [["--output-len", "1"], ["--output-len", "uniform:1:1.4"]])
 def test_a_tpot_slo_on_one_token_outputs_is_refused(lengths):
-    r = run(*TINY, *lengths, "--requests", "4")
+    r = run(*setting(TINY, *lengths), "--requests", "4")
     lines = r.output.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1, r.output
     assert "--slo tpot: no request of the traffic has more than one output token" in lines[0]
@@ -240,10 +249,88 @@ def test_a_tpot_slo_on_a_trace_of_one_token_outputs_is_refused(tmp_path):
 
 def test_one_token_outputs_under_a_ttft_slo_give_serves_zero_tpot():
     args = [a if a != "tpot:50" else "ttft:1000" for a in TINY]
-    r = run(*args, "--output-len", "1", "--requests", "4", "--max-nodes", "1", "--json")
+    r = run(*setting(args, "--output-len", "1"), "--requests", "4", "--max-nodes", "1", "--json")
     assert r.exit_code == 0, r.output
     def strict(name):
         raise AssertionError(f"{name} is not JSON")
 
     rows = [json.loads(line, parse_constant=strict) for line in r.stdout.splitlines()]
     assert rows and all(row["p99_tpot_ms"] == 0.0 and row["meets_slo"] for row in rows)
+
+
+def test_verification_grows_a_missing_deployment_within_max_nodes(monkeypatch):
+    """A deployment that misses was served one replica larger past --max-nodes (--max-nodes 1
+    printed sn40l-8:tp2:5, 2 nodes): it grows only while every pool stays within the bound."""
+    import importlib
+    from types import SimpleNamespace
+
+    from rdu_cluster.engine.disagg import Pool
+
+    cli = importlib.import_module("rdu_cluster.cli.capacity")  # the package's name is the command
+
+    served = []
+
+    def verify(dep, *args):
+        served.append(dep)
+        return SimpleNamespace(deployment=dep, meets_slo=False, miss=1.0)
+
+    monkeypatch.setattr(cap, "verify", verify)
+    dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp2", 3),), 8, None, 0.0, (8,), 1.0)
+    cli._verified(dep, None, "llama-3.1-8b", None, None, None, None, "local", 1)
+    assert [d.pools[0].replicas for d in served] == [3, 4]  # 5 x tp2 would be 2 nodes
+    assert all(d.nodes <= 1 for d in served)
+    served.clear()
+    cli._verified(dep, None, "llama-3.1-8b", None, None, None, None, "local", 2)
+    assert [d.pools[0].replicas for d in served] == [3, 4, 5]  # GROW_TRIES = 2
+
+
+def test_prompts_past_serves_token_budget_are_verified_with_a_budget_that_holds_them(tmp_path):
+    """Verification served at serve's 8,192-token budget, which refuses a longer prompt
+    unchunked: every candidate for 16,384-token prompts read 'serves no request' (exit 1)."""
+    args = setting(setting(TINY, "--prompt-len", "16384"), "--slo", "tpot:100")
+    r = run(*args, "--max-nodes", "1", "--shortlist", "1", "--requests", "4", "--json")
+    assert r.exit_code == 0, r.output
+    best = json.loads(r.stdout.splitlines()[0])
+    assert best["meets_slo"] and "--token-budget" in best["serve_args"]
+    assert best["serve_args"][best["serve_args"].index("--token-budget") + 1] == "16384"
+    again = run("serve", *best["serve_args"], "--json", "--out", str(tmp_path / "out"))
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["p99_tpot_ms"] == pytest.approx(best["p99_tpot_ms"])
+
+
+def test_a_deployment_that_refuses_requests_does_not_meet_the_slo(monkeypatch):
+    """The percentiles are over the requests served: a run that refused half the trace (30 of
+    the Mooncake excerpt's first 60, past the token budget) read 'meets'."""
+    import importlib
+    from types import SimpleNamespace
+
+    from rdu_cluster.engine.disagg import Pool
+
+    cli = importlib.import_module("rdu_cluster.cli.capacity")
+    summary = {"unserved": 30, "requests": 60,
+               "bench": {"completed": 30, "p99_ttft_ms": 300.0, "p99_tpot_ms": 11.0}}
+    monkeypatch.setattr(cap, "Simulation", lambda *a, **k: SimpleNamespace(
+        run=lambda: SimpleNamespace(summary=summary)))
+    monkeypatch.setattr(cap, "serve_args", lambda *a: [])
+    dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp2", 2),), 24, None, 0.0, (8,), 1.0)
+    traffic = cap.Traffic(concurrency=None, rate=4.0, requests=60)
+    slo = cap.SLO.parse(["ttft:2000", "tpot:20"], 99.0)
+    model = load_model("llama-3.1-8b")
+    r = cap.verify(dep, model, "llama-3.1-8b", None, traffic, slo, load_fabric("ib-ndr"),
+                   lambda: None)
+    assert not r.meets_slo and r.ttft_ms == 300.0
+    assert cli._misses(r) == "refuses 30 of 60 requests"
+    summary["unserved"] = 0
+    assert cap.verify(dep, model, "llama-3.1-8b", None, traffic, slo, load_fabric("ib-ndr"),
+                      lambda: None).meets_slo
+
+
+def test_a_candidate_given_twice_is_tried_once():
+    """--weights fp8 --weights FP8 verified the same deployment twice and listed it twice (a
+    --cluster or --plan given twice was tried once)."""
+    args = [*setting(TINY, "--slo", "tpot:100"), "--max-nodes", "1", "--shortlist", "1",
+            "--requests", "4", "--json"]
+    for extra in (["--weights", "fp8", "--weights", "FP8"], ["--plan", "tp2", "--plan", "tp2"]):
+        r = run(*args, *extra)
+        assert r.exit_code == 0, r.output
+        assert len(r.stdout.splitlines()) == 1, r.stdout

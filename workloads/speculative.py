@@ -159,9 +159,9 @@ class Speculation:
         _check_k(self.k)
         if self.branching is not None:
             if len(self.branching) != self.k:
-                raise ConfigError(
-                    f"tree: {len(self.branching)} branching factors for depth k={self.k}"
-                )
+                n = len(self.branching)
+                raise ConfigError(f"tree: {n} branching factors make a tree of depth {n}, but k "
+                                  f"(--spec-k) is {self.k}; give k = {n} or leave it out")
             if any(int(b) != b or b < 1 for b in self.branching):
                 raise ConfigError(f"tree: branching factors must be positive integers, got "
                                   f"{self.branching}")

@@ -35,7 +35,7 @@ class SocketSetup:
     kv_scale: float = 1.0  # the socket's KV bytes per byte of the replica's KV ops (Socket)
 
 
-def probe_address(address: str | None, timeout_s: float = 2.0) -> None:
+def probe_address(address: str | None, timeout_s: float = 2.0, named: str | None = None) -> None:
     """Fail fast on an explicit `host:port` (or `ray://host:port`) address that nothing listens
     on: ray.init would wait for its connect timeout (over a minute) first. 'auto', 'local' and
     None are left to Ray. One TCP connect, closed at once."""
@@ -51,7 +51,8 @@ def probe_address(address: str | None, timeout_s: float = 2.0) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
         reason = e.strerror or type(e).__name__
-        raise ConfigError(f"--address {address}: no Ray cluster reachable there ({reason})") from None
+        raise ConfigError(f"{named or f'--address {address}'}: no Ray cluster reachable there "
+                          f"({reason})") from None
 
 
 AUTH_HINT = ("the Ray cluster requires token authentication and this process has no valid "
@@ -75,15 +76,17 @@ def _own_sigterm() -> Iterator[None]:
             signal.signal(signal.SIGTERM, held)
 
 
-def join_ray(address: str | None, **init_kwargs) -> None:
+def join_ray(address: str | None, from_env: bool = False, **init_kwargs) -> None:
     """ray.init(address) for both Ray backends, every failure one ConfigError naming what to
     fix: nothing listening (probe_address), a cluster that needs Ray's auth token (Ray >= 2.52,
     RAY_AUTH_MODE=token; checked before ray.init, which would otherwise retry for ~10 s and end
-    in a bare ConnectionError), or whatever else Ray reports."""
+    in a bare ConnectionError), or whatever else Ray reports. An address from $RAY_ADDRESS
+    (`from_env`: no --address given) is named as RAY_ADDRESS=..., not as an option."""
     import ray
 
-    probe_address(address)
-    _check_token(address)
+    named = f"RAY_ADDRESS={address}" if from_env else f"--address {address}"
+    probe_address(address, named=named)
+    _check_token(address, named)
     try:
         with _own_sigterm():
             ray.init(address=address, **init_kwargs)
@@ -92,14 +95,14 @@ def join_ray(address: str | None, **init_kwargs) -> None:
         raise
     except Exception as e:
         if type(e).__name__ == "AuthenticationError":  # ray.exceptions (Ray >= 2.52)
-            raise ConfigError(f"--address {address}: {AUTH_HINT}") from None
+            raise ConfigError(f"{named}: {AUTH_HINT}") from None
         if not isinstance(e, (ConnectionError, ValueError, RuntimeError)):
             raise
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"--address {address}: cannot join Ray ({reason})") from None
+        raise ConfigError(f"{named}: cannot join Ray ({reason})") from None
 
 
-def _check_token(address: str | None) -> None:
+def _check_token(address: str | None, named: str) -> None:
     """Ask the cluster's GCS once, quietly, whether it accepts this process: Ray's client
     raises AuthenticationError at once where ray.init would retry. Skipped where Ray has no
     token authentication or the address is not a cluster's (None, "local")."""
@@ -117,7 +120,7 @@ def _check_token(address: str | None) -> None:
     try:  # RAY_AUTH_MODE=token without a token: Ray's C++ client would abort the process
         ensure_token_if_auth_enabled(create_token_if_missing=False)
     except AuthenticationError:
-        raise ConfigError(f"--address {address}: {AUTH_HINT}") from None
+        raise ConfigError(f"{named}: {AUTH_HINT}") from None
     try:
         target = canonicalize_bootstrap_address(address)
     except (ValueError, ConnectionError, OSError, RuntimeError):
@@ -128,7 +131,7 @@ def _check_token(address: str | None) -> None:
         with _quiet_stderr():  # Ray's C++ client logs a warning line per failed attempt
             GcsClient(address=target)
     except AuthenticationError:
-        raise ConfigError(f"--address {address}: {AUTH_HINT}") from None
+        raise ConfigError(f"{named}: {AUTH_HINT}") from None
     except (ConnectionError, OSError, RuntimeError, ValueError):
         return  # anything else: ray.init says it
 

@@ -101,7 +101,8 @@ class RayBackend:
             # auto-detect on this machine, unless RAY_ADDRESS says which (ray job submit sets it).
             if address is None and not os.environ.get("RAY_ADDRESS"):
                 address = "local"
-            join_ray(address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+            join_ray(address or os.environ.get("RAY_ADDRESS"), from_env=address is None,
+                     include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
             self._owns_ray = True
         self.run_name = run_name or f"rdu-{uuid.uuid4().hex[:8]}"

@@ -68,6 +68,12 @@ class Main(click.Group):
         except KeyboardInterrupt:
             raise _Interrupted from None
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not ctx.resilient_parsing:
+            _refuse_unclear(cmd, click.Context(cmd, info_name=name, parent=ctx), rest)
+        return name, cmd, rest
+
     def _run(self, *args, **kwargs):
         """One command; the calibration profile its --calibration activated ends with it (an
         in-process caller, a test runner, must not inherit it)."""
@@ -77,6 +83,32 @@ class Main(click.Group):
             return super().main(*args, **kwargs)
         finally:
             calibration.activate(None)
+
+
+def _refuse_unclear(cmd: click.Command, ctx: click.Context, args: list[str]) -> None:
+    """An option of one value given twice is refused: click would keep the last one and drop
+    the first unseen (`plan --cluster a --cluster b` planned b alone). Flags and repeatable
+    options may repeat. An empty value is refused too: commands read '' as the option left out
+    (`simulate --draft ''` ran without speculation, `--weights ''` at the model's dtype). Input
+    the parser refuses is left to the command's own parse."""
+    try:
+        values, _, order = cmd.make_parser(ctx).parse_args(args=list(args))
+    except click.ClickException:
+        return
+    help_option = cmd.get_help_option(ctx)
+    if help_option is not None and help_option in order:  # --help shows the help regardless
+        return
+    for param in dict.fromkeys(order):
+        if (isinstance(param, click.Option) and not (param.multiple or param.is_flag
+                                                     or param.count)
+                and (n := order.count(param)) > 1):
+            raise click.UsageError(f"{'/'.join(param.opts)}: given {n} times; it takes one "
+                                   "value, give it once", ctx=ctx)
+        given = values.get(param.name)
+        if (isinstance(param, click.Option) and not param.is_flag
+                and "" in (given if isinstance(given, list) else [given])):
+            raise click.UsageError(f"{'/'.join(param.opts)}: an empty value; give one or leave "
+                                   "the option out", ctx=ctx)
 
 
 class _Interrupted(Exception):

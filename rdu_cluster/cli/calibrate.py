@@ -25,7 +25,10 @@ from workloads.errors import ConfigError
               help="Profile name: written to cluster_configs/calibration/NAME.toml.")
 @click.option("--out", default=None, help="Write the profile to this path instead.")
 @click.option("--cases", "cases_path", default=None, help="A measurements TOML.")
-def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | None) -> None:
+@click.option("--no-progress", is_flag=True, help="No progress on stderr (a bar on a terminal, "
+              "a line every few seconds otherwise).")
+def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | None,
+              no_progress: bool) -> None:
     """Bounded least squares on log error over each unknown parameter's declared range (from its
     middle); every other parameter at its first-principles value. --calibration is accepted for
     uniformity and ignored: a fit never starts from another fit."""
@@ -34,7 +37,8 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     _not_an_input(path, cases_path, table["row"])
     where = f"--cases {cases_path}" if cases_path else "measurements.toml"
     fit.check_rows(table["row"], chip, where)
-    with calibration.use(None), Progress(0, "groups", "calibrate") as bar:
+    with calibration.use(None), Progress(0, "groups", "calibrate",
+                                         enabled=not no_progress) as bar:
         result = fit.fit(table["row"], chip=chip, progress=bar.set_done)
     if not result.groups:  # rows on the chips, but none moves with a parameter: nothing to write
         raise ConfigError(f"{where}: no calibrate row responds to an unknown parameter"

@@ -101,6 +101,8 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
              draft_sockets, acceptance) -> None:
     """Find the cheapest deployments that meet a latency SLO for a traffic."""
     started = time.perf_counter()
+    # a dtype given twice is one candidate (as a --cluster or --plan given twice is)
+    weights = tuple(dict.fromkeys(w.lower() for w in weights))
     if rate is not None and not 0 < rate < math.inf:
         raise ConfigError(f"--rate: must be a positive finite number, got {rate}")
     if plot_path and Path(plot_path).suffix != ".html":
@@ -141,7 +143,7 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
                            model, fab, shortlist)
         for dep in cands:
             results.append(_verified(dep, model, model_ref, w, traffic, slo, fab,
-                                     backend_name))
+                                     backend_name, max_nodes))
     results = cap.ranked([r for r in results if r is not None])
     wall = time.perf_counter() - started
     if plot_path:
@@ -290,18 +292,20 @@ def _cheapest(deps, k):
     return sorted(deps, key=key)[:k]
 
 
-def _verified(dep, model, model_ref, w, traffic, slo, fab, backend_name):
-    """Serve the deployment; one size up (at most GROW_TRIES times) while it misses; one size
-    down (at most SHRINK_TRIES times) while it meets with a margin (the pre-filter is
-    conservative: TPOT at the next evaluated batch up, one prompt's prefill unbatched)."""
+def _verified(dep, model, model_ref, w, traffic, slo, fab, backend_name, max_nodes):
+    """Serve the deployment; one size up (at most GROW_TRIES times, within --max-nodes) while
+    it misses; one size down (at most SHRINK_TRIES times) while it meets with a margin (the
+    pre-filter is conservative: TPOT at the next evaluated batch up, one prompt's prefill
+    unbatched)."""
     serve = lambda d: cap.verify(d, model, model_ref, w, traffic, slo, fab,
                                  lambda: make_backend(backend_name))
     try:
         res = serve(dep)
         for _ in range(cap.GROW_TRIES):
-            if res.meets_slo:
+            bigger = res.deployment.grown()
+            if res.meets_slo or not bigger.within(max_nodes):
                 break
-            res = serve(res.deployment.grown())
+            res = serve(bigger)
         for _ in range(cap.SHRINK_TRIES):
             smaller = res.deployment.shrunk()
             if not res.meets_slo or res.miss > -cap.SHRINK_MARGIN or smaller is None:
@@ -329,7 +333,7 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
         "joules_per_token": s.get("joules_per_token"),
         "usd_per_hour": d.price_per_hour,
         f"p{_pw(slo)}_ttft_ms": _finite(r.ttft_ms), f"p{_pw(slo)}_tpot_ms": _finite(r.tpot_ms),
-        "meets_slo": r.meets_slo, "miss": _finite(r.miss),
+        "meets_slo": r.meets_slo, "miss": _finite(r.miss), "unserved": r.summary["unserved"],
         "verified": ("sessions (a closed loop each)" if "--sessions" in r.serve_args
                      else "trace replayed" if "--trace" in r.serve_args
                      else f"open loop {d.rate:.4g} req/s" if d.disaggregated
@@ -377,7 +381,7 @@ def _table(results, slo, traffic, wall) -> str:
             f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
             f"{_f(rec['usd_per_million_tokens'], '.2f'):>7} "
             f"{_f(rec['joules_per_token'], '.2f'):>6} {r.ttft_ms:>10.1f} {r.tpot_ms:>10.2f}  "
-            f"{'meets' if r.meets_slo else _misses(r.miss)}"
+            f"{'meets' if r.meets_slo else _misses(r)}"
             f"{' (open loop)' if r.deployment.disaggregated and traffic.concurrency else ''}")
     if traffic.concurrency and any(r.deployment.disaggregated for r in results):
         lines.append("(open loop): disaggregated pools are verified at the users' request rate "
@@ -398,11 +402,14 @@ def _closest(results, slo) -> str:
     best = min(results, key=lambda r: r.miss)
     return (f"nothing meets the SLO; closest: {best.deployment.label} "
             f"{' + '.join(str(p) for p in best.deployment.pools)}, p{_pw(slo)} TTFT "
-            f"{best.ttft_ms:.1f} ms, TPOT {best.tpot_ms:.2f} ms: {_misses(best.miss)}")
+            f"{best.ttft_ms:.1f} ms, TPOT {best.tpot_ms:.2f} ms: {_misses(best)}")
 
 
-def _misses(miss: float) -> str:
-    return f"misses by {miss:.0%}" if math.isfinite(miss) else "serves no request"
+def _misses(r: cap.Result) -> str:
+    s = r.summary
+    if s["unserved"] and s["bench"]["completed"]:
+        return f"refuses {s['unserved']} of {s['requests']} requests"
+    return f"misses by {r.miss:.0%}" if math.isfinite(r.miss) else "serves no request"
 
 
 def _plot(costs, path: Path) -> None:

@@ -105,7 +105,7 @@ SET_HELP = (
     "Override one figure of the cluster or its chip, e.g. "
     "chip.tiers.hbm.bandwidth_bytes_per_s=3.6e12, chip.peak_flops.bf16=1.2e15, "
     "topology.link_latency_s=2e-6, cost.socket_hour_usd=3; any field the TOML format accepts, "
-    "optional ones included. Repeatable."
+    "optional ones included. Repeatable; a KEY given twice takes the later value."
 )
 SOCKETS_HELP = (
     "Scale the cluster to N sockets: fewer than a node shrinks the node; more adds whole nodes "

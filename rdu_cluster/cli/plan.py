@@ -28,14 +28,15 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
 @click.option("--model", "model_ref", required=True, help="Catalog name or config.json path.")
 @click.option("--cluster", "cluster_ref", required=True, help="Cluster name or TOML path.")
 @click.option("--objective", default="latency", show_default=True,
-              type=click.Choice(["latency", "throughput", "sockets"]))
+              type=click.Choice(["latency", "throughput", "sockets"]),
+              help="How the plans are ranked (not with --plan).")
 @click.option("--batch", default=1, show_default=True, type=o.BATCH, help="Sequences per replica.")
 @click.option("--context", default=None, type=o.LENGTH,
               help=f"Prompt tokens [default: {CONTEXT:,}, or the model's context less --gen-len "
                    "where that is shorter].")
 @click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 10**6),
-              help="Plans to print.")
+              help="Plans to print (not with --plan).")
 @click.option("--weights", "weights_dtype", default=None, help="Weight dtype (bf16, fp8, ...).")
 @click.option("--spill", is_flag=True, help="Let weights, then KV cache, spill to DDR.")
 @click.option("--routing", default="uniform", show_default=True,
@@ -48,6 +49,9 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
 def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype, spill,
          routing, seed, as_json, plan_text, overrides) -> None:
     """Enumerate and rank the plans (tp, pp, ep, dp, per-block degrees) of MODEL on CLUSTER."""
+    if plan_text and (unused := o.given(click.get_current_context(), "objective", "top")):
+        raise ConfigError(f"{'/'.join(unused)}: not with --plan (it evaluates that one plan: "
+                          "there is no search to rank)")
     spec = load_model(model_ref)
     where = "--context"
     if context is None:  # a model of a shorter context (llama-2: 4,096) plans at its own

@@ -55,8 +55,10 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--requests", "n_requests", default=None, type=o.REQUESTS,
               help="Synthetic trace: number of requests.")
 @click.option("--rate", default=None, type=o.Finite(0.0, lo_open=True, allow_inf=True),
-              help="Synthetic trace: requests per second ('inf': all at 0); with --sessions, "
-              "session starts per second [default: inf].")
+              help="Synthetic trace: requests per second ('inf': all at 0), needed with --requests "
+              "unless --concurrency is given; with --trace, its arrivals rescaled to this mean "
+              "rate; with --sessions, session starts per second [default: inf with "
+              "--concurrency or --sessions].")
 @session_options
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="Prefix caching: off, in HBM, or tiered (spilled to DDR / host memory) "
@@ -98,7 +100,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               "in ui.perfetto.dev): a track per socket and per link, a slice per step.")
 @click.option("--coe-experts", default=None, type=o.EXPERTS,
               help="Composition of Experts: N copies of --model (default llama-2-7b) behind a "
-              "router (rdu_cluster/coe.py).")
+              "router (rdu_cluster/scenarios/coe.py).")
 @click.option("--coe-router", default="llama-2-7b", show_default=True)
 @click.option("--coe-distribution", default="uniform", show_default=True,
               help="Request-to-expert: uniform, zipf:S, or trace (its model column).")
@@ -319,6 +321,19 @@ def _check_unused(ctx: click.Context, trace_path: str | None, n_sessions: int | 
     workload.check_unused(o.given(ctx, "prompt_len", "output_len", "arrival", "burstiness",
                                   "think_time", "system_prompt"),
                           trace_path is not None, n_sessions is not None, arrival)
+    rate = ctx.params["rate"]
+    if (trace_path is None and o.given(ctx, "arrival") and (rate is None or math.isinf(rate))
+            and (n_sessions is not None or ctx.params["concurrency"] is not None
+                 or rate is not None)):
+        raise ConfigError("--arrival: only with a finite --rate (at rate inf every request "
+                          "arrives at 0, whatever the process)")
+    if pools and replicas is not None:
+        raise ConfigError("--replicas: not with --prefill-pool/--decode-pool (each pool names "
+                          "its replicas: CLUSTER:PLAN:N)")
+    if ctx.params["prefix_cache"] == "off" and (unused := o.given(ctx, "prefix_block",
+                                                                 "prefix_eviction")):
+        raise ConfigError(f"{'/'.join(unused)}: not with --prefix-cache off (there is no "
+                          "prefix cache to size or evict from)")
     if not (pools or replicas) and o.given(ctx, "fabric"):
         raise ConfigError("--fabric: only with --prefill-pool/--decode-pool or --replicas (it "
                           "joins their nodes)")

@@ -76,7 +76,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     "--ablate",
     is_flag=True,
     help="RDU clusters: each dataflow optimization off in turn, all off, and the "
-    "unfused host-orchestrated baseline.",
+    "unfused host-orchestrated baseline (a GPU --cluster is refused; by default sn40l-16).",
 )
 @click.option(
     "--draft",
@@ -121,7 +121,8 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     "stack_name",
     default=None,
     help="GPU clusters: a serving-stack profile (tensorrt-llm, vllm, sglang, eager; "
-    "chip/serving_stacks.py) [default: the execution model's defaults]. RDU clusters ignore it.",
+    "chip/serving_stacks.py) [default: the execution model's defaults]. RDU clusters ignore it; "
+    "not with --draft, --coe or --ablate.",
 )
 def simulate(
     model_ref,
@@ -162,7 +163,8 @@ def simulate(
     check_context(spec, prompt_len, gen_len)
     clusters = [load_cluster(c, overrides) for c in (cluster_refs or DEFAULT_CLUSTERS)]
     if ablate:
-        click.echo(_ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp))
+        click.echo(_ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp,
+                                    given=bool(cluster_refs)))
         return
     if draft:
         rows, text = speculative.simulate(
@@ -235,6 +237,9 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
                                      "as_json")):
         raise ConfigError(f"{'/'.join(unused)}: not with --ablate (its text tables take "
                           "--model, --cluster, --batch, the lengths, --tp, the dtypes and --set)")
+    if draft is not None and (unused := o.given(ctx, "stack_name")):
+        raise ConfigError(f"{unused[0]}: not with --draft (the speculative table costs each GPU "
+                          "with its execution model's defaults)")
     if ctx.params["tp"] and ctx.params["plan_text"]:
         raise ConfigError("--tp and --plan: give one of them")
     if o.given(ctx, "objective"):
@@ -262,11 +267,14 @@ def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, ove
     return coe.table_v_report(tvs)
 
 
-def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp) -> str:
+def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp, given: bool) -> str:
+    """The ablation of each RDU cluster; a GPU cluster given with --cluster is refused, not
+    skipped unseen (of the default pair, dgx-h100 is left out: the help says RDU clusters)."""
     rdu = [c for c in clusters if c.chip.execution_model == "dataflow"]
-    if not rdu:
-        names = ", ".join(c.name for c in clusters)
-        raise ConfigError(f"--ablate: needs an RDU (dataflow) cluster; got {names}")
+    if not rdu or (given and len(rdu) < len(clusters)):
+        names = ", ".join(c.name for c in clusters if c not in rdu)
+        raise ConfigError(f"--ablate: needs RDU (dataflow) clusters only; got {names} "
+                          "(kernel-by-kernel: no dataflow optimization to turn off)")
     tables = []
     for c in rdu:
         title = f"{spec.name} on {c.name}: batch {batch}, prompt {prompt_len}, gen {gen_len}"

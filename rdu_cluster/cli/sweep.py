@@ -77,6 +77,13 @@ def sweep(
     """
     if backend == "local" and address:
         raise ConfigError("--address: only with --backend ray")
+    ctx = click.get_current_context()
+    if dry_run and (unused := o.given(ctx, "out_dir", "backend", "address", "workers",
+                                      "points_per_task", "force", "no_progress")):
+        raise ConfigError(f"{'/'.join(unused)}: not with --dry-run (it counts and shows the "
+                          "points; it runs and writes nothing)")
+    if not dry_run and o.given(ctx, "show"):
+        raise ConfigError("--show: only with --dry-run (the points it prints)")
     spec = load_spec(spec_path)
     exp = expand(spec, max_points)
     if dry_run:

@@ -95,8 +95,9 @@ def _check_rate(rate: float) -> None:
 def session_trace(path, n_requests, n, turns, rate, arrival, prompt_len, output_len, system,
                   think, seed) -> traces.Trace:
     """--sessions N --turns T: the multi-turn workload (workloads/sessions.py)."""
+    flag = "--sessions" if n is not None else "--turns"
     if path or n_requests is not None:
-        raise ConfigError("--sessions: not with --trace or --requests")
+        raise ConfigError(f"{flag}: not with --trace or --requests")
     if n is None or turns is None:
         raise ConfigError("--sessions and --turns go together")
     if rate is not None:

@@ -6,11 +6,11 @@ idle power for the whole of each of the replica's steps, including the KV swaps 
 copies that the step's time holds (their energy beyond idle is not modelled), and for a
 recovery's weight reload. The summary adds the idle draw of every socket of the cluster over
 the makespan whenever it is in no step (between steps, on no replica, failed). Cost: the
-cluster's [cost] price per socket-hour (rdu_cluster/economics.py) times socket-seconds; a step
+cluster's [cost] price per socket-hour (rdu_cluster/scenarios/economics.py) times socket-seconds; a step
 charges its replica's sockets for its time, the summary the whole cluster for the makespan (the
 machine is rented throughout). Left out: host CPUs, switches, fans, facility overhead (PUE).
 
-Missing figures are None (null in the Arrow tables), as in rdu_cluster/economics.py: energy
+Missing figures are None (null in the Arrow tables), as in rdu_cluster/scenarios/economics.py: energy
 without a [power] table in the chip TOML, cost without a [cost] table in the cluster TOML.
 
 Per request, each step's energy and cost are split over the requests in it by their share of

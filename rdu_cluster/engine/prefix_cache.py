@@ -62,6 +62,9 @@ class PrefixConfig:
                               f"{', '.join(MODES)}")
         if self.block_tokens is not None and self.block_tokens < 1:
             raise ConfigError(f"--prefix-block: must be positive, got {self.block_tokens}")
+        if self.mode == "off" and self.block_tokens is not None:
+            raise ConfigError("--prefix-block: not with --prefix-cache off (there is no prefix "
+                              "cache to size)")
         evictions.get(self.eviction)
 
     def resolved(self, lower: str | None) -> str:

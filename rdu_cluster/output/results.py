@@ -29,6 +29,7 @@ from chip.cost import CAUSES
 from partitioning.estimate import Estimate
 from rdu_cluster.scenarios import economics
 from rdu_cluster.scenarios.economics import COLUMNS as ECONOMICS
+from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.ops import OpClass
 
@@ -70,10 +71,10 @@ DETAIL = (
     + [(f"decode_{c}_s", pa.float64()) for c in CAUSES]
     + [(f"decode_class_{c.value}_s", pa.float64()) for c in OpClass]
     + [(f"prefill_{c}_s", pa.float64()) for c in CAUSES]
-    # energy and cost of decode (rdu_cluster/economics.py); null when the estimate comes without
+    # energy and cost of decode (rdu_cluster/scenarios/economics.py); null when the estimate comes without
     # its cluster or the cluster's chip has no [power] / the cluster no [cost] table
     + [(c, pa.float64()) for c in ECONOMICS]
-    # speculative decoding (rdu_cluster/speculative.py); null for plain decode
+    # speculative decoding (rdu_cluster/scenarios/speculative.py); null for plain decode
     + [
         ("draft", pa.string()),
         ("spec_k", pa.int64()),
@@ -547,6 +548,9 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def check_folder(out: str | Path, owned: Iterable[str], what: str = "--out") -> Path:
     """The checks folder_swap makes, for use before any work starts."""
+    if Path(out).name in ("", ".", ".."):  # "", ".", "/", "a/..": a folder cannot replace itself
+        raise ConfigError(f"{what} {show(str(out))}: names no folder of its own (the current "
+                          "folder, a parent or the root); give a folder name such as run/")
     out = Path(out)
     check_name(out, what)
     if out.exists() and not out.is_dir():

@@ -3,7 +3,7 @@
 Two placements per system, both with the experts tensor-parallel over the sockets of a node:
 - "tiered": every expert in the capacity tier (DDR on an RDU, host DRAM on a GPU); HBM holds the
   router, a KV reserve and as many expert slots as fit. A request whose expert is not resident
-  waits for the switch (rdu_cluster/coe.py switch_time_s).
+  waits for the switch (rdu_cluster/scenarios/coe.py switch_time_s).
 - "hbm": every expert resident in HBM, spread over as many nodes as it takes (each node with its
   own router and KV reserve); no switch.
 The latency target bounds the time to first token of a request: router + (switch on a miss) +

@@ -401,7 +401,7 @@ def _f(x) -> float:
     return float(np.ravel(np.asarray(x, dtype=float))[0])
 
 
-# ---- validation metrics (rdu_cluster/validate.py registers them) -----------------------------
+# ---- validation metrics (rdu_cluster/validation/published.py registers them) -----------------------------
 
 
 def case_estimate(case: dict[str, Any], cluster_key: str = "cluster") -> SpecEstimate:
@@ -437,7 +437,7 @@ VALIDATION_METRICS: dict[str, Callable[[dict], float]] = {
 
 
 def records(sest: SpecEstimate, cluster: ClusterSpec) -> list[dict]:
-    """Result rows (rdu_cluster/results.py schema): the target's rows with the speculative
+    """Result rows (rdu_cluster/output/results.py schema): the target's rows with the speculative
     figures in place of plain decode's, and the speculative columns filled."""
     rows = results.records(sest.base, cluster.chip.name, cluster.chip.execution_model, cluster)
     spec_cols = {

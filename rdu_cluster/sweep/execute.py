@@ -222,7 +222,7 @@ class RayBackend:
             addr = address or os.environ.get("RAY_ADDRESS")
             kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
             if addr:
-                join_ray(addr, **kwargs)
+                join_ray(addr, from_env=not address, **kwargs)
             else:
                 # "local": always an instance of our own, never a cluster that happens to
                 # run on this machine (/tmp/ray/ray_current_cluster).

@@ -763,8 +763,8 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
         limits = schedulers.Limits(f["max_batch"], f["token_budget"], f["chunked_prefill"],
                                    f["preemption"])
         checks.setdefault(("scheduler", f["scheduler"], limits),
-                          ("scheduler", "", functools.partial(schedulers.get, f["scheduler"],
-                                                              limits)))
+                          (None, "", functools.partial(schedulers.get, f["scheduler"],
+                                                       limits)))  # the field its flag names
         if "fault" in f:
             checks.setdefault(("fault", f["fault"], cluster.name, cluster.sockets),
                               ("fault", f"on {cluster.name}: ",

@@ -357,7 +357,7 @@ METRICS: dict[str, Callable[[dict], float]] = {
     "orchestration_speedup": _speedup("micro24_fused_host", "micro24_fused_hw"),
 }
 
-# Speculative decoding and Composition of Experts (rdu_cluster/speculative.py, rdu_cluster/coe.py).
+# Speculative decoding and Composition of Experts (rdu_cluster/scenarios/speculative.py, rdu_cluster/scenarios/coe.py).
 from rdu_cluster.scenarios.coe import VALIDATION_METRICS as _COE_METRICS
 from rdu_cluster.scenarios.speculative import VALIDATION_METRICS as _SPEC_METRICS
 

@@ -68,7 +68,7 @@ def _one_request(serve, spec, output=40, **kw):
 
 
 def _estimate(spec, **kw):
-    """simulate's speculative step (rdu_cluster/speculative.py, its own composition of the
+    """simulate's speculative step (rdu_cluster/scenarios/speculative.py, its own composition of the
     same execution model) at the context of the engine's first decode step: the 128 prompt
     tokens cached."""
     from rdu_cluster.config import load_cluster

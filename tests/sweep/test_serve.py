@@ -215,3 +215,20 @@ def test_every_serve_row_column_is_in_docs_sweeps_md():
               for q in ("50", "90", "99")}
     missing = [c for c in SERVE_SCHEMA.names if c not in names | {"cluster", "model"}]
     assert missing == []
+
+
+def test_a_static_scheduler_with_chunked_prefill_names_the_field(tmp_path):
+    """A limit the static scheduler cannot honour is refused in a sweep too, naming its field
+    (the scheduler check had named every limit error base.scheduler)."""
+    spec = write(tmp_path, SMALL.replace('[base]\n', '[base]\nscheduler = "static"\n'
+                                         'chunked_prefill = true\n', 1))
+    r = CliRunner().invoke(main, ["sweep", str(spec), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "base.chunked_prefill: not with --scheduler static" in r.output
+
+
+def test_a_prefix_block_without_a_prefix_cache_is_refused(tmp_path):
+    """prefix_block with prefix_cache = "off" sized no cache: refused, as serve refuses it."""
+    spec = write(tmp_path, SMALL.replace('[base]\n', '[base]\nprefix_cache = "off"\n'
+                                         'prefix_block = 32\n', 1))
+    r = CliRunner().invoke(main, ["sweep", str(spec), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "base.prefix_block: not with --prefix-cache off" in r.output

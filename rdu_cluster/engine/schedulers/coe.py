@@ -3,7 +3,7 @@
 The expert in use is that of the running (or swapped) sequences; when none is running, the next
 expert is that of the oldest waiting request (FIFO over the router's verdicts, as [MICRO24]'s
 serving loop), and every waiting request of it is admitted together (within the limits). The
-engine brings it into HBM first (a region copy on every socket, rdu_cluster/coe.py
+engine brings it into HBM first (a region copy on every socket, rdu_cluster/scenarios/coe.py
 ExpertResidency) and the step waits for the copy. While an expert runs, its newly routed
 requests join the batch (continuous batching) only as long as no request of another expert is
 waiting: then the batch drains and the oldest waiting request's expert comes next, so a popular

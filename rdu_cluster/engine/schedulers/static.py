@@ -6,6 +6,7 @@ baseline continuous batching is measured against; a plug-in in one file."""
 from __future__ import annotations
 
 from rdu_cluster.engine.schedulers import Limits, StepPlan, View, register
+from workloads.errors import ConfigError
 
 
 @register
@@ -14,6 +15,14 @@ class Static:
     lockstep = True  # its decode steps decode every running sequence not prefilling
 
     def __init__(self, limits: Limits):
+        # limits it cannot honour are refused, not ignored: a prompt past the token budget was
+        # neither chunked nor refused (--chunked-prefill lifts the refusal), left waiting
+        if limits.chunked_prefill:
+            raise ConfigError("--chunked-prefill: not with --scheduler static (a static batch "
+                              "prefills each prompt whole, in one step)")
+        if limits.preemption != "recompute":
+            raise ConfigError(f"--preemption {limits.preemption}: not with --scheduler static "
+                              "(a static batch reserves its KV and is never preempted)")
         self.limits = limits
 
     def step(self, view: View) -> StepPlan:
