@@ -52,7 +52,7 @@ KV_GROUP = 1 << 18  # (decode, step) cells Window.kv_blocks takes at once (about
 
 
 class Experts(Protocol):
-    """CoE residency (rdu_cluster/coe.py ExpertResidency): the region ops that bring an expert
+    """CoE residency (rdu_cluster/scenarios/coe.py ExpertResidency): the region ops that bring an expert
     into HBM (empty when it is the one in use or resident), chosen by its replacement policy."""
 
     def switch_ops(self, expert: int) -> list: ...
