@@ -113,6 +113,9 @@ class Simulation:
         self.rec = metrics.Recorder(split=energy.split_columns(self.rates))
         self.now, self.seq, self.windows = 0.0, 0, 0
         self.failed: set[int] = set()
+        self.home: dict[int, tuple[int, ...]] = {}  # each replica's sockets at the start
+        self.late_fault = False  # a fault came after every request was through
+        self.refused_s = 0.0  # when the last refusal was recorded
         self.degradation: dict[int, list[float]] = {}
         self.layouts: dict[int, plans.ReplicaLayout] = {}
         self.replicas: list[Replica] = []
@@ -145,6 +148,7 @@ class Simulation:
         setups = {}
         for r, lay in enumerate(layouts):
             self.layouts[r] = lay
+            self.home[r] = tuple(lay.sockets)
             setups.update(self._setups(lay, self.plan))
         self.backend.start(setups)
         for r, lay in enumerate(layouts):
@@ -395,6 +399,8 @@ class Simulation:
                 self.rec.meta = self.metadata()
             started = time.perf_counter()
             end = loop.run(self, self.initial_events())
+            if self.late_fault:  # the loop's last event: a fault after the run's work
+                end = self._work_end()
             self.backend.sync()  # results the backend still owes (Ray: the followers' replies)
             ran = time.perf_counter()
             tables = self.tables(end)
@@ -423,6 +429,7 @@ class Simulation:
         """Record a request refused now (unserved, with its reason); closed loop: its client's
         next request, or its session's next turn (refused in turn), is sent now."""
         self.finished.add(r)
+        self.refused_s = max(self.refused_s, self.now)
         return self.dispatch.refused(r, self.now)
 
     def take_spawned(self) -> list[Event]:
@@ -724,6 +731,11 @@ class Simulation:
 
     # -- faults ---------------------------------------------------------------------------
     def apply_fault(self, f: Fault) -> list[Event]:
+        if self.finished.count == len(self.trace):
+            # Every request is through: the run is over, and a fault now changes nothing it
+            # measures (applied, a failure's reload stretched the duration to the fault's time).
+            self.late_fault = True
+            return []
         if f.target == "link":
             factor = LINK_DETOUR_FACTOR if f.kind == "failed" else 1.0 / f.fraction
             for lay in self.layouts.values():
@@ -744,9 +756,21 @@ class Simulation:
         if s not in self.failed:
             self.backend.set_fault(s, d[0], d[1], False)
 
+    def _work_end(self) -> float:
+        """When the run's work ended: its last step (a recovery row's reload included) or its
+        last refusal."""
+        return max([self.refused_s, *(max(rep.window_end, rep.down_until)
+                                      for rep in self.replicas)])
+
     def _fail_socket(self, s: int) -> list[Event]:
-        self.failed.add(s)
-        self.backend.set_fault(s, 1.0, 1.0, True)
+        # Sockets failing at the same instant fail together: the group is re-planned once on
+        # what survives them all (one by one, each re-plan reloaded weights onto a socket
+        # failing at that instant, in recovery rows overlapping in time).
+        for x in [s, *(g.a for g in self.faults if g.time_s == self.now and g.target == "socket"
+                       and g.kind == "failed")]:
+            if x not in self.failed:
+                self.failed.add(x)
+                self.backend.set_fault(x, 1.0, 1.0, True)
         out = []
         for rep in self.replicas:
             if s in rep.sockets:
@@ -756,7 +780,9 @@ class Simulation:
     def _route_around(self, rep: Replica) -> list[Event]:
         """Re-plan the replica on its healthy sockets, or refuse its requests; returns what the
         refusals send (closed loop)."""
-        healthy = tuple(x for x in rep.sockets if x not in self.failed)
+        # The healthy sockets of those the replica started on: a second failure re-plans over
+        # them all, not only over the smaller group the first one left.
+        healthy = tuple(x for x in self.home[rep.index] if x not in self.failed)
         new = self._smaller_plan(len(healthy))
         rep.drop_all_kv()
         if new is None:
