@@ -118,8 +118,13 @@ class SpecEstimate:
         return self.draft_s + self.verify.time_s + self.transfer_s
 
     @property
-    def tokens_per_step(self) -> float:
-        return self.speculation.tokens_per_step()
+    def tokens_per_step(self) -> Work:
+        """Over a request of gen_len tokens (its first from the prefill): a step emits no more
+        than the output has left (Speculation.tokens_per_step_over)."""
+        g = np.asarray(self.base.gen_len, dtype=float) - 1.0
+        if g.ndim == 0:
+            return self.speculation.tokens_per_step_over(float(g))
+        return np.vectorize(self.speculation.tokens_per_step_over, otypes=[float])(g)
 
     @property
     def tpot_s(self) -> Work:
