@@ -708,19 +708,26 @@ class Simulation:
         if self.rec.sink is not None:
             self.rec.flush_sockets()
         sent_s = sent.tolist()
-        for i, link in links:
-            self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s[i]
+        for i, link, share in links:
+            self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s[i] * share
 
     def _socket_order(self, rep: Replica) -> tuple[list[int], list[int], list]:
-        """The replica's sockets stage by stage, their nodes, and each ring link (socket to the
-        next of its stage) with its socket's position: what every window's sockets rows need,
-        kept per layout (a re-planned replica gets a new one)."""
+        """The replica's sockets stage by stage, their nodes, and the links each socket's bytes
+        go over, with its position and the share it sends there: what every window's sockets
+        rows need, kept per layout (a re-planned replica gets a new one). On a full mesh a
+        socket has a link to every other socket of its stage and the collectives spread over
+        them (interconnect/collectives.py), so its bytes are split evenly over them; charged to
+        the one ring link, they showed links used up to 5x their bandwidth. Elsewhere, the ring
+        link to the next socket of its stage carries them all."""
         lay = self.layouts[rep.index]
         got = self._orders.get(rep.index)
         if got is None or got[0] is not lay:
             socks = [s for stage in lay.stages for s in stage]
-            links = [(socks.index(s), (s, stage[(pos + 1) % len(stage)]))
-                     for stage in lay.stages if len(stage) > 1 for pos, s in enumerate(stage)]
+            mesh = self.cluster.topology.kind == "full_mesh"
+            links = [(socks.index(s), (s, t), 1.0 / (len(stage) - 1))
+                     if mesh else (socks.index(s), (s, stage[(pos + 1) % len(stage)]), 1.0)
+                     for stage in lay.stages if len(stage) > 1 for pos, s in enumerate(stage)
+                     for t in (stage if mesh else (None,)) if t != s]
             got = self._orders[rep.index] = (lay, socks,
                                              [self.cluster.node_of(s) for s in socks], links)
         return got[1], got[2], got[3]
@@ -865,7 +872,9 @@ class Simulation:
         )
 
     def _link_columns(self, end: float) -> dict:
-        bw = self.cluster.topology.link_bandwidth_bytes_per_s
+        top = self.cluster.topology
+        bw = top.link_bandwidth_bytes_per_s * (top.links_per_pair if top.kind == "full_mesh"
+                                               else 1)
         links = sorted(self.rec.link_bytes)
         nbytes = [self.rec.link_bytes[k] for k in links]
         return {"src": [a for a, _ in links], "dst": [b for _, b in links], "bytes": nbytes,

@@ -249,3 +249,14 @@ def test_busy_fraction_is_at_most_one_months_into_a_run(serve):
     _, t = serve(cluster="sn40l-8", n=6, rate=4e-7, output=traces.LengthDist("fixed", 30))
     assert max(t.requests.column("arrival_s").to_pylist()) > 5e6
     assert max(t.sockets.column("busy_fraction").to_pylist()) == 1.0
+
+
+def test_links_on_a_full_mesh_carry_their_sockets_bytes_within_their_bandwidth(serve):
+    """sn40l-8 is a full mesh: a socket's collectives spread over its links to the 7 others.
+    Charged to one ring link, prefill-heavy traffic showed links at up to 5x their bandwidth."""
+    _, t = serve(cluster="sn40l-8", n=50, rate=float("inf"),
+                 output=traces.LengthDist("fixed", 1), prompt=traces.LengthDist("fixed", 1024))
+    links, socks = cols(t.links), cols(t.sockets)
+    assert max(links["utilization"]) <= 1.0
+    assert sum(links["bytes"]) == pytest.approx(sum(socks["sent_bytes"]))
+    assert len(set(zip(links["src"], links["dst"], strict=True))) == 8 * 7
