@@ -71,6 +71,23 @@ def test_static_batching_waits_for_the_whole_batch(serve):
     assert stat.summary["ttft_s"][90] > cont.summary["ttft_s"][90]
 
 
+def test_static_batching_refuses_chunked_prefill(tmp_path):
+    """A static batch prefills in one step, so it never admitted a prompt over the budget, which
+    chunked prefill no longer refuses: serve exited 0 with every request 'waiting', no reason."""
+    from click.testing import CliRunner
+
+    from rdu_cluster.cli import main
+
+    with pytest.raises(ConfigError, match="not with --scheduler static"):
+        get("static", Limits(token_budget=128, chunked_prefill=True))
+    out = CliRunner().invoke(main, [
+        "serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "4",
+        "--rate", "inf", "--prompt-len", "1024", "--output-len", "4", "--scheduler", "static",
+        "--chunked-prefill", "--token-budget", "128", "--out", str(tmp_path / "run")])
+    assert out.exit_code == 2 and "--chunked-prefill: not with --scheduler static" in out.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_scheduler_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown 'fifo'; accepted: coe, continuous, static"):
         get("fifo", Limits())

@@ -6,6 +6,7 @@ baseline continuous batching is measured against; a plug-in in one file."""
 from __future__ import annotations
 
 from rdu_cluster.engine.schedulers import Limits, StepPlan, View, register
+from workloads.errors import ConfigError
 
 
 @register
@@ -14,6 +15,12 @@ class Static:
     lockstep = True  # its decode steps decode every running sequence not prefilling
 
     def __init__(self, limits: Limits):
+        if limits.chunked_prefill:
+            # A static batch prefills in one step: a prompt over the token budget, no longer
+            # refused as it arrives when prompts may be chunked, was never admitted (every
+            # request left 'waiting', no reason, exit 0).
+            raise ConfigError("--chunked-prefill: not with --scheduler static (a static batch "
+                              "prefills its prompts in one step; continuous and coe chunk them)")
         self.limits = limits
 
     def step(self, view: View) -> StepPlan:
