@@ -116,6 +116,9 @@ class Simulation:
         self.home: dict[int, tuple[int, ...]] = {}  # each replica's sockets at the start
         self.late_fault = False  # a fault came after every request was through
         self.refused_s = 0.0  # when the last refusal was recorded
+        # replica -> its weight reload's recovery row, recorded when the replica runs again (or
+        # at the end): a failure during the reload cuts it short first
+        self.reloads: dict[int, dict] = {}
         self.degradation: dict[int, list[float]] = {}
         self.layouts: dict[int, plans.ReplicaLayout] = {}
         self.replicas: list[Replica] = []
@@ -401,6 +404,8 @@ class Simulation:
             end = loop.run(self, self.initial_events())
             if self.late_fault:  # the loop's last event: a fault after the run's work
                 end = self._work_end()
+            for index in list(self.reloads):
+                self._record_reload(index, math.inf)
             self.backend.sync()  # results the backend still owes (Ray: the followers' replies)
             ran = time.perf_counter()
             tables = self.tables(end)
@@ -457,6 +462,8 @@ class Simulation:
         return h
 
     def execute_window(self, rep: Replica, t0: float) -> float | None:
+        if self.reloads:
+            self._record_reload(rep.index, math.inf)
         clock = self._clock(rep, t0) if self.lookahead else None
         window = rep.plan_window(lambda p: self.horizon(rep, p), clock)
         if not window.spans:
@@ -836,6 +843,7 @@ class Simulation:
         weights = max(op[3] for s in setups.values() for op in s.weights)
         reload_s = mem.copy_time(weights, self._swap_tier(), "hbm")
         start = max(self.now, rep.window_end)
+        self._record_reload(rep.index, start)  # a reload still running stops where this starts
         rep.down_until = start + reload_s
         cols = {f.name: np.zeros(1) for f in metrics.STEPS}
         cols.update({"replica": np.array([rep.index]), "step": np.array([rep.step]),
@@ -847,7 +855,24 @@ class Simulation:
             cols[name] = np.zeros(1, dtype=np.int64)
         # The reloading sockets draw idle power (the copy's energy beyond idle is not modelled).
         cols.update(energy.step_columns(self.rates, None, len(setups), cols["time_s"]))
-        self.rec.add_steps(rep.index, cols)
+        self.reloads[rep.index] = cols
+
+    def _record_reload(self, index: int, until: float) -> None:
+        """Record replica `index`'s pending recovery row, cut at `until` if its reload was still
+        running then (another failure re-planned the group: recorded whole, the two reloads'
+        rows overlapped in time, and their idle energy was counted twice); a reload cut before
+        it began leaves no row."""
+        cols = self.reloads.pop(index, None)
+        if cols is None:
+            return
+        start, reload_s = float(cols["start_s"][0]), float(cols["time_s"][0])
+        if until < start + reload_s:
+            if until <= start:
+                return
+            cols["time_s"] = np.array([until - start])
+            cols.update(energy.step_columns(self.rates, None, int(cols["sockets"][0]),
+                                            cols["time_s"]))
+        self.rec.add_steps(index, cols)
 
     # -- results --------------------------------------------------------------------------
     def tables(self, end: float) -> Tables:

@@ -277,3 +277,18 @@ def test_links_on_a_full_mesh_carry_their_sockets_bytes_within_their_bandwidth(s
     assert max(links["utilization"]) <= 1.0
     assert sum(links["bytes"]) == pytest.approx(sum(socks["sent_bytes"]))
     assert len(set(zip(links["src"], links["dst"], strict=True))) == 8 * 7
+
+
+def test_a_failure_during_a_reload_cuts_the_reload_short(serve):
+    """Socket 3 fails, and socket 4 of the re-planned group 2 ms later, while its weights are
+    still loading: the first reload stops where the second starts. Recorded whole, the two
+    recovery rows overlapped in time and their idle energy was counted twice."""
+    _, t = serve(n=30, rate=10.0, faults=("socket:3@0.5", "socket:4@0.502"))
+    s = cols(t.steps)
+    assert set(cols(t.requests)["state"]) == {"done"}
+    rec = [(st, dt) for ph, st, dt in zip(s["phase"], s["start_s"], s["time_s"], strict=True)
+           if ph == "recovery"]
+    assert len(rec) == 2 and rec[0][1] < rec[1][1]
+    assert rec[0][0] + rec[0][1] == pytest.approx(rec[1][0], abs=1e-12)
+    ends = sorted((st, st + dt) for st, dt in zip(s["start_s"], s["time_s"], strict=True))
+    assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(ends))
