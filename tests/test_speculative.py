@@ -141,6 +141,24 @@ def test_a_short_output_gains_nothing_from_many_drafts(sn16):
     assert float(est.speedup) < 1.0
 
 
+def test_a_separate_draft_counts_its_sockets_in_the_rows():
+    """--tp 4 with 1 draft socket of its own on sn40l-8: one replica of 5 sockets. The row said
+    4 sockets while its cost and energy per token were those of 5."""
+    import json
+
+    out = CliRunner().invoke(main, [
+        "simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--draft", "llama-3.2-1b",
+        "--spec-k", "4", "--placement", "separate", "--draft-sockets", "1", "--tp", "4",
+        "--json"])
+    assert out.exit_code == 0, out.output
+    row = json.loads(out.output.splitlines()[0])
+    assert row["sockets"] == 5 and row["replicas"] == 1
+    assert row["joules_per_token"] == pytest.approx(
+        row["power_w"] * row["sockets"] / row["tokens_per_s_total"])
+    assert row["cost_per_million_tokens_usd"] == pytest.approx(
+        row["socket_hour_usd"] * row["sockets"] / 3600 / row["tokens_per_s_total"] * 1e6)
+
+
 def test_best_k_and_separate_placement(sn16):
     target = load_model("llama-3.1-70b")
     acc = default_acceptance("llama-3.1-8b", target.name)

@@ -446,6 +446,8 @@ def records(sest: SpecEstimate, cluster: ClusterSpec) -> list[dict]:
     figures in place of plain decode's, and the speculative columns filled."""
     rows = results.records(sest.base, cluster.chip.name, cluster.chip.execution_model, cluster)
     spec_cols = {
+        # a separate draft's sockets are the deployment's too (costed in the columns below)
+        "sockets": int(sest.base.sockets + sest.base.replicas * sest.draft_sockets),
         "tokens_per_s_per_request": _f(sest.tokens_per_s_per_request),
         "tokens_per_s_total": _f(sest.tokens_per_s_total),
         "tpot_s": _f(sest.tpot_s),
