@@ -66,6 +66,16 @@ def test_table_v_structure(clusters):
     assert sn.memory.tier_fraction < 0.2  # 2.0 TB of 12 TB DDR
 
 
+def test_table_v_needs_an_expert_for_each_prompt(clusters):
+    """The setting sends each prompt of the batch to an expert of its own, a cold switch each:
+    with 1 expert for 8 prompts it charged 8 cold switches of one expert, one at a time, where
+    one load serves them all."""
+    with pytest.raises(ConfigError, match="needs at least 8"):
+        table_v(clusters["sn40l-8"], experts=1)
+    assert table_v(clusters["sn40l-8"], experts=1, batch=1).batch == 1
+    assert table_v(clusters["sn40l-8"], experts=8).experts == 8
+
+
 def test_assign_experts_from_trace_and_seed():
     tr = Trace(np.zeros(3), np.ones(3, dtype=np.int64), np.ones(3, dtype=np.int64),
                ("expert-2", "expert-0", "expert-2"))

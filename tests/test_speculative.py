@@ -97,7 +97,10 @@ def test_step_is_k_drafts_plus_verification(sn16):
     assert len(est.draft_steps) == 4
     total = sum(float(c.time_s) for c in est.draft_steps) + float(est.verify.time_s)
     assert float(est.step_time_s) == pytest.approx(total)
-    assert est.tokens_per_step == pytest.approx(closed_form_tokens_per_step(0.8, 4))
+    # 127 tokens after the prefill's: the closed form, less the last step's truncation
+    assert est.tokens_per_step == pytest.approx(spec.tokens_per_step_over(127))
+    assert 0.98 * closed_form_tokens_per_step(0.8, 4) < est.tokens_per_step
+    assert est.tokens_per_step < closed_form_tokens_per_step(0.8, 4)
     # verification of 5 tokens does ~5x the matmul work of one decode step
     assert float(est.verify.flops) == pytest.approx(5 * float(est.base.decode.flops), rel=0.1)
     assert float(est.speedup) > 1.0
@@ -105,6 +108,55 @@ def test_step_is_k_drafts_plus_verification(sn16):
     none = speculative_estimate(target, sn16, Speculation(4, ConstantAcceptance(0.0)),
                                 "llama-3.2-1b", prompt_len=2048, gen_len=128)
     assert float(none.speedup) < 1.0
+
+
+def test_a_step_emits_no_more_than_the_output_has_left():
+    """Over a request, a step emits no more tokens than the output has left: tokens per step
+    is the decoded tokens over the expected steps, which tends to the closed form as outputs
+    grow, and matches a direct simulation of the steps."""
+    chain = Speculation(64, ConstantAcceptance(1.0))
+    assert chain.tokens_per_step_over(9) == pytest.approx(9.0)  # one step, not 65 tokens
+    assert chain.tokens_per_step_over(100) == pytest.approx(50.0)  # two steps: 65 + 35
+    assert chain.tokens_per_step_over(2**24) == pytest.approx(2**24 / -(-(2**24) // 65))
+    spec = Speculation(4, ConstantAcceptance(0.8))
+    assert spec.tokens_per_step_over(10**6) == pytest.approx(spec.tokens_per_step(), rel=1e-5)
+    rng, steps, runs = np.random.default_rng(0), 0, 4000
+    draws = iter(spec.sample_tokens(rng, runs * 10))
+    for _ in range(runs):
+        left = 10
+        while left > 0:
+            left -= next(draws)
+            steps += 1
+    assert spec.tokens_per_step_over(10) == pytest.approx(10 * runs / steps, rel=0.02)
+
+
+def test_a_short_output_gains_nothing_from_many_drafts(sn16):
+    """64 drafts, all accepted, for an output of 10 tokens: one step of 64 drafts and a
+    65-token verification emits the 9 tokens left, slower a token than plain decode. Counted at
+    65 tokens a step, simulate printed a 3.7x speed-up."""
+    target = load_model("llama-3.1-8b")
+    est = speculative_estimate(target, sn16, Speculation(64, ConstantAcceptance(1.0)),
+                               "llama-3.2-1b", prompt_len=1024, gen_len=10)
+    assert est.tokens_per_step == pytest.approx(9.0)
+    assert float(est.speedup) < 1.0
+
+
+def test_a_separate_draft_counts_its_sockets_in_the_rows():
+    """--tp 4 with 1 draft socket of its own on sn40l-8: one replica of 5 sockets. The row said
+    4 sockets while its cost and energy per token were those of 5."""
+    import json
+
+    out = CliRunner().invoke(main, [
+        "simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--draft", "llama-3.2-1b",
+        "--spec-k", "4", "--placement", "separate", "--draft-sockets", "1", "--tp", "4",
+        "--json"])
+    assert out.exit_code == 0, out.output
+    row = json.loads(out.output.splitlines()[0])
+    assert row["sockets"] == 5 and row["replicas"] == 1
+    assert row["joules_per_token"] == pytest.approx(
+        row["power_w"] * row["sockets"] / row["tokens_per_s_total"])
+    assert row["cost_per_million_tokens_usd"] == pytest.approx(
+        row["socket_hour_usd"] * row["sockets"] / 3600 / row["tokens_per_s_total"] * 1e6)
 
 
 def test_best_k_and_separate_placement(sn16):

@@ -187,6 +187,25 @@ class Speculation:
     def accepted_per_step(self) -> float:
         return self.tokens_per_step() - 1.0
 
+    def tokens_per_step_over(self, tokens: float) -> float:
+        """Expected tokens a step emits over a request that decodes `tokens` tokens: `tokens`
+        over the expected number of steps, the last of which emits no more than the output has
+        left (as the serving engine caps it). tokens_per_step() is its limit for long outputs;
+        an output shorter than k + 1 tokens takes one step whatever k drafts (it emitted k + 1
+        a step, more than the request has)."""
+        g = max(round(float(tokens)), 1)
+        reach = np.concatenate([[1.0], np.cumprod(self.depth_rates())])  # P(emits >= j)
+        p = reach - np.append(reach[1:], 0.0)  # P(a step emits j tokens), j = 1..k+1
+        n = len(p)
+        # E[steps(r)] = 1 + sum_j p_j E[steps(r - j)], E[steps(r <= 0)] = 0: a linear recurrence
+        # of order k + 1, advanced g times as a matrix power over (E[r], ..., E[r - k], 1).
+        m = np.zeros((n + 1, n + 1))
+        m[0, :n], m[0, n] = p, 1.0
+        m[1:n, :n - 1] = np.eye(n - 1)
+        m[n, n] = 1.0
+        steps = np.linalg.matrix_power(m, g)[0, n]
+        return float(g / steps)
+
     def frontier(self) -> tuple[int, ...]:
         return frontier(self.k, self.branching)
 

@@ -113,6 +113,12 @@ class Simulation:
         self.rec = metrics.Recorder(split=energy.split_columns(self.rates))
         self.now, self.seq, self.windows = 0.0, 0, 0
         self.failed: set[int] = set()
+        self.home: dict[int, tuple[int, ...]] = {}  # each replica's sockets at the start
+        self.late_fault = False  # a fault came after every request was through
+        self.refused_s = 0.0  # when the last refusal was recorded
+        # replica -> its weight reload's recovery row, recorded when the replica runs again (or
+        # at the end): a failure during the reload cuts it short first
+        self.reloads: dict[int, dict] = {}
         self.degradation: dict[int, list[float]] = {}
         self.layouts: dict[int, plans.ReplicaLayout] = {}
         self.replicas: list[Replica] = []
@@ -145,6 +151,7 @@ class Simulation:
         setups = {}
         for r, lay in enumerate(layouts):
             self.layouts[r] = lay
+            self.home[r] = tuple(lay.sockets)
             setups.update(self._setups(lay, self.plan))
         self.backend.start(setups)
         for r, lay in enumerate(layouts):
@@ -395,6 +402,10 @@ class Simulation:
                 self.rec.meta = self.metadata()
             started = time.perf_counter()
             end = loop.run(self, self.initial_events())
+            if self.late_fault:  # the loop's last event: a fault after the run's work
+                end = self._work_end()
+            for index in list(self.reloads):
+                self._record_reload(index, math.inf)
             self.backend.sync()  # results the backend still owes (Ray: the followers' replies)
             ran = time.perf_counter()
             tables = self.tables(end)
@@ -423,6 +434,7 @@ class Simulation:
         """Record a request refused now (unserved, with its reason); closed loop: its client's
         next request, or its session's next turn (refused in turn), is sent now."""
         self.finished.add(r)
+        self.refused_s = max(self.refused_s, self.now)
         return self.dispatch.refused(r, self.now)
 
     def take_spawned(self) -> list[Event]:
@@ -450,6 +462,8 @@ class Simulation:
         return h
 
     def execute_window(self, rep: Replica, t0: float) -> float | None:
+        if self.reloads:
+            self._record_reload(rep.index, math.inf)
         clock = self._clock(rep, t0) if self.lookahead else None
         window = rep.plan_window(lambda p: self.horizon(rep, p), clock)
         if not window.spans:
@@ -701,19 +715,26 @@ class Simulation:
         if self.rec.sink is not None:
             self.rec.flush_sockets()
         sent_s = sent.tolist()
-        for i, link in links:
-            self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s[i]
+        for i, link, share in links:
+            self.rec.link_bytes[link] = self.rec.link_bytes.get(link, 0.0) + sent_s[i] * share
 
     def _socket_order(self, rep: Replica) -> tuple[list[int], list[int], list]:
-        """The replica's sockets stage by stage, their nodes, and each ring link (socket to the
-        next of its stage) with its socket's position: what every window's sockets rows need,
-        kept per layout (a re-planned replica gets a new one)."""
+        """The replica's sockets stage by stage, their nodes, and the links each socket's bytes
+        go over, with its position and the share it sends there: what every window's sockets
+        rows need, kept per layout (a re-planned replica gets a new one). On a full mesh a
+        socket has a link to every other socket of its stage and the collectives spread over
+        them (interconnect/collectives.py), so its bytes are split evenly over them; charged to
+        the one ring link, they showed links used up to 5x their bandwidth. Elsewhere, the ring
+        link to the next socket of its stage carries them all."""
         lay = self.layouts[rep.index]
         got = self._orders.get(rep.index)
         if got is None or got[0] is not lay:
             socks = [s for stage in lay.stages for s in stage]
-            links = [(socks.index(s), (s, stage[(pos + 1) % len(stage)]))
-                     for stage in lay.stages if len(stage) > 1 for pos, s in enumerate(stage)]
+            mesh = self.cluster.topology.kind == "full_mesh"
+            links = [(socks.index(s), (s, t), 1.0 / (len(stage) - 1))
+                     if mesh else (socks.index(s), (s, stage[(pos + 1) % len(stage)]), 1.0)
+                     for stage in lay.stages if len(stage) > 1 for pos, s in enumerate(stage)
+                     for t in (stage if mesh else (None,)) if t != s]
             got = self._orders[rep.index] = (lay, socks,
                                              [self.cluster.node_of(s) for s in socks], links)
         return got[1], got[2], got[3]
@@ -724,6 +745,11 @@ class Simulation:
 
     # -- faults ---------------------------------------------------------------------------
     def apply_fault(self, f: Fault) -> list[Event]:
+        if self.finished.count == len(self.trace):
+            # Every request is through: the run is over, and a fault now changes nothing it
+            # measures (applied, a failure's reload stretched the duration to the fault's time).
+            self.late_fault = True
+            return []
         if f.target == "link":
             factor = LINK_DETOUR_FACTOR if f.kind == "failed" else 1.0 / f.fraction
             for lay in self.layouts.values():
@@ -744,9 +770,21 @@ class Simulation:
         if s not in self.failed:
             self.backend.set_fault(s, d[0], d[1], False)
 
+    def _work_end(self) -> float:
+        """When the run's work ended: its last step (a recovery row's reload included) or its
+        last refusal."""
+        return max([self.refused_s, *(max(rep.window_end, rep.down_until)
+                                      for rep in self.replicas)])
+
     def _fail_socket(self, s: int) -> list[Event]:
-        self.failed.add(s)
-        self.backend.set_fault(s, 1.0, 1.0, True)
+        # Sockets failing at the same instant fail together: the group is re-planned once on
+        # what survives them all (one by one, each re-plan reloaded weights onto a socket
+        # failing at that instant, in recovery rows overlapping in time).
+        for x in [s, *(g.a for g in self.faults if g.time_s == self.now and g.target == "socket"
+                       and g.kind == "failed")]:
+            if x not in self.failed:
+                self.failed.add(x)
+                self.backend.set_fault(x, 1.0, 1.0, True)
         out = []
         for rep in self.replicas:
             if s in rep.sockets:
@@ -756,7 +794,9 @@ class Simulation:
     def _route_around(self, rep: Replica) -> list[Event]:
         """Re-plan the replica on its healthy sockets, or refuse its requests; returns what the
         refusals send (closed loop)."""
-        healthy = tuple(x for x in rep.sockets if x not in self.failed)
+        # The healthy sockets of those the replica started on: a second failure re-plans over
+        # them all, not only over the smaller group the first one left.
+        healthy = tuple(x for x in self.home[rep.index] if x not in self.failed)
         new = self._smaller_plan(len(healthy))
         rep.drop_all_kv()
         if new is None:
@@ -803,6 +843,7 @@ class Simulation:
         weights = max(op[3] for s in setups.values() for op in s.weights)
         reload_s = mem.copy_time(weights, self._swap_tier(), "hbm")
         start = max(self.now, rep.window_end)
+        self._record_reload(rep.index, start)  # a reload still running stops where this starts
         rep.down_until = start + reload_s
         cols = {f.name: np.zeros(1) for f in metrics.STEPS}
         cols.update({"replica": np.array([rep.index]), "step": np.array([rep.step]),
@@ -814,7 +855,24 @@ class Simulation:
             cols[name] = np.zeros(1, dtype=np.int64)
         # The reloading sockets draw idle power (the copy's energy beyond idle is not modelled).
         cols.update(energy.step_columns(self.rates, None, len(setups), cols["time_s"]))
-        self.rec.add_steps(rep.index, cols)
+        self.reloads[rep.index] = cols
+
+    def _record_reload(self, index: int, until: float) -> None:
+        """Record replica `index`'s pending recovery row, cut at `until` if its reload was still
+        running then (another failure re-planned the group: recorded whole, the two reloads'
+        rows overlapped in time, and their idle energy was counted twice); a reload cut before
+        it began leaves no row."""
+        cols = self.reloads.pop(index, None)
+        if cols is None:
+            return
+        start, reload_s = float(cols["start_s"][0]), float(cols["time_s"][0])
+        if until < start + reload_s:
+            if until <= start:
+                return
+            cols["time_s"] = np.array([until - start])
+            cols.update(energy.step_columns(self.rates, None, int(cols["sockets"][0]),
+                                            cols["time_s"]))
+        self.rec.add_steps(index, cols)
 
     # -- results --------------------------------------------------------------------------
     def tables(self, end: float) -> Tables:
@@ -839,7 +897,9 @@ class Simulation:
         )
 
     def _link_columns(self, end: float) -> dict:
-        bw = self.cluster.topology.link_bandwidth_bytes_per_s
+        top = self.cluster.topology
+        bw = top.link_bandwidth_bytes_per_s * (top.links_per_pair if top.kind == "full_mesh"
+                                               else 1)
         links = sorted(self.rec.link_bytes)
         nbytes = [self.rec.link_bytes[k] for k in links]
         return {"src": [a for a, _ in links], "dst": [b for _, b in links], "bytes": nbytes,

@@ -544,9 +544,10 @@ def link_use(cols: Cols):
     fig.add_trace(go.Bar(x=names, y=cols["links.utilization"], name="utilization",
                          text=[f"{b / 1e9:.2f} GB" for b in cols["links.bytes"].tolist()],
                          marker_color=_color(1)))
-    fig.update_xaxes(tickangle=-45)
+    # upright labels, off the axis: a full mesh has n(n-1) links (56 on sn40l-8, 240 on sn40l-16)
+    fig.update_xaxes(tickangle=-90, ticks="outside")
     _axes(fig, where, "link (src->dst socket)", "bytes / (bandwidth x run time)")
-    return fig, "Bytes each ring link carried over the run, as a share of its capacity."
+    return fig, "Bytes each link carried over the run, as a share of its capacity."
 
 
 def _thin(n: int) -> np.ndarray:

@@ -321,6 +321,10 @@ def table_v(cluster: ClusterSpec, experts: int = 150, batch: int = 8, prompt_len
             router: str = DEFAULT_ROUTER, switch_model: str = "per-socket") -> TableV:
     """MICRO24 Table V's setting. prompt_len is not given in the text we rely on: 512 is an
     assumption (a chat prompt), a parameter. Each pair is a cold switch."""
+    if experts < batch:  # the setting's pairs are distinct experts: one each is impossible
+        raise ConfigError(f"--experts: {experts} for a batch of {batch} prompts; the Table V "
+                          "setting sends each prompt to an expert of its own (a cold switch "
+                          f"each), so it needs at least {batch} (give more, or a smaller --batch)")
     scenario = CoEScenario.copies(experts, expert, router)
     mem = memory(scenario, cluster, 1, prompt_len + gen_len)
     r = estimate(scenario.router, cluster, batch=batch, prompt_len=prompt_len, gen_len=1)

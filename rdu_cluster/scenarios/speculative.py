@@ -118,8 +118,13 @@ class SpecEstimate:
         return self.draft_s + self.verify.time_s + self.transfer_s
 
     @property
-    def tokens_per_step(self) -> float:
-        return self.speculation.tokens_per_step()
+    def tokens_per_step(self) -> Work:
+        """Over a request of gen_len tokens (its first from the prefill): a step emits no more
+        than the output has left (Speculation.tokens_per_step_over)."""
+        g = np.asarray(self.base.gen_len, dtype=float) - 1.0
+        if g.ndim == 0:
+            return self.speculation.tokens_per_step_over(float(g))
+        return np.vectorize(self.speculation.tokens_per_step_over, otypes=[float])(g)
 
     @property
     def tpot_s(self) -> Work:
@@ -441,6 +446,8 @@ def records(sest: SpecEstimate, cluster: ClusterSpec) -> list[dict]:
     figures in place of plain decode's, and the speculative columns filled."""
     rows = results.records(sest.base, cluster.chip.name, cluster.chip.execution_model, cluster)
     spec_cols = {
+        # a separate draft's sockets are the deployment's too (costed in the columns below)
+        "sockets": int(sest.base.sockets + sest.base.replicas * sest.draft_sockets),
         "tokens_per_s_per_request": _f(sest.tokens_per_s_per_request),
         "tokens_per_s_total": _f(sest.tokens_per_s_total),
         "tpot_s": _f(sest.tpot_s),

@@ -352,3 +352,19 @@ def test_a_kernel_pays_its_latency_once_then_streams():
     assert t_mem(1e8, 3e-6) - t_mem(1e8, 0.0) == pytest.approx(3e-6)
     # small kernels reach a smaller share of the bandwidth than large ones
     assert 1e6 / t_mem(1e6, 3e-6) < 1e8 / t_mem(1e8, 3e-6)
+
+
+@pytest.mark.parametrize("batch", [1.0, 64.0, 1024.0])
+def test_kernel_looping_is_never_slower_for_a_moe_layer(batch):
+    """A looped MoE layer waits for its routed experts' stream after the router; the experts'
+    own compute consumes that stream as it arrives. Added after the stream in full, a large
+    batch's expert compute was counted twice: Mixtral 8x7B on tp16 at batch 1024 decoded in
+    7.09 ms a step with kernel looping on and 4.90 ms with it off."""
+    from workloads.catalog import load_model
+    from workloads.graph import decode_graph
+    from workloads.ops import Shard
+
+    g = decode_graph(load_model("mixtral-8x7b"), batch, 64.0, Shard.tensor(16))
+    on = cost(g, SN40L, DataflowOptions())
+    off = cost(g, SN40L, DataflowOptions(kernel_looping=False))
+    assert on.time_s <= off.time_s * (1 + 1e-12)

@@ -3,6 +3,8 @@ preemption, MoE stragglers, simulated hardware faults."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,23 @@ def test_static_batching_waits_for_the_whole_batch(serve):
     assert stat.summary["ttft_s"][90] > cont.summary["ttft_s"][90]
 
 
+def test_static_batching_refuses_chunked_prefill(tmp_path):
+    """A static batch prefills in one step, so it never admitted a prompt over the budget, which
+    chunked prefill no longer refuses: serve exited 0 with every request 'waiting', no reason."""
+    from click.testing import CliRunner
+
+    from rdu_cluster.cli import main
+
+    with pytest.raises(ConfigError, match="not with --scheduler static"):
+        get("static", Limits(token_budget=128, chunked_prefill=True))
+    out = CliRunner().invoke(main, [
+        "serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "4",
+        "--rate", "inf", "--prompt-len", "1024", "--output-len", "4", "--scheduler", "static",
+        "--chunked-prefill", "--token-budget", "128", "--out", str(tmp_path / "run")])
+    assert out.exit_code == 2 and "--chunked-prefill: not with --scheduler static" in out.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_scheduler_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown 'fifo'; accepted: coe, continuous, static"):
         get("fifo", Limits())
@@ -123,10 +142,51 @@ def test_failed_socket_is_routed_around(serve):
     assert sum(r["preemptions"]) > 0  # the sequences cached at the failure were recomputed
 
 
-@pytest.mark.parametrize("faults", [("socket:0@0.01",), ("socket:0@0.01", "socket:1@0.01")])
+def test_a_fault_after_the_last_request_changes_nothing(serve):
+    """Every request is through long before the fault: the run is over. Applied, the failure's
+    weight reload was a recovery row at 1,000 s and the duration ran to it (throughput, power
+    and cost over 1,000 s for a run of a few seconds)."""
+    _, base = serve(n=10)
+    _, late = serve(n=10, faults=("socket:3@1000",))
+    assert "recovery" not in cols(late.steps)["phase"]
+    assert late.summary["makespan_s"] == base.summary["makespan_s"] < 1000
+    assert late.summary["bench"] == base.summary["bench"]
+    assert late.summary["energy_j"] == base.summary["energy_j"]
+
+
+def test_a_second_failure_re_plans_over_every_healthy_socket(serve):
+    """tp16 on 16 sockets: socket 3 fails (tp8 on 0-2, 4-8), then socket 4 of that group: 14
+    sockets are healthy, so tp8 again. The re-plan took the healthy sockets of the smaller
+    group only (7) and fell to tp4, leaving 7 healthy sockets idle for the rest of the run."""
+    _, t = serve(n=30, rate=10.0, faults=("socket:3@0.5", "socket:4@1.0"))
+    s = cols(t.steps)
+    assert set(cols(t.requests)["state"]) == {"done"}
+    rec = [n for ph, n in zip(s["phase"], s["sockets"], strict=True) if ph == "recovery"]
+    assert rec == [8, 8]
+    late = {n for ph, st, n in zip(s["phase"], s["start_s"], s["sockets"], strict=True)
+            if st > 1.1 and ph != "recovery"}
+    assert late == {8}
+
+
+def test_sockets_failing_at_one_instant_are_re_planned_once(serve):
+    """Two sockets of the group fail at 0.5 s: one re-plan over the 14 left, one recovery row.
+    One by one, the first re-plan reloaded weights onto the second failing socket, in two
+    recovery rows of the same step overlapping in time."""
+    _, t = serve(n=30, rate=10.0, faults=("socket:0@0.5", "socket:1@0.5"))
+    s = cols(t.steps)
+    assert set(cols(t.requests)["state"]) == {"done"}
+    rec = [(st, n) for ph, st, n in zip(s["phase"], s["start_s"], s["sockets"], strict=True)
+           if ph == "recovery"]
+    assert len(rec) == 1 and rec[0][1] == 8
+    ends = sorted((st, st + dt) for st, dt in zip(s["start_s"], s["time_s"], strict=True))
+    assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(ends))
+
+
+@pytest.mark.parametrize("faults", [("socket:0@0.01",),
+                                    tuple(f"socket:{i}@0.01" for i in range(9))])
 def test_a_re_planned_moe_replica_takes_its_own_expert_groups(serve, faults):
-    """tp2ep8 on 16 sockets re-planned at tp8ep8, then tp4ep4: each socket's expert load is
-    its own group's share (one group a socket, then two of the run's groups merged), so the
+    """tp2ep8 on 16 sockets re-planned at tp8ep8 (or at tp4ep4, 7 sockets left): each socket's
+    expert load is its own group's share (one group a socket, then two of the run's groups merged), so the
     loads of a step average 1 over the sockets and the busiest is the step's expert_load_max.
     The re-planned replica took the run's ep: its comm plan divided tp 4 by ep 8 (internal
     error: integer modulo by zero), and at tp8ep8 its sockets read groups 0-3 twice each."""
@@ -206,3 +266,29 @@ def test_busy_fraction_is_at_most_one_months_into_a_run(serve):
     _, t = serve(cluster="sn40l-8", n=6, rate=4e-7, output=traces.LengthDist("fixed", 30))
     assert max(t.requests.column("arrival_s").to_pylist()) > 5e6
     assert max(t.sockets.column("busy_fraction").to_pylist()) == 1.0
+
+
+def test_links_on_a_full_mesh_carry_their_sockets_bytes_within_their_bandwidth(serve):
+    """sn40l-8 is a full mesh: a socket's collectives spread over its links to the 7 others.
+    Charged to one ring link, prefill-heavy traffic showed links at up to 5x their bandwidth."""
+    _, t = serve(cluster="sn40l-8", n=50, rate=float("inf"),
+                 output=traces.LengthDist("fixed", 1), prompt=traces.LengthDist("fixed", 1024))
+    links, socks = cols(t.links), cols(t.sockets)
+    assert max(links["utilization"]) <= 1.0
+    assert sum(links["bytes"]) == pytest.approx(sum(socks["sent_bytes"]))
+    assert len(set(zip(links["src"], links["dst"], strict=True))) == 8 * 7
+
+
+def test_a_failure_during_a_reload_cuts_the_reload_short(serve):
+    """Socket 3 fails, and socket 4 of the re-planned group 2 ms later, while its weights are
+    still loading: the first reload stops where the second starts. Recorded whole, the two
+    recovery rows overlapped in time and their idle energy was counted twice."""
+    _, t = serve(n=30, rate=10.0, faults=("socket:3@0.5", "socket:4@0.502"))
+    s = cols(t.steps)
+    assert set(cols(t.requests)["state"]) == {"done"}
+    rec = [(st, dt) for ph, st, dt in zip(s["phase"], s["start_s"], s["time_s"], strict=True)
+           if ph == "recovery"]
+    assert len(rec) == 2 and rec[0][1] < rec[1][1]
+    assert rec[0][0] + rec[0][1] == pytest.approx(rec[1][0], abs=1e-12)
+    ends = sorted((st, st + dt) for st, dt in zip(s["start_s"], s["time_s"], strict=True))
+    assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(ends))
