@@ -6,8 +6,9 @@ the serving engine on the short list) in one process.
 
 Target (issue #15): under 60 s of wall time on 2 cores. Prints each system's answer, the wall
 time and the process's CPU time (on a machine shared with other work the wall time includes
-waiting for a CPU); exits 1 if the wall target is missed or a system has no deployment meeting
-the SLO.
+waiting for a CPU); exits 1 if the wall target is missed or the command fails. A system with no
+deployment meeting the SLO within --max-nodes is an answer, not a failure: its line says so and
+shows the cheapest deployment tried (the verified row that misses).
 
     python benchmarks/bench_capacity.py [--shortlist K] [--max-nodes N]
 """
@@ -59,10 +60,13 @@ def main() -> int:
               f"{row['tokens_per_s_per_user']:>10.1f} {row['tokens_per_s_per_socket']:>10.1f} "
               f"{row['usd_per_million_tokens']:>7.2f} {row['p99_ttft_ms']:>11.1f} "
               f"{row['p99_tpot_ms']:>11.2f}  {'meets' if row['meets_slo'] else 'misses'}")
+    missing = [s for s in SYSTEMS if not best.get(s, {}).get("meets_slo")]
+    if missing:
+        print(f"no deployment within --max-nodes {a.max_nodes} meets the SLO on: "
+              f"{', '.join(missing)} (the row shown is the cheapest one verified)")
     print(f"wall {wall:.1f} s for the whole question (target < {TARGET_S:.0f} s); CPU "
           f"{cpu:.1f} s of this process (the wall time includes waiting for a shared CPU)")
-    ok = wall < TARGET_S and all(best.get(s, {}).get("meets_slo") for s in SYSTEMS)
-    return 0 if ok else 1
+    return 0 if wall < TARGET_S else 1
 
 
 if __name__ == "__main__":
