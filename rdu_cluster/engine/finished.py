@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from rdu_cluster.engine import metrics, spill
-from rdu_cluster.engine.requests import DONE, Request
+from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 
 # The requests table's columns the run's summary reads (Simulation.summary, _measured).
 SUMMARY_COLUMNS = ("state", "arrival_s", "queue_s", "ttft_s", "tpot_s", "e2e_s",
@@ -134,6 +134,15 @@ class Finished:
     def close(self, meta: dict) -> pa.Table | None:
         """Record the requests not through (as they stand) and hand on the last rows: to the
         sink (returns None), or as the whole table."""
+        stuck = [r for r, _ in self.live.values() if r.state not in (DONE, UNSERVED)]
+        if stuck:
+            # Every request that arrives is served or refused with a reason by the run's end; one
+            # left waiting or running means a policy stalled (static batching once left every
+            # prompt past the token budget waiting under --chunked-prefill): its rows would read
+            # as neither served nor failed.
+            r = min(stuck, key=lambda q: q.id)
+            raise RuntimeError(f"{len(stuck)} requests neither completed nor refused at the end "
+                               f"of the run (request {r.id} was {r.state}): a scheduler stalled")
         for i in sorted(self.live):
             self.add(self.live[i][0])
         if self.rec.sink is None:

@@ -292,3 +292,27 @@ def test_a_failure_during_a_reload_cuts_the_reload_short(serve):
     assert rec[0][0] + rec[0][1] == pytest.approx(rec[1][0], abs=1e-12)
     ends = sorted((st, st + dt) for st, dt in zip(s["start_s"], s["time_s"], strict=True))
     assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(ends))
+
+
+def test_a_request_left_neither_served_nor_refused_fails_the_run(serve, monkeypatch):
+    """A policy that stalls (never admits, never refuses) leaves requests waiting when the
+    trace runs out: the run raises instead of writing rows that read as neither completed nor
+    failed (static batching under --chunked-prefill once did exactly that, exit 0)."""
+    from rdu_cluster.engine import schedulers
+    from rdu_cluster.engine.schedulers import StepPlan
+
+    class Stall:
+        name = "stall-test"
+        lockstep = True
+
+        def __init__(self, limits):
+            self.limits = limits
+
+        def step(self, view):
+            return StepPlan()
+
+    schedulers.REGISTRY._load()
+    monkeypatch.setitem(schedulers.REGISTRY.classes, "stall-test", Stall)
+    with pytest.raises(RuntimeError, match=r"5 requests neither completed nor refused .*"
+                                           r"request 0 was waiting"):
+        serve(model="llama-3.2-1b", cluster="sn40l-8", n=5, rate=50.0, scheduler="stall-test")
