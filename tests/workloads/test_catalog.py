@@ -45,6 +45,19 @@ def test_load_by_path(tmp_path):
     assert spec.name == "my-model" and spec.num_layers == 32
 
 
+def test_a_checkpoint_config_json_is_named_by_its_folder(tmp_path, monkeypatch):
+    """`dir/config.json` and `dir` name one model (its stem, 'config', named every checkpoint
+    alike); a config.json in the current folder takes the folder's name."""
+    folder = tmp_path / "llama-local"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(catalog.model_config("llama-3.2-1b")))
+    monkeypatch.chdir(tmp_path)
+    assert catalog.load_model("llama-local/config.json").name == "llama-local"
+    assert catalog.load_model("llama-local").name == "llama-local"
+    monkeypatch.chdir(folder)
+    assert catalog.load_model("config.json").name == "llama-local"
+
+
 def test_precision_override_and_defaults():
     ds = catalog.load_model("deepseek-v3", catalog.BF16_WEIGHTS)
     fp8 = catalog.load_model("deepseek-v3")  # the checkpoint's quantization_config: fp8

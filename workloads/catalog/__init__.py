@@ -74,6 +74,18 @@ def _read(name: str) -> dict[str, Any]:
     return json.loads(_files()[name].read_text())
 
 
+def _path_name(path: Path, key: str) -> str:
+    """A model given by path is named as given: a directory by its path, a JSON file by its
+    stem, except a HuggingFace checkpoint's `config.json`, named by its directory as the
+    directory itself would be (`models/llama/config.json` and `models/llama` are one model;
+    its stem, 'config', named none)."""
+    if not path.is_file():
+        return key
+    if path.name != "config.json":
+        return path.stem
+    return str(path.parent) if str(path.parent) != "." else path.resolve().parent.name
+
+
 def published(name: str) -> dict[str, Any]:
     """The published parameter figures of a catalog model and their source."""
     return model_config(name)["_rdu"]["published"]
@@ -87,7 +99,7 @@ def load_model(name_or_path: str | Path, precision: Precision | None = None) -> 
     path = Path(key)
     if name is None and (path.suffix == ".json" or path.exists()):
         source = str(path / "config.json" if path.is_dir() else path)
-        return from_hf_config(read_config(path), name=path.stem if path.is_file() else key,
+        return from_hf_config(read_config(path), name=_path_name(path, key),
                               precision=precision, source=source)
     name = name or catalog_name(key)
     cfg = model_config(key)  # raises the unknown-name error when name is None
