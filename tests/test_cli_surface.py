@@ -250,3 +250,15 @@ def test_ablate_refuses_a_gpu_cluster_it_would_skip():
     refused(run(*args, "--cluster", "dgx-h100"),
             "--ablate: needs RDU (dataflow) clusters only; got dgx-h100")
     assert run("simulate", "--ablate", "--model", "llama-3.2-1b").exit_code == 0  # the defaults
+
+
+@pytest.mark.parametrize("args, message", [
+    # click's parser raises these without a context: the hint named no command
+    (["serve", "--out"], "Option '--out' requires an argument. (see 'rdu-cluster serve --help')"),
+    (["simulate", "--json=3"],
+     "Option '--json' does not take a value. (see 'rdu-cluster simulate --help')"),
+    (["plan", "--model", "x", "--cluster"], "(see 'rdu-cluster plan --help')"),
+    (["--bogus"], "No such option '--bogus'. (see '"),  # the group's context: its own name
+])
+def test_a_parser_error_names_the_commands_help(args, message):
+    refused(run(*args), message)

@@ -22,6 +22,16 @@ class Main(click.Group):
     failure is one "internal error" line and exit 1 (the traceback only under --debug or
     RDU_CLUSTER_DEBUG=1). SIGTERM is handled like Ctrl-C, so writers clean up the same way."""
 
+    def _help_hint(self, e: click.ClickException, argv: list[str]) -> str:
+        """Where to read what is accepted: the failing command's --help. Click's parser raises
+        some errors (an option missing its value, a flag given one) without a context; the
+        command is then the first word of the line that names one."""
+        ctx = getattr(e, "ctx", None)
+        if ctx is not None:
+            return f" (see '{ctx.command_path} --help')"
+        name = next((a for a in argv if a in self.commands), None)
+        return f" (see 'rdu-cluster {name} --help')" if name else ""
+
     def main(self, *args, **kwargs):  # type: ignore[override]
         kwargs["standalone_mode"] = False
         argv = list(args[0] if args else kwargs.get("args") or sys.argv[1:])
@@ -35,7 +45,7 @@ class Main(click.Group):
             click.echo("aborted", err=True)
             sys.exit(130)
         except click.ClickException as e:
-            hint = f" (see '{e.ctx.command_path} --help')" if getattr(e, "ctx", None) else ""
+            hint = self._help_hint(e, argv)
             click.echo(f"error: {_one_line(e.format_message())}{hint}", err=True)
             sys.exit(2)
         except ConfigError as e:
