@@ -17,10 +17,11 @@ the completed requests / duration), request_goodput (completed requests meeting 
 from the first send: chunks per bucket) and max_concurrent_requests (vLLM's exact peak of
 requests in flight: a sweep over the half-open intervals [send, completion), a completion
 before a send at the same instant; vLLM replaced its one-second buckets, which counted a
-request in every bucket it touched, by this sweep, vllm-project/vllm issue #56653). Statistics are in ms: mean_, median_, std_ and p<P>_ with P from
---metric-percentiles (vLLM's p_word: 99 -> "p99", 99.9 -> "p99.9"); each is 0 where no value
-was measured (no request of more than one output token for TPOT, none completed), as vLLM's
-`np.mean(tpots or 0)` and the like give.
+request in every bucket it touched, by this sweep, vllm-project/vllm issue #56653).
+Statistics are in ms: mean_, median_, std_ and p<P>_ with P from --metric-percentiles
+(vLLM's p_word: 99 -> "p99", 99.9 -> "p99.9"); each is 0 where no value was measured (no
+request of more than one output token for TPOT, none completed), as vLLM's `np.mean(tpots or
+0)` and the like give.
 """
 
 from __future__ import annotations

@@ -731,10 +731,9 @@ class Simulation:
         if got is None or got[0] is not lay:
             socks = [s for stage in lay.stages for s in stage]
             mesh = self.cluster.topology.kind == "full_mesh"
-            links = [(socks.index(s), (s, t), 1.0 / (len(stage) - 1))
-                     if mesh else (socks.index(s), (s, stage[(pos + 1) % len(stage)]), 1.0)
-                     for stage in lay.stages if len(stage) > 1 for pos, s in enumerate(stage)
-                     for t in (stage if mesh else (None,)) if t != s]
+            links = [(socks.index(s), (s, t), share)
+                     for stage in lay.stages if len(stage) > 1
+                     for s, targets, share in _sends(stage, mesh) for t in targets]
             got = self._orders[rep.index] = (lay, socks,
                                              [self.cluster.node_of(s) for s in socks], links)
         return got[1], got[2], got[3]
@@ -967,6 +966,14 @@ class Simulation:
         arrival = req["arrival_s"]
         admit = np.where(np.isnan(req["queue_s"]), math.inf, arrival + req["queue_s"])
         return bench.overloaded(arrival, admit)
+
+
+def _sends(stage: list[int], mesh: bool) -> list[tuple[int, list[int], float]]:
+    """(socket, the sockets its bytes go to, the share each takes) for a stage of two or
+    more: on a full mesh, every other socket of the stage, evenly; else the next one, all."""
+    if mesh:
+        return [(s, [t for t in stage if t != s], 1.0 / (len(stage) - 1)) for s in stage]
+    return [(s, [stage[(pos + 1) % len(stage)]], 1.0) for pos, s in enumerate(stage)]
 
 
 def _kv_reference(lay: plans.ReplicaLayout) -> float:

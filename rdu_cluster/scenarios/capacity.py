@@ -282,14 +282,18 @@ class Deployment:
         return sum(p.replicas * group_sockets(p.plan) for p in self.pools)
 
     @property
+    def pool_nodes(self) -> list[int]:
+        """The nodes each pool takes (its sockets in whole nodes)."""
+        return [-(-p.replicas * group_sockets(p.plan) // n)
+                for p, n in zip(self.pools, self.sockets_per_node)]
+
+    @property
     def nodes(self) -> int:
-        return sum(-(-p.replicas * group_sockets(p.plan) // n)
-                   for p, n in zip(self.pools, self.sockets_per_node))
+        return sum(self.pool_nodes)
 
     def within(self, max_nodes: int) -> bool:
         """Whether every pool holds at most `max_nodes` nodes (--max-nodes: per pool)."""
-        return all(p.replicas * group_sockets(p.plan) <= max_nodes * n
-                   for p, n in zip(self.pools, self.sockets_per_node))
+        return max(self.pool_nodes) <= max_nodes
 
     def grown(self) -> Deployment:
         """One size up: a replica more (of the decode pool when disaggregated)."""

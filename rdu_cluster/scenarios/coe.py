@@ -369,7 +369,7 @@ def _f(x) -> float:
 
 
 
-# ---- validation metrics (rdu_cluster/validation/published.py registers them) -----------------------------
+# ---- validation metrics (rdu_cluster/validation/published.py registers them) ----
 
 
 def _case_table_v(case: dict, key: str = "cluster") -> TableV:

@@ -406,7 +406,7 @@ def _f(x) -> float:
     return float(np.ravel(np.asarray(x, dtype=float))[0])
 
 
-# ---- validation metrics (rdu_cluster/validation/published.py registers them) -----------------------------
+# ---- validation metrics (rdu_cluster/validation/published.py registers them) ----
 
 
 def case_estimate(case: dict[str, Any], cluster_key: str = "cluster") -> SpecEstimate:
