@@ -9,7 +9,9 @@ asynchronously; whatever issue time the GPU's own work does not cover is exposed
 A per-step host overhead (scheduling, sampling, input preparation) is paid every step. CUDA
 graphs replace per-kernel host launches with one graph launch per step and shrink the gap.
 Collectives are separate NCCL kernels; with `overlap_comm` they hide behind the other kernels of
-their block. Parameters and their sources: `[execution]` of each GPU chip TOML;
+their block. A decode attention kernel that does not split a sequence's context over thread
+blocks (`split_kv` off) reads each KV stream with one thread block, so it runs no faster than one
+SM streams the longest of them. Parameters and their sources: `[execution]` of each GPU chip TOML;
 interpretation: docs/execution_models.md.
 """
 
@@ -43,13 +45,20 @@ FUSED_FAMILIES = (frozenset({OpClass.ATTENTION}), frozenset({OpClass.LINEAR_ATTE
 class GpuOptions:
     cuda_graphs: bool = False
     overlap_comm: bool = False
-    host: str = "cpp"  # per-step host time: "cpp" (host_step_s) or "python" (python_host_step_s)
+    # Per-step host time: "cpp" (host_step_s, exposed), "python" (python_host_step_s, exposed)
+    # or "overlap" (host_step_s of work prepared while the GPU runs the previous step).
+    host: str = "cpp"
     allreduce: str = "nccl"  # "nccl" (nccl_overhead_s) or "custom" (custom_allreduce_s)
+    # Decode attention splits each sequence's context over thread blocks (FlashDecoding,
+    # PagedAttention v2, TensorRT-LLM's multi_block_mode); off: one block per KV stream.
+    split_kv: bool = True
     stack: str = ""  # the serving-stack profile these came from (chip/serving_stacks.py)
 
     def __post_init__(self) -> None:
-        if self.host not in ("cpp", "python"):
-            raise ConfigError(f"options.host: {self.host!r} unknown; accepted: cpp, python")
+        if self.host not in ("cpp", "python", "overlap"):
+            raise ConfigError(
+                f"options.host: {self.host!r} unknown; accepted: cpp, python, overlap"
+            )
         if self.allreduce not in ("nccl", "custom"):
             raise ConfigError(
                 f"options.allreduce: {self.allreduce!r} unknown; accepted: nccl, custom"
@@ -72,6 +81,8 @@ class GpuParams:
     custom_allreduce_s: float
     nccl_busbw_fraction: float
     nccl_eager_launch_s: float
+    sm_count: float
+    sm_stream_bytes_per_s: float
 
     def host_s(self, opts: GpuOptions) -> float:
         return self.python_host_step_s if opts.host == "python" else self.host_step_s
@@ -207,21 +218,39 @@ def _options(options: Any) -> GpuOptions:
     return options_of(options, GpuOptions, "kernel_by_kernel")
 
 
-def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams) -> tuple:
+def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True) -> tuple:
     """(weight, KV and activation bytes, memory time, compute time) of one non-collective
     kernel: its bytes stream at `hbm_efficiency` of peak after `kernel_latency_s`, its FLOPs
-    run at `compute_efficiency` (chip/efficiency.py); the kernel takes the larger."""
+    run at `compute_efficiency` (chip/efficiency.py); the kernel takes the larger. Without
+    `split_kv` an attention kernel's memory time is at least that of its KV streams read one
+    per thread block, in waves over the SMs."""
     weights = sum((o.weight_bytes for o in k.ops), 0.0)
     kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
     act = k.activation_bytes()
     bw = chip.hbm.bandwidth_bytes_per_s
     t_mem = efficiency.stream_time(weights + kv + act, bw, p.hbm_efficiency, p.kernel_latency_s)
+    if not split_kv:
+        t_mem = np.maximum(t_mem, sum((_unsplit_time(o, p) for o in k.ops), np.zeros(())))
     t_cmp = sum(
         (efficiency.stream_time(o.flops, chip.flops(o.flop_dtype), p.compute_efficiency)
          for o in k.ops),
         np.zeros(()),
     )
     return weights, kv, act, t_mem, t_cmp
+
+
+def _unsplit_time(op: Op, p: GpuParams) -> np.ndarray:
+    """One thread block per KV stream: each SM reads its stream at `sm_stream_bytes_per_s`
+    (Little's law: one block's loads in flight over the memory latency), the streams in
+    ceil(streams / SMs) waves. Streams of one step are taken as equally long (the batch's mean
+    context)."""
+    n = np.asarray(op.streams, dtype=float)
+    if op.cls is not OpClass.ATTENTION or not np.any(n > 0):
+        return np.zeros(())
+    per_stream = np.divide(op.kv_read_bytes, n, out=np.zeros(np.broadcast(
+        op.kv_read_bytes, n).shape), where=n > 0)
+    waves = np.ceil(n / p.sm_count)
+    return p.kernel_latency_s + waves * per_stream / p.sm_stream_bytes_per_s
 
 
 def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_time, opts) -> None:
@@ -237,7 +266,7 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
             comm_parts.append(t)
             comm_total = comm_total + t
             continue
-        weights, kv, act, t_mem, t_cmp = kernel_times(k, chip, p)
+        weights, kv, act, t_mem, t_cmp = kernel_times(k, chip, p, opts.split_kv)
         t = r * np.maximum(t_mem, t_cmp)
         busy_total = busy_total + t
         memory_bound = t_mem >= t_cmp
@@ -265,6 +294,8 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
 def _host(ledger, p: GpuParams, opts: GpuOptions, n_kernels: float, by_class) -> None:
     """Host time that the GPU's own work does not cover."""
     host = p.host_s(opts)
+    if opts.host == "overlap":  # prepared during the previous step: only what outlasts it shows
+        host = np.maximum(0.0, host - ledger.total())
     ledger.add("host", OVERHEAD, host)
     if opts.cuda_graphs:
         ledger.add("launch", OVERHEAD, p.graph_launch_s)

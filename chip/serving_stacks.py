@@ -3,10 +3,13 @@
 A profile fixes three choices of the stack (interpretation: docs/execution_models.md):
 - `cuda_graphs`: a decode step replayed as one CUDA graph (one launch, shorter kernel gaps);
 - `host`: which per-step host time the chip TOML's [execution] gives it -- "cpp" (`host_step_s`:
-  a C++ runtime, or a Python scheduler overlapped with the GPU) or "python" (`python_host_step_s`:
-  a Python engine that schedules, prepares inputs, samples and detokenizes between steps);
+  a C++ runtime), "python" (`python_host_step_s`: a Python engine that schedules, prepares
+  inputs, samples and detokenizes between steps) or "overlap" (`host_step_s` of work prepared
+  while the GPU runs the previous step: only what outlasts the step is exposed);
 - `allreduce`: "nccl" (`nccl_overhead_s` on top of the interconnect's alpha-beta time) or
-  "custom" (a one-shot NVLink all-reduce kernel of the stack: `custom_allreduce_s`).
+  "custom" (a one-shot NVLink all-reduce kernel of the stack: `custom_allreduce_s`);
+- `split_kv`: decode attention splits each sequence's context over thread blocks; off, one
+  block streams each (sequence, KV head) at `sm_stream_bytes_per_s`.
 Which stack uses what is public documentation of each project (cited per entry); the seconds are
 parameters of the chip, each with its basis and calibration status (docs/calibration.md).
 """
@@ -22,14 +25,22 @@ STACKS: dict[str, GpuOptions] = {
     # taken (the library's default path, and the only one with public latency measurements).
     "tensorrt-llm": GpuOptions(cuda_graphs=True, host="cpp", allreduce="nccl",
                                stack="tensorrt-llm"),
+    # TensorRT-LLM 0.11 as Argonne's LLM-Inference-Bench ran it (argonne-lcf/LLM-Inference-Bench
+    # TensorRT-LLM/H100: requirements.txt pins tensorrt_llm==0.11.0; run.py drives
+    # ModelRunnerCpp without CUDA graphs, and its --multi_block_mode flag, off unless given, was
+    # not given): the engine's kernels issued per step, one thread block per KV stream in the
+    # masked MHA / XQA kernel, and trtllm-build's custom all-reduce plugin (its
+    # --use_custom_all_reduce defaulted to enable up to 0.11).
+    "tensorrt-llm-0.11": GpuOptions(cuda_graphs=False, host="cpp", allreduce="custom",
+                                    split_kv=False, stack="tensorrt-llm-0.11"),
     # vLLM (v0.x, as profiled by Vidur): Python scheduler and input preparation between steps,
     # CUDA graphs for decode, its custom all-reduce for TP <= 8 on NVLink (vLLM docs,
     # `disable_custom_all_reduce=False` by default).
     "vllm": GpuOptions(cuda_graphs=True, host="python", allreduce="custom", stack="vllm"),
     # SGLang: CUDA graphs for decode, custom all-reduce (from vLLM), and an overlap scheduler
-    # that prepares the next batch while the GPU runs (SGLang v0.4 release notes), so its
-    # exposed host time is taken to be the C++-class figure.
-    "sglang": GpuOptions(cuda_graphs=True, host="cpp", allreduce="custom", stack="sglang"),
+    # that prepares the next batch while the GPU runs (SGLang v0.4 release notes): its host
+    # work, taken as the C++-runtime figure, shows only where it outlasts the GPU's step.
+    "sglang": GpuOptions(cuda_graphs=True, host="overlap", allreduce="custom", stack="sglang"),
     # A plain eager PyTorch loop (no graphs), NCCL: the stack behind Vidur's operator profiles.
     "eager": GpuOptions(cuda_graphs=False, host="python", allreduce="nccl", stack="eager"),
 }

@@ -138,9 +138,14 @@ def test_serving_stacks_differ_in_host_and_allreduce():
     from chip.serving_stacks import stack
 
     runs = {name: _decode("llama-3.1-8b", "dgx-h100", tp=8, options=stack(name)).decode
-            for name in ("tensorrt-llm", "vllm", "eager")}
+            for name in ("tensorrt-llm", "vllm", "eager", "sglang", "tensorrt-llm-0.11")}
     assert float(runs["vllm"].cause("host")) > float(runs["tensorrt-llm"].cause("host"))
     assert float(runs["eager"].time_s) > float(runs["tensorrt-llm"].time_s)
+    # SGLang's overlap scheduler hides the host work that the step's GPU time covers
+    assert float(runs["sglang"].cause("host")) < float(runs["tensorrt-llm"].cause("host"))
+    # TensorRT-LLM 0.11 without multi-block mode: one thread block per KV head and sequence
+    assert float(runs["tensorrt-llm-0.11"].by_class["attention"]) > 2 * float(
+        runs["tensorrt-llm"].by_class["attention"])
     with pytest.raises(ConfigError, match="stack"):
         stack("triton")
 
@@ -218,3 +223,25 @@ def test_calibrate_no_progress_silences_stderr(tmp_path):
                                   str(tmp_path / "p.toml"), "--no-progress"])
     assert r.exit_code == 0, r.output
     assert r.stderr == "" and "wrote" in r.stdout
+
+
+def test_parameters_are_grouped_by_the_rows_that_respond_to_them():
+    """A group is a parameter with the calibrate rows that respond to it, closed over shared
+    rows: the Python engine's host time (only the CPU-overhead rows respond) is fitted apart from
+    the H100 kernel parameters although all are parameters of the same chips, and the group's
+    fit equals the joint one."""
+    rows = [r for r in v.load_cases() if r["metric"] == "host_step_ms"
+            or (r["metric"] == "linear_time_us" and "h100" in r["cluster"])]
+    sim = fit.Simulator(rows)
+    decls = [d for d in fit.fitted_declarations()
+             if d.key in ("python_host_step_s", "kernel_latency_s")]
+    touching = fit.responses(decls, rows, sim)
+    groups = fit.groups(touching, decls, rows)
+    by_key = {tuple(d.key for d in g.params): set(g.rows) for g in groups}
+    cpu = {r["id"] for r in rows if r["metric"] == "host_step_ms" and r["role"] == "calibrate"}
+    assert by_key[("python_host_step_s",)] == cpu
+    assert all(not (ids & cpu) for keys, ids in by_key.items() if keys != ("python_host_step_s",))
+    joint = fit.fit(rows, sim=sim).values
+    alone = fit.fit([r for r in rows if r["metric"] == "host_step_ms"]).values
+    key = next(k for k in alone if k[0] == "python_host_step_s")
+    assert joint[key] == pytest.approx(alone[key], rel=1e-6)

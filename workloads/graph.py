@@ -201,6 +201,7 @@ def _attention_ops(s: _Step, window: int | None) -> list[Op]:
         act_in_bytes=t * hq * a.head_dim * s.a,
         act_out_bytes=t * hq * a.v_head_dim * s.a,
         flop_dtype=s.flop_dtype,
+        streams=s.batch * hkv,
     ))
     if a.output_gate:
         ops.append(_eltwise(s, "output_gate", t, hq * a.v_head_dim, flops=5.0, inputs=2))
@@ -239,6 +240,7 @@ def _mla_ops(s: _Step) -> list[Op]:
         act_in_bytes=t * hq * q_width * s.a,
         act_out_bytes=t * hq * o_width * s.a,
         flop_dtype=s.flop_dtype,
+        streams=s.batch,  # one latent KV head
     ))
     if absorbed:
         ops.append(_matmul(s, "v_up_proj", t * hq, lat, vd))

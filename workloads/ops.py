@@ -63,6 +63,9 @@ class Op:
     act_out_bytes: Work = 0.0
     flop_dtype: str = "bf16"  # which peak FLOP rate applies
     comm: Collective | None = None
+    # Attention: the independent KV streams of the step (sequences x KV heads). A decode kernel
+    # that does not split a sequence's context reads each stream with one thread block.
+    streams: Work = 0.0
 
     @property
     def memory_bytes(self) -> Work:

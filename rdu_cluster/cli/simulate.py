@@ -120,7 +120,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     "--stack",
     "stack_name",
     default=None,
-    help="GPU clusters: a serving-stack profile (tensorrt-llm, vllm, sglang, eager; "
+    help=f"GPU clusters: a serving-stack profile ({', '.join(serving_stacks.STACKS)}; "
     "chip/serving_stacks.py) [default: the execution model's defaults]. RDU clusters ignore it; "
     "not with --draft, --coe or --ablate.",
 )

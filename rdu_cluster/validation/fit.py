@@ -72,11 +72,12 @@ def check_rows(rows: Sequence[dict[str, Any]], chip: str | None, where: str) -> 
                           f"of {len(rows)} rows); a profile would hold no parameters")
 
 
-def groups(rows: Sequence[dict[str, Any]], decls: Sequence[Declaration]) -> list[Group]:
-    """Connected components of the parameter-row graph (calibrate rows only)."""
-    cal = [r for r in rows if r["role"] == "calibrate"]
-    chips = {r["id"]: row_chips(r) for r in cal}
-    touching = {_pid(d): {r["id"] for r in cal if chips[r["id"]] & set(d.chips)} for d in decls}
+def groups(touching: dict[tuple[str, ...], set[str]], decls: Sequence[Declaration],
+           rows: Sequence[dict[str, Any]]) -> list[Group]:
+    """Connected components of the parameter-row graph: a parameter and the calibrate rows that
+    respond to it (`responses`). Components share no row, so fitting each on its own is the
+    joint fit, and a leave-one-out refit touches only the row's own component."""
+    order = [r["id"] for r in rows if r["role"] == "calibrate"]
     out, seen = [], set()
     for d in decls:
         if _pid(d) in seen or not touching[_pid(d)]:
@@ -90,7 +91,7 @@ def groups(rows: Sequence[dict[str, Any]], decls: Sequence[Declaration]) -> list
                     ids |= touching[_pid(e)]
                     grew = True
         seen |= {_pid(m) for m in members}
-        out.append(Group(tuple(members), tuple(r["id"] for r in cal if r["id"] in ids)))
+        out.append(Group(tuple(members), tuple(r for r in order if r in ids)))
     return out
 
 
@@ -154,22 +155,21 @@ def fit_group(group: Group, sim: Simulator, exclude: str | None = None) -> dict:
     return values(res.x)
 
 
-def identifiable(
+def responses(
     decls: Sequence[Declaration], rows: Sequence[dict[str, Any]], sim: Simulator
-) -> list[Declaration]:
-    """The parameters some calibrate row responds to (moving the value to the far end of its
-    range changes the row by > 1e-6 in log):
-    the others keep their first-principles value and are not written as fitted."""
+) -> dict[tuple[str, ...], set[str]]:
+    """Each parameter's calibrate rows that respond to it: moving the value from its prior to
+    the far end of its range changes the row by > 1e-6 in log. A parameter no row responds to
+    keeps its first-principles value and is not written as fitted."""
     base = {_pid(d): prior(d) for d in decls}
     cal = [r for r in rows if r["role"] == "calibrate"]
     chips = {r["id"]: row_chips(r) for r in cal}
-    out = []
+    out = {}
     for d in decls:
         far = d.range[0] if base[_pid(d)] ** 2 > d.range[0] * d.range[1] else d.range[1]
         step = {**base, _pid(d): far}
         ids = [r["id"] for r in cal if chips[r["id"]] & set(d.chips)]
-        if any(abs(math.log(sim(i, step) / sim(i, base))) > 1e-6 for i in ids):
-            out.append(d)
+        out[_pid(d)] = {i for i in ids if abs(math.log(sim(i, step) / sim(i, base))) > 1e-6}
     return out
 
 
@@ -179,7 +179,8 @@ def fit(
 ) -> Fit:
     """`progress(done, total)` after each group is fitted (output/progress.py)."""
     sim = sim or Simulator(rows)
-    gs = groups(rows, identifiable(fitted_declarations(chip), rows, sim))
+    decls = fitted_declarations(chip)
+    gs = groups(responses(decls, rows, sim), decls, rows)
     values: dict = {}
     for i, g in enumerate(gs):
         values.update(fit_group(g, sim))

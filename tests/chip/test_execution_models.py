@@ -237,7 +237,7 @@ def test_turning_a_dataflow_optimization_on_is_never_slower(options, flag, batch
 @FAST
 @given(
     st.sampled_from(GPU_OPTIONS),
-    st.sampled_from(["cuda_graphs", "overlap_comm"]),
+    st.sampled_from(["cuda_graphs", "overlap_comm", "split_kv"]),
     batches,
     contexts,
     tps,
@@ -368,3 +368,59 @@ def test_kernel_looping_is_never_slower_for_a_moe_layer(batch):
     on = cost(g, SN40L, DataflowOptions())
     off = cost(g, SN40L, DataflowOptions(kernel_looping=False))
     assert on.time_s <= off.time_s * (1 + 1e-12)
+
+
+# ---- decode attention without a split context, host work overlapped ----------------------------
+
+
+def _attention_ms(model, batch, context, tp, split_kv, chip=H100):
+    from workloads.catalog import load_model
+    from workloads.graph import decode_graph
+    from workloads.ops import Shard
+
+    g = decode_graph(load_model(model), batch, context, Shard.tensor(tp))
+    c = cost(g, chip, GpuOptions(cuda_graphs=True, split_kv=split_kv))
+    return 1e3 * float(c.by_class["attention"])
+
+
+def test_unsplit_attention_streams_each_kv_head_with_one_block():
+    """One block per (sequence, KV head) at sm_stream_bytes_per_s: the time per context token is
+    one KV head's bytes over one SM's rate, whatever the TP degree (fewer heads a GPU, the same
+    stream each), while a split kernel spreads the bytes over the chip."""
+    p = execution.params_for(GpuParams, H100)
+    layers, head_bytes = 32, 2 * 128 * 2  # Llama 3.1 8B: K and V of one 128-wide head, BF16
+    for tp in (1, 2, 4):
+        slope = (_attention_ms("llama-3.1-8b", 1.0, 8192.0, tp, False)
+                 - _attention_ms("llama-3.1-8b", 1.0, 4096.0, tp, False)) / 4096.0
+        assert slope == pytest.approx(1e3 * layers * head_bytes / p.sm_stream_bytes_per_s,
+                                      rel=1e-6)
+    # a split kernel reads 8 KV heads a layer at the chip's rate: far faster at batch 1
+    assert _attention_ms("llama-3.1-8b", 1.0, 8192.0, 1, True) < 0.2 * _attention_ms(
+        "llama-3.1-8b", 1.0, 8192.0, 1, False)
+
+
+def test_unsplit_attention_runs_in_waves_once_streams_outnumber_the_sms():
+    """Below the SM count the streams run side by side (batch 2 costs what batch 1 does); above
+    it, in ceil(streams / SMs) waves. With H100's fitted rate (~48 GB/s a block) the chip's own
+    bandwidth binds first (above ~64 streams), so a slow block (5 GB/s) shows the waves."""
+    slow = with_execution(H100, sm_stream_bytes_per_s=5e9)
+    one = _attention_ms("llama-3.1-8b", 1.0, 4096.0, 1, False, slow)
+    assert _attention_ms("llama-3.1-8b", 2.0, 4096.0, 1, False, slow) == pytest.approx(
+        one, rel=1e-3)
+    # 8 KV heads x 33 sequences = 264 streams on 132 SMs: two waves
+    two = _attention_ms("llama-3.1-8b", 33.0, 4096.0, 1, False, slow)
+    assert two == pytest.approx(2 * one, rel=0.02)
+    assert _attention_ms("llama-3.1-8b", 33.0, 4096.0, 1, True, slow) < two
+
+
+def test_overlapped_host_work_shows_only_where_it_outlasts_the_step():
+    g = toy_graph(1.0, 1024.0)
+    gpu = cost(g, H100, GpuOptions(cuda_graphs=True, host="cpp"))
+    host = float(gpu.by_cause["host"])
+    for step_host in (0.1 * host, 1e3 * host):
+        chip = with_execution(H100, host_step_s=step_host)
+        cpp = cost(g, chip, GpuOptions(cuda_graphs=True, host="cpp"))
+        over = cost(g, chip, GpuOptions(cuda_graphs=True, host="overlap"))
+        busy = float(cpp.time_s) - float(cpp.by_cause["host"]) - float(cpp.by_cause["launch"])
+        assert float(over.by_cause["host"]) == pytest.approx(max(0.0, step_host - busy))
+        assert float(over.time_s) <= float(cpp.time_s)
