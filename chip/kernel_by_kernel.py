@@ -10,8 +10,8 @@ A per-step host overhead (scheduling, sampling, input preparation) is paid every
 graphs replace per-kernel host launches with one graph launch per step and shrink the gap.
 Collectives are separate NCCL kernels; with `overlap_comm` they hide behind the other kernels of
 their block. A decode attention kernel that does not split a sequence's context over thread
-blocks (`split_kv` off) reads each KV stream with one thread block, so it runs no faster than one
-SM streams the longest of them. Parameters and their sources: `[execution]` of each GPU chip TOML;
+blocks (`split_kv` off) or re-reads a KV head for each query head of its GQA group
+(`gqa_packing` off) runs no faster than its thread blocks stream through their SMs. Parameters and their sources: `[execution]` of each GPU chip TOML;
 interpretation: docs/execution_models.md.
 """
 
@@ -52,6 +52,9 @@ class GpuOptions:
     # Decode attention splits each sequence's context over thread blocks (FlashDecoding,
     # PagedAttention v2, TensorRT-LLM's multi_block_mode); off: one block per KV stream.
     split_kv: bool = True
+    # A GQA group's query heads share one block's read of their KV head (FlashInfer,
+    # FlashAttention-3, TensorRT-LLM's XQA); off: each query head's block reads it again.
+    gqa_packing: bool = True
     stack: str = ""  # the serving-stack profile these came from (chip/serving_stacks.py)
 
     def __post_init__(self) -> None:
@@ -218,19 +221,20 @@ def _options(options: Any) -> GpuOptions:
     return options_of(options, GpuOptions, "kernel_by_kernel")
 
 
-def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True) -> tuple:
+def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
+                 gqa_packing: bool = True) -> tuple:
     """(weight, KV and activation bytes, memory time, compute time) of one non-collective
     kernel: its bytes stream at `hbm_efficiency` of peak after `kernel_latency_s`, its FLOPs
-    run at `compute_efficiency` (chip/efficiency.py); the kernel takes the larger. Without
-    `split_kv` an attention kernel's memory time is at least that of its KV streams read one
-    per thread block, in waves over the SMs."""
+    run at `compute_efficiency` (chip/efficiency.py); the kernel takes the larger. An
+    attention kernel is also bound by what its thread blocks stream through their SMs
+    (`_block_time`), which binds where it does not split contexts or pack GQA groups."""
     weights = sum((o.weight_bytes for o in k.ops), 0.0)
     kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
     act = k.activation_bytes()
     bw = chip.hbm.bandwidth_bytes_per_s
     t_mem = efficiency.stream_time(weights + kv + act, bw, p.hbm_efficiency, p.kernel_latency_s)
-    if not split_kv:
-        t_mem = np.maximum(t_mem, sum((_unsplit_time(o, p) for o in k.ops), np.zeros(())))
+    blocks = sum((_block_time(o, p, split_kv, gqa_packing) for o in k.ops), np.zeros(()))
+    t_mem = np.maximum(t_mem, blocks)
     t_cmp = sum(
         (efficiency.stream_time(o.flops, chip.flops(o.flop_dtype), p.compute_efficiency)
          for o in k.ops),
@@ -239,17 +243,22 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True)
     return weights, kv, act, t_mem, t_cmp
 
 
-def _unsplit_time(op: Op, p: GpuParams) -> np.ndarray:
-    """One thread block per KV stream: each SM reads its stream at `sm_stream_bytes_per_s`
-    (Little's law: one block's loads in flight over the memory latency), the streams in
-    ceil(streams / SMs) waves. Streams of one step are taken as equally long (the batch's mean
-    context)."""
+def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool) -> np.ndarray:
+    """The SM side of a decode attention kernel: each thread block reads its KV at
+    `sm_stream_bytes_per_s` (Little's law: one block's loads in flight over the memory latency).
+    Blocks: one per KV stream, or per query head without GQA packing (each reads the whole KV
+    head: the group's extra reads come from L2 but still pass through an SM). Unsplit, a block
+    reads a whole context and the blocks run in ceil(blocks / SMs) waves; split, the pieces fill
+    every SM. Streams of one step are taken as equally long (the batch's mean context)."""
     n = np.asarray(op.streams, dtype=float)
     if op.cls is not OpClass.ATTENTION or not np.any(n > 0):
         return np.zeros(())
     per_stream = np.divide(op.kv_read_bytes, n, out=np.zeros(np.broadcast(
         op.kv_read_bytes, n).shape), where=n > 0)
-    waves = np.ceil(n / p.sm_count)
+    blocks = n if gqa_packing else n * op.query_group
+    if split_kv:
+        return p.kernel_latency_s + blocks * per_stream / (p.sm_count * p.sm_stream_bytes_per_s)
+    waves = np.ceil(blocks / p.sm_count)
     return p.kernel_latency_s + waves * per_stream / p.sm_stream_bytes_per_s
 
 
@@ -266,7 +275,8 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
             comm_parts.append(t)
             comm_total = comm_total + t
             continue
-        weights, kv, act, t_mem, t_cmp = kernel_times(k, chip, p, opts.split_kv)
+        weights, kv, act, t_mem, t_cmp = kernel_times(k, chip, p, opts.split_kv,
+                                                      opts.gqa_packing)
         t = r * np.maximum(t_mem, t_cmp)
         busy_total = busy_total + t
         memory_bound = t_mem >= t_cmp

@@ -9,7 +9,9 @@ A profile fixes three choices of the stack (interpretation: docs/execution_model
 - `allreduce`: "nccl" (`nccl_overhead_s` on top of the interconnect's alpha-beta time) or
   "custom" (a one-shot NVLink all-reduce kernel of the stack: `custom_allreduce_s`);
 - `split_kv`: decode attention splits each sequence's context over thread blocks; off, one
-  block streams each (sequence, KV head) at `sm_stream_bytes_per_s`.
+  block streams each (sequence, KV head) at `sm_stream_bytes_per_s`;
+- `gqa_packing`: a GQA group's query heads share one read of their KV head; off, each query
+  head's block reads it (a group's worth of SM-side traffic).
 Which stack uses what is public documentation of each project (cited per entry); the seconds are
 parameters of the chip, each with its basis and calibration status (docs/calibration.md).
 """
@@ -28,15 +30,23 @@ STACKS: dict[str, GpuOptions] = {
     # TensorRT-LLM 0.11 as Argonne's LLM-Inference-Bench ran it (argonne-lcf/LLM-Inference-Bench
     # TensorRT-LLM/H100: requirements.txt pins tensorrt_llm==0.11.0; run.py drives
     # ModelRunnerCpp without CUDA graphs, and its --multi_block_mode flag, off unless given, was
-    # not given): the engine's kernels issued per step, one thread block per KV stream in the
-    # masked MHA / XQA kernel, and trtllm-build's custom all-reduce plugin (its
-    # --use_custom_all_reduce defaulted to enable up to 0.11).
+    # not given): the engine's kernels issued per step, one thread block per context in the
+    # generation attention kernel, and trtllm-build's custom all-reduce plugin (its
+    # --use_custom_all_reduce defaulted to enable up to 0.11). GQA groups unpacked: a block per
+    # query head, as the masked MHA kernel runs; whether XQA (which packs them) ran is not in
+    # the scripts, and the measurements say not: Llama-3-8B (GQA, 4 query heads a KV head) at
+    # batch 16-64 is as slow as that reading predicts, Llama-2-7B (MHA) indifferent to it.
     "tensorrt-llm-0.11": GpuOptions(cuda_graphs=False, host="cpp", allreduce="custom",
-                                    split_kv=False, stack="tensorrt-llm-0.11"),
+                                    split_kv=False, gqa_packing=False,
+                                    stack="tensorrt-llm-0.11"),
     # vLLM (v0.x, as profiled by Vidur): Python scheduler and input preparation between steps,
     # CUDA graphs for decode, its custom all-reduce for TP <= 8 on NVLink (vLLM docs,
-    # `disable_custom_all_reduce=False` by default).
-    "vllm": GpuOptions(cuda_graphs=True, host="python", allreduce="custom", stack="vllm"),
+    # `disable_custom_all_reduce=False` by default). Decode attention: its PagedAttention kernel
+    # (vllm/attention/backends/flash_attn.py of v0.4-0.5: flash-attn for prefill, PagedAttention
+    # for decode), whose grid has a block per query head and sequence (v2: and 512-token
+    # partition): contexts split, GQA groups not packed.
+    "vllm": GpuOptions(cuda_graphs=True, host="python", allreduce="custom", gqa_packing=False,
+                       stack="vllm"),
     # SGLang: CUDA graphs for decode, custom all-reduce (from vLLM), and an overlap scheduler
     # that prepares the next batch while the GPU runs (SGLang v0.4 release notes): its host
     # work, taken as the C++-runtime figure, shows only where it outlasts the GPU's step.

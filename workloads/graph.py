@@ -202,6 +202,7 @@ def _attention_ops(s: _Step, window: int | None) -> list[Op]:
         act_out_bytes=t * hq * a.v_head_dim * s.a,
         flop_dtype=s.flop_dtype,
         streams=s.batch * hkv,
+        query_group=hq / hkv,
     ))
     if a.output_gate:
         ops.append(_eltwise(s, "output_gate", t, hq * a.v_head_dim, flops=5.0, inputs=2))

@@ -63,9 +63,11 @@ class Op:
     act_out_bytes: Work = 0.0
     flop_dtype: str = "bf16"  # which peak FLOP rate applies
     comm: Collective | None = None
-    # Attention: the independent KV streams of the step (sequences x KV heads). A decode kernel
-    # that does not split a sequence's context reads each stream with one thread block.
+    # Attention: the independent KV streams of the step (sequences x KV heads), and the query
+    # heads that read each (GQA's group). A decode kernel reads a stream with one thread block,
+    # or one a query head where it does not pack a group's heads into one block.
     streams: Work = 0.0
+    query_group: float = 1.0
 
     @property
     def memory_bytes(self) -> Work:

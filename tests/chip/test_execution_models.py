@@ -373,13 +373,13 @@ def test_kernel_looping_is_never_slower_for_a_moe_layer(batch):
 # ---- decode attention without a split context, host work overlapped ----------------------------
 
 
-def _attention_ms(model, batch, context, tp, split_kv, chip=H100):
+def _attention_ms(model, batch, context, tp, split_kv, chip=H100, gqa_packing=True):
     from workloads.catalog import load_model
     from workloads.graph import decode_graph
     from workloads.ops import Shard
 
     g = decode_graph(load_model(model), batch, context, Shard.tensor(tp))
-    c = cost(g, chip, GpuOptions(cuda_graphs=True, split_kv=split_kv))
+    c = cost(g, chip, GpuOptions(cuda_graphs=True, split_kv=split_kv, gqa_packing=gqa_packing))
     return 1e3 * float(c.by_class["attention"])
 
 
@@ -407,10 +407,26 @@ def test_unsplit_attention_runs_in_waves_once_streams_outnumber_the_sms():
     one = _attention_ms("llama-3.1-8b", 1.0, 4096.0, 1, False, slow)
     assert _attention_ms("llama-3.1-8b", 2.0, 4096.0, 1, False, slow) == pytest.approx(
         one, rel=1e-3)
-    # 8 KV heads x 33 sequences = 264 streams on 132 SMs: two waves
-    two = _attention_ms("llama-3.1-8b", 33.0, 4096.0, 1, False, slow)
-    assert two == pytest.approx(2 * one, rel=0.02)
-    assert _attention_ms("llama-3.1-8b", 33.0, 4096.0, 1, True, slow) < two
+    # 8 KV heads x 33 sequences = 264 streams on 132 SMs: two waves; 34: three, of which a
+    # split kernel, filling every SM with pieces, needs 272 / 132
+    assert _attention_ms("llama-3.1-8b", 33.0, 4096.0, 1, False, slow) == pytest.approx(
+        2 * one, rel=0.02)
+    three = _attention_ms("llama-3.1-8b", 34.0, 4096.0, 1, False, slow)
+    assert three == pytest.approx(3 * one, rel=0.02)
+    split = _attention_ms("llama-3.1-8b", 34.0, 4096.0, 1, True, slow)
+    assert split == pytest.approx(272 / 132 * one, rel=0.02)
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_unpacked_gqa_reads_a_kv_head_once_per_query_head(split_kv):
+    """Without GQA packing each query head's block reads its KV head: Llama 3.1 8B (4 query
+    heads a KV head) streams 4x the bytes through its SMs, Llama 2 7B (MHA) the same as packed.
+    A slow block rate (5 GB/s) keeps the SM side binding."""
+    slow = with_execution(H100, sm_stream_bytes_per_s=5e9)
+    ms = {(m, packed): _attention_ms(m, 132.0, 2048.0, 1, split_kv, slow, packed)
+          for m in ("llama-3.1-8b", "llama-2-7b") for packed in (False, True)}
+    assert ms["llama-3.1-8b", False] == pytest.approx(4 * ms["llama-3.1-8b", True], rel=0.01)
+    assert ms["llama-2-7b", False] == pytest.approx(ms["llama-2-7b", True], rel=1e-9)
 
 
 def test_overlapped_host_work_shows_only_where_it_outlasts_the_step():
