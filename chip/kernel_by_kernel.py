@@ -11,8 +11,9 @@ graphs replace per-kernel host launches with one graph launch per step and shrin
 Collectives are separate NCCL kernels; with `overlap_comm` they hide behind the other kernels of
 their block. A decode attention kernel that does not split a sequence's context over thread
 blocks (`split_kv` off) or re-reads a KV head for each query head of its GQA group
-(`gqa_packing` off) runs no faster than its thread blocks stream through their SMs. Parameters and their sources: `[execution]` of each GPU chip TOML;
-interpretation: docs/execution_models.md.
+(`gqa_packing` off) runs no faster than its thread blocks stream through their SMs.
+Parameters and their sources: `[execution]` of each GPU chip TOML; interpretation:
+docs/execution_models.md.
 """
 
 from __future__ import annotations
