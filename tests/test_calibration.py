@@ -246,3 +246,20 @@ def test_parameters_are_grouped_by_the_rows_that_respond_to_them():
     alone = fit.fit([r for r in rows if r["metric"] == "host_step_ms"]).values
     key = next(k for k in alone if k[0] == "python_host_step_s")
     assert joint[key] == pytest.approx(alone[key], rel=1e-6)
+
+
+def test_leave_one_out_keeps_a_parameter_without_rows_at_its_prior():
+    """Left out, the only row a parameter responds to takes the data for it away: the refit
+    keeps the prior (a free parameter with no gradient would drift to a bound) and predicts
+    the row from first principles."""
+    ttft = "argonne-a100-trtllm-llama-3.1-8b-ttft-1024-b16"
+    rows = [r for r in v.load_cases()
+            if r["id"] == ttft or (r["metric"] == "linear_time_us" and "a100" in r["id"])]
+    sim = fit.Simulator(rows)
+    full = fit.fit(rows, sim=sim)
+    (group,) = [g for g in full.groups if ttft in g.rows]
+    decl = next(d for d in group.params if d.key == "compute_efficiency")
+    assert len(group.rows) > 1  # the A100 kernel rows still fit the rest of the group
+    assert full.values[fit._pid(decl)] != pytest.approx(fit.prior(decl), rel=1e-3)
+    refit = fit.fit_group(group, sim, exclude=ttft, start=full.values)
+    assert refit[fit._pid(decl)] == fit.prior(decl)

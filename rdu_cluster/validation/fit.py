@@ -34,6 +34,7 @@ class Group:
 
     params: tuple[Declaration, ...]
     rows: tuple[str, ...]
+    responds: tuple[frozenset[str], ...] = ()  # each parameter's rows (aligned with params)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def groups(touching: dict[tuple[str, ...], set[str]], decls: Sequence[Declaratio
                     ids |= touching[_pid(e)]
                     grew = True
         seen |= {_pid(m) for m in members}
-        out.append(Group(tuple(members), tuple(r for r in order if r in ids)))
+        out.append(Group(tuple(members), tuple(r for r in order if r in ids),
+                         tuple(frozenset(touching[_pid(m)]) for m in members)))
     return out
 
 
@@ -134,18 +136,23 @@ def log_error(sim: float, row: dict[str, Any]) -> float:
     return math.log(sim / row["value"])
 
 
-def fit_group(group: Group, sim: Simulator, exclude: str | None = None) -> dict:
-    """Least squares on log error over the group's rows (but `exclude`); no rows: priors."""
-    decls = group.params
+def fit_group(group: Group, sim: Simulator, exclude: str | None = None,
+              start: dict | None = None) -> dict:
+    """Least squares on log error over the group's rows (but `exclude`), from `start` (else
+    the range's geometric middle: a prior at a flat end has no gradient). A parameter none of
+    those rows responds to keeps its prior: with no data its value would drift to a bound."""
     ids = [r for r in group.rows if r != exclude]
-    if not ids:
-        return {_pid(d): prior(d) for d in decls}
-    lo = np.log([d.range[0] for d in decls])
-    hi = np.log([d.range[1] for d in decls])
-    x0 = (lo + hi) / 2  # the range's geometric middle: a prior at a flat end has no gradient
+    responds = group.responds or tuple(frozenset(group.rows) for _ in group.params)
+    free = [d for d, rows in zip(group.params, responds) if rows - {exclude}]
+    fixed = {_pid(d): prior(d) for d in group.params if d not in free}
+    if not ids or not free:
+        return {**fixed, **{_pid(d): prior(d) for d in free}}
+    lo = np.log([d.range[0] for d in free])
+    hi = np.log([d.range[1] for d in free])
+    x0 = (lo + hi) / 2 if start is None else np.log([start[_pid(d)] for d in free])
 
     def values(x) -> dict:
-        return {_pid(d): float(math.exp(v)) for d, v in zip(decls, x)}
+        return {**fixed, **{_pid(d): float(math.exp(v)) for d, v in zip(free, x)}}
 
     def residuals(x) -> np.ndarray:
         vals = values(x)
@@ -191,11 +198,12 @@ def fit(
 
 
 def leave_one_out(rows: Sequence[dict[str, Any]], full: Fit, sim: Simulator) -> dict[str, float]:
-    """Row id -> simulated value when the row's group is refitted without it."""
+    """Row id -> simulated value when the row's group is refitted without it, starting from the
+    full fit (the optimum without one row lies near the optimum with it)."""
     out = {}
     for g in full.groups:
         for rid in g.rows:
-            values = {**full.values, **fit_group(g, sim, exclude=rid)}
+            values = {**full.values, **fit_group(g, sim, exclude=rid, start=full.values)}
             out[rid] = sim(rid, values)
     return out
 

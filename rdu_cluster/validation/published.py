@@ -50,7 +50,7 @@ TIERS = ("primary", "vendor", "third-party")
 # How a value row is summarized: a single system's speed (or time), or a ratio or fraction.
 SPEED_METRICS = {
     "tokens_per_s", "spec_tokens_per_s", "e2e_tokens_per_s", "allreduce_time_us", "host_step_ms",
-    "linear_time_us",
+    "linear_time_us", "ttft_ms",
 }
 
 
@@ -339,6 +339,8 @@ METRICS: dict[str, Callable[[dict], float]] = {
     "tp_speedup": _tp_speedup,
     "hosting_nodes": _hosting_nodes,
     "host_step_ms": lambda c: 1e3 * _scalar(_estimate(c).decode.cause("host")),
+    # the batch's prefill and first token, as a latency benchmark with one output token times it
+    "ttft_ms": lambda c: 1e3 * _scalar(_estimate(c).ttft_s),
     "weight_gib": lambda c: _estimate(c).weight_bytes / GIB,
     "kv_gib": lambda c: _scalar(_estimate(c).kv_cache_bytes) / GIB,
     "model_gib_per_token": lambda c: (
