@@ -46,9 +46,9 @@ FUSED_FAMILIES = (frozenset({OpClass.ATTENTION}), frozenset({OpClass.LINEAR_ATTE
 class GpuOptions:
     cuda_graphs: bool = False
     overlap_comm: bool = False
-    # Per-step host time: "cpp" (host_step_s, exposed), "python" (python_host_step_s, exposed)
-    # or "overlap" (host_step_s of work prepared while the GPU runs the previous step).
-    host: str = "cpp"
+    host: str = "cpp"  # per-step host time: "cpp" (host_step_s) or "python" (python_host_step_s)
+    # The host prepares the next step while the GPU runs this one: only what outlasts it shows.
+    overlap_host: bool = False
     allreduce: str = "nccl"  # "nccl" (nccl_overhead_s) or "custom" (custom_allreduce_s)
     # Decode attention splits each sequence's context over thread blocks (FlashDecoding,
     # PagedAttention v2, TensorRT-LLM's multi_block_mode); off: one block per KV stream.
@@ -59,10 +59,8 @@ class GpuOptions:
     stack: str = ""  # the serving-stack profile these came from (chip/serving_stacks.py)
 
     def __post_init__(self) -> None:
-        if self.host not in ("cpp", "python", "overlap"):
-            raise ConfigError(
-                f"options.host: {self.host!r} unknown; accepted: cpp, python, overlap"
-            )
+        if self.host not in ("cpp", "python"):
+            raise ConfigError(f"options.host: {self.host!r} unknown; accepted: cpp, python")
         if self.allreduce not in ("nccl", "custom"):
             raise ConfigError(
                 f"options.allreduce: {self.allreduce!r} unknown; accepted: nccl, custom"
@@ -305,7 +303,7 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
 def _host(ledger, p: GpuParams, opts: GpuOptions, n_kernels: float, by_class) -> None:
     """Host time that the GPU's own work does not cover."""
     host = p.host_s(opts)
-    if opts.host == "overlap":  # prepared during the previous step: only what outlasts it shows
+    if opts.overlap_host:
         host = np.maximum(0.0, host - ledger.total())
     ledger.add("host", OVERHEAD, host)
     if opts.cuda_graphs:

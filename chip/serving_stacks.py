@@ -3,9 +3,9 @@
 A profile fixes three choices of the stack (interpretation: docs/execution_models.md):
 - `cuda_graphs`: a decode step replayed as one CUDA graph (one launch, shorter kernel gaps);
 - `host`: which per-step host time the chip TOML's [execution] gives it -- "cpp" (`host_step_s`:
-  a C++ runtime), "python" (`python_host_step_s`: a Python engine that schedules, prepares
-  inputs, samples and detokenizes between steps) or "overlap" (`host_step_s` of work prepared
-  while the GPU runs the previous step: only what outlasts the step is exposed);
+  a C++ runtime) or "python" (`python_host_step_s`: a Python engine that schedules, prepares
+  inputs, samples and detokenizes between steps); `overlap_host`: that work is done while the
+  GPU runs the previous step, so only what outlasts the step is exposed;
 - `allreduce`: "nccl" (`nccl_overhead_s` on top of the interconnect's alpha-beta time) or
   "custom" (a one-shot NVLink all-reduce kernel of the stack: `custom_allreduce_s`);
 - `split_kv`: decode attention splits each sequence's context over thread blocks; off, one
@@ -48,9 +48,10 @@ STACKS: dict[str, GpuOptions] = {
     "vllm": GpuOptions(cuda_graphs=True, host="python", allreduce="custom", gqa_packing=False,
                        stack="vllm"),
     # SGLang: CUDA graphs for decode, custom all-reduce (from vLLM), and an overlap scheduler
-    # that prepares the next batch while the GPU runs (SGLang v0.4 release notes): its host
-    # work, taken as the C++-runtime figure, shows only where it outlasts the GPU's step.
-    "sglang": GpuOptions(cuda_graphs=True, host="overlap", allreduce="custom", stack="sglang"),
+    # that prepares the next batch while the GPU runs (SGLang v0.4 release notes): its Python
+    # host work shows only where it outlasts the GPU's step.
+    "sglang": GpuOptions(cuda_graphs=True, host="python", overlap_host=True, allreduce="custom",
+                         stack="sglang"),
     # A plain eager PyTorch loop (no graphs), NCCL: the stack behind Vidur's operator profiles.
     "eager": GpuOptions(cuda_graphs=False, host="python", allreduce="nccl", stack="eager"),
 }

@@ -141,8 +141,8 @@ def test_serving_stacks_differ_in_host_and_allreduce():
             for name in ("tensorrt-llm", "vllm", "eager", "sglang", "tensorrt-llm-0.11")}
     assert float(runs["vllm"].cause("host")) > float(runs["tensorrt-llm"].cause("host"))
     assert float(runs["eager"].time_s) > float(runs["tensorrt-llm"].time_s)
-    # SGLang's overlap scheduler hides the host work that the step's GPU time covers
-    assert float(runs["sglang"].cause("host")) < float(runs["tensorrt-llm"].cause("host"))
+    # SGLang's overlap scheduler hides the part of its Python host work that the step covers
+    assert float(runs["sglang"].cause("host")) < float(runs["vllm"].cause("host"))
     # TensorRT-LLM 0.11 without multi-block mode: one thread block per KV head and sequence
     assert float(runs["tensorrt-llm-0.11"].by_class["attention"]) > 2 * float(
         runs["tensorrt-llm"].by_class["attention"])

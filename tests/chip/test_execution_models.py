@@ -237,7 +237,7 @@ def test_turning_a_dataflow_optimization_on_is_never_slower(options, flag, batch
 @FAST
 @given(
     st.sampled_from(GPU_OPTIONS),
-    st.sampled_from(["cuda_graphs", "overlap_comm", "split_kv"]),
+    st.sampled_from(["cuda_graphs", "overlap_comm", "overlap_host", "split_kv", "gqa_packing"]),
     batches,
     contexts,
     tps,
@@ -436,7 +436,7 @@ def test_overlapped_host_work_shows_only_where_it_outlasts_the_step():
     for step_host in (0.1 * host, 1e3 * host):
         chip = with_execution(H100, host_step_s=step_host)
         cpp = cost(g, chip, GpuOptions(cuda_graphs=True, host="cpp"))
-        over = cost(g, chip, GpuOptions(cuda_graphs=True, host="overlap"))
+        over = cost(g, chip, GpuOptions(cuda_graphs=True, host="cpp", overlap_host=True))
         busy = float(cpp.time_s) - float(cpp.by_cause["host"]) - float(cpp.by_cause["launch"])
         assert float(over.by_cause["host"]) == pytest.approx(max(0.0, step_host - busy))
         assert float(over.time_s) <= float(cpp.time_s)
