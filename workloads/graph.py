@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workloads import params
+from workloads.dtypes import DType
 from workloads.ops import (
     Block,
     Collective,
@@ -92,6 +93,13 @@ class _Step:
     def flop_dtype(self) -> str:
         return self.spec.precision.activations.value
 
+    def gemm_dtype(self, weights: DType) -> str:
+        """The math of a GEMM over `weights`: FP8 weights are served W8A8 (activations quantized
+        per token, the FP8 path of TensorRT-LLM and vLLM), so their GEMMs run at the chip's FP8
+        rate where it has one (ChipSpec.flops falls back to BF16); other formats are up-converted
+        to the activations' dtype (weight-only int4 / mxfp4)."""
+        return DType.FP8.value if weights is DType.FP8 else self.flop_dtype
+
     def _per_sequence(self, f) -> np.ndarray:
         """Sum f(context) over the batch: exact with shape.contexts, else batch * f(mean)."""
         if self.shape.contexts is None:
@@ -128,7 +136,7 @@ def _matmul(s: _Step, name: str, rows: Work, k: int, n: int, bias: int = 0,
         weight_bytes=(k * n + bias) * s.w,
         act_in_bytes=rows * k * s.a,
         act_out_bytes=rows * n * s.a,
-        flop_dtype=s.flop_dtype,
+        flop_dtype=s.gemm_dtype(s.spec.precision.weights),
     )
 
 
@@ -375,7 +383,7 @@ def _expert_ops(s: _Step) -> list[Op]:
         return Op(name, OpClass.EXPERT, flops=2.0 * rows * k * n,
                   weight_bytes=touched * (k * n + bias) * we,
                   act_in_bytes=rows * k * s.a, act_out_bytes=rows * n * s.a,
-                  flop_dtype=s.flop_dtype)
+                  flop_dtype=s.gemm_dtype(s.spec.precision.routed_expert_weights))
 
     gated = moe.expert_matrices == 3
     ops = [matmul("expert_gate_proj", h, inter)] if gated else []

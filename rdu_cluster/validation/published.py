@@ -122,7 +122,7 @@ def _check_refs(rows: list[dict[str, Any]], where: str) -> None:
 # wrong type or out of range is refused before any row runs.
 _TEXT = ("id", "source", "tier", "role", "system", "ambiguity", "claim", "metric", "model",
          "cluster", "kind", "tolerance_basis", "options", "draft", "baseline_cluster",
-         "baseline_stack", "switch_model", "placement", "weights", "parallel")
+         "baseline_stack", "switch_model", "placement", "weights", "kv_dtype", "parallel")
 _COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
            "batch": MAX_BATCH, "prompt_len": MAX_LENGTH, "gen_len": MAX_LENGTH,
            "experts": 2**16, "collective_bytes": 2**50, "spec_k": 64,
@@ -229,10 +229,10 @@ def run_case(case: dict[str, Any]) -> Result:
 
 def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | None = None,
               **kw) -> Estimate:
-    """The row's run: its model (at the row's `weights` dtype, default the catalog's), cluster
-    (with `overrides`), lengths, batch, TP degree and options."""
-    spec = with_dtypes(catalog.load_model(case["model"]), case.get("weights"), None,
-                       f"measurements row {case['id']}: weights")
+    """The row's run: its model (at the row's `weights` and `kv_dtype`, default the catalog's),
+    cluster (with `overrides`), lengths, batch, TP degree and options."""
+    spec = with_dtypes(catalog.load_model(case["model"]), case.get("weights"),
+                       case.get("kv_dtype"), f"measurements row {case['id']}: weights")
     name = case.get("options", "default") if options == "case" else options
     opts = OPTIONS[name] if isinstance(name, str) else name
     return estimate(

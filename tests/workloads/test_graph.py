@@ -231,3 +231,26 @@ def test_grid_is_fast(models):
     g = graph.step_graph(spec, StepShape.decode(b, c), Shard.tensor(8))
     g.total("flops")
     assert time.perf_counter() - start < 0.5
+
+
+def test_fp8_weights_run_their_gemms_at_the_fp8_rate_where_the_chip_has_one():
+    """FP8 checkpoints are served W8A8: their GEMMs (dense, router, experts) name fp8 math,
+    which H100 runs at twice its BF16 rate and SN40L / A100 (no FP8 path) at BF16's; norms,
+    attention and weight-only formats (int4, mxfp4) stay at the activations' dtype."""
+    from rdu_cluster.config import load_chip
+    from workloads.catalog import load_model
+    from workloads.graph import prefill_graph
+    from workloads.ops import OpClass
+    from workloads.spec import with_dtypes
+
+    gemms = (OpClass.MATMUL, OpClass.EXPERT, OpClass.LM_HEAD, OpClass.ROUTER)
+    for model in ("llama-3.1-8b", "mixtral-8x7b"):
+        for weights, expect in (("fp8", "fp8"), ("int4", "bf16"), ("bf16", "bf16")):
+            g = prefill_graph(with_dtypes(load_model(model), weights, None), 1.0, 512.0)
+            ops = [o for b in g.blocks for o in b.ops]
+            gemm = [o.cls in gemms and float(np.max(o.weight_bytes)) > 0 for o in ops]
+            assert {o.flop_dtype for o, is_gemm in zip(ops, gemm) if is_gemm} == {expect}
+            assert {o.flop_dtype for o, is_gemm in zip(ops, gemm) if not is_gemm} == {"bf16"}
+    h100, sn40l, a100 = (load_chip(c) for c in ("h100-sxm", "sn40l", "a100-sxm-80gb"))
+    assert h100.flops("fp8") == pytest.approx(2 * h100.flops("bf16"), rel=1e-3)
+    assert sn40l.flops("fp8") == sn40l.flops("bf16") and a100.flops("fp8") == a100.flops("bf16")
