@@ -232,8 +232,10 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
     act = k.activation_bytes()
     bw = chip.hbm.bandwidth_bytes_per_s
     t_mem = efficiency.stream_time(weights + kv + act, bw, p.hbm_efficiency, p.kernel_latency_s)
-    blocks = sum((_block_time(o, p, split_kv, gqa_packing) for o in k.ops), np.zeros(()))
-    t_mem = np.maximum(t_mem, blocks)
+    blocks = [_block_time(o, p, split_kv, gqa_packing) for o in k.ops
+              if o.cls is OpClass.ATTENTION]
+    if blocks:  # the other kernels have no per-block bound: skip the work on the hot path
+        t_mem = np.maximum(t_mem, sum(blocks))
     t_cmp = sum(
         (efficiency.stream_time(o.flops, chip.flops(o.flop_dtype), p.compute_efficiency)
          for o in k.ops),
@@ -243,14 +245,14 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
 
 
 def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool) -> np.ndarray:
-    """The SM side of a decode attention kernel: each thread block reads its KV at
+    """The SM side of an attention op: each thread block reads its KV at
     `sm_stream_bytes_per_s` (Little's law: one block's loads in flight over the memory latency).
     Blocks: one per KV stream, or per query head without GQA packing (each reads the whole KV
     head: the group's extra reads come from L2 but still pass through an SM). Unsplit, a block
     reads a whole context and the blocks run in ceil(blocks / SMs) waves; split, the pieces fill
     every SM. Streams of one step are taken as equally long (the batch's mean context)."""
     n = np.asarray(op.streams, dtype=float)
-    if op.cls is not OpClass.ATTENTION or not np.any(n > 0):
+    if not np.any(n > 0):
         return np.zeros(())
     per_stream = np.divide(op.kv_read_bytes, n, out=np.zeros(np.broadcast(
         op.kv_read_bytes, n).shape), where=n > 0)

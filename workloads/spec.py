@@ -148,14 +148,14 @@ class ModelSpec:
 
 
 def with_dtypes(spec: ModelSpec, weights: str | None, kv: str | None,
-                where: str = "--weights") -> ModelSpec:
+                where: str = "--weights", kv_where: str = "--kv-dtype") -> ModelSpec:
     """The model with every weight in `weights` (routed experts included) and its KV cache in
-    `kv`; None keeps the model's own. `where` names the field in an error."""
+    `kv`; None keeps the model's own. `where` and `kv_where` name the fields in an error."""
     p = spec.precision
     if weights:
         p = Precision(DType.parse(weights, where), p.kv_cache, p.activations, None)
     if kv:
-        p = Precision(p.weights, DType.parse(kv, "--kv-dtype"), p.activations, p.expert_weights)
+        p = Precision(p.weights, DType.parse(kv, kv_where), p.activations, p.expert_weights)
     return spec.with_precision(p)
 
 

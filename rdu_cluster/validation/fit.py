@@ -34,7 +34,7 @@ class Group:
 
     params: tuple[Declaration, ...]
     rows: tuple[str, ...]
-    responds: tuple[frozenset[str], ...] = ()  # each parameter's rows (aligned with params)
+    responds: tuple[frozenset[str], ...]  # each parameter's rows (aligned with params)
 
 
 @dataclass(frozen=True)
@@ -142,11 +142,10 @@ def fit_group(group: Group, sim: Simulator, exclude: str | None = None,
     the range's geometric middle: a prior at a flat end has no gradient). A parameter none of
     those rows responds to keeps its prior: with no data its value would drift to a bound."""
     ids = [r for r in group.rows if r != exclude]
-    responds = group.responds or tuple(frozenset(group.rows) for _ in group.params)
-    free = [d for d, rows in zip(group.params, responds) if rows - {exclude}]
+    free = [d for d, rows in zip(group.params, group.responds) if rows - {exclude}]
     fixed = {_pid(d): prior(d) for d in group.params if d not in free}
-    if not ids or not free:
-        return {**fixed, **{_pid(d): prior(d) for d in free}}
+    if not free:  # also when no row is left: every parameter's rows are among the group's
+        return fixed
     lo = np.log([d.range[0] for d in free])
     hi = np.log([d.range[1] for d in free])
     x0 = (lo + hi) / 2 if start is None else np.log([start[_pid(d)] for d in free])

@@ -231,8 +231,9 @@ def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | Non
               **kw) -> Estimate:
     """The row's run: its model (at the row's `weights` and `kv_dtype`, default the catalog's),
     cluster (with `overrides`), lengths, batch, TP degree and options."""
+    row = f"measurements row {case['id']}"
     spec = with_dtypes(catalog.load_model(case["model"]), case.get("weights"),
-                       case.get("kv_dtype"), f"measurements row {case['id']}: weights")
+                       case.get("kv_dtype"), f"{row}: weights", f"{row}: kv_dtype")
     name = case.get("options", "default") if options == "case" else options
     opts = OPTIONS[name] if isinstance(name, str) else name
     return estimate(
