@@ -27,6 +27,7 @@ CAUSES = (
     "launch",
     "synchronization",
     "host",
+    "worker_sync",  # a multi-process host engine handing each step to its other GPUs' workers
     "pipeline_fill",
     "ddr_streaming",  # weights or KV spilled to DDR, streamed after the HBM stream
     "pipeline_bubble",  # a pipeline stage waiting for the others
@@ -54,7 +55,8 @@ class StepCost:
             ),
             "compute": ("compute",),
             "communication": ("communication", "collective_latency"),
-            "overhead": ("launch", "synchronization", "host", "pipeline_fill", "pipeline_bubble"),
+            "overhead": ("launch", "synchronization", "host", "worker_sync", "pipeline_fill",
+                         "pipeline_bubble"),
         }
         names = list(groups)
         stacked = np.stack(

@@ -30,7 +30,7 @@ from chip.cost import StepCost
 from chip.execution import CommTime, options_of, params_for, parse_params, register
 from chip.spec import ChipSpec
 from workloads.errors import ConfigError
-from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass
+from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass, Work
 
 # Ops with weights: each is a GEMM (or gather) kernel of its own, never fused with another.
 WEIGHTED = {OpClass.MATMUL, OpClass.EXPERT, OpClass.LM_HEAD, OpClass.EMBEDDING}
@@ -80,14 +80,26 @@ class GpuParams:
     nccl_overhead_s: float
     host_step_s: float
     python_host_step_s: float
+    host_seq_s: float
+    python_host_seq_s: float
+    python_worker_s: float
     custom_allreduce_s: float
     nccl_busbw_fraction: float
     nccl_eager_launch_s: float
     sm_count: float
     sm_stream_bytes_per_s: float
 
-    def host_s(self, opts: GpuOptions) -> float:
-        return self.python_host_step_s if opts.host == "python" else self.host_step_s
+    def host_s(self, opts: GpuOptions, batch: Work) -> Work:
+        """Host time of one step: a fixed part plus each sequence's share (its scheduling,
+        sampling hand-off, stop checks and output processing)."""
+        if opts.host == "python":
+            return self.python_host_step_s + batch * self.python_host_seq_s
+        return self.host_step_s + batch * self.host_seq_s
+
+    def worker_sync_s(self, opts: GpuOptions, workers: int) -> float:
+        """A Python engine drives one worker process per GPU of the step: each step it sends
+        every further worker the step's inputs and awaits its completion."""
+        return (workers - 1) * self.python_worker_s if opts.host == "python" else 0.0
 
     def collective_overhead_s(self, opts: GpuOptions, kind: CollectiveKind) -> float:
         """Software cost of one collective beyond the interconnect's alpha-beta time."""
@@ -212,7 +224,7 @@ class KernelByKernel:
             for k in kernels:
                 cls = k.anchor.cls.value
                 kernels_by_class[cls] = kernels_by_class.get(cls, 0.0) + block.repeat
-        _host(ledger, p, opts, n_kernels, kernels_by_class)
+        _host(ledger, p, opts, graph, n_kernels, kernels_by_class)
         return ledger.cost(graph, kernels=np.asarray(n_kernels, dtype=float))
 
 
@@ -302,19 +314,25 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
         ledger.add("communication", OpClass.COLLECTIVE.value, comm_total * scale)
 
 
-def _host(ledger, p: GpuParams, opts: GpuOptions, n_kernels: float, by_class) -> None:
+def _host(ledger, p: GpuParams, opts: GpuOptions, graph: Graph, n_kernels: float,
+          by_class) -> None:
     """Host time that the GPU's own work does not cover."""
-    host = p.host_s(opts)
+    host = p.host_s(opts, graph.shape.batch)
+    sync = p.worker_sync_s(opts, graph.shard.sockets)
     if opts.overlap_host:
-        host = np.maximum(0.0, host - ledger.total())
+        exposed = np.maximum(0.0, host + sync - ledger.total())
+        share = np.divide(host, host + sync, out=np.ones(np.shape(exposed)),
+                          where=(host + sync) > 0)
+        host, sync = exposed * share, exposed * (1.0 - share)
     ledger.add("host", OVERHEAD, host)
+    ledger.add("worker_sync", OVERHEAD, sync)
     if opts.cuda_graphs:
         ledger.add("launch", OVERHEAD, p.graph_launch_s)
         return
     # Asynchronous issue: the host runs ahead while the GPU works, so launch time is exposed
     # only where issuing all kernels takes longer than running them (plus the first launch,
     # which nothing covers).
-    gpu = ledger.total() - host
+    gpu = ledger.total() - host - sync
     exposed = p.launch_host_s + np.maximum(0.0, n_kernels * p.launch_host_s - gpu)
     for cls, count in by_class.items():
         ledger.add("launch", cls, exposed * count / n_kernels)

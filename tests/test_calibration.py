@@ -51,14 +51,15 @@ def test_profile_applies_only_when_active_and_user_overrides_win():
         calibration.load("no-such-profile")
 
 
-def test_fit_of_a_constant_is_the_geometric_mean_of_its_rows():
-    # The Python engine's host time is a constant of the model: least squares on log error must
-    # land on the geometric mean of the measured rows.
-    rows = [r for r in v.load_cases() if r["metric"] == "host_step_ms"]
-    result = fit.fit(rows)
-    (value,) = result.values.values()
-    cal = [r["value"] for r in rows if r["role"] == "calibrate"]
-    assert value * 1e3 == pytest.approx(math.exp(np.mean(np.log(cal))), rel=1e-3)
+def test_fit_recovers_an_affine_host_time_from_exact_rows():
+    # The Python engine's host time is affine in the batch (python_host_step_s + batch x
+    # python_host_seq_s): rows made exactly from known values must be fitted back to them.
+    rows = [dict(r, role="calibrate", value=1.5 + 0.06 * r["batch"])
+            for r in v.load_cases() if r["metric"] == "host_step_ms" and r["tp"] == 1]
+    assert len({r["batch"] for r in rows}) >= 3
+    values = {pid[0]: value for pid, value in fit.fit(rows).values.items()}
+    assert values["python_host_step_s"] == pytest.approx(1.5e-3, rel=1e-3)
+    assert values["python_host_seq_s"] == pytest.approx(60e-6, rel=1e-3)
 
 
 def test_calibrate_writes_a_profile_with_ranges_rows_and_residuals(tmp_path):
@@ -228,24 +229,26 @@ def test_calibrate_no_progress_silences_stderr(tmp_path):
 
 def test_parameters_are_grouped_by_the_rows_that_respond_to_them():
     """A group is a parameter with the calibrate rows that respond to it, closed over shared
-    rows: the Python engine's host time (only the CPU-overhead rows respond) is fitted apart from
-    the H100 kernel parameters although all are parameters of the same chips, and the group's
-    fit equals the joint one."""
-    rows = [r for r in v.load_cases() if r["metric"] == "host_step_ms"
-            or (r["metric"] == "linear_time_us" and "h100" in r["cluster"])]
+    rows: the Python engine's host time (only the CPU-overhead rows, here taken as calibrate
+    rows, respond) is fitted apart from the H100 kernel parameters although all are parameters
+    of the same chips, and the group's fit equals the joint one."""
+    cpu_rows = [dict(r, role="calibrate") for r in v.load_cases()
+                if r["metric"] == "host_step_ms"]
+    rows = cpu_rows + [r for r in v.load_cases()
+                       if r["metric"] == "linear_time_us" and "h100" in r["cluster"]]
     sim = fit.Simulator(rows)
-    decls = [d for d in fit.fitted_declarations()
-             if d.key in ("python_host_step_s", "kernel_latency_s")]
+    host_keys = ("python_host_step_s", "python_host_seq_s")
+    decls = [d for d in fit.fitted_declarations() if d.key in (*host_keys, "kernel_latency_s")]
     touching = fit.responses(decls, rows, sim)
     groups = fit.groups(touching, decls, rows)
-    by_key = {tuple(d.key for d in g.params): set(g.rows) for g in groups}
-    cpu = {r["id"] for r in rows if r["metric"] == "host_step_ms" and r["role"] == "calibrate"}
-    assert by_key[("python_host_step_s",)] == cpu
-    assert all(not (ids & cpu) for keys, ids in by_key.items() if keys != ("python_host_step_s",))
+    by_key = {tuple(sorted(d.key for d in g.params)): set(g.rows) for g in groups}
+    cpu = {r["id"] for r in cpu_rows}
+    assert by_key[tuple(sorted(host_keys))] == cpu
+    assert all(not (ids & cpu) for keys, ids in by_key.items() if keys != tuple(sorted(host_keys)))
     joint = fit.fit(rows, sim=sim).values
-    alone = fit.fit([r for r in rows if r["metric"] == "host_step_ms"]).values
-    key = next(k for k in alone if k[0] == "python_host_step_s")
-    assert joint[key] == pytest.approx(alone[key], rel=1e-6)
+    alone = fit.fit(cpu_rows).values
+    for key in (k for k in alone if k[0] in host_keys):
+        assert joint[key] == pytest.approx(alone[key], rel=1e-6)
 
 
 def test_leave_one_out_keeps_a_parameter_without_rows_at_its_prior():

@@ -142,6 +142,11 @@ class Shard:
     def tensor(cls, tp: int) -> Shard:
         return cls(attn_tp=tp, mlp_tp=tp, expert_tp=tp, ep=1, vocab_tp=tp)
 
+    @property
+    def sockets(self) -> int:
+        """Sockets that run one step together (each a part of every layer)."""
+        return max(self.attn_tp, self.mlp_tp, self.expert_tp * self.ep, self.vocab_tp)
+
 
 @dataclass(frozen=True)
 class Graph:

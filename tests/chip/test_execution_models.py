@@ -429,12 +429,35 @@ def test_unpacked_gqa_reads_a_kv_head_once_per_query_head(split_kv):
     assert ms["llama-2-7b", False] == pytest.approx(ms["llama-2-7b", True], rel=1e-9)
 
 
+@pytest.mark.parametrize("host, seq_key", [("cpp", "host_seq_s"), ("python", "python_host_seq_s")])
+def test_host_time_grows_by_each_sequence_share(host, seq_key):
+    """Each sequence of the batch adds its per-step host work (scheduling, stop checks, output
+    processing): host time is affine in the batch with the stack's per-sequence slope."""
+    chip = with_execution(H100, **{seq_key: 40e-6})
+    opts = GpuOptions(cuda_graphs=True, host=host)
+    hosts = [float(cost(toy_graph(b, 1024.0), chip, opts).by_cause["host"]) for b in (1, 17, 65)]
+    assert hosts[1] - hosts[0] == pytest.approx(16 * 40e-6)
+    assert hosts[2] - hosts[0] == pytest.approx(64 * 40e-6)
+
+
+def test_python_engine_pays_a_hand_off_per_further_worker():
+    """A Python engine spanning TP GPUs hands each step to its other workers (`worker_sync`,
+    python_worker_s each); a C++ runtime (one process per rank, in lockstep) pays none."""
+    chip = with_execution(H100, python_worker_s=0.3e-3)
+    for tp in (1, 2, 4):
+        g = toy_graph(1.0, 1024.0, tp=tp)
+        py = cost(g, chip, GpuOptions(cuda_graphs=True, host="python"))
+        cpp = cost(g, chip, GpuOptions(cuda_graphs=True, host="cpp"))
+        assert float(py.by_cause["worker_sync"]) == pytest.approx((tp - 1) * 0.3e-3)
+        assert float(cpp.by_cause.get("worker_sync", 0.0)) == 0.0
+
+
 def test_overlapped_host_work_shows_only_where_it_outlasts_the_step():
     g = toy_graph(1.0, 1024.0)
     gpu = cost(g, H100, GpuOptions(cuda_graphs=True, host="cpp"))
     host = float(gpu.by_cause["host"])
     for step_host in (0.1 * host, 1e3 * host):
-        chip = with_execution(H100, host_step_s=step_host)
+        chip = with_execution(H100, host_step_s=step_host, host_seq_s=0.0)
         cpp = cost(g, chip, GpuOptions(cuda_graphs=True, host="cpp"))
         over = cost(g, chip, GpuOptions(cuda_graphs=True, host="cpp", overlap_host=True))
         busy = float(cpp.time_s) - float(cpp.by_cause["host"]) - float(cpp.by_cause["launch"])
