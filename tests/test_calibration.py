@@ -3,10 +3,8 @@ mechanisms the fit relies on (visible in the breakdown, which still partitions t
 
 from __future__ import annotations
 
-import math
 import re
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -266,3 +264,19 @@ def test_leave_one_out_keeps_a_parameter_without_rows_at_its_prior():
     assert full.values[fit._pid(decl)] != pytest.approx(fit.prior(decl), rel=1e-3)
     refit = fit.fit_group(group, sim, exclude=ttft, start=full.values)
     assert refit[fit._pid(decl)] == fit.prior(decl)
+
+
+def test_a_row_is_not_rerun_when_a_parameter_it_does_not_respond_to_moves(monkeypatch):
+    """After `responses`, the simulator keys a row's cache on the parameters it responds to: a fit
+    perturbing another parameter of the same chip reuses the row's value."""
+    row = next(r for r in v.load_cases() if r["id"] == "argonne-h100-trtllm-llama-3.1-8b-tp1-128")
+    sim = fit.Simulator([row])
+    decls = {d.key: d for d in fit.fitted_declarations("h100-sxm")}
+    host, worker = fit._pid(decls["host_step_s"]), fit._pid(decls["python_worker_s"])
+    sim.depends[row["id"]] = {host}
+    runs = []
+    real = v.run_case
+    monkeypatch.setattr(v, "run_case", lambda case: runs.append(case["id"]) or real(case))
+    first = sim(row["id"], {host: 1e-3, worker: 1e-4})
+    assert sim(row["id"], {host: 1e-3, worker: 2e-3}) == first and len(runs) == 1
+    assert sim(row["id"], {host: 2e-3, worker: 2e-3}) < first and len(runs) == 2

@@ -119,12 +119,17 @@ class Simulator:
         self.rows = {r["id"]: r for r in rows}
         self.cache: dict[tuple, float] = {}
         self.chips: dict[str, set[str]] = {}
+        # row id -> the parameters it responds to (`responses`), once known: a fit perturbs
+        # each parameter in turn, and a row that does not respond to it need not be re-run
+        self.depends: dict[str, set[tuple[str, ...]]] = {}
 
     def __call__(self, rid: str, values: dict[tuple[str, ...], float]) -> float:
         if rid not in self.chips:
             self.chips[rid] = row_chips(self.rows[rid])
         # only the parameters of the chips the row simulates can change it (pid: key, *chips)
-        own = tuple(sorted((p, v) for p, v in values.items() if self.chips[rid] & set(p[1:])))
+        own = tuple(sorted((p, v) for p, v in values.items()
+                           if (p in self.depends[rid] if rid in self.depends
+                               else self.chips[rid] & set(p[1:]))))
         key = (rid, own)
         if key not in self.cache:
             with calibration.use(profile_of(values)):
@@ -186,7 +191,11 @@ def fit(
     """`progress(done, total)` after each group is fitted (output/progress.py)."""
     sim = sim or Simulator(rows)
     decls = fitted_declarations(chip)
-    gs = groups(responses(decls, rows, sim), decls, rows)
+    touching = responses(decls, rows, sim)
+    for pid, ids in touching.items():
+        for rid in ids:
+            sim.depends.setdefault(rid, set()).add(pid)
+    gs = groups(touching, decls, rows)
     values: dict = {}
     for i, g in enumerate(gs):
         values.update(fit_group(g, sim))
