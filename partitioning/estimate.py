@@ -23,6 +23,7 @@ from partitioning.evaluate import (
 )
 from partitioning.footprint import PlanDoesNotFit
 from partitioning.plan import Plan
+from partitioning.routing import RoutingModel
 from workloads import graph as graphs
 from workloads.errors import ConfigError
 from workloads.ops import Collective, Work
@@ -106,11 +107,12 @@ def estimate(
     comm_time: Callable[[Collective], Work] | None = None,
     plan: str | Plan | None = None,
     check: bool = True,
+    routing: RoutingModel | None = None,
 ) -> Estimate:
     """`plan` (default: tensor parallelism over `tp` sockets, default all, replicated over the
     rest) at every (batch, prompt_len, gen_len) point: the plan evaluator's result as a flat
     Estimate. With check=False the points that do not fit are costed too, and carry their
-    reason in `misfit`."""
+    reason in `misfit`. `routing`: how an MoE's tokens choose experts (default uniform)."""
     if tp and plan is not None:
         raise ConfigError("tp and plan: give one of them")
     if plan is None:
@@ -123,7 +125,8 @@ def estimate(
     elif not isinstance(plan, Plan):
         plan = Plan.parse(plan)
     pe = evaluate_plan(model, cluster, plan, batch, prompt_len, gen_len, options=options,
-                       check=check, execution_model=execution_model, comm_time=comm_time)
+                       check=check, execution_model=execution_model, comm_time=comm_time,
+                       routing=routing)
     return from_plan_estimate(model, cluster, pe)
 
 
@@ -135,11 +138,13 @@ def estimate_plan(
     prompt_len: Work = 1024,
     gen_len: Work = 256,
     options: Any = None,
+    routing: RoutingModel | None = None,
 ) -> Estimate:
     """Any plan, through the one plan evaluator (stages, micro-batches, bubbles, EP
     all-to-all, DDR spill), as one Estimate whose decode breakdown is the slowest stage's plus
     the bubble and the DDR stream."""
-    return estimate(model, cluster, batch, prompt_len, gen_len, options=options, plan=plan)
+    return estimate(model, cluster, batch, prompt_len, gen_len, options=options, plan=plan,
+                    routing=routing)
 
 
 def from_plan_estimate(model: ModelSpec, cluster: ClusterSpec, pe: PlanEstimate) -> Estimate:

@@ -257,17 +257,21 @@ def evaluate_plan(
     m = plan.micro_batches or np.maximum(1.0, np.minimum(batch, plan.pp))
     if plan.micro_batches:
         m = float(m)
-    load = _load(spec, plan, routing, batch / m) if expert_load is None else expert_load
+    load = (_load(spec, plan, routing, routing.routed_tokens(batch / m, batch / m))
+            if expert_load is None else expert_load)
     context = prompt_len + (gen_len - 1.0) / 2.0
     cost = _Stager(spec, cluster, plan, fps, options, execution_model, comm_time)
-    decode = [cost(p, StepShape.decode(batch / m, context), load) for p in heads]
+    same = routing.kind == "identical"
+    decode = [cost(p, replace(StepShape.decode(batch / m, context), identical=same), load)
+              for p in heads]
     costs, ddr = tuple(c for c, _ in decode), tuple(d for _, d in decode)
     times = [c.time_s + d for c, d in zip(costs, ddr)]
     tpot = np.maximum(sum(times), m * _max(times))
     pre = None
     if prefill:
-        pload = _load(spec, plan, routing, batch * prompt_len)
-        pre = _sum_costs([cost(p, StepShape.prefill(batch, prompt_len), pload) for p in heads])
+        pload = _load(spec, plan, routing, routing.routed_tokens(batch * prompt_len, batch))
+        shape = replace(StepShape.prefill(batch, prompt_len), identical=same)
+        pre = _sum_costs([cost(p, shape, pload) for p in heads])
     return PlanEstimate(plan, spec.name, cluster.name, batch, prompt_len, gen_len, costs, ddr,
                         m, tpot, pre, fps, load, misfit, cluster.chip.hbm.bandwidth_bytes_per_s)
 

@@ -12,6 +12,10 @@ Routing models:
 - "zipf": popularity of the i-th most popular expert proportional to 1 / i**s (stated
   distribution; `s` a parameter, 0 = uniform); which experts are popular is a seeded random
   permutation, so hot experts are not all on one group by construction.
+- "identical": every sequence of a batch is the same (one prompt replicated and decoded
+  greedily: TensorRT-LLM's run.py, other benchmark scripts), so the batch routes as one sequence
+  does, uniformly: its tokens reach the experts one sequence's tokens reach, each expert's rows
+  multiplied by the batch (`routed_tokens`).
 Choices of one token are drawn with replacement (a token picking the same expert twice is
 rare at top_k << E and changes the counts little).
 """
@@ -29,20 +33,26 @@ from workloads.errors import ConfigError
 
 @dataclass(frozen=True)
 class RoutingModel:
-    kind: str = "uniform"  # "uniform" | "zipf"
+    kind: str = "uniform"  # "uniform" | "zipf" | "identical"
     zipf_s: float = 1.0
     seed: int = 0
     trials: int = 256
 
     def __post_init__(self) -> None:
-        if self.kind not in ("uniform", "zipf"):
-            raise ConfigError(f"routing: {self.kind!r} unknown; accepted: uniform, zipf")
+        if self.kind not in ("uniform", "zipf", "identical"):
+            raise ConfigError(
+                f"routing: {self.kind!r} unknown; accepted: uniform, zipf, identical"
+            )
         # s past 100: all traffic on one expert already (1/2^100); negative s is not a Zipf law
         checks.number(self.zipf_s, "--routing zipf:S", 0.0, 100.0)
         checks.integer(self.seed, "--seed", 0, 2**63 - 1)
 
+    def routed_tokens(self, tokens, batch):
+        """Tokens whose routings are drawn independently: one sequence's when all are the same."""
+        return tokens / batch if self.kind == "identical" else tokens
+
     def popularity(self, num_experts: int) -> np.ndarray:
-        if self.kind == "uniform" or self.zipf_s == 0:
+        if self.kind != "zipf" or self.zipf_s == 0:
             return np.full(num_experts, 1.0 / num_experts)
         p = 1.0 / np.arange(1, num_experts + 1) ** self.zipf_s
         rng = np.random.default_rng(self.seed)

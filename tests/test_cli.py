@@ -215,6 +215,10 @@ SPEC = ["simulate", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--draft"
       "--weights", "fp3", "--kv-dtype", "int1"], "--plan/--weights/--kv-dtype: not with --coe"),
     (["simulate", "--coe", "--cluster", "dgx-h100", "--experts", "4", "--stack", "bogus"],
      "--stack: not with --coe"),
+    (["simulate", "--coe", "--cluster", "dgx-h100", "--experts", "4", "--routing", "identical"],
+     "--routing: not with --coe"),
+    (["simulate", "--cluster", "dgx-h100", "--routing", "hot"],
+     "--routing: 'hot'; expected uniform, zipf:S (S a number) or identical"),
     (["simulate", "--coe", "--cluster", "sn40l-8", "--experts", "4", "--tp", "8", "--json"],
      "--tp/--json: not with --coe"),
     (["simulate", "--coe", "--cluster", "sn40l-8", "--experts", "4", "--prompt-len", "100000"],
@@ -224,6 +228,18 @@ def test_simulate_refuses_what_its_mode_ignores_or_cannot_hold(args, message):
     r = run(*args)
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output
+
+
+def test_simulate_identical_routing_reads_one_sequences_experts():
+    """--routing identical (benchmark scripts that replicate one prompt): Mixtral's batch of 16
+    reads the 2 experts a layer one sequence reads, not nearly all 8; a dense model is unmoved."""
+    def speed(model, routing):
+        r = run("simulate", "--model", model, "--cluster", "dgx-h100", "--plan", "tp4",
+                "--batch", "16", "--routing", routing, "--json")
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["tokens_per_s_per_request"]
+    assert speed("mixtral-8x7b", "identical") > 1.5 * speed("mixtral-8x7b", "uniform")
+    assert speed("llama-3.1-8b", "identical") == speed("llama-3.1-8b", "uniform")
 
 
 @pytest.mark.parametrize("plan", [["--tp", "4"], ["--plan", "tp4"]])

@@ -119,7 +119,8 @@ def test_roofline_fraction_divides_by_the_papers_peak_when_the_row_states_one():
 def test_bad_row_weights_or_peak_is_one_line_error(tmp_path):
     for field, needle in (('weights = "fp5"', "weights"),
                           ("peak_hbm_bytes_per_s = -1.0", "peak_hbm_bytes_per_s"),
-                          ("spec_k = 0", "spec_k")):
+                          ("spec_k = 0", "spec_k"),
+                          ('routing = "zipf"', "routing: 'zipf'; accepted: uniform, identical")):
         path = tmp_path / "bad.toml"
         path.write_text(ROW.replace('tp = 1', f"tp = 1\n{field}"))
         result = CliRunner().invoke(main, ["validate", "--cases", str(path)])

@@ -373,7 +373,9 @@ def _expert_ops(s: _Step) -> list[Op]:
     moe, h, sh = s.spec.moe, s.spec.hidden_size, s.shard
     e_local = _ceil(moe.num_experts, sh.ep)
     inter = _ceil(moe.expert_intermediate, sh.expert_tp)
-    touched = distinct_experts(moe.num_experts, moe.top_k, s.tokens) * e_local / moe.num_experts
+    # identical sequences choose the same experts: the batch touches what one sequence does
+    routed = s.new if s.shape.identical else s.tokens
+    touched = distinct_experts(moe.num_experts, moe.top_k, routed) * e_local / moe.num_experts
     touched = np.minimum(touched * sh.expert_load, e_local)
     rows = s.tokens * moe.top_k / sh.ep * sh.expert_load
     we = s.spec.precision.routed_expert_weights.bytes

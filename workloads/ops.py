@@ -101,13 +101,15 @@ class StepShape:
     the prompt for prefill, k+1 for a speculative verification) on top of `context` tokens already
     in their KV cache. `contexts`, when given, lists exact per-sequence context lengths (then
     `batch` is its length and `context` its mean); builders use it where the mean is not exact
-    (sliding windows)."""
+    (sliding windows). `identical`: every sequence is the same (one prompt replicated and decoded
+    greedily, as benchmark scripts do), so an MoE routes the batch as it routes one sequence."""
 
     phase: str  # "decode" | "prefill"
     batch: Work = 1.0
     new_tokens: Work = 1.0
     context: Work = 0.0
     contexts: tuple[int, ...] | None = None
+    identical: bool = False
 
     @classmethod
     def decode(cls, batch: Work, context: Work) -> StepShape:

@@ -40,7 +40,8 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
 @click.option("--weights", "weights_dtype", default=None, help="Weight dtype (bf16, fp8, ...).")
 @click.option("--spill", is_flag=True, help="Let weights, then KV cache, spill to DDR.")
 @click.option("--routing", default="uniform", show_default=True,
-              help="Expert routing: uniform, or zipf:S (popularity ~ 1/rank^S).")
+              help="Expert routing: uniform, zipf:S (popularity ~ 1/rank^S), or identical "
+                   "(every sequence the same prompt, decoded greedily).")
 @click.option("--seed", default=0, show_default=True, type=o.SEED, help="Routing-model seed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per plan.")
 @click.option("--plan", "plan_text", default=None,
@@ -104,8 +105,8 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
 
 def parse_routing(text: str, seed: int) -> RoutingModel:
     kind, colon, s = text.partition(":")
-    if kind == "uniform" and not colon:
-        return RoutingModel("uniform", seed=seed)
+    if kind in ("uniform", "identical") and not colon:
+        return RoutingModel(kind, seed=seed)
     if kind == "zipf" and not (colon and not s):  # zipf (S = 1) or zipf:S, not "zipf:"
         try:
             exponent = float(s or 1.0)
@@ -113,7 +114,9 @@ def parse_routing(text: str, seed: int) -> RoutingModel:
             exponent = None
         if exponent is not None:
             return RoutingModel("zipf", zipf_s=exponent, seed=seed)  # checks S in [0, 100]
-    raise ConfigError(f"--routing: {text!r}; expected uniform or zipf:S (S a number)")
+    raise ConfigError(
+        f"--routing: {text!r}; expected uniform, zipf:S (S a number) or identical"
+    )
 
 
 def plan_row(e: PlanEstimate, tiers) -> dict:

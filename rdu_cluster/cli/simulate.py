@@ -9,6 +9,7 @@ from partitioning.estimate import best_plan, estimate_plan
 from partitioning.plan import Plan
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
+from rdu_cluster.cli.plan import parse_routing
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
 from rdu_cluster.output.report import model_summary, overrides_line, side_by_side
@@ -117,6 +118,13 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
 @click.option("--experts", default=150, show_default=True, type=o.EXPERTS, help="With --coe.")
 @hardware_options
 @click.option(
+    "--routing",
+    default=None,
+    help="How an MoE's tokens choose experts: uniform, zipf:S, or identical (every sequence the "
+    "same prompt decoded greedily, as benchmark scripts that replicate one prompt) "
+    "[default: uniform]. Not with --draft, --coe or --ablate.",
+)
+@click.option(
     "--stack",
     "stack_name",
     default=None,
@@ -147,6 +155,7 @@ def simulate(
     coe_flag,
     experts,
     overrides,
+    routing,
     stack_name,
 ) -> None:
     """Estimate decode and prefill of MODEL on each CLUSTER (--set and --sockets apply to each)."""
@@ -189,10 +198,12 @@ def simulate(
         return
     rows, estimates = [], []
     profile = None if stack_name is None else serving_stacks.stack(stack_name)  # known, or exit 2
+    routing_model = parse_routing(routing or "uniform", 0)
     for cluster in clusters:
         plan = _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len)
         options = profile if cluster.chip.kind == "gpu" else None
-        est = estimate_plan(spec, cluster, plan, batch, prompt_len, gen_len, options=options)
+        est = estimate_plan(spec, cluster, plan, batch, prompt_len, gen_len, options=options,
+                            routing=routing_model)
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
     tbl = results.table(rows)
@@ -226,18 +237,18 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
     if not coe and (only := o.given(ctx, "experts")):
         raise ConfigError(f"{only[0]}: only with --coe")
     if coe and (unused := o.given(ctx, "tp", "plan_text", "objective", "weights_dtype",
-                                  "kv_dtype", "stack_name", "out_path", "as_json")):
+                                  "kv_dtype", "stack_name", "routing", "out_path", "as_json")):
         raise ConfigError(f"{'/'.join(unused)}: not with --coe (its table takes --model, "
                           "--cluster, --batch, the lengths and --experts)")
     modes = [flag for flag, on in (("--draft", draft is not None), ("--coe", coe),
                                    ("--ablate", ablate)) if on]
     if len(modes) > 1:
         raise ConfigError(f"{' and '.join(modes)}: give one of them (each is its own table)")
-    if ablate and (unused := o.given(ctx, "plan_text", "objective", "stack_name", "out_path",
-                                     "as_json")):
+    if ablate and (unused := o.given(ctx, "plan_text", "objective", "stack_name", "routing",
+                                     "out_path", "as_json")):
         raise ConfigError(f"{'/'.join(unused)}: not with --ablate (its text tables take "
                           "--model, --cluster, --batch, the lengths, --tp, the dtypes and --set)")
-    if draft is not None and (unused := o.given(ctx, "stack_name")):
+    if draft is not None and (unused := o.given(ctx, "stack_name", "routing")):
         raise ConfigError(f"{unused[0]}: not with --draft (the speculative table costs each GPU "
                           "with its execution model's defaults)")
     if ctx.params["tp"] and ctx.params["plan_text"]:

@@ -23,6 +23,7 @@ from chip.execution import params_for
 from chip.kernel_by_kernel import GpuOptions, GpuParams
 from chip.serving_stacks import STACKS
 from partitioning.estimate import Estimate, estimate, tp_comm_time
+from partitioning.routing import RoutingModel
 from rdu_cluster.config import MAX_SOCKETS, load_cluster
 from workloads import catalog, checks
 from workloads.checks import MAX_BATCH
@@ -122,7 +123,8 @@ def _check_refs(rows: list[dict[str, Any]], where: str) -> None:
 # wrong type or out of range is refused before any row runs.
 _TEXT = ("id", "source", "tier", "role", "system", "ambiguity", "claim", "metric", "model",
          "cluster", "kind", "tolerance_basis", "options", "draft", "baseline_cluster",
-         "baseline_stack", "switch_model", "placement", "weights", "kv_dtype", "parallel")
+         "baseline_stack", "switch_model", "placement", "weights", "kv_dtype", "parallel",
+         "routing")
 _COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
            "batch": MAX_BATCH, "prompt_len": MAX_LENGTH, "gen_len": MAX_LENGTH,
            "experts": 2**16, "collective_bytes": 2**50, "spec_k": 64,
@@ -155,7 +157,7 @@ def check_row(row: Any, where: str) -> None:
     if "weights" in row:
         DType.parse(row["weights"], f"{where}.weights")
     for key, accepted in (("kind", _KINDS), ("metric", tuple(METRICS)),
-                          ("options", tuple(OPTIONS))):
+                          ("options", tuple(OPTIONS)), ("routing", ("uniform", "identical"))):
         if key in row and row[key] not in accepted:
             raise ConfigError(f"{where}.{key}: {row[key]!r}; accepted: {', '.join(accepted)}")
     if row.get("parallel", "column") not in ("column", "row"):
@@ -230,7 +232,7 @@ def run_case(case: dict[str, Any]) -> Result:
 def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | None = None,
               **kw) -> Estimate:
     """The row's run: its model (at the row's `weights` and `kv_dtype`, default the catalog's),
-    cluster (with `overrides`), lengths, batch, TP degree and options."""
+    cluster (with `overrides`), lengths, batch, TP degree, options and expert routing."""
     row = f"measurements row {case['id']}"
     spec = with_dtypes(catalog.load_model(case["model"]), case.get("weights"),
                        case.get("kv_dtype"), f"{row}: weights", f"{row}: kv_dtype")
@@ -244,6 +246,7 @@ def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | Non
         gen_len=case.get("gen_len", 128),
         tp=case.get("tp"),
         options=opts,
+        routing=RoutingModel(case.get("routing", "uniform")),
         **kw,
     )
 

@@ -176,6 +176,22 @@ def test_expert_load_model():
     assert zipf > many
 
 
+def test_identical_routing_costs_a_batch_as_its_one_sequence_routes(sn16):
+    """Copies of one sequence route alike: a batch of 16 reads 2 of Mixtral's 8 experts a layer
+    (independent sequences: nearly all 8), so its decode is faster; under EP the copies land on
+    the groups one token reaches, which loads the busiest group as one token does."""
+    spec = load_model("mixtral-8x7b")
+    kw = dict(batch=16, prompt_len=1024, gen_len=64, prefill=False)
+    uni = evaluate_plan(spec, sn16, Plan.parse("tp8dp2"), **kw)
+    same = evaluate_plan(spec, sn16, Plan.parse("tp8dp2"), routing=RoutingModel("identical"), **kw)
+    assert same.tpot_s < 0.8 * uni.tpot_s
+    one = expert_load(RoutingModel("uniform"), 8, 2, 4, 1)
+    ep = evaluate_plan(spec, sn16, Plan.parse("tp4ep4"), routing=RoutingModel("identical"), **kw)
+    assert ep.expert_load == pytest.approx(one) and one > 1
+    with pytest.raises(ConfigError, match="routing: 'hot' unknown; accepted: uniform, zipf"):
+        RoutingModel("hot")
+
+
 def test_ep_all_to_all_and_imbalance_slow_moe(sn16):
     spec = load_model("deepseek-v3", FP8_WEIGHTS)
     e = evaluate_plan(spec, sn16, Plan.parse("ep16"), batch=16, prompt_len=1024, gen_len=64,

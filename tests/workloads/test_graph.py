@@ -144,6 +144,23 @@ def test_moe_decode_reads_distinct_experts(models):
         8 * per_expert)
 
 
+def test_identical_sequences_read_one_sequences_experts(models):
+    """A batch of copies (one prompt replicated, greedy decoding) routes as one sequence: the
+    step reads the experts a single sequence reads, and runs every sequence's rows through them."""
+    spec = models["mixtral-8x7b"]
+    same = lambda b, n: graph.step_graph(spec, StepShape("decode", b, n, 100.0, identical=True))
+    one = graph.decode_graph(spec, 1, 100)
+    for b in (4, 64):
+        assert _expert_weight_bytes(same(b, 1.0)) == pytest.approx(_expert_weight_bytes(one))
+        copies, own = same(b, 1.0), graph.decode_graph(spec, b, 100)
+        assert copies.total("flops") == pytest.approx(own.total("flops"))
+    prompt = graph.prefill_graph(spec, 1, 3)  # a 3-token prompt: its tokens route apart
+    assert _expert_weight_bytes(same(16, 3.0)) == pytest.approx(_expert_weight_bytes(prompt))
+    dense = models["llama-3.1-8b"]
+    assert graph.step_graph(dense, StepShape("decode", 16, 1.0, 100.0, identical=True)).total(
+        "weight_bytes") == pytest.approx(graph.decode_graph(dense, 16, 100).total("weight_bytes"))
+
+
 def test_expert_parallel_and_load(models):
     spec = models["deepseek-v3"]
     per_expert = params.expert_params(spec) * spec.precision.weights.bytes * 58  # FP8: 1 byte
