@@ -181,7 +181,7 @@ def test_identical_routing_costs_a_batch_as_its_one_sequence_routes(sn16):
     (independent sequences: nearly all 8), so its decode is faster; under EP the copies land on
     the groups one token reaches, which loads the busiest group as one token does."""
     spec = load_model("mixtral-8x7b")
-    kw = dict(batch=16, prompt_len=1024, gen_len=64, prefill=False)
+    kw = {"batch": 16, "prompt_len": 1024, "gen_len": 64, "prefill": False}
     uni = evaluate_plan(spec, sn16, Plan.parse("tp8dp2"), **kw)
     same = evaluate_plan(spec, sn16, Plan.parse("tp8dp2"), routing=RoutingModel("identical"), **kw)
     assert same.tpot_s < 0.8 * uni.tpot_s
