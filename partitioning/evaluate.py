@@ -261,7 +261,7 @@ def evaluate_plan(
             if expert_load is None else expert_load)
     context = prompt_len + (gen_len - 1.0) / 2.0
     cost = _Stager(spec, cluster, plan, fps, options, execution_model, comm_time)
-    same = routing.kind == "identical"
+    same = routing.identical
     decode = [cost(p, replace(StepShape.decode(batch / m, context), identical=same), load)
               for p in heads]
     costs, ddr = tuple(c for c, _ in decode), tuple(d for _, d in decode)

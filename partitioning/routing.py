@@ -29,6 +29,7 @@ import numpy as np
 
 from workloads import checks
 from workloads.errors import ConfigError
+from workloads.ops import Work
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,13 @@ class RoutingModel:
         checks.number(self.zipf_s, "--routing zipf:S", 0.0, 100.0)
         checks.integer(self.seed, "--seed", 0, 2**63 - 1)
 
-    def routed_tokens(self, tokens, batch):
+    @property
+    def identical(self) -> bool:
+        return self.kind == "identical"
+
+    def routed_tokens(self, tokens: Work, batch: Work) -> Work:
         """Tokens whose routings are drawn independently: one sequence's when all are the same."""
-        return tokens / batch if self.kind == "identical" else tokens
+        return tokens / batch if self.identical else tokens
 
     def popularity(self, num_experts: int) -> np.ndarray:
         if self.kind != "zipf" or self.zipf_s == 0:
