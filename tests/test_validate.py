@@ -165,3 +165,22 @@ def test_a_row_without_role_or_tier_names_the_file_and_row(tmp_path, field):
     result = CliRunner().invoke(main, ["validate", "--no-loo", "--cases", str(path)])
     assert result.exit_code == 2
     assert result.output.startswith(f"error: --cases {path}: row[0].{field}: missing field")
+
+
+def test_a_serving_throughput_row_is_the_serve_commands_run(tmp_path):
+    """serve_output_tokens_per_s runs the serving engine as `rdu-cluster serve` does: every request
+    queued at once on one replica of `tp` GPUs, chunked prefill, the row's limits."""
+    row = _row(metric="serve_output_tokens_per_s", kind="value", value=1000.0,
+               model="llama-3.2-1b", cluster="dgx-h100", tp=1, prompt_len=128, gen_len=64,
+               requests=40, max_batch=16, token_budget=4096, kv_fraction=0.9, rtol=0.25)
+    v.check_row(row, "row")
+    simulated = v.METRICS["serve_output_tokens_per_s"](row)
+    r = CliRunner().invoke(main, [
+        "serve", "--model", "llama-3.2-1b", "--cluster", "dgx-h100", "--sockets", "1", "--plan",
+        "tp1", "--requests", "40", "--rate", "inf", "--prompt-len", "128", "--output-len", "64",
+        "--max-batch", "16", "--token-budget", "4096", "--chunked-prefill", "--kv-fraction", "0.9",
+        "--calibration", "none", "--no-progress", "--json", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    assert simulated == pytest.approx(json.loads(r.stdout.splitlines()[-1])["output_throughput"])
+    with pytest.raises(ConfigError, match="serve_output_tokens_per_s needs requests, max_batch"):
+        v.check_row({k: x for k, x in row.items() if k not in ("requests", "max_batch")}, "row")

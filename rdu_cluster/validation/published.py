@@ -51,7 +51,7 @@ TIERS = ("primary", "vendor", "third-party")
 # How a value row is summarized: a single system's speed (or time), or a ratio or fraction.
 SPEED_METRICS = {
     "tokens_per_s", "spec_tokens_per_s", "e2e_tokens_per_s", "allreduce_time_us", "host_step_ms",
-    "linear_time_us", "ttft_ms",
+    "linear_time_us", "ttft_ms", "serve_output_tokens_per_s",
 }
 
 
@@ -128,10 +128,14 @@ _TEXT = ("id", "source", "tier", "role", "system", "ambiguity", "claim", "metric
 _COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
            "batch": MAX_BATCH, "prompt_len": MAX_LENGTH, "gen_len": MAX_LENGTH,
            "experts": 2**16, "collective_bytes": 2**50, "spec_k": 64,
-           "linear_in": 2**20, "linear_out": 2**20}
+           "linear_in": 2**20, "linear_out": 2**20,
+           # an offline throughput run (serve_output_tokens_per_s): requests and engine limits
+           "requests": 100_000, "max_batch": MAX_BATCH, "token_budget": 2**26}
 # Positive numbers: the HBM peak per socket a paper computes its fraction of roofline against.
 _AMOUNTS = {"peak_hbm_bytes_per_s": 1e15}
 _KINDS = ("value", "min", "max", "range", "argmax")
+SERVE_FIELDS = ("tp", "prompt_len", "gen_len", "requests", "max_batch", "token_budget",
+                "kv_fraction")
 # A measured figure is a positive quantity (errors are relative to it); 10^15 is past every one
 # a row can name (tokens/s, ms, GiB, ratios, fractions: the set's largest is ~10^3).
 MAX_VALUE = 1e15
@@ -140,7 +144,7 @@ MAX_ROWS = 10_000
 
 def check_row(row: Any, where: str) -> None:
     checks.exact_keys(row, ("id", "metric", "kind", "value"), where,
-                      (*_TEXT, *_COUNTS, *_AMOUNTS, "rtol", "models"))
+                      (*_TEXT, *_COUNTS, *_AMOUNTS, "rtol", "models", "kv_fraction"))
     for key in _TEXT:
         if key in row and not (isinstance(row[key], str) and row[key]):
             raise ConfigError(f"{where}.{key}: expected a non-empty string, got "
@@ -154,6 +158,11 @@ def check_row(row: Any, where: str) -> None:
     for key, hi in _AMOUNTS.items():
         if key in row:
             checks.number(row[key], f"{where}.{key}", 1.0, hi)
+    if "kv_fraction" in row:
+        checks.number(row["kv_fraction"], f"{where}.kv_fraction", 0.0, 1.0, lo_open=True)
+    if row.get("metric") == "serve_output_tokens_per_s" and (missing := [
+            k for k in SERVE_FIELDS if k not in row]):
+        raise ConfigError(f"{where}: metric serve_output_tokens_per_s needs {', '.join(missing)}")
     if "weights" in row:
         DType.parse(row["weights"], f"{where}.weights")
     for key, accepted in (("kind", _KINDS), ("metric", tuple(METRICS)),
@@ -229,13 +238,18 @@ def run_case(case: dict[str, Any]) -> Result:
 # ---- metrics --------------------------------------------------------------------------------
 
 
+def _spec(case: dict[str, Any]):
+    """The row's model at the row's `weights` and `kv_dtype` (default the catalog's)."""
+    row = f"measurements row {case['id']}"
+    return with_dtypes(catalog.load_model(case["model"]), case.get("weights"),
+                       case.get("kv_dtype"), f"{row}: weights", f"{row}: kv_dtype")
+
+
 def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | None = None,
               **kw) -> Estimate:
-    """The row's run: its model (at the row's `weights` and `kv_dtype`, default the catalog's),
-    cluster (with `overrides`), lengths, batch, TP degree, options and expert routing."""
-    row = f"measurements row {case['id']}"
-    spec = with_dtypes(catalog.load_model(case["model"]), case.get("weights"),
-                       case.get("kv_dtype"), f"{row}: weights", f"{row}: kv_dtype")
+    """The row's run: its model, cluster (with `overrides`), lengths, batch, TP degree, options
+    and expert routing."""
+    spec = _spec(case)
     name = case.get("options", "default") if options == "case" else options
     opts = OPTIONS[name] if isinstance(name, str) else name
     return estimate(
@@ -249,6 +263,29 @@ def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | Non
         routing=RoutingModel(case.get("routing", "uniform")),
         **kw,
     )
+
+
+def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:
+    """Output tokens/s of an offline throughput run, as trtllm-bench's `throughput` measures it:
+    `requests` of the row's lengths all queued at once on one replica (`tp` GPUs of the row's
+    cluster), served by the engine with in-flight batching and chunked prefill under the row's
+    `max_batch`, `token_budget` and `kv_fraction` (the KV cache's share of what the weights
+    leave)."""
+    from rdu_cluster.backends import make as make_backend
+    from rdu_cluster.engine.schedulers import Limits
+    from rdu_cluster.engine.simulation import ServeConfig, Simulation
+    from workloads import traces
+
+    tp = case["tp"]
+    fixed = traces.LengthDist
+    trace = traces.synthetic(case["requests"], float("inf"), "fixed",
+                             fixed("fixed", case["prompt_len"]), fixed("fixed", case["gen_len"]))
+    config = ServeConfig(plan=f"tp{tp}", kv_memory_fraction=case["kv_fraction"],
+                         limits=Limits(case["max_batch"], case["token_budget"], True),
+                         options=OPTIONS[case.get("options", "default")])
+    sim = Simulation(_spec(case), load_cluster(case["cluster"], {"sockets": tp}), trace, config,
+                     make_backend("local"))
+    return float(sim.run().summary["bench"]["output_throughput"])
 
 
 def _scalar(x) -> float:
@@ -338,6 +375,7 @@ ACCOUNTING_METRICS = {
 
 METRICS: dict[str, Callable[[dict], float]] = {
     "e2e_tokens_per_s": _e2e_tokens_per_s,
+    "serve_output_tokens_per_s": _serve_output_tokens_per_s,
     "allreduce_time_us": _allreduce_time_us,
     "linear_time_us": _linear_time_us,
     "tp_speedup": _tp_speedup,
