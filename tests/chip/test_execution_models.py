@@ -452,6 +452,23 @@ def test_python_engine_pays_a_hand_off_per_further_worker():
         assert float(cpp.by_cause.get("worker_sync", 0.0)) == 0.0
 
 
+def test_an_overlapped_engine_shows_host_and_hand_off_only_past_the_step():
+    """SGLang-class overlap: the host's work and the workers' hand-off run beside the GPU's
+    step, so together only what outlasts it shows, split between them in their proportion."""
+    g = toy_graph(1.0, 1024.0, tp=2)
+    for step_host in (1e-6, 1.0):
+        chip = with_execution(H100, python_host_step_s=step_host, python_host_seq_s=0.0,
+                              python_worker_s=step_host)
+        base = GpuOptions(cuda_graphs=True, host="python")
+        plain = cost(g, chip, base)
+        over = cost(g, chip, dataclasses.replace(base, overlap_host=True))
+        busy = float(plain.time_s) - float(plain.by_cause["host"]) - float(
+            plain.by_cause["worker_sync"]) - float(plain.by_cause["launch"])
+        shown = float(over.by_cause["host"]) + float(over.by_cause["worker_sync"])
+        assert shown == pytest.approx(max(0.0, 2 * step_host - busy))
+        assert float(over.by_cause["host"]) == pytest.approx(float(over.by_cause["worker_sync"]))
+
+
 def test_overlapped_host_work_shows_only_where_it_outlasts_the_step():
     g = toy_graph(1.0, 1024.0)
     gpu = cost(g, H100, GpuOptions(cuda_graphs=True, host="cpp"))
