@@ -245,13 +245,18 @@ def _spec(case: dict[str, Any]):
                        case.get("kv_dtype"), f"{row}: weights", f"{row}: kv_dtype")
 
 
+def _row_options(case: dict[str, Any]) -> Any:
+    """The row's execution options: its named profile (`options`), else the chip's defaults."""
+    return OPTIONS[case.get("options", "default")]
+
+
 def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | None = None,
               **kw) -> Estimate:
     """The row's run: its model, cluster (with `overrides`), lengths, batch, TP degree, options
     and expert routing."""
     spec = _spec(case)
-    name = case.get("options", "default") if options == "case" else options
-    opts = OPTIONS[name] if isinstance(name, str) else name
+    opts = (_row_options(case) if options == "case"
+            else OPTIONS[options] if isinstance(options, str) else options)
     return estimate(
         spec,
         load_cluster(case["cluster"], overrides),
@@ -282,7 +287,7 @@ def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:
                              fixed("fixed", case["prompt_len"]), fixed("fixed", case["gen_len"]))
     config = ServeConfig(plan=f"tp{tp}", kv_memory_fraction=case["kv_fraction"],
                          limits=Limits(case["max_batch"], case["token_budget"], True),
-                         options=OPTIONS[case.get("options", "default")])
+                         options=_row_options(case))
     sim = Simulation(_spec(case), load_cluster(case["cluster"], {"sockets": tp}), trace, config,
                      make_backend("local"))
     return float(sim.run().summary["bench"]["output_throughput"])
@@ -325,7 +330,7 @@ def _allreduce_time_us(case) -> float:
     cluster = load_cluster(case["cluster"])
     ranks = int(case["ranks"])
     c = Collective(CollectiveKind.ALL_REDUCE, float(case["collective_bytes"]), "attn_tp", ranks)
-    opts = OPTIONS[case.get("options", "default")] or GpuOptions()
+    opts = _row_options(case) or GpuOptions()
     t = params_for(GpuParams, cluster.chip).collective_time(tp_comm_time(cluster, ranks), c, opts)
     return 1e6 * _scalar(t)
 
