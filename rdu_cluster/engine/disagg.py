@@ -38,7 +38,7 @@ from interconnect.topology import TopologySpec, build_topology
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.config import MAX_SOCKETS, FabricSpec, load_cluster
-from rdu_cluster.engine import bench, energy, metrics
+from rdu_cluster.engine import bench, energy, metrics, summary
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.requests import DONE, UNSERVED
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
@@ -228,7 +228,7 @@ class Disaggregated:
                       "sockets": [c.sockets for c in self.clusters]},
         })
         out.update({k: p.summary[k] for k in PREFIX_KEYS})  # prompts are cached where prefilled
-        m = dec._measured(_decode_rows(req, idx))
+        m = summary.measured(dec, _decode_rows(req, idx))
         out["bench"] = bench.summary(m, end, self.config.metrics)
         return out
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from rdu_cluster.engine import metrics, spill
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 
-# The requests table's columns the run's summary reads (Simulation.summary, _measured).
+# The requests table's columns the run's summary reads (engine/summary.py: summary, measured).
 SUMMARY_COLUMNS = ("state", "arrival_s", "queue_s", "ttft_s", "tpot_s", "e2e_s",
                    "generated_tokens", "prompt_len", "preemptions", "switch_wait_s")
 

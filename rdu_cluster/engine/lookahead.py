@@ -9,8 +9,8 @@ pure functions of the program and the step shape, degradation aside), so a windo
 any number of arrivals: an unsaturated span is cut at the first step boundary at or after the
 next arrival, the arrivals by then join the queue, and planning goes on (`Clock`). The sockets
 still cost every span and their times are what the tables record; the engine checks that they
-equal the times it planned with (Simulation.execute_window), so a window is exactly what a
-step-by-step loop would have done.
+equal the times it planned with (WindowExecutor.execute, engine/windows.py), so a window is
+exactly what a step-by-step loop would have done.
 
 Saturated spans (the plan stopped at a limit, so an arrival could not change it) are timed only
 when a later plan needs the time, all at once: a saturated run costs nothing more. A replica

@@ -85,7 +85,7 @@ class StepColumns:
 
 
 # Streaming (Recorder.sink): rows go to the table writer in chunks of this many, and of the
-# steps only the columns the run's summary reads are kept (Simulation.summary, energy.summary).
+# steps only the columns the run's summary reads are kept (summary.summary, energy.summary).
 CHUNK_ROWS = 16_384
 SUMMARY_STEP_COLUMNS = ("phase", "time_s", "sockets", "energy_j", "decode_tokens",
                         "emitted_tokens")

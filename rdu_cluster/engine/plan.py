@@ -23,6 +23,7 @@ from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.ops import OpClass, Shard, StepShape
 from workloads.spec import ModelSpec
+from workloads.speculative import Speculation
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class ReplicaLayout:
     stages: tuple[tuple[int, ...], ...]  # sockets of each pipeline stage
     programs: dict  # socket -> Program
     # Speculative decoding with the draft on its own sockets: stage 0 drafts, stage 1 (the
-    # target) verifies; they prefill a prompt side by side (simulation.Simulation._combine).
+    # target) verifies; they prefill a prompt side by side (step_times.StepTimes.combine).
     draft_stage: bool = False
 
 
@@ -118,13 +119,14 @@ def check_draft_sockets(cluster: ClusterSpec, plan: PlanSpec, draft_sockets: int
 
 
 def separate_draft_layouts(model: ModelSpec, draft: ModelSpec, cluster: ClusterSpec,
-                           plan: PlanSpec, draft_sockets: int, spec_k: int,
-                           spec_tree: tuple[int, ...] | None, options=None,
-                           execution_model: str | None = None) -> list[ReplicaLayout]:
+                           plan: PlanSpec, draft_sockets: int, speculation: Speculation,
+                           options=None, execution_model: str | None = None
+                           ) -> list[ReplicaLayout]:
     """Replicas of `draft_sockets` draft sockets (the draft tensor-parallel over them) followed
-    by the target's tp x pp sockets; the sockets left over stay idle."""
+    by the target's tp x pp sockets; the sockets left over stay idle. `speculation` gives the
+    programs their k (or tree)."""
     group = check_draft_sockets(cluster, plan, draft_sockets)
-    spec = {"spec_k": spec_k, "spec_tree": spec_tree}
+    spec = {"spec_k": speculation.k, "spec_tree": speculation.branching}
     out = []
     for r in range(cluster.sockets // group):
         d = tuple(range(r * group, r * group + draft_sockets))

@@ -131,21 +131,29 @@ class Window:
                      pre_tokens=pre_tokens, pre_prefix=pre_prefix)
 
 
+@dataclass(frozen=True)
+class ReplicaParts:
+    """What a replica runs besides its scheduler and KV cache (engine/build.py makes them)."""
+
+    swap_tier: str  # where swap preemption puts KV: the tier below HBM
+    speculate: Callable[[int, int, int], np.ndarray] | None = None  # (replica, step, n) -> tokens
+    experts: Experts | None = None  # CoE: the experts' residency in HBM
+    prefix: PrefixCache | None = None
+    lookahead: int = 1  # the most tokens a decode step writes (View.lookahead)
+
+
 class Replica:
     def __init__(self, index: int, sockets: list[int], scheduler: Scheduler, kv: KVManager,
-                 swap_tier: str, speculate: Callable[[int, int, int], np.ndarray] | None = None,
-                 experts: Experts | None = None, prefix: PrefixCache | None = None,
-                 lookahead: int = 1):
+                 parts: ReplicaParts):
         self.index = index
-        self.prefix = prefix
-
-        self.speculate = speculate  # (replica, step, n) -> tokens each of n decodes emits
-        self.lookahead = lookahead  # the most tokens a decode step writes (View.lookahead)
-        self.experts = experts
+        self.prefix = parts.prefix
+        self.speculate = parts.speculate  # (replica, step, n) -> tokens each of n decodes emits
+        self.lookahead = parts.lookahead  # the most tokens a decode step writes
+        self.experts = parts.experts
         self.sockets = sockets
         self.scheduler = scheduler
         self.kv = kv
-        self.swap_tier = swap_tier
+        self.swap_tier = parts.swap_tier
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.swapped: list[Request] = []
@@ -162,7 +170,7 @@ class Replica:
         self.decoding = 0  # sequences with such a run open
         # one token a step, too: the decoding sequences in aggregate (engine/lockstep.py)
         self.together = (Lockstep(kv.config.block_tokens)
-                         if self.lockstep and speculate is None else None)
+                         if self.lockstep and parts.speculate is None else None)
         self.busy = False
         self.down_until = 0.0
         self.synced: dict[int, int] = {}  # request id -> KV blocks the sockets hold for it
@@ -298,8 +306,8 @@ class Replica:
             at = self.decode_steps
             ctx = together.context(at)
             if kind == DECODE:
-                steps = max(1, self._fit(together.count, together.least_remaining(at),
-                                         lambda n: together.growth(at, n)))
+                steps = max(1, _fit(self.kv, together.count, together.least_remaining(at),
+                                    lambda n: together.growth(at, n)))
             cached, held, phases = together.at_open(at)
         else:
             # lists, not arrays: a light-load batch is a dozen sequences, and numpy's cost is
@@ -311,7 +319,8 @@ class Replica:
             ctx = sum(cached)
             if kind == DECODE and self.speculate is None:
                 limit = min([r.output_len - r.generated for r in decode])  # remaining_output
-                steps = max(1, self._fit(len(decode), limit, self._growth(cached, held)))
+                growth = _growth(self.kv, cached, held)
+                steps = max(1, _fit(self.kv, len(decode), limit, growth))
         span = Span(kind, steps, self.step, decode, prefill, ctx_sum=ctx,
                     pre_prefix=sum([r.cached for r, _ in prefill]) if prefill else 0,
                     running=len(self.running), expert=expert, switch=switch,
@@ -329,27 +338,6 @@ class Replica:
         switch = self.experts.switch_ops(plan.expert)
         ops += switch
         return bool(switch)
-
-    def _fit(self, decodes: int, limit: int, growth: Callable[[int], int]) -> int:
-        """The most steps (up to `limit`) whose KV growth (`growth(n)` blocks in n steps) fits
-        in the free blocks."""
-        free = self.kv.free
-        # A sequence holds the blocks of its cached tokens (KVManager.grow after every span),
-        # so n more tokens take at most ceil(n / bt) more blocks: at light load, a bound
-        # that settles most spans without counting.
-        if decodes * -(-limit // self.kv.config.block_tokens) <= free or growth(limit) <= free:
-            return limit
-        lo, hi = 0, limit
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if growth(mid) <= free else (lo, mid)
-        return lo
-
-    def _growth(self, cached: list[int], held: list[int]) -> Callable[[int], int]:
-        """Blocks n steps of decodes holding (cached, held) take, a pass over them (Lockstep
-        counts them in aggregate)."""
-        bt = self.kv.config.block_tokens
-        return lambda n: sum([max(0, -(-(c + n) // bt) - h) for c, h in zip(cached, held)])
 
     # -- state changes ------------------------------------------------------------------
     def advance(self, span: Span, steps: int) -> Sequence[Request]:
@@ -543,6 +531,29 @@ class Replica:
         return out
 
 
+def _fit(kv: KVManager, decodes: int, limit: int, growth: Callable[[int], int]) -> int:
+    """The most steps (up to `limit`) whose KV growth (`growth(n)` blocks in n steps) fits
+    in the free blocks of `kv`."""
+    free = kv.free
+    # A sequence holds the blocks of its cached tokens (KVManager.grow after every span),
+    # so n more tokens take at most ceil(n / bt) more blocks: at light load, a bound
+    # that settles most spans without counting.
+    if decodes * -(-limit // kv.config.block_tokens) <= free or growth(limit) <= free:
+        return limit
+    lo, hi = 0, limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if growth(mid) <= free else (lo, mid)
+    return lo
+
+
+def _growth(kv: KVManager, cached: list[int], held: list[int]) -> Callable[[int], int]:
+    """Blocks n steps of decodes holding (cached, held) take, a pass over them (Lockstep
+    counts them in aggregate)."""
+    bt = kv.config.block_tokens
+    return lambda n: sum([max(0, -(-(c + n) // bt) - h) for c, h in zip(cached, held)])
+
+
 def _kv_per_step(spans: list[Span], n: np.ndarray, b: np.ndarray, bt: int) -> np.ndarray:
     """The blocks in use at each step of consecutive spans (`n` steps, `b` decodes listed
     each): those in use as a span opened, plus the blocks its decodes' cached tokens have grown
@@ -585,4 +596,4 @@ def _order(r: Request) -> tuple:
     return (r.arrival_s, r.id)
 
 
-__all__ = ["SWAPPED", "Replica", "Span", "Window"]
+__all__ = ["SWAPPED", "Replica", "ReplicaParts", "Span", "Window"]

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from chip.socket import DECODE, MIXED, PREFILL, SENT_ROW
-from rdu_cluster.engine.simulation import PHASE_NAMES
+from rdu_cluster.engine.record import PHASE_NAMES
 from rdu_cluster.sweep.dataset import atomic_write
 
 US = 1e6  # trace-event times are microseconds

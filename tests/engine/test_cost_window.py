@@ -20,7 +20,7 @@ def _tables() -> CostTables:
     sim = Simulation(load_model("llama-3.1-8b"), load_cluster("sn40l-8"), trace, ServeConfig(),
                      LocalBackend())
     sim.run()  # lays the replicas out
-    setup = next(iter(sim._setups(sim.layouts[0], sim.plan).values()))
+    setup = next(iter(sim.build.setups(sim.layouts[0], sim.plan).values()))
     return CostTables(sim.cluster.chip, setup.program, setup.comm_time)
 
 

@@ -17,7 +17,7 @@ PLAN = {"plan": "tp4"}  # sn40l-16: 4 replicas
 def _one_step_at_a_time(monkeypatch):
     """Every window one span, every span one step: the oracle."""
     monkeypatch.setattr(replica, "MAX_SPANS", 1)
-    monkeypatch.setattr(replica.Replica, "_fit", lambda self, cached, held, limit: 1)
+    monkeypatch.setattr(replica, "_fit", lambda kv, decodes, limit, growth: 1)
 
 
 @pytest.mark.parametrize("config", [

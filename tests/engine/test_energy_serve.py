@@ -97,7 +97,7 @@ def test_decode_step_energy_is_the_power_model_of_its_step_cost(serve):
     sim, t = serve(cluster=CLUSTER, n=1, prompt=traces.LengthDist("fixed", 300),
                    output=traces.LengthDist("fixed", 6))
     s = cols(t.steps)
-    setup = sim._setups(sim.layouts[0], sim.plan)[0]
+    setup = sim.build.setups(sim.layouts[0], sim.plan)[0]
     prog, chip = setup.program, sim.cluster.chip
     tables = CostTables(chip, prog, setup.comm_time)
     sums = np.arange(290, 320)

@@ -17,6 +17,7 @@ from rdu_cluster.engine.requests import RUNNING, Request
 from rdu_cluster.engine.schedulers import Limits, View
 from rdu_cluster.engine.schedulers.continuous import Continuous
 from rdu_cluster.engine.simulation import Simulation
+from rdu_cluster.engine.windows import WindowExecutor
 from workloads import traces
 
 
@@ -118,7 +119,7 @@ def test_the_continuous_plan_stands_only_with_nothing_waiting_or_swapped():
 def test_a_window_the_sockets_time_otherwise_is_an_internal_error(serve, monkeypatch):
     """The engine checks the sockets' times against those it planned with: a prediction off
     by one part in 10^9 is caught, not recorded."""
-    make = Simulation._clock
+    make = WindowExecutor.clock
 
     def off(self, rep, t0):
         clock = make(self, rep, t0)
@@ -127,7 +128,7 @@ def test_a_window_the_sockets_time_otherwise_is_an_internal_error(serve, monkeyp
         clock.step_times = lambda span: [t * (1 + 1e-9) for t in step_times(span)]
         return clock
 
-    monkeypatch.setattr(Simulation, "_clock", off)
+    monkeypatch.setattr(WindowExecutor, "clock", off)
     with pytest.raises(RuntimeError, match="internal error: step 0 of a window ended at"):
         serve(**LIGHT)
 
@@ -196,7 +197,7 @@ def test_a_light_run_holds_the_requests_in_flight_not_the_trace(serve, monkeypat
 
 
 def test_pipelined_replicas_are_timed_through_the_engines_combine(serve, monkeypatch):
-    """Stages add their activations' transfers (Simulation._combine): a pipelined replica's
+    """Stages add their activations' transfers (StepTimes.combine): a pipelined replica's
     spans are timed from the predicted replies of every socket, and still give the tables of
     one window per plan."""
     from rdu_cluster.engine import lookahead

@@ -219,7 +219,7 @@ def _stays(t) -> int:
 def test_prefix_aware_routing_equals_a_one_step_loop(monkeypatch):
     _, fast = run(plan="tp4", routing="prefix-aware")
     monkeypatch.setattr(replica, "MAX_SPANS", 1)
-    monkeypatch.setattr(replica.Replica, "_fit", lambda self, cached, held, limit: 1)
+    monkeypatch.setattr(replica, "_fit", lambda kv, decodes, limit, growth: 1)
     sim, slow = run(plan="tp4", routing="prefix-aware")
     assert sim.windows > fast.summary["windows"]
     keep = ["request_id", "replica", "state", "arrival_s", "ttft_s", "e2e_s", "finish_s",

@@ -156,8 +156,8 @@ def test_separate_draft_sockets_hold_the_draft_and_its_own_kv_cache(serve):
     row = {r["socket"]: r for r in t.sockets.to_pylist() if r["window"] == 1}
     lay = sim.layouts[0]  # the target's sockets also hold one prompt's activations
     kv = {s: row[s]["hbm_used_bytes"] - resident_weight_bytes(programs[s])
-          - sim._activations(lay, s) for s in (0, 4)}
-    assert sim._activations(lay, 0) == 0 < sim._activations(lay, 4)
+          - sim.build.activations(lay, s) for s in (0, 4)}
+    assert sim.build.activations(lay, 0) == 0 < sim.build.activations(lay, 4)
     draft, target = load_model("llama-3.2-1b"), load_model("llama-3.1-8b")
     ratio = graphs.kv_bytes_per_token(draft) / graphs.kv_bytes_per_token(target)
     assert kv[4] > 0 and kv[0] == pytest.approx(ratio * kv[4], rel=1e-9)

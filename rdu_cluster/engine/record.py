@@ -1,0 +1,125 @@
+"""Recording a window: its steps-table rows (one per step, with the energy split over the
+requests), its sockets-table rows (one per socket) and the bytes it sent over each link,
+into the run's Recorder (engine/metrics.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from chip.cost import CAUSES
+from chip.socket import SENT_ROW
+from rdu_cluster.engine import energy
+from rdu_cluster.engine.replica import Replica, Window
+
+if TYPE_CHECKING:
+    from rdu_cluster.engine.simulation import Simulation
+
+PHASE_NAMES = np.array(["decode", "prefill", "mixed"])
+
+
+class WindowRecorder:
+    """Records the windows of a Simulation (`sim`: its recorder, rates, layouts, count of
+    windows)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self._orders: dict = {}  # replica -> its layout's socket order (_socket_order)
+
+    def record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
+                m: int, ends: np.ndarray) -> float:
+        spans = window.spans
+        dur, starts = step["time_s"], step["start_s"]
+        bb = rep.kv.config.block_bytes
+        # every per-span count at once: one (spans, 7) array repeated over the spans' steps
+        per = np.repeat(np.array(
+            [(sp.kind, len(sp.decode) + len(sp.prefill), sp.pre_tokens,
+              len(sp.decode), sp.emitted, sp.expert, sp.prefix_hit) for sp in spans],
+            dtype=np.int64), [sp.steps for sp in spans], axis=0)
+        cols = {
+            "replica": np.full(m, rep.index), "window": np.full(m, self.sim.windows),
+            "step": spans[0].first_step + np.arange(m),  # spans run consecutive steps
+            "phase": PHASE_NAMES[per[:, 0]], "start_s": starts, "time_s": dur,
+            "batch": per[:, 1], "prefill_tokens": per[:, 2], "decode_tokens": per[:, 3],
+            "emitted_tokens": per[:, 4], "expert": per[:, 5],
+            "switch_s": step["switch_s"], "prefix_copy_s": step["prefix_copy_s"],
+            "prefix_exposed_s": step["prefix_exposed_s"], "prefix_hit_tokens": per[:, 6],
+            "kv_used_bytes": step["kv_blocks"] * bb,
+            "kv_swap_s": step["kv_swap_s"], "expert_load_max": step["expert_load_max"][:m],
+            "straggler_socket": step["straggler_socket"], "straggler_s": step["straggler_s"],
+        }
+        for i, c in enumerate(CAUSES):
+            cols[f"{c}_s"] = step["causes"][:, i]
+        cols["sockets"] = np.full(m, len(rep.sockets))
+        cols.update(energy.step_columns(self.sim.rates, energy.dynamic_j(res, rep.sockets, m),
+                                        len(rep.sockets), dur))
+        energy.split_over_requests(spans, cols, self.sim.rec.split)
+        self.sim.rec.add_steps(rep.index, cols, ends)
+        for i in np.flatnonzero(step["switch_s"]):
+            self.sim.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
+        end = float(ends[-1])
+        waits = sum(t - float(ends[i - 1]) for i, t in window.resumes if 0 < i < m)
+        self._record_sockets(rep, window, res, t0, end, m, end - t0 - waits)
+        rep.window_end = end
+        return end
+
+    def _record_sockets(self, rep: Replica, window: Window, res: dict, t0: float, end: float,
+                        m: int, span: float) -> None:
+        """One sockets-table row per socket of the replica, as columns (metrics.SocketRows):
+        `span` is the time the window's steps cover (its idle waits for arrivals left out, as
+        they fall between windows without lookahead)."""
+        switch = np.fromiter((sp.switch for sp in window.spans), bool, len(window.spans))
+        socks, nodes, links = self._socket_order(rep)
+        first = res[socks[0]][0]
+        rows = (np.broadcast_to(first, (len(socks), *first.shape))  # one reply: no copies
+                if all(res[s][0] is first for s in socks)
+                else np.stack([res[s][0] for s in socks]))  # (sockets, ROWS, steps)
+        busy, sent = rows[:, 0, :m].sum(axis=1), rows[:, SENT_ROW, :m].sum(axis=1)
+        switches = int(switch.sum())
+        self.sim.rec.sockets.add_window({
+            "socket": socks, "replica": rep.index, "node": nodes,
+            "window": self.sim.windows, "time_s": end, "window_s": span, "busy_s": busy,
+            # at most 1: `span` is a difference of absolute times, which loses their last
+            # bits (nanoseconds, 194 days in) where busy sums the steps, so it can come out short
+            "busy_fraction": np.minimum(busy / span, 1.0) if span > 0 else np.zeros(len(socks)),
+            "sent_bytes": sent, "switches": switches,
+            "switch_s": ([float(np.sum(np.asarray(res[s][1])[: len(switch)][switch]))
+                          for s in socks]
+                         if switches else 0.0),
+            **energy.socket_columns(self.sim.rates, rows, m, span)},
+            [res[s][2] for s in socks])  # occupancies: mappings the backend may fill later
+        if self.sim.rec.sink is not None:
+            self.sim.rec.flush_sockets()
+        sent_s = sent.tolist()
+        for i, link, share in links:
+            self.sim.rec.link_bytes[link] = self.sim.rec.link_bytes.get(link, 0.0) + sent_s[i] * share
+
+    def _socket_order(self, rep: Replica) -> tuple[list[int], list[int], list]:
+        """The replica's sockets stage by stage, their nodes, and the links each socket's bytes
+        go over, with its position and the share it sends there: what every window's sockets
+        rows need, kept per layout (a re-planned replica gets a new one). On a full mesh a
+        socket has a link to every other socket of its stage and the collectives spread over
+        them (interconnect/collectives.py), so its bytes are split evenly over them; charged to
+        the one ring link, they showed links used up to 5x their bandwidth. Elsewhere, the ring
+        link to the next socket of its stage carries them all."""
+        lay = self.sim.layouts[rep.index]
+        got = self._orders.get(rep.index)
+        if got is None or got[0] is not lay:
+            socks = [s for stage in lay.stages for s in stage]
+            mesh = self.sim.cluster.topology.kind == "full_mesh"
+            links = [(socks.index(s), (s, t), share)
+                     for stage in lay.stages if len(stage) > 1
+                     for s, targets, share in _sends(stage, mesh) for t in targets]
+            got = self._orders[rep.index] = (lay, socks,
+                                             [self.sim.cluster.node_of(s) for s in socks], links)
+        return got[1], got[2], got[3]
+
+
+
+def _sends(stage: list[int], mesh: bool) -> list[tuple[int, list[int], float]]:
+    """(socket, the sockets its bytes go to, the share each takes) for a stage of two or
+    more: on a full mesh, every other socket of the stage, evenly; else the next one, all."""
+    if mesh:
+        return [(s, [t for t in stage if t != s], 1.0 / (len(stage) - 1)) for s in stage]
+    return [(s, [stage[(pos + 1) % len(stage)]], 1.0) for pos, s in enumerate(stage)]
