@@ -66,7 +66,8 @@ def test_calibrate_writes_a_profile_with_ranges_rows_and_residuals(tmp_path):
     rows.write_text(text)
     out = tmp_path / "p.toml"
     result = CliRunner().invoke(
-        main, ["calibrate", "--chip", "a100-sxm-80gb", "--cases", str(rows), "--out", str(out)]
+        main, ["calibrate", "--chip", "a100-sxm-80gb", "--cases", str(rows), "--out", str(out),
+              "--no-uncertainty"]
     )
     assert result.exit_code == 0, result.output
     profile = calibration.load(str(out))
@@ -220,7 +221,7 @@ def test_calibrate_no_progress_silences_stderr(tmp_path):
     """docs/sweeps.md: the long commands' progress on stderr, --no-progress silences it;
     calibrate had no --no-progress."""
     r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--out",
-                                  str(tmp_path / "p.toml"), "--no-progress"])
+                                  str(tmp_path / "p.toml"), "--no-progress", "--no-uncertainty"])
     assert r.exit_code == 0, r.output
     assert r.stderr == "" and "wrote" in r.stdout
 

@@ -13,7 +13,7 @@ from rdu_cluster.cli.options import calibration_options
 from rdu_cluster.output import results
 from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.report import text_table
-from rdu_cluster.validation import calibration, fit
+from rdu_cluster.validation import calibration, fit, uncertainty
 from rdu_cluster.validation import published as v
 from workloads.errors import ConfigError
 
@@ -27,30 +27,50 @@ from workloads.errors import ConfigError
 @click.option("--cases", "cases_path", default=None, help="A measurements TOML.")
 @click.option("--no-progress", is_flag=True, help="No progress on stderr (a bar on a terminal, "
               "a line every few seconds otherwise).")
+@click.option("--no-uncertainty", is_flag=True, help="Write the profile only, not its "
+              "uncertainty model (NAME.uncertainty.json: held-out errors and the parameter "
+              "spread of bootstrap refits; about a minute more). Intervals are then not given "
+              "until it is rewritten.")
 def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | None,
-              no_progress: bool) -> None:
+              no_progress: bool, no_uncertainty: bool) -> None:
     """Bounded least squares on log error over each unknown parameter's declared range (from its
-    middle); every other parameter at its first-principles value. --calibration is accepted for
+    middle); every other parameter at its first-principles value. Then the profile's uncertainty
+    model, beside it (rdu_cluster/validation/uncertainty.py). --calibration is accepted for
     uniformity and ignored: a fit never starts from another fit."""
     path = _destination(chip, name, out)
     table = v.load_table(cases_path)
     _not_an_input(path, cases_path, table["row"])
+    _not_an_input(uncertainty.model_path(path), cases_path, table["row"])
     where = f"--cases {cases_path}" if cases_path else "measurements.toml"
     fit.check_rows(table["row"], chip, where)
+    sim = fit.Simulator(table["row"])
     with calibration.use(None), Progress(0, "groups", "calibrate",
                                          enabled=not no_progress) as bar:
-        result = fit.fit(table["row"], chip=chip, progress=bar.set_done)
+        result = fit.fit(table["row"], chip=chip, sim=sim, progress=bar.set_done)
     if not result.groups:  # rows on the chips, but none moves with a parameter: nothing to write
         raise ConfigError(f"{where}: no calibrate row responds to an unknown parameter"
                           f"{f' of chip {chip}' if chip else ''}; a profile would hold none")
     text = fit.profile_text(result, table["row"], table.get("version", ""), name)
+    model = None
+    if not no_uncertainty:
+        profile = calibration.load_text(text, path)
+        with calibration.use(None):
+            model = uncertainty.derive(table["row"], result, sim, profile,
+                                       table.get("version", ""))
     results.atomic_write(path, text.encode())
+    if model is not None:
+        results.atomic_write(uncertainty.model_path(path), uncertainty.model_text(model).encode())
     rows = [[g_d.key, ",".join(g_d.chips), f"{result.values[(g_d.key, *g_d.chips)]:.4g}",
              f"{fit.prior(g_d):.4g}", f"[{g_d.range[0]:.3g}, {g_d.range[1]:.3g}]", len(g.rows)]
             for g in result.groups for g_d in g.params]
     click.echo(text_table(["parameter", "chips", "fitted", "first principles", "range", "rows"],
                           rows))
     click.echo(f"wrote {path}")
+    if model is not None:
+        cov = model["coverage"]["overall"]
+        click.echo(f"wrote {uncertainty.model_path(path)}: {len(model['samples'])} held-out "
+                   f"errors; {model['coverage']['level']:.0%} intervals cover "
+                   f"{cov['covered']} of {cov['n']} held-out rows left out of them")
 
 
 # The row fields that may name a file calibrate reads (published._check_refs loads them).

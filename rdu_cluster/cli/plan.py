@@ -14,7 +14,8 @@ from partitioning.search import SearchResult
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.config import load_cluster
-from rdu_cluster.output.report import overrides_line, text_table, weights_text
+from rdu_cluster.output.report import banded, overrides_line, text_table, weights_text
+from rdu_cluster.validation import uncertainty
 from workloads.catalog import load_model
 from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
@@ -82,7 +83,7 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     if not result.ranked:
         worst = result.rejected[-1][1] if result.rejected else "no valid plan"
         raise PlanDoesNotFit(f"no plan of {result.evaluated} fits; the widest: {worst}")
-    rows = [plan_row(e, cluster.chip.tiers) for e in result.ranked[:top]]
+    rows = [plan_row(e, cluster.chip) for e in result.ranked[:top]]
     if as_json:
         click.echo("\n".join(json.dumps(r) for r in rows))
         return
@@ -97,10 +98,12 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     header = ["#", "plan", "sockets", "tp", "pp", "ep", "dp", "tok/s/req", "tok/s total",
               "HBM GB/socket", "DDR GB/socket", "bound"]
     body = [[i + 1, r["plan"], r["sockets"], r["tp"], r["pp"], r["ep"], r["dp"],
-             f"{r['tokens_per_s_per_request']:,.1f}", f"{r['tokens_per_s_total']:,.1f}",
+             *(banded(r[k], r[f"{k}_low"], r[f"{k}_high"], "{:,.1f}")
+               for k in ("tokens_per_s_per_request", "tokens_per_s_total")),
              f"{r['hbm_used_bytes'] / 1e9:.1f}", f"{r['ddr_used_bytes'] / 1e9:.1f}", r["bound"]]
             for i, r in enumerate(rows)]
     click.echo(text_table(header, body))
+    click.echo(f"intervals: {rows[0]['interval_note']}")
 
 
 def parse_routing(text: str, seed: int) -> RoutingModel:
@@ -119,9 +122,10 @@ def parse_routing(text: str, seed: int) -> RoutingModel:
     )
 
 
-def plan_row(e: PlanEstimate, tiers) -> dict:
+def plan_row(e: PlanEstimate, chip) -> dict:
+    """A plan's figures, with the speeds' intervals (rdu_cluster/validation/uncertainty.py)."""
     p = e.plan
-    return {
+    row = {
         "plan": p.name, "sockets": p.sockets, "tp": p.tp, "pp": p.pp, "ep": p.ep, "dp": p.dp,
         "mixer_tp": {m.value: d for m, d in p.mixer_tp},
         "tokens_per_s_per_request": e.tokens_per_s_per_request,
@@ -133,3 +137,7 @@ def plan_row(e: PlanEstimate, tiers) -> dict:
         "expert_load": e.expert_load,
         "bound": e.bound,
     }
+    stack = getattr(e.options, "stack", None) if hasattr(e, "options") else None
+    row.update(uncertainty.scalar_columns(uncertainty.columns(row, chip=chip, stack=stack,
+                                                              batch=e.batch)))
+    return row

@@ -32,6 +32,7 @@ from rdu_cluster.output import results
 from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
+from rdu_cluster.validation import uncertainty
 from workloads import checks, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
@@ -261,8 +262,20 @@ def _run(sim, stream: results.TableFolder, timeline: Timeline | None, context: d
         plan = (sim.metadata()["plan"] if tables.requests is None  # streamed
                 else tables.requests.schema.metadata[b"rdu_cluster.plan"].decode())
         doc = bench_json(tables.summary, **{**context, "plan": plan})  # the plan run
+        doc.update(_intervals(sim, doc))
         stream.commit({name: getattr(tables, name) for name in TABLES}, doc, SUMMARY)
     return tables, doc
+
+
+def _intervals(sim, doc: dict) -> dict:
+    """The summary's figures with their intervals (rdu_cluster/validation/uncertainty.py): a
+    disaggregated run, two chips in one figure, has none."""
+    cluster = getattr(sim, "cluster", None)
+    if cluster is None:
+        return uncertainty.serving_columns(doc, chip=None, stack=None, why_not=(
+            "a disaggregated run's figures mix two pools; no interval model for them"))
+    stack = getattr(getattr(sim.config, "options", None), "stack", None)
+    return uncertainty.serving_columns(doc, chip=cluster.chip, stack=stack)
 
 
 OVERLOAD_WARNING = ("warning: overloaded: the queue of requests waiting for admission grew "

@@ -214,7 +214,7 @@ def simulate(
     else:
         if overrides:
             click.echo(overrides_line(overrides))
-        click.echo(model_summary(spec) + "\n" + side_by_side(estimates, clusters))
+        click.echo(model_summary(spec) + "\n" + side_by_side(estimates, clusters, rows))
 
 
 def _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len) -> Plan:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -45,9 +45,31 @@ def overrides_line(overrides: dict) -> str:
     return "overrides: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
 
 
-def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec]) -> str:
-    """One column per cluster: headline figures, then decode time per token by cause."""
+def banded(value: float, low: float | None, high: float | None, fmt: str) -> str:
+    """A figure with its interval, `161.0 (148.2-170.1)`; the figure alone without one."""
+    text = fmt.format(value)
+    return text if low is None or high is None else f"{text} ({fmt.format(low)}-{fmt.format(high)})"
+
+
+def interval_lines(records: Sequence[Mapping], names: Sequence[str]) -> list[str]:
+    """One line per record: what its intervals rest on, or why a figure has none."""
+    return [f"intervals, {name}: {r['interval_note']}" for name, r in zip(names, records)
+            if r.get("interval_note")]
+
+
+def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec],
+                 records: Sequence[Mapping] | None = None) -> str:
+    """One column per cluster: headline figures (with their intervals, from `records`: the
+    results.records of each estimate), then decode time per token by cause."""
     first = estimates[0]
+    recs = records or [{} for _ in estimates]
+
+    def fig(key: str, scale: float, fmt: str) -> list[str]:
+        return [banded(_f(getattr(e, key)) * scale,
+                       None if r.get(f"{key}_low") is None else r[f"{key}_low"] * scale,
+                       None if r.get(f"{key}_high") is None else r[f"{key}_high"] * scale, fmt)
+                for e, r in zip(estimates, recs)]
+
     title = (
         f"{first.model}  batch {_i(first.batch)}  prompt {_i(first.prompt_len)}  "
         f"gen {_i(first.gen_len)}"
@@ -56,10 +78,10 @@ def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec])
     rows = [
         ["sockets, plan", *(f"{e.sockets}, {e.plan or e.tp}" for e in estimates)],
         ["execution model", *(c.chip.execution_model for c in clusters)],
-        ["tokens/s per request", *(f"{_f(e.tokens_per_s_per_request):,.1f}" for e in estimates)],
-        ["tokens/s total", *(f"{_f(e.tokens_per_s_total):,.1f}" for e in estimates)],
-        ["time per output token ms", *(f"{_f(e.tpot_s) * 1e3:.3f}" for e in estimates)],
-        ["time to first token ms", *(f"{_f(e.ttft_s) * 1e3:.2f}" for e in estimates)],
+        ["tokens/s per request", *fig("tokens_per_s_per_request", 1.0, "{:,.1f}")],
+        ["tokens/s total", *fig("tokens_per_s_total", 1.0, "{:,.1f}")],
+        ["time per output token ms", *fig("tpot_s", 1e3, "{:.3f}")],
+        ["time to first token ms", *fig("ttft_s", 1e3, "{:.2f}")],
         ["HBM bandwidth utilization", *(f"{_f(e.hbm_bw_utilization):.1%}" for e in estimates)],
         ["bound", *(str(np.ravel(e.decode.bound())[0]) for e in estimates)],
         ["HBM used per socket GB", *(f"{_f(e.hbm_used_bytes) / 1e9:.1f}" for e in estimates)],
@@ -76,7 +98,8 @@ def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec])
         rows.append(
             [f"  {cls}", *(_ms_share(e.decode.by_class.get(cls, 0.0), e.tpot_s) for e in estimates)]
         )
-    return title + "\n" + text_table(header, rows)
+    notes = interval_lines(records or [], [c.name for c in clusters])
+    return "\n".join([title, text_table(header, rows), *notes])
 
 
 def _ms_share(part, total) -> str:

@@ -8,6 +8,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -29,11 +30,12 @@ from chip.cost import CAUSES
 from partitioning.estimate import Estimate
 from rdu_cluster.scenarios import economics
 from rdu_cluster.scenarios.economics import COLUMNS as ECONOMICS
+from rdu_cluster.validation import uncertainty
 from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.ops import OpClass
 
-SCHEMA_VERSION = "2"  # 2: feasible / infeasible_reason
+SCHEMA_VERSION = "3"  # 2: feasible / infeasible_reason; 3: <figure>_low/_high, interval_note
 
 # The first columns are a public interface (`simulate --json`): keep their names.
 PUBLIC = [
@@ -74,6 +76,10 @@ DETAIL = (
     # energy and cost of decode (rdu_cluster/scenarios/economics.py); null when the estimate comes without
     # its cluster or the cluster's chip has no [power] / the cluster no [cost] table
     + [(c, pa.float64()) for c in ECONOMICS]
+    # intervals at the default level (rdu_cluster/validation/uncertainty.py): null, with the
+    # reason in interval_note, outside every measured regime or without an uncertainty model
+    + [(c, pa.float64()) for c in uncertainty.BOUND_COLUMNS]
+    + [("interval_note", pa.string())]
     # speculative decoding (rdu_cluster/scenarios/speculative.py); null for plain decode
     + [
         ("draft", pa.string()),
@@ -93,7 +99,11 @@ def records(est: Estimate, chip: str, execution_model: str, cluster=None) -> lis
     n = max(np.size(v) for v in cols.values() if not isinstance(v, str))
     out = []
     for i in range(n):
-        out.append({k: _pick(v, i, n) for k, v in cols.items()})
+        row = {k: _pick(v, i, n) for k, v in cols.items()}
+        for k in uncertainty.BOUND_COLUMNS:  # NaN: this point's regime has no interval
+            if isinstance(row.get(k), float) and math.isnan(row[k]):
+                row[k] = None
+        out.append(row)
     return out
 
 
@@ -134,7 +144,14 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
     cluster = cluster or est.extra.get("cluster")
     if cluster is not None:
         cols.update(economics.estimate_columns(est, cluster))
+    cols.update(interval_columns(cols, cluster.chip if cluster is not None else chip))
     return cols
+
+
+def interval_columns(cols: Mapping, chip) -> dict:
+    """The figures' `<key>_low` / `<key>_high` and `interval_note` (uncertainty.columns), for a
+    record's columns as they stand (speculative.records calls it again on its own figures)."""
+    return uncertainty.columns(cols, chip=chip, stack=cols.get("stack"), batch=cols["batch"])
 
 
 def _pick(value, i: int, n: int):
@@ -591,7 +608,8 @@ def estimate_table(
     points of a vectorized estimate (what sweeps use). `cluster` fills the energy/cost columns."""
     cols = _columns(est, chip, execution_model, cluster)
     n = max(np.size(v) for v in cols.values() if not isinstance(v, str))
-    arrays = [_column(cols.get(f.name), f.type, n) for f in SCHEMA]
+    arrays = [_column(cols.get(f.name), f.type, n, f.name in uncertainty.BOUND_COLUMNS)
+              for f in SCHEMA]
     meta = dict(SCHEMA.metadata)
     meta[b"rdu_cluster.code_version"] = rdu_cluster.__version__.encode()
     for k, v in (extra_metadata or {}).items():
@@ -599,7 +617,8 @@ def estimate_table(
     return pa.Table.from_arrays(arrays, schema=SCHEMA.with_metadata(meta))
 
 
-def _column(value, typ, n: int) -> pa.Array:
+def _column(value, typ, n: int, nan_null: bool = False) -> pa.Array:
+    """`nan_null`: NaN is written as null (a bound of a point with no interval)."""
     if value is None:
         return pa.nulls(n, typ)
     if isinstance(value, str):
@@ -611,5 +630,6 @@ def _column(value, typ, n: int) -> pa.Array:
     if pa.types.is_integer(typ):  # as _cast: round half to even, like Python's round
         return pa.array(np.round(arr.astype(float)).astype(np.int64), typ)
     if pa.types.is_floating(typ):
-        return pa.array(arr.astype(np.float64), typ)
+        arr = arr.astype(np.float64)
+        return pa.array(arr, typ, mask=np.isnan(arr) if nan_null else None)
     return pa.array([None if x is None else str(x) for x in arr], typ)

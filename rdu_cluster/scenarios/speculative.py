@@ -21,6 +21,7 @@ other sockets waiting); "separate" puts it on `draft_sockets` more sockets of th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -462,7 +463,14 @@ def records(sest: SpecEstimate, cluster: ClusterSpec) -> list[dict]:
         **{k: (None if v is None else _f(v))
            for k, v in economics.speculative_columns(sest, cluster).items()},
     }
-    return [{**row, **spec_cols} for row in rows]
+    out = []
+    for row in rows:  # the intervals of the speculative figures, not of plain decode's
+        row = {**row, **spec_cols}
+        bands = results.interval_columns(row, cluster.chip)
+        note = f"{bands.pop('interval_note')}; the acceptance's own uncertainty not included"
+        bounds = {k: None if v is None or math.isnan(_f(v)) else _f(v) for k, v in bands.items()}
+        out.append({**row, **bounds, "interval_note": note})
+    return out
 
 
 def report(sests: list[SpecEstimate], clusters: list[ClusterSpec]) -> str:

@@ -417,7 +417,7 @@ def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
             rows.append(_infeasible_row({**who, "plans_evaluated": result.evaluated,
                                          "plans_feasible": 0}, bad[p.id]))
             continue
-        row = plan_row(result.ranked[0], cluster.chip.tiers)
+        row = plan_row(result.ranked[0], cluster.chip)
         row["mixer_tp"] = ",".join(f"{k}:{v}" for k, v in sorted(row["mixer_tp"].items()))
         row.update(who, plans_evaluated=result.evaluated, plans_feasible=len(result.ranked),
                    feasible=True)
@@ -437,6 +437,9 @@ PLAN_SCHEMA = pa.schema(
      ("tokens_per_s_per_request", pa.float64()), ("tokens_per_s_total", pa.float64()),
      ("tpot_s", pa.float64()), ("hbm_used_bytes", pa.float64()), ("ddr_used_bytes", pa.float64()),
      ("bubble_fraction", pa.float64()), ("expert_load", pa.float64()), ("bound", pa.string()),
+     *((f"{k}_{end}", pa.float64()) for k in ("tokens_per_s_per_request",
+                                                 "tokens_per_s_total", "tpot_s")
+       for end in ("low", "high")), ("interval_note", pa.string()),
      ("plans_evaluated", pa.int64()), ("plans_feasible", pa.int64()),
      ("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
      ("feasible", pa.bool_()), ("infeasible_reason", pa.string())]
@@ -551,6 +554,10 @@ def serve_fields() -> dict[str, FieldDef]:
 # [power] or the cluster no [cost] table.
 ENERGY_COLUMNS = ("energy_j", "power_w", "joules_per_token", "cost_usd",
                   "cost_per_million_tokens_usd")
+# A serve point's figures that carry an interval.
+SERVE_BANDED = ("throughput_tokens_per_s", "request_throughput",
+                *(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)),
+                "mean_itl_ms", "p99_itl_ms", "joules_per_token", "cost_per_million_tokens_usd")
 SERVE_SCHEMA = pa.schema(
     [("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
      ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()), ("ep", pa.int64()),
@@ -568,7 +575,10 @@ SERVE_SCHEMA = pa.schema(
      ("feasible", pa.bool_()), ("infeasible_reason", pa.string()),
      ("prefix_cache_mode", pa.string()), ("prefix_cache_hit_rate", pa.float64()),
      *((f"prefix_cache_hit_rate_{t}", pa.float64()) for t in ("hbm", "ddr", "host")),
-     ("prefix_copy_s", pa.float64())]
+     ("prefix_copy_s", pa.float64()),
+     # intervals (rdu_cluster/validation/uncertainty.py serving_columns)
+     *((f"{k}_{end}", pa.float64()) for k in SERVE_BANDED for end in ("low", "high")),
+     ("interval_note", pa.string())]
 )
 
 
@@ -703,8 +713,22 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
                "prefix_copy_s": s["prefix_copy_s"]}
         for name, values in (("ttft", s["ttft_s"]), ("tpot", s["tpot_s"]), ("e2e", e2e)):
             row.update({f"{name}_p{q}_s": v for q, v in values.items()})
+        row.update(_serve_intervals(row, sim, cluster, config))
         rows.append(row)
     return RunOutput(pa.Table.from_pylist(rows, schema=SERVE_SCHEMA) if rows else None, bad)
+
+
+def _serve_intervals(row: Mapping[str, Any], sim, cluster, config) -> dict[str, Any]:
+    """The point's SERVE_BANDED figures' intervals (none for two pools: a disaggregated run)."""
+    from rdu_cluster.validation import uncertainty
+
+    figures = {k: row[k] for k in SERVE_BANDED
+               if isinstance(row.get(k), (int, float)) and not math.isnan(row[k])}
+    why = ("a disaggregated run's figures mix two pools; no interval model for them"
+           if hasattr(sim, "clusters") else "")
+    stack = getattr(getattr(config, "options", None), "stack", None)
+    return uncertainty.serving_columns(figures, chip=cluster.chip, stack=stack, why_not=why,
+                                       keys=figures)
 
 
 def _check_workload(f: Mapping[str, Any], origin: Mapping[str, str]) -> None:

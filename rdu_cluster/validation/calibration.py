@@ -53,6 +53,7 @@ class Profile:
     values: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (chip, key) -> value
     meta: Mapping[str, Any] = field(default_factory=dict)
     rows: frozenset[str] = frozenset()  # the ids of the rows it was fitted to (validate's check)
+    path: str = ""  # the file it was read from (its uncertainty model lies beside it)
 
 
 def declarations() -> list[Declaration]:
@@ -91,7 +92,15 @@ def load(ref: str | None) -> Profile | None:
         raise ConfigError(
             f"calibration: {ref!r} not found; accepted: none, {', '.join(found)} or a .toml path"
         )
-    raw = read_toml(path, "calibration")
+    return _parse(read_toml(path, "calibration"), path)
+
+
+def load_text(text: str, path: str | Path) -> Profile:
+    """A profile from its text (what `calibrate` is about to write to `path`)."""
+    return _parse(tomllib.loads(text), Path(path))
+
+
+def _parse(raw: dict[str, Any], path: Path) -> Profile:
     where = f"calibration {path.name}"
     # what profile_text writes: a misspelt table ([[paramter]]) or an empty file was a profile
     # of no values, i.e. --calibration none under another name
@@ -115,7 +124,7 @@ def load(ref: str | None) -> Profile | None:
                                   "expected once")
             values[(chip, key)] = v
     meta = {k: v for k, v in raw.items() if k != "parameter"}
-    return Profile(name, values, meta, frozenset(rows))
+    return Profile(name, values, meta, frozenset(rows), str(path))
 
 
 def _rows(p: Mapping[str, Any], where: str) -> set[str]:

@@ -142,12 +142,13 @@ def log_error(sim: float, row: dict[str, Any]) -> float:
 
 
 def fit_group(group: Group, sim: Simulator, exclude: str | None = None,
-              start: dict | None = None) -> dict:
-    """Least squares on log error over the group's rows (but `exclude`), from `start` (else
-    the range's geometric middle: a prior at a flat end has no gradient). A parameter none of
-    those rows responds to keeps its prior: with no data its value would drift to a bound."""
-    ids = [r for r in group.rows if r != exclude]
-    free = [d for d, rows in zip(group.params, group.responds) if rows - {exclude}]
+              start: dict | None = None, ids: Sequence[str] | None = None) -> dict:
+    """Least squares on log error over the group's rows (but `exclude`; or `ids`, a resample
+    of them, repeats allowed), from `start` (else the range's geometric middle: a prior at a
+    flat end has no gradient). A parameter none of those rows responds to keeps its prior: with
+    no data its value would drift to a bound."""
+    ids = [r for r in group.rows if r != exclude] if ids is None else list(ids)
+    free = [d for d, rows in zip(group.params, group.responds) if rows & set(ids)]
     fixed = {_pid(d): prior(d) for d in group.params if d not in free}
     if not free:  # also when no row is left: every parameter's rows are among the group's
         return fixed

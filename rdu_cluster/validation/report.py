@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rdu_cluster.validation import calibration, fit, published
+from rdu_cluster.validation import calibration, fit, published, uncertainty
 from workloads.errors import ConfigError
 
 # The goal (issue 14): LOO and check rows, single-system speeds: median |error| <= 10%, max <= 25%;
@@ -21,6 +21,7 @@ class Report:
     results: list[published.Result]
     loo: dict[str, dict[str, float]]  # row id -> {"simulated", "error"}
     profile: str
+    coverage: dict[str, Any] | None = None  # uncertainty.coverage of the held-out rows
 
     def errors(self, sample: str, group: str) -> list[float]:
         if sample == "loo":
@@ -40,6 +41,7 @@ class Report:
                     "median": float(np.median(e)) if e else None,
                     "max": float(max(e)) if e else None,
                 }
+        out["coverage"] = self.coverage
         return out
 
     def summary_lines(self) -> list[str]:
@@ -52,7 +54,7 @@ class Report:
             goal = GOAL[group]
             lines.append(f"{group}: " + "; ".join(parts)
                          + f"  (goal for loo and check: median <= {goal[0]:.0%}, max <= {goal[1]:.0%})")
-        return lines
+        return lines + coverage_lines(self.coverage)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +63,21 @@ class Report:
             "leave_one_out": self.loo,
             "summary": self.summary(),
         }
+
+
+def coverage_lines(cov: dict[str, Any] | None) -> list[str]:
+    """validate's text: the intervals' coverage of held-out rows, overall and per regime."""
+    if cov is None:
+        return []
+    def cell(e: dict[str, Any]) -> str:
+        return f"{e['covered']}/{e['n']} ({_pct(e['coverage'])})"
+
+    lines = [f"interval coverage ({cov['level']:.0%} intervals, each held-out row against the "
+             f"interval built without it; goal 70-90%): {cell(cov['overall'])}; "
+             + "; ".join(f"{r} {cell(e)}" for r, e in cov["by_regime"].items())]
+    if cov.get("note"):
+        lines.append(f"  {cov['note']}")
+    return lines
 
 
 def _pct(x: float | None) -> str:
@@ -80,7 +97,22 @@ def build(rows: list[dict[str, Any]], loo: bool = True, where: str = "measuremen
         for rid, value in fit.leave_one_out(rows, full, sim).items():
             out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
     name = profile.name if profile is not None else "none"
-    return Report(results, out, name)
+    return Report(results, out, name, interval_coverage(rows, results, out))
+
+
+def interval_coverage(rows: list[dict[str, Any]], results: list[published.Result],
+                      loo: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The coverage of the intervals (uncertainty.coverage) on this run's held-out rows, each
+    error smeared by the active profile's parameter spread (none without its model)."""
+    check = {r.id: r.simulated for r in results if r.role == "check"}
+    samples = uncertainty.held_out(rows, check, {k: v["simulated"] for k, v in loo.items()})
+    model, why = uncertainty.active_model()
+    spread = {} if model is None else {(s["chip"], s["regime"]): s["sigma"]
+                                       for s in model.meta["spread"]}
+    cov = uncertainty.coverage(uncertainty.with_spread(samples, spread))
+    if model is None:
+        cov["note"] = f"no parameter spread: {why}"
+    return cov
 
 
 def _check_not_fitted(rows: list[dict[str, Any]], profile: calibration.Profile | None,

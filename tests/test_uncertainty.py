@@ -1,0 +1,148 @@
+"""Intervals from held-out errors (rdu_cluster/validation/uncertainty.py): nested in the level,
+oriented per figure, absent outside every measured regime, cross-validated coverage, and the
+fields simulate / plan / serve print them in."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from rdu_cluster.cli import main
+from rdu_cluster.validation import calibration
+from rdu_cluster.validation import uncertainty as u
+
+
+def _samples(errors, chip="h100-sxm", kind="gpu", stack="vllm", regime="batch-1 decode",
+             prefix="r", spread=0.0):
+    return [u.Sample(f"{prefix}{i}", chip, kind, stack, regime, float(e), "check", spread)
+            for i, e in enumerate(errors)]
+
+
+def _model(samples):
+    return u.Model(tuple(samples), {})
+
+
+def _band(model, metric="tokens_per_s_per_request", regime="batch-1 decode", chip="h100-sxm",
+          kind="gpu", stack="vllm", level=0.8):
+    return model.band(metric=metric, chip=chip, kind=kind, stack=stack, regime=regime,
+                      level=level)
+
+
+def test_interval_widens_with_the_level():
+    rng = np.random.default_rng(1)
+    model = _model(_samples(rng.normal(0.05, 0.1, 40), spread=0.02))
+    bands = [_band(model, level=lvl).bounds for lvl in (0.2, 0.5, 0.8, 0.9, 0.99)]
+    for (lo1, hi1), (lo2, hi2) in itertools.pairwise(bands):
+        assert lo2 <= lo1 < hi1 <= hi2
+    assert bands[-1][0] < bands[0][0] and bands[-1][1] > bands[0][1]  # strictly, at the ends
+    with pytest.raises(ValueError, match="level"):
+        _band(model, level=1.0)
+
+
+def test_a_time_is_the_speed_band_inverted():
+    """A positive error is a simulator slower than measured: its speeds' band lies above the
+    point, its times' and prices' below, each the other's reciprocal."""
+    model = _model(_samples(np.linspace(0.1, 0.3, 20)))
+    speed = _band(model).bounds
+    for metric in ("tpot_s", "ttft_s", "cost_per_million_tokens_usd", "joules_per_token",
+                   "p99_tpot_ms"):
+        lo, hi = _band(model, metric=metric).bounds
+        assert lo == pytest.approx(1 / speed[1]) and hi == pytest.approx(1 / speed[0])
+    assert speed[0] > 1.0 and u.interval is not None
+    with pytest.raises(ValueError, match="not a speed"):
+        u.orientation("weight_gib")
+
+
+def test_groups_fall_back_from_chip_and_stack_to_the_kind_then_to_none():
+    samples = (_samples(np.zeros(8), stack="vllm")
+               + _samples(np.full(8, 0.5), stack="tensorrt-llm", prefix="t")
+               + _samples(np.full(8, 1.0), chip="a100-sxm-80gb", prefix="a", stack=None))
+    model = _model(samples)
+    assert "h100-sxm vllm batch-1 decode, 8" in _band(model).basis
+    assert _band(model, stack="tensorrt-llm-0.11").bounds[0] == pytest.approx(math.exp(0.5))
+    assert "h100-sxm batch-1 decode, 16" in _band(model, stack="sglang").basis
+    assert "gpu chips batch-1 decode, 24" in _band(model, chip="h200-sxm").basis
+    out = _band(model, chip="sn40l", kind="rdu", stack=None)
+    assert out.bounds is None and "outside every measured regime" in out.basis
+    prefill = _band(model, metric="ttft_s", regime="prefill")
+    assert prefill.bounds is None and "prefill" in prefill.basis
+
+
+def test_serving_takes_its_parts_where_it_has_too_few_rows():
+    model = _model(_samples(np.full(10, 0.2), regime="large-batch decode")
+                   + _samples(np.full(10, -0.1), regime="prefill", prefix="p"))
+    thr = _band(model, metric="output_throughput", regime="serving")
+    ttft = _band(model, metric="p99_ttft_ms", regime="serving")
+    assert thr.basis.startswith("serving taken as") and "large-batch decode" in thr.basis
+    assert thr.bounds[0] == pytest.approx(math.exp(0.2))
+    assert ttft.bounds[0] == pytest.approx(math.exp(0.1)) and "prefill" in ttft.basis
+
+
+def test_coverage_leaves_each_row_out_of_its_own_interval():
+    """Nine rows of error 0 and one of 0.5: with its own error the interval would reach 0.5
+    (the upper quantile of ten is their largest); built without it, [0, 0] misses it."""
+    samples = _samples([0.0] * 9 + [0.5])
+    cov = u.coverage(samples, 0.8)
+    assert cov["overall"] == {"n": 10, "covered": 9, "coverage": 0.9, "no_interval": 0}
+    assert cov["by_group"]["h100-sxm batch-1 decode"]["covered"] == 9
+    # a group that has too few rows once one is left out gives that row no interval
+    few = u.coverage(_samples([0.0] * 8), 0.8)
+    assert few["overall"]["n"] == 0 and few["overall"]["no_interval"] == 8
+
+
+def test_coverage_of_exchangeable_errors_is_near_the_level():
+    rng = np.random.default_rng(7)
+    samples = (_samples(rng.normal(0.0, 0.1, 150))
+               + _samples(rng.standard_t(3, 150) * 0.2, chip="a100-sxm-80gb", prefix="a"))
+    for level in (0.5, 0.8):
+        c = u.coverage(samples, level)["overall"]["coverage"]
+        assert level - 0.07 <= c <= level + 0.07
+
+
+def test_columns_null_a_regime_without_rows_and_say_why(monkeypatch):
+    model = _model(_samples(np.full(10, 0.1)))
+    monkeypatch.setattr(u, "active_model", lambda: (model, ""))
+    cols = u.columns({"tpot_s": np.array([0.01, 0.02]), "ttft_s": 0.5,
+                      "tokens_per_s_per_request": np.array([100.0, 50.0])},
+                     chip="h100-sxm", stack="vllm", batch=np.array([1, 64]))
+    assert cols["tpot_s_low"][0] == pytest.approx(0.01 * math.exp(-0.1))
+    assert math.isnan(cols["tpot_s_low"][1])  # batch 64: large-batch decode has no rows
+    assert cols["ttft_s_low"] is None and "tokens_per_s_total_low" not in cols
+    assert "prefill: none, outside every measured regime" in cols["interval_note"][0]
+    assert "decode: h100-sxm vllm batch-1 decode" in cols["interval_note"][0]
+
+
+SN40L_ROWS = ("sn40l16-llama8b-tokens", "argonne-sn40l8-llama-3.1-8b-1024",
+              "argonne-sn40l8-llama-3.1-8b-2048", "argonne-sn40l8-mistral-7b-1024",
+              "argonne-sn40l8-llama-3.1-70b-1024")
+
+
+@pytest.mark.slow
+def test_calibrate_writes_the_model_beside_the_profile(tmp_path):
+    """The model is the command's output: held-out errors of the rows (the calibrate rows by
+    leave-one-out), their parameter spread, under the profile's digest."""
+    from rdu_cluster.validation import published as v
+
+    text = v.resources.files("rdu_cluster").joinpath("validation/measurements.toml").read_text()
+    head, *blocks = text.split("\n[[row]]")  # the SN40L rows of the figures the model covers
+    keep = [b for b in blocks if re.search(r'^cluster = "sn40l', b, re.MULTILINE)
+            and re.search(r'^metric = "(e2e_)?tokens_per_s"', b, re.MULTILINE)]
+    cases = tmp_path / "rows.toml"
+    cases.write_text(head + "".join("\n[[row]]" + b for b in keep))
+    assert {r["id"] for r in v.load_cases(str(cases))} >= set(SN40L_ROWS)
+    out = tmp_path / "p.toml"
+    r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--cases", str(cases), "--out",
+                                  str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    raw = json.loads(u.model_path(out).read_text())
+    assert raw["profile_digest"] == u.digest(calibration.load(str(out)))
+    held = {s["id"]: s for s in raw["samples"]}
+    assert {held[i]["held_out"] for i in SN40L_ROWS} == {"loo"}
+    assert all(s["spread"] >= 0 for s in held.values())
+    assert any(s["spread"] > 0 for s in held.values() if s["chip"] == "sn40l")
