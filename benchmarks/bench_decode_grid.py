@@ -12,6 +12,7 @@ import numpy as np
 
 from chip import execution
 from partitioning.estimate import estimate, tp_comm_time
+from partitioning.scenario import Scenario
 from rdu_cluster.config import load_cluster
 from workloads import graph as graphs
 from workloads.catalog import load_model
@@ -42,7 +43,7 @@ def main() -> None:
         return execution.step_cost(g, cluster.chip, comm)
 
     def whole():
-        return estimate(model, cluster, batch=BATCHES, prompt_len=CONTEXTS, gen_len=1)
+        return estimate(Scenario(model, cluster, batch=BATCHES, prompt_len=CONTEXTS, gen_len=1))
 
     assert np.shape(decode().time_s) == (BATCHES.size, CONTEXTS.size)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -15,6 +15,7 @@ import time
 
 from partitioning.evaluate import clear_caches, search_plans
 from partitioning.footprint import Placement
+from partitioning.scenario import Scenario
 from rdu_cluster.config import load_cluster
 from workloads.catalog import FP8_WEIGHTS, load_model
 
@@ -38,8 +39,8 @@ def main() -> None:
         clear_caches()
         for _ in range(2):
             t = clock()
-            r = search_plans(spec, cluster, "latency", batch=1, prompt_len=8192, gen_len=256,
-                             placement=Placement())
+            r = search_plans(Scenario(spec, cluster, batch=1, prompt_len=8192, gen_len=256,
+                                      placement=Placement()), "latency")
             dt = clock() - t
             speeds.append(r.evaluated / dt)
         total_n += r.evaluated

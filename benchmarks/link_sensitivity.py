@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from partitioning.evaluate import evaluate_plan
 from partitioning.plan import Plan
+from partitioning.scenario import Scenario
 from partitioning.sensitivity import FACTORS, link_sensitivity
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output.report import text_table
@@ -31,9 +32,8 @@ def main() -> None:
                   *(f"TTFT ms {f:g}x" for f in FACTORS)]
         body = []
         for model, plan, batch in CASES:
-            rows = link_sensitivity(load_model(model), cluster, Plan.parse(plan),
-                                    figures=(figure,), batch=batch, prompt_len=PROMPT,
-                                    gen_len=GEN)
+            rows = link_sensitivity(Scenario(load_model(model), cluster, Plan.parse(plan),
+                                             batch, PROMPT, GEN), figures=(figure,))
             one = next(r for r in rows if r.factor == 1.0)
             body.append([model, plan, batch,
                          *(f"{r.tokens_per_s_per_request:,.1f}" for r in rows),
@@ -48,9 +48,9 @@ def main() -> None:
     body = []
     for model, plan, batch in CASES:
         spec = load_model(model)
-        speeds = [evaluate_plan(spec, load_cluster(n), Plan.parse(plan), batch=batch,
-                                prompt_len=PROMPT, gen_len=GEN, prefill=False)
-                  .tokens_per_s_per_request for n in names]
+        speeds = [evaluate_plan(Scenario(spec, load_cluster(n), Plan.parse(plan), batch, PROMPT,
+                                         GEN), prefill=False).tokens_per_s_per_request
+                  for n in names]
         body.append([model, plan, batch, *(f"{s:,.1f}" for s in speeds)])
     print("tokens/s per request by P2P wiring (what-if; same per-link figures)")
     print(text_table(header, body))

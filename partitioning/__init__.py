@@ -6,6 +6,7 @@ from partitioning.footprint import Footprint, Placement, PlanDoesNotFit, footpri
 from partitioning.plan import Plan, validate
 from partitioning.program import Program, build_programs
 from partitioning.routing import RoutingModel, expert_load
+from partitioning.scenario import Scenario
 from partitioning.search import enumerate_plans, search
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "PlanEstimate",
     "Program",
     "RoutingModel",
+    "Scenario",
     "build_programs",
     "enumerate_plans",
     "evaluate_plan",

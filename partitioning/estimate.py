@@ -1,7 +1,8 @@
 """The flat view of the plan evaluator (partitioning.evaluate) that result tables print: a model
 on a cluster under a plan at a batch and lengths -> decode and prefill figures with their
-breakdown. `estimate`, `estimate_plan` and `best_plan` are entry points onto `evaluate_plan`;
-every input may be a numpy array (a grid of design points); results broadcast.
+breakdown. `estimate` and `best_plan` are entry points onto `evaluate_plan`, each taking the
+Scenario (partitioning.scenario) a cost is asked for; its batch and lengths may be numpy arrays
+(a grid of design points); results broadcast.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from partitioning.evaluate import (
 )
 from partitioning.footprint import PlanDoesNotFit
 from partitioning.plan import Plan
-from partitioning.routing import RoutingModel
+from partitioning.scenario import Scenario
 from workloads import graph as graphs
-from workloads.errors import ConfigError
 from workloads.ops import Collective, Work
 from workloads.spec import ModelSpec
 
@@ -33,7 +33,6 @@ __all__ = [
     "Estimate",
     "best_plan",
     "estimate",
-    "estimate_plan",
     "from_plan_estimate",
     "plan_comm_time",
     "tp_comm_time",
@@ -96,55 +95,20 @@ class Estimate:
 
 
 def estimate(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    batch: Work = 1,
-    prompt_len: Work = 1024,
-    gen_len: Work = 256,
-    tp: int | None = None,
-    options: Any = None,
+    scenario: Scenario,
+    *,
+    check: bool = True,
     execution_model: str | None = None,
     comm_time: Callable[[Collective], Work] | None = None,
-    plan: str | Plan | None = None,
-    check: bool = True,
-    routing: RoutingModel | None = None,
 ) -> Estimate:
-    """`plan` (default: tensor parallelism over `tp` sockets, default all, replicated over the
-    rest) at every (batch, prompt_len, gen_len) point: the plan evaluator's result as a flat
-    Estimate. With check=False the points that do not fit are costed too, and carry their
-    reason in `misfit`. `routing`: how an MoE's tokens choose experts (default uniform)."""
-    if tp and plan is not None:
-        raise ConfigError("tp and plan: give one of them")
-    if plan is None:
-        tp = tp or cluster.sockets
-        if tp < 1 or cluster.sockets % tp:
-            raise ConfigError(
-                f"tp: {tp} does not divide the {cluster.sockets} sockets of {cluster.name}"
-            )
-        plan = Plan(tp=tp, dp=cluster.sockets // tp)
-    elif not isinstance(plan, Plan):
-        plan = Plan.parse(plan)
-    pe = evaluate_plan(model, cluster, plan, batch, prompt_len, gen_len, options=options,
-                       check=check, execution_model=execution_model, comm_time=comm_time,
-                       routing=routing)
-    return from_plan_estimate(model, cluster, pe)
-
-
-def estimate_plan(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: Plan,
-    batch: Work = 1,
-    prompt_len: Work = 1024,
-    gen_len: Work = 256,
-    options: Any = None,
-    routing: RoutingModel | None = None,
-) -> Estimate:
-    """Any plan, through the one plan evaluator (stages, micro-batches, bubbles, EP
-    all-to-all, DDR spill), as one Estimate whose decode breakdown is the slowest stage's plus
-    the bubble and the DDR stream."""
-    return estimate(model, cluster, batch, prompt_len, gen_len, options=options, plan=plan,
-                    routing=routing)
+    """The scenario through the one plan evaluator (stages, micro-batches, bubbles, EP
+    all-to-all, DDR spill) at every (batch, prompt_len, gen_len) point, as one flat Estimate
+    whose decode breakdown is the slowest stage's plus the bubble and the DDR stream. With
+    check=False the points that do not fit are costed too, and carry their reason in
+    `misfit`."""
+    pe = evaluate_plan(scenario, check=check, execution_model=execution_model,
+                       comm_time=comm_time)
+    return from_plan_estimate(scenario.spec, scenario.cluster, pe)
 
 
 def from_plan_estimate(model: ModelSpec, cluster: ClusterSpec, pe: PlanEstimate) -> Estimate:
@@ -175,21 +139,14 @@ def from_plan_estimate(model: ModelSpec, cluster: ClusterSpec, pe: PlanEstimate)
     )
 
 
-def best_plan(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    objective: str = "latency",
-    batch: int = 1,
-    prompt_len: int = 1024,
-    gen_len: int = 256,
-    options: Any = None,
-) -> Plan:
-    """The feasible plan that ranks first for `objective` (latency | throughput | sockets)."""
-    result = search_plans(model, cluster, objective, batch, prompt_len, gen_len, options=options)
+def best_plan(scenario: Scenario, objective: str = "latency") -> Plan:
+    """The feasible plan (in place of the scenario's) that ranks first for `objective`
+    (latency | throughput | sockets)."""
+    result = search_plans(scenario, objective)
     if not result.ranked:
         reason = result.rejected[-1][1] if result.rejected else "no valid plan"
         raise PlanDoesNotFit(
-            f"{model.name} on {cluster.name}: no plan of {result.evaluated} "
+            f"{scenario.spec.name} on {scenario.cluster.name}: no plan of {result.evaluated} "
             f"fits; the widest: {reason}"
         )
     return result.ranked[0].plan

@@ -44,6 +44,7 @@ from partitioning.footprint import (
 from partitioning.plan import Plan, validate
 from partitioning.program import Program, build_programs, concurrent_groups, groups_of
 from partitioning.routing import RoutingModel, expert_load
+from partitioning.scenario import Scenario
 from workloads.errors import ConfigError
 from workloads.ops import Collective, Graph, OpClass, StepShape, Work
 from workloads.spec import ModelSpec
@@ -220,22 +221,16 @@ def _comm(topology, groups: tuple, concurrent: tuple) -> CommTime:
 
 
 def evaluate_plan(
-    spec: ModelSpec,
-    cluster: ClusterSpec,
-    plan: Plan,
-    batch: Work = 1,
-    prompt_len: Work = 1024,
-    gen_len: Work = 256,
-    placement: Placement | None = None,
-    routing: RoutingModel | None = None,
-    options: Any = None,
+    scenario: Scenario,
+    *,
     prefill: bool = True,
     check: bool = True,
     execution_model: str | None = None,
     comm_time: CommTime | None = None,
     expert_load: Work | None = None,
 ) -> PlanEstimate:
-    """Cost `plan` for `spec` on `cluster` at every (batch, prompt_len, gen_len) point.
+    """Cost the scenario's plan for its model on its cluster at every (batch, prompt_len,
+    gen_len) point.
 
     Raises ConfigError for a plan that cannot run the model on the cluster, and, with `check`,
     PlanDoesNotFit (the one footprint message) when a point does not fit; with check=False the
@@ -243,16 +238,14 @@ def evaluate_plan(
     `comm_time` replaces the interconnect's costs (a what-if), `execution_model` the chip's;
     `expert_load` the decode step's busiest-group load (the routing model's expectation by
     default; the serving engine draws one per step)."""
-    _check_positive(batch=batch, prompt_len=prompt_len, gen_len=gen_len)
-    validate(plan, spec, cluster.sockets)
-    batch, prompt_len, gen_len = (_num(x) for x in (batch, prompt_len, gen_len))
-    placement = placement or Placement()
-    routing = routing or RoutingModel()
+    s = _checked(scenario)
+    spec, cluster, plan, batch, prompt_len, gen_len = (
+        s.spec, s.cluster, s.plan, s.batch, s.prompt_len, s.gen_len)
+    routing = s.routing or RoutingModel()
     # Replicas hold and run the same: one replica's programs stand for all (a 1,024-socket plan
     # costs what its model group costs); the other replicas enter through concurrent_groups.
     programs = build_programs(spec, replace(plan, dp=1))
-    fps, misfit = _fit(spec, cluster, plan, programs, batch, prompt_len, gen_len, placement,
-                       check)
+    fps, misfit = _fit(s, programs, check)
     heads = [p for p in programs if p.coords.dp == 0 and p.coords.ep == 0 and p.coords.tp == 0]
     m = plan.micro_batches or np.maximum(1.0, np.minimum(batch, plan.pp))
     if plan.micro_batches:
@@ -260,7 +253,7 @@ def evaluate_plan(
     load = (_load(spec, plan, routing, routing.routed_tokens(batch / m, batch / m))
             if expert_load is None else expert_load)
     context = prompt_len + (gen_len - 1.0) / 2.0
-    cost = _Stager(spec, cluster, plan, fps, options, execution_model, comm_time)
+    cost = _Stager(spec, cluster, plan, fps, s.options, execution_model, comm_time)
     same = routing.identical
     decode = [cost(p, replace(StepShape.decode(batch / m, context), identical=same), load)
               for p in heads]
@@ -276,31 +269,26 @@ def evaluate_plan(
                         m, tpot, pre, fps, load, misfit, cluster.chip.hbm.bandwidth_bytes_per_s)
 
 
-def footprint(
-    spec: ModelSpec,
-    cluster: ClusterSpec,
-    plan: Plan,
-    batch: Work = 1,
-    prompt_len: Work = 1024,
-    gen_len: Work = 256,
-    placement: Placement | None = None,
-    check: bool = True,
-) -> tuple[tuple[Footprint, ...], Any]:
-    """The footprint of every socket of `plan` and, per point, why it does not fit ("" where
-    it does): the one fit check, for commands that need memory without the step costs (the
-    serving engine's socket set-up)."""
-    _check_positive(batch=batch, prompt_len=prompt_len, gen_len=gen_len)
-    validate(plan, spec, cluster.sockets)
-    batch, prompt_len, gen_len = (_num(x) for x in (batch, prompt_len, gen_len))
-    return _fit(spec, cluster, plan, build_programs(spec, plan), batch, prompt_len, gen_len,
-                placement or Placement(), check)
+def footprint(scenario: Scenario, check: bool = True) -> tuple[tuple[Footprint, ...], Any]:
+    """The footprint of every socket of the scenario's plan and, per point, why it does not fit
+    ("" where it does): the one fit check, for commands that need memory without the step
+    costs (the serving engine's socket set-up)."""
+    s = _checked(scenario)
+    return _fit(s, build_programs(s.spec, s.plan), check)
 
 
-def _fit(spec, cluster, plan, programs, batch, prompt_len, gen_len, placement, check):
-    fps = _footprints(spec, plan, programs, cluster, batch, prompt_len + gen_len, prompt_len,
-                      placement)
+def _checked(s: Scenario) -> Scenario:
+    """The scenario with its lengths positive and as floats, its plan valid for its model."""
+    _check_positive(batch=s.batch, prompt_len=s.prompt_len, gen_len=s.gen_len)
+    validate(s.plan, s.spec, s.cluster.sockets)
+    return replace(s, batch=_num(s.batch), prompt_len=_num(s.prompt_len),
+                   gen_len=_num(s.gen_len), placement=s.placement or Placement())
+
+
+def _fit(s: Scenario, programs, check: bool):
+    fps = _footprints(s, programs)
     # Sockets of a stage hold the same; its first socket is the lowest-numbered.
-    misfit = misfits(fps[:: plan.width][: plan.pp], plan, spec.name, cluster.name)
+    misfit = misfits(fps[:: s.plan.width][: s.plan.pp], s.plan, s.spec.name, s.cluster.name)
     if check and (misfit != "" if type(misfit) is str else np.any(misfit != "")):
         raise PlanDoesNotFit(next(r for r in np.ravel(misfit) if r))
     return fps, misfit
@@ -320,26 +308,28 @@ def _check_positive(**values: Work) -> None:
 _FOOTPRINTS: dict = {}
 
 
-def _footprints(spec, plan, programs, cluster, batch, context, prompt_len, placement):
+def _footprints(s: Scenario, programs):
     """footprints(), cached for scalar points by what decides them (the model, the shard
     degrees, the stages, the chip, the shape and the placement): a plan search asks for the
     same ones again and again (plans that differ only in dp)."""
+    spec, plan, chip, placement = s.spec, s.plan, s.cluster.chip, s.placement
+    batch, prompt_len, context = s.batch, s.prompt_len, s.prompt_len + s.gen_len
     if any(np.ndim(x) for x in (batch, context, prompt_len)):
-        return footprints(spec, programs, cluster.chip, batch, context, prompt_len, placement)
+        return footprints(spec, programs, chip, batch, context, prompt_len, placement)
     # Keyed by identity (a spec or chip is not cheap to hash); the entry keeps both alive and
     # is used only while they are the very same objects.
     # Sockets are numbered 0..n-1 in the programs' order, so the degrees and n decide them.
-    key = (id(spec), id(cluster.chip), plan.tp, plan.ep, plan.pp, plan.mixer_tp, batch,
+    key = (id(spec), id(chip), plan.tp, plan.ep, plan.pp, plan.mixer_tp, batch,
            context, prompt_len, placement, len(programs))
     hit = _FOOTPRINTS.get(key)
-    if hit is not None and hit[0] is spec and hit[1] is cluster.chip:
+    if hit is not None and hit[0] is spec and hit[1] is chip:
         return hit[2]
-    stage = footprints(spec, programs[:: plan.width][: plan.pp], cluster.chip, batch, context,
+    stage = footprints(spec, programs[:: plan.width][: plan.pp], chip, batch, context,
                        prompt_len, placement)
     out = tuple(replace(stage[p.coords.pp], socket=p.socket) for p in programs)
     if len(_FOOTPRINTS) > 4096:
         _FOOTPRINTS.clear()
-    _FOOTPRINTS[key] = (spec, cluster.chip, out)
+    _FOOTPRINTS[key] = (spec, chip, out)
     return out
 
 
@@ -475,23 +465,13 @@ def _spill(g: Graph, fp: Footprint) -> tuple[Graph, Work]:
     return g.with_blocks(tuple(blocks)), ddr
 
 
-def search_plans(
-    spec: ModelSpec,
-    cluster: ClusterSpec,
-    objective: str = "latency",
-    batch: float = 1,
-    prompt_len: float = 1024,
-    gen_len: float = 256,
-    placement: Placement | None = None,
-    routing: RoutingModel | None = None,
-    options: Any = None,
-    prefill: bool = False,
-):
-    """Every plan for `spec` on `cluster`, evaluated with evaluate_plan and ranked."""
+def search_plans(scenario: Scenario, objective: str = "latency", prefill: bool = False):
+    """Every plan for the scenario's model on its cluster (in place of its plan), evaluated
+    with evaluate_plan and ranked."""
     from partitioning.search import enumerate_plans, search
 
     def evaluator(plan: Plan) -> PlanEstimate:
-        return evaluate_plan(spec, cluster, plan, batch, prompt_len, gen_len, placement,
-                             routing, options, prefill=prefill)
+        return evaluate_plan(replace(scenario, plan=plan), prefill=prefill)
 
-    return search(enumerate_plans(spec, cluster.sockets), evaluator, objective)
+    return search(enumerate_plans(scenario.spec, scenario.cluster.sockets), evaluator,
+                  objective)

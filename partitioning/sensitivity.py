@@ -10,10 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from partitioning.cluster import ClusterSpec
 from partitioning.evaluate import evaluate_plan
-from partitioning.plan import Plan
-from workloads.spec import ModelSpec
+from partitioning.scenario import Scenario
 
 FIGURES = ("link_bandwidth_bytes_per_s", "link_latency_s")
 FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -31,20 +29,21 @@ class SensitivityRow:
 
 
 def link_sensitivity(
-    spec: ModelSpec,
-    cluster: ClusterSpec,
-    plan: Plan,
+    scenario: Scenario,
     factors: Sequence[float] = FACTORS,
     figures: Sequence[str] = FIGURES,
     **kwargs: Any,
 ) -> list[SensitivityRow]:
-    """One row per (figure, factor): the plan's decode speed with that figure scaled."""
+    """One row per (figure, factor): the scenario's decode speed with that figure scaled
+    (`kwargs`: evaluate_plan's)."""
     rows = []
+    cluster = scenario.cluster
     for figure in figures:
         base = getattr(cluster.topology, figure)
         for f in factors:
             topo = replace(cluster.topology, **{figure: base * f})
-            e = evaluate_plan(spec, replace(cluster, topology=topo), plan, **kwargs)
+            e = evaluate_plan(replace(scenario, cluster=replace(cluster, topology=topo)),
+                              **kwargs)
             stage = max(e.stage_decode, key=lambda c: float(c.time_s))
             share = float(stage.cause("communication")) / float(stage.time_s)
             rows.append(SensitivityRow(figure, f, base * f, e.tokens_per_s_per_request,

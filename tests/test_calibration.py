@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 import cluster_configs
 from partitioning.estimate import estimate
+from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_chip, load_cluster
 from rdu_cluster.validation import calibration, fit
@@ -105,8 +106,10 @@ def test_calibrate_with_nothing_to_fit_writes_nothing(tmp_path, role, chip, need
     assert len(result.output.strip().splitlines()) == 1 and not out.exists()
 
 
-def _decode(model, cluster, **kw):
-    return estimate(load_model(model), load_cluster(cluster), prompt_len=1024, gen_len=64, **kw)
+def _decode(model, cluster, tp=None, options=None):
+    c = load_cluster(cluster)
+    return estimate(Scenario(load_model(model), c, tensor_plan(c, tp), prompt_len=1024, gen_len=64,
+                             options=options))
 
 
 def test_router_wait_only_for_moe_and_breakdown_partitions():
@@ -125,11 +128,11 @@ def test_collective_latency_is_on_the_chain_and_prefetch_hides_it():
     base = load_cluster("sn40l-16")
     hidden = _decode("llama-3.1-8b", "sn40l-16")
     # Less prefetch buffer: the chain is exposed (adds to the stream), the step gets slower.
-    slow = estimate(
+    slow = estimate(Scenario(
         load_model("llama-3.1-8b"),
         load_cluster("sn40l-16", {"chip.execution.prefetch_buffer_bytes": 1e6}),
         prompt_len=1024, gen_len=64,
-    )
+    ))
     assert float(slow.tpot_s) > float(hidden.tpot_s)
     assert base.chip.execution["prefetch_buffer_bytes"] > 1e6
 

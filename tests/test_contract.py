@@ -27,6 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from partitioning.plan import Plan
+from partitioning.scenario import Scenario
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
@@ -97,7 +98,8 @@ def _evaluate(model, cluster, plan, batch, prompt, gen, **kw):
 
     with calibration.use(None):
         c = load_cluster(cluster)
-    return evaluate_plan(load_model(model), c, Plan.parse(plan), batch, prompt, gen, **kw)
+    return evaluate_plan(Scenario(load_model(model), c, Plan.parse(plan), batch, prompt, gen),
+                         **kw)
 
 
 @pytest.mark.parametrize("point", POINTS, ids=[f"{p[0]}-{p[2]}" for p in POINTS])
@@ -152,7 +154,7 @@ def test_kv_head_replication_counts_in_every_footprint():
 
     spec, cluster = load_model("qwen3-235b-a22b"), load_cluster("sn40l-16")
     sim = _simulate("qwen3-235b-a22b", "sn40l-16", "tp16", 4, 2032, 16)
-    fp = evaluate_plan(spec, cluster, Plan.parse("tp16"), 4, 2032, 16).footprints[0]
+    fp = evaluate_plan(Scenario(spec, cluster, Plan.parse("tp16"), 4, 2032, 16)).footprints[0]
     assert fp.region("kv_cache") == pytest.approx(sim["kv_cache_bytes"] / 4, rel=REL)
     assert fp.tier("hbm") == pytest.approx(sim["hbm_used_bytes_per_socket"], rel=REL)
 

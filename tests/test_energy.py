@@ -7,6 +7,8 @@ import pytest
 from chip.cost import StepCost
 from chip.power import parse_power, socket_power_w
 from partitioning.estimate import estimate
+from partitioning.plan import Plan
+from partitioning.scenario import Scenario
 from rdu_cluster.config import load_chip, load_cluster
 from rdu_cluster.output import results
 from rdu_cluster.scenarios.economics import cost_per_million_tokens, estimate_columns, parse_cost
@@ -61,7 +63,7 @@ def test_cost_arithmetic():
 
 def test_columns_in_result_rows():
     cluster = load_cluster("dgx-h100")
-    est = estimate(load_model("llama-3.1-8b"), cluster, batch=4, prompt_len=512, gen_len=64, tp=8)
+    est = estimate(Scenario(load_model("llama-3.1-8b"), cluster, Plan(tp=8), 4, 512, 64))
     cols = estimate_columns(est, cluster)
     assert cols["socket_hour_usd"] == 4.916
     expected = float(cols["power_w"]) * 8 * float(est.tpot_s) / 4

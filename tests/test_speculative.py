@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from partitioning.scenario import Scenario
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
 from rdu_cluster.scenarios.speculative import best_k, default_acceptance, speculative_estimate
@@ -93,7 +94,8 @@ def sn16():
 def test_step_is_k_drafts_plus_verification(sn16):
     target = load_model("llama-3.1-70b")
     spec = Speculation(4, ConstantAcceptance(0.8))
-    est = speculative_estimate(target, sn16, spec, "llama-3.2-1b", prompt_len=2048, gen_len=128)
+    est = speculative_estimate(Scenario(target, sn16, prompt_len=2048, gen_len=128), spec,
+                               "llama-3.2-1b")
     assert len(est.draft_steps) == 4
     total = sum(float(c.time_s) for c in est.draft_steps) + float(est.verify.time_s)
     assert float(est.step_time_s) == pytest.approx(total)
@@ -105,8 +107,8 @@ def test_step_is_k_drafts_plus_verification(sn16):
     assert float(est.verify.flops) == pytest.approx(5 * float(est.base.decode.flops), rel=0.1)
     assert float(est.speedup) > 1.0
     # nothing accepted: every step pays k drafts for one token, slower than plain decode
-    none = speculative_estimate(target, sn16, Speculation(4, ConstantAcceptance(0.0)),
-                                "llama-3.2-1b", prompt_len=2048, gen_len=128)
+    none = speculative_estimate(Scenario(target, sn16, prompt_len=2048, gen_len=128),
+                                Speculation(4, ConstantAcceptance(0.0)), "llama-3.2-1b")
     assert float(none.speedup) < 1.0
 
 
@@ -135,8 +137,8 @@ def test_a_short_output_gains_nothing_from_many_drafts(sn16):
     65-token verification emits the 9 tokens left, slower a token than plain decode. Counted at
     65 tokens a step, simulate printed a 3.7x speed-up."""
     target = load_model("llama-3.1-8b")
-    est = speculative_estimate(target, sn16, Speculation(64, ConstantAcceptance(1.0)),
-                               "llama-3.2-1b", prompt_len=1024, gen_len=10)
+    est = speculative_estimate(Scenario(target, sn16, prompt_len=1024, gen_len=10),
+                               Speculation(64, ConstantAcceptance(1.0)), "llama-3.2-1b")
     assert est.tokens_per_step == pytest.approx(9.0)
     assert float(est.speedup) < 1.0
 
@@ -163,22 +165,24 @@ def test_best_k_and_separate_placement(sn16):
     target = load_model("llama-3.1-70b")
     acc = default_acceptance("llama-3.1-8b", target.name)
     assert acc.rate == 0.88 and acc.source
-    best = best_k(target, sn16, acc, "llama-3.1-8b", ks=range(1, 9), prompt_len=2048, gen_len=64)
+    scenario = Scenario(target, sn16, prompt_len=2048, gen_len=64)
+    best = best_k(scenario, acc, "llama-3.1-8b", ks=range(1, 9))
     for k in (1, 8):
-        other = speculative_estimate(target, sn16, Speculation(k, acc), "llama-3.1-8b",
-                                     prompt_len=2048, gen_len=64)
+        other = speculative_estimate(scenario, Speculation(k, acc), "llama-3.1-8b")
         assert float(best.tokens_per_s_per_request) >= float(other.tokens_per_s_per_request)
-    sep = speculative_estimate(target, sn16, Speculation(3, acc), "llama-3.1-8b",
-                               placement="separate", draft_sockets=2, prompt_len=2048, gen_len=64)
+    sep = speculative_estimate(scenario, Speculation(3, acc), "llama-3.1-8b",
+                               placement="separate", draft_sockets=2)
     assert sep.sockets_per_replica == 18 and sep.draft_tp == 2 and float(sep.transfer_s) > 0
 
 
 def test_draft_errors(sn16):
     target = load_model("llama-3.1-70b")
     with pytest.raises(ConfigError, match="tokenizer"):
-        speculative_estimate(target, sn16, Speculation(2, ConstantAcceptance(0.5)), "llama-2-7b")
+        speculative_estimate(Scenario(target, sn16), Speculation(2, ConstantAcceptance(0.5)),
+                             "llama-2-7b")
     with pytest.raises(ConfigError, match="multi-token"):
-        speculative_estimate(target, sn16, Speculation(2, ConstantAcceptance(0.5)), "mtp")
+        speculative_estimate(Scenario(target, sn16), Speculation(2, ConstantAcceptance(0.5)),
+                             "mtp")
 
 
 def test_cli_draft_and_bad_acceptance():

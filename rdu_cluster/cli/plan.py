@@ -10,6 +10,7 @@ from partitioning.evaluate import PlanEstimate, evaluate_plan, search_plans
 from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.plan import Plan
 from partitioning.routing import RoutingModel
+from partitioning.scenario import Scenario
 from partitioning.search import SearchResult
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
@@ -73,13 +74,13 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     cluster = load_cluster(cluster_ref, overrides)
     placement = Placement(weights="auto", kv_cache="auto") if spill else Placement()
     routing_model = parse_routing(routing, seed)
+    scenario = Scenario(spec, cluster, None, batch, context, gen_len, None, routing_model,
+                        placement)
     if plan_text:  # one plan: refused, if it does not fit, with the message every command gives
-        one = evaluate_plan(spec, cluster, Plan.parse(plan_text), batch, context, gen_len,
-                            placement, routing_model, prefill=False)
+        one = evaluate_plan(scenario.but(plan=Plan.parse(plan_text)), prefill=False)
         result = SearchResult((one,), (), 1)
     else:
-        result = search_plans(spec, cluster, objective, batch, context, gen_len, placement,
-                              routing_model)
+        result = search_plans(scenario, objective)
     if not result.ranked:
         worst = result.rejected[-1][1] if result.rejected else "no valid plan"
         raise PlanDoesNotFit(f"no plan of {result.evaluated} fits; the widest: {worst}")

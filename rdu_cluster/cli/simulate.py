@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from chip import serving_stacks
-from partitioning.estimate import best_plan, estimate_plan
+from partitioning.estimate import best_plan, estimate
 from partitioning.plan import Plan
+from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.cli.plan import parse_routing
@@ -183,8 +184,8 @@ def simulate(
             spec_k,
             acceptance,
             tree,
-            placement,
-            draft_sockets,
+            placement=placement,
+            draft_sockets=draft_sockets,
             batch=batch,
             prompt_len=prompt_len,
             gen_len=gen_len,
@@ -200,10 +201,10 @@ def simulate(
     profile = None if stack_name is None else serving_stacks.stack(stack_name)  # known, or exit 2
     routing_model = parse_routing(routing or "uniform", 0)
     for cluster in clusters:
-        plan = _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len)
         options = profile if cluster.chip.kind == "gpu" else None
-        est = estimate_plan(spec, cluster, plan, batch, prompt_len, gen_len, options=options,
-                            routing=routing_model)
+        scenario = Scenario(spec, cluster, None, batch, prompt_len, gen_len, options,
+                            routing_model)
+        est = estimate(scenario.but(plan=_plan(scenario, tp, plan_text, objective)))
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
     tbl = results.table(rows)
@@ -217,16 +218,14 @@ def simulate(
         click.echo(model_summary(spec) + "\n" + side_by_side(estimates, clusters, rows))
 
 
-def _plan(spec, cluster, tp, plan_text, objective, batch, prompt_len, gen_len) -> Plan:
+def _plan(scenario: Scenario, tp: int | None, plan_text: str | None, objective: str) -> Plan:
+    """--tp, --plan, or the best plan for --objective (searched at the execution model's
+    defaults and uniform routing, as it always was)."""
     if tp:
-        if tp < 1 or cluster.sockets % tp:
-            raise ConfigError(
-                f"--tp: {tp} does not divide the {cluster.sockets} sockets of {cluster.name}"
-            )
-        return Plan(tp=tp, dp=cluster.sockets // tp)
+        return tensor_plan(scenario.cluster, tp, "--tp")
     if plan_text:
         return Plan.parse(plan_text)
-    return best_plan(spec, cluster, objective, batch, prompt_len, gen_len)
+    return best_plan(scenario.but(options=None, routing=None), objective)
 
 
 def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool) -> None:
@@ -289,7 +288,7 @@ def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp, given: bool
     tables = []
     for c in rdu:
         title = f"{spec.name} on {c.name}: batch {batch}, prompt {prompt_len}, gen {gen_len}"
-        rows = run_ablation(spec, c, batch, prompt_len, gen_len, tp)
+        rows = run_ablation(Scenario(spec, c, tensor_plan(c, tp), batch, prompt_len, gen_len))
         tables.append(format_ablation(rows, title))
     return "\n\n".join(tables)
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.engine.plan import PlanSpec
 from rdu_cluster.scenarios import speculative
 from workloads import sessions, traces
@@ -131,11 +132,11 @@ def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tre
             raise ConfigError(f"--spec-k: must be positive, got {spec_k}")
         return Speculation(spec_k, acc, branching)
     tp = PlanSpec.parse(plan, cluster, model).tp
-    best = speculative.best_k(model, cluster, acc, draft,
+    scenario = Scenario(model, cluster, tensor_plan(cluster, tp), max_batch,
+                        float(trace.prompt_len.mean()), float(trace.output_len.mean()))
+    best = speculative.best_k(scenario, acc, draft,
                               ks=range(1, (len(branching) if branching else 16) + 1),
-                              branching=branching, batch=max_batch, tp=tp,
-                              prompt_len=float(trace.prompt_len.mean()),
-                              gen_len=float(trace.output_len.mean()), placement=placement,
+                              branching=branching, placement=placement,
                               draft_sockets=draft_sockets)
     return best.speculation
 

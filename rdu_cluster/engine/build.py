@@ -17,6 +17,7 @@ from partitioning.cluster import ClusterSpec
 from partitioning.evaluate import footprint, plan_comm_time, tp_comm_time
 from partitioning.footprint import PlanDoesNotFit, fit_message
 from partitioning.plan import Plan as PartitionPlan
+from partitioning.scenario import Scenario
 from rdu_cluster.backends import SocketSetup
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine import prefix_cache, schedulers
@@ -164,8 +165,8 @@ class Build:
         if plan not in self._fps:
             longest = (int(np.max(self.trace.prompt_len, initial=1)),
                        int(np.max(self.trace.output_len, initial=1)))
-            self._fps[plan] = footprint(self.model, self.cluster, self.partition_plan(plan), 1,
-                                        *longest, check=False)
+            scenario = Scenario(self.model, self.cluster, self.partition_plan(plan), 1, *longest)
+            self._fps[plan] = footprint(scenario, check=False)
         fps, why = self._fps[plan]
         if check and why:
             raise PlanDoesNotFit(why)

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from chip.dataflow import UNFUSED_BASELINE, DataflowOptions
-from partitioning.cluster import ClusterSpec
 from partitioning.estimate import estimate
+from partitioning.scenario import Scenario
 from rdu_cluster.output.report import text_table
 from workloads.errors import ConfigError
-from workloads.spec import ModelSpec
 
 VARIANTS: tuple[tuple[str, DataflowOptions], ...] = (
     ("all optimizations", DataflowOptions()),
@@ -35,19 +34,14 @@ class AblationRow:
     hbm_bw_utilization: float
 
 
-def ablate(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    batch: int = 1,
-    prompt_len: int = 1024,
-    gen_len: int = 256,
-    tp: int | None = None,
-) -> list[AblationRow]:
+def ablate(scenario: Scenario) -> list[AblationRow]:
+    """The scenario under each of VARIANTS' dataflow options (in place of its own)."""
+    cluster = scenario.cluster
     if cluster.chip.execution_model != "dataflow":
         raise ConfigError(f"--ablate: {cluster.name} does not run the dataflow execution model")
     runs = []
     for name, opts in VARIANTS:
-        e = estimate(model, cluster, batch, prompt_len, gen_len, tp=tp, options=opts)
+        e = estimate(scenario.but(options=opts))
         runs.append((name, opts, _scalar(e.tpot_s), _scalar(e.hbm_bw_utilization)))
     base = runs[-1][2]
     return [AblationRow(n, o, t, 1.0 / t, base / t, u) for n, o, t, u in runs]

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from partitioning.estimate import estimate_plan
+from partitioning.estimate import estimate
 from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
+from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
 from rdu_cluster.engine import bench
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transfer_time
@@ -206,7 +207,7 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
     # per socket, and one sequence's KV cache with heads replicated where tp exceeds them; the
     # engine sizes its KV blocks from the same regions.
     try:
-        fps, _ = footprint(model, cl, p, 1, int(prompt), int(gen), check=False)
+        fps, _ = footprint(Scenario(model, cl, p, 1, int(prompt), int(gen)), check=False)
     except ConfigError:
         return None
     resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
@@ -216,16 +217,15 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
     batches = BATCHES[BATCHES <= kv_batch]
     if not len(batches):
         return None
-    at = lambda b: estimate_plan(model, cl, p, batch=b, prompt_len=int(prompt),
-                                 gen_len=int(gen))
+    at = lambda b: estimate(Scenario(model, cl, p, b, int(prompt), int(gen)))
     if draft is not None:
         if p.pp != 1 or p.ep != 1:
             return None
         try:
             spec, memo = choose(cl, plan), {}
             ests = [speculative.speculative_estimate(
-                model, cl, spec, draft, batch=int(b), prompt_len=int(prompt),
-                gen_len=int(gen), tp=p.tp, memo=memo) for b in batches]
+                Scenario(model, cl, tensor_plan(cl, p.tp), int(b), int(prompt), int(gen)),
+                spec, draft, memo=memo) for b in batches]
             tpot = np.array([float(e.tpot_s) for e in ests])
             prefill = float(ests[0].ttft_s)  # batch 1 (BATCHES[0]): the draft's prefill too
         except ConfigError:

@@ -35,6 +35,7 @@ from chip.memory import MemoryTiers
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import estimate
 from partitioning.footprint import kv_cache_per_socket
+from partitioning.scenario import Scenario
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output.report import text_table
 from workloads import graph as graphs
@@ -327,8 +328,10 @@ def table_v(cluster: ClusterSpec, experts: int = 150, batch: int = 8, prompt_len
                           f"each), so it needs at least {batch} (give more, or a smaller --batch)")
     scenario = CoEScenario.copies(experts, expert, router)
     mem = memory(scenario, cluster, 1, prompt_len + gen_len)
-    r = estimate(scenario.router, cluster, batch=batch, prompt_len=prompt_len, gen_len=1)
-    e = estimate(scenario.experts[0], cluster, batch=1, prompt_len=prompt_len, gen_len=gen_len)
+    r = estimate(Scenario(scenario.router, cluster, batch=batch, prompt_len=prompt_len,
+                          gen_len=1))
+    e = estimate(Scenario(scenario.experts[0], cluster, batch=1, prompt_len=prompt_len,
+                          gen_len=gen_len))
     return TableV(
         cluster=cluster.name,
         experts=experts,

@@ -21,6 +21,7 @@ import numpy as np
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import estimate
 from partitioning.footprint import kv_cache_per_socket
+from partitioning.scenario import Scenario
 from rdu_cluster.output.report import text_table
 from rdu_cluster.scenarios.coe import DEFAULT_ROUTER, capacity_tier, switch_time_s
 from workloads import graph as graphs
@@ -109,8 +110,8 @@ def _node(cluster: ClusterSpec) -> ClusterSpec:
 
 
 def _first_token_s(spec, r_spec, node: ClusterSpec, batch: int, prompt_len: int) -> float:
-    r = estimate(r_spec, node, batch=batch, prompt_len=prompt_len, gen_len=1)
-    e = estimate(spec, node, batch=batch, prompt_len=prompt_len, gen_len=1)
+    r = estimate(Scenario(r_spec, node, batch=batch, prompt_len=prompt_len, gen_len=1))
+    e = estimate(Scenario(spec, node, batch=batch, prompt_len=prompt_len, gen_len=1))
     return _f(r.ttft_s) + _f(r.tpot_s) + _f(e.ttft_s)
 
 

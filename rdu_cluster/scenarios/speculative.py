@@ -34,6 +34,7 @@ from partitioning.cluster import ClusterSpec
 from partitioning.estimate import Estimate, estimate, tp_comm_time
 from partitioning.footprint import PlanDoesNotFit, fit_message, kv_cache_per_socket
 from partitioning.plan import Plan
+from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine.plan import PlanSpec, check_draft_sockets
 from rdu_cluster.output import results
@@ -211,20 +212,18 @@ def check_sockets(placement: str, draft_sockets: int, cluster: ClusterSpec | Non
                 f"of {cluster.name}")
 
 
-def _with_draft_replicas(kw: dict, cluster: ClusterSpec) -> dict:
-    """simulate's arguments on `cluster`, its draft's sockets checked: `--tp N` with a separate
-    draft is tpN replicated over as many (N + draft sockets) groups as the cluster holds, as
-    serve lays them out (tp alone would replicate over sockets the drafts take)."""
-    tp, placement, draft_sockets = kw.get("tp"), kw["placement"], kw["draft_sockets"]
-    plan = kw.get("plan")
+def _replica_plan(cluster: ClusterSpec, plan: Plan | None, tp: int | None, placement: str,
+                  draft_sockets: int) -> Plan:
+    """simulate's target plan on `cluster`, its draft's sockets checked: `--tp N` with a
+    separate draft is tpN replicated over as many (N + draft sockets) groups as the cluster
+    holds, as serve lays them out (tp alone would replicate over sockets the drafts take)."""
     if plan is None and tp and placement == "separate":
         plan = Plan(tp=tp, dp=max(1, cluster.sockets // (tp + draft_sockets)))
-        kw = {**kw, "plan": plan, "tp": None}
     check_sockets(placement, draft_sockets, cluster, plan or (Plan(tp=tp) if tp else None))
-    return kw
+    return plan or tensor_plan(cluster, tp)
 
 
-def tensor_plan(text: str) -> Plan:
+def _tensor_only(text: str) -> Plan:
     """`--plan` with a draft: tp and dp degrees only (a speculative step is costed tensor
     parallel: the draft and the verification over the replica's tp sockets)."""
     p = Plan.parse(text)
@@ -235,32 +234,26 @@ def tensor_plan(text: str) -> Plan:
 
 
 def speculative_estimate(
-    target: ModelSpec,
-    cluster: ClusterSpec,
+    scenario: Scenario,
     speculation: Speculation,
     draft: str,
-    batch: Work = 1,
-    prompt_len: Work = 1024,
-    gen_len: Work = 256,
-    tp: int | None = None,
+    *,
     placement: str = "shared",
     draft_sockets: int = 1,
     draft_tp: int | None = None,
-    options: Any = None,
     execution_model: str | None = None,
     memo: dict | None = None,
-    plan: Plan | None = None,
 ) -> SpecEstimate:
-    """`memo`: draft-step costs shared between calls on the same target, cluster and options
-    (best_k's k values repeat each other's first draft steps). `plan`: the target's plan (a
-    tensor_plan), in place of tp over `tp` sockets replicated over the rest."""
+    """The scenario's target (its plan: tensor parallel, replicated) decoding with `draft`.
+    `memo`: draft-step costs shared between calls on the same target, cluster and options
+    (best_k's k values repeat each other's first draft steps)."""
     if placement not in PLACEMENTS:
         raise ConfigError(f"placement: {placement!r} unknown; accepted: {', '.join(PLACEMENTS)}")
-    base = estimate(target, cluster, batch, prompt_len, gen_len, tp, options, execution_model,
-                    plan=plan)
+    base = estimate(scenario, execution_model=execution_model)
+    target, cluster = scenario.spec, scenario.cluster
     spec_d = resolve_draft(draft, target)
     ctx = base.prompt_len + (base.gen_len - 1.0) / 2.0
-    cost = _coster(cluster, options, execution_model)
+    cost = _coster(cluster, scenario.options, execution_model)
     verify_shape = StepShape("decode", base.batch, float(speculation.verify_tokens()), ctx)
     verify = cost(graphs.step_graph(target, verify_shape, Shard.tensor(base.tp)), base.tp)
     if placement == "shared":
@@ -270,7 +263,7 @@ def speculative_estimate(
     else:
         candidates, extra_sockets, hops = [draft_tp or draft_sockets], draft_sockets, 2
     _check_draft_tp(candidates, base.tp if placement == "shared" else draft_sockets)
-    runs = [(_draft_steps(spec_d, draft, target, speculation, base, ctx, t, cost, memo), t)
+    runs = [(_draft_steps(spec_d, draft, target, speculation, base, t, cost, memo), t)
             for t in candidates]
     steps, d_tp = min(runs, key=lambda r: float(np.max(sum(c.time_s for c in r[0]))))
     _check_fit(target, spec_d, draft, cluster, base, d_tp, placement)
@@ -292,15 +285,15 @@ def speculative_estimate(
 
 
 def best_k(
-    target: ModelSpec,
-    cluster: ClusterSpec,
+    scenario: Scenario,
     acceptance: Acceptance,
     draft: str,
     ks: range = range(1, 13),
     branching: tuple[int, ...] | None = None,
     **kwargs: Any,
 ) -> SpecEstimate:
-    """The k (of `ks`) with the most tokens per second per request, on this hardware."""
+    """The k (of `ks`) with the most tokens per second per request, on this hardware
+    (`kwargs`: speculative_estimate's)."""
     best = None
     memo: dict = {}
     limit = len(acceptance.values) if isinstance(acceptance, PositionalAcceptance) else None
@@ -308,7 +301,7 @@ def best_k(
         if limit is not None and k > limit:
             break
         spec = Speculation(k, acceptance, branching[:k] if branching else None)
-        est = speculative_estimate(target, cluster, spec, draft, memo=memo, **kwargs)
+        est = speculative_estimate(scenario, spec, draft, memo=memo, **kwargs)
         if best is None or _f(est.tokens_per_s_per_request) > _f(best.tokens_per_s_per_request):
             best = est
     if best is None:
@@ -323,8 +316,9 @@ def _coster(cluster: ClusterSpec, options: Any, model: str | None) -> Callable:
     return cost
 
 
-def _draft_steps(spec_d, draft, target, speculation, base, ctx, tp, cost, memo=None) -> tuple:
+def _draft_steps(spec_d, draft, target, speculation, base, tp, cost, memo=None) -> tuple:
     out = []
+    ctx = base.prompt_len + (base.gen_len - 1.0) / 2.0  # decode's mean context (evaluate.py)
     scalar = np.ndim(ctx) == 0 and np.ndim(base.batch) == 0
     for d, width in enumerate(speculation.frontier()):
         key = (draft, float(width), float(ctx + d), float(base.batch), tp) if scalar else None
@@ -417,18 +411,19 @@ def case_estimate(case: dict[str, Any], cluster_key: str = "cluster") -> SpecEst
     draft = case["draft"]
     acc = case.get("acceptance")
     acceptance = default_acceptance(draft, target.name) if acc is None else ConstantAcceptance(acc)
-    cluster = load_cluster(case[cluster_key])
-    kw = {"batch": case.get("batch", 1), "prompt_len": case.get("prompt_len", 1024),
-          "gen_len": case.get("gen_len", 128), "placement": case.get("placement", "shared")}
     stack_name = case.get("stack" if cluster_key == "cluster" else "baseline_stack")
+    options = None
     if stack_name:  # a GPU serving-stack profile (chip/serving_stacks.py)
         from chip.serving_stacks import stack
 
-        kw["options"] = stack(stack_name)
+        options = stack(stack_name)
+    scenario = Scenario(target, load_cluster(case[cluster_key]), None, case.get("batch", 1),
+                        case.get("prompt_len", 1024), case.get("gen_len", 128), options)
+    placement = case.get("placement", "shared")
     if "spec_k" in case:
-        return speculative_estimate(target, cluster, Speculation(case["spec_k"], acceptance),
-                                    draft, **kw)
-    return best_k(target, cluster, acceptance, draft, ks=range(1, 17), **kw)
+        return speculative_estimate(scenario, Speculation(case["spec_k"], acceptance), draft,
+                                    placement=placement)
+    return best_k(scenario, acceptance, draft, ks=range(1, 17), placement=placement)
 
 
 VALIDATION_METRICS: dict[str, Callable[[dict], float]] = {
@@ -515,27 +510,27 @@ def simulate(
     spec_k: int | None = None,
     acceptance: str | None = None,
     tree: str | None = None,
-    placement: str = "shared",
-    draft_sockets: int = 1,
     **kw: Any,
 ) -> tuple[list[dict], str]:
     """`simulate --draft`: one speculative estimate per cluster (k: given, or the best in
-    1..16 for each cluster), its result rows and its text table."""
+    1..16 for each cluster), its result rows and its text table. `kw`: batch, prompt_len,
+    gen_len, tp or plan (text), placement, draft_sockets."""
     acc = (default_acceptance(draft, target.name) if acceptance is None
            else parse_acceptance(acceptance))
     branching = parse_tree(tree)
     check_draft(draft, target, kw["prompt_len"], kw["gen_len"])
-    if kw.get("plan") is not None:
-        kw["plan"] = tensor_plan(kw["plan"])
-    kw.update(placement=placement, draft_sockets=draft_sockets)
-    per_cluster = [_with_draft_replicas(kw, cluster) for cluster in clusters]
+    plan = None if kw.get("plan") is None else _tensor_only(kw["plan"])
+    args = {"placement": kw.get("placement", "shared"),
+            "draft_sockets": kw.get("draft_sockets", 1)}
+    plans = [_replica_plan(c, plan, kw.get("tp"), **args) for c in clusters]
     sests = []
-    for cluster, args in zip(clusters, per_cluster):
+    for cluster, p in zip(clusters, plans):
+        scenario = Scenario(target, cluster, p, kw["batch"], kw["prompt_len"], kw["gen_len"])
         if spec_k is None:
             ks = range(1, (len(branching) if branching else 16) + 1)
-            sests.append(best_k(target, cluster, acc, draft, ks=ks, branching=branching, **args))
+            sests.append(best_k(scenario, acc, draft, ks=ks, branching=branching, **args))
         else:
             spec = Speculation(spec_k, acc, branching)
-            sests.append(speculative_estimate(target, cluster, spec, draft, **args))
+            sests.append(speculative_estimate(scenario, spec, draft, **args))
     rows = [r for e, c in zip(sests, clusters) for r in records(e, c)]
     return rows, report(sests, clusters)

@@ -274,6 +274,7 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     row all the same: feasible = false, its reason (the footprint check's one message), its
     footprint columns, and null speed columns."""
     from partitioning.estimate import estimate
+    from partitioning.scenario import Scenario, tensor_plan
     from rdu_cluster.output import results
 
     f = points[0].fields
@@ -281,11 +282,11 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
     options = make_options(cluster.chip.kind, option_values(f))
     engine = f.get("execution_model")
-    extra = {"plan": f["plan"]} if "plan" in f else {}
     arr = {k: np.array([p.fields[k] for p in points], dtype=float) for k in VECTOR}
     try:
-        est = estimate(model, cluster, tp=f.get("tp"), options=options, execution_model=engine,
-                       check=False, **arr, **extra)
+        plan = f["plan"] if "plan" in f else tensor_plan(cluster, f.get("tp"))
+        est = estimate(Scenario(model, cluster, plan, options=options, **arr), check=False,
+                       execution_model=engine)
     except ConfigError as e:  # the plan cannot run this model here at all: every point says so
         bad = {p.id: str(e) for p in points}
         tbl = results.table([{"model": model.name, "cluster": cluster.name, **p.fields,
@@ -392,6 +393,7 @@ def plan_fields() -> dict[str, FieldDef]:
 def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
     from partitioning.evaluate import search_plans
     from partitioning.footprint import Placement
+    from partitioning.scenario import Scenario
     from rdu_cluster.cli.plan import parse_routing, plan_row
 
     rows, bad = [], {}
@@ -404,9 +406,9 @@ def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
         who = {"point_id": p.id, "cluster": cluster.name, "model": model.name}
         try:
             check_context(model, f["prompt_len"], f["gen_len"], "prompt_len")
-            result = search_plans(model, cluster, f["objective"], f["batch"], f["prompt_len"],
-                                  f["gen_len"], placement, parse_routing(f["routing"], seed),
-                                  options)
+            scenario = Scenario(model, cluster, None, f["batch"], f["prompt_len"], f["gen_len"],
+                                options, parse_routing(f["routing"], seed), placement)
+            result = search_plans(scenario, f["objective"])
         except ConfigError as e:
             bad[p.id] = str(e)
             rows.append(_infeasible_row(who, bad[p.id]))

@@ -24,6 +24,7 @@ from chip.kernel_by_kernel import GpuOptions, GpuParams
 from chip.serving_stacks import STACKS
 from partitioning.estimate import Estimate, estimate, tp_comm_time
 from partitioning.routing import RoutingModel
+from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import MAX_SOCKETS, load_cluster
 from workloads import catalog, checks
 from workloads.checks import MAX_BATCH
@@ -254,20 +255,14 @@ def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | Non
               **kw) -> Estimate:
     """The row's run: its model, cluster (with `overrides`), lengths, batch, TP degree, options
     and expert routing."""
-    spec = _spec(case)
     opts = (_row_options(case) if options == "case"
             else OPTIONS[options] if isinstance(options, str) else options)
-    return estimate(
-        spec,
-        load_cluster(case["cluster"], overrides),
-        batch=case.get("batch", 1),
-        prompt_len=case.get("prompt_len", 1024),
-        gen_len=case.get("gen_len", 128),
-        tp=case.get("tp"),
-        options=opts,
-        routing=RoutingModel(case.get("routing", "uniform")),
-        **kw,
-    )
+    cluster = load_cluster(case["cluster"], overrides)
+    scenario = Scenario(_spec(case), cluster, tensor_plan(cluster, case.get("tp")),
+                        case.get("batch", 1), case.get("prompt_len", 1024),
+                        case.get("gen_len", 128), opts,
+                        RoutingModel(case.get("routing", "uniform")))
+    return estimate(scenario, **kw)
 
 
 def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:

@@ -67,16 +67,18 @@ def _one_request(serve, spec, output=40, **kw):
                  draft="llama-3.2-1b", **kw)
 
 
-def _estimate(spec, **kw):
+def _estimate(spec, tp=None, **kw):
     """simulate's speculative step (rdu_cluster/scenarios/speculative.py, its own composition of the
     same execution model) at the context of the engine's first decode step: the 128 prompt
     tokens cached."""
+    from partitioning.scenario import Scenario, tensor_plan
     from rdu_cluster.config import load_cluster
     from rdu_cluster.scenarios.speculative import speculative_estimate
     from workloads.catalog import load_model
 
-    return speculative_estimate(load_model("llama-3.1-8b"), load_cluster("sn40l-8"), spec,
-                                "llama-3.2-1b", batch=1, prompt_len=128, gen_len=1, **kw)
+    cluster = load_cluster("sn40l-8")
+    scenario = Scenario(load_model("llama-3.1-8b"), cluster, tensor_plan(cluster, tp), 1, 128, 1)
+    return speculative_estimate(scenario, spec, "llama-3.2-1b", **kw)
 
 
 def _first(t, phase):
@@ -118,12 +120,15 @@ def test_separate_draft_step_is_draft_then_verify_plus_two_routed_hops(serve):
 
 def test_separate_draft_prefills_side_by_side_with_the_target(serve):
     from partitioning.estimate import estimate
+    from partitioning.plan import Plan
+    from partitioning.scenario import Scenario
     from rdu_cluster.config import load_cluster
     from workloads.catalog import load_model
 
     _, t = _one_request(serve, Speculation(K, ConstantAcceptance(RATE)), **SEPARATE)
     cluster = load_cluster("sn40l-8")
-    prefill = lambda m: float(estimate(load_model(m), cluster, 1, 128, 1, tp=4).prefill.time_s)
+    prefill = lambda m: float(estimate(Scenario(load_model(m), cluster, Plan(tp=4, dp=2), 1, 128,
+                                                1)).prefill.time_s)
     target, draft = prefill("llama-3.1-8b"), prefill("llama-3.2-1b")
     assert _first(t, "prefill") == pytest.approx(max(target, draft), rel=1e-12)
     assert _first(t, "prefill") < target + draft

@@ -10,6 +10,7 @@ import pytest
 from partitioning.evaluate import clear_caches, evaluate_plan, search_plans
 from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.plan import Plan
+from partitioning.scenario import Scenario
 from rdu_cluster.config import load_cluster
 from workloads.catalog import load_model
 
@@ -27,11 +28,11 @@ GEN = np.array([16.0, 256.0, 64.0])
 def test_a_grid_equals_its_points_alone(model, plan, spill):
     spec, cluster = load_model(model), load_cluster("sn40l-16")
     placement = Placement("auto", "auto") if spill else Placement()
-    grid = evaluate_plan(spec, cluster, Plan.parse(plan), BATCH, PROMPT, GEN, placement,
-                         check=False)
+    grid = evaluate_plan(Scenario(spec, cluster, Plan.parse(plan), BATCH, PROMPT, GEN,
+                                  placement=placement), check=False)
     for i in range(len(BATCH)):
-        one = evaluate_plan(spec, cluster, Plan.parse(plan), BATCH[i], PROMPT[i], GEN[i],
-                            placement, check=False)
+        one = evaluate_plan(Scenario(spec, cluster, Plan.parse(plan), BATCH[i], PROMPT[i],
+                                     GEN[i], placement=placement), check=False)
         assert grid.tpot_s[i] == pytest.approx(one.tpot_s, rel=1e-12)
         assert grid.ttft_s[i] == pytest.approx(one.ttft_s, rel=1e-12)
         assert grid.hbm_used_bytes[i] == pytest.approx(one.hbm_used_bytes, rel=1e-12)
@@ -48,12 +49,12 @@ def test_a_grid_equals_its_points_alone(model, plan, spill):
 def test_fit_is_decided_per_point_with_one_message():
     spec, cluster = load_model("qwen3-235b-a22b"), load_cluster("sn40l-16")
     batch = np.array([4.0, 128.0])
-    e = evaluate_plan(spec, cluster, Plan.parse("tp16"), batch, 8192, 256, check=False)
+    e = evaluate_plan(Scenario(spec, cluster, Plan.parse("tp16"), batch, 8192, 256), check=False)
     assert e.misfit[0] == "" and e.misfit[1].startswith("plan tp16: qwen3-235b-a22b does not "
                                                         "fit sn40l-16: hbm of socket 0")
     assert list(e.fits) == [True, False]
     with pytest.raises(PlanDoesNotFit) as err:
-        evaluate_plan(spec, cluster, Plan.parse("tp16"), batch, 8192, 256)
+        evaluate_plan(Scenario(spec, cluster, Plan.parse("tp16"), batch, 8192, 256))
     assert str(err.value) == e.misfit[1]
 
 
@@ -61,12 +62,12 @@ def test_shared_costs_change_no_figure():
     """A search with every cache warm, and plans evaluated after it, report what a cold
     evaluation reports."""
     spec, cluster = load_model("nemotron-h-56b"), load_cluster("sn40l-8")
-    warm = search_plans(spec, cluster, prompt_len=2048, gen_len=64)
-    again = {e.plan.name: e.tpot_s for e in search_plans(spec, cluster, prompt_len=2048,
-                                                          gen_len=64).ranked}
+    scenario = Scenario(spec, cluster, prompt_len=2048, gen_len=64)
+    warm = search_plans(scenario)
+    again = {e.plan.name: e.tpot_s for e in search_plans(scenario).ranked}
     for e in warm.ranked[:6]:
         clear_caches()
-        cold = evaluate_plan(spec, cluster, e.plan, prompt_len=2048, gen_len=64, prefill=False)
+        cold = evaluate_plan(scenario.but(plan=e.plan), prefill=False)
         assert cold.tpot_s == pytest.approx(e.tpot_s, rel=1e-12) == again[e.plan.name]
         assert cold.hbm_used_bytes == e.hbm_used_bytes
 
@@ -102,7 +103,7 @@ def test_clear_caches_forgets_everything_plans_shared():
     from partitioning.plan import _TRAITS
 
     spec, cluster = load_model("qwen3-next-80b-a3b"), load_cluster("sn40l-8")
-    search_plans(spec, cluster, prompt_len=2048, gen_len=64)
+    search_plans(Scenario(spec, cluster, prompt_len=2048, gen_len=64))
     caches = [evaluate._COSTS, evaluate._FOOTPRINTS, program._GRAPHS, program._STAGES,
               program._LAYERS, program._PROGRAMS, program._KINDS, program._SENDS, _BLOCKS,
               dataflow._MEMOS, dataflow._OPS, dataflow._PROGRAMS, breakdown._SUMS,

@@ -17,6 +17,7 @@ from partitioning.footprint import Placement, PlanDoesNotFit, fit_message, footp
 from partitioning.plan import Plan, validate
 from partitioning.program import build_programs, groups_of
 from partitioning.routing import RoutingModel, expert_load
+from partitioning.scenario import Scenario
 from rdu_cluster.config import load_cluster
 from workloads import graph, params
 from workloads.catalog import BF16_WEIGHTS, FP8_WEIGHTS, load_model
@@ -58,7 +59,7 @@ def test_bad_plan_names(text):
 def test_tp3_on_16_sockets_is_rejected(sn16):
     spec = load_model("llama-3.1-70b")
     with pytest.raises(ConfigError, match="does not divide the 16"):
-        evaluate_plan(spec, sn16, Plan.parse("tp3"))
+        evaluate_plan(Scenario(spec, sn16, Plan.parse("tp3")))
 
 
 @pytest.mark.parametrize("plan, message", [
@@ -117,7 +118,7 @@ def test_footprints_add_up_to_model_bytes(sn16):
 
 def test_tp_beats_pp_at_batch_1_on_one_node(sn8):
     spec = load_model("llama-3.1-70b")
-    r = search_plans(spec, sn8, "latency", batch=1, prompt_len=4096, gen_len=128)
+    r = search_plans(Scenario(spec, sn8, batch=1, prompt_len=4096, gen_len=128), "latency")
     best = r.ranked[0]
     assert best.plan.name == "tp8"
     pp = next(e for e in r.ranked if e.plan.name == "tp4pp2")
@@ -132,11 +133,11 @@ def test_llama_405b_bf16_needs_16_sockets(sn8, sn16):
     assert weights == pytest.approx(811.5e9, rel=1e-3)  # 405.8B parameters x 2 bytes
     assert weights > 8 * HBM > weights / 2  # 8 x 68.7 GB = 549.8 GB < 811.5 GB
     with pytest.raises(PlanDoesNotFit, match=r"hbm of socket 0 overflows by") as err:
-        evaluate_plan(spec, sn8, Plan.parse("tp8"), batch=1, prompt_len=8192, gen_len=256)
+        evaluate_plan(Scenario(spec, sn8, Plan.parse("tp8"), 1, 8192, 256))
     over = float(str(err.value).split("overflows by ")[1].split(" GB")[0]) * 1e9
     assert over == pytest.approx(weights / 8 - HBM, rel=0.05)  # ~32.7 GB of weights, + KV
-    assert not search_plans(spec, sn8, prompt_len=8192, gen_len=256).ranked
-    e = evaluate_plan(spec, sn16, Plan.parse("tp16"), batch=1, prompt_len=8192, gen_len=256)
+    assert not search_plans(Scenario(spec, sn8, prompt_len=8192, gen_len=256)).ranked
+    e = evaluate_plan(Scenario(spec, sn16, Plan.parse("tp16"), 1, 8192, 256))
     assert 50.7e9 < e.hbm_used_bytes < HBM  # 811.5 / 16 = 50.7 GB weights + KV + activations
 
 
@@ -145,14 +146,14 @@ def test_deepseek_v3_fits_16_only_with_fp8_or_ddr_spill(sn16):
     bf16 = graph.weight_bytes(spec)
     assert bf16 == pytest.approx(1342e9, rel=2e-3)  # 671B x 2 bytes
     assert bf16 > 16 * HBM  # 1,099.5 GB
-    assert not search_plans(spec, sn16, prompt_len=8192, gen_len=256).ranked
+    assert not search_plans(Scenario(spec, sn16, prompt_len=8192, gen_len=256)).ranked
     fp8 = load_model("deepseek-v3", FP8_WEIGHTS)
     assert graph.weight_bytes(fp8) < 16 * HBM
-    e = evaluate_plan(fp8, sn16, Plan.parse("ep16"), prompt_len=8192, gen_len=256)
+    e = evaluate_plan(Scenario(fp8, sn16, Plan.parse("ep16"), prompt_len=8192, gen_len=256))
     assert e.hbm_used_bytes < HBM and e.ddr_used_bytes == 0
     spill = Placement(weights="auto")
-    e = evaluate_plan(spec, sn16, Plan.parse("tp16"), prompt_len=8192, gen_len=256,
-                      placement=spill)
+    e = evaluate_plan(Scenario(spec, sn16, Plan.parse("tp16"), prompt_len=8192, gen_len=256,
+                               placement=spill))
     # Per socket ~83.9 GB of weights: 68.7 GB stays in HBM, experts spill ~18.6 GB to DDR.
     assert e.hbm_used_bytes == pytest.approx(HBM)
     assert 15e9 < e.ddr_used_bytes < 22e9
@@ -162,7 +163,7 @@ def test_deepseek_v3_fits_16_only_with_fp8_or_ddr_spill(sn16):
     ddr_bw = sn16.chip.tier("ddr").bandwidth_bytes_per_s
     assert e.stage_ddr_s[0] > 0
     assert e.stage_ddr_s[0] * ddr_bw < e.ddr_used_bytes  # only touched experts are read
-    fast = evaluate_plan(fp8, sn16, Plan.parse("tp16"), prompt_len=8192, gen_len=256)
+    fast = evaluate_plan(Scenario(fp8, sn16, Plan.parse("tp16"), prompt_len=8192, gen_len=256))
     assert fast.tokens_per_s_per_request > e.tokens_per_s_per_request
 
 
@@ -181,12 +182,13 @@ def test_identical_routing_costs_a_batch_as_its_one_sequence_routes(sn16):
     (independent sequences: nearly all 8), so its decode is faster; under EP the copies land on
     the groups one token reaches, which loads the busiest group as one token does."""
     spec = load_model("mixtral-8x7b")
-    kw = {"batch": 16, "prompt_len": 1024, "gen_len": 64, "prefill": False}
-    uni = evaluate_plan(spec, sn16, Plan.parse("tp8dp2"), **kw)
-    same = evaluate_plan(spec, sn16, Plan.parse("tp8dp2"), routing=RoutingModel("identical"), **kw)
+    at = lambda plan, routing=None: evaluate_plan(
+        Scenario(spec, sn16, Plan.parse(plan), 16, 1024, 64, routing=routing), prefill=False)
+    uni = at("tp8dp2")
+    same = at("tp8dp2", RoutingModel("identical"))
     assert same.tpot_s < 0.8 * uni.tpot_s
     one = expert_load(RoutingModel("uniform"), 8, 2, 4, 1)
-    ep = evaluate_plan(spec, sn16, Plan.parse("tp4ep4"), routing=RoutingModel("identical"), **kw)
+    ep = at("tp4ep4", RoutingModel("identical"))
     assert ep.expert_load == pytest.approx(one) and one > 1
     with pytest.raises(ConfigError, match="routing: 'hot' unknown; accepted: uniform, zipf"):
         RoutingModel("hot")
@@ -194,10 +196,9 @@ def test_identical_routing_costs_a_batch_as_its_one_sequence_routes(sn16):
 
 def test_ep_all_to_all_and_imbalance_slow_moe(sn16):
     spec = load_model("deepseek-v3", FP8_WEIGHTS)
-    e = evaluate_plan(spec, sn16, Plan.parse("ep16"), batch=16, prompt_len=1024, gen_len=64,
-                      prefill=False)
-    skew = evaluate_plan(spec, sn16, Plan.parse("ep16"), batch=16, prompt_len=1024, gen_len=64,
-                         routing=RoutingModel("zipf", 1.2), prefill=False)
+    scenario = Scenario(spec, sn16, Plan.parse("ep16"), 16, 1024, 64)
+    e = evaluate_plan(scenario, prefill=False)
+    skew = evaluate_plan(scenario.but(routing=RoutingModel("zipf", 1.2)), prefill=False)
     assert skew.expert_load > e.expert_load >= 1
     assert skew.tpot_s > e.tpot_s
     assert e.stage_decode[0].by_class.get("collective", 0) > 0
@@ -206,15 +207,15 @@ def test_ep_all_to_all_and_imbalance_slow_moe(sn16):
 def test_gpu_cluster_same_path():
     dgx = load_cluster("dgx-h100")
     spec = load_model("llama-3.1-70b")
-    r = search_plans(spec, dgx, "throughput", batch=8, prompt_len=2048, gen_len=128)
+    r = search_plans(Scenario(spec, dgx, batch=8, prompt_len=2048, gen_len=128), "throughput")
     assert r.ranked and r.ranked[0].tokens_per_s_total >= r.ranked[-1].tokens_per_s_total
 
 
 def test_hybrid_per_block_degrees(sn16):
     spec = load_model("nemotron-h-56b")
-    a = evaluate_plan(spec, sn16, Plan.parse("tp16"), prompt_len=4096, gen_len=64, prefill=False)
-    b = evaluate_plan(spec, sn16, Plan.parse("tp16@mamba2=8"), prompt_len=4096, gen_len=64,
-                      prefill=False)
+    at = lambda plan: evaluate_plan(Scenario(spec, sn16, Plan.parse(plan), prompt_len=4096,
+                                             gen_len=64), prefill=False)
+    a, b = at("tp16"), at("tp16@mamba2=8")
     assert b.footprints[0].region("weights") > a.footprints[0].region("weights")
 
 
@@ -231,13 +232,13 @@ def test_cli_plan_json_and_errors():
 
 
 def test_best_plan_and_named_plan(sn16):
-    from partitioning.estimate import best_plan, estimate_plan
+    from partitioning.estimate import best_plan, estimate
 
     spec = load_model("llama-3.1-70b")
-    assert best_plan(spec, sn16, batch=1, prompt_len=2048).name == "tp16"
-    assert estimate_plan(spec, sn16, Plan.parse("tp4pp2"), prompt_len=2048).sockets == 8
+    assert best_plan(Scenario(spec, sn16, batch=1, prompt_len=2048)).name == "tp16"
+    assert estimate(Scenario(spec, sn16, "tp4pp2", prompt_len=2048)).sockets == 8
     with pytest.raises(PlanDoesNotFit, match="overflows by"):
-        best_plan(load_model("deepseek-v3", BF16_WEIGHTS), sn16, prompt_len=2048)
+        best_plan(Scenario(load_model("deepseek-v3", BF16_WEIGHTS), sn16, prompt_len=2048))
 
 
 def test_plan_refusal_names_the_same_mixer_under_any_hash_seed():

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from partitioning.estimate import estimate
+from partitioning.scenario import Scenario
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
@@ -45,12 +46,12 @@ drop = ["cluster == 'dgx-h100' and not options.kernel_looping"]
 
 
 def test_estimate_table_equals_records():
-    est = estimate(
+    est = estimate(Scenario(
         load_model("llama-3.1-8b"),
         load_cluster("sn40l-8"),
         batch=np.array([1.0, 3.0, 8.0]),
         prompt_len=np.array([512.0, 1000.0, 4096.0]),
-    )
+    ))
     a = results.table(results.records(est, "sn40l", "dataflow"))
     b = results.estimate_table(est, "sn40l", "dataflow")
     assert a.equals(b)
