@@ -173,6 +173,9 @@ class FabricSpec:
     source: str = ""
 
 
+DEFAULT_FABRIC = "ib-ndr"  # the fabric between nodes unless a run names one (fabrics/ib-ndr.toml)
+
+
 def load_fabric(name_or_path: str | Path) -> FabricSpec:
     path = _resolve("fabrics", name_or_path)
     where = path.name

@@ -21,6 +21,8 @@ from workloads.traces import LengthDist, Trace, arrivals
 
 SYSTEM_CHUNK = 0
 TURN_TOKENS = LengthDist("fixed", 256)  # default user message and answer
+SYSTEM_TOKENS = 1024  # default system prompt every session shares
+THINK_TIME = "5"  # default seconds between a turn's end and the next (ThinkTime.parse)
 THINK = ("fixed", "exponential", "uniform")
 
 
@@ -65,10 +67,10 @@ class ThinkTime:
 class SessionSpec:
     sessions: int
     turns: int
-    system_tokens: int = 1024
+    system_tokens: int = SYSTEM_TOKENS
     user: LengthDist = TURN_TOKENS
     output: LengthDist = TURN_TOKENS
-    think: ThinkTime = ThinkTime("fixed", 5.0)
+    think: ThinkTime = ThinkTime("fixed", float(THINK_TIME))
     rate: float = math.inf  # session starts per second
     arrival: str = "poisson"
 

@@ -163,17 +163,27 @@ def arrivals(kind: str, n: int, rate: float, rng: np.random.Generator, burstines
     return np.cumsum(gaps)
 
 
+# The synthetic workload's defaults, for every command and sweep that makes one (serve,
+# capacity, serve sweeps): Poisson arrivals, 1,024-token prompts and 256-token outputs.
+ARRIVAL = "poisson"
+BURSTINESS = 1.0  # coefficient of variation of bursty gaps (1: Poisson's)
+PROMPT_LEN = "1024"  # a LengthDist as the options write it (LengthDist.parse)
+OUTPUT_LEN = "256"
+
+
 def synthetic(
     n: int,
     rate: float,
-    arrival: str = "poisson",
-    prompt: LengthDist = LengthDist("fixed", 1024),
-    output: LengthDist = LengthDist("fixed", 256),
+    arrival: str = ARRIVAL,
+    prompt: LengthDist | None = None,
+    output: LengthDist | None = None,
     seed: int = 0,
-    burstiness: float = 1.0,
+    burstiness: float = BURSTINESS,
 ) -> Trace:
     """A seeded synthetic trace. Three independent streams (arrivals, prompts, outputs) are
     spawned from the seed, so changing one distribution leaves the other columns as they were."""
+    prompt = prompt or LengthDist.parse(PROMPT_LEN, "--prompt-len")
+    output = output or LengthDist.parse(OUTPUT_LEN, "--output-len")
     checks.integer(n, "--requests", 1, MAX_REQUESTS)
     checks.integer(seed, "--seed", 0, 2**63 - 1)
     checks.number(burstiness, "--burstiness", 0.0, 1e3, lo_open=True)

@@ -19,6 +19,7 @@ import click
 
 from rdu_cluster.config import MAX_SOCKETS, cli_overrides
 from rdu_cluster.validation import calibration
+from workloads import sessions
 from workloads.checks import MAX_BATCH, show
 from workloads.errors import ConfigError
 from workloads.speculative import MAX_SPEC_K
@@ -178,9 +179,10 @@ session_options = _stack(
                  help="Multi-turn workload: N sessions (closed loop per session; --prompt-len is "
                  "each turn's user message, --output-len its answer)."),
     click.option("--turns", default=None, type=click.IntRange(1, 10**4), help="With --sessions: turns per session."),
-    click.option("--system-prompt", default=1024, show_default=True, type=click.IntRange(0, MAX_LENGTH),
+    click.option("--system-prompt", default=sessions.SYSTEM_TOKENS, show_default=True,
+                 type=click.IntRange(0, MAX_LENGTH),
                  help="With --sessions: tokens of the system prompt every session shares."),
-    click.option("--think-time", default="5", show_default=True,
+    click.option("--think-time", default=sessions.THINK_TIME, show_default=True,
                  help="With --sessions: seconds between a turn's end and the next turn: S, "
                  "exponential:MEAN or uniform:LO:HI."),
 )

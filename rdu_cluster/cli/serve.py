@@ -23,9 +23,10 @@ from rdu_cluster.cli.options import (
     session_options,
     speculative_options,
 )
-from rdu_cluster.config import MAX_SOCKETS, load_cluster, load_fabric
+from rdu_cluster.config import DEFAULT_FABRIC, MAX_SOCKETS, load_cluster, load_fabric
 from rdu_cluster.engine import bench, disagg, evictions, replica_routing, schedulers
 from rdu_cluster.engine.faults import Fault
+from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import results
@@ -66,25 +67,30 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               "[default: tiered where the chip has a tier below HBM].")
 @click.option("--prefix-block", default=None, type=click.IntRange(max=traces.MAX_LENGTH),
               help="Tokens per prefix-cache block [default: the KV block, 16].")
-@click.option("--prefix-eviction", default="lru", show_default=True,
+@click.option("--prefix-eviction", default=evictions.DEFAULT, show_default=True,
               help=f"Prefix-cache eviction policy: {', '.join(evictions.names())}.")
-@click.option("--arrival", type=click.Choice(traces.ARRIVALS), default="poisson",
+@click.option("--arrival", type=click.Choice(traces.ARRIVALS), default=traces.ARRIVAL,
               show_default=True)
-@click.option("--burstiness", default=1.0, show_default=True, type=o.Finite(0.0, 1e3, lo_open=True),
+@click.option("--burstiness", default=traces.BURSTINESS, show_default=True,
+              type=o.Finite(0.0, 1e3, lo_open=True),
               help="Coefficient of variation of bursty gaps (vLLM's --burstiness is the gamma "
                    "shape, 1 / CV^2: summary.json gives that).")
-@click.option("--prompt-len", default="1024", show_default=True,
+@click.option("--prompt-len", default=traces.PROMPT_LEN, show_default=True,
               help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
-@click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
+@click.option("--output-len", default=traces.OUTPUT_LEN, show_default=True,
+              help="As --prompt-len.")
 @click.option("--seed", default=0, show_default=True, type=o.SEED)
-@click.option("--scheduler", default="continuous", show_default=True,
+@click.option("--scheduler", default=schedulers.DEFAULT, show_default=True,
               help=f"Scheduler policy: {', '.join(schedulers.names())}.")
-@click.option("--max-batch", default=32, show_default=True, type=o.BATCH)
-@click.option("--token-budget", default=8192, show_default=True, type=o.TOKENS)
+@click.option("--max-batch", default=schedulers.Limits.max_batch, show_default=True,
+              type=o.BATCH)
+@click.option("--token-budget", default=schedulers.Limits.token_budget, show_default=True,
+              type=o.TOKENS)
 @click.option("--chunked-prefill", is_flag=True)
-@click.option("--preemption", type=click.Choice(schedulers.PREEMPTION), default="recompute",
+@click.option("--preemption", type=click.Choice(schedulers.PREEMPTION),
+              default=schedulers.Limits.preemption,
               show_default=True)
-@click.option("--kv-fraction", default=0.9, show_default=True, type=o.FRACTION,
+@click.option("--kv-fraction", default=KV_MEMORY_FRACTION, show_default=True, type=o.FRACTION,
               help="Share of the HBM left by the weights that holds KV cache.")
 @click.option("--fault", "faults", multiple=True,
               help="socket:N@T[:degraded:F] or link:A-B@T[:degraded:F]; repeatable.")
@@ -117,7 +123,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--weights", "weights_dtype", default=None,
               help="Weight dtype (bf16, fp8, int4, mxfp4) [default: the model's].")
 @click.option("--kv-dtype", default=None, help="KV-cache dtype [default: the model's].")
-@click.option("--metric-percentiles", default="50,90,99", show_default=True,
+@click.option("--metric-percentiles", default=bench.PERCENTILES_TEXT, show_default=True,
               help="Percentiles of TTFT, TPOT, ITL and E2EL in the summary (vLLM's option).")
 @click.option("--goodput", multiple=True,
               help="KEY:MS bounds (ttft, tpot, e2el; vLLM's --goodput): request_goodput counts "
@@ -135,7 +141,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               help="Disaggregated serving: CLUSTER:PLAN:N prefill replicas (with --decode-pool).")
 @click.option("--decode-pool", default=None,
               help="Disaggregated serving: CLUSTER:PLAN:M decode replicas (with --prefill-pool).")
-@click.option("--fabric", default="ib-ndr", show_default=True,
+@click.option("--fabric", default=DEFAULT_FABRIC, show_default=True,
               help="Inter-node fabric for the KV hand-over (cluster_configs/fabrics/).")
 @hardware_options
 def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, burstiness,

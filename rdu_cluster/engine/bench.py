@@ -40,6 +40,7 @@ from workloads.errors import ConfigError
 METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")  # vLLM's --goodput keys, bounds in ms
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)  # vLLM's default is 99 alone; the issue asks these
+PERCENTILES_TEXT = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)  # as --metric-percentiles
 
 
 @dataclass(frozen=True)

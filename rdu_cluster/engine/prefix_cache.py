@@ -54,7 +54,7 @@ HBM = "hbm"
 class PrefixConfig:
     mode: str | None = None  # None: tiered where the chip has a lower tier, else hbm
     block_tokens: int | None = None  # None: the KV cache's block (vLLM hashes KV blocks)
-    eviction: str = "lru"
+    eviction: str = evictions.DEFAULT
 
     def check(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -205,7 +205,7 @@ class PrefixCache:
     be found, not the trace; hits, tiers and evictions are those of one entry per block."""
 
     def __init__(self, block_tokens: int, kv_block_tokens: int, lower: str | None,
-                 lower_blocks: int, copy_s_per_block: float, eviction: str = "lru",
+                 lower_blocks: int, copy_s_per_block: float, eviction: str = evictions.DEFAULT,
                  live: Liveness | None = None):
         self.block_tokens, self.kv_block_tokens = block_tokens, kv_block_tokens
         self.lower, self.lower_blocks = lower, lower_blocks

@@ -64,7 +64,7 @@ from workloads.traces import Trace
 @dataclass(frozen=True)
 class ServeConfig:
     plan: str | None = None
-    scheduler: str = "continuous"
+    scheduler: str = schedulers.DEFAULT
     limits: schedulers.Limits = field(default_factory=schedulers.Limits)
     seed: int = 0
     kv_memory_fraction: float = KV_MEMORY_FRACTION

@@ -25,7 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rdu_cluster.config import MAX_SOCKETS, OVERRIDE_PREFIXES, is_override
+from rdu_cluster.config import DEFAULT_FABRIC, MAX_SOCKETS, OVERRIDE_PREFIXES, is_override
+from rdu_cluster.engine import evictions, prefix_cache, replica_routing, schedulers
+from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
+from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.sweep.fields import (
     FieldDef,
     Namespace,
@@ -42,7 +45,7 @@ from rdu_cluster.sweep.fields import (
     text,
 )
 from rdu_cluster.sweep.registry import Point, Runner, RunOutput, register
-from workloads import checks
+from workloads import checks, sessions, traces
 from workloads.checks import MAX_BATCH
 from workloads.errors import ConfigError
 from workloads.spec import check_context
@@ -477,9 +480,6 @@ PLAN = register(
 # scheduler), run by the engine's Simulation on its local backend, one row per point: the
 # summary `rdu-cluster serve` prints, as columns.
 
-ARRIVALS = ("fixed", "poisson", "bursty")  # workloads.traces.ARRIVALS
-PREEMPTIONS = ("recompute", "swap")  # engine.schedulers.PREEMPTION
-PREFIX_MODES = ("off", "hbm", "tiered")  # engine.prefix_cache.MODES
 
 
 def think_time(value: Any) -> str:
@@ -507,30 +507,35 @@ def serve_fields() -> dict[str, FieldDef]:
         # at least one request in checks.MAX_SECONDS: below, no two fit in a run (traces.py)
         FieldDef("rate", float_in(1 / checks.MAX_SECONDS, sys.float_info.max), f64,
                  column="rate_requests_per_s", doc="synthetic trace: requests per second"),
-        FieldDef("arrival", choice(*ARRIVALS), s, default="poisson", column="arrival"),
-        FieldDef("burstiness", float_in(0.0, 1e3), f64, default=1.0, column="burstiness",
-                 doc="coefficient of variation of bursty gaps"),
-        FieldDef("prompt_len", length_dist, s, default="1024", column="prompt_len_dist",
-                 doc="N, uniform:LO:HI or lognormal:MEAN:SIGMA"),
-        FieldDef("output_len", length_dist, s, default="256", column="output_len_dist"),
+        FieldDef("arrival", choice(*traces.ARRIVALS), s, default=traces.ARRIVAL,
+                 column="arrival"),
+        FieldDef("burstiness", float_in(0.0, 1e3), f64, default=traces.BURSTINESS,
+                 column="burstiness", doc="coefficient of variation of bursty gaps"),
+        FieldDef("prompt_len", length_dist, s, default=traces.PROMPT_LEN,
+                 column="prompt_len_dist", doc="N, uniform:LO:HI or lognormal:MEAN:SIGMA"),
+        FieldDef("output_len", length_dist, s, default=traces.OUTPUT_LEN,
+                 column="output_len_dist"),
         FieldDef("seed", nonnegative_int, i64, doc="trace and routing seed [sweep.seed]"),
-        FieldDef("scheduler", text, s, default="continuous", column="scheduler"),
-        FieldDef("max_batch", int_in(1, MAX_BATCH), i64, default=32, column="max_batch"),
-        FieldDef("token_budget", int_in(1, MAX_BATCH * 64), i64, default=8192, column="token_budget"),
-        FieldDef("chunked_prefill", boolean, b, default=False, column="chunked_prefill"),
-        FieldDef("preemption", choice(*PREEMPTIONS), s, default="recompute",
+        FieldDef("scheduler", text, s, default=schedulers.DEFAULT, column="scheduler"),
+        FieldDef("max_batch", int_in(1, MAX_BATCH), i64, default=Limits.max_batch,
+                 column="max_batch"),
+        FieldDef("token_budget", int_in(1, MAX_BATCH * 64), i64, default=Limits.token_budget,
+                 column="token_budget"),
+        FieldDef("chunked_prefill", boolean, b, default=Limits.chunked_prefill,
+                 column="chunked_prefill"),
+        FieldDef("preemption", choice(*schedulers.PREEMPTION), s, default=Limits.preemption,
                  column="preemption"),
-        FieldDef("kv_fraction", fraction, f64, default=0.9, column="kv_fraction"),
+        FieldDef("kv_fraction", fraction, f64, default=KV_MEMORY_FRACTION, column="kv_fraction"),
         FieldDef("fault", text, s, column="fault", doc="one simulated fault: socket:N@T[...]"),
         FieldDef("concurrency", positive_int, i64, column="concurrency",
                  doc="closed loop: clients (vLLM --max-concurrency); rate then paces sends"),
-        FieldDef("routing", text, s, default="round-robin", column="routing",
+        FieldDef("routing", text, s, default=replica_routing.DEFAULT, column="routing",
                  doc="replica routing policy (engine/replica_routing/)"),
         FieldDef("prefill_pool", text, s, column="prefill_pool",
                  doc="disaggregated: CLUSTER:PLAN:N prefill replicas (with decode_pool)"),
         FieldDef("decode_pool", text, s, column="decode_pool",
                  doc="disaggregated: CLUSTER:PLAN:M decode replicas (with prefill_pool)"),
-        FieldDef("fabric", text, s, default="ib-ndr", column="fabric",
+        FieldDef("fabric", text, s, default=DEFAULT_FABRIC, column="fabric",
                  doc="disaggregated: inter-node fabric of the KV hand-over"),
         FieldDef("trace", text, s, column="trace",
                  doc="a trace file instead of requests/rate (CSV/Parquet/Arrow, Azure, Mooncake)"),
@@ -539,14 +544,16 @@ def serve_fields() -> dict[str, FieldDef]:
                  "turn's user message; rate: session starts per second [inf])"),
         FieldDef("turns", positive_int, i64, column="turns", doc="with sessions: turns each"),
         FieldDef("system_prompt", nonnegative_int, i64, column="system_prompt",
-                 doc="with sessions: shared system prompt tokens [1024]"),
+                 doc=f"with sessions: shared system prompt tokens [{sessions.SYSTEM_TOKENS}]"),
         FieldDef("think_time", think_time, s, column="think_time",
-                 doc="with sessions: S, exponential:MEAN or uniform:LO:HI seconds [5]"),
-        FieldDef("prefix_cache", choice(*PREFIX_MODES), s, column="prefix_cache",
+                 doc="with sessions: S, exponential:MEAN or uniform:LO:HI seconds "
+                 f"[{sessions.THINK_TIME}]"),
+        FieldDef("prefix_cache", choice(*prefix_cache.MODES), s, column="prefix_cache",
                  doc="off, hbm or tiered [tiered where the chip has a tier below HBM]"),
         FieldDef("prefix_block", positive_int, i64, column="prefix_block",
                  doc="tokens per prefix-cache block [the KV block]"),
-        FieldDef("prefix_eviction", text, s, column="prefix_eviction", doc="[lru]"),
+        FieldDef("prefix_eviction", text, s, column="prefix_eviction",
+                 doc=f"[{evictions.DEFAULT}]"),
     ):
         fields[f.name] = f
     return fields
@@ -602,7 +609,7 @@ def _serve_config(f: Mapping[str, Any], chip_kind: str, seed: int):
                        faults=(f["fault"],) if "fault" in f else (),
                        concurrency=f.get("concurrency"), routing=f["routing"],
                        prefix=PrefixConfig(f.get("prefix_cache"), f.get("prefix_block"),
-                                           f.get("prefix_eviction", "lru")))
+                                           f.get("prefix_eviction", evictions.DEFAULT)))
 
 
 def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
@@ -647,16 +654,14 @@ def _shape(sim) -> dict:
 def _trace(f: Mapping[str, Any], seed: int):
     """The point's workload: a trace file, sessions, or a synthetic trace (one of the three:
     check_serve)."""
-    from workloads import sessions, traces
-
     if "trace" in f:
         return traces.read_trace(f["trace"])
     if "sessions" in f:
         spec = sessions.SessionSpec(
-            f["sessions"], f["turns"], f.get("system_prompt", 1024),
+            f["sessions"], f["turns"], f.get("system_prompt", sessions.SYSTEM_TOKENS),
             traces.LengthDist.parse(f["prompt_len"], "prompt_len"),
             traces.LengthDist.parse(f["output_len"], "output_len"),
-            sessions.ThinkTime.parse(f.get("think_time", "5"), "think_time"),
+            sessions.ThinkTime.parse(f.get("think_time", sessions.THINK_TIME), "think_time"),
             f.get("rate", math.inf), f["arrival"])
         return sessions.sessions(spec, _seed(f, seed))
     return traces.synthetic(
@@ -799,7 +804,7 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
             replica_routing.get, f["routing"])))
         _pool_checks(f, model, cluster.chip.kind, origin, checks)
         prefix = PrefixConfig(f.get("prefix_cache"), f.get("prefix_block"),
-                              f.get("prefix_eviction", "lru"))
+                              f.get("prefix_eviction", evictions.DEFAULT))
         checks.setdefault(("prefix", prefix), (None, "", prefix.check))
         opts = option_values(f)
         if opts:

@@ -152,15 +152,6 @@ def test_missing_trace_field_named(tmp_path):
         expand(spec)
 
 
-def test_choices_match_the_engine():
-    from rdu_cluster.engine import schedulers
-    from rdu_cluster.sweep import runners
-    from workloads import traces
-
-    assert runners.ARRIVALS == traces.ARRIVALS
-    assert runners.PREEMPTIONS == schedulers.PREEMPTION
-
-
 def test_length_spellings_are_one_point(tmp_path):
     ids = [
         expand(load_spec(write(tmp_path, SMALL.replace("prompt_len = 128", f"prompt_len = {v}"))))
@@ -232,3 +223,37 @@ def test_a_prefix_block_without_a_prefix_cache_is_refused(tmp_path):
                                          'prefix_block = 32\n', 1))
     r = CliRunner().invoke(main, ["sweep", str(spec), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "base.prefix_block: not with --prefix-cache off" in r.output
+
+
+def test_serve_and_serve_sweeps_take_the_engines_defaults():
+    """Each serving default is written once (the engine's Limits / ServeConfig / PrefixConfig,
+    workloads' trace and session defaults): `rdu-cluster serve` and a serve sweep's point
+    that sets nothing run the engine's configuration."""
+    from rdu_cluster.cli.serve import serve
+    from rdu_cluster.engine.prefix_cache import PrefixConfig
+    from rdu_cluster.engine.simulation import ServeConfig
+    from rdu_cluster.sweep import runners
+    from workloads import sessions, traces
+
+    engine = ServeConfig()
+    fields = runners.serve_fields()
+    point = {n: f.default for n, f in fields.items() if f.default is not None}
+    config = runners._serve_config(point, "rdu", 0)
+    assert (config.limits, config.scheduler, config.kv_memory_fraction, config.routing,
+            config.prefix) == (engine.limits, engine.scheduler, engine.kv_memory_fraction,
+                               engine.routing, PrefixConfig())
+    cli = {p.name: p.default for p in serve.params}
+    expected = {
+        "scheduler": engine.scheduler, "max_batch": engine.limits.max_batch,
+        "token_budget": engine.limits.token_budget, "preemption": engine.limits.preemption,
+        "kv_fraction": engine.kv_memory_fraction, "routing": engine.routing,
+        "prefix_eviction": PrefixConfig().eviction, "arrival": traces.ARRIVAL,
+        "burstiness": traces.BURSTINESS, "prompt_len": traces.PROMPT_LEN,
+        "output_len": traces.OUTPUT_LEN, "system_prompt": sessions.SYSTEM_TOKENS,
+        "think_time": sessions.THINK_TIME}
+    assert {k: cli[k] for k in expected} == expected
+    assert {k: point[k] for k in expected if k in point} == {
+        k: v for k, v in expected.items() if k in point}
+    assert not engine.limits.chunked_prefill and point["chunked_prefill"] is False  # a flag
+    assert sessions.SessionSpec(1, 1).think == sessions.ThinkTime.parse(sessions.THINK_TIME)
+    assert fields["fabric"].default == {p.name: p.default for p in serve.params}["fabric"]

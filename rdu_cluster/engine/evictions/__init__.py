@@ -21,6 +21,7 @@ from typing import Protocol
 from rdu_cluster.engine.registry import Registry
 
 BUILTIN = ("rdu_cluster.engine.evictions.lru",)
+DEFAULT = "lru"  # vLLM's prefix-cache eviction
 
 
 class Eviction(Protocol):

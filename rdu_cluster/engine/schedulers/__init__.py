@@ -22,6 +22,7 @@ from workloads.errors import ConfigError
 BUILTIN = ("rdu_cluster.engine.schedulers.continuous", "rdu_cluster.engine.schedulers.static",
            "rdu_cluster.engine.schedulers.coe")
 PREEMPTION = ("recompute", "swap")
+DEFAULT = "continuous"  # the policy a run gets unless it names one
 
 
 @dataclass(frozen=True)
