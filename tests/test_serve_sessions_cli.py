@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from rdu_cluster.cli import main
+from rdu_cluster.engine import evictions
 from rdu_cluster.sweep import expand, load_spec
 from rdu_cluster.sweep.runners import run_serve
 from tests.sweep.helpers import write
@@ -54,7 +55,8 @@ def test_the_mooncake_and_azure_excerpts_serve(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--prefix-cache", "l3"], "'l3' is not one of"),
     (["--prefix-block", "0"], "--prefix-block: must be positive"),
-    (["--prefix-eviction", "random"], "--prefix-eviction: unknown 'random'; accepted: lru"),
+    (["--prefix-eviction", "random"],
+     f"--prefix-eviction: unknown 'random'; accepted: {', '.join(evictions.names())}"),
     (["--think-time", "soon"], "--think-time: 'soon': not a number"),
     (["--requests", "5"], "--sessions: not with --trace or --requests"),
 ])

@@ -1,7 +1,7 @@
 """Import a HuggingFace `config.json` into a ModelSpec.
 
 One small importer per `model_type`, in `IMPORTERS`; adding a family is one function, one registry
-entry and one test. Field names and their meaning follow the transformers configuration classes of
+entry and one test (docs/extending.md), and a catalog file (workloads/catalog/) to name it. Field names and their meaning follow the transformers configuration classes of
 each family (LlamaConfig, MixtralConfig, Qwen3MoeConfig, DeepseekV3Config, GptOssConfig,
 Qwen3NextConfig, NemotronHConfig, Llama4TextConfig, Gemma2Config, Gemma3TextConfig, Phi3Config,
 DeepseekV2Config, Qwen2MoeConfig, Glm4MoeConfig, Mistral3Config) and MiniMaxAI/MiniMax-M2's
@@ -39,9 +39,11 @@ _MISSING = object()
 # Top-level keys a nested text_config inherits when it does not set them itself.
 _INHERITED = ("quantization_config", "tie_word_embeddings", "_name_or_path", "_rdu")
 
-# The kind of every HF field the importers read other than through `size` (a positive integer):
-# `get` checks a field listed here whichever importer reads it, so a family added later is checked
-# the same way. Names and meanings follow the transformers configuration classes.
+# The kind of every HF field the importers read other than through `size` (a positive integer),
+# `count`, `fraction` or `flag` (which check their own kind): a field listed here is checked
+# whichever importer reads it, and in every config.json whether read or not. A family added later
+# reads its fields through those accessors; it lists a field here only to have it checked in
+# configs of other families too. Names and meanings follow the transformers configuration classes.
 _FLAGS = frozenset({
     "tie_word_embeddings", "attention_bias", "use_sliding_window", "use_qk_norm",
     "use_routing_bias", "use_mtp", "norm_topk_prob", "mlp_bias",
@@ -121,6 +123,16 @@ class _Cfg:
             raise self.fail(f"field {key!r} must be a non-negative integer, got {value!r}")
         if most is not None and value > most:
             raise self.fail(f"field {key!r} is {value}, more than {most}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        """A true / false field (attention_bias, use_qk_norm, ...): checked whether or not it
+        is listed in _FLAGS, so a family added later reads its own flags with this."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(f"field {key!r} must be true or false, got {checks.show(value)}")
         return value
 
     def fraction(self, key: str, default: float) -> float:
@@ -210,7 +222,7 @@ def _gqa(c: _Cfg, **extra: Any) -> AttentionSpec:
 
 
 def _base(c: _Cfg, name: str, layers: tuple[LayerSpec, ...], **fields: Any) -> ModelSpec:
-    fields.setdefault("tie_embeddings", bool(c.get("tie_word_embeddings", False)))
+    fields.setdefault("tie_embeddings", c.flag("tie_word_embeddings", False))
     return ModelSpec(
         name=name,
         family=c.model_type,
@@ -280,7 +292,7 @@ def _uniform(c: _Cfg, mixer: Mixer, ffn: FFN) -> tuple[LayerSpec, ...]:
 def _window(c: _Cfg) -> int | None:
     """Mistral-style configs: a non-null `sliding_window` applies to every layer unless
     `use_sliding_window` is explicitly false (Qwen2/Qwen3 keep the key but switch it off)."""
-    if c.get("use_sliding_window") is False:
+    if not c.flag("use_sliding_window", True):
         return None
     window = c.get("sliding_window")
     return c.size("sliding_window") if window is not None else None
@@ -316,8 +328,8 @@ def _llama(c: _Cfg, name: str) -> ModelSpec:
     return _dense_family(
         c,
         name,
-        qkv_bias=bool(c.get("attention_bias", False)),
-        o_bias=bool(c.get("attention_bias", False)),
+        qkv_bias=c.flag("attention_bias", False),
+        o_bias=c.flag("attention_bias", False),
     )
 
 
@@ -331,7 +343,7 @@ def _qwen2(c: _Cfg, name: str) -> ModelSpec:
 
 
 def _qwen3(c: _Cfg, name: str) -> ModelSpec:
-    return _dense_family(c, name, qk_norm=True, qkv_bias=bool(c.get("attention_bias", False)))
+    return _dense_family(c, name, qk_norm=True, qkv_bias=c.flag("attention_bias", False))
 
 
 def _mixtral(c: _Cfg, name: str) -> ModelSpec:
@@ -484,10 +496,10 @@ def _minimax_m2(c: _Cfg, name: str) -> ModelSpec:
         expert_intermediate=c.size("intermediate_size"),
         num_shared_experts=1 if c.get("shared_intermediate_size", 0) else 0,
         shared_intermediate=c.get("shared_intermediate_size", 0),
-        router_bias=bool(c.get("use_routing_bias", False)),
+        router_bias=c.flag("use_routing_bias", False),
     )
-    attention = _gqa(c, qk_norm=bool(c.get("use_qk_norm", False)), rotary_dim=c.size("rotary_dim", None))
-    mtp = c.get("num_mtp_modules", 0) if c.get("use_mtp", False) else 0
+    attention = _gqa(c, qk_norm=c.flag("use_qk_norm", False), rotary_dim=c.size("rotary_dim", None))
+    mtp = c.get("num_mtp_modules", 0) if c.flag("use_mtp", False) else 0
     return _base(
         c, name, _uniform(c, Mixer.FULL_ATTENTION, FFN.MOE), attention=attention, moe=moe,
         mtp_layers=mtp,
@@ -584,7 +596,7 @@ def _gemma(c: _Cfg, name: str, default: Callable[[int], str], **attn: Any) -> Mo
     return _base(
         c, name, layers, attention=_gqa(c, sliding_window=window, **attn),
         intermediate_size=c.size("intermediate_size"), sandwich_norms=True,
-        tie_embeddings=bool(c.get("tie_word_embeddings", True)),
+        tie_embeddings=c.flag("tie_word_embeddings", True),
     )
 
 
@@ -653,7 +665,7 @@ def _glm4_moe(c: _Cfg, name: str) -> ModelSpec:
         router_bias=True,  # e_score_correction_bias, always present in Glm4MoeTopkRouter
     )
     attention = _gqa(
-        c, qkv_bias=bool(c.get("attention_bias", False)), qk_norm=bool(c.get("use_qk_norm", False)),
+        c, qkv_bias=c.flag("attention_bias", False), qk_norm=c.flag("use_qk_norm", False),
         rotary_dim=round(head_dim * c.fraction("partial_rotary_factor", 0.5)),
     )
     return _base(c, name, layers, attention=attention, moe=moe,

@@ -220,6 +220,9 @@ class PrefixCache:
     def _policies(self) -> None:
         tiers = (HBM, self.lower) if self.lower else (HBM,)
         self.evictable = {t: evictions.get(self.eviction) for t in tiers}
+        # a run of dead blocks as one key (_Dead) where the order is by insertion alone
+        self.runs = self.evictable[HBM].insertion_ordered
+        self.dead_keys: dict[str, set] = {t: set() for t in tiers}  # else: their hashes
         self.size = dict.fromkeys(tiers, 0)  # evictable blocks per tier
         self.dead = dict.fromkeys(tiers, 0)  # of which no request can find
         self.tail: dict[str, _Dead | None] = dict.fromkeys(tiers)  # the last key, if dead
@@ -295,8 +298,7 @@ class PrefixCache:
         for h in self._hashes(r, s)[:n] if n else ():
             e = self.entries[h]
             claim.tokens[e.tier] += self.block_tokens
-            if e.users == 0:
-                self._unlist(e.tier, h)
+            self._touch(e, h)
             if e.tier != HBM:
                 claim.copy_s += self.copy_s_per_block
                 e.tier = HBM
@@ -317,9 +319,8 @@ class PrefixCache:
                     self.entries[h] = _Entry(HBM, 1)
                     self.version += 1
                     continue
-                if e.users == 0:
-                    self._unlist(e.tier, h)
-                    e.tier = HBM  # r computed its own copy in HBM: the lower one is not needed
+                self._touch(e, h)
+                e.tier = HBM  # r computed its own copy in HBM: a lower one is not needed
                 e.users += 1
         s.held = max(s.held, upto)
 
@@ -339,7 +340,8 @@ class PrefixCache:
                 dead = s.blocks if d is None else d
         if n > first:  # its own blocks, without entries yet
             if r.state == DONE:
-                self._add_dead(HBM, n - first)
+                self._add_dead(HBM, n - first, () if self.runs
+                               else reversed(self._hashes(r, s)[first:n]))
             else:  # it may come back for them: they become findable
                 for h in reversed(self._hashes(r, s)[first:n]):
                     self.entries[h] = _Entry(HBM)
@@ -356,7 +358,7 @@ class PrefixCache:
             if k >= dead:  # no request can find it any more
                 del self.entries[h]
                 self.version += 1
-                self._add_dead(e.tier, 1)
+                self._add_dead(e.tier, 1, (h,))
             else:
                 self._list(e.tier, h)
         s.held = 0
@@ -371,8 +373,11 @@ class PrefixCache:
                 n = min(self.size[HBM] - room, key.blocks)
                 self._take_dead(HBM, key, n)
                 self._store_dead_below(n)
+            elif key in self.dead_keys[HBM]:
+                self._take_dead(HBM, key, 1)
+                self._store_dead_below(1, (key,))
             else:
-                self._unlist(HBM, key)
+                self._leave(HBM, key)
                 self._demote(key)
 
     def _demote(self, h: int) -> None:
@@ -384,14 +389,14 @@ class PrefixCache:
         self.entries[h].tier = self.lower
         self._list(self.lower, h)
 
-    def _store_dead_below(self, n: int) -> None:
-        """n dead blocks demoted from HBM: the same as n one by one, the last `lower_blocks` of
-        them surviving when n is larger."""
+    def _store_dead_below(self, n: int, keys: tuple = ()) -> None:
+        """n dead blocks demoted from HBM (`keys`: theirs, where they are keys): the same as n
+        one by one, the last `lower_blocks` of them surviving when n is larger."""
         if not self.lower or self.lower_blocks < 1:
             return
         n = min(n, self.lower_blocks)
         self._room_below(n)
-        self._add_dead(self.lower, n)
+        self._add_dead(self.lower, n, keys)
 
     def _room_below(self, n: int) -> None:
         """Evict the lower tier's victims until n more blocks fit."""
@@ -401,8 +406,10 @@ class PrefixCache:
             if isinstance(key, _Dead):
                 self._take_dead(low, key, min(self.size[low] + n - self.lower_blocks,
                                               key.blocks))
+            elif key in self.dead_keys[low]:
+                self._take_dead(low, key, 1)
             else:
-                self._unlist(low, key)
+                self._leave(low, key)
                 del self.entries[key]
                 self.version += 1
 
@@ -412,27 +419,50 @@ class PrefixCache:
         self.size[tier] += 1
         self.tail[tier] = None
 
-    def _unlist(self, tier: str, h: int) -> None:
-        self.evictable[tier].remove(h)
+    def _touch(self, e: _Entry, h: int) -> None:
+        """A request uses block h: in HBM it is used again (not evictable until released);
+        below HBM it leaves that tier (the request copies it up)."""
+        if e.tier != HBM:
+            self._leave(e.tier, h)  # evictable: a block in use is in HBM
+            return
+        if e.users == 0:
+            self.size[HBM] -= 1
+        self.evictable[HBM].use(h)
+
+    def _leave(self, tier: str, h: int) -> None:
+        """Evictable block h leaves `tier` (evicted, demoted or copied up)."""
+        self.evictable[tier].drop(h)
         self.size[tier] -= 1
 
-    def _add_dead(self, tier: str, n: int) -> None:
-        """n dead blocks join the tier's order last: the run added last grows, if it is dead."""
-        run = self.tail[tier]
-        if run is None:
-            run = self.tail[tier] = _Dead()
-            self.evictable[tier].add(run)
-        run.blocks += n
+    def _add_dead(self, tier: str, n: int, keys=()) -> None:
+        """n dead blocks join the tier's order last: the run added last grows, if it is dead;
+        where the policy orders by more than insertion, each is its own key (`keys`, their
+        hashes, deepest first)."""
+        if not self.runs:
+            for h in keys:
+                self.dead_keys[tier].add(h)
+                self.evictable[tier].add(h)
+        else:
+            run = self.tail[tier]
+            if run is None:
+                run = self.tail[tier] = _Dead()
+                self.evictable[tier].add(run)
+            run.blocks += n
         self.size[tier] += n
         self.dead[tier] += n
 
-    def _take_dead(self, tier: str, run: _Dead, n: int) -> None:
-        run.blocks -= n
+    def _take_dead(self, tier: str, key, n: int) -> None:
+        """n of a dead run's blocks (or the dead block `key`) leave the tier."""
         self.size[tier] -= n
         self.dead[tier] -= n
-        if run.blocks == 0:
-            self.evictable[tier].remove(run)
-            if self.tail[tier] is run:
+        if not isinstance(key, _Dead):
+            self.dead_keys[tier].discard(key)
+            self.evictable[tier].drop(key)
+            return
+        key.blocks -= n
+        if key.blocks == 0:
+            self.evictable[tier].drop(key)
+            if self.tail[tier] is key:
                 self.tail[tier] = None
 
     def clear(self) -> None:

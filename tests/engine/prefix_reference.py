@@ -24,7 +24,8 @@ class ReferenceCache:
     `kv_block_tokens`: tokens per KV-manager block (HBM room is counted in those)."""
 
     def __init__(self, block_tokens: int, kv_block_tokens: int, lower: str | None,
-                 lower_blocks: int, copy_s_per_block: float, eviction: str = "lru"):
+                 lower_blocks: int, copy_s_per_block: float,
+                 eviction: str = evictions.DEFAULT):
         self.block_tokens, self.kv_block_tokens = block_tokens, kv_block_tokens
         self.lower, self.lower_blocks = lower, lower_blocks
         self.copy_s_per_block = copy_s_per_block
@@ -86,8 +87,7 @@ class ReferenceCache:
         for h in self._match(r):
             e = self.entries[h]
             claim.tokens[e.tier] += self.block_tokens
-            if e.users == 0:
-                self.evictable[e.tier].remove(h)
+            self._touch(e, h)
             if e.tier != HBM:
                 claim.copy_s += self.copy_s_per_block
                 e.tier = HBM
@@ -104,9 +104,9 @@ class ReferenceCache:
             e = self.entries.get(h)
             if e is None:
                 e = self.entries[h] = _Entry(HBM)
-            elif e.users == 0:
-                self.evictable[e.tier].remove(h)
-                e.tier = HBM  # r computed its own copy in HBM: the lower one is not needed
+            else:
+                self._touch(e, h)
+                e.tier = HBM  # r computed its own copy in HBM: a lower one is not needed
             e.users += 1
             refs.append(h)
         self.version += 1
@@ -132,7 +132,7 @@ class ReferenceCache:
         hbm = self.evictable[HBM]
         while len(hbm) > room:
             h = hbm.victim()
-            hbm.remove(h)
+            hbm.drop(h)
             self._demote(h)
             self.version += 1
 
@@ -143,10 +143,17 @@ class ReferenceCache:
         low = self.evictable[self.lower]
         if len(low) >= self.lower_blocks:
             victim = low.victim()
-            low.remove(victim)
+            low.drop(victim)
             del self.entries[victim]
         self.entries[h].tier = self.lower
         low.add(h)
+
+    def _touch(self, e: _Entry, h: int) -> None:
+        """A request uses block h: used again in HBM, or copied up from below (it leaves)."""
+        if e.tier == HBM:
+            self.evictable[HBM].use(h)
+        else:
+            self.evictable[e.tier].drop(h)
 
     def clear(self) -> None:
         """Every block is lost (a failed socket: the group is re-planned)."""

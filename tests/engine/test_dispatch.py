@@ -7,32 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rdu_cluster.engine import replica, replica_routing
+from rdu_cluster.engine import replica_routing
 from rdu_cluster.engine.dispatch import Dispatcher
 from workloads.errors import ConfigError
 
 PLAN = {"plan": "tp4"}  # sn40l-16: 4 replicas
 
 
-def _one_step_at_a_time(monkeypatch):
-    """Every window one span, every span one step: the oracle."""
-    monkeypatch.setattr(replica, "MAX_SPANS", 1)
-    monkeypatch.setattr(replica, "_fit", lambda kv, decodes, limit, growth: 1)
-
-
-@pytest.mark.parametrize("config", [
-    {"routing": "least-outstanding"},
-    {"routing": "least-kv"},
-    {"concurrency": 6},
-    {"concurrency": 6, "routing": "least-outstanding"},
-])
-def test_coupled_replicas_equal_a_one_step_loop(serve, monkeypatch, config):
-    _, fast = serve(n=40, rate=60.0, seed=3, **PLAN, **config)
-    _one_step_at_a_time(monkeypatch)
-    sim, slow = serve(n=40, rate=60.0, seed=3, **PLAN, **config)
-    assert sim.windows > fast.summary["windows"]
-    keep = ["request_id", "replica", "state", "arrival_s", "ttft_s", "e2e_s", "finish_s"]
-    assert fast.requests.select(keep).equals(slow.requests.select(keep))
+# Every routing policy's windows against a step-by-step loop: tests/engine/test_policies.py.
 
 
 def test_least_outstanding_spreads_a_burst_that_round_robin_piles_up(serve):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from chip.cost import CAUSES
-from rdu_cluster.engine import replica
+from rdu_cluster.engine import replica, schedulers
 from rdu_cluster.engine.schedulers import Limits, get
 from workloads import traces
 from workloads.errors import ConfigError
@@ -89,7 +89,8 @@ def test_static_batching_refuses_chunked_prefill(tmp_path):
 
 
 def test_unknown_scheduler_is_a_config_error():
-    with pytest.raises(ConfigError, match="unknown 'fifo'; accepted: coe, continuous, static"):
+    accepted = ", ".join(schedulers.names())  # every registered policy, in order
+    with pytest.raises(ConfigError, match=f"unknown 'fifo'; accepted: {accepted}$"):
         get("fifo", Limits())
     with pytest.raises(ConfigError, match="--max-batch"):
         get("continuous", Limits(max_batch=0))
@@ -309,7 +310,7 @@ def test_a_request_left_neither_served_nor_refused_fails_the_run(serve, monkeypa
             self.limits = limits
 
         def step(self, view):
-            return StepPlan()
+            return StepPlan(saturated=False)
 
     schedulers.REGISTRY._load()
     monkeypatch.setitem(schedulers.REGISTRY.classes, "stall-test", Stall)

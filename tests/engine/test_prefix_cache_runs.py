@@ -7,13 +7,14 @@ of finished requests."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
-from rdu_cluster.engine import prefix_cache
+from rdu_cluster.engine import evictions, prefix_cache
 from rdu_cluster.engine.prefix_cache import Liveness, PrefixCache, PrefixConfig
 from rdu_cluster.engine.requests import DONE, RUNNING, WAITING, Request
 from rdu_cluster.engine.schedulers import Limits
@@ -67,15 +68,16 @@ def _same(a: ReferenceCache, b: PrefixCache, reqs: list[Request], tiers: tuple) 
             assert a.lookup(r) == b.lookup(r), r.id
 
 
+@pytest.mark.parametrize("eviction", evictions.names())
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("lower_blocks", [0, 3, 40])
-def test_every_operation_matches_the_per_block_cache(seed, lower_blocks):
+def test_every_operation_matches_the_per_block_cache(seed, lower_blocks, eviction):
     rng = random.Random(seed)
     contents = _contents(rng, 40)
     reqs = _requests(contents, rng)
     lower = "ddr" if lower_blocks else None
-    ref = ReferenceCache(16, 16, lower, lower_blocks, 0.25)
-    new = PrefixCache(16, 16, lower, lower_blocks, 0.25,
+    ref = ReferenceCache(16, 16, lower, lower_blocks, 0.25, eviction)
+    new = PrefixCache(16, 16, lower, lower_blocks, 0.25, eviction,
                       live=Liveness(tuple(c or ((-(i + 2), 1),) for i, c in enumerate(contents))))
     tiers = ("hbm", "ddr") if lower else ("hbm",)
     running: list[Request] = []
@@ -160,9 +162,11 @@ RUNS = {
 }
 
 
+@pytest.mark.parametrize("eviction", evictions.names())
 @pytest.mark.parametrize("name", list(RUNS))
-def test_serve_tables_equal_the_per_block_cache(name, monkeypatch):
+def test_serve_tables_equal_the_per_block_cache(name, eviction, monkeypatch):
     make, model, cluster, config, found = RUNS[name]
+    config = {**config, "prefix": replace(config.get("prefix", PrefixConfig()), eviction=eviction)}
     _, ref = _run(make(), model, cluster, monkeypatch, **config)
     sim, new = _run(make(), model, cluster, **config)
     for table in ("requests", "steps", "sockets"):

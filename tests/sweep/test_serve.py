@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from rdu_cluster.cli import main
+from rdu_cluster.engine import evictions
 from rdu_cluster.sweep import LocalBackend, expand, load_spec, read_manifest, registry, run_sweep
 from rdu_cluster.sweep.runners import SERVE, SERVE_SCHEMA, run_serve
 from tests.sweep.helpers import write
@@ -129,7 +130,8 @@ points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
          "base.plan: not with prefill_pool/decode_pool"),
         ('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\nconcurrency = 2',
          "base.concurrency: not with --prefill-pool/--decode-pool"),
-        ('prefix_eviction = "mru"', "base.prefix_eviction: unknown 'mru'; accepted: lru"),
+        ('prefix_eviction = "mru"',
+         f"base.prefix_eviction: unknown 'mru'; accepted: {', '.join(evictions.names())}"),
         ("burstiness = 3.0", "base.burstiness: 3.0 needs arrival = 'bursty'"),
         ("[[axes]]\ntype = 'grid'\narrival = ['bursty', 'fixed']\nburstiness = [2.0]",
          ("axes[0].burstiness: 2.0 needs arrival = 'bursty' (it is the coefficient of variation"

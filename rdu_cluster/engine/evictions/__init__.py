@@ -1,17 +1,29 @@
 """Eviction policies of the prefix cache's tiers, by registry: a policy is one module defining a
 class with a `name` that keeps the evictable blocks of one tier and names the next victim.
-Adding a policy is one module plus its name in BUILTIN.
+Adding a policy is one module in this package (the registry finds it) plus its test.
 
-Protocol: `add(key)` a block becomes evictable (just used, or just arrived in the tier);
-`remove(key)` it is in use again or left the tier; `victim()` the block to evict next (it stays
-until removed); `len()` evictable blocks. Blocks added together are added deepest first, so a
-policy that orders by recency evicts a sequence's tail before its head (vLLM's order): a block
-is useless once the block before it is gone.
+What each call means (one policy per tier; the cache makes every call, the policy decides
+nothing but the order):
+- `add(key)`: the block is evictable in this tier: its last user released it, or it just
+  arrived here (demoted from the tier above). Blocks added together are added deepest first, so
+  a policy that orders by recency evicts a sequence's tail before its head (vLLM's order): a
+  block is useless once the block before it is gone.
+- `use(key)`: a request uses the block, which stays in this tier: it is not evictable until it
+  is added again (it may be in use already: a policy that counts uses counts this one).
+- `drop(key)`: the block left this tier (evicted, demoted, or copied up to HBM for a request):
+  the policy forgets everything it kept for it (an LFU its count).
+- `victim()`: the evictable block to evict next (it stays until dropped); `len()`: evictable
+  blocks.
+- `insertion_ordered`: True when the victim order depends only on the order the keys were
+  added (LRU, FIFO), and the policy keeps nothing for a key that is not evictable. The cache
+  then stands one key for a run of blocks no request can find any more (prefix_cache._Dead, a
+  count), evicts such a run one block at a time while it is the victim, and adds further dead
+  blocks to the run it added last: the order of one key per block. False (LFU): the cache adds
+  each such block as its own key, with its hash.
 
-Keys are block hashes, or a run of blocks no request can find any more (prefix_cache._Dead, a
-count): the cache evicts such a run one block at a time while it is the victim, and adds further
-dead blocks to the run it added last instead of adding a key. That is the order of one key per
-block for any policy that orders keys by when they were added (LRU, FIFO).
+Keys are block hashes, or such runs. The cache checks each policy against the per-block cache it
+replaced (tests/engine/prefix_reference.py): tests/engine/test_prefix_cache_runs.py runs every
+registered policy.
 """
 
 from __future__ import annotations
@@ -20,23 +32,25 @@ from typing import Protocol
 
 from rdu_cluster.engine.registry import Registry
 
-BUILTIN = ("rdu_cluster.engine.evictions.lru",)
 DEFAULT = "lru"  # vLLM's prefix-cache eviction
 
 
 class Eviction(Protocol):
     name: str
+    insertion_ordered: bool
 
     def add(self, key: int) -> None: ...
 
-    def remove(self, key: int) -> None: ...
+    def use(self, key: int) -> None: ...
+
+    def drop(self, key: int) -> None: ...
 
     def victim(self) -> int: ...
 
     def __len__(self) -> int: ...
 
 
-REGISTRY = Registry("--prefix-eviction", BUILTIN)
+REGISTRY = Registry("--prefix-eviction", __name__)
 register = REGISTRY.register
 names = REGISTRY.names
 

@@ -11,6 +11,7 @@ from rdu_cluster.engine.evictions import register
 @register
 class LRU:
     name = "lru"
+    insertion_ordered = True
 
     def __init__(self) -> None:
         self.order: OrderedDict[int, None] = OrderedDict()
@@ -19,7 +20,10 @@ class LRU:
         self.order[key] = None
         self.order.move_to_end(key)
 
-    def remove(self, key: int) -> None:
+    def use(self, key: int) -> None:
+        self.order.pop(key, None)
+
+    def drop(self, key: int) -> None:
         self.order.pop(key, None)
 
     def victim(self) -> int:

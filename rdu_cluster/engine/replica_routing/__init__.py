@@ -1,7 +1,8 @@
 """Replica routing policies, by registry: which replica a request goes to when it arrives.
 
 A policy is one module in this package that defines a class with a `name` and registers it
-with `@register`; adding one is that module plus its path in BUILTIN. The interface:
+with `@register`; adding one is that module (the registry finds it) plus its test. The
+interface:
 
     class MyPolicy:
         name = "my-policy"
@@ -38,10 +39,6 @@ from typing import Any, Protocol
 from rdu_cluster.engine.registry import Registry
 from rdu_cluster.engine.requests import Request
 
-BUILTIN = ("rdu_cluster.engine.replica_routing.round_robin",
-           "rdu_cluster.engine.replica_routing.least_outstanding",
-           "rdu_cluster.engine.replica_routing.least_kv",
-           "rdu_cluster.engine.replica_routing.prefix_aware")
 DEFAULT = "round-robin"
 
 
@@ -65,7 +62,7 @@ class RoutingPolicy(Protocol):
     def choose(self, request: Request, replicas: Sequence[ReplicaView]) -> int: ...
 
 
-REGISTRY = Registry("--routing", BUILTIN)
+REGISTRY = Registry("--routing", __name__)
 register = REGISTRY.register
 names = REGISTRY.names
 

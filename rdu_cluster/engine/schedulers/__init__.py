@@ -1,17 +1,24 @@
 """Scheduler policies, by registry: a policy is one module that defines a class with a `name`,
 built from `Limits`, whose `step(view)` returns the next step's `StepPlan` WITHOUT changing
-anything (the engine applies the plan). Adding a policy is one module plus its name in BUILTIN.
+anything (the engine applies the plan). Adding a policy is one module in this package (the
+registry finds it) plus its test: docs/extending.md.
 
-`StepPlan.saturated` tells the engine whether the plan would be the same had more requests
-arrived since: True when the policy stopped at a limit (batch, token budget, KV capacity, or a
-rule of its own), False when it ran out of waiting requests with room to spare. The engine plans
-several spans per backend round trip only while every plan after the first is saturated.
+The contract a policy must keep, `StepPlan.saturated` (a required field: every plan states it):
+True only if the plan would be the same had more requests arrived since the view was taken
+(the policy stopped at a limit: batch, token budget, KV capacity, or a rule of its own, or no
+more requests will arrive); False when it ran out of waiting requests with room to spare. The
+engine plans several spans per backend round trip, and times a window as it plans it, on the
+strength of that answer: a saturated plan's span runs on past the next arrival. A plan that says
+saturated where an arrival would have joined it gives other tables than a step-by-step loop
+(a shortest-first policy that always said True did). The invariance tests (tests/engine/
+test_policies.py) run every registered policy with multi-span windows and one step at a time
+and compare the tables: a plug-in that breaks the contract fails them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from rdu_cluster.engine.kv import KVManager
@@ -19,8 +26,6 @@ from rdu_cluster.engine.registry import Registry
 from rdu_cluster.engine.requests import Request
 from workloads.errors import ConfigError
 
-BUILTIN = ("rdu_cluster.engine.schedulers.continuous", "rdu_cluster.engine.schedulers.static",
-           "rdu_cluster.engine.schedulers.coe")
 PREEMPTION = ("recompute", "swap")
 DEFAULT = "continuous"  # the policy a run gets unless it names one
 
@@ -74,7 +79,8 @@ class StepPlan:
     admit: tuple[Request, ...] = ()  # waiting -> running
     swap_in: tuple[Request, ...] = ()  # swapped -> running
     preempt: tuple[Request, ...] = ()  # running -> out of the cache
-    saturated: bool = True
+    # would the plan be the same had more requests arrived? (the contract above; required)
+    saturated: bool = field(kw_only=True)
     reserve_output: bool = False  # admission reserves KV for prompt + output (no growth)
     expert: int = -1  # Composition of Experts: the expert the step runs (-1: not a CoE)
     # A decode plan that stands until a request arrives: at a span's end with none arrived,
@@ -100,7 +106,7 @@ class Scheduler(Protocol):
     def step(self, view: View) -> StepPlan: ...
 
 
-REGISTRY = Registry("--scheduler", BUILTIN)
+REGISTRY = Registry("--scheduler", __name__)
 register = REGISTRY.register
 names = REGISTRY.names
 

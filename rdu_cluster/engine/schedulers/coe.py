@@ -29,7 +29,7 @@ class CoE:
     def step(self, view: View) -> StepPlan:
         expert = _expert(view)
         if expert < 0:
-            return StepPlan()
+            return StepPlan(saturated=False)  # nothing to run: an arrival would change that
         busy = bool(view.running or view.swapped)
         mine = tuple(r for r in view.waiting if r.expert == expert)
         others = len(mine) < len(view.waiting)
@@ -37,6 +37,10 @@ class CoE:
             plan = self.inner.step(replace(view, waiting=(), more_arrivals=False))
         else:
             plan = self.inner.step(replace(view, waiting=mine))
+            if busy and plan.admit and view.more_arrivals:
+                # a request of another expert arriving would start the drain: this plan's
+                # admissions would not be made (StepPlan.saturated)
+                plan = replace(plan, saturated=False)
         return replace(plan, expert=expert)
 
 

@@ -25,11 +25,13 @@ class Continuous:
     def step(self, view: View) -> StepPlan:
         running, preempt, free = _fit_decodes(view)
         if preempt:
-            return StepPlan(decode=_decoding(running), preempt=preempt)
+            # the KV cache is full: an arrival could not join
+            return StepPlan(decode=_decoding(running), preempt=preempt, saturated=True)
         if view.swapped:
             swap_in = _swap_in(view, running, free, self.limits.max_batch)
             if swap_in or running:
-                return StepPlan(decode=_decoding(running), swap_in=swap_in)
+                # swapped sequences come back before any new one
+                return StepPlan(decode=_decoding(running), swap_in=swap_in, saturated=True)
         if self.limits.chunked_prefill:
             return self._chunked(view, running, free)
         return self._prefill_first(view, running, free)
