@@ -8,21 +8,13 @@ import cluster_configs
 from rdu_cluster.config import load_chip, load_cluster
 from workloads.errors import ConfigError
 
-CLUSTERS = [
-    "sn40l-8",
-    "sn40l-16",
-    "dgx-h100",
-    "dgx-a100",
-    "hgx-h200",
-    "dgx-h100-2node",
-    "dgx-a100-2node",
-]
+CLUSTERS = cluster_configs.bundled("clusters")  # every bundled cluster, a new one too
 
 
 @pytest.mark.parametrize("name", CLUSTERS)
 def test_bundled_clusters_load(name):
     c = load_cluster(name)
-    assert c.sockets in (8, 16)
+    assert c.sockets >= 1
     assert c.sockets % c.sockets_per_node == 0
     assert all(t.source for t in c.chip.tiers)
     assert c.topology.source
