@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rdu_cluster.sweep import RayBackend, count_rows, expand, load_spec, run_sweep
+from rdu_cluster.sweep import RayExecutor, count_rows, expand, load_spec, run_sweep
 
 SPEC = ROOT / "examples" / "sweeps" / "decode-10k.toml"
 LOCAL_LIMIT_S = 10.0
@@ -54,7 +54,7 @@ def bench_ray(tmp: Path, points_per_task: int, repeats: int) -> tuple[float, flo
     try:
         spec = load_spec(SPEC)
         points = expand(spec).points
-        backend = RayBackend()
+        backend = RayExecutor()
         # Warm both actors on every (cluster, model) group: imports and config caches are
         # start-up cost, paid once per sweep, not throughput.
         _run(spec, points[::3], tmp / "warm", backend, 2, 250)

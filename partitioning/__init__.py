@@ -2,10 +2,10 @@
 one plan evaluator, plan search."""
 
 from partitioning.evaluate import PlanEstimate, evaluate_plan, footprint, search_plans
+from partitioning.expert_routing import RoutingModel, expert_load
 from partitioning.footprint import Footprint, Placement, PlanDoesNotFit, footprints, misfits
 from partitioning.plan import Plan, validate
 from partitioning.program import Program, build_programs
-from partitioning.routing import RoutingModel, expert_load
 from partitioning.scenario import Scenario
 from partitioning.search import enumerate_plans, search
 

@@ -33,6 +33,7 @@ from chip import execution
 from chip.cost import StepCost
 from interconnect import build_topology, comm_time_fn
 from partitioning.cluster import ClusterSpec
+from partitioning.expert_routing import RoutingModel, expert_load
 from partitioning.footprint import (
     Footprint,
     Placement,
@@ -43,7 +44,6 @@ from partitioning.footprint import (
 )
 from partitioning.plan import Plan, validate
 from partitioning.program import Program, build_programs, concurrent_groups, groups_of
-from partitioning.routing import RoutingModel, expert_load
 from partitioning.scenario import Scenario
 from workloads.errors import ConfigError
 from workloads.ops import Collective, Graph, OpClass, StepShape, Work

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from partitioning.cluster import ClusterSpec
+from partitioning.expert_routing import RoutingModel
 from partitioning.footprint import Placement
 from partitioning.plan import Plan
-from partitioning.routing import RoutingModel
 from workloads.errors import ConfigError
 from workloads.ops import Work
 from workloads.spec import ModelSpec

@@ -8,7 +8,7 @@ Conventions the comparison relies on, stated once:
 - simulate's TPOT is the decode step at the mean context prompt + (gen - 1) / 2; the engine's
   first decode step is at context = prompt, which is simulate's TPOT at --gen-len 1.
 - Expert parallelism: simulate, plan and sweeps cost a step at the routing model's expected
-  busiest-group load; the engine draws each step's loads (engine/routing.py). Its first decode
+  busiest-group load; the engine draws each step's loads (engine/expert_loads.py). Its first decode
   step is the evaluator's at the load it drew (evaluate_plan's expert_load).
 - HBM per socket is the busiest socket's (pipeline stages hold different layers).
 - Pipeline plans: the engine's decode step is not yet the evaluator's (a known disagreement,

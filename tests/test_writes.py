@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from rdu_cluster.cli import main
 from rdu_cluster.output import results
-from rdu_cluster.sweep import LocalBackend, dataset, expand, load_spec, run_sweep
+from rdu_cluster.sweep import LocalExecutor, dataset, expand, load_spec, run_sweep
 from tests.sweep import helpers
 from tests.sweep.helpers import write
 from workloads.errors import ConfigError
@@ -129,7 +129,7 @@ def test_result_files_are_readable_by_others(tmp_path):
     assert run(*SERVE, "--out", str(tmp_path / "serve")).exit_code == 0
     spec = load_spec(write(tmp_path, "[sweep]\nkind = 'fake'\n[[axes]]\ntype = 'grid'\n"
                            "x = [1, 2]\n"))
-    run_sweep(spec, expand(spec).points, tmp_path / "ds", LocalBackend(), progress=False)
+    run_sweep(spec, expand(spec).points, tmp_path / "ds", LocalExecutor(), progress=False)
     files = [tmp_path / "r.parquet", *(tmp_path / "serve").iterdir(),
              *dataset.part_files(tmp_path / "ds"),
              *(dataset.manifest_dir(tmp_path / "ds")).iterdir()]
@@ -169,7 +169,7 @@ def test_resume_reruns_chunks_whose_parts_are_missing_or_damaged(tmp_path):
                  "cluster = ['c1', 'c2']\nx = [1, 2, 3, 4]\n")
     spec = load_spec(path)
     points, out = expand(spec).points, tmp_path / "ds"
-    run_sweep(spec, points, out, LocalBackend(), progress=False, points_per_task=2)
+    run_sweep(spec, points, out, LocalExecutor(), progress=False, points_per_task=2)
     full = dataset.read_dataset(out).sort_by("point_id")
     parts = dataset.part_files(out)
     parts[0].unlink()
@@ -179,12 +179,12 @@ def test_resume_reruns_chunks_whose_parts_are_missing_or_damaged(tmp_path):
     rows = pq.read_table(parts[3])  # its rows and points, one column fewer
     pq.write_table(rows.drop_columns([rows.column_names[-1]]), parts[3])
     helpers.CALLS.clear()
-    s = run_sweep(spec, points, out, LocalBackend(), progress=False, points_per_task=2)
+    s = run_sweep(spec, points, out, LocalExecutor(), progress=False, points_per_task=2)
     assert s.ran == 8 and sum(helpers.CALLS) == 8  # the four chunks those files held
     assert dataset.read_dataset(out).sort_by("point_id").equals(full)
     (out / "notes.txt").write_text("mine")  # a reader would fail on it: the resume refuses
     with pytest.raises(ConfigError, match="notes.txt is not one of the dataset's part files"):
-        run_sweep(spec, points, out, LocalBackend(), progress=False, points_per_task=2)
+        run_sweep(spec, points, out, LocalExecutor(), progress=False, points_per_task=2)
 
 
 def test_report_names_a_damaged_part_and_skips_a_stray_file(tmp_path):
@@ -192,7 +192,7 @@ def test_report_names_a_damaged_part_and_skips_a_stray_file(tmp_path):
     spec = load_spec(write(tmp_path, "[base]\nmodel = 'llama-3.1-8b'\ncluster = 'sn40l-8'\n"
                            "[[axes]]\ntype = 'grid'\nbatch = [1, 2]\n"))
     out = tmp_path / "ds"
-    run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False)
+    run_sweep(spec, expand(spec).points, out, LocalExecutor(), progress=False)
     (out / "notes.txt").write_text("a stray file")
     r = run("report", str(out), "--out", str(tmp_path / "r.html"))
     assert r.exit_code == 0, r.stderr
@@ -216,7 +216,7 @@ def test_report_refuses_a_part_file_of_another_sweep_or_table(tmp_path):
     pytest.importorskip("plotly")
     spec = load_spec(write(tmp_path, "[base]\nmodel = 'llama-3.1-8b'\ncluster = 'sn40l-8'\n"))
     out = tmp_path / "ds"
-    run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False)
+    run_sweep(spec, expand(spec).points, out, LocalExecutor(), progress=False)
     (own,) = dataset.part_files(out)
     rows = pq.read_table(own)
     other = rows.replace_schema_metadata({**rows.schema.metadata,
@@ -396,7 +396,7 @@ def test_report_reads_the_committed_parts_and_names_a_missing_one(tmp_path):
                  "cluster = ['c1']\nx = [1, 2, 3, 4]\n")
     spec = load_spec(path)
     out = tmp_path / "ds"
-    run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False, points_per_task=2)
+    run_sweep(spec, expand(spec).points, out, LocalExecutor(), progress=False, points_per_task=2)
     full = dataset.read_dataset(out)
     first = dataset.part_files(out)[0]
     copy = first.with_name("part-0000000000000000.parquet")

@@ -7,9 +7,9 @@ import json
 import click
 
 from partitioning.evaluate import PlanEstimate, evaluate_plan, search_plans
+from partitioning.expert_routing import RoutingModel
 from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.plan import Plan
-from partitioning.routing import RoutingModel
 from partitioning.scenario import Scenario
 from partitioning.search import SearchResult
 from rdu_cluster.cli import options as o

@@ -9,7 +9,7 @@ import click
 from rdu_cluster.cli import options as o
 from rdu_cluster.output.report import text_table
 from rdu_cluster.sweep import dataset
-from rdu_cluster.sweep.execute import LocalBackend, RayBackend, run_sweep
+from rdu_cluster.sweep.execute import LocalExecutor, RayExecutor, run_sweep
 from rdu_cluster.sweep.spec import DEFAULT_MAX_POINTS, Expansion, Spec, expand, load_spec
 from workloads.errors import ConfigError
 
@@ -93,7 +93,7 @@ def sweep(
         raise ConfigError("--out: required (a dataset folder), unless --dry-run")
     if not exp.points:
         raise ConfigError(f"{spec.source}: filters leave no points")
-    engine = RayBackend(address, workers) if backend == "ray" else LocalBackend(workers)
+    engine = RayExecutor(address, workers) if backend == "ray" else LocalExecutor(workers)
     try:
         summary = run_sweep(
             spec, exp.points, out_dir, engine, force, points_per_task, progress=not no_progress

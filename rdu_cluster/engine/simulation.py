@@ -43,6 +43,7 @@ from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.build import Build
 from rdu_cluster.engine.dispatch import Dispatcher
 from rdu_cluster.engine.events import Event, FaultAt
+from rdu_cluster.engine.expert_loads import ExpertLoadSampler
 from rdu_cluster.engine.faults import Fault
 from rdu_cluster.engine.finished import Finished
 from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION
@@ -51,7 +52,6 @@ from rdu_cluster.engine.record import WindowRecorder
 from rdu_cluster.engine.recovery import Recovery
 from rdu_cluster.engine.replica import Replica
 from rdu_cluster.engine.requests import UNSERVED, Request
-from rdu_cluster.engine.routing import RoutingSampler
 from rdu_cluster.engine.step_times import StepTimes
 from rdu_cluster.engine.summary import Tables
 from rdu_cluster.engine.windows import WindowExecutor
@@ -135,7 +135,7 @@ class Simulation:
                                                             self.replicas[-1])
         if self.plan.ep > 1:
             moe = self.model.moe
-            self.sampler = RoutingSampler(moe.num_experts, moe.top_k, self.plan.ep,
+            self.sampler = ExpertLoadSampler(moe.num_experts, moe.top_k, self.plan.ep,
                                           self.config.seed)
         self.lookahead = self._can_look_ahead()
         if self.lookahead:

@@ -3,19 +3,19 @@ on Ray) -> a partitioned Parquet dataset that resumes where an interrupted run s
 
     spec = load_spec("examples/sweeps/decode-small.toml")
     points = expand(spec).points
-    summary = run_sweep(spec, points, "out/", LocalBackend())
+    summary = run_sweep(spec, points, "out/", LocalExecutor())
 """
 
 from rdu_cluster.sweep.dataset import count_rows, read_dataset, read_manifest
-from rdu_cluster.sweep.execute import LocalBackend, RayBackend, Summary, run_sweep
+from rdu_cluster.sweep.execute import LocalExecutor, RayExecutor, Summary, run_sweep
 from rdu_cluster.sweep.registry import Point, Runner, RunOutput, kinds, register
 from rdu_cluster.sweep.spec import DEFAULT_MAX_POINTS, Spec, expand, load_spec, parse_spec
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
-    "LocalBackend",
+    "LocalExecutor",
     "Point",
-    "RayBackend",
+    "RayExecutor",
     "RunOutput",
     "Runner",
     "Spec",

@@ -121,7 +121,7 @@ def task_size(n: int, runner: registry.Runner, workers: int, override: int | Non
     return max(1, min(runner.points_per_task, max(MIN_TASK, balanced)))
 
 
-class LocalBackend:
+class LocalExecutor:
     """Tasks in this process, or with `workers` > 1 in a pool of that many processes (spawned:
     fresh interpreters, safe beside threads and an in-process Ray). Results come back as tasks
     end; the dataset is the same either way (a task's rows depend only on its points)."""
@@ -203,7 +203,7 @@ class _Worker:
         return run_chunk(chunk, ctx)
 
 
-class RayBackend:
+class RayExecutor:
     """A pool of `workers` Ray actors (one CPU each). Joins `address` (or $RAY_ADDRESS, which
     `ray job submit` sets), else starts an embedded instance and stops it at the end; an
     instance already running in this process (tests) is used as is."""
@@ -293,7 +293,7 @@ def run_sweep(
     spec: Spec,
     points: Sequence[Point],
     out: str | Path,
-    backend: LocalBackend | RayBackend,
+    backend: LocalExecutor | RayExecutor,
     force: bool = False,
     points_per_task: int | None = None,
     progress: bool = True,

@@ -23,7 +23,7 @@ from chip.execution import params_for
 from chip.kernel_by_kernel import GpuOptions, GpuParams
 from chip.serving_stacks import STACKS
 from partitioning.estimate import Estimate, estimate, tp_comm_time
-from partitioning.routing import RoutingModel
+from partitioning.expert_routing import RoutingModel
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import MAX_SOCKETS, load_cluster
 from workloads import catalog, checks

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from partitioning.evaluate import evaluate_plan, search_plans
+from partitioning.expert_routing import RoutingModel, expert_load
 from partitioning.footprint import Placement, PlanDoesNotFit, fit_message, footprints
 from partitioning.plan import Plan, validate
 from partitioning.program import build_programs, groups_of
-from partitioning.routing import RoutingModel, expert_load
 from partitioning.scenario import Scenario
 from rdu_cluster.config import load_cluster
 from workloads import graph, params

@@ -7,8 +7,8 @@ import pytest
 
 from partitioning.estimate import estimate
 from partitioning.evaluate import evaluate_plan
+from partitioning.expert_routing import RoutingModel
 from partitioning.plan import Plan
-from partitioning.routing import RoutingModel
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import load_cluster
 from workloads.catalog import load_model

@@ -14,7 +14,7 @@ import pytest
 
 from rdu_cluster.output import results
 from rdu_cluster.sweep import (
-    LocalBackend,
+    LocalExecutor,
     count_rows,
     dataset,
     expand,
@@ -53,7 +53,7 @@ def _reset():
 
 def run(path, out, **kw):
     spec = load_spec(path)
-    return spec, run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False, **kw)
+    return spec, run_sweep(spec, expand(spec).points, out, LocalExecutor(), progress=False, **kw)
 
 
 def test_layout_metadata_and_readers(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from rdu_cluster.sweep import LocalBackend, RayBackend, expand, load_spec, run_sweep
+from rdu_cluster.sweep import LocalExecutor, RayExecutor, expand, load_spec, run_sweep
 from tests.sweep.helpers import write
 from tests.sweep.test_simulate import SPEC
 
@@ -14,8 +14,8 @@ from tests.sweep.test_simulate import SPEC
 def test_ray_backend_matches_local_and_ray_data_reads_it(ray_session, tmp_path):
     spec = load_spec(write(tmp_path, SPEC))
     points = expand(spec).points
-    run_sweep(spec, points, tmp_path / "local", LocalBackend(), progress=False)
-    backend = RayBackend(workers=2)
+    run_sweep(spec, points, tmp_path / "local", LocalExecutor(), progress=False)
+    backend = RayExecutor(workers=2)
     try:
         s = run_sweep(spec, points, tmp_path / "ray", backend, points_per_task=5, progress=False)
     finally:

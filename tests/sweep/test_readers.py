@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from rdu_cluster.sweep import LocalBackend, dataset, expand, load_spec, run_sweep
+from rdu_cluster.sweep import LocalExecutor, dataset, expand, load_spec, run_sweep
 from tests.sweep.helpers import write
 
 # Two clusters, one of them named like a number: a reader would type its column as an integer
@@ -28,7 +28,7 @@ ROWS = 12
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("readers")
     spec = load_spec(write(root, SPEC))
-    run_sweep(spec, expand(spec).points, root / "ds", LocalBackend(), progress=False)
+    run_sweep(spec, expand(spec).points, root / "ds", LocalExecutor(), progress=False)
     return root / "ds"
 
 

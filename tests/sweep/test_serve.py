@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from rdu_cluster.cli import main
 from rdu_cluster.engine import evictions
-from rdu_cluster.sweep import LocalBackend, expand, load_spec, read_manifest, registry, run_sweep
+from rdu_cluster.sweep import LocalExecutor, expand, load_spec, read_manifest, registry, run_sweep
 from rdu_cluster.sweep.runners import SERVE, SERVE_SCHEMA, run_serve
 from tests.sweep.helpers import write
 from workloads.errors import ConfigError
@@ -54,10 +54,10 @@ def test_example_runs_resumes_one_row_per_point(tmp_path, monkeypatch):
 
     monkeypatch.setitem(registry.RUNNERS, "serve", dataclasses.replace(SERVE, run=interrupted))
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(spec, points, out, LocalBackend(), points_per_task=4, progress=False)
+        run_sweep(spec, points, out, LocalExecutor(), points_per_task=4, progress=False)
     assert len(read_manifest(out).finished) == 4
     monkeypatch.setitem(registry.RUNNERS, "serve", SERVE)
-    s = run_sweep(spec, points, out, LocalBackend(), points_per_task=4, progress=False)
+    s = run_sweep(spec, points, out, LocalExecutor(), points_per_task=4, progress=False)
     assert (s.skipped, s.ran, s.rows, s.infeasible) == (4, 8, 12, 0)
 
     tbl = pq.read_table(out)
@@ -94,7 +94,7 @@ points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
     path = write(tmp_path, body)
     spec = load_spec(path)
     points = expand(spec).points
-    s = run_sweep(spec, points, tmp_path / "out", LocalBackend(), progress=False)
+    s = run_sweep(spec, points, tmp_path / "out", LocalExecutor(), progress=False)
     assert (s.rows, s.infeasible) == (3, 1)
     reason = next(iter(read_manifest(tmp_path / "out").infeasible.values()))
     assert "does not fit" in reason
@@ -143,7 +143,7 @@ def test_bad_serve_spec_is_one_line_naming_the_field(tmp_path, extra, fragment):
     out = tmp_path / "out"
     with pytest.raises(ConfigError) as e:
         spec = load_spec(write(tmp_path, body))
-        run_sweep(spec, expand(spec).points, out, LocalBackend(), progress=False)
+        run_sweep(spec, expand(spec).points, out, LocalExecutor(), progress=False)
     assert fragment in str(e.value) and "\n" not in str(e.value)
     assert not out.exists()
 
@@ -173,13 +173,13 @@ decode_pool = ["sn40l-8:tp4:1", "sn40l-8:tp8:1"]
 """
     body = body.replace("concurrency = 4\n", "")  # disaggregated runs are open loop
     spec = load_spec(write(tmp_path, body))
-    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalExecutor(), progress=False)
     assert s.rows == 2
     df = pq.read_table(tmp_path / "out").to_pandas()
     assert (df.kv_transfer_p50_s > 0).all() and (df.requests_served == 8).all()
     assert set(df.cluster) == {"dgx-h100+sn40l-8"} and sorted(df.sockets) == [8, 12]
     closed = load_spec(write(tmp_path, SMALL + "concurrency = 2\n"))
-    s = run_sweep(closed, expand(closed).points, tmp_path / "o2", LocalBackend(),
+    s = run_sweep(closed, expand(closed).points, tmp_path / "o2", LocalExecutor(),
                   progress=False)
     df = pq.read_table(tmp_path / "o2").to_pandas()
     assert (df.requests_served == 8).all() and (df.concurrency == 2).all()

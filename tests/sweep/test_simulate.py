@@ -16,7 +16,7 @@ from partitioning.scenario import Scenario
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import results
-from rdu_cluster.sweep import LocalBackend, expand, load_spec, read_manifest, run_sweep
+from rdu_cluster.sweep import LocalExecutor, expand, load_spec, read_manifest, run_sweep
 from rdu_cluster.sweep.runners import run_simulate
 from tests.sweep.helpers import write
 from workloads.catalog import load_model
@@ -93,7 +93,7 @@ prompt_len = [1024, 130944]
 """
     spec = load_spec(write(tmp_path, body))
     points = expand(spec).points
-    s = run_sweep(spec, points, tmp_path / "out", LocalBackend(), progress=False)
+    s = run_sweep(spec, points, tmp_path / "out", LocalExecutor(), progress=False)
     m = read_manifest(tmp_path / "out")
     assert s.rows == 8 and s.infeasible >= 2
     assert all("does not fit" in why for why in m.infeasible.values())
@@ -142,7 +142,7 @@ type = "grid"
 batch = [1, 4]
 """
     spec = load_spec(write(tmp_path, body))
-    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalExecutor(), progress=False)
     df = pq.read_table(tmp_path / "out").to_pandas()
     assert s.rows == 2 and sorted(df.batch) == [1, 4]
     assert (df.plans_feasible >= 1).all() and df.plan.str.len().min() > 0
@@ -173,7 +173,7 @@ type = "grid"
 prompt_len = [1024, 200000]
 """
     spec = load_spec(write(tmp_path, body))
-    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalExecutor(), progress=False)
     assert (s.rows, s.infeasible) == (2, 1)
     df = pq.read_table(tmp_path / "out").to_pandas().set_index("prompt_len")
     assert bool(df.feasible[1024]) and not df.feasible[200000]
@@ -202,7 +202,7 @@ def test_a_plan_spec_error_is_refused_not_a_row(tmp_path, extra, message):
     body = f'[base]\nmodel = "llama-3.2-1b"\ncluster = "sn40l-8"\n{extra}\n'
     spec = load_spec(write(tmp_path, body))
     with pytest.raises(ConfigError) as e:
-        run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+        run_sweep(spec, expand(spec).points, tmp_path / "out", LocalExecutor(), progress=False)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
     assert not (tmp_path / "out").exists()
 
@@ -212,7 +212,7 @@ def test_roofline_runs_on_any_chip(tmp_path):
     body = ('[base]\nmodel = "llama-3.2-1b"\nexecution_model = "roofline"\n[[axes]]\n'
             'type = "grid"\ncluster = ["sn40l-8", "dgx-h100"]\n')
     spec = load_spec(write(tmp_path, body))
-    run_sweep(spec, expand(spec).points, tmp_path / "out", LocalBackend(), progress=False)
+    run_sweep(spec, expand(spec).points, tmp_path / "out", LocalExecutor(), progress=False)
     rows = pq.read_table(tmp_path / "out", columns=["feasible", "execution_model"]).to_pydict()
     assert rows["feasible"] == [True, True] and set(rows["execution_model"]) == {"roofline"}
 

@@ -1,6 +1,6 @@
 """A seeded MoE routing sampler: the per-step load of each expert-parallel group.
 
-partitioning/routing.py gives analytic plans the *expected* load of the busiest group; a serving
+partitioning/expert_routing.py gives analytic plans the *expected* load of the busiest group; a serving
 run needs the load of each step, drawn here. Each token of a step is routed to top_k experts
 drawn uniformly (balanced routing in expectation: the load-balancing loss's target); a step's
 N * top_k assignments are one multinomial draw over the experts (distinctness of a token's k
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 
-class RoutingSampler:
+class ExpertLoadSampler:
     def __init__(self, num_experts: int, top_k: int, ep: int, seed: int):
         self.experts, self.top_k, self.ep, self.seed = num_experts, top_k, ep, seed
         self.p = np.full(num_experts, 1.0 / num_experts)
