@@ -120,7 +120,7 @@ def light_child(n: int, rate: float, prefix: str | None, lengths: str = "fixed",
     import resource
     import tempfile
 
-    from rdu_cluster.output import results
+    from rdu_cluster.output import atomic
 
     model, cluster = load_model("llama-3.1-8b"), load_cluster("sn40l-8")
     trace = traces.synthetic(n, rate, "poisson", *LENGTHS[lengths])
@@ -141,7 +141,7 @@ def light_child(n: int, rate: float, prefix: str | None, lengths: str = "fixed",
         sim.hooks.append(watch)
         sim.observers.append(planning)
         t, c = time.perf_counter(), time.process_time()
-        with results.TableFolder(Path(tmp) / "out", ()) as folder:
+        with atomic.TableFolder(Path(tmp) / "out", ()) as folder:
             tables = sim.run(sink=folder.write)
             folder.commit({"requests": tables.requests, "links": tables.links})
         wall, cpu = time.perf_counter() - t, time.process_time() - c

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from rdu_cluster.cli import main
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("a.txt", "b.txt")
@@ -27,12 +27,12 @@ NAMES = ("a.txt", "b.txt")
 CHILD = """
 import os, shutil, signal, sys
 from pathlib import Path
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic
 
 out, tag, kill, swap = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-real_rename, real_exchange, real_rmtree, steps = os.rename, results._exchange, shutil.rmtree, [0]
+real_rename, real_exchange, real_rmtree, steps = os.rename, atomic._exchange, shutil.rmtree, [0]
 if swap == "renames":
-    results._RENAMEAT2 = None
+    atomic._RENAMEAT2 = None
 
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
@@ -53,14 +53,14 @@ def rmtree(path, *args, **kwargs):
 
 os.rename, shutil.rmtree = step(real_rename), rmtree
 if swap == "exchange":
-    results._exchange = step(real_exchange)
-with results.folder_swap(out, ["a.txt", "b.txt"]) as tmp:
+    atomic._exchange = step(real_exchange)
+with atomic.folder_swap(out, ["a.txt", "b.txt"]) as tmp:
     (tmp / "a.txt").write_text(tag)
     if kill == 0:
         die()
     (tmp / "b.txt").write_text(tag)
 """
-SWAPS = ["exchange", "renames"] if results._RENAMEAT2 is not None else ["renames"]
+SWAPS = ["exchange", "renames"] if atomic._RENAMEAT2 is not None else ["renames"]
 
 
 def _child(code: str, *args: str) -> int:
@@ -95,7 +95,7 @@ def test_a_kill_at_any_step_leaves_a_whole_set_and_the_next_write_cleans_up(tmp_
     out = tmp_path / "out"
     mine = _user_files(tmp_path)
     if earlier:
-        with results.folder_swap(out, NAMES) as tmp:
+        with atomic.folder_swap(out, NAMES) as tmp:
             for name in NAMES:
                 (tmp / name).write_text("old")
     rc = _child(CHILD, out, "new", kill, swap)
@@ -107,13 +107,13 @@ def test_a_kill_at_any_step_leaves_a_whole_set_and_the_next_write_cleans_up(tmp_
     seen = _visible(out)
     if kill == 3 and earlier and swap == "renames":  # killed between the two renames
         assert seen is None  # the one moment out is missing: both sets lie beside it
-        results.recover(out)  # what the next write does first: the new set goes in
+        atomic.recover(out)  # what the next write does first: the new set goes in
         seen = _visible(out)
     assert seen == ("new" if kill >= 3 else "old" if earlier else None)
-    results.recover(out)
+    atomic.recover(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [*mine, *(["out"] if seen else [])])  # no temporary left, the user's files kept
-    with results.folder_swap(out, NAMES) as tmp:  # and the next write goes through
+    with atomic.folder_swap(out, NAMES) as tmp:  # and the next write goes through
         for name in NAMES:
             (tmp / name).write_text("next")
     assert _visible(out) == "next"
@@ -123,25 +123,25 @@ def test_a_kill_at_any_step_leaves_a_whole_set_and_the_next_write_cleans_up(tmp_
 def test_a_killed_file_write_is_cleaned_up_by_the_next_one(tmp_path):
     path = tmp_path / "r.parquet"
     path.write_bytes(b"earlier")
-    code = ("import os, signal, sys\nfrom rdu_cluster.output import results\n"
+    code = ("import os, signal, sys\nfrom rdu_cluster.output import atomic\n"
             "def half(tmp):\n    open(tmp, 'wb').write(b'half')\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "results.atomic_write(sys.argv[1], half)\n")
+            "atomic.atomic_write(sys.argv[1], half)\n")
     assert _child(code, path) == -signal.SIGKILL
     assert path.read_bytes() == b"earlier"
     [stale] = [p for p in tmp_path.iterdir() if p != path]
-    assert results.is_temporary(stale)
-    results.atomic_write(path, b"new")
+    assert atomic.is_temporary(stale)
+    atomic.atomic_write(path, b"new")
     assert sorted(tmp_path.iterdir()) == [path] and path.read_bytes() == b"new"
 
 
 def test_temporaries_of_a_live_process_are_left_alone(tmp_path):
     live = os.getppid()  # the test runner's parent: alive, not this process
-    busy = tmp_path / f".out.rdu-{results._HOST}-{live}-abcd1234.tmp"
+    busy = tmp_path / f".out.rdu-{atomic._HOST}-{live}-abcd1234.tmp"
     busy.mkdir()
     other_host = tmp_path / ".out.rdu-00000000-999999999-abcd1234.new"
     other_host.mkdir()
-    results.recover(tmp_path / "out")
+    atomic.recover(tmp_path / "out")
     assert busy.exists() and other_host.exists()
 
 
@@ -151,7 +151,7 @@ def test_serve_killed_between_the_renames_is_finished_by_the_next_run(tmp_path):
              "--rate", "20", "--output-len", "8", "--out", str(out)]
     assert CliRunner().invoke(main, [*serve, "--seed", "0"]).exit_code == 0
     code = ("import os, signal, sys\nfrom rdu_cluster.cli import main\n"
-            "from rdu_cluster.output import results\nresults._RENAMEAT2 = None\n"
+            "from rdu_cluster.output import atomic\natomic._RENAMEAT2 = None\n"
             "real, n = os.rename, [0]\n"
             "def rename(src, dst):\n    n[0] += 1\n"
             "    if n[0] == 3:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -169,9 +169,9 @@ def test_serve_killed_between_the_renames_is_finished_by_the_next_run(tmp_path):
 
 
 def test_a_writability_probe_left_by_a_killed_run_is_removed(tmp_path):
-    probe = tmp_path / f".{results._PROBE}.rdu-{results._HOST}-999999999-abcd1234.tmp"
+    probe = tmp_path / f".{atomic._PROBE}.rdu-{atomic._HOST}-999999999-abcd1234.tmp"
     probe.mkdir()
-    results.check_destination(tmp_path / "r.parquet")
+    atomic.check_destination(tmp_path / "r.parquet")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -187,7 +187,7 @@ def test_an_interrupt_as_the_temporary_is_created_leaves_nothing(tmp_path, monke
 
     monkeypatch.setattr(os, "open", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        results.atomic_write(tmp_path / "r.json", b"{}")
+        atomic.atomic_write(tmp_path / "r.json", b"{}")
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
 
@@ -203,7 +203,7 @@ def test_an_interrupt_as_the_hidden_folder_is_made_leaves_nothing(tmp_path, monk
             raise KeyboardInterrupt
 
     monkeypatch.setattr(os, "mkdir", interrupted)
-    with pytest.raises(KeyboardInterrupt), results.folder_swap(tmp_path / "out", NAMES):
+    with pytest.raises(KeyboardInterrupt), atomic.folder_swap(tmp_path / "out", NAMES):
         pass
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []

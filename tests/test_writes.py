@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from rdu_cluster.cli import main
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic
 from rdu_cluster.sweep import LocalExecutor, dataset, expand, load_spec, run_sweep
 from tests.sweep import helpers
 from tests.sweep.helpers import write
@@ -38,9 +38,9 @@ def _tables(out: Path) -> dict[str, bytes]:
 
 
 def _interrupt_on_third_table(monkeypatch, how):
-    """serve streams its tables into the result folder (results.TableFolder.write: the steps
+    """serve streams its tables into the result folder (atomic.TableFolder.write: the steps
     and sockets rows as the run records them, then the requests and links)."""
-    real, calls = results.TableFolder.write, []
+    real, calls = atomic.TableFolder.write, []
 
     def write(self, name, tbl):
         calls.append(name)
@@ -48,7 +48,7 @@ def _interrupt_on_third_table(monkeypatch, how):
             how()
         return real(self, name, tbl)
 
-    monkeypatch.setattr(results.TableFolder, "write", write)
+    monkeypatch.setattr(atomic.TableFolder, "write", write)
 
 
 def _ctrl_c():
@@ -123,7 +123,7 @@ def test_a_rejected_serve_writes_nothing(tmp_path):
 
 
 def test_result_files_are_readable_by_others(tmp_path):
-    want = 0o666 & ~results._UMASK
+    want = 0o666 & ~atomic._UMASK
     assert run("simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--out",
                str(tmp_path / "r.parquet")).exit_code == 0
     assert run(*SERVE, "--out", str(tmp_path / "serve")).exit_code == 0
@@ -135,7 +135,7 @@ def test_result_files_are_readable_by_others(tmp_path):
              *(dataset.manifest_dir(tmp_path / "ds")).iterdir()]
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in files}
     assert set(modes.values()) == {want}, modes
-    if results._UMASK == 0o022:
+    if atomic._UMASK == 0o022:
         assert want == 0o644
 
 
@@ -144,7 +144,7 @@ def test_an_unwritable_destination_is_one_line(tmp_path):
             "/proc/x.parquet")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "/proc" in r.stderr
     with pytest.raises(Exception) as e:
-        results.atomic_write(Path("/proc/self/x.bin"), b"data")
+        atomic.atomic_write(Path("/proc/self/x.bin"), b"data")
     assert "cannot write" in str(e.value)
 
 
@@ -272,7 +272,7 @@ def test_sigterm_during_a_run_exits_like_ctrl_c_and_writes_nothing(tmp_path):
 def test_sigterm_during_the_swap_is_held_until_the_new_set_is_in(tmp_path, monkeypatch, swap):
     out = tmp_path / "out"
     assert run(*SERVE, "--seed", "0", "--out", str(out)).exit_code == 0
-    real_rename, real_exchange = os.rename, results._exchange
+    real_rename, real_exchange = os.rename, atomic._exchange
 
     def rename(src, dst):
         if str(dst).endswith(".old"):  # out moved aside: the moment a signal would hurt most
@@ -283,11 +283,11 @@ def test_sigterm_during_the_swap_is_held_until_the_new_set_is_in(tmp_path, monke
         os.kill(os.getpid(), signal.SIGTERM)
         return real_exchange(a, b)
 
-    if swap == "renames" or results._RENAMEAT2 is None:
-        monkeypatch.setattr(results, "_RENAMEAT2", None)
-        monkeypatch.setattr(results.os, "rename", rename)
+    if swap == "renames" or atomic._RENAMEAT2 is None:
+        monkeypatch.setattr(atomic, "_RENAMEAT2", None)
+        monkeypatch.setattr(atomic.os, "rename", rename)
     else:
-        monkeypatch.setattr(results, "_exchange", exchange)
+        monkeypatch.setattr(atomic, "_exchange", exchange)
     r = run(*SERVE, "--seed", "1", "--out", str(out))
     assert r.exit_code == 130  # the signal still ends the run, once the swap is done
     seeds = {pq.read_schema(out / f"{t}.parquet").metadata[b"rdu_cluster.seed"] for t in TABLES}
@@ -297,7 +297,7 @@ def test_sigterm_during_the_swap_is_held_until_the_new_set_is_in(tmp_path, monke
 def _sigterm_on_write(monkeypatch, at: int) -> list:
     """SIGTERM this process as the `at`-th result file is being written (the CLI turns it
     into KeyboardInterrupt, as Ctrl-C)."""
-    real, calls = results.atomic_write, []
+    real, calls = atomic.atomic_write, []
 
     def atomic_write(path, data, *args, **kwargs):
         calls.append(path)
@@ -305,7 +305,7 @@ def _sigterm_on_write(monkeypatch, at: int) -> list:
             os.kill(os.getpid(), signal.SIGTERM)
         return real(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(results, "atomic_write", atomic_write)
+    monkeypatch.setattr(atomic, "atomic_write", atomic_write)
     return calls
 
 
@@ -326,7 +326,7 @@ def test_sigterm_during_a_sweep_is_ctrl_c_and_the_rerun_resumes(tmp_path, monkey
     r = run(*sweep, str(tmp_path / "ds"))
     assert r.exit_code == 130 and _aborted(r.stderr)
     assert len(calls) == 4 and len(dataset.read_manifest(tmp_path / "ds").finished) == 1
-    assert not [p for p in tmp_path.rglob("*") if results.is_temporary(p)]
+    assert not [p for p in tmp_path.rglob("*") if atomic.is_temporary(p)]
     monkeypatch.undo()
     assert run(*sweep, str(tmp_path / "ds")).exit_code == 0
     key = lambda root: dataset.read_dataset(root).sort_by("point_id").select(["point_id",

@@ -10,7 +10,7 @@ import click
 from rdu_cluster import config
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_options
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic
 from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.report import text_table
 from rdu_cluster.validation import calibration, fit, uncertainty
@@ -57,9 +57,9 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
         with calibration.use(None):
             model = uncertainty.derive(table["row"], result, sim, profile,
                                        table.get("version", ""))
-    results.atomic_write(path, text.encode())
+    atomic.atomic_write(path, text.encode())
     if model is not None:
-        results.atomic_write(uncertainty.model_path(path), uncertainty.model_text(model).encode())
+        atomic.atomic_write(uncertainty.model_path(path), uncertainty.model_text(model).encode())
     rows = [[g_d.key, ",".join(g_d.chips), f"{result.values[(g_d.key, *g_d.chips)]:.4g}",
              f"{fit.prior(g_d):.4g}", f"[{g_d.range[0]:.3g}, {g_d.range[1]:.3g}]", len(g.rows)]
             for g in result.groups for g_d in g.params]
@@ -116,4 +116,4 @@ def _destination(chip: str | None, name: str, out: str | None) -> Path:
     path = Path(out) if out is not None else calibration.profile_path(name)
     if path.suffix != ".toml":
         raise click.BadParameter(f"{out}: expected a .toml file name", param_hint="--out")
-    return results.check_destination(path)
+    return atomic.check_destination(path)

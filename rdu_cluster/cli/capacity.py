@@ -29,7 +29,7 @@ from rdu_cluster.cli.options import (
 )
 from rdu_cluster.config import MAX_SOCKETS, load_fabric
 from rdu_cluster.engine.prefix_cache import MODES
-from rdu_cluster.output import results as out_results
+from rdu_cluster.output import atomic
 from rdu_cluster.scenarios import capacity as cap
 from rdu_cluster.scenarios import speculative
 from workloads import traces
@@ -108,7 +108,7 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     if plot_path and Path(plot_path).suffix != ".html":
         raise ConfigError(f"--plot {plot_path}: expected an .html file name")
     if plot_path:
-        out_results.check_destination(plot_path, "--plot")  # before any work
+        atomic.check_destination(plot_path, "--plot")  # before any work
     slo = cap.SLO.parse(slos, slo_percentile)
     traffic = _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache,
                        trace_path, n_sessions, turns, system_prompt, think_time)
@@ -441,5 +441,5 @@ def _plot(costs, path: Path) -> None:
                       xaxis={"type": "log", "title": "tokens/s per socket"},
                       yaxis={"type": "log", "title": "tokens/s per user"},
                       template="plotly_white")
-    out_results.atomic_write(path, fig.to_html(include_plotlyjs="cdn", full_html=True).encode(),
+    atomic.atomic_write(path, fig.to_html(include_plotlyjs="cdn", full_html=True).encode(),
                          "--plot")

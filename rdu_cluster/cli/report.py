@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rdu_cluster.output import plots, results
+from rdu_cluster.output import atomic, plots
 from rdu_cluster.output.report_page import load, page, render, rows
 from workloads.errors import ConfigError
 
@@ -24,13 +24,13 @@ def report(data_dir, out_path) -> None:
     out = Path(out_path)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ConfigError(f"--out {out}: expected an .html file name")
-    if results.within(out, data_dir):
+    if atomic.within(out, data_dir):
         raise ConfigError(f"--out {out}: inside DIR {data_dir}, which holds only its tables; "
                           "give a file outside it")
-    results.check_destination(out)  # before any work
+    atomic.check_destination(out)  # before any work
     data = load(Path(data_dir))
     figures = render(data)
-    results.atomic_write(out, page(data, figures).encode())
+    atomic.atomic_write(out, page(data, figures).encode())
     drawn = sum(1 for f in figures if f.html)
     click.echo(f"{out}: {data.kind} dataset, {rows(data):,} rows, {drawn} plots"
                + (f", {len(figures) - drawn} skipped (reasons on the page)"

@@ -29,7 +29,7 @@ from rdu_cluster.engine.faults import Fault
 from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic
 from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
@@ -193,7 +193,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
             Fault.parse(text, cluster)
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
-    stream = results.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet
+    stream = atomic.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet
     timeline = _timeline(timeline_path, out_dir)
     pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
     if timeline is not None and pools:
@@ -255,7 +255,7 @@ def _cluster(ref: str, overrides, replicas: int | None, plan: str | None, model,
     return disagg.Pool(ref, plan, replicas).spec(model, load_fabric(fabric))
 
 
-def _run(sim, stream: results.TableFolder, timeline: Timeline | None, context: dict,
+def _run(sim, stream: atomic.TableFolder, timeline: Timeline | None, context: dict,
          streamed: bool) -> tuple[Tables, dict]:
     """Run and write the result set: created at the run's first rows (steps and sockets rows
     are streamed into it), swapped in whole at the end, removed on an error or interruption.
@@ -383,10 +383,10 @@ def _timeline(path: str | None, out_dir: str) -> Timeline | None:
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"--timeline {target}: is a folder; give a file name (run.json)")
-    if results.within(target, out_dir):
+    if atomic.within(target, out_dir):
         raise ConfigError(f"--timeline {target}: the --out folder or in it (a run replaces the "
                           "folder whole); give a file beside it")
-    results.check_destination(target, "--timeline")
+    atomic.check_destination(target, "--timeline")
     return Timeline()
 
 

@@ -12,7 +12,7 @@ from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.cli.plan import parse_routing
 from rdu_cluster.config import load_cluster
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic, results
 from rdu_cluster.output.report import model_summary, overrides_line, side_by_side
 from rdu_cluster.scenarios import coe, speculative
 from rdu_cluster.scenarios.ablate import ablate as run_ablation
@@ -161,7 +161,7 @@ def simulate(
 ) -> None:
     """Estimate decode and prefill of MODEL on each CLUSTER (--set and --sockets apply to each)."""
     if out_path is not None:  # "" too: a name that names nothing is refused
-        results.check_table_path(out_path)  # before any work: nothing runs for nowhere
+        atomic.check_table_path(out_path)  # before any work: nothing runs for nowhere
         o.check_not_inputs(out_path, "--out", [("--model", model_ref), ("--draft", draft),
                                                *(("--cluster", c) for c in cluster_refs)])
     _check_modes(click.get_current_context(), draft, coe_flag, ablate)
@@ -194,7 +194,7 @@ def simulate(
         )
         tbl = results.table(rows)
         if out_path:
-            results.write_table(tbl, out_path)
+            atomic.write_table(tbl, out_path)
         click.echo(results.json_lines(tbl) if as_json else text)
         return
     rows, estimates = [], []
@@ -209,7 +209,7 @@ def simulate(
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
     tbl = results.table(rows)
     if out_path:
-        results.write_table(tbl, out_path)
+        atomic.write_table(tbl, out_path)
     if as_json:
         click.echo(results.json_lines(tbl))
     else:

@@ -26,7 +26,7 @@ import numpy as np
 
 from chip.socket import DECODE, MIXED, PREFILL, SENT_ROW
 from rdu_cluster.engine.record import PHASE_NAMES
-from rdu_cluster.sweep.dataset import atomic_write
+from rdu_cluster.output import atomic
 
 US = 1e6  # trace-event times are microseconds
 COPIES = (("kv_swap_s", "KV swap copy"), ("switch_s", "expert copy (CoE switch)"))
@@ -150,7 +150,8 @@ class Timeline:
     def write(self, path: str | Path, tables=None) -> int:
         """The trace as JSON, written atomically (a hidden temporary file, then renamed)."""
         trace = self.trace(tables)
-        atomic_write(Path(path), json.dumps(trace, separators=(",", ":")).encode())
+        atomic.atomic_write(Path(path), json.dumps(trace, separators=(",", ":")).encode(),
+                            parents=True)
         return len(trace["traceEvents"])
 
 

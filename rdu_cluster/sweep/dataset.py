@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 import cluster_configs
 import rdu_cluster
 from rdu_cluster.config import cluster_files
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic
 from rdu_cluster.sweep.registry import Point
 from workloads.errors import ConfigError
 from workloads.files import parse_json, read_text
@@ -156,12 +156,6 @@ def scenario_columns(table: pa.Table, points: Iterable[Point], columns) -> pa.Ta
     return table
 
 
-def atomic_write(path: Path, data: bytes, clean: bool = True) -> None:
-    """results.atomic_write, in a folder created on demand (a new partition's)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results.atomic_write(path, data, clean=clean)
-
-
 def commit_chunk(
     root: Path,
     chunk_id: str,
@@ -172,7 +166,7 @@ def commit_chunk(
     # A partition folder holds a part per chunk: no look through it per write (quadratic in
     # chunks); prepare() removed a killed run's temporaries once, under the lock.
     for part in parts:
-        atomic_write(root / part.path, part.data, clean=False)
+        atomic.atomic_write(root / part.path, part.data, clean=False, parents=True)
     reasons = sorted(set(infeasible.values()))
     entry = {
         "chunk": chunk_id,
@@ -185,7 +179,8 @@ def commit_chunk(
         "reasons": reasons,
         "infeasible": {k: reasons.index(v) for k, v in sorted(infeasible.items())},
     }
-    atomic_write(manifest_dir(root) / f"{chunk_id}.json", json.dumps(entry).encode(), clean=False)
+    atomic.atomic_write(manifest_dir(root) / f"{chunk_id}.json", json.dumps(entry).encode(),
+                        clean=False, parents=True)
 
 
 def read_manifest(root: str | Path) -> Manifest:
@@ -246,7 +241,7 @@ def locked(root: Path) -> Iterator[None]:
     """Hold an exclusive lock on OUT while a sweep writes it: two runs on one folder would
     both run the unfinished points and commit them twice. flock dies with its process, so a
     killed run leaves no stale lock."""
-    results.check_name(Path(os.path.abspath(root)), "--out", META_SUFFIX)
+    atomic.check_name(Path(os.path.abspath(root)), "--out", META_SUFFIX)
     _refuse_foreign(root)
     try:
         meta_dir(root).mkdir(parents=True, exist_ok=True)
@@ -281,7 +276,7 @@ def _refuse_foreign(root: Path) -> None:
         # a run killed before its sweep file was renamed in leaves the lock and that file's
         # temporary: a sweep's own start, not someone else's folder (prepare's write of the
         # sweep file removes the temporary)
-        if folder.exists() and any(p.name != LOCK_FILE and not results.is_temporary(p)
+        if folder.exists() and any(p.name != LOCK_FILE and not atomic.is_temporary(p)
                                    for p in folder.iterdir()):
             raise ConfigError(
                 f"--out {root}: {folder} exists and is not a sweep dataset (no "
@@ -308,7 +303,8 @@ def prepare(root: Path, spec, n_points: int, force: bool) -> Manifest:
         return manifest
     root.mkdir(parents=True, exist_ok=True)
     info = header(spec, n_points, files)
-    atomic_write(meta_dir(root) / SWEEP_FILE, json.dumps(info, indent=2).encode())
+    atomic.atomic_write(meta_dir(root) / SWEEP_FILE, json.dumps(info, indent=2).encode(),
+                        parents=True)
     return Manifest()
 
 
@@ -477,7 +473,7 @@ def _refuse_strays(root: Path) -> None:
 
 def remove_leftovers(root: Path, manifest: Manifest) -> int:
     """Delete part files no manifest entry names and the temporary files of interrupted writes
-    (named as results.atomic_write names them: no other file is touched). Under the lock no
+    (named as atomic.atomic_write names them: no other file is touched). Under the lock no
     other run writes here, so every temporary file is a killed run's."""
     removed = 0
     data = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
@@ -486,12 +482,12 @@ def remove_leftovers(root: Path, manifest: Manifest) -> int:
         # _refuse_strays, not deleted) that no manifest entry names
         orphan = path.name.startswith("part-") and path.suffix == ".parquet" and \
             path.relative_to(root).as_posix() not in manifest.files
-        if results.is_temporary(path) or orphan:
+        if atomic.is_temporary(path) or orphan:
             path.unlink()
             removed += 1
     for folder in (manifest_dir(root), meta_dir(root)):  # a manifest entry's unfinished write
         for path in folder.glob(".*") if folder.is_dir() else []:
-            if results.is_temporary(path):
+            if atomic.is_temporary(path):
                 path.unlink()
                 removed += 1
     return removed

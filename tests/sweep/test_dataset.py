@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic
 from rdu_cluster.sweep import (
     LocalExecutor,
     count_rows,
@@ -92,7 +92,7 @@ def test_interrupted_sweep_resumes_to_one_row_per_point(tmp_path):
     orphan = out / "cluster=c1" / "model=m1" / "part-deadbeef.parquet"
     orphan.write_bytes(dataset.part_files(out)[0].read_bytes())
     # a killed write's temporary file goes; a hidden file of the user's stays
-    half = out / "cluster=c1" / f".part-x.parquet.rdu-{results._HOST}-999999999-abcd1234.tmp"
+    half = out / "cluster=c1" / f".part-x.parquet.rdu-{atomic._HOST}-999999999-abcd1234.tmp"
     half.write_bytes(b"half")
     (out / "cluster=c1" / ".notes").write_text("mine")
     helpers.FAIL_AFTER.clear()
@@ -203,7 +203,7 @@ def test_a_sweep_killed_before_its_sweep_file_is_renamed_in_starts_again(tmp_pat
     meta = dataset.meta_dir(out)
     meta.mkdir()
     (meta / dataset.LOCK_FILE).touch()
-    stale = meta / f".sweep.json.rdu-{results._HOST}-999999999-abcd1234.tmp"
+    stale = meta / f".sweep.json.rdu-{atomic._HOST}-999999999-abcd1234.tmp"
     stale.write_text('{"form')
     _, s = run(spec_file(tmp_path, 2), out)
     assert s.ran == 16 and count_rows(out) == 16 and not stale.exists()
