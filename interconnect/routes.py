@@ -30,12 +30,32 @@ def route(topology: Topology, src: int, dst: int) -> Route:
             raise ConfigError(f"route: socket {s} not in 0..{topology.sockets - 1}")
     spn = topology.sockets_per_node
     na, nb = src // spn, dst // spn
+    if na == nb and _through_the_switch(topology):
+        return _switched(topology, src, dst)
     nodes = (na,) if na == nb else tuple(sorted((na, nb)))
     local = lambda s: nodes.index(s // spn) * spn + s % spn
     found = _tree(topology.template(len(nodes)), local(src)).get(local(dst))
     if found is None:
         raise ConfigError(f"route: socket {dst} is unreachable from socket {src}")
     return topology.globalize(found, nodes)
+
+
+def _through_the_switch(topology: Topology) -> bool:
+    """Whether two sockets of a switched node route through its switch: Dijkstra's answer
+    without a search (a socket's two links, in and out of the switch). Ties go to the lower
+    link ids, the switch's; the fabric wins only where its two NIC hops are faster."""
+    spec = topology.spec
+    if spec.kind != "switch":
+        return False
+    return not topology.has_fabric or spec.link_latency_s <= spec.inter_node_latency_s
+
+
+def _switched(topology: Topology, src: int, dst: int) -> Route:
+    """socket -> switch -> socket in a switched node: in-node links 2s (up) and 2s + 1 (down)
+    of node-local socket s (topology._node_links)."""
+    spn, per = topology.sockets_per_node, len(topology.node_links)
+    base = (src // spn) * per
+    return (base + 2 * (src % spn), base + 2 * (dst % spn) + 1)
 
 
 def route_latency(topology: Topology, r: Route) -> float:

@@ -261,11 +261,29 @@ def _template(spec: TopologySpec, sockets_per_node: int, nodes: int, fabric: boo
     return Topology(spec, nodes * sockets_per_node, sockets_per_node, fabric)
 
 
+# A full mesh gives each socket a direct link to every other socket of its node. Accelerators
+# have at most 18 such links (H100 and B200: 18 NVLink links; AMD MI300X: 7 Infinity Fabric
+# links); 64 leaves room for what-ifs. A larger node is switched (kind = "switch"). Bounding it
+# also bounds the links a node's table holds: n(n - 1) (2,048 sockets: 4.2 million).
+MAX_MESH_SOCKETS = 64
+
+
+def check_node(spec: TopologySpec, sockets_per_node: int, where: str = "topology") -> None:
+    """A node of `sockets_per_node` sockets that `spec` can wire."""
+    if spec.kind == "full_mesh" and sockets_per_node > MAX_MESH_SOCKETS:
+        raise ConfigError(
+            f"{where}.kind: a full mesh of {sockets_per_node} sockets gives each socket "
+            f"{sockets_per_node - 1} direct links; a full-mesh node holds at most "
+            f"{MAX_MESH_SOCKETS} (accelerators have at most 18: H100, B200 NVLink); a larger "
+            "node is switched: kind = \"switch\"")
+
+
 def build_topology(spec: TopologySpec, sockets: int, sockets_per_node: int) -> Topology:
     """The graph of `sockets` sockets in nodes of `sockets_per_node`, per `spec`."""
     if sockets < 1 or sockets_per_node < 1 or sockets % sockets_per_node:
         raise ConfigError(f"topology: {sockets} sockets in nodes of {sockets_per_node}")
     nodes = sockets // sockets_per_node
+    check_node(spec, sockets_per_node)
     if spec.kind == "torus2d" and math.prod(spec.torus_shape) != sockets_per_node:
         raise ConfigError(
             f"topology.torus_shape: {list(spec.torus_shape)} holds "

@@ -468,7 +468,9 @@ def _spill(g: Graph, fp: Footprint) -> tuple[Graph, Work]:
 def search_plans(scenario: Scenario, objective: str = "latency", prefill: bool = False):
     """Every plan for the scenario's model on its cluster (in place of its plan), evaluated
     with evaluate_plan and ranked."""
-    from partitioning.search import enumerate_plans, search
+    from partitioning.search import check_searchable, enumerate_plans, search
+
+    check_searchable(scenario.cluster.sockets_per_node)
 
     def evaluator(plan: Plan) -> PlanEstimate:
         return evaluate_plan(replace(scenario, plan=plan), prefill=prefill)

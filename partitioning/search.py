@@ -25,6 +25,12 @@ from workloads.errors import ConfigError
 from workloads.spec import Mixer, ModelSpec
 
 OBJECTIVES = ("latency", "throughput", "sockets")
+# The largest node a plan search covers. The search costs every candidate's collectives flow by
+# flow over the node (their routes and shared links), and a node's candidates grow with its
+# divisors: a switched node of 128 sockets is searched in ~10 s on 2 cores (Llama 3.1 8B), 256
+# in ~20 s, 2,048 in minutes. Scale-up nodes that ship hold 8 to 72 (GB200 NVL72); a larger
+# one is evaluated under a given plan (one plan of a 2,048-socket node: ~5 s).
+MAX_SEARCH_SOCKETS_PER_NODE = 128
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,15 @@ class SearchResult:
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_searchable(sockets_per_node: int) -> None:
+    """Refuse a plan search over a node past MAX_SEARCH_SOCKETS_PER_NODE, naming the way out."""
+    if sockets_per_node > MAX_SEARCH_SOCKETS_PER_NODE:
+        raise ConfigError(
+            f"--plan: a plan search over a node of {sockets_per_node:,} sockets is bounded to "
+            f"nodes of {MAX_SEARCH_SOCKETS_PER_NODE} (it costs each candidate's collectives "
+            "over the whole node); give the plan, e.g. --plan tp8")
 
 
 def enumerate_plans(spec: ModelSpec, sockets: int) -> Iterator[Plan]:

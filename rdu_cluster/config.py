@@ -24,7 +24,7 @@ import cluster_configs
 from chip import execution
 from chip.power import parse_power
 from chip.spec import ChipSpec, TierSpec
-from interconnect.topology import TopologySpec
+from interconnect.topology import TopologySpec, check_node
 from partitioning.cluster import ClusterSpec
 from rdu_cluster.scenarios.economics import parse_cost
 from workloads import checks
@@ -85,6 +85,29 @@ def cli_overrides(assignments: tuple[str, ...], sockets: int | None = None) -> d
 MAX_SOCKETS = 16384
 
 
+# Plausibility ranges of a socket's figures. A finite figure past them is no machine (a peak of
+# 1e308 FLOP/s simulated as fast as anything) and is refused, naming the range and its basis. The
+# upper bounds sit about ten times above the largest published single-chip figures, so a
+# what-if a generation or two ahead still runs; the lower ones are checks.MIN_RATE and > 0.
+PLAUSIBLE = {
+    "peak_flops": (checks.MIN_RATE, 1e18, ("FLOP/s; the largest chip, Cerebras WSE-3 (a whole "
+                   "wafer), peaks at 1.25e17 FP16 with sparsity (Cerebras, March 2024)")),
+    "bandwidth_bytes_per_s": (checks.MIN_RATE, 2e17, ("bytes/s; WSE-3's on-wafer SRAM gives "
+                              "2.1e16, HBM3e parts 8e12 (B200)")),
+    "capacity_bytes": (1.0, 1e16, ("bytes; the largest memory behind one chip, a CS-3's MemoryX "
+                       "weight store, is 1.2e15; the largest HBM, 2.9e11 (B300)")),
+}
+
+
+def plausible(value: float, key: str, where: str) -> float:
+    """`value` of a chip figure `key` (PLAUSIBLE) within its plausible range."""
+    lo, hi, basis = PLAUSIBLE[key]
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where}: {checks.show(value)} is outside the plausible range "
+                          f"{lo:g} to {hi:g} {basis}")
+    return value
+
+
 def load_chip(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> ChipSpec:
     path = _resolve("chips", name_or_path)
     raw = _apply_overrides(_read_extended("chips", path), overrides or {}, path.name)
@@ -117,6 +140,7 @@ def load_cluster(
         raise ConfigError(f"{where}: sockets ({sockets}) must be a multiple of sockets_per_node "
                           f"({per_node})")
     topology = TopologySpec.from_dict(_table(raw, "topology", where), f"{where}: topology")
+    check_node(topology, per_node, f"{where}: topology")
     shape = topology.torus_shape
     if topology.kind == "torus2d" and math.prod(shape) != per_node:
         raise ConfigError(f"{where}: topology.torus_shape: {list(shape)} holds "
@@ -203,7 +227,8 @@ def parse_chip(raw: Mapping[str, Any], where: str) -> ChipSpec:
         if dtype != canonical:
             raise ConfigError(f"{where}: peak_flops.{dtype}: write the dtype as {canonical!r} "
                               "(lower case)")
-        checks.rate(peak, dtype, f"{where}: peak_flops")
+        plausible(checks.rate(peak, dtype, f"{where}: peak_flops"), "peak_flops",
+                  f"{where}: peak_flops.{dtype}")
     tiers = _parse_tiers(_table(raw, "tiers", where), TIER_NAMES[kind], where)
     model = _typed(raw, "execution_model", str, where)
     table = _table(raw, "execution", where, {})
@@ -232,8 +257,11 @@ def _parse_tiers(table: Mapping[str, Any], names: tuple[str, ...], where: str) -
         tiers.append(
             TierSpec(
                 name=name,
-                capacity_bytes=_positive(t, "capacity_bytes", w),
-                bandwidth_bytes_per_s=checks.rate(t, "bandwidth_bytes_per_s", w),
+                capacity_bytes=plausible(_positive(t, "capacity_bytes", w), "capacity_bytes",
+                                         f"{w}.capacity_bytes"),
+                bandwidth_bytes_per_s=plausible(checks.rate(t, "bandwidth_bytes_per_s", w),
+                                                "bandwidth_bytes_per_s",
+                                                f"{w}.bandwidth_bytes_per_s"),
                 source=checks.source(t, w),
             )
         )

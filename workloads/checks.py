@@ -68,9 +68,9 @@ def number(
 
 
 def integer(value: Any, where: str, lo: int = 1, hi: int = MAX_COUNT) -> int:
-    """An integer in [lo, hi] (a float with an integral value, as TOML or a CLI may give, too)."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
+    """An integer in [lo, hi]. TOML, JSON and `--set` tell integers from floats: `8.0` is refused
+    here as in every other integer field (a count written as a float is a typo, or a figure put
+    in the wrong field)."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         bound = f"; at most {show_number(hi)} accepted" if lo in (0, 1) else ""
         raise ConfigError(f"{where}: expected {_range(lo, hi, False, 'integer')}, "
