@@ -150,7 +150,7 @@ def resident_weight_bytes(program: Program) -> float:
         if op.cls is OpClass.EMBEDDING:
             if not program.model.tie_embeddings:
                 w = program.model.precision.weights.bytes
-                total += params.embedding_params(program.model) * w / program.shard.vocab_tp
+                total += params.embedding_params(program.model) * w / program.shard.embed_tp
             continue
         total += block.repeat * float(np.max(op.weight_bytes))
     if program.draft is not None:  # a speculative draft shares the sockets (its shard)
