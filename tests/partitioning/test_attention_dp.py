@@ -199,3 +199,13 @@ def test_shard_rules():
     assert (s.shared_tp, s.embed_tp, s.scheduler_sockets) == (1, 1, 1)
     t = Shard.tensor(8)
     assert (t.shared_tp, t.embed_tp, t.scheduler_sockets) == (8, 8, 8)
+
+
+def test_plan_search_ranks_adp_among_the_rest():
+    from partitioning.evaluate import search_plans
+
+    spec = load_model("qwen1.5-moe-a2.7b")
+    r = search_plans(spec, load_cluster("hgx-h200"), "throughput", batch=64, prompt_len=1024,
+                     gen_len=64)
+    names = [e.plan.name for e in r.ranked]
+    assert any(n.startswith("adp") for n in names) and any(n.startswith("tp") for n in names)
