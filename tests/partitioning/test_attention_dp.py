@@ -15,6 +15,7 @@ from chip.kernel_by_kernel import GpuOptions, GpuParams
 from partitioning.evaluate import evaluate_plan, plan_comm_time
 from partitioning.plan import Plan, validate
 from partitioning.program import groups_of
+from partitioning.scenario import Scenario
 from partitioning.search import enumerate_plans
 from rdu_cluster.config import load_cluster
 from workloads import graph
@@ -62,14 +63,14 @@ def test_adp_with_block_degrees_is_refused():
 def test_kv_sharded_by_sequence_not_replicated(h200, dsv3):
     """MLA's latent cache is whole on every tp8 socket (one latent head); under adp8ep8 each
     socket holds its eighth of the sequences: exactly 1/8 at batch 64."""
-    kw = {"batch": 64, "prompt_len": 1024, "gen_len": 256, "prefill": False}
-    tp = evaluate_plan(dsv3, h200, Plan.parse("tp8"), **kw)
-    adp = evaluate_plan(dsv3, h200, Plan.parse("adp8ep8"), **kw)
+    s = Scenario(dsv3, h200, "tp8", batch=64, prompt_len=1024, gen_len=256)
+    tp = evaluate_plan(s, prefill=False)
+    adp = evaluate_plan(s.but(plan="adp8ep8"), prefill=False)
     whole = graph.kv_cache_bytes(dsv3, 64, 1024 + 256)
     assert tp.kv_cache_bytes_per_socket == pytest.approx(whole)
     assert adp.kv_cache_bytes_per_socket == pytest.approx(whole / 8)
     # the busiest group sets it: 65 sequences on 8 groups, 9 on one
-    odd = evaluate_plan(dsv3, h200, Plan.parse("adp8ep8"), **{**kw, "batch": 65})
+    odd = evaluate_plan(s.but(plan="adp8ep8", batch=65), prefill=False)
     assert odd.kv_cache_bytes_per_socket == pytest.approx(whole / 64 * 9)
 
 
@@ -145,8 +146,8 @@ def test_all_to_all_cost_monotonic_in_load_and_latency(h200):
 def test_attention_groups_of_two(dsv3):
     plan = Plan.parse("adp4tp8")
     assert groups_of(plan, 5)[("attn_tp", 2)] == (4, 5)
-    e = evaluate_plan(dsv3, load_cluster("hgx-h200"), plan, batch=8, prompt_len=256,
-                      gen_len=16, prefill=False)
+    e = evaluate_plan(Scenario(dsv3, load_cluster("hgx-h200"), plan, batch=8, prompt_len=256,
+                               gen_len=16), prefill=False)
     assert float(e.tpot_s) > 0
 
 
@@ -205,7 +206,7 @@ def test_plan_search_ranks_adp_among_the_rest():
     from partitioning.evaluate import search_plans
 
     spec = load_model("qwen1.5-moe-a2.7b")
-    r = search_plans(spec, load_cluster("hgx-h200"), "throughput", batch=64, prompt_len=1024,
-                     gen_len=64)
+    r = search_plans(Scenario(spec, load_cluster("hgx-h200"), batch=64, prompt_len=1024,
+                              gen_len=64), "throughput")
     names = [e.plan.name for e in r.ranked]
     assert any(n.startswith("adp") for n in names) and any(n.startswith("tp") for n in names)
