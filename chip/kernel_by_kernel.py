@@ -30,6 +30,7 @@ from chip.cost import StepCost
 from chip.execution import CommTime, options_of, params_for, parse_params, register
 from chip.spec import ChipSpec
 from workloads.errors import ConfigError
+from workloads.graph import rank_shape
 from workloads.ops import Block, Collective, CollectiveKind, Graph, Op, OpClass, Work
 
 # Ops with weights: each is a GEMM (or gather) kernel of its own, never fused with another.
@@ -84,6 +85,7 @@ class GpuParams:
     python_host_seq_s: float
     python_worker_s: float
     custom_allreduce_s: float
+    ep_a2a_latency_s: float
     nccl_busbw_fraction: float
     nccl_eager_launch_s: float
     sm_count: float
@@ -117,7 +119,12 @@ class GpuParams:
         (vLLM / SGLang class) reads peers' buffers directly at the link rate. Outside a CUDA
         graph an NCCL call also pays its host-side issue (`nccl_eager_launch_s`: the framework's
         dispatch, stream-event handshakes, NCCL's enqueue), exposed because the collective
-        starts only once the last rank has issued it; a graph replays the call without it."""
+        starts only once the last rank has issued it; a graph replays the call without it.
+        An MoE dispatch or combine (all-to-all) runs as a DeepEP-class kernel: its bytes at
+        the link rate (DeepEP's normal kernels reach 153 of ~160 GB/s of NVLink, its README)
+        plus `ep_a2a_latency_s`, in or out of a graph."""
+        if c.kind is CollectiveKind.ALL_TO_ALL:
+            return np.asarray(comm_time(c), dtype=float) + self.ep_a2a_latency_s
         if opts.allreduce == "custom" and c.kind is CollectiveKind.ALL_REDUCE:
             return np.asarray(comm_time(c), dtype=float) + self.custom_allreduce_s
         scaled = replace(c, bytes=c.bytes / self.nccl_busbw_fraction)
@@ -317,8 +324,11 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
 def _host(ledger, p: GpuParams, opts: GpuOptions, graph: Graph, n_kernels: float,
           by_class) -> None:
     """Host time that the GPU's own work does not cover."""
-    host = p.host_s(opts, graph.shape.batch)
-    sync = p.worker_sync_s(opts, graph.shard.sockets)
+    # Under attention data parallelism each group has its own scheduler, running its own share
+    # of the sequences over its own sockets, side by side with the others.
+    own = rank_shape(graph.shape, graph.shard.attn_dp)
+    host = p.host_s(opts, own.batch)
+    sync = p.worker_sync_s(opts, graph.shard.scheduler_sockets)
     if opts.overlap_host:
         exposed = np.maximum(0.0, host + sync - ledger.total())
         share = np.divide(host, host + sync, out=np.ones(np.shape(exposed)),

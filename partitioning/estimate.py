@@ -59,6 +59,7 @@ class Estimate:
     plan: str = ""  # the partitioning plan's name ("tp16", "tp4pp2", "tp8ep2")
     model_sockets: int = 0  # sockets holding one copy of the model (default: tp)
     misfit: Any = ""  # per point: "" where it fits, else why not (partitioning.footprint)
+    kv_cache_bytes_per_socket: Work = np.nan  # the fullest socket's share of kv_cache_bytes
 
     @property
     def group_sockets(self) -> int:
@@ -136,6 +137,7 @@ def from_plan_estimate(model: ModelSpec, cluster: ClusterSpec, pe: PlanEstimate)
         plan=pe.plan.name,
         model_sockets=pe.plan.model_sockets,
         misfit=pe.misfit,
+        kv_cache_bytes_per_socket=pe.kv_cache_bytes_per_socket,
     )
 
 

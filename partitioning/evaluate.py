@@ -111,6 +111,12 @@ class PlanEstimate:
     def ddr_used_bytes(self) -> Work:
         return self._per_point(_max(fp.tier("ddr") for fp in self.footprints))
 
+    @property
+    def kv_cache_bytes_per_socket(self) -> Work:
+        """The KV cache (and recurrent state) the fullest socket holds, in every tier: the
+        batch's at full length, over the KV heads and sequences the plan gives it."""
+        return self._per_point(_max(fp.region("kv_cache") for fp in self.footprints))
+
     def _per_point(self, value: Work) -> Work:
         shape = np.shape(self.tpot_s)
         return np.broadcast_to(value, shape).astype(float) if shape else float(value)
@@ -319,7 +325,7 @@ def _footprints(s: Scenario, programs):
     # Keyed by identity (a spec or chip is not cheap to hash); the entry keeps both alive and
     # is used only while they are the very same objects.
     # Sockets are numbered 0..n-1 in the programs' order, so the degrees and n decide them.
-    key = (id(spec), id(chip), plan.tp, plan.ep, plan.pp, plan.mixer_tp, batch,
+    key = (id(spec), id(chip), plan.tp, plan.ep, plan.pp, plan.adp, plan.mixer_tp, batch,
            context, prompt_len, placement, len(programs))
     hit = _FOOTPRINTS.get(key)
     if hit is not None and hit[0] is spec and hit[1] is chip:

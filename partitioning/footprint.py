@@ -111,7 +111,7 @@ def demand(spec: ModelSpec, program: Program, batch: Work, context: Work,
         dense, kv = dense + count * w, kv + count * k
         peaks.append(peak)
     if program.first_stage:
-        rows = -(-spec.vocab_size // program.shard.vocab_tp)
+        rows = -(-spec.vocab_size // program.shard.embed_tp)
         dense += rows * spec.hidden_size * spec.precision.weights.bytes
     act = _largest([_block_bytes(ops, skip_head)[2] for ops, _ in prefill])
     return Demand(experts=_expert_bytes(spec, program), dense_weights=dense, kv_cache=kv,

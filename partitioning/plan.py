@@ -9,11 +9,20 @@ Layout. A pipeline stage is `width = tp * ep` sockets. Inside a stage:
 - routed experts are spread over `ep` groups (num_experts / ep experts each), and each expert's
   matrices are split over the `tp` sockets of its group (expert_tp = tp).
 Stages are `pp`, cut at layer boundaries; the whole pipeline is replicated `dp` times.
+
+Attention data parallelism (`adp`, SGLang's --enable-dp-attention, TensorRT-LLM's
+enable_attention_dp, vLLM's DP+EP): the stage's sequences are split over `adp` groups of
+width / adp sockets; each group runs the mixers of its own sequences only (heads split over its
+width / adp sockets, KV cache held for its sequences alone), while routed experts stay spread
+over the whole stage as above (`adp8ep8` on 8 sockets: attention on one GPU each, one expert
+group per GPU; `adp16ep16` across two nodes). Dense FFN layers, the embedding and the LM head
+run over the whole width on the gathered batch; shared experts on each socket's own tokens
+where experts are spread (ep > 1), else with the routed experts (workloads/graph.py).
 Sockets used: tp * ep * pp * dp. Socket id = ((dp_i * pp + pp_i) * ep + ep_i) * tp + tp_i:
 tensor-parallel partners are neighbours (same node, fastest links), replicas farthest apart.
 
-Plan names: "tp8", "tp4pp2", "ep16", "tp8ep2", "tp2pp2dp4", with per-block degrees after "@":
-"tp16@mamba2=8,linear_attention=4". Degrees left out are 1.
+Plan names: "tp8", "tp4pp2", "ep16", "tp8ep2", "tp2pp2dp4", "adp8ep8", "adp8tp8", with per-block
+degrees after "@": "tp16@mamba2=8,linear_attention=4". Degrees left out are 1.
 """
 
 from __future__ import annotations
@@ -24,11 +33,12 @@ from functools import cached_property
 
 from workloads.checks import show
 from workloads.errors import ConfigError
+from workloads.ops import Shard
 from workloads.spec import FFN, Mixer, ModelSpec, MoESpec
 
 # ASCII digits only (re.ASCII: \d would take any script's digits); 9: past MAX_DEGREE, never
 # past int()
-_PART = re.compile(r"(tp|pp|ep|dp)(\d{1,9})", re.ASCII)
+_PART = re.compile(r"(adp|tp|pp|ep|dp)(\d{1,9})", re.ASCII)
 _BLOCK = re.compile(r"\s*([a-z0-9_]+)\s*=\s*(\d{1,9})\s*", re.ASCII)
 
 
@@ -40,6 +50,7 @@ class Plan:
     dp: int = 1
     mixer_tp: tuple[tuple[Mixer, int], ...] = ()  # per-block: degree of a mixer kind (< width)
     micro_batches: int = 0  # pipeline micro-batches; 0: min(batch, pp)
+    adp: int = 1  # attention data-parallel groups per stage (divides the width)
 
     @property
     def width(self) -> int:
@@ -55,12 +66,24 @@ class Plan:
         """Sockets holding one copy of the model."""
         return self.width * self.pp
 
+    @property
+    def attn_width(self) -> int:
+        """Sockets of one attention data-parallel group (the whole stage without adp)."""
+        return self.width // self.adp if self.width % self.adp == 0 else 0
+
+    @cached_property
+    def shard(self) -> Shard:
+        """The degrees of a stage's main blocks (per-block mixer degrees aside)."""
+        return Shard(attn_tp=self.attn_width, mlp_tp=self.width, expert_tp=self.tp, ep=self.ep,
+                     vocab_tp=self.width, attn_dp=self.adp)
+
     def mixer_degree(self, mixer: Mixer) -> int:
-        return dict(self.mixer_tp).get(mixer, self.width)
+        return dict(self.mixer_tp).get(mixer, self.attn_width)
 
     @cached_property
     def name(self) -> str:  # (computed once: a plan search ranks and reports by it)
-        parts = [f"tp{self.tp}"] if self.tp > 1 or self.ep == 1 else []
+        parts = [f"adp{self.adp}"] if self.adp > 1 else []
+        parts += [f"tp{self.tp}"] if self.tp > 1 or self.ep == 1 else []
         parts += [f"{k}{v}" for k, v in (("pp", self.pp), ("ep", self.ep), ("dp", self.dp)) if v > 1]
         text = "".join(parts)
         if self.mixer_tp:
@@ -72,7 +95,8 @@ class Plan:
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """"tp4pp2", "ep16", "tp8ep2", "tp16@mamba2=8"; raises ConfigError naming the part."""
+        """"tp4pp2", "ep16", "tp8ep2", "adp8ep8", "tp16@mamba2=8"; raises ConfigError naming
+        the part."""
         base, at, blocks = text.strip().lower().partition("@")
         degrees: dict[str, int] = {}
         pos = 0
@@ -84,7 +108,8 @@ class Plan:
         if pos != len(base) or not degrees or not all(1 <= d <= MAX_DEGREE for d in degrees.values()):
             raise ConfigError(
                 f"--plan: {show(text)} is not a plan; expected degrees like tp8, tp4pp2, ep16, "
-                f"tp8ep2, tp2pp2dp4 (each 1 to {MAX_DEGREE}), optionally @mixer=degree,..."
+                f"tp8ep2, tp2pp2dp4, adp8ep8 (each 1 to {MAX_DEGREE}), optionally "
+                "@mixer=degree,..."
             )
         if at and not blocks.strip():
             raise ConfigError(f"--plan: {show(text)}: nothing after '@'; expected "
@@ -131,6 +156,8 @@ def validate(plan: Plan, spec: ModelSpec, sockets: int) -> None:
         )
     if plan.pp > spec.num_layers:
         raise ConfigError(f"{where}: pp={plan.pp} exceeds the {spec.num_layers} layers")
+    if plan.adp > 1:
+        _check_attention_dp(plan, where)
     if plan.ep > 1:
         if spec.moe is None:
             raise ConfigError(f"{where}: ep={plan.ep} but {spec.name} has no routed experts")
@@ -162,14 +189,26 @@ def validate(plan: Plan, spec: ModelSpec, sockets: int) -> None:
         _check_expert_widths(plan, spec.moe, where)
 
 
+def _check_attention_dp(plan: Plan, where: str) -> None:
+    """Attention data-parallel groups split the stage's sockets evenly; per-block mixer degrees
+    are a different use of the same sockets (redundant groups), not combined with it."""
+    if plan.width % plan.adp:
+        raise ConfigError(f"{where}: adp={plan.adp} does not divide the stage width "
+                          f"{plan.width} (tp x ep); expected a divisor of it")
+    if plan.mixer_tp:
+        raise ConfigError(f"{where}: adp does not combine with per-block degrees (@...); "
+                          "expected one of them")
+
+
 def _check_expert_widths(plan: Plan, moe: MoESpec, where: str) -> None:
     """Each routed expert's matrices are split over tp, a shared expert over the whole width
     (module docstring), so either must divide its FFN width as a dense FFN's does."""
     if moe.expert_intermediate % plan.tp:
         raise ConfigError(f"{where}: tp {plan.tp} does not divide the expert FFN width "
                           f"{moe.expert_intermediate} (each expert is split over tp)")
-    if moe.shared_intermediate % plan.width:
-        raise ConfigError(f"{where}: width {plan.width} does not divide the shared-expert FFN "
+    shared = plan.shard.shared_tp
+    if moe.shared_intermediate % shared:
+        raise ConfigError(f"{where}: width {shared} does not divide the shared-expert FFN "
                           f"width {moe.shared_intermediate}")
 
 

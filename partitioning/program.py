@@ -260,9 +260,17 @@ def groups_of(plan: Plan, socket: int) -> dict:
     out["ep"] = tuple(base + g * tp + c.tp for g in range(plan.ep))
     if c.pp + 1 < plan.pp:
         out["pp"] = (socket, socket + w)
-    for mixer, d in plan.mixer_tp:
+    for d in _attention_degrees(plan):
         out[("attn_tp", d)] = tuple(range(base + local // d * d, base + (local // d + 1) * d))
     return out
+
+
+def _attention_degrees(plan: Plan) -> tuple[int, ...]:
+    """Degrees of the attention groups smaller than the stage: per-block mixer degrees, or
+    the attention data-parallel groups (adjacent sockets, as the mixer groups)."""
+    if plan.adp > 1:
+        return (plan.attn_width,) if plan.attn_width > 1 else ()
+    return tuple(d for _, d in plan.mixer_tp)
 
 
 class _Groups(Mapping):
@@ -307,7 +315,7 @@ def concurrent_groups(plan: Plan) -> dict:
                        for b in range(0, n, w) for t in range(tp))
     if plan.pp > 1:
         out["pp"] = Groups((s, s + w) for s in range(n) if s // w % plan.pp + 1 < plan.pp)
-    for _, d in plan.mixer_tp:
+    for d in _attention_degrees(plan):
         out[("attn_tp", d)] = blocks(d)
     return out
 
@@ -320,8 +328,7 @@ def build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
 
 def _build_programs(spec: ModelSpec, plan: Plan) -> tuple[Program, ...]:
     stages = stage_layers(spec, plan.pp)
-    shard = Shard(attn_tp=plan.width, mlp_tp=plan.width, expert_tp=plan.tp, ep=plan.ep,
-                  vocab_tp=plan.width)
+    shard = plan.shard
     programs = []
     for s in range(plan.sockets):
         c = coords_of(plan, s)

@@ -4,7 +4,9 @@ evaluator, keep those that fit, rank them by an objective.
 Enumeration: every model group (tp, ep, pp) whose product divides the cluster's socket count
 (so 1, 2, 4, 8 or 16 sockets of a 16-socket system), as one replica (dp 1) and filling the
 cluster (dp = sockets / group) -- the replica counts that can differ on the structure --, ep only
-for MoE models, and for each mixer kind of a
+for MoE models; for MoE models also with attention data-parallel over the whole stage width
+(adp = tp x ep: one socket's attention per group, as engines serve DeepSeek-style models), and
+for each mixer kind of a
 hybrid model every degree d dividing the stage width and the mixer's heads with d >= width / 4
 (a per-block choice). Plans that fail `validate` are never built; plans that do not fit are
 returned as rejected, with the reason.
@@ -69,9 +71,12 @@ def enumerate_plans(spec: ModelSpec, sockets: int) -> Iterator[Plan]:
             pp = group // (tp * ep)
             if group % (tp * ep) or (ep > 1 and not moe):
                 continue
-            for choice in _block_choices(spec, mixers, tp * ep):
+            choices = [(c, 1) for c in _block_choices(spec, mixers, tp * ep)]
+            if moe and tp * ep > 1:
+                choices.append(((), tp * ep))
+            for choice, adp in choices:
                 for dp in sorted({1, sockets // group}):
-                    plan = Plan(tp=tp, pp=pp, ep=ep, dp=dp, mixer_tp=choice)
+                    plan = Plan(tp=tp, pp=pp, ep=ep, dp=dp, mixer_tp=choice, adp=adp)
                     try:
                         validate(plan, spec, sockets)
                     except ConfigError:

@@ -31,7 +31,21 @@ Conventions (each is a modelling choice, stated once here):
   socket, capped at E_local. Expert FLOPs follow the token-expert assignments: N*k/ep, times
   expert_load.
 - Expert parallel: dispatch and combine are all_to_all over "ep"; each rank contributes the
-  activations of its N/ep tokens, k copies each.
+  activations of its N/ep tokens (its own tokens under attention data parallelism), k copies
+  each, as DeepEP-class kernels send them (one copy per chosen expert); the busiest rank
+  receives `expert_load` times the mean, so the payload is scaled by it. Dispatch carries FP8
+  (one byte an element plus a float scale per 128) where the experts' GEMMs are FP8, combine the
+  activations' dtype: DeepEP's "FP8 dispatching and BF16 combining".
+- Attention data parallelism (shard.attn_dp > 1; SGLang --enable-dp-attention,
+  docs/advanced_features/tp_dp_dp_attention_explainer.md): the step's sequences are split over
+  attn_dp groups of attn_tp sockets; a socket runs the mixers, norms, residuals, router and
+  (with ep > 1) the shared expert (Shard.shared_tp) on its group's sequences only, and the step
+  lasts as long as the busiest group's, ceil(batch / attn_dp) sequences (with exact contexts:
+  split round-robin, the group with the most cached tokens). Its KV cache holds those sequences
+  alone. Dense FFN layers (DeepSeek's first three), routed experts without EP and the LM head
+  run over the whole width on the gathered batch: an all_gather of the groups' tokens before,
+  a reduce_scatter of the partial sums after (SGLang's dp_gather / dp_scatter with
+  moe_dense_tp_size unset); the embedding is replicated (Shard.embed_tp).
 - LM head: decode computes logits for every new token (speculative verification needs them all),
   prefill for the last token of each sequence only. Sampling follows.
 """
@@ -39,7 +53,7 @@ Conventions (each is a modelling choice, stated once here):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -115,6 +129,21 @@ class _Step:
         """Cached KV tokens read over the whole batch."""
         cap = np.inf if window is None else window
         return self._per_sequence(lambda c: np.minimum(c, cap))
+
+
+def rank_shape(shape: StepShape, groups: int) -> StepShape:
+    """The share of a step's sequences the busiest of `groups` attention data-parallel groups
+    runs: ceil(batch / groups) sequences, or, with exact contexts, the round-robin share with
+    the most cached tokens."""
+    if groups <= 1:
+        return shape
+    if shape.contexts is not None:
+        share = max((shape.contexts[i::groups] for i in range(groups)),
+                    key=lambda c: (sum(c), len(c)))
+        return replace(shape, batch=float(len(share)), context=float(np.mean(share)),
+                       contexts=tuple(share))
+    batch = np.ceil(np.asarray(shape.batch, dtype=float) / groups)
+    return replace(shape, batch=float(batch) if batch.ndim == 0 else batch)
 
 
 def _span(n: np.ndarray, window: int | None) -> np.ndarray:
@@ -363,6 +392,18 @@ def _dense_ops(s: _Step) -> list[Op]:
     )
 
 
+def _gathered(s: _Step, r: _Step, name: str, group: str, size: int, body: list[Op]) -> list[Op]:
+    """`body` over the whole stage on the gathered batch, under attention data parallelism:
+    each socket contributes its group's tokens (a 1/attn_tp slice of them) to an all_gather,
+    and the partial sums go back by a reduce_scatter (SGLang dp_gather / dp_scatter)."""
+    h, a = s.spec.hidden_size, s.a
+    return (_collective(f"{name}_gather", CollectiveKind.ALL_GATHER,
+                        r.tokens / r.shard.attn_tp * h * a, group, size)
+            + [op for op in body if op.cls is not OpClass.COLLECTIVE]
+            + _collective(f"{name}_scatter", CollectiveKind.REDUCE_SCATTER, s.tokens * h * a,
+                          group, size))
+
+
 def distinct_experts(num_experts: int, top_k: int, tokens: Work) -> Work:
     """Expected distinct experts touched by `tokens` tokens, each choosing top_k of num_experts
     uniformly: E * (1 - (1 - k/E)^tokens)."""
@@ -396,68 +437,113 @@ def _expert_ops(s: _Step) -> list[Op]:
     ]
 
 
-def _moe_ops(s: _Step) -> list[Op]:
-    moe, h, t, sh = s.spec.moe, s.spec.hidden_size, s.tokens, s.shard
+# DeepEP's FP8 dispatch: one byte an element plus a float32 scale per 128 (its README: "FP8
+# dispatching"; the per-128-channel scales of DeepSeek-V3's FP8 recipe).
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
+
+
+def _a2a_ops(s: _Step, r: _Step, name: str, element_bytes: float) -> list[Op]:
+    """A dispatch or combine over "ep": each rank's tokens, one copy per chosen expert, with the
+    busiest rank's load (module docstring)."""
+    moe, sh = s.spec.moe, s.shard
+    own = r.tokens / r.shard.attn_tp if sh.attn_dp > 1 else s.tokens / sh.ep
+    nbytes = own * moe.top_k * s.spec.hidden_size * element_bytes * sh.expert_load
+    return _collective(name, CollectiveKind.ALL_TO_ALL, nbytes, "ep", sh.ep)
+
+
+def _shared_ops(s: _Step) -> list[Op]:
+    moe = s.spec.moe
+    if not moe.shared_intermediate:
+        return []
+    ops = _mlp_ops(s, "shared_", s.tokens, _ceil(moe.shared_intermediate, s.shard.shared_tp), 3)
+    if moe.shared_expert_gate:
+        ops.append(_matmul(s, "shared_expert_gate", s.tokens, s.spec.hidden_size, 1))
+    return ops
+
+
+def _moe_ops(s: _Step, r: _Step) -> list[Op]:
+    """`r`: the step of this socket's own sequences (`s` itself without attention DP)."""
+    moe, h, t, sh = s.spec.moe, s.spec.hidden_size, r.tokens, s.shard
     router_bias = moe.num_experts if moe.router_bias else 0
     ops = [
-        _matmul(s, "router", t, h, moe.num_experts, router_bias, cls=OpClass.ROUTER),
+        _matmul(r, "router", t, h, moe.num_experts, router_bias, cls=OpClass.ROUTER),
         Op("router_topk", OpClass.ROUTER, flops=5.0 * t * moe.num_experts,
            act_in_bytes=t * moe.num_experts * s.a, act_out_bytes=t * moe.top_k * 8.0,
            flop_dtype=s.flop_dtype),
     ]
-    a2a = t / sh.ep * moe.top_k * h * s.a
-    ops += _collective("ep_dispatch", CollectiveKind.ALL_TO_ALL, a2a, "ep", sh.ep)
+    if sh.attn_dp > 1 and sh.ep == 1:  # experts split over the width, on the gathered batch
+        body = _expert_ops(s) + _shared_ops(s)
+        return ops + _gathered(s, r, "expert", "expert_tp", sh.expert_tp, body) + [
+            _eltwise(r, "expert_combine", t, h, flops=2.0 * moe.top_k, inputs=moe.top_k)]
+    fp8 = s.gemm_dtype(s.spec.precision.routed_expert_weights) == DType.FP8.value
+    ops += _a2a_ops(s, r, "ep_dispatch", FP8_DISPATCH_BYTES if fp8 else s.a)
     ops += _expert_ops(s)
-    ops += _collective("ep_combine", CollectiveKind.ALL_TO_ALL, a2a, "ep", sh.ep)
-    ops.append(_eltwise(s, "expert_combine", t, h, flops=2.0 * moe.top_k, inputs=moe.top_k))
-    if moe.shared_intermediate:
-        width = _ceil(moe.shared_intermediate, sh.mlp_tp)
-        ops += _mlp_ops(s, "shared_", t, width, 3)
-        if moe.shared_expert_gate:
-            ops.append(_matmul(s, "shared_expert_gate", t, h, 1))
+    ops += _a2a_ops(s, r, "ep_combine", s.a)
+    ops.append(_eltwise(r, "expert_combine", t, h, flops=2.0 * moe.top_k, inputs=moe.top_k))
+    ops += _shared_ops(r)
     ops += _all_reduce(s, "expert_all_reduce", "expert_tp", sh.expert_tp)
-    if moe.shared_intermediate and sh.mlp_tp != sh.expert_tp:
+    if moe.shared_intermediate and sh.shared_tp not in (1, sh.expert_tp):
         ops += _all_reduce(s, "shared_all_reduce", "mlp_tp", sh.mlp_tp)
     return ops
 
 
-def _ffn_ops(s: _Step, layer: LayerSpec) -> list[Op]:
+def _ffn_ops(s: _Step, r: _Step, layer: LayerSpec) -> list[Op]:
     if layer.ffn is FFN.NONE:
         return []
     norm = "post_attention_norm" if layer.mixer is not Mixer.NONE else "input_norm"
-    body = _dense_ops(s) if layer.ffn is FFN.DENSE else _moe_ops(s)
-    return [_norm(s, norm, s.tokens, s.spec.hidden_size)] + body + [_residual(s, "mlp_residual")]
+    if layer.ffn is FFN.MOE:
+        body = _moe_ops(s, r)
+    elif s.shard.attn_dp > 1:
+        body = _gathered(s, r, "mlp", "mlp_tp", s.shard.mlp_tp, _dense_ops(s))
+    else:
+        body = _dense_ops(s)
+    return [_norm(r, norm, r.tokens, s.spec.hidden_size)] + body + [_residual(r, "mlp_residual")]
+
+
+def _steps(spec: ModelSpec, shape: StepShape, shard: Shard) -> tuple[_Step, _Step]:
+    """The whole step and this socket's own share of its sequences (the same without attention
+    data parallelism)."""
+    s = _Step.of(spec, shape, shard)
+    if shard.attn_dp <= 1:
+        return s, s
+    return s, _Step.of(spec, rank_shape(shape, shard.attn_dp), shard)
 
 
 def layer_ops(spec: ModelSpec, layer: LayerSpec, shape: StepShape, shard: Shard) -> list[Op]:
     """The ops of one decoder layer, in execution order."""
-    s = _Step.of(spec, shape, shard)
-    return _mixer_ops(s, layer.mixer) + _ffn_ops(s, layer)
+    s, r = _steps(spec, shape, shard)
+    return _mixer_ops(r, layer.mixer) + _ffn_ops(s, r, layer)
 
 
 # --- prologue, epilogue, graph -----------------------------------------------------------------
 
 
-def _prologue(s: _Step) -> Block:
-    h, vtp = s.spec.hidden_size, s.shard.vocab_tp
+def _prologue(r: _Step) -> Block:
+    """The embedding of this socket's tokens (`r`: its own share under attention DP)."""
+    h, etp = r.spec.hidden_size, r.shard.embed_tp
     embed = Op("embedding", OpClass.EMBEDDING,
-               weight_bytes=s.tokens * h * s.w / vtp,  # the rows gathered that this socket holds
-               act_in_bytes=s.tokens * 4.0,  # int32 token ids
-               act_out_bytes=s.tokens * h * s.a)
-    return Block("embedding", (embed, *_all_reduce(s, "embedding_all_reduce", "vocab_tp", vtp)))
+               weight_bytes=r.tokens * h * r.w / etp,  # the rows gathered that this socket holds
+               act_in_bytes=r.tokens * 4.0,  # int32 token ids
+               act_out_bytes=r.tokens * h * r.a)
+    return Block("embedding", (embed, *_all_reduce(r, "embedding_all_reduce", "vocab_tp", etp)))
 
 
-def _epilogue(s: _Step) -> Block:
+def _epilogue(s: _Step, r: _Step) -> Block:
     h, v, vtp = s.spec.hidden_size, s.spec.vocab_size, s.shard.vocab_tp
     rows = s.tokens if s.shape.phase != "prefill" else s.batch
+    own = r.tokens if r.shape.phase != "prefill" else r.batch
     v_local = _ceil(v, vtp)
+    head = [_matmul(s, "lm_head", rows, h, v_local, cls=OpClass.LM_HEAD),
+            *_collective("logits_all_gather", CollectiveKind.ALL_GATHER, rows * v_local * s.a,
+                         "vocab_tp", vtp)]
+    if s.shard.attn_dp > 1:  # the LM head over the whole width on the gathered rows
+        head = _collective("lm_head_gather", CollectiveKind.ALL_GATHER,
+                           own / r.shard.attn_tp * h * s.a, "vocab_tp", vtp) + head
     ops = [
-        _norm(s, "final_norm", s.tokens, h),
-        _matmul(s, "lm_head", rows, h, v_local, cls=OpClass.LM_HEAD),
-        *_collective("logits_all_gather", CollectiveKind.ALL_GATHER, rows * v_local * s.a,
-                     "vocab_tp", vtp),
-        Op("sampling", OpClass.SAMPLING, flops=5.0 * rows * v, act_in_bytes=rows * v * s.a,
-           act_out_bytes=rows * 4.0, flop_dtype=s.flop_dtype),
+        _norm(r, "final_norm", r.tokens, h),
+        *head,
+        Op("sampling", OpClass.SAMPLING, flops=5.0 * own * v, act_in_bytes=own * v * s.a,
+           act_out_bytes=own * 4.0, flop_dtype=s.flop_dtype),
     ]
     return Block("lm_head", tuple(ops))
 
@@ -466,16 +552,16 @@ def step_graph(spec: ModelSpec, shape: StepShape, shard: Shard | None = None) ->
     """The work of one forward step on one socket: embedding, one Block per run of identical
     layers, then final norm, LM head and sampling."""
     shard = shard or Shard()
-    s = _Step.of(spec, shape, shard)
-    blocks = [_prologue(s)]
+    s, r = _steps(spec, shape, shard)
+    blocks = [_prologue(r)]
     kinds: dict[LayerSpec, tuple[Op, ...]] = {}  # a hybrid alternates a few layer kinds
     for first, count, layer in layer_runs(spec.layers):
         if layer not in kinds:
-            kinds[layer] = tuple(_mixer_ops(s, layer.mixer) + _ffn_ops(s, layer))
+            kinds[layer] = tuple(_mixer_ops(r, layer.mixer) + _ffn_ops(s, r, layer))
         ops = kinds[layer]
         name = f"layers_{first}-{first + count - 1}_{layer.mixer.value}_{layer.ffn.value}"
         blocks.append(Block(name, ops, repeat=count, first_layer=first))
-    blocks.append(_epilogue(s))
+    blocks.append(_epilogue(s, r))
     return Graph(spec.name, shape, shard, tuple(blocks))
 
 

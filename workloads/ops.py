@@ -139,15 +139,38 @@ class Shard:
     ep: int = 1  # routed experts spread over this many groups
     vocab_tp: int = 1  # embedding and LM head
     expert_load: float = 1.0  # tokens on the busiest expert group / mean (routing imbalance, >= 1)
+    # Attention data parallelism: the step's sequences are split over attn_dp groups of attn_tp
+    # sockets each, which run the mixers of their own sequences (workloads/graph.py).
+    attn_dp: int = 1
 
     @classmethod
     def tensor(cls, tp: int) -> Shard:
         return cls(attn_tp=tp, mlp_tp=tp, expert_tp=tp, ep=1, vocab_tp=tp)
 
     @property
+    def shared_tp(self) -> int:
+        """The degree a shared expert is split over: under attention data parallelism with
+        experts spread (ep > 1), each socket runs the whole shared expert on its own tokens, as
+        SGLang does with DeepEP (deepseek_v2.py: shared_experts with tp_size=1); else it is
+        split like a dense FFN."""
+        return 1 if self.attn_dp > 1 and self.ep > 1 else self.mlp_tp
+
+    @property
     def sockets(self) -> int:
         """Sockets that run one step together (each a part of every layer)."""
         return max(self.attn_tp, self.mlp_tp, self.expert_tp * self.ep, self.vocab_tp)
+
+    @property
+    def embed_tp(self) -> int:
+        """The embedding table's split: replicated under attention data parallelism, each
+        socket embedding its own tokens (SGLang: VocabParallelEmbedding(enable_tp=not
+        is_dp_attention_enabled())); else vocab-parallel like the LM head."""
+        return 1 if self.attn_dp > 1 else self.vocab_tp
+
+    @property
+    def scheduler_sockets(self) -> int:
+        """Sockets one scheduler drives: an attention data-parallel group has its own."""
+        return self.sockets // self.attn_dp
 
 
 @dataclass(frozen=True)

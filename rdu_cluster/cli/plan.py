@@ -128,7 +128,7 @@ def plan_row(e: PlanEstimate, chip) -> dict:
     p = e.plan
     row = {
         "plan": p.name, "sockets": p.sockets, "tp": p.tp, "pp": p.pp, "ep": p.ep, "dp": p.dp,
-        "mixer_tp": {m.value: d for m, d in p.mixer_tp},
+        "adp": p.adp, "mixer_tp": {m.value: d for m, d in p.mixer_tp},
         "tokens_per_s_per_request": e.tokens_per_s_per_request,
         "tokens_per_s_total": e.tokens_per_s_total,
         "tpot_s": e.tpot_s,

@@ -50,8 +50,9 @@ class Build:
         self.plan = plans.PlanSpec.parse(config.plan, cluster, model)
         self.faults = [Fault.parse(f, cluster) for f in config.faults]
         self.draft = resolve_draft(config.draft, model) if config.speculation else None
-        if config.speculation and self.plan.pp > 1:
-            raise ConfigError("--draft: speculative decoding needs a plan without pipeline stages")
+        if config.speculation and (self.plan.pp > 1 or self.plan.adp > 1):
+            raise ConfigError("--draft: speculative decoding needs a plan without pipeline stages "
+                              "or attention data parallelism (adp)")
         _check_placement(config)
         if self.draft is not None and config.draft_placement == "separate":
             plans.check_draft_sockets(cluster, self.plan, config.draft_sockets)
@@ -118,7 +119,7 @@ class Build:
         mem = coe.memory(sc, self.cluster, self.config.limits.max_batch, ctx, self.plan.tp)
         if not mem.fits_tier:
             raise ConfigError(coe.oom_message(sc, self.cluster, mem))
-        if self.plan.pp > 1 or self.plan.ep > 1:
+        if self.plan.pp > 1 or self.plan.ep > 1 or self.plan.adp > 1:
             raise ConfigError("--coe-experts: needs a tensor-parallel plan (tpN)")
         return mem
 
@@ -131,9 +132,9 @@ class Build:
     def setups(self, lay: plans.ReplicaLayout, plan: plans.PlanSpec) -> dict[int, SocketSetup]:
         # The engine's tp is the stage width, ep a split of it (partitioning's tp x ep); a
         # replica re-planned after a fault has degrees of its own (Recovery.smaller_plan)
-        tp, ep = plan.tp, plan.ep
-        comm = plan_comm_time(self.cluster, PartitionPlan(tp=tp // ep, ep=ep,
-                                                          dp=self.cluster.sockets // tp))
+        tp = plan.tp
+        comm = plan_comm_time(self.cluster, replace(plan, pp=1).partition(
+            self.cluster.sockets // tp))
         ref = _kv_reference(lay)
         out = {}
         for s, prog in lay.programs.items():
@@ -149,14 +150,14 @@ class Build:
             own = comm if prog.spec_part != "draft" else tp_comm_time(self.cluster,
                                                                        len(prog.group))
             out[s] = SocketSetup(self.cluster.chip, prog, own, self.cluster.node_of(s), weights,
-                                 plans.kv_bytes_per_token(prog) / ref)
+                                 plans.kv_bytes_per_token(prog) / ref / prog.shard.attn_dp)
         return out
 
     def partition_plan(self, plan: plans.PlanSpec | None = None) -> PartitionPlan:
         """A serving plan (default: the run's) in the partitioner's terms (the engine's tp is
         the stage width), replicated over the cluster."""
         p = plan or self.plan
-        return PartitionPlan(tp=p.tp // p.ep, ep=p.ep, pp=p.pp, dp=self.cluster.sockets // p.group)
+        return p.partition(self.cluster.sockets // p.group)
 
     def footprint(self, plan: plans.PlanSpec, check: bool = True):
         """The one footprint check (partitioning.evaluate.footprint) at the trace's longest
@@ -196,7 +197,10 @@ class Build:
         """KV blocks the replica can hold: the fewest any of its sockets has room for (a
         block takes each socket's own bytes per token; the replica counts the target's)."""
         bt = self.config.block_tokens
-        blocks = min(self._kv_blocks(p, bt, self.activations(lay, s))
+        # Attention data-parallel groups hold different sequences: the replica holds as many
+        # blocks as each group's sockets have room for, times the groups (one pool stands for
+        # theirs: requests are not pinned to a group).
+        blocks = min(self._kv_blocks(p, bt, self.activations(lay, s)) * p.shard.attn_dp
                      for s, p in lay.programs.items())
         return KVManager(KVConfig(blocks, bt, _kv_reference(lay)))
 

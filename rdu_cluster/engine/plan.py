@@ -9,13 +9,14 @@ consecutive sockets.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from chip.socket import Program
 from partitioning.cluster import ClusterSpec
-from partitioning.plan import Plan
+from partitioning.plan import Plan, validate
 from partitioning.program import stage_layers
 from workloads import graph as graphs
 from workloads import params
@@ -31,6 +32,7 @@ class PlanSpec:
     tp: int
     ep: int = 1
     pp: int = 1
+    adp: int = 1  # attention data-parallel groups of a stage (partitioning/plan.py)
 
     @classmethod
     def parse(cls, text: str | None, cluster: ClusterSpec, model: ModelSpec) -> PlanSpec:
@@ -41,11 +43,12 @@ class PlanSpec:
             return cls(cluster.sockets)
         p = Plan.parse(text)
         # A dp degree would be replaced by the replicas the cluster holds: refused, not changed
-        # (after a successful parse, "dp" can only be a degree)
-        if p.mixer_tp or p.micro_batches or "dp" in text.lower():
-            raise ConfigError(f"--plan: {show(text)}: serve takes tp, ep and pp degrees only "
-                              "(the replicas are --replicas, or as many as the cluster holds)")
-        plan = cls(p.tp * p.ep, p.ep, p.pp)
+        # (after a successful parse, "dp" not after an "a" can only be that degree)
+        if p.mixer_tp or p.micro_batches or re.search(r"(^|[^a])dp", text.lower()):
+            raise ConfigError(f"--plan: {show(text)}: serve takes tp, ep, pp and adp degrees "
+                              "only (the replicas are --replicas, or as many as the cluster "
+                              "holds)")
+        plan = cls(p.tp * p.ep, p.ep, p.pp, p.adp)
         plan.check(cluster, model)
         return plan
 
@@ -60,6 +63,8 @@ class PlanSpec:
             raise ConfigError("--plan: ep needs an MoE model and must divide tp and the experts")
         if self.pp > model.num_layers:
             raise ConfigError(f"--plan: pp={self.pp} exceeds the {model.num_layers} layers")
+        if self.adp > 1:  # the partitioner's checks of the groups (plan.validate)
+            validate(self.partition(cluster.sockets // group), model, cluster.sockets)
 
     @property
     def group(self) -> int:
@@ -68,11 +73,15 @@ class PlanSpec:
     @property
     def name(self) -> str:
         """In the partitioner's syntax (tp2ep8: the stage width tp x ep is 16)."""
-        return Plan(tp=self.tp // self.ep, ep=self.ep, pp=self.pp).name
+        return self.partition().name
+
+    def partition(self, dp: int = 1) -> Plan:
+        """The plan in the partitioner's terms (the engine's tp is the stage width), with `dp`
+        replicas."""
+        return Plan(tp=self.tp // self.ep, ep=self.ep, pp=self.pp, dp=dp, adp=self.adp)
 
     def shard(self) -> Shard:
-        return Shard(attn_tp=self.tp, mlp_tp=self.tp, expert_tp=self.tp // self.ep, ep=self.ep,
-                     vocab_tp=self.tp)
+        return self.partition().shard
 
 
 @dataclass(frozen=True)
@@ -150,7 +159,7 @@ def resident_weight_bytes(program: Program) -> float:
         if op.cls is OpClass.EMBEDDING:
             if not program.model.tie_embeddings:
                 w = program.model.precision.weights.bytes
-                total += params.embedding_params(program.model) * w / program.shard.vocab_tp
+                total += params.embedding_params(program.model) * w / program.shard.embed_tp
             continue
         total += block.repeat * float(np.max(op.weight_bytes))
     if program.draft is not None:  # a speculative draft shares the sockets (its shard)

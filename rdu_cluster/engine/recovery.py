@@ -130,7 +130,7 @@ class Recovery:
         tp = plan.tp // 2
         while tp >= 1:
             if tp <= healthy:
-                cand = replace(plan, tp=tp, ep=math.gcd(plan.ep, tp))
+                cand = replace(plan, tp=tp, ep=math.gcd(plan.ep, tp), adp=math.gcd(plan.adp, tp))
                 try:
                     if not self.sim.build.footprint(cand, check=False)[1]:
                         return cand

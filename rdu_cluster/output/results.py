@@ -47,6 +47,7 @@ DETAIL = (
         ("chip", pa.string()),
         ("execution_model", pa.string()),
         ("hbm_used_bytes_per_socket", pa.float64()),
+        ("kv_cache_bytes_per_socket", pa.float64()),
         # false where the point does not fit (partitioning.footprint.misfits), with the reason;
         # its speed columns are then null (sweeps keep such points as rows)
         ("feasible", pa.bool_()),
@@ -115,6 +116,7 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
         "chip": chip,
         "execution_model": model,
         "hbm_used_bytes_per_socket": est.hbm_used_bytes,
+        "kv_cache_bytes_per_socket": est.kv_cache_bytes_per_socket,
         "feasible": np.asarray(est.misfit) == "",
         "infeasible_reason": np.where(np.asarray(est.misfit) == "", None, est.misfit),
         "decode_kernels": d.kernels,

@@ -213,13 +213,15 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
     resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
                    for fp in fps)
     per_seq = max(fp.region("kv_cache") for fp in fps)
-    kv_batch = int(KV_MEMORY_FRACTION * (hbm - resident) // per_seq) if hbm > resident else 0
+    # Attention data-parallel groups each hold the KV of their own sequences
+    kv_batch = (p.adp * int(KV_MEMORY_FRACTION * (hbm - resident) // per_seq)
+                if hbm > resident else 0)
     batches = BATCHES[BATCHES <= kv_batch]
     if not len(batches):
         return None
     at = lambda b: estimate(Scenario(model, cl, p, b, int(prompt), int(gen)))
     if draft is not None:
-        if p.pp != 1 or p.ep != 1:
+        if p.pp != 1 or p.ep != 1 or p.adp != 1:
             return None
         try:
             spec, memo = choose(cl, plan), {}
@@ -250,13 +252,18 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
 
 def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[str]:
     """Tensor-parallel plans over a quarter of a node up to two nodes, and tp x pp over two
-    nodes (a node per stage): the replica shapes a serving deployment uses. Wider replicas
-    cost more analytic time (pipeline plans go through the partitioner per batch) and rarely
-    win for serving; give them with --plan."""
+    nodes (a node per stage): the replica shapes a serving deployment uses; for an MoE model
+    also attention data parallelism with experts over a node and over two (adp8ep8,
+    adp16ep16 on 8-GPU nodes: how engines serve DeepSeek-style models) where the experts
+    divide. Wider replicas cost more analytic time (pipeline plans go through the partitioner
+    per batch) and rarely win for serving; give them with --plan."""
     spn = load_cluster(cluster_ref).sockets_per_node
     out = [f"tp{g}" for g in (spn // 4, spn // 2, spn) if g >= 1]
     if max_nodes >= 2:
         out += [f"tp{spn * 2}", f"tp{spn}pp2"]
+    if model.moe is not None:
+        out += [f"adp{g}ep{g}" for g in (spn, 2 * spn)[: 1 + (max_nodes >= 2)]
+                if g > 1 and model.moe.num_experts % g == 0]
     return list(dict.fromkeys(out))
 
 

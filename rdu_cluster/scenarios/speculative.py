@@ -227,7 +227,7 @@ def _tensor_only(text: str) -> Plan:
     """`--plan` with a draft: tp and dp degrees only (a speculative step is costed tensor
     parallel: the draft and the verification over the replica's tp sockets)."""
     p = Plan.parse(text)
-    if p.pp > 1 or p.ep > 1 or p.mixer_tp or p.micro_batches:
+    if p.pp > 1 or p.ep > 1 or p.adp > 1 or p.mixer_tp or p.micro_batches:
         raise ConfigError(f"--plan: {show(text)}: with --draft, tp and dp degrees only (the "
                           "speculative step is costed tensor parallel)")
     return p

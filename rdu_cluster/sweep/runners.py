@@ -335,7 +335,7 @@ def _context_misfit(model, points: Sequence[Point], est):
 KEPT_WHEN_INFEASIBLE = frozenset({
     "model", "cluster", "sockets", "batch", "prompt_len", "gen_len", "weight_bytes",
     "kv_cache_bytes", "plan", "tp", "replicas", "chip", "execution_model",
-    "hbm_used_bytes_per_socket", "feasible", "infeasible_reason",
+    "hbm_used_bytes_per_socket", "kv_cache_bytes_per_socket", "feasible", "infeasible_reason",
 })
 
 

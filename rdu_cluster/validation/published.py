@@ -24,6 +24,7 @@ from chip.kernel_by_kernel import GpuOptions, GpuParams
 from chip.serving_stacks import STACKS
 from partitioning.estimate import Estimate, estimate, tp_comm_time
 from partitioning.expert_routing import RoutingModel
+from partitioning.plan import Plan
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import MAX_SOCKETS, load_cluster
 from workloads import catalog, checks
@@ -125,7 +126,7 @@ def _check_refs(rows: list[dict[str, Any]], where: str) -> None:
 _TEXT = ("id", "source", "tier", "role", "system", "ambiguity", "claim", "metric", "model",
          "cluster", "kind", "tolerance_basis", "options", "draft", "baseline_cluster",
          "baseline_stack", "switch_model", "placement", "weights", "kv_dtype", "parallel",
-         "routing")
+         "routing", "plan")
 _COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
            "batch": MAX_BATCH, "prompt_len": MAX_LENGTH, "gen_len": MAX_LENGTH,
            "experts": 2**16, "collective_bytes": 2**50, "spec_k": 64,
@@ -166,6 +167,11 @@ def check_row(row: Any, where: str) -> None:
         raise ConfigError(f"{where}: metric serve_output_tokens_per_s needs {', '.join(missing)}")
     if "weights" in row:
         DType.parse(row["weights"], f"{where}.weights")
+    if "plan" in row:
+        try:
+            Plan.parse(row["plan"])
+        except ConfigError as e:
+            raise ConfigError(f"{where}.plan: {e}") from None
     for key, accepted in (("kind", _KINDS), ("metric", tuple(METRICS)),
                           ("options", tuple(OPTIONS)), ("routing", ("uniform", "identical"))):
         if key in row and row[key] not in accepted:
@@ -258,7 +264,9 @@ def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | Non
     opts = (_row_options(case) if options == "case"
             else OPTIONS[options] if isinstance(options, str) else options)
     cluster = load_cluster(case["cluster"], overrides)
-    scenario = Scenario(_spec(case), cluster, tensor_plan(cluster, case.get("tp")),
+    plan = (Plan.parse(case["plan"]) if "plan" in case
+            else tensor_plan(cluster, case.get("tp")))
+    scenario = Scenario(_spec(case), cluster, plan,
                         case.get("batch", 1), case.get("prompt_len", 1024),
                         case.get("gen_len", 128), opts,
                         RoutingModel(case.get("routing", "uniform")))
@@ -268,9 +276,9 @@ def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | Non
 def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:
     """Output tokens/s of an offline throughput run, as trtllm-bench's `throughput` measures it:
     `requests` of the row's lengths all queued at once on one replica (`tp` GPUs of the row's
-    cluster), served by the engine with in-flight batching and chunked prefill under the row's
-    `max_batch`, `token_budget` and `kv_fraction` (the KV cache's share of what the weights
-    leave)."""
+    cluster under its `plan`, default tensor parallel), served by the engine with in-flight
+    batching and chunked prefill under the row's `max_batch`, `token_budget` and `kv_fraction`
+    (the KV cache's share of what the weights leave)."""
     from rdu_cluster.backends import make as make_backend
     from rdu_cluster.engine.schedulers import Limits
     from rdu_cluster.engine.simulation import ServeConfig, Simulation
@@ -280,7 +288,8 @@ def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:
     fixed = traces.LengthDist
     trace = traces.synthetic(case["requests"], float("inf"), "fixed",
                              fixed("fixed", case["prompt_len"]), fixed("fixed", case["gen_len"]))
-    config = ServeConfig(plan=f"tp{tp}", kv_memory_fraction=case["kv_fraction"],
+    # `plan`: the replica's plan in the partitioner's syntax over its `tp` GPUs (adp8ep8)
+    config = ServeConfig(plan=case.get("plan", f"tp{tp}"), kv_memory_fraction=case["kv_fraction"],
                          limits=Limits(case["max_batch"], case["token_budget"], True),
                          options=_row_options(case))
     sim = Simulation(_spec(case), load_cluster(case["cluster"], {"sockets": tp}), trace, config,
