@@ -236,6 +236,12 @@ class KernelByKernel:
 
 
 def _options(options: Any) -> GpuOptions:
+    """The options given, or the default serving stack's (chip/serving_stacks.py): a GPU step
+    always runs as some named engine runs it."""
+    if options is None:
+        from chip.serving_stacks import default_options  # (it imports GpuOptions from here)
+
+        return default_options()
     return options_of(options, GpuOptions, "kernel_by_kernel")
 
 

@@ -14,11 +14,20 @@ A profile fixes three choices of the stack (interpretation: docs/execution_model
   head's block reads it (a group's worth of SM-side traffic).
 Which stack uses what is public documentation of each project (cited per entry); the seconds are
 parameters of the chip, each with its basis and calibration status (docs/calibration.md).
+
+A GPU always runs a named stack: `--stack`, or DEFAULT_STACK (why that one:
+docs/execution_models.md, "GPU serving stacks"); the execution model's bare GpuOptions()
+is never what a command runs. A profile is one GpuOptions; what a stack adds beyond its
+execution options (kernel efficiencies, the memory its runtime reserves) belongs on it as
+fields, so that every path that names the stack carries them.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from chip.kernel_by_kernel import GpuOptions
+from chip.spec import ChipSpec
 from workloads.errors import ConfigError
 
 STACKS: dict[str, GpuOptions] = {
@@ -57,10 +66,54 @@ STACKS: dict[str, GpuOptions] = {
 }
 
 
-def stack(name: str) -> GpuOptions:
+# The stack a GPU runs when none is named. SGLang: a current engine whose defaults are public
+# (python/sglang/srt/server_args.py: disable_cuda_graph, disable_custom_all_reduce and
+# disable_overlap_schedule all False; FlashInfer / FA3 decode attention, which split the context
+# and pack GQA groups), the engine DeepSeek-V3's model card lists first for serving it, and the
+# profile that measured current-engine figures on Hopper agree with (docs/execution_models.md).
+DEFAULT_STACK = "sglang"
+
+
+def stack(name: str, where: str = "--stack") -> GpuOptions:
     try:
         return STACKS[name]
     except KeyError:
         raise ConfigError(
-            f"--stack: {name!r} unknown; accepted: {', '.join(sorted(STACKS))}"
+            f"{where}: {name!r} unknown; accepted: {', '.join(sorted(STACKS))}"
         ) from None
+
+
+def default_stack(chip: ChipSpec) -> str | None:
+    """The stack `chip` runs when none is named: DEFAULT_STACK on a GPU; None elsewhere (an
+    RDU socket's runtime is its execution model, not a serving engine)."""
+    return DEFAULT_STACK if chip.kind == "gpu" else None
+
+
+def options_for(chip: ChipSpec, name: str | None, where: str = "--stack",
+                system: str = "") -> GpuOptions | None:
+    """The execution options of stack `name` (default: default_stack) on `chip`. A stack named
+    for a chip that is not a GPU is refused (`system`: the cluster, for the message)."""
+    profile = stack(DEFAULT_STACK if name is None else name, where)  # known, or refused
+    if chip.kind != "gpu":
+        if name is not None:
+            raise ConfigError(
+                f"{where}: {name!r} is a GPU serving stack; {system or chip.name} runs "
+                f"{chip.name} sockets ({chip.execution_model}), which take none")
+        return None
+    return profile
+
+
+def stack_of(chip: ChipSpec, options: Any) -> str | None:
+    """The stack a run on `chip` with `options` used (the `stack` field of results): the
+    profile's name, DEFAULT_STACK where none was given, "custom" for GpuOptions no profile
+    named; None off a GPU."""
+    if chip.kind != "gpu":
+        return None
+    if options is None:
+        return DEFAULT_STACK
+    return getattr(options, "stack", "") or "custom"
+
+
+def default_options() -> GpuOptions:
+    """What the GPU execution model runs when given no options: the default stack."""
+    return STACKS[DEFAULT_STACK]

@@ -60,6 +60,7 @@ class Estimate:
     model_sockets: int = 0  # sockets holding one copy of the model (default: tp)
     misfit: Any = ""  # per point: "" where it fits, else why not (partitioning.footprint)
     kv_cache_bytes_per_socket: Work = np.nan  # the fullest socket's share of kv_cache_bytes
+    stack: str | None = None  # the GPU serving stack it ran (chip.serving_stacks.stack_of)
 
     @property
     def group_sockets(self) -> int:
@@ -138,6 +139,7 @@ def from_plan_estimate(model: ModelSpec, cluster: ClusterSpec, pe: PlanEstimate)
         model_sockets=pe.plan.model_sockets,
         misfit=pe.misfit,
         kv_cache_bytes_per_socket=pe.kv_cache_bytes_per_socket,
+        stack=pe.stack,
     )
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from chip import execution
 from chip.cost import StepCost
+from chip.serving_stacks import stack_of
 from interconnect import build_topology, comm_time_fn
 from partitioning.cluster import ClusterSpec
 from partitioning.expert_routing import RoutingModel, expert_load
@@ -72,6 +73,7 @@ class PlanEstimate:
     misfit: Any  # per point: "" where it fits, else the one-line reason (footprint.misfits)
     hbm_bandwidth: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    stack: str | None = None  # the GPU serving stack it ran (chip.serving_stacks.stack_of)
 
     @property
     def ttft_s(self) -> Work | None:
@@ -272,7 +274,8 @@ def evaluate_plan(
         shape = replace(StepShape.prefill(batch, prompt_len), identical=same)
         pre = _sum_costs([cost(p, shape, pload) for p in heads])
     return PlanEstimate(plan, spec.name, cluster.name, batch, prompt_len, gen_len, costs, ddr,
-                        m, tpot, pre, fps, load, misfit, cluster.chip.hbm.bandwidth_bytes_per_s)
+                        m, tpot, pre, fps, load, misfit, cluster.chip.hbm.bandwidth_bytes_per_s,
+                        stack=stack_of(cluster.chip, s.options))
 
 
 def footprint(scenario: Scenario, check: bool = True) -> tuple[tuple[Footprint, ...], Any]:

@@ -26,7 +26,7 @@ def run(*args):
 
 
 def test_max_batch_keeps_tpot_within_the_bound():
-    rc = cap.replica_cost(load_model("llama-3.1-8b"), "dgx-h100", "tp2", 512, 32,
+    rc = cap.replica_cost(load_model("llama-3.1-8b"), "dgx-h100", "tp2", (512, 32),
                           load_fabric("ib-ndr"))
     assert np.all(np.diff(rc.tpot_s) >= 0)  # a bigger batch never steps faster
     b = rc.max_batch(0.006)

@@ -72,11 +72,16 @@ def test_flags_and_repeatable_options_may_repeat_and_help_wins():
     assert r.exit_code == 0 and "Usage:" in r.stdout, r.output
 
 
-def test_simulate_refuses_a_serving_stack_the_speculative_table_ignores():
+def test_the_speculative_table_runs_the_serving_stack():
+    import json
+
     args = ["simulate", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--draft",
-            "llama-3.2-1b", "--json"]
-    assert run(*args).exit_code == 0
-    refused(run(*args, "--stack", "vllm"), "--stack: not with --draft")
+            "llama-3.2-1b", "--spec-k", "3", "--json"]
+    rows = {s: json.loads(run(*args, "--stack", s).stdout.splitlines()[0])
+            for s in ("vllm", "tensorrt-llm")}
+    assert {s: r["stack"] for s, r in rows.items()} == {s: s for s in rows}
+    assert rows["vllm"]["tpot_s"] != rows["tensorrt-llm"]["tpot_s"]
+    refused(run(*args, "--stack", "bogus"), "--stack: 'bogus' unknown")
 
 
 @pytest.mark.parametrize("extra, unused", [(["--objective", "throughput"], "--objective"),

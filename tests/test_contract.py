@@ -118,7 +118,10 @@ def test_every_command_reports_the_same_hbm_and_tpot(point):
     for other in (planned["tpot_s"], swept["tpot_s"]):
         assert other == pytest.approx(sim["tpot_s"], rel=REL)
     at_prompt = _simulate(model, cluster, plan, batch, prompt, 1)
-    assert at_prompt["tpot_s"] < sim["tpot_s"]  # a longer mean context costs more
+    # a longer mean context streams more KV; the step costs more, or as much where something
+    # else bounds it (the default GPU stack's overlapped host, longer than a small model's step)
+    assert at_prompt["decode_kv_streaming_s"] < sim["decode_kv_streaming_s"]
+    assert at_prompt["tpot_s"] <= sim["tpot_s"]
     if Plan.parse(plan).pp > 1:
         return  # the engine's pipeline step: test_the_engine_pipelines_as_the_evaluator_does
     if Plan.parse(plan).ep == 1:

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from chip import serving_stacks
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.plan import validate as validate_plan
 from rdu_cluster.backends import BACKENDS
@@ -27,7 +28,7 @@ from rdu_cluster.cli.options import (
     session_options,
     speculative_options,
 )
-from rdu_cluster.config import MAX_SOCKETS, load_fabric
+from rdu_cluster.config import MAX_SOCKETS, load_cluster, load_fabric
 from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.output import atomic
 from rdu_cluster.scenarios import capacity as cap
@@ -48,6 +49,10 @@ MAX_SHORTLIST = 100
 @click.option("--model", "model_ref", required=True, help="Catalog name or config.json path.")
 @click.option("--weights", "weights", multiple=True,
               help="Weight dtype(s) to try (fp8, bf16, ...) [default: the model's]; repeatable.")
+@click.option("--stack", "stacks", multiple=True,
+              help="GPU systems: the serving stack(s) to try (" + ", ".join(serving_stacks.STACKS)
+              + f") [default: {serving_stacks.DEFAULT_STACK}]; repeatable. RDU systems take "
+              "none (refused when no --cluster is a GPU).")
 @click.option("--cluster", "clusters", multiple=True, required=True,
               help="A system to consider (a cluster: its chip, node and price); repeatable.")
 @click.option("--plan", "plans", multiple=True,
@@ -99,11 +104,12 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
              output_len, requests, slos, slo_percentile, disaggregated, pairs, fabric, shortlist,
              seed, prefix_cache, backend_name, as_json, plot_path, trace_path, n_sessions,
              turns, system_prompt, think_time, spec_mode, draft, spec_k, tree, placement,
-             draft_sockets, acceptance) -> None:
+             draft_sockets, acceptance, stacks) -> None:
     """Find the cheapest deployments that meet a latency SLO for a traffic."""
     started = time.perf_counter()
     # a dtype given twice is one candidate (as a --cluster or --plan given twice is)
     weights = tuple(dict.fromkeys(w.lower() for w in weights))
+    stacks = tuple(dict.fromkeys(stacks))
     if rate is not None and not 0 < rate < math.inf:
         raise ConfigError(f"--rate: must be a positive finite number, got {rate}")
     if plot_path and Path(plot_path).suffix != ".html":
@@ -127,21 +133,26 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     fab = load_fabric(fabric)
     pairs = _pairs(pairs, clusters, disaggregated)
     _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree)
+    _check_stacks(stacks, clusters)
     if pairs and traffic.sessions:
         raise ConfigError("--pair/--disaggregated: not with --sessions (the disaggregated "
                           "engine runs open loop only)")
     results, costs = [], []
-    for w in weights or (None,):
+    for w, stack in [(w, s) for w in weights or (None,) for s in stacks or (None,)]:
         model = with_dtypes(load_model(model_ref), w, None)
-        choose = lambda cl, plan, model=model: workload.speculation(
-            model, cl, _sample(traffic), draft, spec_k, acceptance, 1, tree, "shared", 1, plan)
-        groups = {(c, on): _costs(model, c, plans, max_nodes, prompt, gen, fab,
-                                  draft if on else None, choose)
-                  for c in clusters for on in modes}
+        choose = lambda cl, plan, model=model, stack=stack: workload.speculation(
+            model, cl, _sample(traffic), draft, spec_k, acceptance, 1, tree, "shared", 1, plan,
+            serving_stacks.options_for(cl.chip, stack if cl.chip.kind == "gpu" else None))
+        # an RDU system takes no stack: its candidates come once, with the first stack's
+        first = stack is None or stack == stacks[0]
+        systems = [c for c in clusters if first or _gpu(c)]
+        groups = {(c, on): _costs(model, c, plans, max_nodes, (prompt, gen), fab,
+                                  draft if on else None, choose, stack if _gpu(c) else None)
+                  for c in systems for on in modes}
         costs += [(w, c) for cs in groups.values() for c in cs]
         per = {c: cs for (c, on), cs in groups.items() if not on}
-        cands = _shortlist(groups.values(), per, pairs, traffic, slo, max_nodes, prompt, gen,
-                           model, fab, shortlist)
+        cands = _shortlist(groups.values(), per, _stack_pairs(pairs, stack, first), traffic,
+                           slo, max_nodes, prompt, gen, model, fab, shortlist, stack)
         for dep in cands:
             results.append(_verified(dep, model, model_ref, w, traffic, slo, fab,
                                      backend_name, max_nodes))
@@ -262,14 +273,38 @@ def _pairs(pairs, clusters, disaggregated) -> list[tuple[str, str]]:
     return out
 
 
-def _costs(model, cluster, plans, max_nodes, prompt, gen, fab, draft=None,
-           choose=None) -> list[cap.ReplicaCost]:
+def _costs(model, cluster, plans, max_nodes, lengths, fab, draft=None, choose=None,
+           stack=None) -> list[cap.ReplicaCost]:
     names = plans or cap.replica_plans(model, cluster, max_nodes)
-    out = [cap.replica_cost(model, cluster, p, prompt, gen, fab, draft, choose) for p in names]
+    out = [cap.replica_cost(model, cluster, p, lengths, fab, draft, choose, stack)
+           for p in names]
     return [c for c in out if c is not None]
 
 
-def _shortlist(groups, per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab, k):
+def _gpu(cluster_ref: str) -> bool:
+    return load_cluster(cluster_ref).chip.kind == "gpu"
+
+
+def _check_stacks(stacks: tuple[str, ...], clusters: tuple[str, ...]) -> None:
+    """Each --stack known; --stack with no GPU among the systems refused (none would run it)."""
+    for name in stacks:
+        serving_stacks.stack(name)
+    if stacks and not any(_gpu(c) for c in clusters):
+        first = load_cluster(clusters[0])
+        serving_stacks.options_for(first.chip, stacks[0], system=first.name)  # refuses
+
+
+def _stack_pairs(pairs, stack: str | None, first: bool) -> list[tuple[str, str]]:
+    """The pairs a stack is tried on: RDU-only pairs once (with the first stack); a pair with
+    an RDU pool under the default stack only (its GPU pool is then served with no --stack)."""
+    gpu = lambda p, d: (_gpu(p), _gpu(d))
+    return [(p, d) for p, d in pairs
+            if (first or any(gpu(p, d)))
+            and (all(gpu(p, d)) or stack in (None, serving_stacks.DEFAULT_STACK))]
+
+
+def _shortlist(groups, per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab, k,
+               stack=None):
     """The `k` cheapest analytic candidates of each system (with and without speculation) and
     of each pair (without)."""
     out = []
@@ -277,8 +312,10 @@ def _shortlist(groups, per, pairs, traffic, slo, max_nodes, prompt, gen, model, 
         deps = [cap.aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
         out += _cheapest([d for d in deps if d is not None], k)
     for p, d in pairs:
-        pre = per.get(p) or _costs(model, p, (), max_nodes, prompt, gen, fab)
-        dec = per.get(d) or _costs(model, d, (), max_nodes, prompt, gen, fab)
+        pre = per.get(p) or _costs(model, p, (), max_nodes, (prompt, gen), fab,
+                                   stack=stack if _gpu(p) else None)
+        dec = per.get(d) or _costs(model, d, (), max_nodes, (prompt, gen), fab,
+                                   stack=stack if _gpu(d) else None)
         if not pre or not dec:
             continue
         prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
@@ -323,7 +360,8 @@ def _verified(dep, model, model_ref, w, traffic, slo, fab, backend_name, max_nod
 def _record(r: cap.Result, slo: cap.SLO) -> dict:
     d, s, b = r.deployment, r.summary, r.summary["bench"]
     return {
-        "system": d.label, "weights": _weights(r), "sockets": d.sockets, "nodes": d.nodes,
+        "system": d.label, "weights": _weights(r), "stack": d.stack, "sockets": d.sockets,
+        "nodes": d.nodes,
         "plan": " + ".join(str(p) for p in d.pools)
         + (f" +{d.draft} k{d.speculation.k}" if d.draft else ""),
         "speculative": ({"draft": d.draft, "k": d.speculation.k} if d.draft else None),
@@ -367,7 +405,7 @@ def _table(results, slo, traffic, wall) -> str:
         load = f"{shlex.join(traffic.workload_args)} ({load})"
     bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo.ttft_ms),
                                                          ("TPOT", slo.tpot_ms)) if v)
-    head = (f"{'#':>2} {'system':<20} {'sockets':>7} {'nodes':>5} {'plan':<34} {'batch':>5} "
+    head = (f"{'#':>2} {'system':<24} {'sockets':>7} {'nodes':>5} {'plan':<34} {'batch':>5} "
             f"{'tok/s/user':>10} {'tok/s/sock':>10} {'$/Mtok':>7} {'J/tok':>6} "
             f"{f'p{pw} TTFT':>10} {f'p{pw} TPOT':>10}  SLO")
     title = (f"capacity: {load}, {bounds} at p{pw}; {len(results)} deployments verified "
@@ -376,7 +414,7 @@ def _table(results, slo, traffic, wall) -> str:
     for i, r in enumerate(results, 1):
         rec = _record(r, slo)
         lines.append(
-            f"{i:>2} {rec['system'] + (' ' + rec['weights'] if rec['weights'] else ''):<20} "
+            f"{i:>2} {' '.join(x for x in (rec['system'], rec['weights'], rec['stack']) if x):<24} "
             f"{rec['sockets']:>7} {rec['nodes']:>5} {rec['plan']:<34} {rec['max_batch']:>5} "
             f"{_f(rec['tokens_per_s_per_user'], '.1f'):>10} "
             f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
@@ -426,7 +464,7 @@ def _plot(costs, path: Path) -> None:
         raise ConfigError(f"--plot {path}: folder {path.parent} does not exist")
     systems: dict[str, list] = {}
     for w, c in costs:
-        pts = systems.setdefault(c.cluster + (f" {w}" if w else ""), [[], [], []])
+        pts = systems.setdefault(" ".join(x for x in (c.cluster, w, c.stack) if x), [[], [], []])
         pts[0] += list(c.batches / c.tpot_s / c.group)
         pts[1] += list(1 / c.tpot_s)
         pts[2] += [f"{c.plan}, batch {b}" for b in c.batches]

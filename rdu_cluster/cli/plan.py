@@ -6,6 +6,7 @@ import json
 
 import click
 
+from chip import serving_stacks
 from partitioning.evaluate import PlanEstimate, evaluate_plan, search_plans
 from partitioning.expert_routing import RoutingModel
 from partitioning.footprint import Placement, PlanDoesNotFit
@@ -48,9 +49,12 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per plan.")
 @click.option("--plan", "plan_text", default=None,
               help="Evaluate this plan only (tp16, tp4pp2, ...) instead of searching.")
+@click.option("--stack", "stack_name", default=None,
+              help=f"GPU clusters: the serving stack ({', '.join(serving_stacks.STACKS)}) "
+                   f"[default: {serving_stacks.DEFAULT_STACK}]; an RDU cluster takes none.")
 @hardware_options
 def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype, spill,
-         routing, seed, as_json, plan_text, overrides) -> None:
+         routing, seed, as_json, plan_text, stack_name, overrides) -> None:
     """Enumerate and rank the plans (tp, pp, ep, dp, per-block degrees) of MODEL on CLUSTER."""
     if plan_text and (unused := o.given(click.get_current_context(), "objective", "top")):
         raise ConfigError(f"{'/'.join(unused)}: not with --plan (it evaluates that one plan: "
@@ -74,7 +78,8 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     cluster = load_cluster(cluster_ref, overrides)
     placement = Placement(weights="auto", kv_cache="auto") if spill else Placement()
     routing_model = parse_routing(routing, seed)
-    scenario = Scenario(spec, cluster, None, batch, context, gen_len, None, routing_model,
+    options = serving_stacks.options_for(cluster.chip, stack_name, system=cluster.name)
+    scenario = Scenario(spec, cluster, None, batch, context, gen_len, options, routing_model,
                         placement)
     if plan_text:  # one plan: refused, if it does not fit, with the message every command gives
         one = evaluate_plan(scenario.but(plan=Plan.parse(plan_text)), prefill=False)
@@ -95,6 +100,7 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
         f"{cluster.name}: batch {batch}, "
         f"context {context}, gen {gen_len}, objective {objective}; {result.evaluated} plans, "
         f"{len(result.ranked)} fit{', spill to DDR allowed' if spill else ''}"
+        f"{'; stack ' + result.ranked[0].stack if result.ranked[0].stack else ''}"
     )
     header = ["#", "plan", "sockets", "tp", "pp", "ep", "dp", "tok/s/req", "tok/s total",
               "HBM GB/socket", "DDR GB/socket", "bound"]
@@ -129,6 +135,7 @@ def plan_row(e: PlanEstimate, chip) -> dict:
     row = {
         "plan": p.name, "sockets": p.sockets, "tp": p.tp, "pp": p.pp, "ep": p.ep, "dp": p.dp,
         "adp": p.adp, "mixer_tp": {m.value: d for m, d in p.mixer_tp},
+        "stack": e.stack,
         "tokens_per_s_per_request": e.tokens_per_s_per_request,
         "tokens_per_s_total": e.tokens_per_s_total,
         "tpot_s": e.tpot_s,
@@ -138,7 +145,6 @@ def plan_row(e: PlanEstimate, chip) -> dict:
         "expert_load": e.expert_load,
         "bound": e.bound,
     }
-    stack = getattr(e.options, "stack", None) if hasattr(e, "options") else None
-    row.update(uncertainty.scalar_columns(uncertainty.columns(row, chip=chip, stack=stack,
+    row.update(uncertainty.scalar_columns(uncertainty.columns(row, chip=chip, stack=e.stack,
                                                               batch=e.batch)))
     return row

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from chip import serving_stacks
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli import options as o
@@ -143,6 +144,9 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               help="Disaggregated serving: CLUSTER:PLAN:M decode replicas (with --prefill-pool).")
 @click.option("--fabric", default=DEFAULT_FABRIC, show_default=True,
               help="Inter-node fabric for the KV hand-over (cluster_configs/fabrics/).")
+@click.option("--stack", "stack_name", default=None,
+              help=f"GPU clusters: the serving stack ({', '.join(serving_stacks.STACKS)}) "
+                   f"[default: {serving_stacks.DEFAULT_STACK}]; an RDU cluster takes none.")
 @hardware_options
 def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, burstiness,
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
@@ -151,7 +155,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           placement, draft_sockets, concurrency, routing, weights_dtype, kv_dtype,
           metric_percentiles, goodput, as_json, replicas, ramp_up, prefill_pool, decode_pool,
           fabric, acceptance, no_progress, timeline_path, overrides, n_sessions, turns,
-          system_prompt, think_time, prefix_cache, prefix_block, prefix_eviction) -> None:
+          system_prompt, think_time, prefix_cache, prefix_block, prefix_eviction,
+          stack_name) -> None:
     """Simulate serving a request trace on a cluster."""
     ctx = click.get_current_context()
     _check_unused(ctx, trace_path, n_sessions, arrival, prefill_pool or decode_pool, replicas)
@@ -177,8 +182,10 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     scenario = (None if coe_experts is None else coe.CoEScenario.copies(
         coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),
         hbm_slots=coe_hbm_slots, policy=coe_policy))
+    pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
+    options, stack = _stack(stack_name, [pools[0], pools[1]] if pools else [], cluster, model)
     speculation = workload.speculation(model, cluster, trace, draft, spec_k, acceptance,
-                                       max_batch, tree, placement, draft_sockets, plan)
+                                       max_batch, tree, placement, draft_sockets, plan, options)
     if scenario is not None and speculation is not None:
         raise ConfigError("--draft: not with --coe-experts")
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
@@ -186,7 +193,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                          speculation=speculation, draft=draft, coe=scenario,
                          draft_placement=placement, draft_sockets=draft_sockets,
                          metrics=bench_spec, routing=routing, concurrency=concurrency,
-                         prefix=PrefixConfig(prefix_cache, prefix_block, prefix_eviction))
+                         prefix=PrefixConfig(prefix_cache, prefix_block, prefix_eviction),
+                         options=options)
     schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
     if not (prefill_pool or decode_pool):  # before a backend starts (Ray takes seconds)
         for text in faults:
@@ -195,11 +203,11 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         raise ConfigError("--address: only with --backend ray")
     stream = atomic.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet
     timeline = _timeline(timeline_path, out_dir)
-    pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
     if timeline is not None and pools:
         raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
     name = f"{pools[0]} -> {pools[1]} over {pools[2].name}" if pools else cluster.name
-    context = {"model": model.name, "cluster": name, "plan": plan, "backend": backend_name,
+    context = {"model": model.name, "cluster": name, "plan": plan, "stack": stack,
+               "backend": backend_name,
                "routing": routing, "num_prompts": len(trace), "request_rate": rate,
                "burstiness": _vllm_burstiness(trace_path, arrival, burstiness),
                "max_concurrency": concurrency}
@@ -223,7 +231,19 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     if as_json:
         click.echo(json.dumps(doc))
     else:
-        click.echo(format_summary(tables, wall, backend_name, model.name, name))
+        click.echo(format_summary(tables, wall, backend_name, model.name,
+                                  name + (f", stack {stack}" if stack else "")))
+
+
+def _stack(name: str | None, pools: list, cluster, model) -> tuple:
+    """(execution options, stack name) of the run: --stack (or the default) on a GPU cluster;
+    with pools, on each pool's chip (a named stack wants GPUs in both; without one a GPU pool
+    beside an RDU pool runs the default stack, which the summary's stack names)."""
+    chips = ([(load_cluster(p.cluster).chip, str(p)) for p in pools]
+             or [(cluster.chip, cluster.name)])
+    options = [serving_stacks.options_for(c, name, system=s) for c, s in chips]
+    stacks = {serving_stacks.stack_of(c, o) for (c, _), o in zip(chips, options)} - {None}
+    return (options[0] if name else None), (stacks.pop() if stacks else None)
 
 
 def _coe_defaults(ctx: click.Context, coe_experts: int | None, model_ref: str,
@@ -280,8 +300,7 @@ def _intervals(sim, doc: dict) -> dict:
     if cluster is None:
         return uncertainty.serving_columns(doc, chip=None, stack=None, why_not=(
             "a disaggregated run's figures mix two pools; no interval model for them"))
-    stack = getattr(getattr(sim.config, "options", None), "stack", None)
-    return uncertainty.serving_columns(doc, chip=cluster.chip, stack=stack)
+    return uncertainty.serving_columns(doc, chip=cluster.chip, stack=doc["stack"])
 
 
 OVERLOAD_WARNING = ("warning: overloaded: the queue of requests waiting for admission grew "

@@ -13,7 +13,7 @@ from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.cli.plan import parse_routing
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import atomic, results
-from rdu_cluster.output.report import model_summary, overrides_line, side_by_side
+from rdu_cluster.output.report import model_summary, overrides_line, side_by_side, stacks_text
 from rdu_cluster.scenarios import coe, speculative
 from rdu_cluster.scenarios.ablate import ablate as run_ablation
 from rdu_cluster.scenarios.ablate import format_ablation
@@ -129,9 +129,9 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     "--stack",
     "stack_name",
     default=None,
-    help=f"GPU clusters: a serving-stack profile ({', '.join(serving_stacks.STACKS)}; "
-    "chip/serving_stacks.py) [default: the execution model's defaults]. RDU clusters ignore it; "
-    "not with --draft, --coe or --ablate.",
+    help=f"GPU clusters: the serving stack ({', '.join(serving_stacks.STACKS)}; "
+    f"chip/serving_stacks.py) [default: {serving_stacks.DEFAULT_STACK}]. RDU clusters take "
+    "none (refused when no --cluster is a GPU); not with --coe or --ablate.",
 )
 def simulate(
     model_ref,
@@ -186,6 +186,7 @@ def simulate(
             tree,
             placement=placement,
             draft_sockets=draft_sockets,
+            options=[_options(c, stack_name, clusters) for c in clusters],
             batch=batch,
             prompt_len=prompt_len,
             gen_len=gen_len,
@@ -198,10 +199,9 @@ def simulate(
         click.echo(results.json_lines(tbl) if as_json else text)
         return
     rows, estimates = [], []
-    profile = None if stack_name is None else serving_stacks.stack(stack_name)  # known, or exit 2
     routing_model = parse_routing(routing or "uniform", 0)
     for cluster in clusters:
-        options = profile if cluster.chip.kind == "gpu" else None
+        options = _options(cluster, stack_name, clusters)
         scenario = Scenario(spec, cluster, None, batch, prompt_len, gen_len, options,
                             routing_model)
         est = estimate(scenario.but(plan=_plan(scenario, tp, plan_text, objective)))
@@ -215,7 +215,17 @@ def simulate(
     else:
         if overrides:
             click.echo(overrides_line(overrides))
-        click.echo(model_summary(spec) + "\n" + side_by_side(estimates, clusters, rows))
+        click.echo(model_summary(spec) + "; " + stacks_text(estimates) + "\n"
+                   + side_by_side(estimates, clusters, rows))
+
+
+def _options(cluster, stack_name: str | None, clusters: list):
+    """The cluster's execution options: its stack (--stack, or the default) on a GPU. --stack
+    with no GPU among the clusters is refused; beside a GPU, an RDU cluster runs its own."""
+    if stack_name is not None and all(c.chip.kind != "gpu" for c in clusters):
+        serving_stacks.options_for(cluster.chip, stack_name, system=cluster.name)  # refuses
+    return serving_stacks.options_for(cluster.chip, None if cluster.chip.kind != "gpu"
+                                      else stack_name, system=cluster.name)
 
 
 def _plan(scenario: Scenario, tp: int | None, plan_text: str | None, objective: str) -> Plan:
@@ -247,9 +257,9 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
                                      "out_path", "as_json")):
         raise ConfigError(f"{'/'.join(unused)}: not with --ablate (its text tables take "
                           "--model, --cluster, --batch, the lengths, --tp, the dtypes and --set)")
-    if draft is not None and (unused := o.given(ctx, "stack_name", "routing")):
-        raise ConfigError(f"{unused[0]}: not with --draft (the speculative table costs each GPU "
-                          "with its execution model's defaults)")
+    if draft is not None and (unused := o.given(ctx, "routing")):
+        raise ConfigError(f"{unused[0]}: not with --draft (the speculative table costs uniform "
+                          "routing)")
     if ctx.params["tp"] and ctx.params["plan_text"]:
         raise ConfigError("--tp and --plan: give one of them")
     if o.given(ctx, "objective"):

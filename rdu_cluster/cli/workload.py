@@ -111,10 +111,10 @@ def session_trace(path, n_requests, n, turns, rate, arrival, prompt_len, output_
 
 
 def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tree, placement,
-                draft_sockets, plan) -> Speculation | None:
+                draft_sockets, plan, options=None) -> Speculation | None:
     """--draft/--spec-k/--acceptance/--tree as simulate parses them; k by default: the fastest
     per request in 1..16 (a tree: up to its depth) at the trace's mean lengths, --max-batch and
-    the placement, on the plan's tp (speculative.best_k)."""
+    the placement, on the plan's tp, with the run's execution `options` (speculative.best_k)."""
     if draft is None:
         given = [n for n, v in (("--spec-k", spec_k), ("--acceptance", acceptance),
                                 ("--tree", tree)) if v is not None]
@@ -133,7 +133,7 @@ def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tre
         return Speculation(spec_k, acc, branching)
     tp = PlanSpec.parse(plan, cluster, model).tp
     scenario = Scenario(model, cluster, tensor_plan(cluster, tp), max_batch,
-                        float(trace.prompt_len.mean()), float(trace.output_len.mean()))
+                        float(trace.prompt_len.mean()), float(trace.output_len.mean()), options)
     best = speculative.best_k(scenario, acc, draft,
                               ks=range(1, (len(branching) if branching else 16) + 1),
                               branching=branching, placement=placement,

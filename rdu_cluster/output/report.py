@@ -40,6 +40,15 @@ def model_summary(spec: ModelSpec) -> str:
             f"KV cache {spec.precision.kv_cache.value}")
 
 
+def stacks_text(estimates) -> str:
+    """The serving stack of each estimate's cluster, for a first line: "stack sglang", or per
+    cluster where they differ ("stack: dgx-h100 sglang, sn40l-16 none")."""
+    named = [(e.cluster, e.stack or "none") for e in estimates]
+    if len({s for _, s in named}) == 1 and named[0][1] != "none":
+        return f"stack {named[0][1]}"
+    return "stack: " + ", ".join(f"{c} {s}" for c, s in named)
+
+
 def overrides_line(overrides: dict) -> str:
     """The --set / --sockets overrides a run was given, so its output says what it changed."""
     return "overrides: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))

@@ -18,7 +18,8 @@ from rdu_cluster.scenarios.economics import COLUMNS as ECONOMICS
 from rdu_cluster.validation import uncertainty
 from workloads.ops import OpClass
 
-SCHEMA_VERSION = "3"  # 2: feasible / infeasible_reason; 3: <figure>_low/_high, interval_note
+SCHEMA_VERSION = "4"  # 2: feasible / infeasible_reason; 3: <figure>_low/_high, interval_note;
+# 4: stack
 
 # The first columns are a public interface (`simulate --json`): keep their names.
 PUBLIC = [
@@ -46,6 +47,8 @@ DETAIL = (
         ("replicas", pa.int64()),
         ("chip", pa.string()),
         ("execution_model", pa.string()),
+        # the GPU serving stack (chip/serving_stacks.py); null on a chip that takes none
+        ("stack", pa.string()),
         ("hbm_used_bytes_per_socket", pa.float64()),
         ("kv_cache_bytes_per_socket", pa.float64()),
         # false where the point does not fit (partitioning.footprint.misfits), with the reason;
@@ -115,6 +118,7 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
         "replicas": est.replicas,
         "chip": chip,
         "execution_model": model,
+        "stack": est.stack,
         "hbm_used_bytes_per_socket": est.hbm_used_bytes,
         "kv_cache_bytes_per_socket": est.kv_cache_bytes_per_socket,
         "feasible": np.asarray(est.misfit) == "",

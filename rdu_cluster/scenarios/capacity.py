@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from chip import serving_stacks
 from partitioning.estimate import estimate
 from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
@@ -173,6 +174,7 @@ class ReplicaCost:
     sockets_per_node: int
     draft: str | None = None  # speculative decoding: the draft model and its speculation
     speculation: Speculation | None = None
+    stack: str | None = None  # the GPU serving stack (chip/serving_stacks.py); None off a GPU
 
     def max_batch(self, tpot_bound_s: float | None) -> int:
         ok = self.batches if tpot_bound_s is None else self.batches[self.tpot_s <= tpot_bound_s]
@@ -187,19 +189,22 @@ class ReplicaCost:
         return float(np.interp(batch, self.batches, self.tpot_s))
 
 
-def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, gen: float,
+def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, lengths: tuple[float, float],
                  fabric: FabricSpec, draft: str | None = None,
                  choose: Callable[[ClusterSpec, str], Speculation] | None = None,
-                 ) -> ReplicaCost | None:
+                 stack: str | None = None) -> ReplicaCost | None:
     """None when the plan does not fit the chip (weights, or no room for one sequence's KV).
-    With `draft`: speculative decoding, `choose` giving the speculation on the replica's
-    cluster and plan; TPOT is then the speculative step over the tokens it emits
-    (scenarios/speculative.py), on tensor-parallel plans only (the draft shares the target's
-    sockets)."""
+    `lengths`: the mean (prompt, output) lengths; `stack`: the GPU serving stack (default: the
+    default stack; chip/serving_stacks.py). With `draft`: speculative decoding, `choose`
+    giving the speculation on the replica's cluster and plan; TPOT is then the speculative
+    step over the tokens it emits (scenarios/speculative.py), on tensor-parallel plans only
+    (the draft shares the target's sockets)."""
     try:
         cl = Pool(cluster_ref, plan, 1).spec(model, fabric)
     except ConfigError:
         return None
+    options = serving_stacks.options_for(cl.chip, stack, system=cluster_ref)
+    prompt, gen = lengths
     g = cl.sockets
     hbm = cl.chip.hbm.capacity_bytes
     p = PartitionPlan.parse(plan)
@@ -207,7 +212,8 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
     # per socket, and one sequence's KV cache with heads replicated where tp exceeds them; the
     # engine sizes its KV blocks from the same regions.
     try:
-        fps, _ = footprint(Scenario(model, cl, p, 1, int(prompt), int(gen)), check=False)
+        base = Scenario(model, cl, p, 1, int(prompt), int(gen), options)
+        fps, _ = footprint(base, check=False)
     except ConfigError:
         return None
     resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
@@ -219,22 +225,23 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
     batches = BATCHES[BATCHES <= kv_batch]
     if not len(batches):
         return None
-    at = lambda b: estimate(Scenario(model, cl, p, b, int(prompt), int(gen)))
+    at = lambda b: estimate(base.but(batch=b))
+    named = serving_stacks.stack_of(cl.chip, options)
     if draft is not None:
         if p.pp != 1 or p.ep != 1 or p.adp != 1:
             return None
         try:
             spec, memo = choose(cl, plan), {}
             ests = [speculative.speculative_estimate(
-                Scenario(model, cl, tensor_plan(cl, p.tp), int(b), int(prompt), int(gen)),
-                spec, draft, memo=memo) for b in batches]
+                base.but(plan=tensor_plan(cl, p.tp), batch=int(b)), spec, draft, memo=memo)
+                for b in batches]
             tpot = np.array([float(e.tpot_s) for e in ests])
             prefill = float(ests[0].ttft_s)  # batch 1 (BATCHES[0]): the draft's prefill too
         except ConfigError:
             return None
         price = cl.cost.get("socket_hour_usd") if cl.cost else None
         return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
-                           load_cluster(cluster_ref).sockets_per_node, draft, spec)
+                           load_cluster(cluster_ref).sockets_per_node, draft, spec, named)
     try:
         if p.pp == 1 and p.ep == 1:  # tensor parallel: one vectorized call over the batches
             est = at(batches)
@@ -247,7 +254,7 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, prompt: float, g
         return None
     price = cl.cost.get("socket_hour_usd") if cl.cost else None
     return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
-                       load_cluster(cluster_ref).sockets_per_node)
+                       load_cluster(cluster_ref).sockets_per_node, stack=named)
 
 
 def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[str]:
@@ -279,6 +286,7 @@ class Deployment:
     analytic: dict = field(default_factory=dict)
     draft: str | None = None  # speculative decoding (aggregated only)
     speculation: Speculation | None = None
+    stack: str | None = None  # the GPU pools' serving stack; None where no pool is a GPU
 
     @property
     def disaggregated(self) -> bool:
@@ -340,7 +348,7 @@ def aggregated(cost: ReplicaCost, traffic: Traffic, slo: SLO, max_nodes: int,
             return Deployment(cost.cluster, (Pool(cost.cluster, cost.plan, n),), b_max, None,
                               _short(e2e), (cost.sockets_per_node,), price,
                               {"tpot_s": tpot_eff, "rho": rho, "e2e_s": e2e}, cost.draft,
-                              cost.speculation)
+                              cost.speculation, cost.stack)
     return None
 
 
@@ -398,7 +406,8 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                       Pool(dec.cluster, dec.plan, n_d)), b_max, _short(lam), 0.0,
                       (pre.sockets_per_node, dec.sockets_per_node), price,
                       {"tpot_s": tpot, "rho": lam / n_p * pre.prefill_s, "e2e_s": e2e,
-                       "kv_transfer_s": move, "decode_socket_hour": prices[1]})
+                       "kv_transfer_s": move, "decode_socket_hour": prices[1]},
+                      stack=dec.stack or pre.stack)
 
 
 def _short(x: float) -> float:
@@ -435,7 +444,8 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
                          concurrency=(None if dep.disaggregated or traffic.trace is not None
                                       else traffic.concurrency),
                          prefix=PrefixConfig(traffic.prefix_cache),
-                         speculation=dep.speculation, draft=dep.draft)
+                         speculation=dep.speculation, draft=dep.draft,
+                         options=serving_stacks.stack(dep.stack) if _all_gpu(dep) else None)
     if dep.disaggregated:
         sim = Disaggregated(model, *dep.pools, fabric, trace, config, backend)
     else:
@@ -510,10 +520,19 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
              slo.goodput_args()]
     if traffic.prefix_cache is not None:
         args += ["--prefix-cache", traffic.prefix_cache]
+    if _all_gpu(dep):
+        args += ["--stack", dep.stack]
     if dep.draft is None:
         return args
     # k given: serve's own choice of k is made at its --max-batch, not the k verified
     return args + ["--draft", dep.draft, "--spec-k", str(dep.speculation.k), *traffic.spec_args]
+
+
+def _all_gpu(dep: Deployment) -> bool:
+    """Every pool on GPUs: the deployment's stack is then named to serve (a pool of RDU
+    sockets beside a GPU pool takes no --stack; its GPU pool runs the default one)."""
+    return dep.stack is not None and all(load_cluster(p.cluster).chip.kind == "gpu"
+                                         for p in dep.pools)
 
 
 def ranked(results: list[Result]) -> list[Result]:

@@ -38,7 +38,7 @@ from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine.plan import PlanSpec, check_draft_sockets
 from rdu_cluster.output import results
-from rdu_cluster.output.report import text_table
+from rdu_cluster.output.report import stacks_text, text_table
 from rdu_cluster.scenarios import economics
 from workloads import graph as graphs
 from workloads.catalog import load_model
@@ -474,7 +474,8 @@ def report(sests: list[SpecEstimate], clusters: list[ClusterSpec]) -> str:
     tree = f", tree {','.join(map(str, s.branching))}" if s.branching else ""
     title = (f"{first.base.model} speculative decoding: draft {first.draft}, acceptance "
              f"{s.acceptance.describe()}{tree}; batch {_i(first.base.batch)}, prompt "
-             f"{_i(first.base.prompt_len)}, gen {_i(first.base.gen_len)}")
+             f"{_i(first.base.prompt_len)}, gen {_i(first.base.gen_len)}; "
+             f"{stacks_text([e.base for e in sests])}")
     ms = lambda x: f"{_f(x) * 1e3:.3f}"
     econ = [economics.speculative_columns(e, c) for e, c in zip(sests, clusters)]
     rows = [
@@ -514,7 +515,7 @@ def simulate(
 ) -> tuple[list[dict], str]:
     """`simulate --draft`: one speculative estimate per cluster (k: given, or the best in
     1..16 for each cluster), its result rows and its text table. `kw`: batch, prompt_len,
-    gen_len, tp or plan (text), placement, draft_sockets."""
+    gen_len, tp or plan (text), placement, draft_sockets, options (one per cluster)."""
     acc = (default_acceptance(draft, target.name) if acceptance is None
            else parse_acceptance(acceptance))
     branching = parse_tree(tree)
@@ -524,8 +525,10 @@ def simulate(
             "draft_sockets": kw.get("draft_sockets", 1)}
     plans = [_replica_plan(c, plan, kw.get("tp"), **args) for c in clusters]
     sests = []
-    for cluster, p in zip(clusters, plans):
-        scenario = Scenario(target, cluster, p, kw["batch"], kw["prompt_len"], kw["gen_len"])
+    options = kw.get("options") or [None] * len(clusters)
+    for cluster, p, opts in zip(clusters, plans, options):
+        scenario = Scenario(target, cluster, p, kw["batch"], kw["prompt_len"], kw["gen_len"],
+                            opts)
         if spec_k is None:
             ks = range(1, (len(branching) if branching else 16) + 1)
             sests.append(best_k(scenario, acc, draft, ks=ks, branching=branching, **args))

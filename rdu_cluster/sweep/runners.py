@@ -103,6 +103,8 @@ def simulate_fields() -> dict[str, FieldDef]:
         FieldDef("weights", dtype, s, column="weights_dtype"),
         FieldDef("kv_dtype", dtype, s, column="kv_dtype"),
         FieldDef("execution_model", text, s, doc="[the chip's]"),
+        FieldDef("stack", text, s, doc="GPU serving stack (chip/serving_stacks.py) [the "
+                 "default stack]; refused on a chip that takes none (RDU)"),
         FieldDef("sockets", int_in(1, MAX_SOCKETS), i64, doc="override of the cluster's socket count"),
         FieldDef("sockets_per_node", int_in(1, MAX_SOCKETS), i64, column="sockets_per_node"),
         FieldDef("plan", text, s, doc="e.g. tp4pp2 [tp over all sockets]; the row says its name"),
@@ -160,16 +162,25 @@ def cached_model(ref: str, weights: str | None, kv: str | None):
     return spec.with_precision(p)
 
 
-def make_options(chip_kind: str, values: tuple[tuple[str, bool], ...]) -> Any:
-    """The options object for the chip kind, from the toggles that apply to it; None where the
-    point sets none (the execution model's defaults)."""
-    mine = {k: v for k, v in values if k in toggles(chip_kind)}
-    if not mine:
-        return None
-    cls = option_classes().get(chip_kind)
+def make_options(chip, values: tuple[tuple[str, bool], ...], stack: str | None = None) -> Any:
+    """A point's execution options: on a GPU its serving stack (`stack`, or the default;
+    chip/serving_stacks.py) with the toggles the point sets applied over it, the stack's name
+    then saying so ("sglang (cuda_graphs=False)"); elsewhere the toggles. None where it sets
+    neither (the execution model's default: on a GPU, the default stack). A stack on a chip
+    that takes none is refused."""
+    from chip import serving_stacks
+
+    base = serving_stacks.options_for(chip, stack, where="--stack")
+    mine = {k: v for k, v in values if k in toggles(chip.kind)}
+    if not mine:  # None: the execution model's own default (the default stack on a GPU)
+        return base if stack else None
+    if base is not None:
+        changed = ", ".join(f"{k}={v}" for k, v in sorted(mine.items()))
+        return dataclasses.replace(base, **mine, stack=f"{base.stack} ({changed})")
+    cls = option_classes().get(chip.kind)
     if cls is None:
         raise ConfigError(
-            f"options.{min(mine)}: this build has no {chip_kind} options (chip.dataflow) yet"
+            f"options.{min(mine)}: this build has no {chip.kind} options (chip.dataflow) yet"
         )
     return cls(**mine)
 
@@ -192,6 +203,7 @@ def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
         _blame(
             functools.partial(cached_model, ref, w, kv), ["model", "weights", "kv_dtype"], origin
         )
+    _check_stacks(points, origin)
     if engines:
         from chip import execution
 
@@ -205,6 +217,24 @@ def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
                 raise ConfigError(f"{origin.get('execution_model', 'base')}.{e} (the point "
                                   f"with cluster {p.fields['cluster']!r}: a filter can drop "
                                   "such points)") from None
+
+
+def _check_stacks(points: Sequence[Point], origin: Mapping[str, str]) -> None:
+    """A stack that is no stack, or named for a chip that takes none, as `--stack` refuses it."""
+    from chip import serving_stacks
+
+    seen = set()
+    for p in points:
+        name = p.fields.get("stack")
+        key = (name, p.fields["cluster"], cluster_overrides(p.fields))
+        if name is None or key in seen:
+            continue
+        seen.add(key)
+        cluster = point_cluster(p.fields)
+        try:
+            serving_stacks.options_for(cluster.chip, name, system=cluster.name)
+        except ConfigError as e:
+            raise ConfigError(f"{origin.get('stack', 'base')}.stack: {_unflag(str(e))}") from None
 
 
 def check_simulate_plans(points: Sequence[Point], origin: Mapping[str, str]) -> None:
@@ -283,7 +313,7 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     f = points[0].fields
     cluster = point_cluster(f)
     model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
-    options = make_options(cluster.chip.kind, option_values(f))
+    options = make_options(cluster.chip, option_values(f), f.get("stack"))
     engine = f.get("execution_model")
     arr = {k: np.array([p.fields[k] for p in points], dtype=float) for k in VECTOR}
     try:
@@ -379,7 +409,7 @@ def _objective(value: Any) -> str:
 def plan_fields() -> dict[str, FieldDef]:
     base = simulate_fields()
     keep = ("model", "cluster", "batch", "prompt_len", "gen_len", "weights", "sockets",
-            "sockets_per_node")
+            "sockets_per_node", "stack")
     fields = {k: base[k] for k in keep}
     for k in ("batch", "prompt_len", "gen_len"):  # not among the plan row's columns: add them
         fields[k] = dataclasses.replace(fields[k], column=k)
@@ -405,7 +435,7 @@ def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
         cluster = point_cluster(f)
         model = cached_model(f["model"], f.get("weights"), None)
         placement = Placement(weights="auto", kv_cache="auto") if f["spill"] else Placement()
-        options = make_options(cluster.chip.kind, option_values(f))
+        options = make_options(cluster.chip, option_values(f), f.get("stack"))
         who = {"point_id": p.id, "cluster": cluster.name, "model": model.name}
         try:
             check_context(model, f["prompt_len"], f["gen_len"], "prompt_len")
@@ -437,7 +467,8 @@ def _infeasible_row(known: Mapping[str, Any], reason: str) -> dict[str, Any]:
 
 
 PLAN_SCHEMA = pa.schema(
-    [("plan", pa.string()), ("sockets", pa.int64()), ("tp", pa.int64()), ("pp", pa.int64()),
+    [("plan", pa.string()), ("stack", pa.string()), ("sockets", pa.int64()),
+     ("tp", pa.int64()), ("pp", pa.int64()),
      ("ep", pa.int64()), ("dp", pa.int64()), ("mixer_tp", pa.string()),
      ("tokens_per_s_per_request", pa.float64()), ("tokens_per_s_total", pa.float64()),
      ("tpot_s", pa.float64()), ("hbm_used_bytes", pa.float64()), ("ddr_used_bytes", pa.float64()),
@@ -499,7 +530,7 @@ def serve_fields() -> dict[str, FieldDef]:
     base = simulate_fields()
     i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
     fields = {k: base[k] for k in ("model", "cluster", "weights", "kv_dtype", "sockets",
-                                    "sockets_per_node", "calibration")}
+                                    "sockets_per_node", "calibration", "stack")}
     for f in (
         FieldDef("plan", text, s, column="plan", doc="tp16, tp2ep8, tp4pp4 [tp over all sockets]"),
         FieldDef("execution_model", text, s, column="execution_model", doc="[the chip's]"),
@@ -569,7 +600,7 @@ SERVE_BANDED = ("throughput_tokens_per_s", "request_throughput",
                 "mean_itl_ms", "p99_itl_ms", "joules_per_token", "cost_per_million_tokens_usd")
 SERVE_SCHEMA = pa.schema(
     [("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
-     ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()), ("ep", pa.int64()),
+     ("stack", pa.string()), ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()), ("ep", pa.int64()),
      ("pp", pa.int64()), ("replicas", pa.int64()), ("requests", pa.int64()),
      ("requests_served", pa.int64()), ("requests_unserved", pa.int64()),
      ("preemptions", pa.int64()), ("swaps", pa.int64()), ("output_tokens", pa.int64()),
@@ -595,7 +626,7 @@ def _seed(f: Mapping[str, Any], seed: int) -> int:
     return f.get("seed", seed)
 
 
-def _serve_config(f: Mapping[str, Any], chip_kind: str, seed: int):
+def _serve_config(f: Mapping[str, Any], chip, seed: int):
     from rdu_cluster.engine import schedulers
     from rdu_cluster.engine.prefix_cache import PrefixConfig
     from rdu_cluster.engine.simulation import ServeConfig
@@ -605,7 +636,7 @@ def _serve_config(f: Mapping[str, Any], chip_kind: str, seed: int):
     return ServeConfig(plan=f.get("plan"), scheduler=f["scheduler"], limits=limits,
                        seed=_seed(f, seed), kv_memory_fraction=f["kv_fraction"],
                        execution_model=f.get("execution_model"),
-                       options=make_options(chip_kind, option_values(f)),
+                       options=make_options(chip, option_values(f), f.get("stack")),
                        faults=(f["fault"],) if "fault" in f else (),
                        concurrency=f.get("concurrency"), routing=f["routing"],
                        prefix=PrefixConfig(f.get("prefix_cache"), f.get("prefix_block"),
@@ -676,6 +707,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
     """Each point is one Simulation on a fresh local backend: deterministic given the point and
     the seed (a point's `seed` field, else the sweep's). A point the engine refuses (the weights
     do not fit at its plan) is infeasible, with the engine's message."""
+    from chip import serving_stacks
     from rdu_cluster.engine import metrics
     from rdu_cluster.engine.requests import DONE
 
@@ -684,7 +716,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
         f = p.fields
         cluster = point_cluster(f)
         model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
-        config = _serve_config(f, cluster.chip.kind, seed)
+        config = _serve_config(f, cluster.chip, seed)
         try:
             sim = _serve_sim(f, model, cluster, _trace(f, seed), config)
             tables = sim.run()
@@ -701,6 +733,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
                                    if ok])
         b = s["bench"]
         row = {"point_id": p.id, "model": model.name, "seed": config.seed, **_shape(sim),
+               "stack": serving_stacks.stack_of(cluster.chip, config.options),
                "request_throughput": b["request_throughput"],
                "mean_itl_ms": b["mean_itl_ms"], "p99_itl_ms": b.get("p99_itl_ms"),
                "max_concurrent_requests": b["max_concurrent_requests"],
@@ -727,13 +760,14 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
 
 def _serve_intervals(row: Mapping[str, Any], sim, cluster, config) -> dict[str, Any]:
     """The point's SERVE_BANDED figures' intervals (none for two pools: a disaggregated run)."""
+    from chip import serving_stacks
     from rdu_cluster.validation import uncertainty
 
     figures = {k: row[k] for k in SERVE_BANDED
                if isinstance(row.get(k), (int, float)) and not math.isnan(row[k])}
     why = ("a disaggregated run's figures mix two pools; no interval model for them"
            if hasattr(sim, "clusters") else "")
-    stack = getattr(getattr(config, "options", None), "stack", None)
+    stack = serving_stacks.stack_of(cluster.chip, config.options)
     return uncertainty.serving_columns(figures, chip=cluster.chip, stack=stack, why_not=why,
                                        keys=figures)
 
@@ -802,7 +836,7 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
                                functools.partial(Fault.parse, f["fault"], cluster)))
         checks.setdefault(("routing", f["routing"]), ("routing", "", functools.partial(
             replica_routing.get, f["routing"])))
-        _pool_checks(f, model, cluster.chip.kind, origin, checks)
+        _pool_checks(f, model, cluster.chip, origin, checks)
         prefix = PrefixConfig(f.get("prefix_cache"), f.get("prefix_block"),
                               f.get("prefix_eviction", evictions.DEFAULT))
         checks.setdefault(("prefix", prefix), (None, "", prefix.check))
@@ -810,7 +844,7 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
         if opts:
             checks.setdefault(("options", cluster.chip.kind, opts),
                               (f"options.{opts[0][0]}", "",
-                               functools.partial(make_options, cluster.chip.kind, opts)))
+                               functools.partial(make_options, cluster.chip, opts)))
     for field, context, load in checks.values():
         try:
             load()
@@ -820,7 +854,7 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
             raise ConfigError(f"{where}.{field}: {context}{_unflag(str(e))}") from None
 
 
-def _pool_checks(f: Mapping[str, Any], model, chip_kind: str, origin: Mapping[str, str],
+def _pool_checks(f: Mapping[str, Any], model, chip, origin: Mapping[str, str],
                  checks: dict) -> None:
     """A disaggregated point's spec errors, whatever its numbers: one pool without the other,
     a pool's cluster or plan, the fabric, and the fields the engine refuses beside pools (its
@@ -846,7 +880,7 @@ def _pool_checks(f: Mapping[str, Any], model, chip_kind: str, origin: Mapping[st
             _pool_plan, pool, model, f["fabric"])))
     one = np.ones(1, dtype=np.int64)
     stand_in = Trace(np.zeros(1), one, one, after=-one if "sessions" in f else None)
-    config = _serve_config(f, chip_kind, 0)
+    config = _serve_config(f, chip, 0)
     checks.setdefault(("disagg", "sessions" in f, config.concurrency, config.faults), (
         None, "", lambda: disagg.Disaggregated(model, *pools, load_fabric(f["fabric"]),
                                                stand_in, config, None)))

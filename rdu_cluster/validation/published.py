@@ -21,7 +21,7 @@ import numpy as np
 from chip.dataflow import DataflowOptions
 from chip.execution import params_for
 from chip.kernel_by_kernel import GpuOptions, GpuParams
-from chip.serving_stacks import STACKS
+from chip.serving_stacks import STACKS, default_options
 from partitioning.estimate import Estimate, estimate, tp_comm_time
 from partitioning.expert_routing import RoutingModel
 from partitioning.plan import Plan
@@ -334,7 +334,7 @@ def _allreduce_time_us(case) -> float:
     cluster = load_cluster(case["cluster"])
     ranks = int(case["ranks"])
     c = Collective(CollectiveKind.ALL_REDUCE, float(case["collective_bytes"]), "attn_tp", ranks)
-    opts = _row_options(case) or GpuOptions()
+    opts = _row_options(case) or default_options()
     t = params_for(GpuParams, cluster.chip).collective_time(tp_comm_time(cluster, ranks), c, opts)
     return 1e6 * _scalar(t)
 

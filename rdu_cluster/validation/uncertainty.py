@@ -381,12 +381,14 @@ def sample(row: Mapping[str, Any], simulated: float, held_out: str) -> Sample | 
     """A row's held-out error, if it measures a printed figure (ROW_METRICS, kind value)."""
     if row["metric"] not in ROW_METRICS or row["kind"] != "value" or not simulated > 0:
         return None
-    from chip.serving_stacks import STACKS
+    from chip.serving_stacks import DEFAULT_STACK, STACKS
 
     chip, kind = _row_chip(row["cluster"])
     regime = ROW_METRICS[row["metric"]] or regime_of("tpot_s", row.get("batch", 1))
-    options = row.get("options")
-    stack = options if options in STACKS else None
+    options = row.get("options", "default")
+    # a GPU row naming no options runs the default stack (chip/serving_stacks.py)
+    stack = (options if options in STACKS
+             else DEFAULT_STACK if options == "default" and kind == "gpu" else None)
     error = orientation(row["metric"]) * math.log(row["value"] / simulated)
     return Sample(row["id"], chip, kind, stack_family(stack), regime, error, held_out)
 

@@ -1,0 +1,163 @@
+"""A serving stack on every path (chip/serving_stacks.py): a GPU runs a named stack, `--stack`
+or the default; every result says which; an RDU cluster takes none and refuses one."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from chip import serving_stacks as stacks
+from partitioning.estimate import estimate
+from partitioning.scenario import Scenario
+from rdu_cluster.cli import main
+from rdu_cluster.config import load_cluster
+from rdu_cluster.sweep import expand, load_spec
+from rdu_cluster.sweep.runners import run_plan, run_serve, run_simulate
+from tests.sweep.helpers import write
+from workloads.catalog import load_model
+from workloads.errors import ConfigError
+
+SIM = ["simulate", "--model", "llama-3.2-1b", "--tp", "1"]
+SERVE = ["serve", "--model", "llama-3.2-1b", "--plan", "tp1", "--requests", "6", "--rate",
+         "20", "--prompt-len", "128", "--output-len", "16", "--json", "--no-progress"]
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def refused(r, message: str) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert message in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_cluster("dgx-h100")
+
+
+def test_a_gpu_runs_a_named_stack_and_an_rdu_none(h100):
+    sn = load_cluster("sn40l-8")
+    assert stacks.default_stack(h100.chip) in stacks.STACKS
+    assert stacks.default_stack(sn.chip) is None
+    assert stacks.options_for(h100.chip, None) is stacks.stack(stacks.DEFAULT_STACK)
+    assert stacks.options_for(h100.chip, "vllm") is stacks.stack("vllm")
+    assert stacks.options_for(sn.chip, None) is None
+    with pytest.raises(ConfigError, match="^--stack: 'vllm' is a GPU serving stack; sn40l-8 "):
+        stacks.options_for(sn.chip, "vllm", system="sn40l-8")
+    for bad in ("", "bogus"):
+        with pytest.raises(ConfigError, match=f"^--stack: '{bad}' unknown; accepted: "):
+            stacks.options_for(h100.chip, bad)
+    assert stacks.stack_of(h100.chip, None) == stacks.DEFAULT_STACK
+    assert stacks.stack_of(h100.chip, stacks.stack("eager")) == "eager"
+    assert stacks.stack_of(sn.chip, None) is None
+
+
+def test_no_options_is_the_default_stack_not_an_unnamed_mix(h100):
+    """The GPU execution model given no options costs the default stack's step, exactly; a
+    different stack costs a different one (so the default is not a no-op)."""
+    s = Scenario(load_model("llama-3.1-8b"), h100, "tp8", batch=4, prompt_len=512, gen_len=64)
+    bare, named = estimate(s), estimate(s.but(options=stacks.stack(stacks.DEFAULT_STACK)))
+    assert float(bare.tpot_s) == float(named.tpot_s) and bare.stack == stacks.DEFAULT_STACK
+    other = next(n for n in stacks.STACKS if n != stacks.DEFAULT_STACK)
+    assert float(estimate(s.but(options=stacks.stack(other))).tpot_s) != float(bare.tpot_s)
+
+
+def test_simulate_names_the_stack_on_its_first_line_and_in_every_row(tmp_path):
+    r = run(*SIM, "--cluster", "dgx-h100", "--json")
+    assert json.loads(r.stdout.splitlines()[0])["stack"] == stacks.DEFAULT_STACK
+    r = run(*SIM, "--cluster", "dgx-h100", "--stack", "tensorrt-llm")
+    assert r.stdout.splitlines()[0].endswith("; stack tensorrt-llm"), r.output
+    out = tmp_path / "r.parquet"
+    r = run(*SIM, "--cluster", "dgx-h100", "--cluster", "sn40l-8", "--stack", "vllm",
+            "--out", str(out))
+    assert r.exit_code == 0 and "stack: dgx-h100 vllm, sn40l-8 none" in r.stdout.splitlines()[0]
+    assert pq.read_table(out).column("stack").to_pylist() == ["vllm", None]
+
+
+def test_an_rdu_cluster_refuses_a_stack_in_one_line():
+    refused(run(*SIM, "--cluster", "sn40l-8", "--stack", "vllm"),
+            "--stack: 'vllm' is a GPU serving stack; sn40l-8 runs")
+    refused(run("plan", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--stack", "sglang"),
+            "--stack: 'sglang' is a GPU serving stack")
+    refused(run(*SERVE, "--cluster", "sn40l-8", "--out", "o", "--stack", "vllm"),
+            "--stack: 'vllm' is a GPU serving stack")
+
+
+def test_plan_rows_carry_the_stack_they_were_ranked_under():
+    args = ["plan", "--model", "llama-3.2-1b", "--cluster", "dgx-h100", "--top", "1", "--json"]
+    rows = {s: json.loads(run(*args, "--stack", s).stdout) for s in ("eager", "tensorrt-llm")}
+    assert [r["stack"] for r in rows.values()] == ["eager", "tensorrt-llm"]
+    assert rows["eager"]["tpot_s"] > rows["tensorrt-llm"]["tpot_s"]  # no CUDA graphs
+
+
+def test_serve_runs_the_stack_and_its_summary_says_which(tmp_path):
+    docs = {}
+    for s in ("vllm", "tensorrt-llm", None):
+        extra = ["--stack", s] if s else []
+        r = run(*SERVE, "--cluster", "dgx-h100", "--out", str(tmp_path / str(s)), *extra)
+        assert r.exit_code == 0, r.output
+        docs[s] = json.loads(r.stdout)
+    assert [d["stack"] for d in docs.values()] == ["vllm", "tensorrt-llm",
+                                                     stacks.DEFAULT_STACK]
+    assert docs["vllm"]["mean_tpot_ms"] != docs["tensorrt-llm"]["mean_tpot_ms"]
+    rdu = run(*SERVE, "--cluster", "sn40l-8", "--out", str(tmp_path / "rdu"))
+    assert json.loads(rdu.stdout)["stack"] is None
+    text = run(*SERVE[:-2], "--cluster", "dgx-h100", "--out", str(tmp_path / "t"), "--stack",
+               "eager").stdout.splitlines()[0]
+    assert text.startswith("llama-3.2-1b on dgx-h100, stack eager ("), text
+
+
+SWEEP = """
+[sweep]
+kind = "{kind}"
+[base]
+model = "llama-3.2-1b"
+cluster = "dgx-h100"
+{extra}
+[[axes]]
+type = "list"
+points = [{{ stack = "eager" }}, {{ stack = "tensorrt-llm" }}, {{ cluster = "dgx-h100" }}]
+"""
+
+
+@pytest.mark.parametrize("kind, runner, extra, speed", [
+    ("simulate", run_simulate, "tp = 1", "tpot_s"),
+    ("plan", run_plan, "", "tpot_s"),
+    ("serve", run_serve, ('plan = "tp1"\nrequests = 4\nrate = 20.0\nprompt_len = "64"\n'
+                         'output_len = "8"'), "tpot_p50_s"),
+])
+def test_stack_is_a_sweep_field_and_a_row_column(tmp_path, kind, runner, extra, speed):
+    spec = load_spec(write(tmp_path, SWEEP.format(kind=kind, extra=extra)))
+    rows = runner(expand(spec).points, spec.seed).table.to_pylist()
+    assert [r["stack"] for r in rows] == ["eager", "tensorrt-llm", stacks.DEFAULT_STACK]
+    assert rows[0][speed] > rows[1][speed]
+
+
+def test_a_sweep_stack_on_an_rdu_cluster_is_refused_naming_the_field(tmp_path):
+    spec = write(tmp_path, SWEEP.format(kind="simulate", extra="tp = 1").replace(
+        'cluster = "dgx-h100"\n', 'cluster = "sn40l-8"\n', 1))
+    r = run("sweep", str(spec), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "axes[0].stack: 'eager' is a GPU serving stack" in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_capacity_ranks_each_stack_and_serves_it_as_it_was_verified():
+    """Each GPU system once per stack, an RDU system once (it takes none)."""
+    r = run("capacity", "--model", "llama-3.2-1b", "--cluster", "dgx-h100", "--cluster",
+            "sn40l-8", "--plan", "tp1", "--stack", "vllm", "--stack", "tensorrt-llm",
+            "--concurrency", "4", "--requests", "8", "--prompt-len", "128", "--output-len",
+            "16", "--slo", "tpot:50", "--shortlist", "1", "--json")
+    assert r.exit_code == 0, r.output
+    rows = {row["stack"]: row for row in map(json.loads, r.stdout.splitlines())}
+    assert sorted(rows, key=str) == [None, "tensorrt-llm", "vllm"]
+    assert rows[None]["system"] == "sn40l-8" and "--stack" not in rows[None]["serve_args"]
+    for name in ("vllm", "tensorrt-llm"):
+        args = rows[name]["serve_args"]
+        assert args[args.index("--stack") + 1] == name
+    refused(run("capacity", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--stack", "vllm",
+                "--concurrency", "4", "--slo", "tpot:50"), "--stack: 'vllm' is a GPU")
