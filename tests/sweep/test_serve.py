@@ -240,7 +240,9 @@ def test_serve_and_serve_sweeps_take_the_engines_defaults():
     engine = ServeConfig()
     fields = runners.serve_fields()
     point = {n: f.default for n, f in fields.items() if f.default is not None}
-    config = runners._serve_config(point, "rdu", 0)
+    from rdu_cluster.config import load_cluster
+
+    config = runners._serve_config(point, load_cluster("sn40l-8").chip, 0)
     assert (config.limits, config.scheduler, config.kv_memory_fraction, config.routing,
             config.prefix) == (engine.limits, engine.scheduler, engine.kv_memory_fraction,
                                engine.routing, PrefixConfig())
