@@ -159,3 +159,17 @@ def test_hosting_footprint_counts_each_sockets_reservation():
             assert p.hbm_bytes["reserved"] == pytest.approx(node.sockets * per_socket, rel=1e-6)
             # the experts get what the router, the KV reserve and the reservation leave
             assert sum(p.hbm_bytes.values()) <= p.hbm_capacity
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "--model", "deepseek-v3", "--weights", "fp8", "--cluster", "dgx-h100"],
+    ["serve", "--model", "deepseek-v3", "--weights", "fp8", "--cluster", "dgx-h100", "--plan",
+     "tp8", "--requests", "2", "--rate", "1", "--out", "never-written"],
+    ["footprint", "--experts", "2", "--expert-model", "llama-3.1-405b", "--cluster", "dgx-h100"],
+])
+def test_every_command_refuses_naming_the_reservation(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, args)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "reserved by vllm" in lines[0], r.output
+    assert not list(tmp_path.iterdir())  # nothing written
