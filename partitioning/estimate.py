@@ -134,6 +134,8 @@ def from_plan_estimate(model: ModelSpec, cluster: ClusterSpec, pe: PlanEstimate)
             "bubble_fraction": pe.bubble_fraction,
             "ddr_used_bytes": pe.ddr_used_bytes,
             "bound": pe.bound,
+            "memory": pe.memory,
+            "reserved_by": pe.reserved_by,
         },
         plan=pe.plan.name,
         model_sockets=pe.plan.model_sockets,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from chip import execution
+from chip import execution, runtime_memory
 from chip.cost import StepCost
 from chip.serving_stacks import stack_of
 from interconnect import build_topology, comm_time_fn
@@ -118,6 +118,20 @@ class PlanEstimate:
         """The KV cache (and recurrent state) the fullest socket holds, in every tier: the
         batch's at full length, over the KV heads and sequences the plan gives it."""
         return self._per_point(_max(fp.region("kv_cache") for fp in self.footprints))
+
+    @property
+    def memory(self) -> dict[str, Work]:
+        """The HBM of the fullest socket by region ("weights", "kv_cache", "activations",
+        "reserved") and the reservation by part ("reserved_<part>"), per point."""
+        fp = max(self.footprints, key=lambda f: float(np.max(f.tier("hbm"))))
+        out = {r: self._per_point(b) for (r, t), b in fp.regions.items() if t == "hbm"}
+        out.update({f"reserved_{k}": self._per_point(v) for k, v in fp.reserved.items()})
+        return out
+
+    @property
+    def reserved_by(self) -> str:
+        """The runtime whose reservation the footprint counts (chip/runtime_memory.py)."""
+        return self.footprints[0].runtime if self.footprints else ""
 
     def _per_point(self, value: Work) -> Work:
         shape = np.shape(self.tpot_s)
@@ -291,7 +305,17 @@ def _checked(s: Scenario) -> Scenario:
     _check_positive(batch=s.batch, prompt_len=s.prompt_len, gen_len=s.gen_len)
     validate(s.plan, s.spec, s.cluster.sockets)
     return replace(s, batch=_num(s.batch), prompt_len=_num(s.prompt_len),
-                   gen_len=_num(s.gen_len), placement=s.placement or Placement())
+                   gen_len=_num(s.gen_len),
+                   placement=with_runtime(s.placement, s.cluster, s.options))
+
+
+def with_runtime(placement: Placement | None, cluster: ClusterSpec, options: Any) -> Placement:
+    """The placement with the runtime whose reservation the fit counts: its own, else the
+    chip's for these execution options (chip/runtime_memory.py)."""
+    placement = placement or Placement()
+    if placement.runtime is not None:
+        return placement
+    return replace(placement, runtime=runtime_memory.of(cluster.chip, options))
 
 
 def _fit(s: Scenario, programs, check: bool):

@@ -80,8 +80,10 @@ def _engine(model, cluster, plan, batch, prompt, gen) -> tuple[float, float, flo
     p = Plan.parse(plan)
     n = batch * c.sockets // (p.tp * p.ep * p.pp)
     trace = traces.Trace(np.zeros(n), np.full(n, prompt), np.full(n, gen))
+    # a budget that holds the batch's prompts, and at least the 8,192 tokens a GPU engine's
+    # activation workspace is sized at (chip/runtime_memory.py), as simulate sizes it
     config = ServeConfig(plan=plan, scheduler="static",
-                         limits=Limits(max_batch=batch, token_budget=batch * prompt))
+                         limits=Limits(max_batch=batch, token_budget=max(batch * prompt, 8192)))
     t = Simulation(spec, c, trace, config, LocalBackend()).run()
     steps = t.steps.to_pandas()
     first = steps[(steps.phase == "decode") & (steps.replica == 0)].iloc[0]

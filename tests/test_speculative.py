@@ -13,11 +13,13 @@ from rdu_cluster.scenarios.speculative import best_k, default_acceptance, specul
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.speculative import (
+    PROFILES,
     ConstantAcceptance,
     PositionalAcceptance,
     SampledAcceptance,
     Speculation,
     closed_form_tokens_per_step,
+    decaying,
     parse_acceptance,
     parse_tree,
 )
@@ -84,6 +86,48 @@ def test_parsers_and_bad_input():
             parse_acceptance(bad)
     with pytest.raises(ConfigError):
         Speculation(0, ConstantAcceptance(0.5))
+
+
+def test_per_position_lists_give_cumulative_products():
+    acc = parse_acceptance("0.9,0.7,0.5")
+    # 1 + 0.9 + 0.9 x 0.7 + 0.9 x 0.7 x 0.5
+    assert Speculation(3, acc).tokens_per_step() == pytest.approx(1 + 0.9 + 0.63 + 0.315)
+    assert Speculation(2, acc).tokens_per_step() == pytest.approx(1 + 0.9 + 0.63)
+    with pytest.raises(ConfigError, match="exceeds the 3 positions"):
+        Speculation(4, acc).tokens_per_step()
+    # a constant is the same rate at every position
+    one = parse_acceptance("0.8")
+    assert Speculation(3, one).tokens_per_step() == pytest.approx(
+        Speculation(3, parse_acceptance("0.8,0.8,0.8")).tokens_per_step())
+
+
+def test_named_profiles_and_their_derivation():
+    mtp = parse_acceptance("deepseek-mtp")
+    assert mtp is PROFILES["deepseek-mtp"] and mtp.source and "deepseek-mtp" in mtp.describe()
+    # the two published figures it is built from: 0.85 first, 3.20 tokens a step at k = 7
+    assert mtp.values[0] == 0.85 and len(mtp.values) == 7
+    assert Speculation(7, mtp).tokens_per_step() == pytest.approx(3.20, abs=1e-9)
+    assert all(a > b for a, b in zip(mtp.values, mtp.values[1:]))  # falls with the position
+    # the old constant counted 4.15 tokens a step at k = 5; the profile 3.15
+    assert Speculation(5, ConstantAcceptance(0.85)).tokens_per_step() == pytest.approx(4.152, 1e-3)
+    assert Speculation(5, mtp).tokens_per_step() == pytest.approx(3.151, abs=1e-3)
+    assert default_acceptance("mtp", "deepseek-v3") is mtp
+    eagle = PROFILES["eagle3"]
+    assert np.cumprod(eagle.values) == pytest.approx([0.805, 0.632, 0.483])
+    with pytest.raises(ConfigError, match="needs a rate of 0.9 first"):
+        decaying(0.9, 5.0, 3)  # past the 3.44 a constant 0.9 gives at k = 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--acceptance", "deepseek"], "a profile (deepseek-mtp, eagle3)"),
+    (["--acceptance", "0.9,x"], "acceptance: '0.9,x' not understood"),
+    (["--acceptance", "deepseek-mtp", "--spec-k", "9"], "exceeds the 7 positions"),
+])
+def test_bad_acceptance_is_one_line(args, message):
+    r = CliRunner().invoke(main, ["simulate", "--model", "deepseek-v3", "--weights", "fp8",
+                                  "--cluster", "hgx-h200", "--draft", "mtp", *args])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,7 @@ class PositionalAcceptance:
 
     values: tuple[float, ...]
     source: str = ""
+    name: str = ""  # a named profile's (PROFILES)
 
     def __post_init__(self) -> None:
         if not self.values:
@@ -104,7 +105,8 @@ class PositionalAcceptance:
         return np.asarray(self.values[:k], dtype=float)
 
     def describe(self) -> str:
-        return "per-position " + ",".join(f"{r:g}" for r in self.values)
+        rates = "per-position " + ",".join(f"{r:.3g}" for r in self.values)
+        return f"{self.name} ({rates})" if self.name else rates
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,31 @@ class SampledAcceptance:
 
 
 Acceptance = ConstantAcceptance | PositionalAcceptance | SampledAcceptance
+
+
+def decaying(first: float, tokens_per_step: float, k: int, source: str = "") -> PositionalAcceptance:
+    """Conditional rates a_i = first x d^(i-1), d the decay that makes k drafts emit
+    `tokens_per_step` tokens a step (1 + sum of the cumulative products): a per-position curve
+    from two published figures, the first position's rate and the mean accepted length at k,
+    under one stated shape (each further position keeps the same share of the last one's rate)."""
+    _check_rate(first, "acceptance")
+    most = Speculation(k, ConstantAcceptance(first)).tokens_per_step()
+    if not 1.0 + first <= tokens_per_step <= most:
+        raise ConfigError(f"acceptance profile: {tokens_per_step} tokens a step at k={k} needs "
+                          f"a rate of {first} first and a decay in [0, 1] (from {1 + first:.3f} "
+                          f"to {most:.3f})")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection: tokens a step grows with the decay
+        mid = (lo + hi) / 2.0
+        rates = first * mid ** np.arange(k)
+        lo, hi = (mid, hi) if 1.0 + np.sum(np.cumprod(rates)) < tokens_per_step else (lo, mid)
+    return PositionalAcceptance(tuple(float(r) for r in first * lo ** np.arange(k)), source)
+
+
+def _named(name: str, acc: PositionalAcceptance) -> PositionalAcceptance:
+    return PositionalAcceptance(acc.values, acc.source, name)
+
+
 
 
 @dataclass(frozen=True)
@@ -251,10 +278,15 @@ def verify_tokens(k: int, branching: tuple[int, ...] | None = None) -> int:
     return 1 + sum(math.prod(branching[: d + 1]) for d in range(k))
 
 
+
+
 def parse_acceptance(text: str, source: str = "") -> Acceptance:
-    """CLI form: "0.8" (constant), "0.9,0.8,0.7" (per position, conditional),
-    "beta:MEAN[:CONCENTRATION[:SEED]]" (sampled)."""
+    """CLI form: "0.8" (constant: the same rate at every position), "0.9,0.8,0.7" (per
+    position, conditional), a profile name (PROFILES) or "beta:MEAN[:CONCENTRATION[:SEED]]"
+    (sampled)."""
     t = text.strip()
+    if t in PROFILES:
+        return PROFILES[t]
     try:
         if t.startswith("beta:"):
             parts = [float(x) for x in t[5:].split(":")]
@@ -271,7 +303,8 @@ def parse_acceptance(text: str, source: str = "") -> Acceptance:
     except ValueError:
         raise ConfigError(
             f"acceptance: {text!r} not understood; give a rate (0.8), a per-position list "
-            "(0.9,0.8,0.7) or beta:MEAN[:CONCENTRATION[:SEED]]"
+            f"(0.9,0.8,0.7), a profile ({', '.join(PROFILES)}) or "
+            "beta:MEAN[:CONCENTRATION[:SEED]]"
         ) from None
     if len(values) == 1:
         return ConstantAcceptance(values[0], source)
@@ -310,3 +343,25 @@ MAX_TREE_NODES = 4096
 def _check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_SPEC_K:
         raise ConfigError(f"spec-k: expected an integer in [1, {MAX_SPEC_K}], got {k!r}")
+
+
+# Named, measured per-position profiles (`--acceptance NAME`), each with its basis. Rates are
+# conditional: a_i given positions 1..i-1 were accepted.
+PROFILES: dict[str, PositionalAcceptance] = {
+    # DeepSeek-V3's one MTP module, reused autoregressively past the first position (SGLang,
+    # vLLM and TensorRT-LLM's "MTP Eagle" path do): the first position at 0.85 (DeepSeek-V3
+    # report, arXiv 2412.19437 5.4.3: "the acceptance rate of the second token prediction ranges
+    # between 85% and 90%"; lower end), and 3.20 tokens a step at k = 7 for the original
+    # DeepSeek-V3-0324 MTP module (temperature 0, MT-bench / HumanEval / GSM8K mean; Nebius'
+    # MTP-DeepSeek-V3-0324 model card, 'Original MTP' row). Cross-check: SGLang PR #3582 reports
+    # ~1.9 tokens a step with one draft token for DeepSeek-V3 (this profile: 1.85).
+    "deepseek-mtp": _named("deepseek-mtp", decaying(
+        0.85, 3.20, 7,
+        "DeepSeek-V3 report 5.4.3 (first position 0.85) and the DeepSeek-V3-0324 MTP module's "
+        "3.20 tokens a step at k=7 (Nebius MTP-DeepSeek-V3-0324 model card), geometric decay")),
+    # A Llama-family EAGLE-3 head as llama.cpp measured it (ggml-org/llama.cpp PR #24536:
+    # cumulative per-position acceptance 0.805, 0.632, 0.483).
+    "eagle3": _named("eagle3", PositionalAcceptance.from_cumulative(
+        (0.805, 0.632, 0.483),
+        "ggml-org/llama.cpp PR #24536: Llama-family EAGLE-3, cumulative 0.805, 0.632, 0.483")),
+}

@@ -27,7 +27,6 @@ from rdu_cluster.cli.options import (
 from rdu_cluster.config import DEFAULT_FABRIC, MAX_SOCKETS, load_cluster, load_fabric
 from rdu_cluster.engine import bench, disagg, evictions, replica_routing, schedulers
 from rdu_cluster.engine.faults import Fault
-from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import atomic
@@ -91,8 +90,12 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--preemption", type=click.Choice(schedulers.PREEMPTION),
               default=schedulers.Limits.preemption,
               show_default=True)
-@click.option("--kv-fraction", default=KV_MEMORY_FRACTION, show_default=True, type=o.FRACTION,
-              help="Share of the HBM left by the weights that holds KV cache.")
+@click.option("--kv-fraction", default=None, type=o.FRACTION,
+              help="The KV cache's share of what the weights, the activation workspace and the "
+              "runtime's fixed parts leave (TensorRT-LLM's free_gpu_memory_fraction meaning, "
+              "whatever the stack) [default: the stack's own rule: vLLM 0.9 of the whole HBM, "
+              "SGLang its mem_fraction_static estimate, TensorRT-LLM 0.9 of what is left; an "
+              "RDU: all that is left; chip/runtime_memory.py].")
 @click.option("--fault", "faults", multiple=True,
               help="socket:N@T[:degraded:F] or link:A-B@T[:degraded:F]; repeatable.")
 @click.option("--backend", "backend_name", type=click.Choice(BACKENDS), default="local",

@@ -7,15 +7,18 @@ Simulation.start lays the replicas out with it; a replica re-planned after a fau
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from chip import runtime_memory
+from chip.runtime_memory import RuntimeMemory
 from partitioning.cluster import ClusterSpec
 from partitioning.evaluate import footprint, plan_comm_time, tp_comm_time
-from partitioning.footprint import PlanDoesNotFit, fit_message
+from partitioning.footprint import Placement, PlanDoesNotFit, fit_message
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.scenario import Scenario
 from rdu_cluster.backends import SocketSetup
@@ -43,7 +46,7 @@ class Build:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, trace: Trace,
                  config: ServeConfig) -> None:
-        if not 0 < config.kv_memory_fraction <= 1:
+        if config.kv_memory_fraction is not None and not 0 < config.kv_memory_fraction <= 1:
             raise ConfigError("--kv-fraction: must be in (0, 1]")
         self.model, self.cluster, self.trace, self.config = model, cluster, trace, config
         traces.check_fits(trace, model.max_context, model.name)
@@ -142,9 +145,11 @@ class Build:
             first, last = prog.layers or (0, prog.model.num_layers)
             name = f"weights/{prog.model.name}/layers/{first}-{last - 1}"
             act = self.activations(lay, s)
-            self._check_fits(prog, w + act)
+            held = self.reserved(prog, w, act)
+            self._check_fits(prog, w + act + held)
             weights = ((["alloc", name, "hbm", w, "weights"],
-                        ["alloc", f"activations/{prog.model.name}", "hbm", act, "activations"])
+                        ["alloc", f"activations/{prog.model.name}", "hbm", act, "activations"],
+                        ["alloc", f"reserved/{self.runtime.runtime}", "hbm", held, "reserved"])
                        if self.config.coe is None
                        else coe.socket_regions(self.config.coe, self.cluster, tp))
             own = comm if prog.spec_part != "draft" else tp_comm_time(self.cluster,
@@ -166,7 +171,13 @@ class Build:
         if plan not in self._fps:
             longest = (int(np.max(self.trace.prompt_len, initial=1)),
                        int(np.max(self.trace.output_len, initial=1)))
-            scenario = Scenario(self.model, self.cluster, self.partition_plan(plan), 1, *longest)
+            # the runtime at its own fraction: what an engine of the stack would start with
+            # (an explicit --kv-fraction sizes the KV pool, _kv_blocks)
+            default = replace(self.runtime, rule=self._stack_runtime.rule,
+                              fraction=self._stack_runtime.fraction)
+            scenario = Scenario(self.model, self.cluster, self.partition_plan(plan), 1, *longest,
+                                options=self.config.options,
+                                placement=Placement(runtime=default))
             self._fps[plan] = footprint(scenario, check=False)
         fps, why = self._fps[plan]
         if check and why:
@@ -184,6 +195,26 @@ class Build:
         plan = replace(self.plan, tp=len(stages[0]), ep=prog.shard.ep, pp=len(stages))
         fps, _ = self.footprint(plan)
         return float(np.max(fps[target.index(socket)].regions.get(("activations", "hbm"), 0.0)))
+
+    @functools.cached_property
+    def _stack_runtime(self) -> RuntimeMemory:
+        return runtime_memory.of(self.cluster.chip, self.config.options)
+
+    @functools.cached_property
+    def runtime(self) -> RuntimeMemory:
+        """What the serving runtime reserves (chip/runtime_memory.py), with the run's KV share
+        where --kv-fraction gives one; a GPU engine's activation workspace at the run's token
+        budget."""
+        rt = self._stack_runtime.with_fraction(self.config.kv_memory_fraction)
+        if rt.token_budget is not None:
+            rt = replace(rt, token_budget=self.config.limits.token_budget)
+        return rt
+
+    def reserved(self, prog, weights: float, activations: float) -> float:
+        """HBM the runtime keeps on a socket holding `weights` and `activations` (the
+        footprint's rule: RuntimeMemory.parts)."""
+        return float(sum(self.runtime.parts(self.cluster.chip.hbm.capacity_bytes, weights,
+                                            activations, len(prog.group)).values()))
 
     def _check_fits(self, prog, needed: float) -> None:
         """What the footprint does not see (a draft's weights beside the target's), against
@@ -205,10 +236,12 @@ class Build:
         return KVManager(KVConfig(blocks, bt, _kv_reference(lay)))
 
     def _kv_blocks(self, prog, block_tokens: int, activations: float) -> int:
-        weights = plans.resident_weight_bytes(prog) + activations
+        """What the weights, the activation workspace and the runtime's reservation leave."""
+        weights = plans.resident_weight_bytes(prog)
         if self.coe_memory is not None:  # the router and the HBM slots of the experts
             weights = self.coe_memory.router + self.coe_memory.slots * self.coe_memory.expert
-        free = self.config.kv_memory_fraction * (self.cluster.chip.hbm.capacity_bytes - weights)
+        held = weights + activations + self.reserved(prog, weights, activations)
+        free = max(0.0, self.cluster.chip.hbm.capacity_bytes - held)
         return int(free // (plans.kv_bytes_per_token(prog) * block_tokens))
 
     def swap_tier(self) -> str:

@@ -1,12 +1,10 @@
 """KV-cache admission against HBM capacity, in blocks (paged, as vLLM).
 
-Capacity per socket = kv_memory_fraction x (HBM capacity - resident weights), in blocks of
-`block_tokens` tokens of `bytes_per_token` bytes (this socket's share of every layer's K and V).
-Every socket of a tensor-parallel group holds the same share of every sequence, so one manager
-speaks for the group. Defaults and their basis:
-- block_tokens = 16: vLLM's default --block-size;
-- kv_memory_fraction = 0.9: vLLM's default gpu_memory_utilization, which leaves 10% for
-  activations and workspace.
+Capacity per socket: what the resident weights, the activation workspace and the runtime's
+reservation leave (engine/build.py, from the footprint's regions and chip/runtime_memory.py),
+in blocks of `block_tokens` tokens of `bytes_per_token` bytes (this socket's share of every
+layer's K and V). Every socket of a tensor-parallel group holds the same share of every
+sequence, so one manager speaks for the group. block_tokens = 16: vLLM's default --block-size.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from dataclasses import dataclass
 from rdu_cluster.engine.requests import Request
 
 BLOCK_TOKENS = 16
-KV_MEMORY_FRACTION = 0.9
 
 
 @dataclass(frozen=True)

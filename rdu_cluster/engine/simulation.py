@@ -46,7 +46,7 @@ from rdu_cluster.engine.events import Event, FaultAt
 from rdu_cluster.engine.expert_loads import ExpertLoadSampler
 from rdu_cluster.engine.faults import Fault
 from rdu_cluster.engine.finished import Finished
-from rdu_cluster.engine.kv import BLOCK_TOKENS, KV_MEMORY_FRACTION
+from rdu_cluster.engine.kv import BLOCK_TOKENS
 from rdu_cluster.engine.prefix_cache import PrefixConfig
 from rdu_cluster.engine.record import WindowRecorder
 from rdu_cluster.engine.recovery import Recovery
@@ -67,7 +67,10 @@ class ServeConfig:
     scheduler: str = schedulers.DEFAULT
     limits: schedulers.Limits = field(default_factory=schedulers.Limits)
     seed: int = 0
-    kv_memory_fraction: float = KV_MEMORY_FRACTION
+    # The KV cache's share of what the weights, the activation workspace and the runtime's
+    # fixed parts leave (TensorRT-LLM free_gpu_memory_fraction's meaning, whatever the stack);
+    # None: the runtime's own rule and fraction (chip/runtime_memory.py).
+    kv_memory_fraction: float | None = None
     block_tokens: int = BLOCK_TOKENS
     execution_model: str | None = None
     options: object = None

@@ -66,6 +66,21 @@ def interval_lines(records: Sequence[Mapping], names: Sequence[str]) -> list[str
             if r.get("interval_note")]
 
 
+def memory_rows(estimates: Sequence[Estimate]) -> list[list[str]]:
+    """The fullest socket's HBM by region, the runtime's reservation by part (GB)."""
+    mems = [e.extra.get("memory") or {} for e in estimates]
+    gb = lambda m, k: f"{_f(m[k]) / 1e9:.1f}" if k in m else "-"
+    rows = [[f"  {label}", *(gb(m, k) for m in mems)] for k, label in (
+        ("weights", "weights"), ("kv_cache", "KV cache"), ("activations", "activations"))]
+    rows.append(["  reserved by the runtime", *(
+        f"{gb(m, 'reserved')} ({e.extra.get('reserved_by') or '-'})" if "reserved" in m else "-"
+        for m, e in zip(mems, estimates))])
+    parts = sorted({k for m in mems for k in m if k.startswith("reserved_")})
+    rows += [[f"    {k[len('reserved_'):].replace('_', ' ')}", *(gb(m, k) for m in mems)]
+             for k in parts]
+    return rows
+
+
 def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec],
                  records: Sequence[Mapping] | None = None) -> str:
     """One column per cluster: headline figures (with their intervals, from `records`: the
@@ -94,6 +109,7 @@ def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec],
         ["HBM bandwidth utilization", *(f"{_f(e.hbm_bw_utilization):.1%}" for e in estimates)],
         ["bound", *(str(np.ravel(e.decode.bound())[0]) for e in estimates)],
         ["HBM used per socket GB", *(f"{_f(e.hbm_used_bytes) / 1e9:.1f}" for e in estimates)],
+        *memory_rows(estimates),
         ["decode ms per token, by cause:", *("" for _ in estimates)],
     ]
     for cause in CAUSES:

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 import rdu_cluster
 from chip.cost import CAUSES
+from chip.runtime_memory import PARTS as RESERVED_PARTS
 from partitioning.estimate import Estimate
 from rdu_cluster.scenarios import economics
 from rdu_cluster.scenarios.economics import COLUMNS as ECONOMICS
@@ -51,6 +52,14 @@ DETAIL = (
         ("stack", pa.string()),
         ("hbm_used_bytes_per_socket", pa.float64()),
         ("kv_cache_bytes_per_socket", pa.float64()),
+        # the fullest socket's HBM: the activation workspace, and what its runtime reserves
+        # (chip/runtime_memory.py), in all and by part
+        ("activation_bytes_per_socket", pa.float64()),
+        ("reserved_by", pa.string()),
+        ("reserved_bytes_per_socket", pa.float64()),
+    ]
+    + [(f"reserved_{p}_bytes_per_socket", pa.float64()) for p in RESERVED_PARTS]
+    + [
         # false where the point does not fit (partitioning.footprint.misfits), with the reason;
         # its speed columns are then null (sweeps keep such points as rows)
         ("feasible", pa.bool_()),
@@ -121,6 +130,7 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
         "stack": est.stack,
         "hbm_used_bytes_per_socket": est.hbm_used_bytes,
         "kv_cache_bytes_per_socket": est.kv_cache_bytes_per_socket,
+        **_memory_columns(est),
         "feasible": np.asarray(est.misfit) == "",
         "infeasible_reason": np.where(np.asarray(est.misfit) == "", None, est.misfit),
         "decode_kernels": d.kernels,
@@ -141,6 +151,17 @@ def interval_columns(cols: Mapping, chip) -> dict:
     """The figures' `<key>_low` / `<key>_high` and `interval_note` (uncertainty.columns), for a
     record's columns as they stand (speculative.records calls it again on its own figures)."""
     return uncertainty.columns(cols, chip=chip, stack=cols.get("stack"), batch=cols["batch"])
+
+
+def _memory_columns(est: Estimate) -> dict:
+    mem = est.extra.get("memory")
+    if mem is None:
+        return {}
+    return {"activation_bytes_per_socket": mem.get("activations", 0.0),
+            "reserved_by": est.extra.get("reserved_by") or None,
+            "reserved_bytes_per_socket": mem.get("reserved", 0.0),
+            **{f"reserved_{p}_bytes_per_socket": mem.get(f"reserved_{p}", 0.0)
+               for p in RESERVED_PARTS}}
 
 
 def _pick(value, i: int, n: int):

@@ -37,7 +37,6 @@ from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
 from rdu_cluster.engine import bench
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transfer_time
-from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
 from rdu_cluster.engine.prefix_cache import PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
@@ -208,20 +207,22 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, lengths: tuple[f
     g = cl.sockets
     hbm = cl.chip.hbm.capacity_bytes
     p = PartitionPlan.parse(plan)
-    # The one footprint (partitioning.evaluate.footprint): weights and one prompt's activations
-    # per socket, and one sequence's KV cache with heads replicated where tp exceeds them; the
-    # engine sizes its KV blocks from the same regions.
+    # The one footprint (partitioning.evaluate.footprint): weights, the activation workspace
+    # and what the runtime reserves (chip/runtime_memory.py) per socket, and one sequence's KV
+    # cache with heads replicated where tp exceeds them: a plan an engine would not start is no
+    # candidate; the engine sizes its KV blocks from what the same regions leave.
     try:
         base = Scenario(model, cl, p, 1, int(prompt), int(gen), options)
-        fps, _ = footprint(base, check=False)
+        fps, why = footprint(base, check=False)
     except ConfigError:
         return None
+    if why:
+        return None
     resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
-                   for fp in fps)
+                   + fp.regions.get(("reserved", "hbm"), 0.0) for fp in fps)
     per_seq = max(fp.region("kv_cache") for fp in fps)
     # Attention data-parallel groups each hold the KV of their own sequences
-    kv_batch = (p.adp * int(KV_MEMORY_FRACTION * (hbm - resident) // per_seq)
-                if hbm > resident else 0)
+    kv_batch = p.adp * int((hbm - resident) // per_seq) if hbm > resident else 0
     batches = BATCHES[BATCHES <= kv_batch]
     if not len(batches):
         return None

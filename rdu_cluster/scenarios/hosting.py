@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from chip import runtime_memory
 from partitioning.cluster import ClusterSpec
 from partitioning.estimate import estimate
 from partitioning.footprint import kv_cache_per_socket
@@ -35,7 +36,7 @@ class Placement:
     name: str  # "tiered" | "hbm"
     nodes: int
     ttft_s: float  # worst case: a miss for "tiered"
-    hbm_bytes: dict[str, float]  # per node, by what: router, kv_reserve, experts
+    hbm_bytes: dict[str, float]  # per node, by what: router, kv_reserve, reserved, experts
     tier_bytes: dict[str, float]  # per node, capacity tier: experts
     hbm_capacity: float  # per node
     tier_capacity: float  # per node
@@ -98,8 +99,9 @@ def footprint(
                                                          prompt_len + gen_len)))
     prefill = _first_token_s(spec, r_spec, node, batch, prompt_len)
     switch = switch_time_s(spec, node)
-    tiered = _tiered(experts, e_bytes, r_bytes, kv, node, prefill + switch)
-    in_hbm = _all_in_hbm(experts, e_bytes, r_bytes, kv, node, prefill)
+    held = {"router": r_bytes, "kv_reserve": kv, "reserved": _reserved(node, r_bytes + e_bytes)}
+    tiered = _tiered(experts, e_bytes, held, node, prefill + switch)
+    in_hbm = _all_in_hbm(experts, e_bytes, held, node, prefill)
     return Footprint(cluster.name, cluster.chip.name, experts, spec.name, e_bytes,
                      node.sockets, latency_target_s, (tiered, in_hbm))
 
@@ -121,9 +123,18 @@ def _capacities(node: ClusterSpec) -> tuple[float, float, str]:
     return n * node.chip.hbm.capacity_bytes, n * node.chip.tier(tier).capacity_bytes, tier
 
 
-def _tiered(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: float) -> Placement:
+def _reserved(node: ClusterSpec, weights: float) -> float:
+    """What the node's runtime keeps from its HBM (chip/runtime_memory.py, the chip's runtime:
+    a GPU's default stack), its sockets holding `weights` tensor-parallel."""
+    rt = runtime_memory.of(node.chip)
+    n = node.sockets
+    return n * float(sum(rt.parts(node.chip.hbm.capacity_bytes, weights / n, 0.0, n).values()))
+
+
+def _tiered(n: int, e: float, held: dict[str, float], node: ClusterSpec,
+            ttft: float) -> Placement:
     hbm, cap, tier = _capacities(node)
-    slots = int((hbm - r - kv) // e)
+    slots = int((hbm - sum(held.values())) // e)
     # Experts are whole (each lives on one node): a node's tier holds floor(cap / e) of them.
     # Dividing the total bytes by cap instead counted fractions of an expert, and the busiest
     # node then held more than its tier (65,536 x 70B on sn40l-8: 12,135 of 12,000 GB of DDR).
@@ -135,7 +146,7 @@ def _tiered(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: floa
         name="tiered",
         nodes=nodes,
         ttft_s=ttft,
-        hbm_bytes={"router": r, "kv_reserve": kv, "expert_slots": slots * e},
+        hbm_bytes={**held, "expert_slots": slots * e},
         tier_bytes={"experts": per_node * e},
         hbm_capacity=hbm,
         tier_capacity=cap,
@@ -145,22 +156,23 @@ def _tiered(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: floa
     )
 
 
-def _all_in_hbm(n: int, e: float, r: float, kv: float, node: ClusterSpec, ttft: float) -> Placement:
+def _all_in_hbm(n: int, e: float, held: dict[str, float], node: ClusterSpec,
+                ttft: float) -> Placement:
     hbm, cap, tier = _capacities(node)
-    per_node = int((hbm - r - kv) // e)
+    per_node = int((hbm - sum(held.values())) // e)
     fits = per_node >= 1
     nodes = math.ceil(n / per_node) if fits else 0
-    held = min(per_node, n) if fits else 0
+    resident = min(per_node, n) if fits else 0
     return Placement(
         name="hbm",
         nodes=nodes,
         ttft_s=ttft,
-        hbm_bytes={"router": r, "kv_reserve": kv, "experts": held * e},
+        hbm_bytes={**held, "experts": resident * e},
         tier_bytes={"experts": 0.0},
         hbm_capacity=hbm,
         tier_capacity=cap,
         tier_name=tier,
-        experts_in_hbm=held,
+        experts_in_hbm=resident,
         fits=fits,
     )
 

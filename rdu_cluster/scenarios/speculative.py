@@ -47,6 +47,7 @@ from workloads.errors import ConfigError
 from workloads.ops import Block, Op, OpClass, Shard, StepShape, Work
 from workloads.spec import ModelSpec, check_context
 from workloads.speculative import (
+    PROFILES,
     Acceptance,
     ConstantAcceptance,
     PositionalAcceptance,
@@ -74,7 +75,7 @@ _DEFAULT = (
     ("ggml-org/llama.cpp PR #24536: a Llama-family EAGLE-3 draft, cumulative per-position "
     "0.805, 0.632, 0.483 (conditional 0.80, 0.79, 0.76)"),
 )
-DEFAULT_ACCEPTANCE: dict[tuple[str, str], tuple[float, str]] = {
+DEFAULT_ACCEPTANCE: dict[tuple[str, str], tuple[float, str] | str] = {
     ("llama-3.1-8b", "llama-3.1-70b"): _LLAMA_8B_70B,
     ("llama-3.1-8b", "llama-3.1-405b"): (
         _LLAMA_8B_70B[0],
@@ -84,16 +85,19 @@ DEFAULT_ACCEPTANCE: dict[tuple[str, str], tuple[float, str]] = {
     ("llama-3.2-1b", "llama-3.1-405b"): _LLAMA_1B,
     ("llama-3.2-3b", "llama-3.1-70b"): _LLAMA_1B,
     ("llama-3.2-3b", "llama-3.1-405b"): _LLAMA_1B,
-    ("mtp", "deepseek-v3"): (
-        0.85,
-        ("DeepSeek-V3 technical report (arXiv 2412.19437) 5.4.3: the second token's acceptance "
-        "rate is 85-90%; lower end"),
-    ),
+    # a measured per-position profile (workloads/speculative.py PROFILES): acceptance falls
+    # with the position the one MTP module drafts
+    ("mtp", "deepseek-v3"): "deepseek-mtp",
 }
 
 
-def default_acceptance(draft: str, target: str) -> ConstantAcceptance:
-    rate, source = DEFAULT_ACCEPTANCE.get((draft, target), _DEFAULT)
+def default_acceptance(draft: str, target: str) -> Acceptance:
+    """The pair's published basis: a named per-position profile, or a constant rate (the same
+    at every position) where only one figure is published."""
+    basis = DEFAULT_ACCEPTANCE.get((draft, target), _DEFAULT)
+    if isinstance(basis, str):
+        return PROFILES[basis]
+    rate, source = basis
     return ConstantAcceptance(rate, source)
 
 

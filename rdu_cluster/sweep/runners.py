@@ -27,7 +27,6 @@ import pyarrow as pa
 
 from rdu_cluster.config import DEFAULT_FABRIC, MAX_SOCKETS, OVERRIDE_PREFIXES, is_override
 from rdu_cluster.engine import evictions, prefix_cache, replica_routing, schedulers
-from rdu_cluster.engine.kv import KV_MEMORY_FRACTION
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.sweep.fields import (
     FieldDef,
@@ -556,7 +555,8 @@ def serve_fields() -> dict[str, FieldDef]:
                  column="chunked_prefill"),
         FieldDef("preemption", choice(*schedulers.PREEMPTION), s, default=Limits.preemption,
                  column="preemption"),
-        FieldDef("kv_fraction", fraction, f64, default=KV_MEMORY_FRACTION, column="kv_fraction"),
+        FieldDef("kv_fraction", fraction, f64, column="kv_fraction",
+                 doc="KV share of what weights, activations and the runtime leave [stack rule]"),
         FieldDef("fault", text, s, column="fault", doc="one simulated fault: socket:N@T[...]"),
         FieldDef("concurrency", positive_int, i64, column="concurrency",
                  doc="closed loop: clients (vLLM --max-concurrency); rate then paces sends"),
@@ -634,7 +634,7 @@ def _serve_config(f: Mapping[str, Any], chip, seed: int):
     limits = schedulers.Limits(f["max_batch"], f["token_budget"], f["chunked_prefill"],
                                f["preemption"])
     return ServeConfig(plan=f.get("plan"), scheduler=f["scheduler"], limits=limits,
-                       seed=_seed(f, seed), kv_memory_fraction=f["kv_fraction"],
+                       seed=_seed(f, seed), kv_memory_fraction=f.get("kv_fraction"),
                        execution_model=f.get("execution_model"),
                        options=make_options(chip, option_values(f), f.get("stack")),
                        faults=(f["fault"],) if "fault" in f else (),

@@ -160,8 +160,11 @@ def test_separate_draft_sockets_hold_the_draft_and_its_own_kv_cache(serve):
     assert programs[0].model.name == "llama-3.2-1b" and programs[4].model.name == "llama-3.1-8b"
     row = {r["socket"]: r for r in t.sockets.to_pylist() if r["window"] == 1}
     lay = sim.layouts[0]  # the target's sockets also hold one prompt's activations
-    kv = {s: row[s]["hbm_used_bytes"] - resident_weight_bytes(programs[s])
-          - sim.build.activations(lay, s) for s in (0, 4)}
+    # and every socket what its runtime reserves (chip/runtime_memory.py)
+    w = {s: resident_weight_bytes(programs[s]) for s in (0, 4)}
+    act = {s: sim.build.activations(lay, s) for s in (0, 4)}
+    kv = {s: row[s]["hbm_used_bytes"] - w[s] - act[s]
+          - sim.build.reserved(programs[s], w[s], act[s]) for s in (0, 4)}
     assert sim.build.activations(lay, 0) == 0 < sim.build.activations(lay, 4)
     draft, target = load_model("llama-3.2-1b"), load_model("llama-3.1-8b")
     ratio = graphs.kv_bytes_per_token(draft) / graphs.kv_bytes_per_token(target)

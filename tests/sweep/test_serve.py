@@ -21,7 +21,7 @@ from workloads.errors import ConfigError
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "sweeps" / "serve-small.toml"
 SCENARIO_COLUMNS = {  # the fields the example sets or defaults, as columns
-    "arrival", "burstiness", "chunked_prefill", "cluster_ref", "kv_fraction", "max_batch",
+    "arrival", "burstiness", "chunked_prefill", "cluster_ref", "max_batch",
     "model_ref", "output_len_dist", "plan", "preemption", "prompt_len_dist",
     "rate_requests_per_s", "scheduler", "token_budget", "routing", "fabric",
 }
