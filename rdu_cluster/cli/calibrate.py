@@ -67,10 +67,10 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
                           rows))
     click.echo(f"wrote {path}")
     if model is not None:
-        cov = model["coverage"]["overall"]
+        cov = uncertainty.coverage([uncertainty.Sample(**s) for s in model["samples"]])
         click.echo(f"wrote {uncertainty.model_path(path)}: {len(model['samples'])} held-out "
-                   f"errors; {model['coverage']['level']:.0%} intervals cover "
-                   f"{cov['covered']} of {cov['n']} held-out rows left out of them")
+                   f"errors; {cov['level']:.0%} intervals cover {cov['overall']['covered']} of "
+                   f"{cov['overall']['n']} held-out rows left out of them")
 
 
 # The row fields that may name a file calibrate reads (published._check_refs loads them).
