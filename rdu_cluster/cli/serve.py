@@ -31,6 +31,7 @@ from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from rdu_cluster.output import atomic
 from rdu_cluster.output.progress import Progress
+from rdu_cluster.output.report import banded
 from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
 from rdu_cluster.validation import uncertainty
@@ -235,7 +236,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         click.echo(json.dumps(doc))
     else:
         click.echo(format_summary(tables, wall, backend_name, model.name,
-                                  name + (f", stack {stack}" if stack else "")))
+                                  name + (f", stack {stack}" if stack else ""), doc))
 
 
 def _stack(name: str | None, pools: list, cluster, model) -> tuple:
@@ -299,11 +300,10 @@ def _run(sim, stream: atomic.TableFolder, timeline: Timeline | None, context: di
 def _intervals(sim, doc: dict) -> dict:
     """The summary's figures with their intervals (rdu_cluster/validation/uncertainty.py): a
     disaggregated run, two chips in one figure, has none."""
-    cluster = getattr(sim, "cluster", None)
-    if cluster is None:
+    if hasattr(sim, "clusters"):
         return uncertainty.serving_columns(doc, chip=None, stack=None, why_not=(
             "a disaggregated run's figures mix two pools; no interval model for them"))
-    return uncertainty.serving_columns(doc, chip=cluster.chip, stack=doc["stack"])
+    return uncertainty.serving_columns(doc, chip=sim.cluster.chip, stack=doc.get("stack"))
 
 
 OVERLOAD_WARNING = ("warning: overloaded: the queue of requests waiting for admission grew "
@@ -414,7 +414,8 @@ def _timeline(path: str | None, out_dir: str) -> Timeline | None:
 
 
 
-def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster: str) -> str:
+def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster: str,
+                   doc: dict | None = None) -> str:
     s = tables.summary
     b = s["bench"]
     lines = [
@@ -431,11 +432,25 @@ def format_summary(tables: Tables, wall: dict, backend: str, model: str, cluster
         f"  {s['steps']} steps ({s['decode_steps']} decode) in {s['windows']} windows",
         *_extra_lines(s),
         *_energy_line(s),
+        *_interval_lines(doc or {}),
         (f"  wall: start-up {wall['start_s']:.2f} s, run {wall['run_s']:.2f} s "
         f"({s['decode_steps'] / max(wall['run_s'], 1e-9):.0f} decode steps/s), "
         f"total {wall['total_s']:.2f} s"),
     ]
     return "\n".join(lines)
+
+
+def _interval_lines(doc: dict) -> list[str]:
+    """The headline figures with their intervals (bench_json's `<key>_low/_high`), and what
+    they rest on or why there are none."""
+    shown = [(f"{label} {banded(doc[k], doc.get(f'{k}_low'), doc.get(f'{k}_high'), fmt)}")
+             for label, k, fmt in (("output tokens/s", "output_throughput", "{:.0f}"),
+                                   ("p99 TTFT ms", "p99_ttft_ms", "{:.1f}"),
+                                   ("p99 TPOT ms", "p99_tpot_ms", "{:.1f}"))
+             if isinstance(doc.get(k), (int, float))]
+    if "interval_note" not in doc:
+        return []
+    return [f"  {'; '.join(shown)}" if shown else "", f"  intervals: {doc['interval_note']}"]
 
 
 def bench_rows() -> tuple[tuple[str, str], ...]:

@@ -138,13 +138,28 @@ def cached_cluster(ref: str, overrides: tuple[tuple[str, Any], ...],
     from rdu_cluster.config import load_cluster
     from rdu_cluster.validation import calibration
 
-    with calibration.use(calibration.load(profile)):
+    with calibration.use(cached_profile(profile)):
         return load_cluster(ref, dict(overrides))
+
+
+@functools.lru_cache(maxsize=16)
+def cached_profile(profile: str):
+    from rdu_cluster.validation import calibration
+
+    return calibration.load(profile)
 
 
 def point_cluster(f: Mapping[str, Any]):
     """The cluster of a point: its reference, overrides and calibration profile."""
     return cached_cluster(f["cluster"], cluster_overrides(f), f.get("calibration") or "default")
+
+
+def point_profile(f: Mapping[str, Any]):
+    """The point's calibration profile made active: its intervals are that profile's
+    (rdu_cluster/validation/uncertainty.py reads the active one)."""
+    from rdu_cluster.validation import calibration
+
+    return calibration.use(cached_profile(f.get("calibration") or "default"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -328,8 +343,10 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
         misfit = np.broadcast_to(np.asarray(est.misfit, dtype=object), (len(points),))
         bad = {p.id: str(why) for p, why in zip(points, misfit) if why}
         # with the cluster, as `simulate` gives records(): its energy and cost columns
-        tbl = results.estimate_table(est, cluster.chip.name,
-                                     engine or cluster.chip.execution_model, cluster=cluster)
+        with point_profile(f):
+            tbl = results.estimate_table(est, cluster.chip.name,
+                                         engine or cluster.chip.execution_model,
+                                         cluster=cluster)
         if bad:
             tbl = _null_speed(tbl, pa.array(misfit == ""))
     n = len(points)
@@ -451,7 +468,8 @@ def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
             rows.append(_infeasible_row({**who, "plans_evaluated": result.evaluated,
                                          "plans_feasible": 0}, bad[p.id]))
             continue
-        row = plan_row(result.ranked[0], cluster.chip)
+        with point_profile(f):
+            row = plan_row(result.ranked[0], cluster.chip)
         row["mixer_tp"] = ",".join(f"{k}:{v}" for k, v in sorted(row["mixer_tp"].items()))
         row.update(who, plans_evaluated=result.evaluated, plans_feasible=len(result.ranked),
                    feasible=True)
@@ -753,7 +771,8 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
                "prefix_copy_s": s["prefix_copy_s"]}
         for name, values in (("ttft", s["ttft_s"]), ("tpot", s["tpot_s"]), ("e2e", e2e)):
             row.update({f"{name}_p{q}_s": v for q, v in values.items()})
-        row.update(_serve_intervals(row, sim, cluster, config))
+        with point_profile(f):
+            row.update(_serve_intervals(row, sim, cluster, config))
         rows.append(row)
     return RunOutput(pa.Table.from_pylist(rows, schema=SERVE_SCHEMA) if rows else None, bad)
 
