@@ -211,7 +211,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
             sim = disagg.Disaggregated(model, *pools, trace, config, backend,
                                        progress=bar.set_done)
         else:
-            sim = Simulation(model, cluster, trace, config, backend(), progress=bar.set_done)
+            sim = Simulation(model, cluster, trace, config, backend, progress=bar.set_done)
         tables, doc = _run(sim, stream, timeline, context, streamed=not (timeline or pools))
     if timeline is not None:
         events = timeline.write(timeline_path, tables)
