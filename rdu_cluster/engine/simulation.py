@@ -97,7 +97,9 @@ class Simulation:
         self.progress = progress
         self.hooks: list[Callable[[Simulation, int], None]] = []
         # Called after each window with what it ran (output/timeline.py records the run):
-        # observer.window(sim, replica, window, per-socket results, per-step dict, t0, steps).
+        # observer.window(sim, replica, window, per-socket results, per-step dict, t0, steps);
+        # and, where it has one, observer.recovery(sim, replica, start, seconds) after each
+        # recovery row (weights reloaded after a failure).
         self.observers: list = []
         self.plan = self.build.plan
         self.faults = self.build.faults
