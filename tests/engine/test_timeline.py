@@ -140,7 +140,7 @@ def test_a_run_that_fails_leaves_out_and_the_timeline_as_they_were(tmp_path, mon
     already replaced) leaves both as they were, with no temporary file."""
     from rdu_cluster.output import timeline
 
-    trace, _, path = _run(tmp_path)
+    _, _, path = _run(tmp_path)
     out = tmp_path / "out"
     before = {p.name: p.stat().st_mtime_ns for p in [*out.iterdir(), path]}
 
