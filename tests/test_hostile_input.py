@@ -927,6 +927,53 @@ def _second_campaign_cases() -> None:
 _second_campaign_cases()
 
 
+def _third_campaign_cases() -> None:
+    """Issue 36's root causes: each a one-line refusal before any work."""
+    small = ["serve", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--requests", "4",
+             "--prompt-len", "64", "--output-len", "8", "--rate", "1", "--out", "{d}/out"]
+    # a node of 2,048 sockets: a full mesh past 64 sockets; a plan search past 128 a node
+    node = ["--set", "sockets_per_node=2048", "--sockets", "2048"]
+    add("simulate", "cluster_toml", *SIM, *node)
+    add("plan", "cluster_toml", *PLAN, *node, "--set", "topology.kind=switch")
+    add("simulate", "cluster_toml", *SIM, *node, "--set", "topology.kind=switch",
+        label="plan search over a switched 2048-socket node")
+    # finite figures no machine has (config.PLAUSIBLE)
+    for setting in ("chip.peak_flops.bf16=1e308", "chip.tiers.hbm.bandwidth_bytes_per_s=1e300",
+                    "chip.tiers.hbm.capacity_bytes=1e300", "chip.tiers.ddr.capacity_bytes=1e17"):
+        add("simulate", "cluster_toml", *SIM, "--set", setting)
+    add("serve", "cluster_toml", *small, "--set", "chip.peak_flops.bf16=1e308")
+    # an integer field given as a float, in the file and on the command line
+    sn40l8 = (CLUSTERS / "sn40l-8.toml").read_text()
+    for old, new in (("sockets = 8\n", "sockets = 8.0\n"),
+                     ("sockets_per_node = 8\n", "sockets_per_node = 8.0\n")):
+        add("simulate", "cluster_toml", "simulate", "--model", "llama-3.1-8b", "--cluster",
+            "{d}/c.toml", files={"c.toml": _sub(sn40l8, old, new)}, label=new.strip())
+    add("simulate", "cluster_toml", *SIM, "--set", "sockets=8.0")
+    # config.json fields checked across fields
+    ds2 = {k: v for k, v in catalog.model_config("deepseek-v2").items() if k != "_rdu"}
+    ds3 = {k: v for k, v in catalog.model_config("deepseek-v3").items() if k != "_rdu"}
+    llama = {k: v for k, v in catalog.model_config("llama-3.1-8b").items() if k != "_rdu"}
+    for cfg, label in (
+            (dict(ds2, topk_group=ds2["n_group"] + 5), "topk_group > n_group"),
+            (dict(ds2, n_group=7), "n_group not dividing the experts"),
+            (dict(ds3, quantization_config=dict(ds3["quantization_config"],
+                                                weight_block_size=[0, 0])),
+             "fp8 weight_block_size [0, 0]"),
+            (dict(llama, quantization_config={"quant_method": "mxfp4"}), "mxfp4 on a dense model")):
+        add("simulate", "hf_config", "simulate", "--model", "{d}/config.json", "--cluster",
+            "sn40l-16", files={"config.json": cfg}, label=label)
+    # a prefix-cache block finer than the KV block (the cache's work is per block)
+    add("serve", "cli_value", *small[:-2], "--sessions", "2", "--turns", "2", "--out",
+        "{d}/out", "--prefix-block", "1")
+    # a plan refused before Ray starts; a draft's sockets past the cluster
+    add("serve", "plan", *small, "--backend", "ray", "--plan", "tp3")
+    add("serve", "cli_value", *small, "--draft", "llama-3.2-1b", "--draft-placement",
+        "separate", "--draft-sockets", "9", "--plan", "tp4")
+
+
+_third_campaign_cases()
+
+
 # ---- running a case ---------------------------------------------------------------------------
 
 class _Hang(BaseException):
@@ -1027,6 +1074,31 @@ def test_the_table_covers_every_command_and_kind():
     print("\n" + format_counts())
 
 
+def test_a_2048_socket_node_is_refused_within_10_s():
+    """The node of thousands of sockets (a plan search once ran for minutes, 3.8 GB)."""
+    import time
+
+    for extra in ([], ["--set", "topology.kind=switch"]):
+        t = time.perf_counter()
+        r = CliRunner().invoke(main, [*SIM, "--set", "sockets_per_node=2048", "--sockets",
+                                      "2048", *extra])
+        assert r.exit_code == 2 and time.perf_counter() - t < 10, r.output
+
+
+def test_a_failed_write_to_standard_output_is_one_line(tmp_path):
+    """`rdu-cluster models > /dev/full` was an internal error."""
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-c", "from rdu_cluster.entry import run; run()",
+                            "models"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                           timeout=120, check=False)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: standard output: cannot write: No space left on device"
+
+
 if __name__ == "__main__":
     print(format_counts())
-

@@ -425,6 +425,7 @@ def _mla_moe(c: _Cfg, name: str) -> ModelSpec:
     )
     shared = c.count("n_shared_experts", 0)
     moe_inter = c.size("moe_intermediate_size")
+    _check_groups(c)
     moe = MoESpec(
         num_experts=c.size("n_routed_experts"),
         top_k=_top_k(c, "n_routed_experts"),
@@ -442,6 +443,25 @@ def _mla_moe(c: _Cfg, name: str) -> ModelSpec:
         intermediate_size=_dense_width(c, layers),
         mtp_layers=c.count("num_nextn_predict_layers", 0),
     )
+
+
+def _check_groups(c: _Cfg) -> None:
+    """Group-limited routing (DeepSeek V2 group_limited_greedy, V3 noaux_tc): the routed experts
+    fall in n_group groups, a token picks topk_group of them and its top_k experts within
+    those (modeling_deepseek_v2/_v3 MoEGate): each count must fit in the one before."""
+    if c.get("n_group") is None and c.get("topk_group") is None:
+        return
+    experts, groups = c.size("n_routed_experts"), c.size("n_group", 1)
+    picked = c.size("topk_group", groups)
+    if picked > groups:
+        raise c.fail(f"field 'topk_group' ({picked}) exceeds n_group ({groups}): a token's "
+                     "experts come from topk_group of the n_group groups")
+    if experts % groups:
+        raise c.fail(f"field 'n_group' ({groups}) must divide n_routed_experts ({experts})")
+    top_k = c.size("num_experts_per_tok")
+    if top_k > picked * (experts // groups):
+        raise c.fail(f"field 'num_experts_per_tok' ({top_k}) exceeds the {picked} x "
+                     f"{experts // groups} experts of the topk_group groups a token picks")
 
 
 def _top_k(c: _Cfg, experts_key: str) -> int:
@@ -795,10 +815,29 @@ def checkpoint_precision(c: _Cfg, moe: bool) -> tuple[Precision, str]:
         raise c.fail(f"field 'quantization_config.quant_method': {method!r} unsupported; "
                      f"accepted: {', '.join(QUANT_METHODS)}")
     if method == "mxfp4":
-        p = Precision(expert_weights=DType.MXFP4) if moe else Precision(weights=DType.MXFP4)
-        return p, f"{'experts ' if moe else ''}mxfp4 (quantization_config mxfp4)"
+        # transformers' Mxfp4 quantizer replaces the routed experts' modules only (gpt-oss);
+        # on a dense model it quantizes nothing, so its weights are not MXFP4
+        if not moe:
+            raise c.fail("field 'quantization_config.quant_method': mxfp4 quantizes a MoE "
+                         "model's routed experts (gpt-oss); this model has none")
+        return Precision(expert_weights=DType.MXFP4), "experts mxfp4 (quantization_config mxfp4)"
+    _check_blocks(c, q)
     dtype = _quant_dtype(c, method, q)
     return Precision(weights=dtype), f"{dtype.value} (quantization_config {method})"
+
+
+def _check_blocks(c: _Cfg, q: Mapping[str, Any]) -> None:
+    """FP8's `weight_block_size` (FineGrainedFP8Config): the [rows, columns] of a weight block
+    sharing one scale, each a positive integer (DeepSeek-V3: [128, 128])."""
+    blocks = q.get("weight_block_size")
+    if blocks is None:
+        return
+    if (not isinstance(blocks, list) or len(blocks) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= MAX_WIDTH
+                       for b in blocks)):
+        raise c.fail("field 'quantization_config.weight_block_size' must be two positive "
+                     f"integers (rows and columns a scale covers, e.g. [128, 128]), got "
+                     f"{checks.show(blocks)}")
 
 
 def _quant_dtype(c: _Cfg, method: str, q: Mapping[str, Any]) -> DType:

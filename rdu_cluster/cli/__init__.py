@@ -55,6 +55,12 @@ class Main(click.Group):
             if interrupted(e):  # a Ctrl-C that a lazy import (plotly, ray) wrapped
                 click.echo("aborted", err=True)
                 sys.exit(130)
+            if _stdout_failed(e):
+                # `rdu-cluster models > /dev/full`, a closed pipe: the output is what cannot
+                # be written; stdout goes to /dev/null so the exit's flush cannot fail again
+                _discard_stdout()
+                click.echo(f"error: standard output: cannot write: {e.strerror or e}", err=True)
+                sys.exit(2)
             if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
                 # bad input wherever it is met: only a path the user gave is ever too long
                 click.echo(f"error: {show(str(e.filename))}: file name too long; at most 255 "
@@ -119,6 +125,21 @@ def _refuse_unclear(cmd: click.Command, ctx: click.Context, args: list[str]) -> 
                 and "" in (given if isinstance(given, list) else [given])):
             raise click.UsageError(f"{'/'.join(param.opts)}: an empty value; give one or leave "
                                    "the option out", ctx=ctx)
+
+
+def _stdout_failed(e: BaseException) -> bool:
+    """A write to standard output failed (a full device, a closed pipe, an I/O error)."""
+    return (isinstance(e, OSError) and e.filename is None
+            and e.errno in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EBADF))
+
+
+def _discard_stdout() -> None:
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout)
+        pass
 
 
 class _Interrupted(Exception):

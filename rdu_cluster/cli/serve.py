@@ -3,6 +3,7 @@ backend; writes requests / steps / sockets / links tables (Parquet) and prints a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -67,7 +68,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               help="Prefix caching: off, in HBM, or tiered (spilled to DDR / host memory) "
               "[default: tiered where the chip has a tier below HBM].")
 @click.option("--prefix-block", default=None, type=click.IntRange(max=traces.MAX_LENGTH),
-              help="Tokens per prefix-cache block [default: the KV block, 16].")
+              help="Tokens per prefix-cache block, 16 or more [default: the KV block, 16].")
 @click.option("--prefix-eviction", default=evictions.DEFAULT, show_default=True,
               help=f"Prefix-cache eviction policy: {', '.join(evictions.names())}.")
 @click.option("--arrival", type=click.Choice(traces.ARRIVALS), default=traces.ARRIVAL,
@@ -223,10 +224,9 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
             sim = disagg.Disaggregated(model, *pools, trace, config, backend,
                                        progress=bar.set_done)
         else:
-            sim = Simulation(model, cluster, trace, config, backend(), progress=bar.set_done)
-        tables, doc = _run(sim, stream, timeline, context, streamed=not (timeline or pools))
+            sim = Simulation(model, cluster, trace, config, backend, progress=bar.set_done)
+        tables, doc, events = _run(sim, stream, timeline, context, streamed=not pools)
     if timeline is not None:
-        events = timeline.write(timeline_path, tables)
         click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
                    "ui.perfetto.dev)", err=True)
     wall = dict(sim.wall, total_s=time.perf_counter() - started)
@@ -280,12 +280,15 @@ def _cluster(ref: str, overrides, replicas: int | None, plan: str | None, model,
 
 
 def _run(sim, stream: atomic.TableFolder, timeline: Timeline | None, context: dict,
-         streamed: bool) -> tuple[Tables, dict]:
+         streamed: bool) -> tuple[Tables, dict, int]:
     """Run and write the result set: created at the run's first rows (steps and sockets rows
-    are streamed into it), swapped in whole at the end, removed on an error or interruption.
-    The timeline reads the whole steps table, and a disaggregated run joins two runs' tables:
-    those are not streamed."""
-    with stream:
+    are streamed into it), swapped in whole at the end, removed on an error or interruption;
+    the timeline's events likewise go to its file as they are made, which appears after the
+    tables (a failure before leaves --out and the timeline's file as they were). A
+    disaggregated run joins two runs' tables: those are not streamed. Returns the tables, the
+    summary and the timeline's event count."""
+    events = 0
+    with stream, (timeline.file if timeline is not None else contextlib.nullcontext()):
         if timeline is not None:
             sim.observers.append(timeline)
         tables = sim.run(sink=stream.write) if streamed else sim.run()
@@ -293,8 +296,12 @@ def _run(sim, stream: atomic.TableFolder, timeline: Timeline | None, context: di
                 else tables.requests.schema.metadata[b"rdu_cluster.plan"].decode())
         doc = bench_json(tables.summary, **{**context, "plan": plan})  # the plan run
         doc.update(_intervals(sim, doc))
+        if timeline is not None:
+            events = timeline.finish()
         stream.commit({name: getattr(tables, name) for name in TABLES}, doc, SUMMARY)
-    return tables, doc
+        if timeline is not None:
+            timeline.commit()
+    return tables, doc, events
 
 
 def _intervals(sim, doc: dict) -> dict:
@@ -409,7 +416,7 @@ def _timeline(path: str | None, out_dir: str) -> Timeline | None:
         raise ConfigError(f"--timeline {target}: the --out folder or in it (a run replaces the "
                           "folder whole); give a file beside it")
     atomic.check_destination(target, "--timeline")
-    return Timeline()
+    return Timeline(target)
 
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from partitioning.scenario import Scenario, tensor_plan
-from rdu_cluster.engine.plan import PlanSpec
+from rdu_cluster.engine.plan import PlanSpec, check_draft_sockets
 from rdu_cluster.scenarios import speculative
 from workloads import sessions, traces
 from workloads.errors import ConfigError
@@ -124,6 +124,8 @@ def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tre
         return None
     check_draft(draft, model, trace)
     speculative.check_sockets(placement, draft_sockets)
+    if placement == "separate":  # the replica's layout, as the engine checks it, before k
+        check_draft_sockets(cluster, PlanSpec.parse(plan, cluster, model), draft_sockets)
     acc = (speculative.default_acceptance(draft, model.name) if acceptance is None
            else parse_acceptance(acceptance))
     branching = parse_tree(tree)

@@ -175,4 +175,8 @@ class Recovery:
             cols.update(energy.step_columns(self.sim.rates, None, int(cols["sockets"][0]),
                                             cols["time_s"]))
         self.sim.rec.add_steps(index, cols)
+        for obs in self.sim.observers:  # a timeline draws the reload (output/timeline.py)
+            if hasattr(obs, "recovery"):
+                obs.recovery(self.sim, index, float(cols["start_s"][0]),
+                             float(cols["time_s"][0]))
 

@@ -89,14 +89,20 @@ class ServeConfig:
 class Simulation:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, trace: Trace, config: ServeConfig,
                  backend, progress: Callable[[int, int], None] | None = None):
+        """`backend`: the sockets' backend, or a function making one, called once the run's
+        set-up is checked and laid out (start): a bad plan is refused before Ray starts."""
         # the set-up checks the run's inputs first: nothing starts on a bad combination
         self.build = Build(model, cluster, trace, config)
         self.model, self.cluster, self.trace, self.config = model, cluster, trace, config
-        self.backend = backend
+        made = hasattr(backend, "start")
+        self.backend = backend if made else None
+        self._make_backend = None if made else backend
         self.progress = progress
         self.hooks: list[Callable[[Simulation, int], None]] = []
         # Called after each window with what it ran (output/timeline.py records the run):
-        # observer.window(sim, replica, window, per-socket results, per-step dict, t0, steps).
+        # observer.window(sim, replica, window, per-socket results, per-step dict, t0, steps);
+        # and, where it has one, observer.recovery(sim, replica, start, seconds) after each
+        # recovery row (weights reloaded after a failure).
         self.observers: list = []
         self.plan = self.build.plan
         self.faults = self.build.faults
@@ -131,6 +137,8 @@ class Simulation:
             self.layouts[r] = lay
             self.recovery.home[r] = tuple(lay.sockets)
             setups.update(build.setups(lay, self.plan))
+        if self.backend is None:
+            self.backend = self._make_backend()
         self.backend.start(setups)
         for r, lay in enumerate(layouts):
             self.replicas.append(build.replica(r, lay))
@@ -226,7 +234,8 @@ class Simulation:
             closing = time.perf_counter()
             if not (ok and self.keep_measured):  # the ITLs' spill file goes with the run
                 self.finished.drop()
-            self.backend.close()
+            if self.backend is not None:
+                self.backend.close()
         self.wall = {"start_s": started - t, "run_s": ran - started, "tables_s": built - ran,
                      "close_s": time.perf_counter() - closing}
         return tables

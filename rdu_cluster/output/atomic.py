@@ -283,6 +283,71 @@ def folder_swap(out: str | Path, owned: Iterable[str], what: str = "--out") -> I
             _remove(leftover)
 
 
+class StreamedFile:
+    """atomic_write in pieces: text written as it is made into the same hidden temporary file
+    beside `path` (so a long output is never held whole), flushed to disk and renamed over
+    `path` by commit(); until then `path` is as it was. An error or interruption in the `with`
+    block, or discard(), removes the temporary (recover removes what a killed run left)."""
+
+    def __init__(self, path: str | Path, what: str = "--out") -> None:
+        self.path, self.what = Path(path), what
+        self.tmp = str(self.path.parent / f"{_temp_prefix(self.path.name)}"
+                       f"{secrets.token_hex(4)}.tmp")
+        self._file = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if exc[0] is not None:
+            self.discard()
+        return False
+
+    def write(self, text: str) -> None:
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                recover(self.path)
+                fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                             0o600)
+                os.fchmod(fd, FILE_MODE)
+                self._file = os.fdopen(fd, "w", encoding="utf-8", buffering=1 << 20)
+            self._file.write(text)
+        except OSError as e:
+            self.discard()
+            raise ConfigError(f"{self.what} {self.path}: cannot write: {e.strerror or e}"
+                              ) from None
+
+    def commit(self) -> Path:
+        """The whole file at `path` (an empty one if nothing was written)."""
+        try:
+            if self._file is None:
+                self.write("")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            if self.path.is_dir():
+                raise ConfigError(f"{self.what} {self.path}: is a directory; expected a file "
+                                  "name")
+            _check_replaceable(self.path, self.what)
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            raise ConfigError(f"{self.what} {self.path}: cannot write: {e.strerror or e}"
+                              ) from None
+        finally:
+            self.discard()
+        return self.path
+
+    def discard(self) -> None:
+        """Remove the temporary file (nothing at `path` changes)."""
+        f, self._file = self._file, None
+        if f is not None and not f.closed:
+            with contextlib.suppress(OSError):
+                f.close()
+        if os.path.exists(self.tmp):
+            os.unlink(self.tmp)
+
+
 class TableFolder:
     """A result set written as a whole (folder_swap) whose tables may come in chunks: each
     name's chunks go to one Parquet file (a row group each) as they arrive, so a long run's

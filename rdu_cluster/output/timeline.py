@@ -13,8 +13,10 @@ verdicts). A replica's steps run one after another, so the slices of a socket's 
 the step's time in the steps table less the messages between stages (on the link tracks).
 
 Built by an observer the Simulation calls after each window (Simulation.observers), from the
-per-socket results and the per-step times the engine already computed; recovery rows (weights
-reloaded after a failure) come from the steps table at the end.
+per-socket results and the per-step times the engine already computed, and after each recovery
+row (weights reloaded after a failure). The events are written to the file as they are made
+(a hidden temporary file beside it, output/atomic.StreamedFile), so memory does not grow with
+the run; the file appears whole at commit(), after the run's tables.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ COUNTER_STEP = 0.01  # a link counter gets a new point when its rate moves by th
 
 
 class Timeline:
-    def __init__(self) -> None:
-        self.events: list[dict] = []
+    def __init__(self, path: str | Path) -> None:
+        self.file = atomic.StreamedFile(path, "--timeline")
+        self.count = 0  # events written
         self.sockets: dict[int, tuple[int, int]] = {}  # socket -> (replica, node), last seen
         self.links: dict[tuple[int, int], int] = {}  # (src, dst) -> pid
 
@@ -104,12 +107,17 @@ class Timeline:
                     level = np.floor(np.log(np.maximum(rate, 1.0)) / np.log1p(COUNTER_STEP))
                 keep = np.concatenate([[True], np.diff(level) != 0])
                 for t, v in zip(starts[keep], rate[keep]):
-                    self.events.append({"name": "ring bytes/s", "ph": "C", "pid": pid,
-                                        "ts": float(t) * US, "args": {"bytes/s": float(v)}})
+                    self._emit({"name": "ring bytes/s", "ph": "C", "pid": pid,
+                                "ts": float(t) * US, "args": {"bytes/s": float(v)}})
 
     # -- events -----------------------------------------------------------------------------
+    def _emit(self, event: dict) -> None:
+        self.file.write(("," if self.count else '{"traceEvents":[')
+                        + json.dumps(event, separators=(",", ":")))
+        self.count += 1
+
     def _slice(self, s: int, name: str, cat: str, start: float, seconds: float, args) -> None:
-        self.events.append({"name": name, "cat": cat, "ph": "X", "pid": s, "tid": 0,
+        self._emit({"name": name, "cat": cat, "ph": "X", "pid": s, "tid": 0,
                             "ts": start * US, "dur": seconds * US, "args": args})
 
     def _link(self, a: int, b: int) -> int:
@@ -117,42 +125,37 @@ class Timeline:
 
     def _link_slice(self, a: int, b: int, name: str, start: float, seconds: float,
                     args) -> None:
-        self.events.append({"name": name, "cat": "message", "ph": "X", "pid": self._link(a, b),
+        self._emit({"name": name, "cat": "message", "ph": "X", "pid": self._link(a, b),
                             "tid": 0, "ts": start * US, "dur": seconds * US, "args": args})
 
-    def _recoveries(self, steps, sockets) -> None:
-        """Recovery rows of the steps table (weights reloaded after a failure) on the sockets
-        the replica runs on in the window after."""
-        phase = steps.column("phase").to_pylist()
-        rows = [i for i, p in enumerate(phase) if p == "recovery"]
-        sock_rep = sockets.column("replica").to_pylist()
-        sock_win = sockets.column("window").to_pylist()
-        sock_id = sockets.column("socket").to_pylist()
-        for i in rows:
-            rep, win = steps.column("replica")[i].as_py(), steps.column("window")[i].as_py()
-            members = {s for s, r, w in zip(sock_id, sock_rep, sock_win) if r == rep and w == win}
-            for s in sorted(members):
-                self._slice(s, "weight reload (recovery)", "recovery",
-                            steps.column("start_s")[i].as_py(),
-                            steps.column("time_s")[i].as_py(), {"replica": rep})
+    def recovery(self, sim, index: int, start: float, seconds: float) -> None:
+        """A recovery row (weights reloaded after a failure, engine/recovery.py) on the sockets
+        replica `index` was re-planned onto."""
+        for s in sorted(sim.replicas[index].sockets):
+            self._slice(s, "weight reload (recovery)", "recovery", start, seconds,
+                        {"replica": index})
 
-    def trace(self, tables=None) -> dict:
-        if tables is not None:
-            self._recoveries(tables.steps, tables.sockets)
+    def finish(self) -> int:
+        """The process names and the trace's close, written; returns the events in it (the
+        file appears at commit)."""
         meta = []
         for s, (rep, node) in sorted(self.sockets.items()):
             meta += _names(s, f"socket {s} (replica {rep}, node {node})", s, "steps")
         for (a, b), pid in sorted(self.links.items(), key=lambda kv: kv[1]):
             meta += _names(pid, f"link {a}->{b}", pid, "messages")
-        return {"traceEvents": meta + self.events, "displayTimeUnit": "ms",
+        for event in meta:
+            self._emit(event)
+        tail = {"displayTimeUnit": "ms",
                 "otherData": {"source": "rdu-cluster serve --timeline", "time_unit": "us"}}
+        self.file.write(("" if self.count else '{"traceEvents":[') + "],"
+                        + json.dumps(tail, separators=(",", ":"))[1:])
+        return self.count
 
-    def write(self, path: str | Path, tables=None) -> int:
-        """The trace as JSON, written atomically (a hidden temporary file, then renamed)."""
-        trace = self.trace(tables)
-        atomic.atomic_write(Path(path), json.dumps(trace, separators=(",", ":")).encode(),
-                            parents=True)
-        return len(trace["traceEvents"])
+    def commit(self) -> None:
+        self.file.commit()
+
+    def discard(self) -> None:
+        self.file.discard()
 
 
 def _names(pid: int, process: str, sort: int, thread: str) -> list[dict]:

@@ -3,6 +3,7 @@ a socket actor killed mid-run is restored from its checkpoint with nothing lost 
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -132,7 +133,7 @@ def test_ray_backend_matches_local_with_a_separate_tree_draft(ray_session, serve
     _compare(local, remote)
 
 
-def test_ray_timeline_is_the_local_one(ray_session):
+def test_ray_timeline_is_the_local_one(ray_session, tmp_path):
     """serve --timeline records the same trace events on either backend."""
     from rdu_cluster.backends.local import LocalBackend
     from rdu_cluster.backends.ray_backend import RayBackend
@@ -145,12 +146,15 @@ def test_ray_timeline_is_the_local_one(ray_session):
     trace = synthetic(12, 20.0, "poisson", LengthDist("uniform", 64, 512),
                       LengthDist("fixed", 16, 16), seed=2)
     out = []
-    for backend in (LocalBackend(), RayBackend()):
+    for i, backend in enumerate((LocalBackend(), RayBackend())):
         sim = Simulation(load_model("llama-3.1-8b"), load_cluster("sn40l-8"), trace,
                          ServeConfig(plan="tp4pp2", seed=2), backend)
-        timeline = Timeline()
+        timeline = Timeline(tmp_path / f"t{i}.json")
         sim.observers.append(timeline)
-        out.append(timeline.trace(sim.run()))
+        sim.run()
+        timeline.finish()
+        timeline.commit()
+        out.append(json.loads((tmp_path / f"t{i}.json").read_text()))
     assert len(out[0]["traceEvents"]) > 100 and out[0] == out[1]
 
 

@@ -132,3 +132,24 @@ def test_shared_draft_and_a_failure_recovery(tmp_path):
     assert len(rec) == 1 and len(reloads) == int(rec.sockets.iloc[0]) > 0
     assert all(e["dur"] / 1e6 == pytest.approx(rec.time_s.iloc[0]) for e in reloads)
     assert all(e["pid"] != 3 for e in reloads)  # the failed socket reloads nothing
+
+
+def test_a_run_that_fails_leaves_out_and_the_timeline_as_they_were(tmp_path, monkeypatch):
+    """The timeline is streamed to a hidden file beside it and appears after the tables; a
+    failure before (the timeline held the whole trace and ran out of memory after --out was
+    already replaced) leaves both as they were, with no temporary file."""
+    from rdu_cluster.output import timeline
+
+    _, _, path = _run(tmp_path)
+    out = tmp_path / "out"
+    before = {p.name: p.stat().st_mtime_ns for p in [*out.iterdir(), path]}
+
+    def fail(self):
+        raise MemoryError("the trace")
+
+    monkeypatch.setattr(timeline.Timeline, "finish", fail)
+    r = CliRunner().invoke(main, [*BASE, "--cluster", "sn40l-8", "--out", str(out),
+                                  "--timeline", str(path), "--seed", "3"])
+    assert r.exit_code == 1 and "MemoryError" in r.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in [*out.iterdir(), path]} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run.json"]

@@ -117,7 +117,6 @@ def test_glm4_moe_and_mistral3():
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, DType.INT4, None),
         ({"quant_method": "bitsandbytes", "load_in_4bit": False, "load_in_8bit": True},
          DType.INT8, None),
-        ({"quant_method": "mxfp4"}, DType.MXFP4, None),
     ],
 )
 def test_quantization_config_sets_weight_dtype(quant, weights, experts):
@@ -154,6 +153,11 @@ def test_mxfp4_quantizes_only_experts_of_moe_models():
          "load_in_4bit and load_in_8bit are both true; bitsandbytes takes one of them"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": False},
          "bitsandbytes needs load_in_4bit or load_in_8bit"),
+        # transformers' Mxfp4 quantizer replaces experts only: a dense model's weights stay
+        ({"quant_method": "mxfp4"}, "mxfp4 quantizes a MoE model's routed experts"),
+        ({"quant_method": "fp8", "weight_block_size": [0, 0]},
+         "'quantization_config.weight_block_size' must be two positive integers"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "got [128]"),
     ],
 )
 def test_bad_quantization_config(quant, fragment):
@@ -174,6 +178,9 @@ def test_bad_quantization_config(quant, fragment):
         ("phi-3-mini-4k", "partial_rotary_factor", 1.5, "must be a number in (0, 1]"),
         ("deepseek-v2", "first_k_dense_replace", 61, "is 61, more than 60"),
         ("deepseek-v2", "n_shared_experts", -2, "must be a non-negative integer"),
+        ("deepseek-v2", "topk_group", 13, "'topk_group' (13) exceeds n_group (8)"),
+        ("deepseek-v2", "n_group", 7, "'n_group' (7) must divide n_routed_experts (160)"),
+        ("deepseek-v3", "n_group", 256, "'num_experts_per_tok' (8) exceeds the 4 x 1 experts"),
         ("qwen1.5-moe-a2.7b", "shared_expert_intermediate_size", 1.5, "non-negative integer"),
         ("qwen1.5-moe-a2.7b", "mlp_only_layers", "0,1", "must list layer indices in 0..23"),
         ("glm-4.5-air", "partial_rotary_factor", 0, "must be a number in (0, 1]"),
