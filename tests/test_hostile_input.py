@@ -1085,6 +1085,7 @@ def test_a_2048_socket_node_is_refused_within_10_s():
         assert r.exit_code == 2 and time.perf_counter() - t < 10, r.output
 
 
+@pytest.mark.slow  # a fresh interpreter imports the CLI
 def test_a_failed_write_to_standard_output_is_one_line(tmp_path):
     """`rdu-cluster models > /dev/full` was an internal error."""
     import subprocess

@@ -44,6 +44,7 @@ def _steps(tables):
                                                           ("step", "ascending")])
 
 
+@pytest.mark.slow  # 3-4 s a policy: two serving runs, one a step per window
 @pytest.mark.parametrize("name", schedulers.names())
 def test_every_scheduler_s_windows_equal_a_step_by_step_loop(serve, monkeypatch, name):
     _, fast = serve(**_config(name))
@@ -68,6 +69,7 @@ def test_every_scheduler_s_timed_windows_equal_untimed_ones(serve, monkeypatch, 
     assert _steps(ahead).equals(_steps(one))
 
 
+@pytest.mark.slow  # 3-9 s a case: two serving runs, one a step per window
 @pytest.mark.parametrize("concurrency", [None, 6])
 @pytest.mark.parametrize("routing", replica_routing.names())
 def test_every_routing_policy_s_windows_equal_a_step_by_step_loop(serve, monkeypatch, routing,

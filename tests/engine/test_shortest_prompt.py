@@ -4,6 +4,7 @@ file. Its windows equal a step-by-step loop (tests/engine/test_policies.py runs 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rdu_cluster.engine.kv import KVConfig, KVManager
 from rdu_cluster.engine.requests import RUNNING, Request
@@ -33,6 +34,7 @@ def test_it_admits_the_shortest_waiting_prompts_first():
         View([], waiting, [], kv, False)).saturated  # nothing more arrives
 
 
+@pytest.mark.slow  # two serving runs of 48 requests, ~3 s
 def test_it_lowers_the_mean_time_to_first_token_of_a_mixed_queue(serve):
     """Every request queued at once, prompts of 64 to 8,192 tokens served one at a time (the
     prefill is most of a request's time): shortest first serves the short ones before the long,

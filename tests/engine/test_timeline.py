@@ -134,6 +134,7 @@ def test_shared_draft_and_a_failure_recovery(tmp_path):
     assert all(e["pid"] != 3 for e in reloads)  # the failed socket reloads nothing
 
 
+@pytest.mark.slow  # two serve runs
 def test_a_run_that_fails_leaves_out_and_the_timeline_as_they_were(tmp_path, monkeypatch):
     """The timeline is streamed to a hidden file beside it and appears after the tables; a
     failure before (the timeline held the whole trace and ran out of memory after --out was
