@@ -281,10 +281,6 @@ def _of(chip: Any, options: Any) -> RuntimeMemory:
 
 
 def _default_stack(chip: Any) -> str:
-    from chip import serving_stacks
+    from chip import serving_stacks  # it imports the execution model, which imports this
 
-    default = getattr(serving_stacks, "default_stack", None)
-    if default is None:
-        return DEFAULT_GPU
-    opts = default(chip)
-    return getattr(opts, "stack", "") or DEFAULT_GPU
+    return serving_stacks.default_stack(chip) or DEFAULT_GPU

@@ -220,12 +220,14 @@ def test_roofline_runs_on_any_chip(tmp_path):
 def test_sweep_rows_carry_energy_and_cost_as_simulate_out(tmp_path):
     """A sweep's row of a point holds what `simulate --out` writes for it, the energy and cost
     columns included (they were null in every sweep row: the runner built the table without
-    the cluster that prices them)."""
+    the cluster that prices them). Both run tp8: simulate's default is the best plan, a sweep's
+    tensor parallelism over every socket, and the two need not agree."""
     spec = write(tmp_path, """
 [sweep]
 [base]
 model = "llama-3.1-8b"
 batch = 4
+plan = "tp8"
 [[axes]]
 type = "list"
 points = [{ cluster = "sn40l-8" }, { cluster = "dgx-h100" }]
@@ -233,7 +235,8 @@ points = [{ cluster = "sn40l-8" }, { cluster = "dgx-h100" }]
     out = tmp_path / "sim.parquet"
     runner = CliRunner()
     res = runner.invoke(main, ["simulate", "--model", "llama-3.1-8b", "--cluster", "sn40l-8",
-                               "--cluster", "dgx-h100", "--batch", "4", "--out", str(out)])
+                               "--cluster", "dgx-h100", "--batch", "4", "--plan", "tp8",
+                               "--out", str(out)])
     assert res.exit_code == 0, res.output
     cli = {r["cluster"]: r for r in pq.read_table(out).to_pylist()}
     swept = {r["cluster"]: r for r in
