@@ -100,10 +100,12 @@ class RuntimeMemory:
         return self if fraction is None else replace(self, rule="free", fraction=fraction)
 
     def parts(self, capacity: float, weights: Any, activations: Any,
-              group: int, tp: int = 1) -> dict[str, Any]:
+              group: int, tp: int | None = None) -> dict[str, Any]:
         """HBM bytes reserved per socket, by part, for a socket of `capacity` holding `weights`
         and an activation workspace of `activations` in a step group of `group` sockets (tp:
-        the tensor-parallel degree SGLang's estimate reads). Broadcasts over arrays."""
+        the tensor-parallel degree SGLang's estimate reads, default the group's). Broadcasts
+        over arrays."""
+        tp = group if tp is None else tp
         out: dict[str, Any] = {}
         if self.context_bytes:
             out["cuda_context"] = self.context_bytes
@@ -235,7 +237,7 @@ STACK_MEMORY: dict[str, RuntimeMemory] = {
     "tensorrt-llm-0.11": TENSORRT_LLM_STATIC,
     "eager": EAGER,
 }
-DEFAULT_GPU = "vllm"  # a GPU costed without a named stack
+DEFAULT_GPU = "vllm"  # a GPU whose default stack has no profile here
 
 
 def for_stack(name: str) -> RuntimeMemory:
@@ -281,6 +283,7 @@ def _of(chip: Any, options: Any) -> RuntimeMemory:
 
 
 def _default_stack(chip: Any) -> str:
+    """The stack a GPU runs when none is named (chip/serving_stacks.py default_stack)."""
     from chip import serving_stacks  # it imports the execution model, which imports this
 
     return serving_stacks.default_stack(chip) or DEFAULT_GPU

@@ -231,7 +231,7 @@ def _runtime_parts(d: Demand, chip: ChipSpec, runtime: RuntimeMemory | None) -> 
     """The runtime's HBM reservation by part (empty without a runtime)."""
     if runtime is None:
         return {}
-    parts = runtime.parts(chip.hbm.capacity_bytes, d.weights, d.activations, d.group, d.group)
+    parts = runtime.parts(chip.hbm.capacity_bytes, d.weights, d.activations, d.group)
     return {k: v for k, v in parts.items() if nonzero(v)}
 
 

