@@ -4,7 +4,7 @@ One small importer per `model_type`, in `IMPORTERS`; adding a family is one func
 entry and one test (docs/extending.md), and a catalog file (workloads/catalog/) to name it. Field names and their meaning follow the transformers configuration classes of
 each family (LlamaConfig, MixtralConfig, Qwen3MoeConfig, DeepseekV3Config, GptOssConfig,
 Qwen3NextConfig, NemotronHConfig, Llama4TextConfig, Gemma2Config, Gemma3TextConfig, Phi3Config,
-DeepseekV2Config, Qwen2MoeConfig, Glm4MoeConfig, Mistral3Config) and MiniMaxAI/MiniMax-M2's
+DeepseekV2Config, Qwen2MoeConfig, Glm4MoeConfig, Mistral3Config, Starcoder2Config) and MiniMaxAI/MiniMax-M2's
 configuration_minimax_m2.py. Multimodal configs (llama4, gemma3, mistral3) nest the language model
 under `text_config`; only that part is imported (the vision encoder runs once per image, outside
 the decode loop this simulator costs). `quantization_config` (top level, or under
@@ -259,6 +259,7 @@ _CONTEXT_DEFAULTS = {
     "gemma3_text": 131072,  # Gemma3TextConfig
     "phi3": 4096,  # Phi3Config
     "glm4_moe": 131072,  # Glm4MoeConfig
+    "starcoder2": 4096,  # Starcoder2Config
 }
 _ATTENTION = (Mixer.FULL_ATTENTION, Mixer.SLIDING_ATTENTION)
 
@@ -646,6 +647,17 @@ def _phi3(c: _Cfg, name: str) -> ModelSpec:
     return _dense_family(c, name, rotary_dim=rotary if rotary != head_dim else None)
 
 
+def _starcoder2(c: _Cfg, name: str) -> ModelSpec:
+    """StarCoder2 (Starcoder2Config, modeling_starcoder2): GQA with `sliding_window` on every
+    layer, biases on every linear layer when `use_bias` (q/k/v/o and the MLP's c_fc / c_proj),
+    LayerNorm with a bias (nn.LayerNorm whatever `norm_type` says), a plain two-matrix GELU MLP,
+    and embeddings tied unless the config says otherwise (the class default is True)."""
+    bias = c.flag("use_bias", True)
+    spec = _dense_family(c, name, qkv_bias=bias, o_bias=bias)
+    return replace(spec, ffn_matrices=2, ffn_bias=bias, norm_bias=True,
+                   tie_embeddings=c.flag("tie_word_embeddings", True))
+
+
 def _qwen2_moe(c: _Cfg, name: str) -> ModelSpec:
     """Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v biases, sparse layers by the Qwen rule,
     one sigmoid-gated shared expert of its own width `shared_expert_intermediate_size`."""
@@ -774,6 +786,7 @@ IMPORTERS: dict[str, Callable[[_Cfg, str], ModelSpec]] = {
     "qwen2_moe": _qwen2_moe,
     "glm4_moe": _glm4_moe,
     "mistral3": _mistral3,
+    "starcoder2": _starcoder2,
 }
 
 

@@ -122,8 +122,12 @@ def layer_params(spec: ModelSpec, layer: LayerSpec, active: bool = False) -> dic
     out["norms"] = h * ((layer.mixer is not Mixer.NONE) + (layer.ffn is not FFN.NONE))
     if spec.sandwich_norms:  # and one after each (Gemma 2/3)
         out["norms"] *= 2
+    if spec.norm_bias:  # LayerNorm: a bias beside each scale (StarCoder2)
+        out["norms"] *= 2
     if layer.ffn is FFN.DENSE:
         out["dense_ffn"] = spec.ffn_matrices * h * spec.intermediate_size
+        if spec.ffn_bias:  # one bias per output: the up (and gate) widths and the down's hidden
+            out["dense_ffn"] += (spec.ffn_matrices - 1) * spec.intermediate_size + h
     elif layer.ffn is FFN.MOE:
         experts = spec.moe.top_k if active else spec.moe.num_experts
         out["router"] = _router_params(spec)
@@ -160,7 +164,7 @@ def param_breakdown(spec: ModelSpec, active: bool = False) -> dict[str, int]:
             total[k] += v
     total["embedding"] = embedding_params(spec)
     total["lm_head"] = lm_head_params(spec)
-    total["final_norm"] = spec.hidden_size
+    total["final_norm"] = spec.hidden_size * (2 if spec.norm_bias else 1)
     total["mtp"] = mtp_params(spec, active)
     return total
 

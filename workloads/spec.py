@@ -118,6 +118,8 @@ class ModelSpec:
     attention: AttentionSpec | None
     intermediate_size: int = 0  # dense FFN width
     ffn_matrices: int = 3  # 3 for gated (SwiGLU) MLPs, 2 for plain up/down
+    ffn_bias: bool = False  # biases on the dense MLP's projections (StarCoder2's c_fc / c_proj)
+    norm_bias: bool = False  # LayerNorms (a scale and a bias) where other families have RMSNorm
     moe: MoESpec | None = None
     linear_attention: LinearAttentionSpec | None = None
     mamba: Mamba2Spec | None = None
