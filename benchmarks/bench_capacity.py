@@ -1,75 +1,155 @@
-"""Capacity-planning speed and answer: 200 concurrent users of DeepSeek-V3 at FP8, each at
-least 50 tokens/s (p99 TPOT <= 20 ms) with p99 TTFT <= 2 s, prompt 1,024 and output 256 tokens:
-the cheapest SN40L-16, DGX H100 and HGX H200 deployments, and H100 prefill with SN40L decode
-(the KV cache over InfiniBand NDR), found by `rdu-cluster capacity` (analytic pre-filter, then
-the serving engine on the short list) in one process.
+"""Capacity-planning speed, memory and answers: three questions a capacity planner asks, each
+run by `rdu-cluster capacity` (analytic pre-filter, bisection to the boundary, serving-engine
+verification) in a process of its own, its wall time, CPU time and peak resident memory
+printed with each system's cheapest answer.
 
-Target (issue #15): under 60 s of wall time on 2 cores. Prints each system's answer, the wall
-time and the process's CPU time (on a machine shared with other work the wall time includes
-waiting for a CPU); exits 1 if the wall target is missed or the command fails. A system with no
-deployment meeting the SLO within --max-nodes is an answer, not a failure: its line says so and
-shows the cheapest deployment tried (the verified row that misses).
+1. deepseek-v3: DeepSeek-V3 FP8, 500 chat users (closed loop), prompt 1,024 and output 256
+   tokens, p99 TTFT <= 1.5 s and p99 TPOT <= 25 ms, on SN40L-16, DGX H100 and HGX H200 and the
+   pairs H100 -> SN40L-16 and H200 -> SN40L-16 (prefill pool -> decode pool).
+2. llama-70b: Llama 3.1 70B at BF16 and FP8, 500 users, 2,048 / 400 tokens, the same SLO,
+   systems and pairs.
+3. llama-70b-sessions: the same model, dtypes, systems and pairs with 500 multi-turn sessions
+   (4 turns, a 1,024-token shared system prompt, 5 s think time; each turn a 2,048-token
+   message and a 400-token answer).
 
-    python benchmarks/bench_capacity.py [--shortlist K] [--max-nodes N]
+Target (issue #34): each question under 20 s of wall time and 1.5 GB of peak resident memory on
+2 cores (capacity --jobs 2: candidates verified in two processes; the peak is the largest of
+the process and its workers). On a machine shared with other work the wall time includes waiting for a CPU: the
+load average is printed beside it. Exits 1 if a target is missed or a command fails. A system
+with no deployment meeting the SLO within --max-nodes is an answer, not a failure.
+
+With --reserve K, each question's answer (its cheapest row that meets) is served again from its
+own serve_args with K times the requests (`rdu-cluster serve`), and the benchmark prints whether
+it still meets the SLO and whether its $/Mtok (the row's price per hour over the re-served
+steady output throughput) lands inside the row's interval (a sessions question is its own
+workload: not re-served).
+
+    python benchmarks/bench_capacity.py [--only NAME] [--reserve K] [-- extra capacity args]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 
-from click.testing import CliRunner
+TARGET_S = 20.0
+TARGET_RSS_GB = 1.5
+CLUSTERS = ("sn40l-16", "dgx-h100", "hgx-h200")
+PAIRS = ("dgx-h100:sn40l-16", "hgx-h200:sn40l-16")
+SLO = ("--slo", "ttft:1500", "--slo", "tpot:25")
+COMMON = (*[a for c in CLUSTERS for a in ("--cluster", c)],
+          *[a for p in PAIRS for a in ("--pair", p)], *SLO, "--max-nodes", "24", "--json")
+JOBS = ("--jobs", "2")  # the two cores (capacity verifies candidates in two processes)
+QUESTIONS = {
+    "deepseek-v3": ("--model", "deepseek-v3", "--weights", "fp8", "--concurrency", "500",
+                    "--prompt-len", "1024", "--output-len", "256"),
+    "llama-70b": ("--model", "llama-3.1-70b", "--weights", "bf16", "--weights", "fp8",
+                  "--concurrency", "500", "--prompt-len", "2048", "--output-len", "400"),
+    "llama-70b-sessions": ("--model", "llama-3.1-70b", "--weights", "bf16", "--weights", "fp8",
+                           "--sessions", "500", "--turns", "4", "--system-prompt", "1024",
+                           "--think-time", "5", "--prompt-len", "2048", "--output-len", "400"),
+}
 
-from rdu_cluster.cli import main as cli
 
-TARGET_S = 60.0
-SYSTEMS = ("sn40l-16", "dgx-h100", "hgx-h200", "dgx-h100->sn40l-16")
+def run(name: str, extra: list[str], reserve: int = 0) -> tuple[bool, float]:
+    args = ["capacity", *QUESTIONS[name], *COMMON, *JOBS, *extra]
+    load = os.getloadavg()[0]
+    t = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        proc = subprocess.Popen([sys.executable, "-c", "from rdu_cluster.entry import run; run()",
+                                 *args], stdout=out_f, stderr=err_f, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (peak RSS)
+        wall = time.perf_counter() - t
+        out_f.seek(0), err_f.seek(0)
+        out, err = out_f.read(), err_f.read()
+    code = os.waitstatus_to_exitcode(status)
+    rss_gb = usage.ru_maxrss * 1024 / 1e9  # Linux: kilobytes
+    cpu = usage.ru_utime + usage.ru_stime
+    print(f"\n== {name}: rdu-cluster {' '.join(args)}")
+    if code not in (0, 1):
+        print(err.strip().splitlines()[-1] if err.strip() else "(no message)")
+        return False, rss_gb
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    _print(rows)
+    answer = next((r for r in rows if r["meets_slo"]), None)
+    if reserve > 1 and answer is not None and "--sessions" not in answer["serve_args"]:
+        _reserve(answer, reserve)
+    if err.strip():
+        print(err.strip())
+    ok = wall < TARGET_S and rss_gb < TARGET_RSS_GB
+    print(f"{name}: wall {wall:.1f} s (target < {TARGET_S:.0f} s), CPU {cpu:.1f} s, peak RSS "
+          f"{rss_gb:.2f} GB (target < {TARGET_RSS_GB} GB); load average at the start "
+          f"{load:.1f} on {os.cpu_count()} CPUs")
+    return ok, rss_gb
+
+
+def _print(rows: list[dict]) -> None:
+    pw = next((k[:-8] for k in (rows[0] if rows else {}) if k.endswith("_ttft_ms")), "p99")
+    print(f"{'system':<24} {'nodes':>11} {'plan':<36} {'tok/s/user':>10} {'$/Mtok':>15} "
+          f"{pw + ' TTFT':>9} {pw + ' TPOT':>9}  SLO")
+    best: dict[tuple, dict] = {}
+    for row in rows:  # ranked: the first row of a system and dtype is its cheapest
+        best.setdefault((row["system"], row["weights"]), row)
+    for (system, w), row in best.items():
+        lo, hi = row.get("nodes_low"), row.get("nodes_high")
+        nodes = f"{row['nodes']}" + (f" ({lo}-{hi})" if lo is not None else "")
+        usd = row["usd_per_million_tokens"]
+        ulo, uhi = row.get("usd_per_million_tokens_low"), row.get("usd_per_million_tokens_high")
+        usd_s = "-" if usd is None else f"{usd:.2f}" + (
+            f" ({ulo:.2f}-{uhi:.2f})" if ulo is not None else "")
+        verdict = "meets" if row["meets_slo"] else "misses"
+        if "robust" in row:
+            verdict += ", robust" if row["robust"] else ", not robust"
+        ttft, tpot = row.get(f"{pw}_ttft_ms"), row.get(f"{pw}_tpot_ms")
+        print(f"{system + (' ' + w if w else ''):<24} {nodes:>11} {row['plan']:<36} "
+              f"{_f(row['tokens_per_s_per_user'], '.1f'):>10} {usd_s:>15} "
+              f"{_f(ttft, '.0f'):>9} {_f(tpot, '.2f'):>9}  {verdict}")
+
+
+def _reserve(row: dict, k: int) -> None:
+    """Serve the row again with k times its requests; its verdict and $/Mtok against the row's."""
+    args = list(row["serve_args"])
+    i = args.index("--requests")
+    args[i + 1] = str(k * int(args[i + 1]))
+    with tempfile.TemporaryDirectory() as out:
+        t = time.perf_counter()
+        doc = json.loads(subprocess.run(
+            [sys.executable, "-c", "from rdu_cluster.entry import run; run()", "serve", *args,
+             "--json", "--no-progress", "--out", out + "/run"],
+            capture_output=True, text=True, check=True).stdout)
+        wall = time.perf_counter() - t
+    pw = next(k[:-8] for k in row if k.endswith("_ttft_ms"))
+    ttft, tpot = doc[f"{pw}_ttft_ms"], doc[f"{pw}_tpot_ms"]
+    meets = ttft <= 1500 and tpot <= 25
+    usd = row["usd_per_hour"] * 1e6 / 3600 / doc["output_throughput"]
+    lo, hi = row.get("usd_per_million_tokens_low"), row.get("usd_per_million_tokens_high")
+    inside = ("no interval" if lo is None or hi is None
+              else "inside" if lo <= usd <= hi else "OUTSIDE")
+    print(f"re-served x{k} ({args[i + 1]} requests, {wall:.0f} s): {row['system']} {row['plan']}: "
+          f"{pw} TTFT {ttft:.0f} ms, {pw} TPOT {tpot:.2f} ms ({'meets' if meets else 'MISSES'}; "
+          f"row {row[f'{pw}_tpot_ms']:.2f} ms), $/Mtok {usd:.2f} (row "
+          f"{row['usd_per_million_tokens']:.2f}, interval {_f(lo, '.2f')}-{_f(hi, '.2f')}: "
+          f"{inside})")
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shortlist", type=int, default=1)
-    ap.add_argument("--max-nodes", type=int, default=24)
+    ap.add_argument("--only", choices=tuple(QUESTIONS), action="append")
+    ap.add_argument("--reserve", type=int, default=0,
+                    help="re-serve each answer with this many times its requests")
+    ap.add_argument("extra", nargs="*", help="more capacity arguments (after --)")
     a = ap.parse_args()
-    args = ["capacity", "--model", "deepseek-v3", "--weights", "fp8", "--cluster", "sn40l-16",
-            "--cluster", "dgx-h100", "--cluster", "hgx-h200", "--pair", "dgx-h100:sn40l-16",
-            "--concurrency", "200", "--prompt-len", "1024", "--output-len", "256",
-            "--slo", "ttft:2000", "--slo", "tpot:20", "--shortlist", str(a.shortlist),
-            "--max-nodes", str(a.max_nodes), "--json"]
-    t, cpu = time.perf_counter(), time.process_time()
-    r = CliRunner().invoke(cli, args)
-    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
-    if r.exit_code not in (0, 1):
-        print(r.output, file=sys.stderr)
-        return 1
-    rows = [json.loads(line) for line in r.output.splitlines()]
-    print("rdu-cluster " + " ".join(args))
-    print(f"{'system':<22} {'sockets':>7} {'nodes':>5} {'plan':<34} {'tok/s/user':>10} "
-          f"{'tok/s/sock':>10} {'$/Mtok':>7} {'p99 TTFT ms':>11} {'p99 TPOT ms':>11}  SLO")
-    best = {}
-    for row in rows:
-        best.setdefault(row["system"], row)  # rows come ranked: the first is the cheapest
-    for system in SYSTEMS:
-        row = best.get(system)
-        if row is None:
-            print(f"{system:<22} no deployment within --max-nodes {a.max_nodes}")
-            continue
-        print(f"{system:<22} {row['sockets']:>7} {row['nodes']:>5} {row['plan']:<34} "
-              f"{row['tokens_per_s_per_user']:>10.1f} {row['tokens_per_s_per_socket']:>10.1f} "
-              f"{row['usd_per_million_tokens']:>7.2f} {row['p99_ttft_ms']:>11.1f} "
-              f"{row['p99_tpot_ms']:>11.2f}  {'meets' if row['meets_slo'] else 'misses'}")
-    missing = [s for s in SYSTEMS if not best.get(s, {}).get("meets_slo")]
-    if missing:
-        shown = [s for s in missing if s in best]
-        note = f" (the row shown for {', '.join(shown)} is the cheapest one verified)" if shown \
-            else " (none passed the analytic pre-filter)"
-        print(f"no deployment within --max-nodes {a.max_nodes} meets the SLO on: "
-              f"{', '.join(missing)}{note}")
-    print(f"wall {wall:.1f} s for the whole question (target < {TARGET_S:.0f} s); CPU "
-          f"{cpu:.1f} s of this process (the wall time includes waiting for a shared CPU)")
-    return 0 if wall < TARGET_S else 1
+    results = [run(name, a.extra, a.reserve) for name in (a.only or QUESTIONS)]
+    return 0 if all(ok for ok, _ in results) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ serve_args that reproduce each row, --json / --plot, and exit 1 when nothing mee
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from workloads.errors import ConfigError
 
 BASE = ["capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--cluster", "dgx-h100",
         "--concurrency", "16", "--prompt-len", "512", "--output-len", "32", "--max-nodes", "2",
-        "--shortlist", "1"]
+        "--shortlist", "1", "--steady-tolerance", "off"]
 
 
 def run(*args):
@@ -26,7 +27,7 @@ def run(*args):
 
 
 def test_max_batch_keeps_tpot_within_the_bound():
-    rc = cap.replica_cost(load_model("llama-3.1-8b"), "dgx-h100", "tp2", (512, 32),
+    rc = cap.replica_cost(load_model("llama-3.1-8b"), cap.Pool("dgx-h100", "tp2", 1), (512, 32),
                           load_fabric("ib-ndr"))
     assert np.all(np.diff(rc.tpot_s) >= 0)  # a bigger batch never steps faster
     b = rc.max_batch(0.006)
@@ -115,7 +116,8 @@ def test_serve_args_carry_a_non_default_calibration():
 
 
 SMALL = ["capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--max-nodes", "1",
-         "--shortlist", "1", "--slo", "ttft:2000", "--slo", "tpot:20", "--json"]
+         "--shortlist", "1", "--slo", "ttft:2000", "--slo", "tpot:20", "--json",
+         "--steady-tolerance", "off"]
 
 
 def reserved(row, tmp_path):
@@ -258,30 +260,60 @@ def test_one_token_outputs_under_a_ttft_slo_give_serves_zero_tpot():
     assert rows and all(row["p99_tpot_ms"] == 0.0 and row["meets_slo"] for row in rows)
 
 
-def test_verification_grows_a_missing_deployment_within_max_nodes(monkeypatch):
-    """A deployment that misses was served one replica larger past --max-nodes (--max-nodes 1
-    printed sn40l-8:tp2:5, 2 nodes): it grows only while every pool stays within the bound."""
-    import importlib
-    from types import SimpleNamespace
+@pytest.mark.parametrize("top", [1, 2, 7, 24, 100])
+def test_bisection_finds_the_boundary_of_a_monotone_verdict(top):
+    """Whatever the analytic start, the smallest n that meets, with n - 1 asked and missing,
+    each n asked once, in about 2 log2 of the distance asks; None when `top` misses."""
+    for threshold in range(1, top + 2):
+        for start in {1, threshold - 1, threshold, threshold + 3, top}:
+            asked = []
 
-    from rdu_cluster.engine.disagg import Pool
+            def meets(n, asked=asked, threshold=threshold):
+                asked.append(n)
+                assert 1 <= n <= top
+                return n >= threshold
 
-    cli = importlib.import_module("rdu_cluster.cli.capacity")  # the package's name is the command
+            n = cap.boundary(meets, start, top)
+            assert len(asked) == len(set(asked))
+            if threshold > top:
+                assert n is None and top in asked
+                continue
+            assert n == threshold and n in asked and (n == 1 or n - 1 in asked)
+            far = max(abs(start - threshold), 1)
+            assert len(asked) <= 2 * math.ceil(math.log2(far + 1)) + 2
 
+
+def _fake_serve(threshold):
+    """A verify() that meets from `threshold` replicas of each pool (prefill, decode)."""
     served = []
 
-    def verify(dep, *args):
+    def serve(dep):
         served.append(dep)
-        return SimpleNamespace(deployment=dep, meets_slo=False, miss=1.0)
+        need = max(n - p.replicas for n, p in zip(threshold, dep.pools))
+        return cap.Result(dep, {}, 0.0, 0.0, need / 10, [])
+    return serve, served
 
-    monkeypatch.setattr(cap, "verify", verify)
-    dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp2", 3),), 8, None, 0.0, (8,), 1.0)
-    cli._verified(dep, None, "llama-3.1-8b", None, None, None, None, "local", 1)
-    assert [d.pools[0].replicas for d in served] == [3, 4]  # 5 x tp2 would be 2 nodes
-    assert all(d.nodes <= 1 for d in served)
-    served.clear()
-    cli._verified(dep, None, "llama-3.1-8b", None, None, None, None, "local", 2)
-    assert [d.pools[0].replicas for d in served] == [3, 4, 5]  # GROW_TRIES = 2
+
+def test_search_returns_the_boundary_within_max_nodes():
+    from rdu_cluster.engine.disagg import Pool
+
+    dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp2", 3),), 8, 0.0, (8,), (1.0,))
+    serve, served = _fake_serve((11,))
+    res = cap.search(dep, serve, 2)  # 11 x tp2 = 22 sockets: 3 nodes, past --max-nodes 2
+    assert not res.meets_slo and res.deployment.pools[0].replicas == 8
+    assert all(d.within(2) for d in served)
+    serve, served = _fake_serve((6,))
+    res = cap.search(dep, serve, 2)
+    assert res.meets_slo and res.deployment.pools[0].replicas == 6 and res.below > 0
+    assert res.deployment.price_per_hour == 12.0  # 6 x tp2 sockets at 1 USD
+    pair = cap.Deployment("a->b", (Pool("dgx-h100", "tp8", 4), Pool("sn40l-8", "tp2", 1)), 8,
+                          0.0, (8, 8), (2.0, 1.0))
+    serve, served = _fake_serve((2, 5))  # prefill searched after the decode pool
+    res = cap.search(pair, serve, 4)
+    assert [p.replicas for p in res.deployment.pools] == [2, 5] and res.below > 0
+    serve, served = _fake_serve((6, 5))  # no decode pool meets at 4 prefill replicas: the
+    res = cap.search(pair, serve, 8)     # prefill pool is searched, then the decode pool again
+    assert [p.replicas for p in res.deployment.pools] == [6, 5] and res.meets_slo
 
 
 def test_prompts_past_serves_token_budget_are_verified_with_a_budget_that_holds_them(tmp_path):
@@ -312,7 +344,7 @@ def test_a_deployment_that_refuses_requests_does_not_meet_the_slo(monkeypatch):
     monkeypatch.setattr(cap, "Simulation", lambda *a, **k: SimpleNamespace(
         run=lambda: SimpleNamespace(summary=summary)))
     monkeypatch.setattr(cap, "serve_args", lambda *a: [])
-    dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp2", 2),), 24, None, 0.0, (8,), 1.0)
+    dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp2", 2),), 24, 0.0, (8,), (1.0,))
     traffic = cap.Traffic(concurrency=None, rate=4.0, requests=60)
     slo = cap.SLO.parse(["ttft:2000", "tpot:20"], 99.0)
     model = load_model("llama-3.1-8b")
@@ -334,3 +366,124 @@ def test_a_candidate_given_twice_is_tried_once():
         r = run(*args, *extra)
         assert r.exit_code == 0, r.output
         assert len(r.stdout.splitlines()) == 1, r.stdout
+
+
+def test_a_pair_is_verified_closed_loop_beside_its_systems(tmp_path):
+    """--pair with --sessions: the mixed row is served with the sessions' closed loops over
+    both pools (serve_args reproduce it), and each cluster of the pair keeps a row of its
+    own; the sessions start over a ramp (stated), not all at 0."""
+    r = run("capacity", "--model", "llama-3.1-8b", "--pair", "dgx-h100:sn40l-8",
+            "--max-nodes", "1", "--shortlist", "1", "--slo", "ttft:2000", "--slo", "tpot:20",
+            "--sessions", "6", "--turns", "2", "--think-time", "1", "--prompt-len", "128",
+            "--output-len", "16", "--json")
+    assert r.exit_code == 0, r.output
+    rows = {row["system"]: row for row in map(json.loads, r.stdout.splitlines())}
+    assert set(rows) == {"dgx-h100", "sn40l-8", "dgx-h100->sn40l-8"}
+    mixed = rows["dgx-h100->sn40l-8"]
+    assert mixed["verified"] == "sessions (a closed loop each)" and mixed["meets_slo"]
+    assert all(row["ramp_up_s"] > 0 for row in rows.values())
+    doc = reserved(mixed, tmp_path)
+    assert doc["prefix_cache_hit_rate"] > 0
+
+
+def test_ramp_up_zero_starts_the_clients_together():
+    r = run(*SMALL, "--concurrency", "8", "--prompt-len", "256", "--output-len", "16",
+            "--ramp-up", "0")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout.splitlines()[0])
+    assert row["ramp_up_s"] == 0 and "--ramp-up" not in row["serve_args"]
+    bad = run(*SMALL, "--rate", "2", "--ramp-up", "3")
+    assert bad.exit_code == 2 and "--ramp-up: only with --concurrency" in bad.output
+
+
+def test_interval_ends_are_the_boundary_at_the_simulators_ends(monkeypatch):
+    """TPOT 60 / n ms on n replicas, bound 20 ms: the row is 3 replicas; with the TPOT's band
+    0.6-1.5 the optimistic end needs 2 (30 ms <= 20 / 0.6), the pessimistic 5 (12 <= 20 / 1.5);
+    3 replicas (20 ms x 1.5) are not robust. $/Mtok at each end: that end's price over its
+    throughput at the throughput band's other end."""
+    from rdu_cluster.engine.disagg import Pool
+
+    def serve(dep):
+        n = dep.pools[0].replicas
+        return cap.Result(dep, {"bench": {"output_throughput": 1000.0}}, 10.0, 60.0 / n,
+                          slo.misses(10.0, 60.0 / n), [])
+
+    slo = cap.SLO(None, 20.0)
+    monkeypatch.setattr(cap, "bands", lambda dep, slo: cap.Bands(None, (0.6, 1.5), (0.5, 2.0),
+                                                                  "test bands"))
+    dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp8", 4),), 8, 0.0, (8,), (1.0,))
+    res = cap.search(dep, serve, 16)
+    assert res.deployment.pools[0].replicas == 3
+    out = cap._with_ends(res, serve, slo, 16).interval
+    assert (out["nodes_low"], out["nodes_high"], out["robust"]) == (2, 5, False)
+    assert out["usd_per_million_tokens_low"] == pytest.approx(16 * 1e6 / 3600 / 2000)
+    assert out["usd_per_million_tokens_high"] == pytest.approx(40 * 1e6 / 3600 / 500)
+    monkeypatch.setattr(cap, "bands", lambda dep, slo: cap.Bands(None, None, None, "none here"))
+    assert cap._with_ends(res, serve, slo, 16).interval == {"basis": "none here"}
+
+
+def test_a_capacity_row_has_its_interval_and_robust(monkeypatch):
+    monkeypatch.setattr(cap, "bands", lambda dep, slo: cap.Bands((0.9, 1.1), (0.9, 1.1),
+                                                                  (0.9, 1.1), "test bands"))
+    r = run(*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json")
+    assert r.exit_code == 0, r.output
+    for row in map(json.loads, r.stdout.splitlines()):
+        if not row["meets_slo"]:
+            continue
+        assert row["nodes_low"] <= row["nodes"] <= (row["nodes_high"] or math.inf)
+        usd = row["usd_per_million_tokens"]
+        assert row["usd_per_million_tokens_low"] < usd
+        assert row["robust"] == (row["p99_tpot_ms"] * 1.1 <= 10 and row["p99_ttft_ms"] * 1.1
+                                 <= 500)
+        assert row["interval_note"] == "test bands"
+
+
+@pytest.mark.slow
+def test_the_row_is_served_until_doubling_its_requests_moves_it_less_than_the_tolerance(
+        tmp_path):
+    """Drawn output lengths: 4 requests a user to start, doubled until the p99s and the
+    throughput move under 5%, three seeds with the worst deciding; the first request of each
+    user is warm-up, and the row's serve_args reproduce it."""
+    r = run(*setting(SMALL, "--steady-tolerance", "0.05"), "--concurrency", "8",
+            "--prompt-len", "256", "--output-len", "uniform:8:24")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout.splitlines()[0])
+    st = row["steady"]
+    assert st["requests"] in (64, 128, 256) and st["warmup_requests"] == 8
+    assert st["moved_on_doubling"] <= 0.05 or st["requests"] == 256
+    assert st["seeds"] == [0, 1, 2] and len(st["p99_tpot_ms_range"]) == 2
+    lo, hi = st["p99_tpot_ms_range"]
+    assert lo <= row["p99_tpot_ms"] <= hi <= 20
+    args = row["serve_args"]
+    assert args[args.index("--warmup-requests") + 1] == "8"
+    assert args[args.index("--requests") + 1] == str(st["requests"])
+    reserved(row, tmp_path)
+
+
+def test_set_changes_every_cluster_and_serve_args_carry_it(tmp_path):
+    """--set for sensitivity: half the SN40L's HBM bandwidth makes its decode slower (a
+    larger p99 TPOT at the same plan and replicas), and the row's serve_args reproduce it."""
+    args = [*SMALL, "--concurrency", "8", "--prompt-len", "256", "--output-len", "16",
+            "--plan", "tp8"]
+    base = json.loads(run(*args).stdout.splitlines()[0])
+    slow = run(*args, "--set", "chip.tiers.hbm.bandwidth_bytes_per_s=0.9e12")
+    assert slow.exit_code == 0, slow.output
+    row = json.loads(slow.stdout.splitlines()[0])
+    assert row["plan"] == base["plan"] and row["p99_tpot_ms"] > base["p99_tpot_ms"]
+    assert "--set" in row["serve_args"]
+    reserved(row, tmp_path)
+    bad = run(*args, "--set", "sockets=4")
+    assert bad.exit_code == 2 and "--set sockets: not with capacity" in bad.output
+
+
+@pytest.mark.slow
+def test_candidates_on_ray_tasks_or_processes_give_the_local_table(ray_session):
+    """--backend ray verifies each candidate (its search, steady state and interval ends) as a
+    Ray task, --jobs 2 in two processes: the same rows, in the same order, as one process."""
+    args = [*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json"]
+    local = run(*args)
+    assert local.exit_code == 0, local.output
+    for extra in (["--backend", "ray"], ["--jobs", "2"]):
+        other = run(*args, *extra)
+        assert other.exit_code == 0, other.output
+        assert other.stdout == local.stdout, extra

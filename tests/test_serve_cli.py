@@ -244,9 +244,8 @@ def _config(tmp_path, **fields):
 
 @pytest.mark.parametrize("extra, message", [
     # options that would have no effect: refused, as --turns without --sessions
-    ([*POOLS, "--set", "chip.tiers.hbm.bandwidth_bytes_per_s=1e9"],
-     "--set/--sockets: not with --prefill-pool/--decode-pool"),
-    ([*POOLS, "--sockets", "4"], "--set/--sockets: not with --prefill-pool/--decode-pool"),
+    ([*POOLS, "--sockets", "4"],
+     "--sockets/--set sockets: not with --prefill-pool/--decode-pool (its replicas set"),
     (["--fabric", "nope"], "--fabric: only with --prefill-pool/--decode-pool or --replicas"),
     (["--think-time", "30"], "--think-time: only with --sessions"),
     (["--system-prompt", "100000"], "--system-prompt: only with --sessions"),

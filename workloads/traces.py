@@ -23,7 +23,7 @@ the underlying normal, rounded to the nearest integer and clipped to >= 1.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +196,23 @@ def synthetic(
         output_len=output.sample(r_out, n),
         source=f"synthetic({arrival}, n={n}, rate={rate}, seed={seed})",
     )
+
+
+def ramped(trace: Trace, ramp_s: float, clients: int | None = None) -> Trace:
+    """Closed loops started one after another over `ramp_s` seconds instead of all at 0 (as
+    `vllm bench serve --ramp-up-strategy` and real traffic do): sessions, session s of N at
+    s x ramp_s / N (every turn of it no earlier); else `clients` clients, client i's first
+    request (row i) at i x ramp_s / clients. A later time in the trace is kept."""
+    if not ramp_s:
+        return trace
+    arrival = trace.arrival_s.astype(float).copy()
+    if trace.session is not None:
+        n = int(trace.session.max()) + 1 if len(trace) else 1
+        arrival = np.maximum(arrival, trace.session * ramp_s / n)
+    else:
+        n = min(clients, len(trace))
+        arrival[:n] = np.maximum(arrival[:n], np.arange(n) * ramp_s / clients)
+    return replace(trace, arrival_s=arrival)
 
 
 def read_trace(path: str | Path) -> Trace:

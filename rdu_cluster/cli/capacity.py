@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import os
 import shlex
 import sys
 import time
@@ -28,12 +30,13 @@ from rdu_cluster.cli.options import (
     session_options,
     speculative_options,
 )
-from rdu_cluster.config import MAX_SOCKETS, load_cluster, load_fabric
+from rdu_cluster.config import MAX_SOCKETS, cli_overrides, load_cluster, load_fabric
 from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.output import atomic
 from rdu_cluster.scenarios import capacity as cap
 from rdu_cluster.scenarios import speculative
-from workloads import traces
+from rdu_cluster.validation import calibration
+from workloads import checks, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.spec import with_dtypes
@@ -53,8 +56,9 @@ MAX_SHORTLIST = 100
               help="GPU systems: the serving stack(s) to try (" + ", ".join(serving_stacks.STACKS)
               + f") [default: {serving_stacks.DEFAULT_STACK}]; repeatable. RDU systems take "
               "none (refused when no --cluster is a GPU).")
-@click.option("--cluster", "clusters", multiple=True, required=True,
-              help="A system to consider (a cluster: its chip, node and price); repeatable.")
+@click.option("--cluster", "clusters", multiple=True,
+              help="A system to consider (a cluster: its chip, node and price); repeatable. "
+              "The clusters of a --pair are considered on their own too.")
 @click.option("--plan", "plans", multiple=True,
               help="Replica plans to try [default: tp over 1/4, 1/2, 1 and 2 nodes, tpNpp2; "
                    "an MoE model also adpNepN over 1 and 2 nodes].")
@@ -72,6 +76,15 @@ MAX_SHORTLIST = 100
 @click.option("--prompt-len", default="1024", show_default=True,
               help="N, uniform:LO:HI or lognormal:MEAN:SIGMA.")
 @click.option("--output-len", default="256", show_default=True, help="As --prompt-len.")
+@click.option("--ramp-up", "ramp_up", default="auto", show_default=True,
+              help="Closed loops (--concurrency clients, --sessions without --rate) start one "
+              "after another over this many seconds; auto: one estimated cycle (E2E and think "
+              "time) of the deployment verified; 0: all at once.")
+@click.option("--steady-tolerance", "steady_tol", default=str(cap.STEADY_TOL),
+              show_default=True,
+              help="Steady state: the row is served again with twice the requests until its "
+              "pP TTFT, pP TPOT and throughput move less than this fraction (at most "
+              f"{cap.STEADY_DOUBLINGS} times); off: served once at --requests.")
 @click.option("--requests", default=None, type=click.IntRange(1, 10**7),
               help="Requests per verification run [default: 2 per user, or 30 s of the rate].")
 @click.option("--slo", "slos", multiple=True, required=True,
@@ -95,7 +108,18 @@ MAX_SHORTLIST = 100
               "--draft, else off].")
 @speculative_options(speculative.PLACEMENTS)
 @click.option("--backend", "backend_name", type=click.Choice(BACKENDS), default="local",
-              show_default=True)
+              show_default=True,
+              help="Where candidates are verified: in this process (local; --jobs N processes) "
+              "or each as a Ray task (ray) on --address, $RAY_ADDRESS (ray job submit) or an "
+              "instance of its own: the same table either way.")
+@click.option("--address", default=None,
+              help="With --backend ray: the Ray cluster to join ('auto': a running one).")
+@click.option("--jobs", "n_jobs", default=1, show_default=True,
+              type=click.IntRange(1, 1024),
+              help="With --backend local: candidates verified in this many processes at once.")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Sensitivity: " + o.SET_HELP + " Applied to every cluster considered (and "
+              "carried in serve_args).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
 @click.option("--plot", "plot_path", default=None,
               help="Write the Pareto front (tokens/s per user vs per socket) per system: an "
@@ -104,7 +128,8 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
              output_len, requests, slos, slo_percentile, disaggregated, pairs, fabric, shortlist,
              seed, prefix_cache, backend_name, as_json, plot_path, trace_path, n_sessions,
              turns, system_prompt, think_time, spec_mode, draft, spec_k, tree, placement,
-             draft_sockets, acceptance, stacks) -> None:
+             draft_sockets, acceptance, stacks, ramp_up, steady_tol, assignments, address,
+             n_jobs) -> None:
     """Find the cheapest deployments that meet a latency SLO for a traffic."""
     started = time.perf_counter()
     # a dtype given twice is one candidate (as a --cluster or --plan given twice is)
@@ -119,6 +144,7 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     slo = cap.SLO.parse(slos, slo_percentile)
     traffic = _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_cache,
                        trace_path, n_sessions, turns, system_prompt, think_time)
+    traffic = replace(traffic, ramp_s=_ramp(ramp_up, traffic), steady_tol=_tolerance(steady_tol))
     workload.check_unused(o.given(click.get_current_context(), "prompt_len", "output_len",
                                   "think_time", "system_prompt"),
                           trace_path is not None, n_sessions is not None)
@@ -132,12 +158,20 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     prompt, gen = traffic.mean_lengths()
     fab = load_fabric(fabric)
     pairs = _pairs(pairs, clusters, disaggregated)
-    _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree)
+    # a pair adds its rows: its clusters keep (or get) their own
+    clusters = tuple(dict.fromkeys([*clusters, *(c for pair in pairs for c in pair)]))
+    if not clusters:
+        raise ConfigError("--cluster: give at least one system (--cluster NAME or --pair "
+                          "PREFILL:DECODE)")
+    overrides = tuple(sorted(cli_overrides(assignments).items()))
+    if any(k == "sockets" for k, _ in overrides):
+        raise ConfigError("--set sockets: not with capacity (the search sets the sockets)")
+    _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree,
+           overrides)
     _check_stacks(stacks, clusters)
-    if pairs and traffic.sessions:
-        raise ConfigError("--pair/--disaggregated: not with --sessions (the disaggregated "
-                          "engine runs open loop only)")
-    results, costs = [], []
+    jobs, costs = [], []
+    if backend_name == "local" and address:
+        raise ConfigError("--address: only with --backend ray")
     for w, stack in [(w, s) for w in weights or (None,) for s in stacks or (None,)]:
         model = with_dtypes(load_model(model_ref), w, None)
         choose = lambda cl, plan, model=model, stack=stack: workload.speculation(
@@ -147,16 +181,17 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
         first = stack is None or stack == stacks[0]
         systems = [c for c in clusters if first or _gpu(c)]
         groups = {(c, on): _costs(model, c, plans, max_nodes, (prompt, gen), fab,
-                                  draft if on else None, choose, stack if _gpu(c) else None)
+                                  draft if on else None, choose, stack if _gpu(c) else None,
+                                  overrides)
                   for c in systems for on in modes}
         costs += [(w, c) for cs in groups.values() for c in cs]
         per = {c: cs for (c, on), cs in groups.items() if not on}
         cands = _shortlist(groups.values(), per, _stack_pairs(pairs, stack, first), traffic,
-                           slo, max_nodes, prompt, gen, model, fab, shortlist, stack)
-        for dep in cands:
-            results.append(_verified(dep, model, model_ref, w, traffic, slo, fab,
-                                     backend_name, max_nodes))
-    results = cap.ranked([r for r in results if r is not None])
+                           slo, max_nodes, prompt, gen, model, fab, shortlist,
+                           (stack, overrides))
+        jobs += [(dep, model, model_ref, w, traffic, slo, fab, max_nodes) for dep in cands]
+    results = cap.ranked([r for r in _verify_all(jobs, backend_name, address, n_jobs)
+                          if r is not None])
     wall = time.perf_counter() - started
     if plot_path:
         _plot(costs, Path(plot_path))
@@ -189,7 +224,7 @@ def _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_c
         args = ["--sessions", str(n_sessions), "--turns", str(turns), "--system-prompt",
                 str(system_prompt), "--think-time", think_time, "--prompt-len", prompt_len,
                 "--output-len", output_len, *(["--rate", repr(rate)] if rate else [])]
-        return replace(base, concurrency=n_sessions, rate=None, trace=t,
+        return replace(base, concurrency=n_sessions, rate=None, trace=t, ramp=rate is None,
                        workload_args=tuple(args), think_s=float(t.think_s[t.after >= 0].mean())
                        if (t.after >= 0).any() else 0.0)
     if trace_path is not None:
@@ -210,12 +245,44 @@ def _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_c
     return base
 
 
-def _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree) -> None:
+def _tolerance(text: str) -> float | None:
+    if text == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise ConfigError(f"--steady-tolerance: {text!r}; accepted: a fraction in (0, 1) or off")
+    return value
+
+
+def _ramp(text: str, traffic: cap.Traffic) -> float | None:
+    """--ramp-up: seconds, or None for auto (Deployment.ramp_s)."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= checks.MAX_SECONDS:
+        raise ConfigError(f"--ramp-up: {text!r}; accepted: auto or seconds in [0, "
+                          f"{checks.MAX_SECONDS:g}]")
+    if value and not traffic.ramps:
+        raise ConfigError("--ramp-up: only with --concurrency or --sessions without --rate "
+                          "(closed loops that start together)")
+    return value
+
+
+def _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree,
+           overrides=()) -> None:
     """Refuse up front what the search would otherwise skip in silence (a candidate the engine
     refuses is dropped, so a bad option would read as "nothing meets the SLO"): a draft that
     does not load, an acceptance or tree that does not parse, requests past the model's
     context, a --plan that can run on none of the --cluster systems (the model's shape or the
     cluster's sockets; memory is the search's to judge)."""
+    for c in clusters:
+        load_cluster(c, dict(overrides))  # a key or value --set gets wrong: one line, here
     model = load_model(model_ref)
     for w in weights:
         with_dtypes(model, w, None)
@@ -228,7 +295,8 @@ def _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance,
         errors = []
         for c in clusters:
             try:
-                validate_plan(PartitionPlan.parse(plan), model, cap.Pool(c, plan, 1).spec(
+                validate_plan(PartitionPlan.parse(plan), model, cap.Pool(c, plan, 1,
+                                                                         overrides).spec(
                     model, fab).sockets)
             except ConfigError as e:
                 errors.append(f"{c}: {e}")
@@ -274,10 +342,10 @@ def _pairs(pairs, clusters, disaggregated) -> list[tuple[str, str]]:
 
 
 def _costs(model, cluster, plans, max_nodes, lengths, fab, draft=None, choose=None,
-           stack=None) -> list[cap.ReplicaCost]:
+           stack=None, overrides=()) -> list[cap.ReplicaCost]:
     names = plans or cap.replica_plans(model, cluster, max_nodes)
-    out = [cap.replica_cost(model, cluster, p, lengths, fab, draft, choose, stack)
-           for p in names]
+    out = [cap.replica_cost(model, cap.Pool(cluster, p, 1, overrides), lengths, fab, draft,
+                            choose, stack) for p in names]
     return [c for c in out if c is not None]
 
 
@@ -304,18 +372,19 @@ def _stack_pairs(pairs, stack: str | None, first: bool) -> list[tuple[str, str]]
 
 
 def _shortlist(groups, per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab, k,
-               stack=None):
+               system=(None, ())):
     """The `k` cheapest analytic candidates of each system (with and without speculation) and
-    of each pair (without)."""
+    of each pair (without); `system`: the GPU stack and the --set overrides."""
+    stack, overrides = system
     out = []
     for costs in groups:
         deps = [cap.aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
         out += _cheapest([d for d in deps if d is not None], k)
     for p, d in pairs:
         pre = per.get(p) or _costs(model, p, (), max_nodes, (prompt, gen), fab,
-                                   stack=stack if _gpu(p) else None)
+                                   stack=stack if _gpu(p) else None, overrides=overrides)
         dec = per.get(d) or _costs(model, d, (), max_nodes, (prompt, gen), fab,
-                                   stack=stack if _gpu(d) else None)
+                                   stack=stack if _gpu(d) else None, overrides=overrides)
         if not pre or not dec:
             continue
         prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
@@ -330,31 +399,61 @@ def _cheapest(deps, k):
     return sorted(deps, key=key)[:k]
 
 
-def _verified(dep, model, model_ref, w, traffic, slo, fab, backend_name, max_nodes):
-    """Serve the deployment; one size up (at most GROW_TRIES times, within --max-nodes) while
-    it misses; one size down (at most SHRINK_TRIES times) while it meets with a margin (the
-    pre-filter is conservative: TPOT at the next evaluated batch up, one prompt's prefill
-    unbatched)."""
-    serve = lambda d: cap.verify(d, model, model_ref, w, traffic, slo, fab,
-                                 lambda: make_backend(backend_name))
+def _verify_all(jobs: list[tuple], backend_name: str, address: str | None,
+                n_jobs: int) -> list:
+    """Each candidate verified (_verified) in this process, in --jobs processes, or as a Ray
+    task (--backend ray: each task serves on the local engine backend); results in the
+    candidates' order, so every way gives the same table."""
+    profile = calibration.active()
+    tasks = [(profile, *job) for job in jobs]
+    if backend_name == "ray":
+        return _on_ray(tasks, address)
+    if n_jobs > 1 and len(tasks) > 1:
+        ctx = multiprocessing.get_context("fork")  # the loaded catalog and configs go along
+        with ctx.Pool(min(n_jobs, len(tasks))) as pool:
+            return pool.map(_task, tasks, chunksize=1)
+    return [_task(t) for t in tasks]
+
+
+def _task(task: tuple):
+    """One candidate, under the calibration profile it was planned with."""
+    profile, *job = task
+    with calibration.use(profile):
+        return _verified(*job)
+
+
+def _on_ray(tasks: list[tuple], address: str | None) -> list:
+    """The candidates as Ray tasks: on the cluster at --address (or $RAY_ADDRESS, which `ray
+    job submit` sets), else an instance of its own, stopped at the end; an instance already
+    running in this process is used as it is."""
+    import ray
+
+    from rdu_cluster.backends import join_ray
+
+    owned = not ray.is_initialized()
+    if owned:
+        addr = address or os.environ.get("RAY_ADDRESS")
+        kw = {"log_to_driver": False, "configure_logging": False}
+        join_ray(addr or "local", from_env=addr is not None and not address,
+                 **(kw if addr else {**kw, "include_dashboard": False}))
     try:
-        res = serve(dep)
-        for _ in range(cap.GROW_TRIES):
-            bigger = res.deployment.grown()
-            if res.meets_slo or not bigger.within(max_nodes):
-                break
-            res = serve(bigger)
-        for _ in range(cap.SHRINK_TRIES):
-            smaller = res.deployment.shrunk()
-            if not res.meets_slo or res.miss > -cap.SHRINK_MARGIN or smaller is None:
-                break
-            trial = serve(smaller)
-            if not trial.meets_slo:
-                break
-            res = trial
+        remote = ray.remote(num_cpus=1)(_task)
+        return ray.get([remote.remote(t) for t in tasks])
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _verified(dep, model, model_ref, w, traffic, slo, fab, max_nodes):
+    """The deployment at the SLO's boundary at steady state, with its interval (cap.settle:
+    the fewest replicas that meet, one fewer verified to miss, by bisection within
+    --max-nodes), served on the local engine backend."""
+    serve = lambda d, t: cap.verify(d, model, model_ref, w, t, slo, fab,
+                                    lambda: make_backend("local"))
+    try:
+        return cap.settle(dep, serve, traffic, max_nodes, slo)
     except ConfigError:  # the engine refuses it (weights do not fit at its plan)
         return None
-    return res
 
 
 def _record(r: cap.Result, slo: cap.SLO) -> dict:
@@ -368,17 +467,39 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
         "disaggregated": d.disaggregated, "max_batch": d.max_batch,
         "tokens_per_s_per_user": 1e3 / b["mean_tpot_ms"] if b["mean_tpot_ms"] else None,
         "tokens_per_s_per_socket": b["output_throughput"] / d.sockets,
-        "usd_per_million_tokens": s.get("cost_per_million_tokens_usd"),
+        # the sockets' price over the tokens they stream at steady state (bench's steady
+        # window: --warmup-requests)
+        "usd_per_million_tokens": (d.price_per_hour * 1e6 / 3600 / b["output_throughput"]
+                                   if d.price_per_hour and b["output_throughput"] else None),
         "joules_per_token": s.get("joules_per_token"),
         "usd_per_hour": d.price_per_hour,
         f"p{_pw(slo)}_ttft_ms": _finite(r.ttft_ms), f"p{_pw(slo)}_tpot_ms": _finite(r.tpot_ms),
         "meets_slo": r.meets_slo, "miss": _finite(r.miss), "unserved": r.summary["unserved"],
+        # the boundary: one replica fewer (of the pool searched last) misses by this much
+        "miss_one_fewer": None if r.below is None else _finite(r.below),
+        "ramp_up_s": _ramp_arg(r.serve_args),
+        # the interval (cap._with_ends): null bounds and the reason outside every regime
+        **{k: r.interval.get(k) for k in ("nodes_low", "nodes_high", "plan_low", "plan_high",
+                                          "usd_per_million_tokens_low",
+                                          "usd_per_million_tokens_high", "robust")},
+        "interval_note": r.interval.get("basis"),
+        "steady": _steady(r.steady, slo),
         "verified": ("sessions (a closed loop each)" if "--sessions" in r.serve_args
                      else "trace replayed" if "--trace" in r.serve_args
-                     else f"open loop {d.rate:.4g} req/s" if d.disaggregated
                      else "closed loop" if r.serve_args.count("--concurrency") else "open loop"),
         "serve_args": r.serve_args,
     }
+
+
+def _steady(st: dict, slo: cap.SLO) -> dict:
+    """How the row's steady state was checked, with the seeds' spread (pP as the row's)."""
+    pw = _pw(slo)
+    names = {"ttft_ms_range": f"p{pw}_ttft_ms_range", "tpot_ms_range": f"p{pw}_tpot_ms_range"}
+    return {names.get(k, k): v for k, v in st.items() if k != "runs"}
+
+
+def _ramp_arg(args: list[str]) -> float:
+    return float(args[args.index("--ramp-up") + 1]) if "--ramp-up" in args else 0.0
 
 
 def _finite(v: float) -> float | None:
@@ -405,29 +526,52 @@ def _table(results, slo, traffic, wall) -> str:
         load = f"{shlex.join(traffic.workload_args)} ({load})"
     bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo.ttft_ms),
                                                          ("TPOT", slo.tpot_ms)) if v)
-    head = (f"{'#':>2} {'system':<24} {'sockets':>7} {'nodes':>5} {'plan':<34} {'batch':>5} "
-            f"{'tok/s/user':>10} {'tok/s/sock':>10} {'$/Mtok':>7} {'J/tok':>6} "
+    head = (f"{'#':>2} {'system':<24} {'sockets':>7} {'nodes':>11} {'plan':<34} {'batch':>5} "
+            f"{'tok/s/user':>10} {'tok/s/sock':>10} {'$/Mtok':>19} {'J/tok':>6} "
             f"{f'p{pw} TTFT':>10} {f'p{pw} TPOT':>10}  SLO")
     title = (f"capacity: {load}, {bounds} at p{pw}; {len(results)} deployments verified "
              f"by the serving engine in {wall:.1f} s")
-    lines = [title, head]
+    lines = [title]
+    if traffic.ramps:
+        lines.append("closed loops start one after another over "
+                     + ("one estimated cycle (E2E and think time) of each deployment"
+                        if traffic.ramp_s is None else f"{traffic.ramp_s:g} s")
+                     + " (--ramp-up; serve_args carry it); each row is the fewest replicas "
+                     "that meet, one fewer verified to miss (bisection within --max-nodes)")
+    notes = {r.interval.get("basis") for r in results} - {None}
+    lines.append("nodes and $/Mtok: (low-high) where the uncertainty model covers the row "
+                 "(each end the boundary searched again at the simulator's optimistic and "
+                 "pessimistic ends); robust: meets at the pessimistic end; "
+                 + " | ".join(sorted(notes)) if notes else "")
+    lines.append(head)
     for i, r in enumerate(results, 1):
         rec = _record(r, slo)
         lines.append(
             f"{i:>2} {' '.join(x for x in (rec['system'], rec['weights'], rec['stack']) if x):<24} "
-            f"{rec['sockets']:>7} {rec['nodes']:>5} {rec['plan']:<34} {rec['max_batch']:>5} "
+            f"{rec['sockets']:>7} {_span(rec['nodes'], rec['nodes_low'], rec['nodes_high'], 'd'):>11} "
+            f"{rec['plan']:<34} {rec['max_batch']:>5} "
             f"{_f(rec['tokens_per_s_per_user'], '.1f'):>10} "
             f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
-            f"{_f(rec['usd_per_million_tokens'], '.2f'):>7} "
+            f"{_span(rec['usd_per_million_tokens'], rec['usd_per_million_tokens_low'], rec['usd_per_million_tokens_high'], '.2f'):>19} "
             f"{_f(rec['joules_per_token'], '.2f'):>6} {r.ttft_ms:>10.1f} {r.tpot_ms:>10.2f}  "
-            f"{'meets' if r.meets_slo else _misses(r)}"
-            f"{' (open loop)' if r.deployment.disaggregated and traffic.concurrency else ''}")
-    if traffic.concurrency and any(r.deployment.disaggregated for r in results):
-        lines.append("(open loop): disaggregated pools are verified at the users' request rate "
-                     "from the analytic E2E (engine/disagg.py runs open loop only)")
+            f"{'meets' if r.meets_slo else _misses(r)}{_robust(rec['robust'])}")
     lines.append("serve_args (rdu-cluster serve ...):")
     lines += [f"{i:>2} {shlex.join(r.serve_args)}" for i, r in enumerate(results, 1)]
     return "\n".join(lines)
+
+
+def _span(v, lo, hi, fmt: str) -> str:
+    """`v (lo-hi)`, or `v` where the interval is unknown (or an end past --max-nodes: ?)."""
+    if v is None:
+        return "-"
+    if lo is None and hi is None:
+        return format(v, fmt)
+    end = lambda x: "?" if x is None else format(x, fmt)
+    return f"{format(v, fmt)} ({end(lo)}-{end(hi)})"
+
+
+def _robust(robust) -> str:
+    return "" if robust is None else ", robust" if robust else ", not robust"
 
 
 def _f(v, fmt: str) -> str:

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import click
-import numpy as np
 
 from chip import serving_stacks
 from rdu_cluster.backends import BACKENDS
@@ -134,6 +133,10 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--goodput", multiple=True,
               help="KEY:MS bounds (ttft, tpot, e2el; vLLM's --goodput): request_goodput counts "
               "the requests meeting all of them. Repeatable, or space-separated.")
+@click.option("--warmup-requests", default=0, show_default=True, type=click.IntRange(0),
+              help="The first N requests sent are warm-up (a closed loop's ramp): left out of "
+              "every statistic, the duration from the first one measured (as vllm bench serve "
+              "--num-warmups keeps its warm-up requests out).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object with vllm bench serve's key names.")
 @click.option("--replicas", default=None, type=click.IntRange(1, MAX_SOCKETS),
@@ -141,8 +144,9 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               "needed, joined by --fabric) [default: as many as the cluster holds].")
 @click.option("--ramp-up", default=0.0, show_default=True,
               type=o.Finite(0.0, checks.MAX_SECONDS),
-              help="With --concurrency: the clients start one after another over this many "
-              "seconds (client i at i x S / N) instead of all at 0.")
+              help="With --concurrency (or --sessions without --rate): the clients (sessions) "
+              "start one after another over this many seconds (client i at i x S / N) instead "
+              "of all at 0.")
 @click.option("--prefill-pool", default=None,
               help="Disaggregated serving: CLUSTER:PLAN:N prefill replicas (with --decode-pool).")
 @click.option("--decode-pool", default=None,
@@ -161,7 +165,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           metric_percentiles, goodput, as_json, replicas, ramp_up, prefill_pool, decode_pool,
           fabric, acceptance, no_progress, timeline_path, overrides, n_sessions, turns,
           system_prompt, think_time, prefix_cache, prefix_block, prefix_eviction,
-          stack_name) -> None:
+          stack_name, warmup_requests) -> None:
     """Simulate serving a request trace on a cluster."""
     ctx = click.get_current_context()
     _check_unused(ctx, trace_path, n_sessions, arrival, prefill_pool or decode_pool, replicas)
@@ -176,10 +180,14 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     else:
         trace = workload.trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len,
                                output_len, seed)
-    trace = _ramped(trace, concurrency, ramp_up)
+    trace = _ramped(trace, concurrency, ramp_up, rate)
     # vLLM's syntax: --goodput "ttft:500 tpot:50" (an empty one names no bound: refused)
     bench_spec = bench.MetricSpec.parse(metric_percentiles,
                                         [g for item in goodput for g in item.split() or [item]])
+    if warmup_requests >= len(trace):
+        raise ConfigError(f"--warmup-requests: {warmup_requests} leaves none of the "
+                          f"{len(trace)} requests measured")
+    bench_spec = dataclasses.replace(bench_spec, warmup=warmup_requests)
     model_ref, scheduler = _coe_defaults(ctx, coe_experts, model_ref, scheduler)
     model = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     cluster = _cluster(cluster_ref, overrides, replicas, plan, model, fabric)
@@ -273,10 +281,16 @@ def _cluster(ref: str, overrides, replicas: int | None, plan: str | None, model,
         return cluster
     if plan is None:
         raise ConfigError("--replicas: give the replica's --plan too")
-    if overrides:
-        raise ConfigError("--replicas: not with --set/--sockets (a pool loads its cluster as "
-                          "bundled)")
-    return disagg.Pool(ref, plan, replicas).spec(model, load_fabric(fabric))
+    return disagg.Pool(ref, plan, replicas, _pool_overrides(overrides, "--replicas")).spec(
+        model, load_fabric(fabric))
+
+
+def _pool_overrides(overrides: dict, flag: str) -> tuple:
+    """--set applied to a pool's cluster (--sockets: the pool's replicas give them)."""
+    if "sockets" in overrides:
+        raise ConfigError(f"--sockets/--set sockets: not with {flag} (its replicas set the "
+                          "sockets)")
+    return tuple(sorted(overrides.items()))
 
 
 def _run(sim, stream: atomic.TableFolder, timeline: Timeline | None, context: dict,
@@ -349,17 +363,15 @@ def _vllm_burstiness(trace_path: str | None, arrival: str, cv: float) -> float |
     return 1.0 / cv**2 if arrival == "bursty" else 1.0
 
 
-def _ramped(trace: traces.Trace, concurrency: int | None, ramp_up: float) -> traces.Trace:
-    """Closed loop: client i's first request no earlier than i x ramp_up / N."""
-    if ramp_up < 0 or (ramp_up and concurrency is None):
-        raise ConfigError(f"--ramp-up: a non-negative number of seconds with --concurrency, "
-                          f"got {ramp_up}")
-    if not ramp_up:
-        return trace
-    n = min(concurrency, len(trace))
-    arrival = trace.arrival_s.astype(float).copy()
-    arrival[:n] = np.maximum(arrival[:n], np.arange(n) * ramp_up / concurrency)
-    return dataclasses.replace(trace, arrival_s=arrival)
+def _ramped(trace: traces.Trace, concurrency: int | None, ramp_up: float,
+            rate: float | None) -> traces.Trace:
+    """Closed loops started over ramp_up seconds (traces.ramped): --concurrency's clients, or
+    --sessions' sessions where no --rate sets their starts."""
+    sessions = trace.session is not None
+    if ramp_up and not (concurrency is not None or (sessions and rate is None)):
+        raise ConfigError(f"--ramp-up: a non-negative number of seconds with --concurrency or "
+                          f"--sessions (without --rate), got {ramp_up}")
+    return traces.ramped(trace, ramp_up, concurrency)
 
 
 def _check_unused(ctx: click.Context, trace_path: str | None, n_sessions: int | None,
@@ -394,15 +406,14 @@ def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Cont
         return None
     if prefill is None or decode is None:
         raise ConfigError("--prefill-pool/--decode-pool: give both (or neither: aggregated)")
-    if overrides:
-        raise ConfigError("--set/--sockets: not with --prefill-pool/--decode-pool (a pool loads "
-                          "its cluster as bundled)")
+    changed = _pool_overrides(overrides, "--prefill-pool/--decode-pool")  # both pools'
     for name, flag in (("cluster_ref", "--cluster"), ("plan", "--plan")):
         if o.given(ctx, name):
             raise ConfigError(f"{flag}: not with --prefill-pool/--decode-pool (each pool names "
                               "its cluster and plan)")
-    return (disagg.Pool.parse(prefill, "--prefill-pool"),
-            disagg.Pool.parse(decode, "--decode-pool"), load_fabric(fabric))
+    return (dataclasses.replace(disagg.Pool.parse(prefill, "--prefill-pool"), overrides=changed),
+            dataclasses.replace(disagg.Pool.parse(decode, "--decode-pool"), overrides=changed),
+            load_fabric(fabric))
 
 
 

@@ -47,6 +47,9 @@ PERCENTILES_TEXT = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)  # as --metri
 class MetricSpec:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     goodput: tuple[tuple[str, float], ...] = ()  # (key, bound in ms)
+    # the first `warmup` requests sent are warm-up (serve --warmup-requests): left out of every
+    # statistic, the duration starting at the first one measured
+    warmup: int = 0
 
     @classmethod
     def parse(cls, percentiles: str | None, goodput: Sequence[str] = (),
@@ -100,10 +103,28 @@ class Measured:
     prompt_len: np.ndarray
     itl_s: spill.Spill
     chunk_s: spill.Spill
+    chunks: np.ndarray | None = None  # chunks of each request (its ITLs: one fewer)
+
+    def after_warmup(self, n: int) -> tuple[Measured, float]:
+        """Without the first n requests sent (ties in request order): the rest, and when the
+        first of them was sent."""
+        keep = np.ones(len(self.send_s), dtype=bool)
+        keep[np.argsort(self.send_s, kind="stable")[:n]] = False
+        counts = self.chunks
+        m = Measured(self.send_s[keep], self.ttft_s[keep], self.e2el_s[keep],
+                     self.output_len[keep], self.prompt_len[keep],
+                     spill.select(self.itl_s, np.maximum(counts - 1, 0), keep),
+                     spill.select(self.chunk_s, counts, keep), counts[keep])
+        return m, float(m.send_s.min()) if keep.any() else 0.0
 
 
 def summary(m: Measured, duration: float, spec: MetricSpec) -> dict:
     """vLLM's result keys (the lists of per-request values left out)."""
+    window = None
+    if spec.warmup:
+        window = _steady_window(m, spec.warmup)
+        m, first = m.after_warmup(spec.warmup)
+        duration -= first
     n = len(m.ttft_s)
     tpot = np.where(m.output_len > 1, (m.e2el_s - m.ttft_s) / np.maximum(m.output_len - 1, 1),
                     0.0)
@@ -119,9 +140,31 @@ def summary(m: Measured, duration: float, spec: MetricSpec) -> dict:
         "total_token_throughput": rate(out_tokens + int(m.prompt_len.sum())),
         **_peaks(m),
     }
+    if window is not None:
+        res.update(window)
     for name in METRICS:
         res.update(_stats(name, per[name], spec.percentiles))
     return res
+
+
+def _steady_window(m: Measured, warmup: int) -> dict | None:
+    """With warm-up requests: the throughputs over the steady window, from the first request
+    measured's send to the last send (then a closed loop's clients run out one by one): the
+    tokens streamed in it (any request's) and the requests completed in it, over its length.
+    None where the window is empty (every request sent at once)."""
+    order = np.sort(m.send_s)
+    if len(order) <= warmup:
+        return None
+    lo, hi = float(order[warmup]), float(order[-1])
+    if hi <= lo:
+        return None
+    done = m.send_s + m.e2el_s
+    completed = int(np.count_nonzero((done >= lo) & (done <= hi)))
+    sent = (m.send_s >= lo) & (m.send_s <= hi)
+    out = spill.count_within(m.chunk_s, lo, hi)
+    return {"request_throughput": completed / (hi - lo),
+            "output_throughput": out / (hi - lo),
+            "total_token_throughput": (out + int(m.prompt_len[sent].sum())) / (hi - lo)}
 
 
 def _good(m: Measured, tpot: np.ndarray, spec: MetricSpec) -> int:

@@ -14,16 +14,28 @@ as vLLM's NIXL connector does, the prefill's sampled token is not streamed; the 
 takes the prompt's KV except its last token and runs that token as its first decode step. So
 TTFT = prefill queue + prefill + KV transfer + decode queue + one decode step.
 
-The pools run one after the other: the decode pool never feeds back into the prefill pool under
-open-loop load, so the prefill pool's completion times (plus the transfers) are the decode
-pool's arrivals. A closed loop would feed back (a completion sends the next request to prefill)
-and is not supported here. The prefill replica is taken to free the KV when its step ends (the
-transfer overlapping later steps), and the transfers do not share ports with each other.
+Both pools run in one event loop (loop.run_coupled), each a Simulation of its own. A request
+whose prefill ends (or that the prefill pool refuses) is handed on at once: its decode replica
+is dealt round-robin as it is sent, and its KV transfer holds the ports of its prefill replica
+and of its decode replica for its duration (Ports: a transfer that finds a port held waits for
+it), so hand-overs contend on the fabric. Closed loops (--concurrency clients, --sessions) run
+over the pools: a request through the decode pool sends its client's next request (its
+session's next turn, after the think time) to the prefill pool, which holds the prefix cache
+(a turn's history is found where it was prefilled; the decode pool receives the whole prompt's
+KV). A replica of either pool plans ahead only to the earliest time something it cannot see
+yet could reach it (Handover.frontier: another replica's next window, in either pool), so
+every arrival is seen at the step boundary it would be in a step-by-step loop. Replica routing
+is round-robin in both pools (a stateful policy would need the other pool's state at each
+hand-over). The prefill replica frees the KV when its step ends (the transfer overlapping its
+later steps).
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -38,9 +50,13 @@ from interconnect.topology import TopologySpec, build_topology
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.config import MAX_SOCKETS, FabricSpec, load_cluster
-from rdu_cluster.engine import bench, energy, metrics, summary
+from rdu_cluster.engine import bench, energy, loop, metrics, replica_routing, summary
 from rdu_cluster.engine import plan as plans
-from rdu_cluster.engine.requests import DONE, UNSERVED
+from rdu_cluster.engine.dispatch import OWN_COMPLETION, Dispatcher
+from rdu_cluster.engine.events import Arrival
+from rdu_cluster.engine.replica import Replica, Window
+from rdu_cluster.engine.replica_routing import ReplicaView
+from rdu_cluster.engine.requests import DONE, UNSERVED, Request
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from workloads import graph
 from workloads.errors import ConfigError
@@ -55,6 +71,8 @@ class Pool:
     cluster: str
     plan: str
     replicas: int
+    # the cluster's figures overridden (--set KEY=VALUE, as load_cluster takes them)
+    overrides: tuple[tuple[str, object], ...] = ()
 
     @classmethod
     def parse(cls, text: str, flag: str) -> Pool:
@@ -72,7 +90,7 @@ class Pool:
     def spec(self, model: ModelSpec, fabric: FabricSpec) -> ClusterSpec:
         """The pool as a cluster: N plan groups on the cluster's chip; the nodes (when a pool
         spans several) are joined by the fabric unless the cluster names its own."""
-        base = load_cluster(self.cluster)
+        base = load_cluster(self.cluster, dict(self.overrides))
         group = group_sockets(self.plan)
         sockets = self.replicas * group
         if sockets > MAX_SOCKETS:
@@ -130,46 +148,64 @@ class Disaggregated:
     progress: Callable[[int, int], None] | None = None
 
     def __post_init__(self) -> None:
-        if self.config.concurrency is not None:
-            raise ConfigError("--concurrency: not with --prefill-pool/--decode-pool (the "
-                              "decode pool's completions would pace the prefill pool)")
-        if self.trace.after is not None:
-            raise ConfigError("--sessions: not with --prefill-pool/--decode-pool (a turn waits "
-                              "for the decode pool to finish the one before)")
         if self.config.faults or self.config.coe is not None or self.config.speculation:
             raise ConfigError("--prefill-pool/--decode-pool: not with --fault, --coe-experts "
                               "or --draft")
+        if replica_routing.get(self.config.routing).stateful:
+            raise ConfigError(f"--routing {self.config.routing}: not with --prefill-pool/"
+                              "--decode-pool (each pool deals its requests round-robin: a "
+                              "request's decode replica is chosen as its prefill ends)")
         self.clusters = (self.prefill.spec(self.model, self.fabric),
                          self.decode.spec(self.model, self.fabric))
         self.kv_per_token = float(graph.kv_cache_bytes(self.model, 1, 1))
 
     def run(self) -> Tables:
-        t = self.trace
+        """Both pools in one event loop (loop.run_coupled): the prefill pool sends each
+        request on as its prefill ends (Handover), the decode pool's completions send a closed
+        loop's next request to the prefill pool."""
+        t, c = self.trace, self.config
         pre = Simulation(self.model, self.clusters[0], replace(
-            t, output_len=np.ones(len(t), dtype=np.int64)), replace(
-            self.config, plan=self.prefill.plan), self.backend())
-        p_tables = pre.run()
-        p_req = p_tables.requests.to_pydict()
-        served = np.array([s == DONE for s in p_req["state"]])
-        idx = np.flatnonzero(served)
-        sent = np.maximum(t.prompt_len[idx] - 1, 0)  # the decode side recomputes the last
-        nbytes = sent * self.kv_per_token
-        ps, ds = (plans.PlanSpec.parse(p.plan, c, self.model)
-                  for p, c in zip((self.prefill, self.decode), self.clusters))
-        move = transfer_time(self.fabric, ps.tp * ps.pp, ds.tp * ds.pp, nbytes)
-        ready = np.asarray(p_req["finish_s"], dtype=float)[idx] + move
+            t, output_len=np.ones(len(t), dtype=np.int64)), replace(c, plan=self.prefill.plan),
+            self.backend())
         dec = Simulation(self.model, self.clusters[1], Trace(
-            ready, t.prompt_len[idx], t.output_len[idx], source=t.source),
-            replace(self.config, plan=self.decode.plan), self.backend(), self.progress)
+            np.zeros(len(t)), t.prompt_len, t.output_len, source=t.source),
+            replace(c, plan=self.decode.plan, concurrency=None), self.backend(), self.progress)
+        sent = np.maximum(t.prompt_len - 1, 0)  # the decode side recomputes the last
         dec.received = sent
-        dec.keep_measured = True  # its ITLs make this run's summary (_summary)
+        hand = Handover(pre, dec, self._flows(pre, dec), sent * self.kv_per_token)
+        pre.dispatch = _PrefillSide(c.routing, c.concurrency, hand)
+        dec.dispatch = _DecodeSide(c.routing, None, hand)
+        self.sims = (pre, dec)
+        started = time.perf_counter()
         try:
-            d_tables = dec.run()
-            self.wall = {k: pre.wall[k] + dec.wall[k] for k in pre.wall}
-            self.sims = (pre, dec)
-            return self._combine(p_tables, d_tables, idx, move, nbytes)
+            for sim in self.sims:
+                sim.start()
+            dec.lookahead = False  # its arrivals are known only as prefills end
+            hand.start()
+            ran = time.perf_counter()
+            end = loop.run_coupled(self.sims, [(0, e) for e in pre.initial_events()],
+                                   hand.take)
+            for sim in self.sims:
+                sim.backend.sync()
+            built = time.perf_counter()
+            p_tables, d_tables = pre.tables(end), dec.tables(end)
+            out = self._combine(p_tables, d_tables, np.arange(len(t)), hand.move, hand.nbytes)
+            done = time.perf_counter()
         finally:
-            dec.finished.drop()
+            closing = time.perf_counter()
+            for sim in self.sims:
+                sim.finished.drop()
+                sim.backend.close()
+        self.wall = {"start_s": ran - started, "run_s": built - ran, "tables_s": done - built,
+                     "close_s": time.perf_counter() - closing}
+        return out
+
+    def _flows(self, pre: Simulation, dec: Simulation) -> tuple[int, int, float, float]:
+        """(senders, receivers, latency, slowest flow's rate) of a replica-to-replica
+        hand-over (transfer_time)."""
+        ps, ds = pre.plan, dec.plan
+        senders, receivers = ps.tp * ps.pp, ds.tp * ds.pp
+        return (senders, receivers, *_flows(self.fabric, senders, receivers))
 
     # -- one set of tables --------------------------------------------------------------
     def _combine(self, p: Tables, d: Tables, idx, move, nbytes) -> Tables:
@@ -283,6 +319,177 @@ def _meta(tbl: pa.Table, meta: dict) -> dict:
     out = dict(tbl.schema.metadata or {})
     out.update({f"rdu_cluster.{k}".encode(): str(v).encode() for k, v in meta.items()})
     return out
+
+
+# -- the two pools in one loop ------------------------------------------------------------
+class Handover:
+    """What passes between the pools: a request whose prefill ends (or that the prefill pool
+    refuses) goes to a decode replica, dealt round-robin as it is sent, once its KV is over
+    the fabric; a request the decode pool is through with sends its closed loop's next one
+    (Dispatcher._next) to the prefill pool. Hand-overs contend for the ports (Ports): one
+    waits while another holds its prefill replica's or its decode replica's ports."""
+
+    PREFILL, DECODE = 0, 1
+
+    def __init__(self, pre: Simulation, dec: Simulation, flows: tuple, nbytes: np.ndarray):
+        self.pre, self.dec = pre, dec
+        self.senders, self.receivers, self.latency, self.rate = flows
+        self.bytes_of = nbytes
+        self.move = np.zeros(len(nbytes))  # seconds from prefill end to decode arrival
+        self.nbytes = np.zeros(len(nbytes))
+        self.ports = Ports()
+        self.out: list[tuple[int, object]] = []
+
+    def start(self) -> None:
+        experts, ready = self.dec._routing()
+        self.make = functools.partial(self.dec._request, experts=experts, ready=ready)
+        self.dec.dispatch._set_up(self.dec.replicas)
+        self.blank = [ReplicaView(q.index, (), 0, q.kv.config.capacity_blocks, q)
+                      for q in self.dec.replicas]
+
+    def take(self) -> list[tuple[int, object]]:
+        out, self.out = self.out, []
+        return out
+
+    def prefilled(self, r: Request, t: float, replica: int | None) -> None:
+        """r is through the prefill pool at t (on `replica`; None: refused there)."""
+        d = self.make(r.id)
+        if r.state != DONE:  # refused on arrival at the decode pool too, with its reason
+            d.reason = r.reason or "refused by the prefill pool"
+            self.out.append((self.DECODE, self.dec.dispatch.handoff(d, t, 0)))
+            return
+        to = self.dec.dispatch.policy.choose(d, self.blank)
+        nbytes = float(self.bytes_of[r.id])
+        hold = nbytes / (self.senders * self.receivers) / self.rate
+        begin = self.ports.book((("prefill", replica), ("decode", to)), t, hold, self.pre.now)
+        arrive = begin + self.latency + hold
+        self.move[r.id], self.nbytes[r.id] = arrive - t, nbytes
+        self.out.append((self.DECODE, self.dec.dispatch.handoff(d, arrive, to)))
+
+    def decoded(self, r: Request, t: float) -> None:
+        """r is through the decode pool at t (done or refused): its closed loop goes on."""
+        self.out += [(self.PREFILL, e) for e in self.pre.dispatch.follow(r, t)]
+
+    def frontier(self, rep: Replica) -> float:
+        """The earliest time something not yet known could happen in either pool, but on
+        `rep`: a replica's next window (the end of its current one, or now if it is idle with
+        work), or an arrival already on its way."""
+        h = math.inf
+        for sim in (self.pre, self.dec):
+            h = min(h, *(p.peek() for p in sim.dispatch.pending.values()))
+            for q in sim.replicas:
+                if q is rep:
+                    continue
+                if q.busy:
+                    h = min(h, q.window_end)
+                elif q.running or q.waiting or q.swapped:
+                    h = min(h, sim.now)
+        return h
+
+    def prefill_active(self) -> bool:
+        """Whether the prefill pool may still hand a request on."""
+        d = self.pre.dispatch
+        return bool(d.unsent) or any(d.pending.values()) or any(
+            q.busy or q.running or q.waiting or q.swapped for q in self.pre.replicas)
+
+
+class _PrefillSide(Dispatcher):
+    """The prefill pool's front end: as a pool's (open or closed loop), but a request through
+    it goes on to the decode pool, and a closed loop's next request follows the decode
+    pool's completion (Handover.decoded)."""
+
+    def __init__(self, policy: str, concurrency: int | None, hand: Handover):
+        super().__init__(policy, concurrency)
+        self.hand = hand
+
+    def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
+                     blocks: np.ndarray) -> list:
+        for t, _, r in sorted(_completed(window, ends)):
+            self.hand.prefilled(r, t, rep.index)
+        return []
+
+    def refused(self, r: Request, t: float) -> list:
+        self.hand.prefilled(r, t, None)
+        return []
+
+    def follow(self, r: Request, t: float) -> list:
+        """The requests r (through the decode pool at t) sends (Dispatcher._next)."""
+        self.finish[r.id] = t
+        out = self._next(r)
+        del self.finish[r.id]
+        return out
+
+    def next_arrival(self, rep: Replica, now: float) -> float:
+        h = super().next_arrival(rep, now)
+        return min(h, self.hand.frontier(rep)) if self._unsent_for(rep) else h
+
+
+class _DecodeSide(Dispatcher):
+    """The decode pool's front end: requests arrive as the prefill pool hands them on."""
+
+    def __init__(self, policy: str, concurrency: None, hand: Handover):
+        super().__init__(policy, concurrency)
+        self.hand = hand
+
+    def handoff(self, r: Request, t: float, replica: int) -> Arrival:
+        r.arrival_s = r.ready_s = t
+        self.pending[replica].push(t)
+        self.replicas[replica].pending += 1
+        return Arrival(t, r, replica)
+
+    def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
+                     blocks: np.ndarray) -> list:
+        # in time order, then id order: arrivals at equal times go in id order (dispatch.py)
+        for t, _, r in sorted(_completed(window, ends)):
+            self.hand.decoded(r, t)
+        return []
+
+    def refused(self, r: Request, t: float) -> list:
+        self.hand.decoded(r, t)
+        return []
+
+    def next_arrival(self, rep: Replica, now: float) -> float:
+        h = min(self.pending[rep.index].peek(), self.hand.frontier(rep))
+        # closed loop: its own completion sends a request through the prefill pool to it
+        return min(h, OWN_COMPLETION) if self.hand.pre.dispatch.unsent else h
+
+    def more_arrivals(self, rep: Replica) -> bool:
+        return bool(self.pending[rep.index]) or self.hand.prefill_active()
+
+
+def _completed(window: Window, ends: np.ndarray) -> list[tuple[float, int, Request]]:
+    """(time, id, request) of each request the window completes."""
+    first, out = window.spans[0].first_step, {}
+    for sp in window.spans:
+        for r in [*sp.decode, *(q for q, _ in sp.prefill)]:
+            if r.state == DONE:
+                out[r.id] = (float(ends[r.done_step - first]), r.id, r)
+    return list(out.values())
+
+
+class Ports:
+    """When each fabric port is held by a hand-over: a transfer starts at the first time at or
+    after it is ready that all its ports are free for its duration (intervals booked earlier
+    stand; those over before the loop's time are forgotten)."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple, list[tuple[float, float]]] = {}
+
+    def book(self, ports: tuple, ready: float, hold: float, now: float) -> float:
+        if hold <= 0:
+            return ready
+        lists = [self.held.setdefault(p, []) for p in ports]
+        t, moved = ready, True
+        while moved:
+            moved = False
+            for held in lists:
+                for a, b in held:
+                    if a < t + hold and b > t:
+                        t, moved = b, True
+        for held in lists:
+            bisect.insort(held, (t, t + hold))
+            held[:] = [(a, b) for a, b in held if b >= now]
+        return t
 
 
 __all__ = ["Disaggregated", "Pool", "transfer_time"]

@@ -16,6 +16,8 @@ file), and the prefix cache's running totals.
 
 from __future__ import annotations
 
+import array
+
 import numpy as np
 import pyarrow as pa
 
@@ -38,6 +40,7 @@ class Finished:
         # 8 bytes a token each, the run's largest figure: out of memory past spill.SPILL_VALUES
         self.chunk_s = spill.Spill()
         self.itl_s = spill.Spill()
+        self.chunks = array.array("q")  # chunks of each completed request, in id order
         self.admitted = 0  # prompt tokens admitted (prefix_cache.summary's totals)
         self.swaps = 0  # swap preemptions of the requests recorded (the summary's)
         self.prefix_tokens: dict[str, int] = {}
@@ -111,6 +114,7 @@ class Finished:
             row, chunks, admitted, tokens, copy_s = self.held.pop(self.next)
             self.rows.append(row)
             if chunks is not None:
+                self.chunks.append(len(chunks))
                 self.chunk_s.extend(chunks)
                 self.itl_s.extend(np.diff(chunks))
             self.admitted += admitted

@@ -6,7 +6,7 @@ import contextlib
 import gc
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from rdu_cluster.engine import allocator
 from rdu_cluster.engine.events import Event
@@ -55,4 +55,32 @@ def run(sim, events: Iterable[Event]) -> float:
             sim.now = now
             for e in event.handle(sim):
                 push(e)
+    return now
+
+
+def run_coupled(sims: Sequence, events: Iterable[tuple[int, Event]],
+                handed: Callable[[], list[tuple[int, Event]]]) -> float:
+    """Simulations that feed each other (engine/disagg.py: a prefill pool and a decode pool)
+    run in one time order: an event is (index of its simulation, event); after each one,
+    `handed()` gives the events its handler made for another simulation. Ties break as in
+    `run`, then by insertion order across the simulations."""
+    heap: list = []
+    order = itertools.count()
+
+    def push(i: int, e: Event) -> None:
+        heapq.heappush(heap, (e.time, e.priority, next(order), i, e))
+
+    for i, e in events:
+        push(i, e)
+    now = 0.0
+    allocator.keep_freed_memory()
+    with _fewer_collections():
+        while heap:
+            now, _, _, i, event = heapq.heappop(heap)
+            for sim in sims:
+                sim.now = now
+            for e in event.handle(sims[i]):
+                push(i, e)
+            for j, e in handed():
+                push(j, e)
     return now

@@ -110,6 +110,18 @@ class Spill:
             self.file = None
 
 
+def select(s: Spill, counts: np.ndarray, keep: np.ndarray) -> Spill:
+    """The values of the groups kept: `s` holds len(counts) groups one after another, group i
+    of counts[i] values (a request's ITLs), and `keep` says which go on, in order."""
+    out = Spill(limit=s.limit, tmpdir=s.tmpdir)
+    mask = np.repeat(np.asarray(keep, dtype=bool), counts)  # a byte a value
+    at = 0
+    for chunk in s.chunks():
+        out.extend(chunk[mask[at:at + len(chunk)]])
+        at += len(chunk)
+    return out
+
+
 def moments(s: Spill, scale: float = 1.0) -> tuple[float, float]:
     """Mean and (population) standard deviation of the values times `scale`: each chunk's
     np.mean and np.var, combined pairwise (Chan, Golub and LeVeque), so one chunk gives numpy's
@@ -238,6 +250,11 @@ def _lerp(a: float, b: float, t: float) -> float:
     b exactly."""
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def count_within(s: Spill, lo: float, hi: float) -> int:
+    """How many values are in [lo, hi], a chunk at a time."""
+    return int(sum(np.count_nonzero((c >= lo) & (c <= hi)) for c in s.chunks()))
 
 
 def bucket_counts(s: Spill, t0: float, buckets: int) -> np.ndarray:

@@ -115,7 +115,8 @@ def measured(sim: Simulation, req: dict) -> bench.Measured:
         send_s=col("arrival_s"), ttft_s=col("ttft_s"), e2el_s=col("e2e_s"),
         output_len=col("generated_tokens").astype(np.int64),
         prompt_len=col("prompt_len").astype(np.int64),
-        itl_s=sim.finished.itl_s, chunk_s=sim.finished.chunk_s)
+        itl_s=sim.finished.itl_s, chunk_s=sim.finished.chunk_s,
+        chunks=np.frombuffer(sim.finished.chunks, dtype=np.int64))
 
 
 def _overloaded(sim: Simulation, req: dict, end: float) -> bool:

@@ -11,13 +11,16 @@ at a TTFT / TPOT bound, found in two passes (as AIConfigurator and Vidur's confi
    passes is the system's candidate. A disaggregated pair sizes its decode pool from the TPOT
    bound alone and its prefill pool to keep rho <= PREFILL_RHO_MAX.
 2. Verification: each short-listed deployment is served by the engine (engine/simulation.py
-   or engine/disagg.py) and the SLO percentile of TTFT and TPOT is measured (engine/bench.py).
-   A candidate that misses is retried one size up, at most GROW_TRIES times; one that meets
-   with SHRINK_MARGIN to spare one size down, at most SHRINK_TRIES times.
+   or engine/disagg.py) and the SLO percentile of TTFT and TPOT is measured (engine/bench.py),
+   each client's first request left out as warm-up. `search` bisects to the boundary: the
+   fewest replicas that meet, one fewer verified to miss, within --max-nodes. `settle` then
+   serves the boundary row with twice the requests until it moves less than STEADY_TOL, with
+   SEEDS seeds where lengths are drawn, and searches the interval's ends (_with_ends: the SLO's
+   bounds over the uncertainty model's factors, on the same runs).
 
-Aggregated candidates are verified closed loop (N clients, ramped up over one estimated E2E so
-that they do not all prefill at once); disaggregated ones open loop at the analytic request rate
-(engine/disagg.py runs open loop only), which the table says.
+Closed loops (clients, sessions) start over a ramp of one estimated cycle (E2E and think time)
+so that they do not all prefill at once; pairs of pools are verified as aggregated deployments
+are (engine/disagg.py runs both pools in one event loop).
 """
 
 from __future__ import annotations
@@ -49,9 +52,14 @@ from workloads.speculative import Speculation
 
 BATCHES = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512])
 PREFILL_RHO_MAX = 0.8  # a prefill pool's utilization cap: queueing grows as 1/(1-rho) (M/D/1)
-GROW_TRIES = 2  # verification retries one size up
-SHRINK_TRIES = 2  # ... and one size down, while the SLO is met with SHRINK_MARGIN to spare
-SHRINK_MARGIN = 0.15  # 15% under the tighter bound
+# Steady state: a closed loop is verified with STEADY_START requests per user, the first of
+# each left out (warm-up); the boundary row is served again with twice the requests until its
+# pP TTFT, pP TPOT and output throughput move less than STEADY_TOL (at most STEADY_DOUBLINGS
+# times); lengths drawn from a distribution are served with SEEDS seeds, the worst deciding.
+STEADY_START = 4
+STEADY_TOL = 0.05
+STEADY_DOUBLINGS = 3
+SEEDS = 3
 MAX_BATCH_CAP = 512  # the engine's --max-batch ceiling tried here (vLLM's max_num_seqs is 256-1024)
 
 
@@ -99,11 +107,29 @@ class Traffic:
     trace: traces.Trace | None = None
     workload_args: tuple[str, ...] = ()
     think_s: float = 0.0  # sessions: mean seconds a user thinks between turns
+    # closed loops (clients, sessions) start over one estimated cycle (E2E and think time:
+    # Deployment.ramp_s) instead of all at 0, or over ramp_s seconds where given (--ramp-up);
+    # False: sessions a --rate starts
+    ramp: bool = True
+    ramp_s: float | None = None
+    steady_tol: float | None = STEADY_TOL  # None: no doubling check (--steady-tolerance off)
     spec_args: tuple[str, ...] = ()  # the --acceptance / --tree given with --draft
 
     @property
     def sessions(self) -> bool:
         return self.trace is not None and self.trace.after is not None
+
+    def ramp_of(self, dep: Deployment) -> float:
+        """Seconds over which the closed loops start (0: together, or a --rate starts them)."""
+        if not self.ramps:
+            return 0.0
+        return dep.ramp_s if self.ramp_s is None else self.ramp_s
+
+    @property
+    def ramps(self) -> bool:
+        """Whether the closed loops start over the ramp (not a --rate's session starts)."""
+        return self.ramp and self.concurrency is not None and (self.trace is None
+                                                               or self.sessions)
 
     @property
     def prefill_share(self) -> float:
@@ -140,7 +166,21 @@ class Traffic:
             return len(self.trace)
         if self.requests:
             return self.requests
-        return 2 * self.concurrency if self.concurrency else max(50, int(rate * 30))
+        if self.concurrency:
+            return STEADY_START * self.concurrency
+        return max(50, int(rate * 30))
+
+    @property
+    def warmup(self) -> int:
+        """Requests left out of the statistics as warm-up: a closed loop's first request of
+        each client or session (the ramp: serve --warmup-requests)."""
+        closed = self.concurrency and (self.trace is None or self.sessions)
+        return self.concurrency if closed else 0
+
+    @property
+    def drawn(self) -> bool:
+        """Whether its lengths are drawn (a distribution), so that seeds differ."""
+        return self.trace is None and any(d.kind != "fixed" for d in self.dists())
 
 
 def uncached_tokens(trace: traces.Trace) -> int:
@@ -174,6 +214,10 @@ class ReplicaCost:
     draft: str | None = None  # speculative decoding: the draft model and its speculation
     speculation: Speculation | None = None
     stack: str | None = None  # the GPU serving stack (chip/serving_stacks.py); None off a GPU
+    overrides: tuple = ()  # --set on the cluster (Pool.overrides)
+
+    def pool(self, replicas: int) -> Pool:
+        return Pool(self.cluster, self.plan, replicas, self.overrides)
 
     def max_batch(self, tpot_bound_s: float | None) -> int:
         ok = self.batches if tpot_bound_s is None else self.batches[self.tpot_s <= tpot_bound_s]
@@ -188,18 +232,20 @@ class ReplicaCost:
         return float(np.interp(batch, self.batches, self.tpot_s))
 
 
-def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, lengths: tuple[float, float],
+def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
                  fabric: FabricSpec, draft: str | None = None,
                  choose: Callable[[ClusterSpec, str], Speculation] | None = None,
                  stack: str | None = None) -> ReplicaCost | None:
-    """None when the plan does not fit the chip (weights, or no room for one sequence's KV).
-    `lengths`: the mean (prompt, output) lengths; `stack`: the GPU serving stack (default: the
-    default stack; chip/serving_stacks.py). With `draft`: speculative decoding, `choose`
-    giving the speculation on the replica's cluster and plan; TPOT is then the speculative
-    step over the tokens it emits (scenarios/speculative.py), on tensor-parallel plans only
-    (the draft shares the target's sockets)."""
+    """The costs of one replica (`replica`: its cluster, plan and --set overrides; its count
+    is ignored). None when the plan does not fit the chip (weights, or no room for one
+    sequence's KV). `lengths`: the mean (prompt, output) lengths; `stack`: the GPU serving
+    stack (default: the default stack; chip/serving_stacks.py). With `draft`: speculative
+    decoding, `choose` giving the speculation on the replica's cluster and plan; TPOT is then
+    the speculative step over the tokens it emits (scenarios/speculative.py), on
+    tensor-parallel plans only (the draft shares the target's sockets)."""
+    cluster_ref, plan, overrides = replica.cluster, replica.plan, replica.overrides
     try:
-        cl = Pool(cluster_ref, plan, 1).spec(model, fabric)
+        cl = replace(replica, replicas=1).spec(model, fabric)
     except ConfigError:
         return None
     options = serving_stacks.options_for(cl.chip, stack, system=cluster_ref)
@@ -242,7 +288,8 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, lengths: tuple[f
             return None
         price = cl.cost.get("socket_hour_usd") if cl.cost else None
         return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
-                           load_cluster(cluster_ref).sockets_per_node, draft, spec, named)
+                           load_cluster(cluster_ref, dict(overrides)).sockets_per_node,
+                           draft, spec, named, overrides)
     try:
         if p.pp == 1 and p.ep == 1:  # tensor parallel: one vectorized call over the batches
             est = at(batches)
@@ -255,7 +302,8 @@ def replica_cost(model: ModelSpec, cluster_ref: str, plan: str, lengths: tuple[f
         return None
     price = cl.cost.get("socket_hour_usd") if cl.cost else None
     return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
-                       load_cluster(cluster_ref).sockets_per_node, stack=named)
+                       load_cluster(cluster_ref, dict(overrides)).sockets_per_node,
+                       stack=named, overrides=overrides)
 
 
 def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[str]:
@@ -275,16 +323,15 @@ def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[st
     return list(dict.fromkeys(out))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Deployment:
     label: str  # the system: a cluster name, or PREFILL->DECODE
     pools: tuple[Pool, ...]  # one (aggregated) or (prefill, decode)
     max_batch: int
-    rate: float | None  # disaggregated: the open-loop rate it is verified at
-    ramp_s: float  # aggregated closed loop: clients' ramp-up
+    ramp_s: float  # closed loop: clients (sessions) start one after another over this
     sockets_per_node: tuple[int, ...]
-    price_per_hour: float | None
-    analytic: dict = field(default_factory=dict)
+    socket_prices: tuple[float | None, ...]  # USD per socket-hour of each pool's chip
+    analytic: dict = field(default_factory=dict, compare=False)
     draft: str | None = None  # speculative decoding (aggregated only)
     speculation: Speculation | None = None
     stack: str | None = None  # the GPU pools' serving stack; None where no pool is a GPU
@@ -296,6 +343,14 @@ class Deployment:
     @property
     def sockets(self) -> int:
         return sum(p.replicas * group_sockets(p.plan) for p in self.pools)
+
+    @property
+    def price_per_hour(self) -> float | None:
+        """Sockets are priced by the socket-hour (a deployment need not fill its last node)."""
+        if None in self.socket_prices:
+            return None
+        return sum(u * p.replicas * group_sockets(p.plan)
+                   for u, p in zip(self.socket_prices, self.pools))
 
     @property
     def pool_nodes(self) -> list[int]:
@@ -311,25 +366,15 @@ class Deployment:
         """Whether every pool holds at most `max_nodes` nodes (--max-nodes: per pool)."""
         return max(self.pool_nodes) <= max_nodes
 
-    def grown(self) -> Deployment:
-        """One size up: a replica more (of the decode pool when disaggregated)."""
-        return self._resized(1)
+    def most_replicas(self, pool: int, max_nodes: int) -> int:
+        """The most replicas pool `pool` takes within `max_nodes` nodes."""
+        p = self.pools[pool]
+        return max(1, max_nodes * self.sockets_per_node[pool] // group_sockets(p.plan))
 
-    def shrunk(self) -> Deployment | None:
-        """One size down (None at one replica)."""
-        return self._resized(-1) if self.pools[-1].replicas > 1 else None
-
-    def _resized(self, by: int) -> Deployment:
-        last = self.pools[-1]
-        pools = (*self.pools[:-1], replace(last, replicas=last.replicas + by))
-        rates = [(self.price_per_hour or 0.0) / self.sockets] if self.price_per_hour else []
-        d = replace(self, pools=pools)
-        if rates and self.disaggregated:  # the decode pool's own price per socket
-            rates = [self.analytic.get("decode_socket_hour", rates[0])]
-            d.price_per_hour = self.price_per_hour + by * rates[0] * group_sockets(last.plan)
-        elif rates:
-            d.price_per_hour = rates[0] * d.sockets
-        return d
+    def with_replicas(self, pool: int, n: int) -> Deployment:
+        pools = list(self.pools)
+        pools[pool] = replace(pools[pool], replicas=n)
+        return replace(self, pools=tuple(pools))
 
 
 def aggregated(cost: ReplicaCost, traffic: Traffic, slo: SLO, max_nodes: int,
@@ -344,10 +389,9 @@ def aggregated(cost: ReplicaCost, traffic: Traffic, slo: SLO, max_nodes: int,
     for n in range(1, max_nodes * cost.sockets_per_node // cost.group + 1):
         ok, e2e, tpot_eff, rho = _load(cost, prefill, traffic, n, gen, b_max)
         if ok and (bound is None or tpot_eff <= bound):
-            price = (None if cost.price_per_socket_hour is None
-                     else cost.price_per_socket_hour * n * cost.group)
-            return Deployment(cost.cluster, (Pool(cost.cluster, cost.plan, n),), b_max, None,
-                              _short(e2e), (cost.sockets_per_node,), price,
+            return Deployment(cost.cluster, (cost.pool(n),), b_max,
+                              _short(e2e + traffic.think_s), (cost.sockets_per_node,),
+                              (cost.price_per_socket_hour,),
                               {"tpot_s": tpot_eff, "rho": rho, "e2e_s": e2e}, cost.draft,
                               cost.speculation, cost.stack)
     return None
@@ -382,33 +426,31 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
         return None
     move = float(transfer_time(fabric, pre.group, dec.group,
                                np.array([prompt * float(graph.kv_cache_bytes(model, 1, 1))]))[0])
+    prefill = pre.prefill_s * traffic.prefill_share  # the prefix cache is the prefill pool's
     users = traffic.concurrency
-    n_d = 1
-    while True:
-        if n_d * dec.group > max_nodes * dec.sockets_per_node:
-            return None
-        batch = (users / n_d) if users else None
-        tpot = dec.tpot_at(max(1.0, batch or 1.0))
-        e2e = pre.prefill_s + move + gen * tpot
-        if not users:
-            batch = traffic.rate * e2e / n_d
+    for n_d in range(1, max_nodes * dec.sockets_per_node // dec.group + 1):
+        tpot = dec.tpot_at(1)
+        for _ in range(4):  # fixed point: the batch depends on E2E (a user thinks out of it)
+            e2e = prefill + move + gen * tpot
+            if not math.isfinite(e2e):
+                break
+            batch = (users * e2e / (e2e + traffic.think_s) if users else traffic.rate * e2e) / n_d
             tpot = dec.tpot_at(max(1.0, batch))
-        if batch <= b_max and (bound is None or tpot <= bound):
+        if math.isfinite(tpot) and batch <= b_max and (bound is None or tpot <= bound):
             break
-        n_d += 1
-    lam = users / e2e if users else traffic.rate
-    n_p = max(1, math.ceil(lam * pre.prefill_s / PREFILL_RHO_MAX))
+    else:
+        return None
+    e2e = prefill + move + gen * tpot
+    lam = users / (e2e + traffic.think_s) if users else traffic.rate
+    n_p = max(1, math.ceil(lam * prefill / PREFILL_RHO_MAX))
     if n_p * pre.group > max_nodes * pre.sockets_per_node:
         return None
-    prices = [c.price_per_socket_hour for c in (pre, dec)]
-    price = (None if None in prices
-             else prices[0] * n_p * pre.group + prices[1] * n_d * dec.group)
-    return Deployment(f"{pre.cluster}->{dec.cluster}", (Pool(pre.cluster, pre.plan, n_p),
-                      Pool(dec.cluster, dec.plan, n_d)), b_max, _short(lam), 0.0,
-                      (pre.sockets_per_node, dec.sockets_per_node), price,
-                      {"tpot_s": tpot, "rho": lam / n_p * pre.prefill_s, "e2e_s": e2e,
-                       "kv_transfer_s": move, "decode_socket_hour": prices[1]},
-                      stack=dec.stack or pre.stack)
+    return Deployment(f"{pre.cluster}->{dec.cluster}", (pre.pool(n_p), dec.pool(n_d)), b_max,
+                      _short(e2e + traffic.think_s),
+                      (pre.sockets_per_node, dec.sockets_per_node),
+                      (pre.price_per_socket_hour, dec.price_per_socket_hour),
+                      {"tpot_s": tpot, "rho": lam / n_p * prefill, "e2e_s": e2e,
+                       "kv_transfer_s": move}, stack=dec.stack or pre.stack)
 
 
 def _short(x: float) -> float:
@@ -425,10 +467,218 @@ class Result:
     tpot_ms: float
     miss: float
     serve_args: list[str]
+    below: float | None = None  # the miss of one replica fewer (the boundary's other side)
+    steady: dict = field(default_factory=dict)  # how the steady state was checked (settle)
+    interval: dict = field(default_factory=dict)  # nodes and $/Mtok ends, robust (_with_ends)
 
     @property
     def meets_slo(self) -> bool:
         return self.miss <= 0
+
+
+def boundary(meets: Callable[[int], bool], start: int, top: int) -> int | None:
+    """The smallest n in 1..top with meets(n), taking meets as monotone in n (more replicas
+    never miss where fewer meet): from `start` (the analytic estimate) outward in doubling
+    steps until the verdict changes, then bisection between the largest miss and the smallest
+    meet, so that n - 1 is known to miss (or n is 1). None when `top` misses. Each n is asked
+    at most once; about 2 log2(distance from start) asks."""
+    asked: dict[int, bool] = {}
+
+    def ask(n: int) -> bool:
+        if n not in asked:
+            asked[n] = meets(n)
+        return asked[n]
+
+    start = min(max(start, 1), top)
+    lo, hi, step = 0, start, 1  # lo misses (0: nothing below), hi meets
+    if ask(start):
+        while hi > 1 and lo == 0:
+            n = max(hi - step, 1)
+            lo, hi = (lo, n) if ask(n) else (n, hi)
+            step *= 2
+    else:
+        lo = start
+        while True:
+            if lo >= top:
+                return None
+            n = min(lo + step, top)
+            if ask(n):
+                hi = n
+                break
+            lo, step = n, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ask(mid) else (mid, hi)
+    return hi
+
+
+def search(dep: Deployment, serve: Callable[[Deployment], Result], max_nodes: int,
+           miss: Callable[[Result], float] = lambda r: r.miss) -> Result:
+    """The deployment at the boundary (engine-verified): the fewest replicas of its last pool
+    that meet the SLO within --max-nodes (boundary), and for a disaggregated one then the
+    fewest prefill replicas at that decode pool (where no decode pool met, the prefill pool is
+    searched at the largest, then the decode pool again). Nothing meets: the largest tried (the
+    closest). `serve` is asked once per deployment; `miss` judges a run (default: its own
+    SLO's)."""
+    seen: dict[tuple, Result] = {}
+
+    def served(d: Deployment) -> Result:
+        if d.pools not in seen:
+            seen[d.pools] = serve(d)
+        return seen[d.pools]
+
+    res = served(dep)
+    rounds = [*reversed(range(len(dep.pools)))]  # the decode pool first
+    first_missed = False
+    for k, pool in enumerate(rounds + rounds[:1] if dep.disaggregated else rounds):
+        if k == len(rounds) and not first_missed:
+            break  # the decode pool again only where no size of it met at the first prefill
+        at = lambda n, base=res.deployment, pool=pool: served(base.with_replicas(pool, n))
+        top = res.deployment.most_replicas(pool, max_nodes)
+        n = boundary(lambda n, at=at: miss(at(n)) <= 0, res.deployment.pools[pool].replicas,
+                     top)
+        if n is None:
+            res, first_missed = at(top), first_missed or k == 0
+            continue
+        res = replace(at(n), below=miss(at(n - 1)) if n > 1 else None)
+    return res
+
+
+def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traffic: Traffic,
+           max_nodes: int, slo: SLO | None = None) -> Result:
+    """The boundary at steady state. Searched (search) at the traffic's request count; then,
+    for synthetic traffic (a trace or the sessions are the question's own workload), the
+    boundary row is served with twice the requests until its pP TTFT, pP TPOT and output
+    throughput move less than STEADY_TOL, the search going on at the longer count wherever the
+    verdict changed; lengths drawn from a distribution are served with SEEDS seeds, the worst
+    deciding the verdict (the search going on with all of them if one misses), and the spread
+    reported. With the `slo`, the row's interval (_with_ends), its ends searched on the same
+    runs."""
+    runs: dict[tuple, Result] = {}
+
+    def cached(d: Deployment, t: Traffic) -> Result:  # each deployment and traffic served once
+        key = (d.pools, t.n_requests(t.rate or 0.0), t.seed)
+        if key not in runs:
+            runs[key] = serve(d, t)
+        return runs[key]
+
+    serve_once = cached
+    res = search(dep, lambda d: serve_once(d, traffic), max_nodes)
+    moved, t = None, traffic
+    doublings = STEADY_DOUBLINGS if traffic.trace is None and traffic.steady_tol else 0
+    for _ in range(doublings):
+        t = replace(t, requests=2 * t.n_requests(t.rate or 0.0))
+        again = serve_once(res.deployment, t)
+        moved = _moved(res, again)
+        res = (again if again.meets_slo == res.meets_slo
+               else search(again.deployment, lambda d, t=t: serve_once(d, t), max_nodes))
+        if moved <= traffic.steady_tol:
+            break
+    seeds = [t.seed + k for k in range(SEEDS)] if t.drawn else [t.seed]
+    final = lambda d: serve_once(d, t)
+    if len(seeds) > 1:
+        final = lambda d: _worst([serve_once(d, replace(t, seed=k)) for k in seeds])
+        again = final(res.deployment)
+        res = again if again.meets_slo or not res.meets_slo else search(
+            again.deployment, final, max_nodes)
+    res = replace(res, steady={
+        "requests": t.n_requests(t.rate or 0.0), "warmup_requests": t.warmup,
+        "moved_on_doubling": moved, "tolerance": traffic.steady_tol, "seeds": seeds,
+        **res.steady})
+    return _with_ends(res, final, slo, max_nodes) if slo is not None else res
+
+
+@dataclass(frozen=True)
+class Bands:
+    """The interval factors (low, high) of a row's pP TTFT and pP TPOT (the chips that set
+    them: the prefill pool's and the decode pool's) and of its output throughput, in the
+    serving regime (uncertainty.band), and their basis; None outside every measured regime."""
+
+    ttft: tuple[float, float] | None
+    tpot: tuple[float, float] | None
+    throughput: tuple[float, float] | None
+    basis: str
+
+    def slo(self, slo: SLO, end: int) -> SLO | None:
+        """The bounds a simulated run must keep for the deployment to meet `slo` at the
+        optimistic (0) or pessimistic (1) end of the intervals; None without the bands."""
+        if (slo.ttft_ms is not None and self.ttft is None) or (
+                slo.tpot_ms is not None and self.tpot is None):
+            return None
+        scale = lambda b, f: None if b is None else b / f[end]
+        return replace(slo, ttft_ms=scale(slo.ttft_ms, self.ttft),
+                       tpot_ms=scale(slo.tpot_ms, self.tpot))
+
+
+def bands(dep: Deployment, slo: SLO, level: float = 0.8) -> Bands:
+    """The row's interval factors from the uncertainty model of the active calibration
+    (rdu_cluster/validation/uncertainty.py: held-out errors of the serving regime, or its
+    parts)."""
+    try:
+        from rdu_cluster.validation import uncertainty
+    except ImportError:  # a build without the uncertainty model
+        return Bands(None, None, None, "no uncertainty model (rdu_cluster.validation."
+                     "uncertainty)")
+    pw = bench.p_word(slo.percentile)
+    chip = lambda pool: load_cluster(pool.cluster, dict(pool.overrides)).chip
+    got = {key: uncertainty.band(metric=metric, chip=chip(pool), stack=None,
+                                 regime="serving", level=level)
+           for key, metric, pool in (("ttft", f"p{pw}_ttft_ms", dep.pools[0]),
+                                     ("tpot", f"p{pw}_tpot_ms", dep.pools[-1]),
+                                     ("throughput", "output_throughput", dep.pools[-1]))}
+    basis = "; ".join(dict.fromkeys(f"{k}: {b.basis}" for k, b in got.items()))
+    return Bands(got["ttft"].bounds, got["tpot"].bounds, got["throughput"].bounds,
+                 f"{level:.0%} intervals; {basis}")
+
+
+def judged(r: Result, slo: SLO) -> float:
+    """r's miss under `slo` (the worst seed's, where several were served)."""
+    if not math.isfinite(r.miss) and r.miss > 0:
+        return math.inf  # refused requests, or none served
+    pairs = r.steady.get("runs") or [(r.ttft_ms, r.tpot_ms)]
+    return max(slo.misses(a, b) for a, b in pairs)
+
+
+def _with_ends(res: Result, serve: Callable[[Deployment], Result], slo: SLO,
+               max_nodes: int) -> Result:
+    """The row with its interval: the boundary searched again (the same runs, judged) with
+    the SLO's bounds divided by the times' low factors (nodes_low: the simulator as slow as it
+    may be) and by their high factors (nodes_high), $/Mtok at each end from that end's price
+    and its throughput at its factor, and `robust`: the row still meets at the pessimistic
+    end. No interval (None) where a band is missing: the basis says why."""
+    b = bands(res.deployment, slo)
+    ends = [b.slo(slo, end) for end in (0, 1)]
+    if None in ends or (b.throughput is None):
+        return replace(res, interval={"basis": b.basis})
+    out: dict = {"basis": b.basis, "robust": res.meets_slo and judged(res, ends[1]) <= 0}
+    for end, name in ((0, "low"), (1, "high")):
+        found = search(res.deployment, serve, max_nodes, lambda r, e=ends[end]: judged(r, e))
+        ok = judged(found, ends[end]) <= 0
+        thr = found.summary["bench"]["output_throughput"] * b.throughput[1 - end]
+        price = found.deployment.price_per_hour
+        out[f"nodes_{name}"] = found.deployment.nodes if ok else None
+        out[f"plan_{name}"] = " + ".join(map(str, found.deployment.pools)) if ok else None
+        out[f"usd_per_million_tokens_{name}"] = (price * 1e6 / 3600 / thr
+                                                 if ok and price and thr else None)
+    return replace(res, interval=out)
+
+
+def _moved(a: Result, b: Result) -> float:
+    """The largest relative change of pP TTFT, pP TPOT and output throughput from a to b."""
+    pairs = [(a.ttft_ms, b.ttft_ms), (a.tpot_ms, b.tpot_ms),
+             (a.summary["bench"]["output_throughput"], b.summary["bench"]["output_throughput"])]
+    return max(abs(y - x) / x if x and math.isfinite(x) and math.isfinite(y) else
+               (0.0 if x == y else math.inf) for x, y in pairs)
+
+
+def _worst(results: list[Result]) -> Result:
+    """The first seed's run with the worst seed's miss, and the spread over the seeds."""
+    spread = lambda f: [min(map(f, results)), max(map(f, results))]
+    first = results[0]
+    return replace(first, miss=max(r.miss for r in results), steady={
+        "runs": [(r.ttft_ms, r.tpot_ms) for r in results],
+        "ttft_ms_range": spread(lambda r: r.ttft_ms), "tpot_ms_range": spread(lambda r: r.tpot_ms),
+        "output_throughput_range": spread(lambda r: r.summary["bench"]["output_throughput"])})
 
 
 def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | None,
@@ -436,13 +686,14 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
            backend: Callable[[], object]) -> Result:
     pct = slo.percentile
     spec = bench.MetricSpec((50.0, pct), tuple(
-        (k, v) for k, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms)) if v is not None))
-    rate = dep.rate if dep.disaggregated else traffic.rate
+        (k, v) for k, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms)) if v is not None),
+        traffic.warmup)
+    rate = traffic.rate
     trace = _trace(dep, traffic, rate)
     limits = Limits(max_batch=dep.max_batch, token_budget=token_budget(trace))
     config = ServeConfig(plan=dep.pools[0].plan, limits=limits,
                          seed=traffic.seed, metrics=spec,
-                         concurrency=(None if dep.disaggregated or traffic.trace is not None
+                         concurrency=(None if traffic.trace is not None
                                       else traffic.concurrency),
                          prefix=PrefixConfig(traffic.prefix_cache),
                          speculation=dep.speculation, draft=dep.draft,
@@ -474,17 +725,16 @@ def token_budget(trace: traces.Trace) -> int:
 
 
 def _trace(dep: Deployment, traffic: Traffic, rate: float | None) -> traces.Trace:
+    if traffic.sessions:  # their closed loops, started over the ramp unless --rate starts them
+        return traces.ramped(traffic.trace, traffic.ramp_of(dep))
     if traffic.trace is not None:
-        return traffic.trace  # replayed as it is (its own arrivals, or the sessions' loop)
+        return traffic.trace  # replayed as it is (its own arrivals)
     p, o = traffic.dists()
     n = traffic.n_requests(rate or 0.0)
-    if dep.disaggregated or traffic.concurrency is None:
+    if traffic.concurrency is None:
         return traces.synthetic(n, rate, "poisson", p, o, seed=traffic.seed)
     t = traces.synthetic(n, math.inf, "poisson", p, o, seed=traffic.seed)
-    first = min(traffic.concurrency, n)
-    arrival = t.arrival_s.astype(float).copy()
-    arrival[:first] = np.arange(first) * dep.ramp_s / traffic.concurrency
-    return replace(t, arrival_s=arrival)
+    return traces.ramped(t, traffic.ramp_of(dep), traffic.concurrency)
 
 
 def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Traffic,
@@ -494,6 +744,7 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
     profile = calibration.active()  # the profile load_cluster applied (serve's --calibration)
     if profile is None or profile.name != calibration.DEFAULT:
         args += ["--calibration", "none" if profile is None else profile.name]
+    args += [a for k, v in dep.pools[0].overrides for a in ("--set", f"{k}={v}")]
     if dep.disaggregated:
         args += ["--prefill-pool", str(dep.pools[0]), "--decode-pool", str(dep.pools[1]),
                  "--fabric", fabric.name]
@@ -509,16 +760,21 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
     else:
         args += ["--requests", str(len(trace)), "--prompt-len", traffic.prompt, "--output-len",
                  traffic.output, "--max-batch", str(dep.max_batch), "--seed", str(traffic.seed)]
-    if traffic.workload_args:
-        pass  # the trace's own arrivals, or the sessions' closed loops
-    elif not dep.disaggregated and traffic.concurrency:
-        args += ["--concurrency", str(traffic.concurrency), "--ramp-up", repr(dep.ramp_s)]
+    ramp = ["--ramp-up", repr(traffic.ramp_of(dep))] if traffic.ramp_of(dep) else []
+    if traffic.sessions:
+        args += ramp  # the sessions' closed loops, started over the ramp
+    elif traffic.workload_args:
+        pass  # the trace's own arrivals
+    elif traffic.concurrency:
+        args += ["--concurrency", str(traffic.concurrency), *ramp]
     else:
         args += ["--rate", repr(rate)]
     if (budget := token_budget(trace)) != Limits().token_budget:
         args += ["--token-budget", str(budget)]
     args += ["--metric-percentiles", f"50,{bench.p_word(slo.percentile)}", "--goodput",
              slo.goodput_args()]
+    if traffic.warmup:
+        args += ["--warmup-requests", str(traffic.warmup)]
     if traffic.prefix_cache is not None:
         args += ["--prefix-cache", traffic.prefix_cache]
     if _all_gpu(dep):

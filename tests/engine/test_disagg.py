@@ -3,6 +3,8 @@ over an inter-node fabric through the interconnect model."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_fabric
 from rdu_cluster.engine import disagg
 from rdu_cluster.engine.simulation import ServeConfig
-from workloads import graph, traces
+from workloads import graph, sessions, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 
@@ -65,10 +67,63 @@ def test_bad_pool_is_a_config_error(text):
         disagg.Pool.parse(text, "--prefill-pool")
 
 
-def test_closed_loop_is_refused():
-    trace = traces.synthetic(4, 1.0, "poisson", traces.LengthDist("fixed", 64),
+def _closed(trace, concurrency=None, decode="sn40l-16:tp8:2", fabric="ib-ndr"):
+    d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp8:1", "p"),
+                             disagg.Pool.parse(decode, "d"), load_fabric(fabric), trace,
+                             ServeConfig(concurrency=concurrency), LocalBackend)
+    return d.run()
+
+
+def test_closed_loop_sends_each_clients_next_request_as_the_decode_pool_completes_one():
+    """--concurrency over the pools: request i is sent when request i - C is through the
+    decode pool, never more than C in flight; served open loop at the send times the closed
+    loop found, the pools give the same tables (the windows saw every arrival in time; one
+    decode replica, so no tie of two completions deals the replicas in another order)."""
+    c = 6
+    trace = traces.synthetic(30, float("inf"), "poisson", traces.LengthDist("uniform", 64, 2048),
+                             traces.LengthDist("uniform", 2, 64), seed=3)
+    t = _closed(trace, concurrency=c, decode="sn40l-16:tp8:1")
+    r = t.requests.to_pydict()
+    arrival, finish = np.asarray(r["arrival_s"]), np.asarray(r["finish_s"])
+    assert set(r["state"]) == {"done"}
+    assert np.allclose(arrival[c:], finish[:-c])
+    assert t.summary["bench"]["max_concurrent_requests"] == c
+    again = _closed(replace(trace, arrival_s=arrival), decode="sn40l-16:tp8:1")
+    again = again.requests.to_pydict()
+    for k in ("ttft_s", "finish_s", "kv_transfer_s", "replica"):
+        assert again[k] == pytest.approx(r[k], rel=1e-9), k
+
+
+def test_sessions_over_the_pools_hit_the_prefill_pools_prefix_cache():
+    spec = sessions.SessionSpec(4, 3, 512, user=traces.LengthDist("fixed", 128),
+                                output=traces.LengthDist("fixed", 16),
+                                think=sessions.ThinkTime("fixed", 0.5))
+    t = _closed(sessions.sessions(spec, 0))
+    r = t.requests.to_pydict()
+    assert set(r["state"]) == {"done"}
+    after = np.asarray(sessions.sessions(spec, 0).after)
+    later = after >= 0  # a turn is sent its think time after the one before completes
+    assert np.allclose(np.asarray(r["arrival_s"])[later],
+                       np.asarray(r["finish_s"])[after[later]] + 0.5)
+    assert t.summary["prefix_cache_hit_rate"] > 0.5
+
+
+def test_hand_overs_contend_for_the_ports():
+    """Prefills that end in one step hand their KV over one after another through their
+    prefill replica's ports, each waiting for the one before (not all at once over the same
+    ports, each at the full rate)."""
+    trace = traces.synthetic(4, float("inf"), "poisson", traces.LengthDist("fixed", 1024),
                              traces.LengthDist("fixed", 4))
-    with pytest.raises(ConfigError, match="--concurrency"):
-        disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp8:1", "p"),
-                             disagg.Pool.parse("sn40l-16:tp16:1", "d"), load_fabric("ib-ndr"),
-                             trace, ServeConfig(concurrency=2), LocalBackend)
+    slow = _closed(trace, decode="sn40l-16:tp8:4", fabric="ib-ndr").requests.to_pydict()
+    moves = sorted(slow["kv_transfer_s"])
+    hold = moves[0] - load_fabric("ib-ndr").latency_s
+    assert hold > 0 and moves == pytest.approx([moves[0] + k * hold for k in range(4)])
+
+
+def test_ports_book_the_first_free_interval():
+    ports = disagg.Ports()
+    assert ports.book(("a", "x"), 0.0, 1.0, 0.0) == 0.0
+    assert ports.book(("a", "y"), 0.5, 1.0, 0.0) == 1.0  # waits for a
+    assert ports.book(("b", "x"), 0.2, 1.0, 0.0) == 1.0  # waits for x
+    assert ports.book(("b", "z"), 2.5, 1.0, 0.0) == 2.5
+    assert ports.book(("c", "z"), 1.0, 0.5, 0.0) == 1.0  # before z's booking: a gap fits

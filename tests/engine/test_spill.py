@@ -98,3 +98,23 @@ def test_the_spill_file_has_no_name_and_goes_with_close(tmp_path):
         os.fstat(fd)
     with pytest.raises(RuntimeError, match="dropped"):
         list(s.chunks())
+
+
+def test_warmup_requests_are_left_out_and_the_throughput_is_the_steady_windows():
+    """The first N requests sent are left out of every statistic (their ITLs too, selected
+    from the spill by request); the throughputs are over the window from the first measured
+    send to the last send."""
+    send = np.array([0.0, 0.0, 1.0, 2.0])
+    ttft = np.array([5.0, 5.0, 0.1, 0.1])  # the warm-up pair waited
+    chunks = [np.array([5.0, 6.0]), np.array([5.0, 6.0]), np.array([1.1, 1.5, 1.9]),
+              np.array([2.1, 2.5])]
+    m = bench.Measured(send, ttft, np.array([6.0, 6.0, 0.9, 0.5]), np.array([2, 2, 3, 2]),
+                       np.array([10, 10, 10, 10]),
+                       spill.Spill.of(np.concatenate([np.diff(c) for c in chunks])),
+                       spill.Spill.of(np.concatenate(chunks)),
+                       np.array([len(c) for c in chunks]))
+    s = bench.summary(m, 6.0, bench.MetricSpec((99.0,), (), warmup=2))
+    assert s["completed"] == 2 and s["p99_ttft_ms"] == pytest.approx(100.0)
+    assert s["mean_itl_ms"] == pytest.approx(400.0)  # 0.4 s gaps of the two measured only
+    assert s["output_throughput"] == pytest.approx(3 / 1.0)  # 1.1, 1.5, 1.9 in [1, 2]
+    assert bench.summary(m, 6.0, bench.MetricSpec((99.0,)))["p99_ttft_ms"] > 4000

@@ -128,8 +128,9 @@ points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
          "base.prefill_pool: unknown cluster 'nope'"),
         ('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\nplan = "tp8"',
          "base.plan: not with prefill_pool/decode_pool"),
-        ('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\nconcurrency = 2',
-         "base.concurrency: not with --prefill-pool/--decode-pool"),
+        (('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\n'
+          'routing = "least-outstanding"'),
+         "base.routing: least-outstanding: not with --prefill-pool/--decode-pool"),
         ('prefix_eviction = "mru"',
          f"base.prefix_eviction: unknown 'mru'; accepted: {', '.join(evictions.names())}"),
         ("burstiness = 3.0", "base.burstiness: 3.0 needs arrival = 'bursty'"),
@@ -163,15 +164,13 @@ def test_length_spellings_are_one_point(tmp_path):
     assert len(set(ids)) == 1
 
 
-def test_serve_sweep_axes_over_closed_loop_routing_and_disaggregation(tmp_path):
+def test_serve_sweep_axes_over_closed_loop_disaggregation(tmp_path):
     body = SMALL + """concurrency = 4
 [[axes]]
 type = "zip"
-routing = ["round-robin", "least-outstanding"]
 prefill_pool = ["dgx-h100:tp4:1", "dgx-h100:tp4:1"]
 decode_pool = ["sn40l-8:tp4:1", "sn40l-8:tp8:1"]
 """
-    body = body.replace("concurrency = 4\n", "")  # disaggregated runs are open loop
     spec = load_spec(write(tmp_path, body))
     s = run_sweep(spec, expand(spec).points, tmp_path / "out", LocalExecutor(), progress=False)
     assert s.rows == 2
