@@ -97,11 +97,13 @@ def _print(rows: list[dict]) -> None:
         best.setdefault((row["system"], row["weights"]), row)
     for (system, w), row in best.items():
         lo, hi = row.get("nodes_low"), row.get("nodes_high")
-        nodes = f"{row['nodes']}" + (f" ({lo}-{hi})" if lo is not None else "")
+        end = lambda x, fmt: "?" if x is None else format(x, fmt)  # past --max-nodes
+        known = lo is not None or hi is not None
+        nodes = f"{row['nodes']}" + (f" ({end(lo, 'd')}-{end(hi, 'd')})" if known else "")
         usd = row["usd_per_million_tokens"]
         ulo, uhi = row.get("usd_per_million_tokens_low"), row.get("usd_per_million_tokens_high")
         usd_s = "-" if usd is None else f"{usd:.2f}" + (
-            f" ({ulo:.2f}-{uhi:.2f})" if ulo is not None else "")
+            f" ({end(ulo, '.2f')}-{end(uhi, '.2f')})" if known else "")
         verdict = "meets" if row["meets_slo"] else "misses"
         if "robust" in row:
             verdict += ", robust" if row["robust"] else ", not robust"
