@@ -13,6 +13,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+from chip import kernel_efficiency
 from chip.cost import StepCost
 from chip.spec import ChipSpec
 from workloads import checks
@@ -116,6 +117,15 @@ def parse_params(cls: type[P], table: Mapping[str, Any], where: str) -> P:
     `_efficiency` or `_fraction` must lie in (0, 1], seconds (`_s`) at most
     checks.MAX_LATENCY_S. Errors name `<where>.<key>`."""
     names = [f.name for f in dataclasses.fields(cls)]
+    # a serving stack's kernel figures, which a calibration profile adds beside the chip's own
+    # (chip/kernel_efficiency.py): checked here, read by the execution model per stack
+    stack_keys = [k for k in table if kernel_efficiency.is_stack_key(k)]
+    for k in stack_keys:
+        why = kernel_efficiency.check_value(k, table[k])
+        if why is not None:
+            raise ConfigError(f"{where}.{k}: {why}, got {table[k]!r}")
+    if stack_keys:
+        table = {k: v for k, v in table.items() if k not in stack_keys}
     checks.exact_keys(table, names, where)
     values = {}
     for name in names:
@@ -129,15 +139,26 @@ def parse_params(cls: type[P], table: Mapping[str, Any], where: str) -> P:
 
 
 _PARAMS: dict[tuple, tuple] = {}
+_BY_TABLE: dict[tuple, Any] = {}
 
 
 def params_for(cls: type[P], chip: ChipSpec) -> P:
     """The chip's parameters for one model, parsed once per chip (every step of a plan search
-    asks): keyed by the chip's identity, kept only while its table is the same."""
+    asks): keyed by the chip's identity, kept only while its table is the same; a new chip with
+    the same table of the model's own keys (a fit varies only a stack's kernel figures,
+    chip/kernel_efficiency.py) reuses the parse."""
     key = (cls, id(chip))
     hit = _PARAMS.get(key)
     if hit is None or hit[0] is not chip or hit[1] != chip.execution:
-        params = parse_params(cls, chip.execution, f"chips/{chip.name}.toml: execution")
+        own = tuple(sorted((k, v) for k, v in chip.execution.items()
+                           if not kernel_efficiency.is_stack_key(k)))
+        content = (cls, chip.name, own)
+        params = _BY_TABLE.get(content)
+        if params is None:  # (values are numbers: chip loading checked them)
+            params = parse_params(cls, chip.execution, f"chips/{chip.name}.toml: execution")
+            if len(_BY_TABLE) > 256:
+                _BY_TABLE.clear()
+            _BY_TABLE[content] = params
         if len(_PARAMS) > 256:
             _PARAMS.clear()
         hit = _PARAMS[key] = (chip, dict(chip.execution), params)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from chip import efficiency
+from chip import efficiency, kernel_efficiency
 from chip.breakdown import OVERHEAD, Ledger
 from chip.cost import StepCost
 from chip.execution import CommTime, options_of, params_for, parse_params, register
@@ -220,13 +220,15 @@ class KernelByKernel:
     ) -> StepCost:
         opts = _options(options)
         p = params_for(GpuParams, chip)
+        # the stack's own kernel figures (a calibration profile's), banded in decode steps only
+        kern = stack_kernels(chip.execution, opts, graph.shape.phase == "decode")
         ledger = Ledger()
         gap = p.graph_kernel_gap_s if opts.cuda_graphs else p.kernel_gap_s
         n_kernels = 0.0
         kernels_by_class: dict[str, float] = {}
         for block in graph.blocks:
             kernels = fuse(block.ops, int(p.max_ops_per_kernel))
-            _cost_block(ledger, block, kernels, chip, p, gap, comm_time, opts)
+            _cost_block(ledger, block, kernels, chip, p, gap, comm_time, opts, kern)
             n_kernels += block.repeat * len(kernels)
             for k in kernels:
                 cls = k.anchor.cls.value
@@ -245,22 +247,55 @@ def _options(options: Any) -> GpuOptions:
     return options_of(options, GpuOptions, "kernel_by_kernel")
 
 
+@dataclass(frozen=True)
+class _StackKernels:
+    """The serving stack's own kernel figures (chip/kernel_efficiency.py) for one step, and
+    whether the step is a decode step (where small-M GEMMs are bound by their column bands)."""
+
+    figures: kernel_efficiency.StackKernels | None = None
+    banded: bool = False
+
+
+_GENERIC = _StackKernels()
+
+
+def stack_kernels(execution: Mapping[str, Any], options: Any, decode: bool) -> _StackKernels:
+    """The options' stack's kernel figures in a chip's [execution] table (none: the generic
+    model) for a decode step or not: what step_cost passes kernel_times, for a caller that
+    costs one kernel on its own."""
+    opts = _options(options)
+    return _StackKernels(kernel_efficiency.for_stack(execution, opts.stack), decode)
+
+
 def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
-                 gqa_packing: bool = True) -> tuple:
+                 gqa_packing: bool = True, stack: _StackKernels = _GENERIC) -> tuple:
     """(weight, KV and activation bytes, memory time, compute time) of one non-collective
     kernel: its bytes stream at `hbm_efficiency` of peak after `kernel_latency_s`, its FLOPs
     run at `compute_efficiency` (chip/efficiency.py); the kernel takes the larger. An
     attention kernel is also bound by what its thread blocks stream through their SMs
-    (`_block_time`), which binds where it does not split contexts or pack GQA groups."""
+    (`_block_time`), which binds where it does not split contexts or pack GQA groups. Where the
+    stack carries figures for the kernel's class, its latency replaces `kernel_latency_s` and,
+    in a decode step, a banded GEMM is bound by its column bands (chip/kernel_efficiency.py)."""
     weights = sum((o.weight_bytes for o in k.ops), 0.0)
     kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
     act = k.activation_bytes()
     bw = chip.hbm.bandwidth_bytes_per_s
-    t_mem = efficiency.stream_time(weights + kv + act, bw, p.hbm_efficiency, p.kernel_latency_s)
-    blocks = [_block_time(o, p, split_kv, gqa_packing) for o in k.ops
+    fig = stack.figures
+    if fig is None:
+        lat, eta, cls = p.kernel_latency_s, p.hbm_efficiency, None
+    else:
+        cls = kernel_efficiency.kernel_class(k.anchor)
+        lat = fig.latency_s(cls, p.kernel_latency_s) + fig.expert_time(cls, k.anchor)
+        eta = fig.efficiency(cls, p.hbm_efficiency)
+    t_mem = efficiency.stream_time(weights + kv + act, bw, eta, lat)
+    blocks = [_block_time(o, p, split_kv, gqa_packing, lat) for o in k.ops
               if o.cls is OpClass.ATTENTION]
     if blocks:  # the other kernels have no per-block bound: skip the work on the hot path
         t_mem = np.maximum(t_mem, sum(blocks))
+    if fig is not None and stack.banded:
+        bands = fig.block_time(cls, k.ops, p.sm_count)
+        if bands is not None:
+            t_mem = np.maximum(t_mem, lat + bands)
     t_cmp = sum(
         (efficiency.stream_time(o.flops, chip.flops(o.flop_dtype), p.compute_efficiency)
          for o in k.ops),
@@ -269,7 +304,8 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
     return weights, kv, act, t_mem, t_cmp
 
 
-def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool) -> np.ndarray:
+def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool,
+                latency: float) -> np.ndarray:
     """The SM side of an attention op: each thread block reads its KV at
     `sm_stream_bytes_per_s` (Little's law: one block's loads in flight over the memory latency).
     Blocks: one per KV stream, or per query head without GQA packing (each reads the whole KV
@@ -283,12 +319,13 @@ def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool) -> np.n
         op.kv_read_bytes, n).shape), where=n > 0)
     blocks = n if gqa_packing else n * op.query_group
     if split_kv:
-        return p.kernel_latency_s + blocks * per_stream / (p.sm_count * p.sm_stream_bytes_per_s)
+        return latency + blocks * per_stream / (p.sm_count * p.sm_stream_bytes_per_s)
     waves = np.ceil(blocks / p.sm_count)
-    return p.kernel_latency_s + waves * per_stream / p.sm_stream_bytes_per_s
+    return latency + waves * per_stream / p.sm_stream_bytes_per_s
 
 
-def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_time, opts) -> None:
+def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_time, opts,
+                kern: _StackKernels) -> None:
     r = block.repeat
     comm_total, busy_total = np.zeros(()), np.zeros(())
     comm_parts = []
@@ -302,7 +339,7 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
             comm_total = comm_total + t
             continue
         weights, kv, act, t_mem, t_cmp = kernel_times(k, chip, p, opts.split_kv,
-                                                      opts.gqa_packing)
+                                                      opts.gqa_packing, kern)
         t = r * np.maximum(t_mem, t_cmp)
         busy_total = busy_total + t
         memory_bound = t_mem >= t_cmp

@@ -24,9 +24,11 @@ fields, so that every path that names the stack carries them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from chip.kernel_by_kernel import GpuOptions
+from chip.kernel_efficiency import VERSIONS
 from chip.spec import ChipSpec
 from workloads.errors import ConfigError
 
@@ -64,6 +66,11 @@ STACKS: dict[str, GpuOptions] = {
     # A plain eager PyTorch loop (no graphs), NCCL: the stack behind Vidur's operator profiles.
     "eager": GpuOptions(cuda_graphs=False, host="python", allreduce="nccl", stack="eager"),
 }
+
+# Releases of a stack whose kernels were measured apart (chip/kernel_efficiency.py VERSIONS): the
+# base's host, graph and all-reduce choices, but for those the release changes (with sources).
+STACKS.update({v: replace(STACKS[base], stack=v, **changes)
+               for v, (base, changes) in VERSIONS.items()})
 
 
 # The stack a GPU runs when none is named. SGLang: a current engine whose defaults are public

@@ -190,3 +190,28 @@ def test_a_serving_throughput_row_is_the_serve_commands_run(tmp_path):
     assert simulated == pytest.approx(json.loads(r.stdout.splitlines()[-1])["output_throughput"])
     with pytest.raises(ConfigError, match="serve_output_tokens_per_s needs requests, max_batch"):
         v.check_row({k: x for k, x in row.items() if k not in ("requests", "max_batch")}, "row")
+
+
+def test_the_summary_gives_each_stack_family_its_out_of_sample_median():
+    """A stack-specific family (one stack, one chip) is summarised over its check rows and its
+    calibrate rows left out; rows of no stack are in no family."""
+    from rdu_cluster.validation import report as vr
+
+    def result(rid, role, error):
+        return v.Result(rid, "c", "s", role, "vendor", "speed", "value", 1.0, 1.0 + error,
+                        error, True, "±25%")
+
+    results = [result("a", "check", 0.10), result("b", "check", -0.30),
+               result("c", "calibrate", 0.01), result("d", "check", 0.50)]
+    loo = {"c": {"simulated": 1.2, "error": 0.20}}
+    families = {"a": "sglang on h100-sxm", "b": "sglang on h100-sxm", "c": "sglang on h100-sxm"}
+    rep = vr.Report(results, loo, "default", families)
+    (name, fam), = rep.family_summary().items()
+    assert name == "sglang on h100-sxm"
+    assert fam["n"] == 3 and fam["median"] == pytest.approx(0.20)
+    assert fam["max"] == pytest.approx(0.30) and fam["median_in_sample"] == pytest.approx(0.01)
+    lines = rep.summary_lines()
+    assert any("sglang on h100-sxm" in line and "over goal" in line for line in lines)
+    row = {"options": "sglang", "cluster": "hgx-h200"}
+    assert v.family_of(row) == "sglang on h200-sxm"
+    assert v.family_of({"options": "default", "cluster": "hgx-h200"}) is None

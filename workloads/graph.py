@@ -26,7 +26,8 @@ Conventions (each is a modelling choice, stated once here):
   over ep groups (ceil(E / ep) per socket), embedding and LM head by vocab_tp. Router weights are
   replicated.
 - MoE weights: under uniform top-k routing of N = batch * new_tokens tokens, the expected number
-  of distinct experts a layer touches is E * (1 - (1 - k/E)^N); a socket holding E/ep of them
+  of distinct experts a layer touches is E * (1 - (1 - k/E)^N) (min(E, N*k) with
+  `shape.spread`, the routing kernel collectors time); a socket holding E/ep of them
   reads the weights of that many times E_local/E, times `shard.expert_load` for the busiest
   socket, capped at E_local. Expert FLOPs follow the token-expert assignments: N*k/ep, times
   expert_load.
@@ -166,6 +167,7 @@ def _matmul(s: _Step, name: str, rows: Work, k: int, n: int, bias: int = 0,
         act_in_bytes=rows * k * s.a,
         act_out_bytes=rows * n * s.a,
         flop_dtype=s.gemm_dtype(s.spec.precision.weights),
+        column_bytes=k * s.w,
     )
 
 
@@ -252,14 +254,18 @@ def _mla_ops(s: _Step) -> list[Op]:
     hq = _ceil(a.num_heads, s.shard.attn_tp)
     nope, rope, lat, vd = a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim
     ops = [_norm(s, "input_norm", t, h)]
+    # q_a_proj and kv_a_proj read the same input: serving stacks run them as one GEMM
+    # (SGLang fused_qkv_a_proj_with_mqa, vLLM fused_qkv_a_proj, TensorRT-LLM's fused_a), so
+    # they are siblings here, before the norms that follow each
     if a.q_lora_rank:
         ops += [_matmul(s, "q_a_proj", t, h, a.q_lora_rank),
+                _matmul(s, "kv_a_proj", t, h, lat + rope),
                 _norm(s, "q_a_norm", t, a.q_lora_rank),
                 _matmul(s, "q_b_proj", t, a.q_lora_rank, hq * (nope + rope))]
     else:
-        ops.append(_matmul(s, "q_proj", t, h, hq * (nope + rope)))
-    ops += [_matmul(s, "kv_a_proj", t, h, lat + rope),
-            _norm(s, "kv_a_norm", t, lat),
+        ops += [_matmul(s, "q_proj", t, h, hq * (nope + rope)),
+                _matmul(s, "kv_a_proj", t, h, lat + rope)]
+    ops += [_norm(s, "kv_a_norm", t, lat),
             _eltwise(s, "rope", t, (hq + 1) * rope, flops=3.0)]
     kv_token = (lat + rope) * s.spec.precision.kv_cache.bytes
     pairs, cached = s.pairs(None), s.cached(None)
@@ -279,6 +285,7 @@ def _mla_ops(s: _Step) -> list[Op]:
         act_out_bytes=t * hq * o_width * s.a,
         flop_dtype=s.flop_dtype,
         streams=s.batch,  # one latent KV head
+        family="mla",
     ))
     if absorbed:
         ops.append(_matmul(s, "v_up_proj", t * hq, lat, vd))
@@ -416,7 +423,9 @@ def _expert_ops(s: _Step) -> list[Op]:
     inter = _ceil(moe.expert_intermediate, sh.expert_tp)
     # identical sequences choose the same experts: the batch touches what one sequence does
     routed = s.new if s.shape.identical else s.tokens
-    touched = distinct_experts(moe.num_experts, moe.top_k, routed) * e_local / moe.num_experts
+    distinct = (np.minimum(moe.num_experts, routed * moe.top_k) if s.shape.spread
+                else distinct_experts(moe.num_experts, moe.top_k, routed))
+    touched = distinct * e_local / moe.num_experts
     touched = np.minimum(touched * sh.expert_load, e_local)
     rows = s.tokens * moe.top_k / sh.ep * sh.expert_load
     we = s.spec.precision.routed_expert_weights.bytes
@@ -426,7 +435,8 @@ def _expert_ops(s: _Step) -> list[Op]:
         return Op(name, OpClass.EXPERT, flops=2.0 * rows * k * n,
                   weight_bytes=touched * (k * n + bias) * we,
                   act_in_bytes=rows * k * s.a, act_out_bytes=rows * n * s.a,
-                  flop_dtype=s.gemm_dtype(s.spec.precision.routed_expert_weights))
+                  flop_dtype=s.gemm_dtype(s.spec.precision.routed_expert_weights),
+                  column_bytes=k * we, experts=float(e_local))
 
     gated = moe.expert_matrices == 3
     ops = [matmul("expert_gate_proj", h, inter)] if gated else []

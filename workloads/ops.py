@@ -68,6 +68,15 @@ class Op:
     # or one a query head where it does not pack a group's heads into one block.
     streams: Work = 0.0
     query_group: float = 1.0
+    # A GEMM's weight bytes per output column (K x bytes a weight): a thread block that owns a
+    # band of columns streams that many bytes a column (chip/kernel_efficiency.py).
+    column_bytes: Work = 0.0
+    # The kernel family a serving stack runs the op with where its class does not say it:
+    # "mla" for MLA's latent-cache attention (chip/kernel_efficiency.py KERNEL_CLASSES).
+    family: str = ""
+    # A grouped GEMM's expert groups on this socket (the routed experts it holds), each of which
+    # the kernel visits whether or not a token routes to it.
+    experts: float = 0.0
 
     @property
     def memory_bytes(self) -> Work:
@@ -102,7 +111,10 @@ class StepShape:
     in their KV cache. `contexts`, when given, lists exact per-sequence context lengths (then
     `batch` is its length and `context` its mean); builders use it where the mean is not exact
     (sliding windows). `identical`: every sequence is the same (one prompt replicated and decoded
-    greedily, as benchmark scripts do), so an MoE routes the batch as it routes one sequence."""
+    greedily, as benchmark scripts do), so an MoE routes the batch as it routes one sequence.
+    `spread`: each token's experts differ from every other token's until all are used (the
+    "balanced" routing AIConfigurator's kernel collectors time), so N tokens touch
+    min(E, N x top_k) experts, the most any routing can."""
 
     phase: str  # "decode" | "prefill"
     batch: Work = 1.0
@@ -110,6 +122,7 @@ class StepShape:
     context: Work = 0.0
     contexts: tuple[int, ...] | None = None
     identical: bool = False
+    spread: bool = False
 
     @classmethod
     def decode(cls, batch: Work, context: Work) -> StepShape:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import cluster_configs
+from chip import kernel_efficiency
 from workloads import checks
 from workloads.errors import ConfigError
 from workloads.files import read_toml
@@ -192,7 +193,8 @@ def apply_chip(chip, profile: Profile | None = None, keep: frozenset | set = fro
     }
     if not updates:
         return chip
-    unknown = set(updates) - set(chip.execution)
+    unknown = {k for k in updates
+               if k not in chip.execution and not kernel_efficiency.is_stack_key(k)}
     if unknown:
         raise ConfigError(
             f"calibration {profile.name}: chip {chip.name} has no execution parameter "

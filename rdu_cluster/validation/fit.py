@@ -22,6 +22,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 import rdu_cluster
+from chip import kernel_efficiency
 from rdu_cluster.config import load_cluster
 from rdu_cluster.validation import calibration, published
 from rdu_cluster.validation.calibration import Declaration, Profile
@@ -98,11 +99,15 @@ def groups(touching: dict[tuple[str, ...], set[str]], decls: Sequence[Declaratio
 
 
 def prior(d: Declaration) -> float:
-    """The first-principles value: the chip TOML's, clipped into the declared range."""
+    """The first-principles value: the chip TOML's, clipped into the declared range. A serving
+    stack's kernel figure starts from the chip's generic parameter it stands in for
+    (chip/kernel_efficiency.py first_principles)."""
     with calibration.use(None):
         from rdu_cluster.config import load_chip
 
-        v = float(load_chip(d.chips[0]).execution[d.key])
+        execution = load_chip(d.chips[0]).execution
+        v = (kernel_efficiency.first_principles(execution, d.key)
+             if kernel_efficiency.is_stack_key(d.key) else float(execution[d.key]))
     lo, hi = d.range
     return min(max(v, lo), hi)
 

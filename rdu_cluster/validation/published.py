@@ -10,9 +10,11 @@ role is "calibrate", and only through a calibration profile.
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from importlib import resources
 from typing import Any
 
@@ -53,8 +55,10 @@ TIERS = ("primary", "vendor", "third-party")
 # How a value row is summarized: a single system's speed (or time), or a ratio or fraction.
 SPEED_METRICS = {
     "tokens_per_s", "spec_tokens_per_s", "e2e_tokens_per_s", "allreduce_time_us", "host_step_ms",
-    "linear_time_us", "ttft_ms", "serve_output_tokens_per_s",
+    "linear_time_us", "ttft_ms", "serve_output_tokens_per_s", "layer_kernel_us",
 }
+# The kernel classes a `layer_kernel_us` row may time (chip/kernel_efficiency.py).
+LAYER_KERNELS = ("moe", "mla", "attention")
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,7 @@ def _check_refs(rows: list[dict[str, Any]], where: str) -> None:
 _TEXT = ("id", "source", "tier", "role", "system", "ambiguity", "claim", "metric", "model",
          "cluster", "kind", "tolerance_basis", "options", "draft", "baseline_cluster",
          "baseline_stack", "switch_model", "placement", "weights", "kv_dtype", "parallel",
-         "routing", "plan")
+         "routing", "plan", "kernel")
 _COUNTS = {"tp": MAX_SOCKETS, "baseline_tp": MAX_SOCKETS, "ranks": MAX_SOCKETS,
            "batch": MAX_BATCH, "prompt_len": MAX_LENGTH, "gen_len": MAX_LENGTH,
            "experts": 2**16, "collective_bytes": 2**50, "spec_k": 64,
@@ -165,6 +169,12 @@ def check_row(row: Any, where: str) -> None:
     if row.get("metric") == "serve_output_tokens_per_s" and (missing := [
             k for k in SERVE_FIELDS if k not in row]):
         raise ConfigError(f"{where}: metric serve_output_tokens_per_s needs {', '.join(missing)}")
+    if row.get("routing") == "balanced" and row.get("metric") != "layer_kernel_us":
+        raise ConfigError(f"{where}.routing: 'balanced' (a kernel collector's routing) is for "
+                          "metric layer_kernel_us; accepted here: uniform, identical")
+    if row.get("metric") == "layer_kernel_us" and (missing := [
+            k for k in ("model", "kernel") if k not in row]):
+        raise ConfigError(f"{where}: metric layer_kernel_us needs {', '.join(missing)}")
     if "weights" in row:
         DType.parse(row["weights"], f"{where}.weights")
     if "plan" in row:
@@ -173,7 +183,9 @@ def check_row(row: Any, where: str) -> None:
         except ConfigError as e:
             raise ConfigError(f"{where}.plan: {e}") from None
     for key, accepted in (("kind", _KINDS), ("metric", tuple(METRICS)),
-                          ("options", tuple(OPTIONS)), ("routing", ("uniform", "identical"))):
+                          ("options", tuple(OPTIONS)),
+                          ("routing", ("uniform", "identical", "balanced")),
+                          ("kernel", LAYER_KERNELS)):
         if key in row and row[key] not in accepted:
             raise ConfigError(f"{where}.{key}: {row[key]!r}; accepted: {', '.join(accepted)}")
     if row.get("parallel", "column") not in ("column", "row"):
@@ -222,6 +234,15 @@ def group_of(case: dict[str, Any]) -> str:
     if case["kind"] != "value" or case["metric"] in ACCOUNTING_METRICS:
         return "other"
     return "speed" if case["metric"] in SPEED_METRICS else "ratio"
+
+
+def family_of(case: dict[str, Any]) -> str | None:
+    """A stack-specific row's family: its serving stack on its chip ("sglang on h200-sxm"), or
+    None for a row of no named stack (a chip's defaults, dataflow options)."""
+    stack = case.get("options")
+    if stack not in STACKS or "cluster" not in case:
+        return None
+    return f"{stack} on {_bare_chip(case['cluster']).name}"
 
 
 def run(cases: list[dict[str, Any]] | None = None) -> list[Result]:
@@ -340,14 +361,17 @@ def _allreduce_time_us(case) -> float:
 
 
 def _linear_time_us(case) -> float:
-    """One BF16 linear layer's kernel on one GPU of a `tp`-way split, at `batch` tokens: a
-    `linear_in` x `linear_out` weight split by columns (QKV, gate/up: each GPU holds out / tp)
-    or by rows (attention output, down: in / tp), as the GPU execution model costs a weighted
-    kernel (chip/kernel_by_kernel.py kernel_times: bytes after kernel_latency_s, or FLOPs)."""
+    """One linear layer's kernel on one GPU of a `tp`-way split, at `batch` tokens: a
+    `linear_in` x `linear_out` weight (BF16, or the row's `weights`: FP8 runs W8A8 at the FP8
+    rate) split by columns (QKV, gate/up: each GPU holds out / tp) or by rows (attention
+    output, down: in / tp), as the GPU execution model costs a weighted kernel of a decode step
+    (chip/kernel_by_kernel.py kernel_times: bytes after kernel_latency_s, or FLOPs; with the
+    row's stack, its own GEMM figures where it has them)."""
     from chip.kernel_by_kernel import Kernel, kernel_times
     from workloads.ops import Op, OpClass
 
-    chip = load_cluster(case["cluster"]).chip
+    opts = _row_options(case)
+    chip, kern = _kernel_chip(case, opts)
     tp, tokens = case.get("tp", 1), case.get("batch", 1)
     n_in, n_out = case["linear_in"], case["linear_out"]
     if case.get("parallel", "column") == "column":
@@ -355,11 +379,93 @@ def _linear_time_us(case) -> float:
     else:
         n_in = n_in / tp
     bf16 = 2.0
+    w = DType.parse(case.get("weights", "bf16"), f"measurements row {case['id']}: weights")
     op = Op("linear", OpClass.MATMUL, flops=2.0 * tokens * n_in * n_out,
-            weight_bytes=bf16 * n_in * n_out, act_in_bytes=bf16 * tokens * n_in,
-            act_out_bytes=bf16 * tokens * n_out)
-    *_, t_mem, t_cmp = kernel_times(Kernel((op,)), chip, params_for(GpuParams, chip))
+            weight_bytes=w.bytes * n_in * n_out, act_in_bytes=bf16 * tokens * n_in,
+            act_out_bytes=bf16 * tokens * n_out,
+            flop_dtype=DType.FP8.value if w is DType.FP8 else DType.BF16.value,
+            column_bytes=w.bytes * n_in)
+    *_, t_mem, t_cmp = kernel_times(Kernel((op,)), chip, params_for(GpuParams, chip),
+                                    stack=kern)
     return 1e6 * _scalar(np.maximum(t_mem, t_cmp))
+
+
+@lru_cache(maxsize=32)
+def _bare_chip(cluster: str):
+    from rdu_cluster.validation import calibration
+
+    with calibration.use(None):
+        return load_cluster(cluster).chip
+
+
+@lru_cache(maxsize=256)
+def _chip_with(cluster: str, own: tuple):
+    return dataclasses.replace(_bare_chip(cluster),
+                               execution={**_bare_chip(cluster).execution, **dict(own)})
+
+
+def _kernel_chip(case: dict[str, Any], options: Any):
+    """The row's chip under the active profile and its stack's kernel figures: the bundled chip
+    read once and each set of the profile's own values applied once (a fit asks a kernel row
+    thousands of times, each under new values, most of them a stack's figures only)."""
+    from chip.kernel_by_kernel import stack_kernels
+    from chip.kernel_efficiency import is_stack_key
+    from rdu_cluster.validation import calibration
+
+    bare = _bare_chip(case["cluster"])
+    profile = calibration.active()
+    values = {} if profile is None else {k: v for (c, k), v in profile.values.items()
+                                         if c == bare.name}
+    own = tuple(sorted((k, v) for k, v in values.items() if not is_stack_key(k)))
+    chip = _chip_with(case["cluster"], own)
+    figures = {k: v for k, v in values.items() if is_stack_key(k)}
+    return chip, stack_kernels(figures, options, True)
+
+
+def _layer_kernel_us(case) -> float:
+    """One decoder layer's kernels of the row's `kernel` class (moe: the fused MoE's grouped
+    GEMMs; mla / attention: the decode attention kernel) on one GPU of a `tp`-way tensor split,
+    in a decode step of `batch` sequences at a `prompt_len`-token context, as the GPU execution
+    model costs them with the row's stack (chip/kernel_efficiency.py): what a per-kernel
+    profile (AIConfigurator's collectors) times for that op of that layer."""
+    from chip.kernel_by_kernel import kernel_times
+
+    opts = _row_options(case) or GpuOptions()
+    chip, kern = _kernel_chip(case, opts)
+    p = params_for(GpuParams, chip)
+    kernels = _layer_kernels(case["model"], case.get("weights"), case.get("kv_dtype"),
+                             case.get("batch", 1), case.get("prompt_len", 1024),
+                             case.get("tp", 1), case["kernel"], int(p.max_ops_per_kernel),
+                             case.get("routing") == "balanced")
+    if not kernels:
+        raise ConfigError(f"measurements row {case['id']}.kernel: model {case['model']} has no "
+                          f"{case['kernel']!r} kernel; accepted: a kernel class its layers run")
+    total = sum(np.maximum(*kernel_times(k, chip, p, opts.split_kv, opts.gqa_packing,
+                                         kern)[3:]) for k in kernels)
+    return 1e6 * _scalar(total)
+
+
+@lru_cache(maxsize=4096)
+def _layer_kernels(model: str, weights: str | None, kv_dtype: str | None, batch: int,
+                   context: int, tp: int, kernel: str, max_ops: int, spread: bool) -> tuple:
+    """The kernels of `kernel` class in the first layer of the model that runs one (its work
+    does not depend on a profile: a fit re-costs them, never rebuilds them). `spread`: the
+    tokens route to disjoint experts (StepShape.spread)."""
+    from chip.kernel_by_kernel import fuse
+    from chip.kernel_efficiency import kernel_class
+    from workloads.graph import layer_ops
+    from workloads.ops import Shard, StepShape
+    from workloads.spec import layer_runs
+
+    spec = with_dtypes(catalog.load_model(model), weights, kv_dtype, "weights", "kv_dtype")
+    shape = replace(StepShape.decode(batch, context), spread=spread)
+    for _, _, layer in layer_runs(spec.layers):
+        ops = tuple(layer_ops(spec, layer, shape, Shard.tensor(tp)))
+        kernels = tuple(k for k in fuse(ops, max_ops)
+                        if not k.is_collective and kernel_class(k.anchor) == kernel)
+        if kernels:
+            return kernels
+    return ()
 
 
 def _tp_speedup(case) -> float:
@@ -387,6 +493,7 @@ METRICS: dict[str, Callable[[dict], float]] = {
     "serve_output_tokens_per_s": _serve_output_tokens_per_s,
     "allreduce_time_us": _allreduce_time_us,
     "linear_time_us": _linear_time_us,
+    "layer_kernel_us": _layer_kernel_us,
     "tp_speedup": _tp_speedup,
     "hosting_nodes": _hosting_nodes,
     "host_step_ms": lambda c: 1e3 * _scalar(_estimate(c).decode.cause("host")),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,9 @@ from workloads.errors import ConfigError
 # The goal (issue 14): LOO and check rows, single-system speeds: median |error| <= 10%, max <= 25%;
 # ratios within 15%.
 GOAL = {"speed": (0.10, 0.25), "ratio": (0.15, 0.15)}
+# A stack-specific row family (one serving stack on one chip, issue 33): its median |error| out
+# of sample (check rows and leave-one-out) at or under this.
+FAMILY_GOAL = 0.15
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class Report:
     loo: dict[str, dict[str, float]]  # row id -> {"simulated", "error"}
     profile: str
     coverage: dict[str, Any] | None = None  # uncertainty.coverage of the held-out rows
+    families: dict[str, str] = field(default_factory=dict)  # row id -> "stack on chip"
 
     def errors(self, sample: str, group: str) -> list[float]:
         if sample == "loo":
@@ -42,7 +46,28 @@ class Report:
                     "max": float(max(e)) if e else None,
                 }
         out["coverage"] = self.coverage
+        out["families"] = self.family_summary()
         return out
+
+    def family_summary(self) -> dict[str, dict[str, Any]]:
+        """Per stack-specific family (published.family_of), its value rows' |error| out of
+        sample (check rows, and calibrate rows left out) and in sample, sorted by name."""
+        out: dict[str, dict[str, Any]] = {}
+        for r in self.results:
+            family = self.families.get(r.id)
+            if family is None or r.group not in ("speed", "ratio") or r.error is None:
+                continue
+            f = out.setdefault(family, {"out": [], "in": []})
+            if r.role == "check":
+                f["out"].append(abs(r.error))
+            else:
+                f["in"].append(abs(r.error))
+                if r.id in self.loo and not math.isnan(self.loo[r.id]["error"]):
+                    f["out"].append(abs(self.loo[r.id]["error"]))
+        return {name: {"n": len(f["out"]), "median": _median(f["out"]),
+                       "max": max(f["out"]) if f["out"] else None,
+                       "n_in_sample": len(f["in"]), "median_in_sample": _median(f["in"])}
+                for name, f in sorted(out.items())}
 
     def summary_lines(self) -> list[str]:
         lines = []
@@ -54,6 +79,16 @@ class Report:
             goal = GOAL[group]
             lines.append(f"{group}: " + "; ".join(parts)
                          + f"  (goal for loo and check: median <= {goal[0]:.0%}, max <= {goal[1]:.0%})")
+        families = self.family_summary()
+        if families:
+            lines.append(f"stack families (one stack, one chip), out of sample (check rows and "
+                         f"leave-one-out; goal: median <= {FAMILY_GOAL:.0%}):")
+            width = max(len(name) for name in families)
+            for name, f in families.items():
+                over = "  over goal" if (f["median"] or 0.0) > FAMILY_GOAL else ""
+                lines.append(f"  {name:<{width}}  n={f['n']} median {_pct(f['median'])} "
+                             f"max {_pct(f['max'])}; in-sample n={f['n_in_sample']} median "
+                             f"{_pct(f['median_in_sample'])}{over}")
         return lines + coverage_lines(self.coverage)
 
     def as_dict(self) -> dict[str, Any]:
@@ -80,6 +115,10 @@ def coverage_lines(cov: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _median(errors: list[float]) -> float | None:
+    return float(np.median(errors)) if errors else None
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
@@ -97,7 +136,8 @@ def build(rows: list[dict[str, Any]], loo: bool = True, where: str = "measuremen
         for rid, value in fit.leave_one_out(rows, full, sim).items():
             out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
     name = profile.name if profile is not None else "none"
-    return Report(results, out, name, interval_coverage(rows, results, out))
+    families = {r["id"]: f for r in rows if (f := published.family_of(r)) is not None}
+    return Report(results, out, name, interval_coverage(rows, results, out), families)
 
 
 def interval_coverage(rows: list[dict[str, Any]], results: list[published.Result],
