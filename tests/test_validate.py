@@ -205,7 +205,7 @@ def test_the_summary_gives_each_stack_family_its_out_of_sample_median():
                result("c", "calibrate", 0.01), result("d", "check", 0.50)]
     loo = {"c": {"simulated": 1.2, "error": 0.20}}
     families = {"a": "sglang on h100-sxm", "b": "sglang on h100-sxm", "c": "sglang on h100-sxm"}
-    rep = vr.Report(results, loo, "default", families)
+    rep = vr.Report(results, loo, "default", families=families)
     (name, fam), = rep.family_summary().items()
     assert name == "sglang on h100-sxm"
     assert fam["n"] == 3 and fam["median"] == pytest.approx(0.20)
