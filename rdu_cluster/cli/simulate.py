@@ -193,10 +193,9 @@ def simulate(
             tp=tp,
             plan=plan_text,
         )
-        tbl = results.table(rows)
-        if out_path:
-            atomic.write_table(tbl, out_path)
-        click.echo(results.json_lines(tbl) if as_json else text)
+        _write(rows, out_path, as_json)
+        if not as_json:
+            click.echo(text)
         return
     rows, estimates = [], []
     routing_model = parse_routing(routing or "uniform", 0)
@@ -207,16 +206,24 @@ def simulate(
         est = estimate(scenario.but(plan=_plan(scenario, tp, plan_text, objective)))
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
+    _write(rows, out_path, as_json)
+    if not as_json:
+        if overrides:
+            click.echo(overrides_line(overrides))
+        click.echo(model_summary(spec) + "; " + stacks_text(estimates) + "\n"
+                   + side_by_side(estimates, clusters, rows))
+
+
+def _write(rows: list[dict], out_path: str | None, as_json: bool) -> None:
+    """--out and --json. The Arrow table is built only for them: pyarrow loads pandas (half a
+    second) on its first conversion of Python lists, which the text table does not need."""
+    if not (out_path or as_json):
+        return
     tbl = results.table(rows)
     if out_path:
         atomic.write_table(tbl, out_path)
     if as_json:
         click.echo(results.json_lines(tbl))
-    else:
-        if overrides:
-            click.echo(overrides_line(overrides))
-        click.echo(model_summary(spec) + "; " + stacks_text(estimates) + "\n"
-                   + side_by_side(estimates, clusters, rows))
 
 
 def _options(cluster, stack_name: str | None, clusters: list):
