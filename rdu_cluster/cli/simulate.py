@@ -14,9 +14,7 @@ from rdu_cluster.cli.plan import parse_routing
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import atomic, results
 from rdu_cluster.output.report import model_summary, overrides_line, side_by_side, stacks_text
-from rdu_cluster.scenarios import coe, speculative
-from rdu_cluster.scenarios.ablate import ablate as run_ablation
-from rdu_cluster.scenarios.ablate import format_ablation
+from rdu_cluster.scenarios import speculative
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.spec import check_context, with_dtypes
@@ -278,6 +276,8 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
 
 def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, overrides) -> str:
     """MICRO24 Table V's setting; options left at simulate's defaults take the table's values."""
+    from rdu_cluster.scenarios import coe  # imported when used: start-up (bench_startup.py)
+
     ctx = click.get_current_context()
     given = lambda name: bool(o.given(ctx, name))
     expert = model_ref if given("model_ref") else coe.DEFAULT_EXPERT
@@ -297,6 +297,9 @@ def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, ove
 def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp, given: bool) -> str:
     """The ablation of each RDU cluster; a GPU cluster given with --cluster is refused, not
     skipped unseen (of the default pair, dgx-h100 is left out: the help says RDU clusters)."""
+    from rdu_cluster.scenarios.ablate import ablate as run_ablation
+    from rdu_cluster.scenarios.ablate import format_ablation
+
     rdu = [c for c in clusters if c.chip.execution_model == "dataflow"]
     if not rdu or (given and len(rdu) < len(clusters)):
         names = ", ".join(c.name for c in clusters if c not in rdu)
