@@ -72,7 +72,7 @@ def useful_hbm_bytes(graph: Graph) -> Work:
     return graph_total(graph, "weight_bytes") + graph_total(graph, "kv_read_bytes")
 
 
-_SUMS: dict[tuple[int, str], tuple] = {}
+_SUMS: dict[tuple[int, tuple[str, ...]], tuple] = {}
 
 
 def graph_total(graph: Graph, attr: str) -> Work:

@@ -112,7 +112,8 @@ class Dataflow:
         ledger = Ledger()
         calls = 0.0
         if opts.fused:
-            memo, keys = _memo(chip), {}
+            memo = _memo(chip)
+            keys: dict[tuple, object] = {}
             # A block's cost depends on its ops, repeat and place in a call only: a hybrid's
             # hundred blocks are a dozen distinct ones, each looked up once and booked once
             # times its count (not merged with another of equal content that the memo returns
@@ -257,7 +258,7 @@ def _ops_key(block: Block, ctx: _Ctx) -> tuple | None:
     known = _COMM.setdefault(ctx.comm_time, {})
     for op in block.ops:
         if op.cls is OpClass.COLLECTIVE:
-            c = op.comm
+            c = op.collective
             if np.ndim(c.bytes):
                 return None
             if c not in known:
@@ -309,7 +310,7 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
     block (which pays the call's launch, program load and first pipeline fill)."""
     p, r = ctx.p, block.repeat
     ops = [op for op in block.ops if op.cls is not OpClass.COLLECTIVE]
-    colls = [op.comm for op in block.ops if op.cls is OpClass.COLLECTIVE]
+    colls = [op.collective for op in block.ops if op.cls is OpClass.COLLECTIVE]
     coll_latency = sum((_latency(c, ctx) for c in colls), np.zeros(()))
     phases = _phases(block.ops) if not ctx.opts.batch_streaming else [list(block.ops)]
     spill = _spill(ops, ctx)
@@ -423,7 +424,7 @@ def _resources(ops, ctx: _Ctx, spill) -> _Res:
         np.zeros(()),
     )
     p2p = sum(
-        (_bandwidth_part(op.comm, ctx) for op in ops if op.cls is OpClass.COLLECTIVE),
+        (_bandwidth_part(op.collective, ctx) for op in ops if op.cls is OpClass.COLLECTIVE),
         np.zeros(()),
     )
     return _Res(hbm, compute, p2p, weights, kv, spill)
@@ -485,8 +486,8 @@ def _unfused_block(ledger: Ledger, block: Block, ctx: _Ctx) -> float:
     for op in block.ops:
         cls = op.cls.value
         if op.cls is OpClass.COLLECTIVE:
-            ledger.add("communication", cls, r * _bandwidth_part(op.comm, ctx))
-            ledger.add("collective_latency", cls, r * _latency(op.comm, ctx))
+            ledger.add("communication", cls, r * _bandwidth_part(op.collective, ctx))
+            ledger.add("collective_latency", cls, r * _latency(op.collective, ctx))
         else:
             act = op.act_in_bytes + op.act_out_bytes
             res = _Res(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from chip import kernel_efficiency
 from chip.cost import StepCost
@@ -21,7 +21,10 @@ from workloads.errors import ConfigError
 from workloads.ops import Collective, Graph, Work
 
 CommTime = Callable[[Collective], Work]
-P = TypeVar("P")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+P = TypeVar("P", bound="DataclassInstance")
 
 BUILTIN = ("chip.roofline", "chip.dataflow", "chip.kernel_by_kernel")
 

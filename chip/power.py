@@ -62,7 +62,8 @@ def power_spec(chip: ChipSpec) -> PowerSpec | None:
     p = chip.power
     if not p:
         return None
-    return PowerSpec(p["idle_w"], p["peak_w"], p["compute_share"], p["memory_share"], p["source"])
+    return PowerSpec(float(p["idle_w"]), float(p["peak_w"]), float(p["compute_share"]),
+                     float(p["memory_share"]), str(p["source"]))
 
 
 def utilization(cost: StepCost, chip: ChipSpec) -> tuple[Work, Work]:

@@ -91,6 +91,9 @@ class RuntimeMemory:
             raise ConfigError(f"runtime memory rule: {self.rule!r}; accepted: {', '.join(RULES)}")
         if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
             raise ConfigError(f"memory fraction: expected a value in (0, 1], got {self.fraction}")
+        if self.rule == "total" and self.fraction is None:
+            raise ConfigError("runtime memory rule 'total' (vLLM gpu_memory_utilization): "
+                              "needs a fraction in (0, 1]")
 
     def with_fraction(self, fraction: float | None) -> RuntimeMemory:
         """The runtime with the KV cache's share set explicitly (a serving run's --kv-fraction):
@@ -120,7 +123,7 @@ class RuntimeMemory:
             out["cuda_graphs"] = graphs
         fixed = sum(out.values())
         f = self.fraction
-        if self.rule == "total":  # graphs come out of the (1 - fraction) left over
+        if self.rule == "total" and f is not None:  # graphs come out of the (1 - fraction) left over
             out["engine_headroom"] = _pos((1.0 - f) * capacity - graphs)
         elif self.rule == "static":  # (1 - fraction) x HBM holds activations and graphs
             left = ((1.0 - f) * capacity if f is not None

@@ -38,7 +38,7 @@ from chip.memory import MemoryTiers
 from chip.spec import ChipSpec
 from workloads import graph as graphs
 from workloads.ops import Block, Collective, Graph, Shard, StepShape, Work
-from workloads.spec import ModelSpec
+from workloads.spec import ModelSpec, part
 from workloads.speculative import frontier, verify_tokens
 
 CommTime = Callable[[Collective], Work]
@@ -116,7 +116,7 @@ def _stage_blocks(g: Graph, first: int, last: int) -> Graph:
     with the last (blocks with first_layer -1: before any layer block or after all of them)."""
     out: list[Block] = []
     seen_layer = False
-    n_layers = g.blocks and max(b.first_layer + b.repeat for b in g.blocks if b.first_layer >= 0)
+    n_layers = max((b.first_layer + b.repeat for b in g.blocks if b.first_layer >= 0), default=0)
     for b in g.blocks:
         if b.first_layer < 0:
             if (not seen_layer and first == 0) or (seen_layer and last >= n_layers):
@@ -472,11 +472,11 @@ class CostTables:
             key = (k, prefix, tokens // PREFILL_CHUNK)
             if tokens >= 1 and key not in self.prefill:
                 missing.setdefault(k, set()).add(key)
-        for k, keys in missing.items():
-            keys = sorted(keys)[-PREFILL_TABLES:]
+        for k, wanted in missing.items():
+            keys = sorted(wanted)[-PREFILL_TABLES:]
             counts = np.concatenate([_chunk_counts(j) for _, _, j in keys])
-            prefix = np.repeat(np.array([x for _, x, _ in keys], dtype=np.int64), PREFILL_CHUNK)
-            rows = self._prefill_rows(k, counts, prefix)
+            prefixes = np.repeat(np.array([x for _, x, _ in keys], dtype=np.int64), PREFILL_CHUNK)
+            rows = self._prefill_rows(k, counts, prefixes)
             for i, key in enumerate(keys):
                 _keep(self.prefill, key, np.ascontiguousarray(
                     rows[:, i * PREFILL_CHUNK : (i + 1) * PREFILL_CHUNK]), PREFILL_TABLES)
@@ -519,9 +519,10 @@ class CostTables:
         step. A later chunk of a chunked prompt routes only its own tokens (the router's
         attention over the earlier chunks is left out: a small underestimate)."""
         p = self.program
+        router = part(p.router, "CoE router")
         tp = Shard.tensor(p.shard.attn_tp)
-        pre = graphs.step_graph(p.router, StepShape("prefill", float(k), tokens / k, 0.0), tp)
-        label = graphs.step_graph(p.router, StepShape.decode(float(k), (tokens + prefix) / k), tp)
+        pre = graphs.step_graph(router, StepShape("prefill", float(k), tokens / k, 0.0), tp)
+        label = graphs.step_graph(router, StepShape.decode(float(k), (tokens + prefix) / k), tp)
         return self._rows(pre, len(tokens)) + self._rows(label, len(tokens))
 
     def _rows(self, graph: Graph, n: int) -> np.ndarray:

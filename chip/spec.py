@@ -29,7 +29,7 @@ class ChipSpec:
     tiers: tuple[TierSpec, ...]
     execution_model: str  # "dataflow" | "kernel_by_kernel"
     execution: Mapping[str, Any] = field(default_factory=dict)  # that model's parameters
-    power: Mapping[str, float] = field(default_factory=dict)
+    power: Mapping[str, float | str] = field(default_factory=dict)  # figures and "source"
     description: str = ""
     source: str = ""
 

@@ -101,7 +101,7 @@ def tree_depth(p: int) -> int:
 # ---- schedules ------------------------------------------------------------------------------
 
 
-def _phases(kind: CollectiveKind, algorithm: str, p: int) -> list[tuple[float, float, float, str]]:
+def _phases(kind: CollectiveKind, algorithm: str, p: int) -> Sequence[tuple[float, float, float, str]]:
     """(count, latency_hops, fraction, pattern) per phase."""
     if kind is CollectiveKind.ALL_REDUCE:
         return {
@@ -219,7 +219,7 @@ def _sharing(topology: Topology, own: list, pattern: str, ranks: Ranks,
     shared: list[tuple[int, ...]] = []
     groups: set[int] = set()
 
-    def reach(r: tuple[int, ...], ends: Pair) -> None:
+    def reach(r: tuple[int, ...], ends: tuple[int, ...]) -> None:
         new_links.extend(i for i in r if i not in links)
         links.update(r)
         new_nodes.extend(x // grain for x in ends if x // grain not in nodes)
@@ -307,8 +307,8 @@ def collective_time(
             f"collective {collective.kind.value} over {collective.group}: size "
             f"{collective.size} but {len(ranks)} ranks"
         )
-    conc = concurrent if type(concurrent) in (tuple, Groups) else Groups(_ranks(g) for g in
-                                                                         concurrent)
+    conc: tuple = (concurrent if isinstance(concurrent, tuple) and type(concurrent) in (tuple, Groups)
+                   else Groups(_ranks(g) for g in concurrent))
     nbytes = collective.bytes
     if isinstance(nbytes, (float, int)):
         # One message size: a pure function of these values, shared by every plan (and every

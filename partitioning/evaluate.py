@@ -48,7 +48,7 @@ from partitioning.program import Program, build_programs, concurrent_groups, gro
 from partitioning.scenario import Scenario
 from workloads.errors import ConfigError
 from workloads.ops import Collective, Graph, OpClass, StepShape, Work
-from workloads.spec import ModelSpec
+from workloads.spec import ModelSpec, part
 
 CommTime = Callable[[Collective], Work]
 
@@ -156,7 +156,7 @@ class PlanEstimate:
                         mean("flops"), crit.kernels)
 
     @property
-    def bound(self) -> Work:
+    def bound(self) -> str | np.ndarray:
         """What sets the step time, per point: the slowest stage's dominant cause, or the DDR
         stream, or the pipeline bubble when stages idle more than half the time."""
         idx = self.slowest_stage
@@ -269,9 +269,8 @@ def evaluate_plan(
     programs = build_programs(spec, replace(plan, dp=1))
     fps, misfit = _fit(s, programs, check)
     heads = [p for p in programs if p.coords.dp == 0 and p.coords.ep == 0 and p.coords.tp == 0]
-    m = plan.micro_batches or np.maximum(1.0, np.minimum(batch, plan.pp))
-    if plan.micro_batches:
-        m = float(m)
+    m: Work = (float(plan.micro_batches) if plan.micro_batches
+               else np.maximum(1.0, np.minimum(batch, plan.pp)))
     load = (_load(spec, plan, routing, routing.routed_tokens(batch / m, batch / m))
             if expert_load is None else expert_load)
     context = prompt_len + (gen_len - 1.0) / 2.0
@@ -345,7 +344,8 @@ def _footprints(s: Scenario, programs):
     """footprints(), cached for scalar points by what decides them (the model, the shard
     degrees, the stages, the chip, the shape and the placement): a plan search asks for the
     same ones again and again (plans that differ only in dp)."""
-    spec, plan, chip, placement = s.spec, s.plan, s.cluster.chip, s.placement
+    spec, plan, chip = s.spec, s.plan, s.cluster.chip
+    placement = part(s.placement, "placement (set by _checked)")
     batch, prompt_len, context = s.batch, s.prompt_len, s.prompt_len + s.gen_len
     if any(np.ndim(x) for x in (batch, context, prompt_len)):
         return footprints(spec, programs, chip, batch, context, prompt_len, placement)
@@ -420,8 +420,8 @@ def shared_step_cost(g: Graph, chip, comm: CommTime, options: Any = None,
         if len(_COSTS) >= CACHED_COSTS:
             _COSTS.clear()
         entry = _COSTS[key] = (g, chip, [])
-    for asked, answers, cost in entry[2]:
-        if tuple(float(comm(c)) for c in asked) == answers:
+    for seen, answers, cost in entry[2]:
+        if tuple(float(comm(c)) for c in seen) == answers:
             return cost
     asked: dict = {}
 
@@ -484,7 +484,7 @@ def _spill(g: Graph, fp: Footprint) -> tuple[Graph, Work]:
                                                             "kv_cache"))
     if not (nonzero(fe) or nonzero(fd) or nonzero(fk)):
         return g, 0.0
-    blocks, ddr = [], 0.0
+    blocks, ddr = [], 0.0  # type: list, Work
     for block in g.blocks:
         ops = []
         for op in block.ops:

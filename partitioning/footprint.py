@@ -95,13 +95,14 @@ class Footprint:
 
 @dataclass(frozen=True)
 class Demand:
-    """Per-socket bytes before placement."""
+    """Per-socket bytes before placement (an array over a grid of batches and contexts where
+    they depend on them)."""
 
     experts: float
     dense_weights: float
-    kv_cache: float
-    activations: float
-    sram_working_set: float
+    kv_cache: Work
+    activations: Work
+    sram_working_set: Work
     group: int = 1  # sockets that run a step together (communication buffers)
 
     @property
@@ -121,7 +122,7 @@ def demand(spec: ModelSpec, program: Program, batch: Work, context: Work,
     prefill = program.stage_ops(spec, StepShape.prefill(1.0, prompt_len))
     # A tied head reuses the embedding rows the first stage already holds.
     skip_head = spec.tie_embeddings and program.first_stage
-    dense, kv, peaks = 0.0, 0.0, []
+    dense, kv, peaks = 0.0, 0.0, []  # type: float, Work, list[Work]
     for ops, count in decode:
         w, k, peak = _block_bytes(ops, skip_head)
         dense, kv = dense + count * w, kv + count * k
@@ -163,7 +164,7 @@ def _block_bytes(ops: tuple[Op, ...], skip_head: bool) -> tuple[float, Work, Wor
     hit = _BLOCKS.get((id(ops), skip_head))
     if hit is not None and hit[0] is ops:
         return hit[1]
-    weights, kv, peak = 0.0, 0.0, 0.0
+    weights, kv, peak = 0.0, 0.0, 0.0  # type: float, Work, Work
     for op in ops:
         if op.cls not in (OpClass.EXPERT, OpClass.EMBEDDING) and not (
             op.cls is OpClass.LM_HEAD and skip_head
@@ -288,7 +289,7 @@ def misfits(fps: tuple[Footprint, ...], plan: Plan, model: str, cluster: str) ->
         need = np.ravel(np.broadcast_to(need, shape))
         for i in np.flatnonzero((need > fp.capacity[tier]) & (reasons == "")):
             reasons[i] = fit_message(plan, model, cluster, tier, fp.socket, float(need[i]),
-                                     fp.capacity[tier], holds(fp, tier, i, shape))
+                                     fp.capacity[tier], holds(fp, tier, int(i), shape))
     return reasons.reshape(shape)
 
 

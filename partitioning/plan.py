@@ -34,7 +34,7 @@ from functools import cached_property
 from workloads.checks import show
 from workloads.errors import ConfigError
 from workloads.ops import Shard
-from workloads.spec import FFN, Mixer, ModelSpec, MoESpec
+from workloads.spec import FFN, Mixer, ModelSpec, MoESpec, part
 
 # ASCII digits only (re.ASCII: \d would take any script's digits); 9: past MAX_DEGREE, never
 # past int()
@@ -131,8 +131,8 @@ def _parse_blocks(text: str, whole: str) -> tuple[tuple[Mixer, int], ...]:
             mixer = Mixer(m.group(1)) if m else None
         except ValueError:
             mixer = None
-        if mixer is None or mixer is Mixer.NONE:
-            kinds = ", ".join(m.value for m in Mixer if m is not Mixer.NONE)
+        if m is None or mixer is None or mixer is Mixer.NONE:
+            kinds = ", ".join(k.value for k in Mixer if k is not Mixer.NONE)
             raise ConfigError(f"--plan: {show(whole)}: block choice {show(item)}; expected "
                               f"mixer=degree with a mixer among {kinds}")
         if mixer in out:
@@ -231,7 +231,7 @@ def _layer_traits(spec: ModelSpec) -> tuple[frozenset, bool]:
 
 def mixer_heads(spec: ModelSpec, mixer: Mixer) -> int:
     if mixer in (Mixer.FULL_ATTENTION, Mixer.SLIDING_ATTENTION):
-        return spec.attention.num_heads
+        return part(spec.attention, "attention").num_heads
     if mixer is Mixer.LINEAR_ATTENTION:
-        return spec.linear_attention.num_value_heads
-    return spec.mamba.num_heads
+        return part(spec.linear_attention, "linear attention").num_value_heads
+    return part(spec.mamba, "Mamba-2 mixer").num_heads

@@ -125,7 +125,8 @@ def _with(shard: Shard, name: str, value: Work) -> Shard:
     """The shard with one degree (or the expert load) changed; made once per value where
     hashable (every stage of a search asks for the same few)."""
     try:
-        return _with_cached(shard, name, value)
+        # an array is not hashable: lru_cache raises the TypeError caught here
+        return _with_cached(shard, name, value)  # type: ignore[arg-type]
     except TypeError:  # an array of loads
         return _shard_with(shard, name, value)
 
@@ -280,7 +281,8 @@ class _Groups(Mapping):
     __slots__ = ("_groups", "_plan", "_socket")
 
     def __init__(self, plan: Plan, socket: int) -> None:
-        self._plan, self._socket, self._groups = plan, socket, None
+        self._plan, self._socket = plan, socket
+        self._groups: dict | None = None
 
     def _get(self) -> dict:
         if self._groups is None:

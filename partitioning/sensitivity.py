@@ -25,7 +25,7 @@ class SensitivityRow:
     tokens_per_s_per_request: float
     tokens_per_s_total: float
     communication_share: float  # of the decode step (slowest stage)
-    ttft_s: float  # the prompt's forward pass
+    ttft_s: float | None  # the prompt's forward pass (None: evaluated without prefill)
 
 
 def link_sensitivity(
@@ -46,6 +46,8 @@ def link_sensitivity(
                               **kwargs)
             stage = max(e.stage_decode, key=lambda c: float(c.time_s))
             share = float(stage.cause("communication")) / float(stage.time_s)
-            rows.append(SensitivityRow(figure, f, base * f, e.tokens_per_s_per_request,
-                                       e.tokens_per_s_total, share, e.ttft_s))
+            rows.append(SensitivityRow(  # one scenario point: every figure a scalar
+                figure, f, base * f, float(e.tokens_per_s_per_request),
+                float(e.tokens_per_s_total), share,
+                None if e.ttft_s is None else float(e.ttft_s)))
     return rows

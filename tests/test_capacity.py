@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -63,6 +64,8 @@ def test_disaggregated_pair_and_plot(tmp_path):
     assert "dgx-h100->sn40l-8" in r.output and "--prefill-pool dgx-h100:" in r.output
     html = page.read_text()
     assert "Pareto front per system" in html and "dgx-h100" in html and "sn40l-8" in html
+    # self-contained: plotly.js inline, no script loaded over the network (blank offline)
+    assert not re.search(r"<script[^>]*\ssrc=[\"']?https?:", html) and "Plotly.newPlot" in html
 
 
 def test_nothing_meets_the_slo_shows_the_closest_and_exits_1():

@@ -267,3 +267,25 @@ def test_ablate_refuses_a_gpu_cluster_it_would_skip():
 ])
 def test_a_parser_error_names_the_commands_help(args, message):
     refused(run(*args), message)
+
+
+def test_help_lists_each_command_without_importing_it():
+    """`rdu-cluster --help` reads each command's one-line help from its source (start-up,
+    #36): the list must match what click makes from the loaded commands, and loading it must
+    import no command module nor numpy, pyarrow, scipy, plotly, pandas or ray."""
+    import subprocess
+    import sys
+
+    from rdu_cluster.cli import LazyCommands
+
+    lazy = LazyCommands(main.commands.modules)
+    for name in main.commands:
+        assert lazy.short_help(name, 60) == main.commands[name].get_short_help_str(60), name
+    probe = ("import sys; from rdu_cluster.cli import main\n"
+             "try: main(['--help'])\nexcept SystemExit: pass\n"
+             "heavy = ('numpy', 'pyarrow', 'scipy', 'plotly', 'pandas', 'ray', 'rdu_cluster.cli.')\n"
+             "print(sorted(m for m in sys.modules if m.startswith(heavy)))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                       check=True)
+    assert re.search(r"simulate +Estimate decode", r.stdout)
+    assert r.stdout.strip().splitlines()[-1] == "[]"

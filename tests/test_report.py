@@ -176,6 +176,87 @@ def test_pareto_fronts_never_mix_models_or_settings():
             assert not np.any(group & (x > fx) & (y > fy)), "dominated point on the front"
 
 
+def _serve_cols(clusters=("c1", "c2", "c3"), models=("m1", "m2")) -> dict:
+    """A serve sweep's columns: each cluster x model x max_batch (a knob, 7 values) x rate."""
+    combos = [(c, m, b, r) for c in clusters for m in models for b in (1, 2, 4, 8, 16, 32, 64)
+              for r in (1.0, 10.0)]
+    c, m, b, r = (np.array(v, dtype=object if i < 2 else float) for i, v in enumerate(zip(*combos)))
+    n = len(combos)
+    rng = np.random.default_rng(1)
+    cols = {"point_id": np.array([str(i) for i in range(n)], dtype=object), "cluster": c,
+            "model": m, "max_batch": b.astype(int), "rate_requests_per_s": r,
+            "sockets": np.full(n, 8), "throughput_tokens_per_s": rng.uniform(10, 3000, n),
+            "e2e_p50_s": rng.uniform(0.1, 5, n)}
+    for metric in ("ttft", "tpot", "e2e"):
+        for q in plots.QUANTILES:
+            cols[f"{metric}_p{q}_s"] = rng.uniform(0.005, 0.5, n) * (1 + q / 100)
+    return cols
+
+
+@pytest.mark.parametrize("draw", [plots.ttft_vs_rate, plots.latency_vs_throughput,
+                                  plots.quantiles_cdf, plots.serve_pareto])
+def test_a_colour_names_one_cluster_across_every_panel(draw):
+    """Serve-sweep panels with many traces (3 clusters x 7 max_batch values x 2 models): a
+    trace's colour is its cluster's, the same in every panel and plot, and no two clusters
+    share one; the settings of one cluster differ by marker or dash instead."""
+    cols = _serve_cols()
+    fig, _ = draw(cols)
+    colour_of: dict[str, set] = {}
+    looks_of: dict[str, set] = {}
+    for t in fig.data:
+        cluster = t.name.split(",")[0].split(" ")[0]
+        if cluster not in ("c1", "c2", "c3"):  # quantiles_cdf names lead with the model
+            cluster = next(c for c in ("c1", "c2", "c3") if c in t.name)
+        colour = t.line.color or t.marker.color
+        colour_of.setdefault(cluster, set()).add(colour)
+        looks_of.setdefault(cluster, set()).add((t.name, t.marker.symbol, t.line.dash))
+    assert all(len(v) == 1 for v in colour_of.values()), colour_of
+    assert len({next(iter(v)) for v in colour_of.values()}) == 3
+    for cluster, seen in looks_of.items():
+        by_name = {}
+        for name, symbol, dash in seen:
+            by_name.setdefault(name.replace(" p50", "").replace(" p99", ""), set()).add(
+                (symbol, dash if draw is not plots.ttft_vs_rate else None))
+        styles = [frozenset(v) for v in by_name.values()]
+        assert len(set(styles)) == len(styles), f"{cluster}: two settings drawn alike"
+
+
+@pytest.mark.parametrize("lo, hi, unit", [(25.0, 700.0, "tok/s"), (0.002, 0.9, "ms"),
+                                          (1.0, 1e15, "FLOP/s")])
+def test_log_axes_are_labelled_at_each_decade_with_their_unit(lo, hi, unit):
+    """A log axis carries a label at each decade, written in full with its unit (a DeepSeek
+    Pareto axis read "5" for 500 between 1-2-5 ticks), and at least two of them."""
+    axis = plots._scale(np.geomspace(lo, hi, 7), unit=unit)
+    assert axis["type"] == "log" and axis["dtick"] == 1
+    assert axis["ticksuffix"] == f" {unit}"
+    first, last = axis.get("range", [np.floor(np.log10(lo)), np.ceil(np.log10(hi))])
+    assert last - first >= 1 and first <= np.log10(lo) and last >= np.log10(hi)
+    assert plots._scale(np.geomspace(lo, hi, 7), log=True)["ticksuffix"] == ""
+
+
+def test_socket_busy_fraction_measures_busy_time():
+    """Two sockets, three windows with idle gaps between them: busy over the run's elapsed
+    time, not over each window's span (which read 1.0 for every socket)."""
+    cols = {"sockets.socket": np.array([0, 1] * 3),
+            "sockets.time_s": np.repeat([1.0, 5.0, 10.0], 2),
+            "sockets.busy_s": np.array([1.0, 0.5] * 3)}
+    ids, frac, elapsed = plots.busy_fractions(cols)
+    assert ids == [0, 1] and elapsed == 10.0
+    assert np.allclose(frac, [0.3, 0.15])
+    fig, _ = plots.socket_busy(cols)
+    assert np.allclose(fig.data[0].y, [0.3, 0.15]) and "elapsed" in fig.layout.yaxis.title.text
+
+
+def test_a_served_run_at_a_low_rate_is_mostly_idle(tmp_path):
+    """End to end: 6 short requests at 0.5/s keep the sockets busy for a small share of the
+    run; the report's busy fraction says so (it read 1.0)."""
+    out = tmp_path / "run"
+    _cli("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "6",
+         "--rate", "0.5", "--output-len", "8", "--prompt-len", "64", "--out", out)
+    _, frac, elapsed = plots.busy_fractions(report_cli.load(out).cols)
+    assert elapsed > 5 and 0 < frac.max() < 0.2, (elapsed, frac)
+
+
 # --- in a real browser ----------------------------------------------------------------------
 # Injected at the top of the page: collects JavaScript errors (and console.error, where Plotly
 # reports), then after load counts each chart's drawn marks (bar, line and marker paths with a

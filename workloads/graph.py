@@ -71,7 +71,7 @@ from workloads.ops import (
     StepShape,
     Work,
 )
-from workloads.spec import FFN, LayerSpec, Mixer, ModelSpec, layer_runs
+from workloads.spec import FFN, LayerSpec, Mixer, ModelSpec, layer_runs, part
 
 
 def _ceil(n: int, parts: int) -> int:
@@ -212,7 +212,7 @@ def _residual(s: _Step, name: str) -> Op:
 
 
 def _attention_ops(s: _Step, window: int | None) -> list[Op]:
-    a, h, tp, t = s.spec.attention, s.spec.hidden_size, s.shard.attn_tp, s.tokens
+    a, h, tp, t = part(s.spec.attention, "attention"), s.spec.hidden_size, s.shard.attn_tp, s.tokens
     if a.mla:
         return _mla_ops(s)
     hq, hkv = _ceil(a.num_heads, tp), _ceil(a.num_kv_heads, tp)
@@ -250,9 +250,9 @@ def _attention_ops(s: _Step, window: int | None) -> list[Op]:
 
 
 def _mla_ops(s: _Step) -> list[Op]:
-    a, h, t = s.spec.attention, s.spec.hidden_size, s.tokens
+    a, h, t = part(s.spec.attention, "attention"), s.spec.hidden_size, s.tokens
     hq = _ceil(a.num_heads, s.shard.attn_tp)
-    nope, rope, lat, vd = a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim
+    (nope, rope, lat), vd = a.mla_dims, a.v_head_dim
     ops = [_norm(s, "input_norm", t, h)]
     # q_a_proj and kv_a_proj read the same input: serving stacks run them as one GEMM
     # (SGLang fused_qkv_a_proj_with_mqa, vLLM fused_qkv_a_proj, TensorRT-LLM's fused_a), so
@@ -327,7 +327,7 @@ def _conv_op(s: _Step, channels: int, kernel: int, bias: bool) -> Op:
 def _linear_attention_ops(s: _Step) -> list[Op]:
     """Gated DeltaNet (Qwen3-Next). Per value head and token the delta rule costs ~7 FLOPs per
     state element: decay (1), retrieval k^T S (2), rank-1 update (2), readout q^T S (2)."""
-    la, h, t, tp = s.spec.linear_attention, s.spec.hidden_size, s.tokens, s.shard.attn_tp
+    la, h, t, tp = part(s.spec.linear_attention, "linear attention"), s.spec.hidden_size, s.tokens, s.shard.attn_tp
     nk, nv = _ceil(la.num_key_heads, tp), _ceil(la.num_value_heads, tp)
     kd, vd = nk * la.key_head_dim, nv * la.value_head_dim
     state = nv * la.key_head_dim * la.value_head_dim
@@ -346,7 +346,7 @@ def _linear_attention_ops(s: _Step) -> list[Op]:
 def _mamba_ops(s: _Step) -> list[Op]:
     """Mamba-2 (SSD). Per token ~6 FLOPs per state element: decay, B x outer product, C readout,
     each a multiply-add, plus the D skip and gate (small)."""
-    m, h, t, tp = s.spec.mamba, s.spec.hidden_size, s.tokens, s.shard.attn_tp
+    m, h, t, tp = part(s.spec.mamba, "Mamba-2 mixer"), s.spec.hidden_size, s.tokens, s.shard.attn_tp
     heads, groups = _ceil(m.num_heads, tp), _ceil(m.n_groups, tp)
     d_inner, bc = heads * m.head_dim, 2 * groups * m.state_size
     state = heads * m.head_dim * m.state_size
@@ -365,7 +365,7 @@ def _mixer_ops(s: _Step, mixer: Mixer) -> list[Op]:
     if mixer is Mixer.FULL_ATTENTION:
         ops = _attention_ops(s, None)
     elif mixer is Mixer.SLIDING_ATTENTION:
-        ops = _attention_ops(s, s.spec.attention.sliding_window)
+        ops = _attention_ops(s, part(s.spec.attention, "attention").sliding_window)
     elif mixer is Mixer.LINEAR_ATTENTION:
         ops = _linear_attention_ops(s)
     elif mixer is Mixer.MAMBA2:
@@ -418,7 +418,7 @@ def distinct_experts(num_experts: int, top_k: int, tokens: Work) -> Work:
 
 
 def _expert_ops(s: _Step) -> list[Op]:
-    moe, h, sh = s.spec.moe, s.spec.hidden_size, s.shard
+    moe, h, sh = part(s.spec.moe, "MoE"), s.spec.hidden_size, s.shard
     e_local = _ceil(moe.num_experts, sh.ep)
     inter = _ceil(moe.expert_intermediate, sh.expert_tp)
     # identical sequences choose the same experts: the batch touches what one sequence does
@@ -455,14 +455,14 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
 def _a2a_ops(s: _Step, r: _Step, name: str, element_bytes: float) -> list[Op]:
     """A dispatch or combine over "ep": each rank's tokens, one copy per chosen expert, with the
     busiest rank's load (module docstring)."""
-    moe, sh = s.spec.moe, s.shard
+    moe, sh = part(s.spec.moe, "MoE"), s.shard
     own = r.tokens / r.shard.attn_tp if sh.attn_dp > 1 else s.tokens / sh.ep
     nbytes = own * moe.top_k * s.spec.hidden_size * element_bytes * sh.expert_load
     return _collective(name, CollectiveKind.ALL_TO_ALL, nbytes, "ep", sh.ep)
 
 
 def _shared_ops(s: _Step) -> list[Op]:
-    moe = s.spec.moe
+    moe = part(s.spec.moe, "MoE")
     if not moe.shared_intermediate:
         return []
     ops = _mlp_ops(s, "shared_", s.tokens, _ceil(moe.shared_intermediate, s.shard.shared_tp), 3)
@@ -473,7 +473,7 @@ def _shared_ops(s: _Step) -> list[Op]:
 
 def _moe_ops(s: _Step, r: _Step) -> list[Op]:
     """`r`: the step of this socket's own sequences (`s` itself without attention DP)."""
-    moe, h, t, sh = s.spec.moe, s.spec.hidden_size, r.tokens, s.shard
+    moe, h, t, sh = part(s.spec.moe, "MoE"), s.spec.hidden_size, r.tokens, s.shard
     router_bias = moe.num_experts if moe.router_bias else 0
     ops = [
         _matmul(r, "router", t, h, moe.num_experts, router_bias, cls=OpClass.ROUTER),
@@ -591,9 +591,8 @@ def prefill_graph(spec: ModelSpec, batch: Work, prompt_len: Work,
 
 def _attention_kv_per_token(spec: ModelSpec) -> float:
     """KV bytes one token adds to one attention layer (whole model, no sharding)."""
-    a = spec.attention
-    values = a.kv_lora_rank + a.qk_rope_head_dim if a.mla else a.num_kv_heads * (
-        a.head_dim + a.v_head_dim)
+    a = part(spec.attention, "attention")
+    values = sum(a.mla_dims[1:]) if a.mla else a.num_kv_heads * (a.head_dim + a.v_head_dim)
     return values * spec.precision.kv_cache.bytes
 
 
@@ -602,12 +601,12 @@ def state_bytes_per_sequence(spec: ModelSpec, mixer: Mixer) -> float:
     conv1d's last kernel-1 inputs."""
     sb = spec.precision.state_dtype.bytes
     if mixer is Mixer.LINEAR_ATTENTION:
-        la = spec.linear_attention
+        la = part(spec.linear_attention, "linear attention")
         conv = 2 * la.num_key_heads * la.key_head_dim + la.num_value_heads * la.value_head_dim
         state = la.num_value_heads * la.key_head_dim * la.value_head_dim
         return (state + conv * (la.conv_kernel - 1)) * sb
     if mixer is Mixer.MAMBA2:
-        m = spec.mamba
+        m = part(spec.mamba, "Mamba-2 mixer")
         conv = m.num_heads * m.head_dim + 2 * m.n_groups * m.state_size
         return (m.num_heads * m.head_dim * m.state_size + conv * (m.conv_kernel - 1)) * sb
     return 0.0
@@ -624,12 +623,12 @@ def kv_cache_bytes(spec: ModelSpec, batch: Work, context: Work) -> Work:
     """The whole model's cache for `batch` sequences of `context` tokens: full-attention layers
     grow with context, sliding layers up to their window, linear / Mamba layers fixed."""
     b, c = np.asarray(batch, dtype=float), np.asarray(context, dtype=float)
-    total = 0.0
+    total: Work = 0.0
     for layer in spec.layers:
         if layer.mixer is Mixer.FULL_ATTENTION:
             total = total + b * c * _attention_kv_per_token(spec)
         elif layer.mixer is Mixer.SLIDING_ATTENTION:
-            window = spec.attention.sliding_window or np.inf
+            window = part(spec.attention, "attention").sliding_window or np.inf
             total = total + b * np.minimum(c, window) * _attention_kv_per_token(spec)
         else:
             total = total + b * state_bytes_per_sequence(spec, layer.mixer)

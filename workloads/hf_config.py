@@ -14,6 +14,7 @@ the field or model_type.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -157,9 +158,8 @@ class _Cfg:
     def layer_indices(self, key: str, n: int) -> set[int]:
         """A list of layer indices, each in [0, n)."""
         value = self.data.get(key)
-        ok = isinstance(value, list) and all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in value)
-        if not ok:
+        if not (isinstance(value, list) and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in value)):
             raise self.fail(f"field {key!r} must list layer indices in 0..{n - 1}, got {value!r}")
         return set(value)
 
@@ -927,7 +927,7 @@ def from_hf_config(
     cfg = _Cfg(data, source, model_type)
     for key, value in data.items():  # a field of a known kind is checked, read or not
         if value is not None:
-            cfg._checked(key, lambda w, k=key, v=value: _kind_check(k, v, w))
+            cfg._checked(key, functools.partial(_kind_check, key, value))
     meta = _Cfg(cfg.get("_rdu", {}), f"{source}: _rdu", model_type)
     name = name or meta.get("name") or cfg.get("_name_or_path") or model_type
     spec = IMPORTERS[model_type](cfg, name)

@@ -79,6 +79,13 @@ class Op:
     experts: float = 0.0
 
     @property
+    def collective(self) -> Collective:
+        """The collective a COLLECTIVE op carries (every one does: graph._collective)."""
+        if self.comm is None:
+            raise ValueError(f"op {self.name} ({self.cls.value}) carries no collective")
+        return self.comm
+
+    @property
     def memory_bytes(self) -> Work:
         """Bytes this op moves if nothing stays on chip between ops."""
         return (
@@ -151,7 +158,7 @@ class Shard:
     expert_tp: int = 1  # each routed expert's matrices
     ep: int = 1  # routed experts spread over this many groups
     vocab_tp: int = 1  # embedding and LM head
-    expert_load: float = 1.0  # tokens on the busiest expert group / mean (routing imbalance, >= 1)
+    expert_load: Work = 1.0  # tokens on the busiest expert group / mean (routing imbalance, >= 1)
     # Attention data parallelism: the step's sequences are split over attn_dp groups of attn_tp
     # sockets each, which run the mixers of their own sequences (workloads/graph.py).
     attn_dp: int = 1

@@ -11,7 +11,7 @@ of the main model's forward pass and the published totals leave them out.
 
 from __future__ import annotations
 
-from workloads.spec import FFN, AttentionSpec, LayerSpec, Mixer, ModelSpec
+from workloads.spec import FFN, AttentionSpec, LayerSpec, Mixer, ModelSpec, part
 
 # Components of a layer; also the tensor classes weight_bytes prices.
 COMPONENTS = (
@@ -46,20 +46,21 @@ def attention_params(a: AttentionSpec, hidden: int) -> int:
 def _mla_params(a: AttentionSpec, hidden: int) -> int:
     """DeepSeek-V3 MLA: q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa,
     kv_a_layernorm, kv_b_proj, o_proj."""
-    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    nope, rope, lat = a.mla_dims
+    qk = nope + rope
     if a.q_lora_rank:
         q = hidden * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * a.num_heads * qk
     else:
         q = hidden * a.num_heads * qk
-    kv_a = hidden * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
-    kv_b = a.kv_lora_rank * a.num_heads * (a.qk_nope_head_dim + a.v_head_dim)
+    kv_a = hidden * (lat + rope) + lat
+    kv_b = lat * a.num_heads * (nope + a.v_head_dim)
     return q + kv_a + kv_b + a.num_heads * a.v_head_dim * hidden
 
 
 def linear_attention_params(spec: ModelSpec) -> int:
     """Qwen3-Next gated DeltaNet: in_proj_qkvz, in_proj_ba, conv1d (no bias) over q, k, v,
     dt_bias and A_log per value head, a gated RMSNorm of value_head_dim, out_proj."""
-    la, h = spec.linear_attention, spec.hidden_size
+    la, h = part(spec.linear_attention, "linear attention"), spec.hidden_size
     key_dim = la.num_key_heads * la.key_head_dim
     value_dim = la.num_value_heads * la.value_head_dim
     conv_dim = 2 * key_dim + value_dim
@@ -76,7 +77,7 @@ def linear_attention_params(spec: ModelSpec) -> int:
 def mamba_params(spec: ModelSpec) -> int:
     """Mamba-2 mixer (NemotronHMamba2Mixer): in_proj to (z, x, B, C, dt), depthwise conv1d with
     bias over (x, B, C), dt_bias, A_log and D per head, a gated RMSNorm of d_inner, out_proj."""
-    m, h = spec.mamba, spec.hidden_size
+    m, h = part(spec.mamba, "Mamba-2 mixer"), spec.hidden_size
     d_inner = m.num_heads * m.head_dim
     bc = 2 * m.n_groups * m.state_size
     conv_dim = d_inner + bc
@@ -91,7 +92,7 @@ def mamba_params(spec: ModelSpec) -> int:
 
 def expert_params(spec: ModelSpec) -> int:
     """One routed expert (gpt-oss adds biases: gate_up 2*inter, down hidden)."""
-    moe, h = spec.moe, spec.hidden_size
+    moe, h = part(spec.moe, "MoE"), spec.hidden_size
     n = moe.expert_matrices * h * moe.expert_intermediate
     if moe.expert_bias:
         n += (moe.expert_matrices - 1) * moe.expert_intermediate + h
@@ -99,12 +100,12 @@ def expert_params(spec: ModelSpec) -> int:
 
 
 def _router_params(spec: ModelSpec) -> int:
-    moe = spec.moe
+    moe = part(spec.moe, "MoE")
     return spec.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)
 
 
 def _shared_params(spec: ModelSpec) -> int:
-    moe, h = spec.moe, spec.hidden_size
+    moe, h = part(spec.moe, "MoE"), spec.hidden_size
     return 3 * h * moe.shared_intermediate + (h if moe.shared_expert_gate else 0)
 
 
@@ -113,7 +114,7 @@ def layer_params(spec: ModelSpec, layer: LayerSpec, active: bool = False) -> dic
     h = spec.hidden_size
     out = dict.fromkeys(COMPONENTS, 0)
     if layer.mixer in (Mixer.FULL_ATTENTION, Mixer.SLIDING_ATTENTION):
-        out["attention"] = attention_params(spec.attention, h)
+        out["attention"] = attention_params(part(spec.attention, "attention"), h)
     elif layer.mixer is Mixer.LINEAR_ATTENTION:
         out["linear_attention"] = linear_attention_params(spec)
     elif layer.mixer is Mixer.MAMBA2:
@@ -129,7 +130,8 @@ def layer_params(spec: ModelSpec, layer: LayerSpec, active: bool = False) -> dic
         if spec.ffn_bias:  # one bias per output: the up (and gate) widths and the down's hidden
             out["dense_ffn"] += (spec.ffn_matrices - 1) * spec.intermediate_size + h
     elif layer.ffn is FFN.MOE:
-        experts = spec.moe.top_k if active else spec.moe.num_experts
+        moe = part(spec.moe, "MoE")
+        experts = moe.top_k if active else moe.num_experts
         out["router"] = _router_params(spec)
         out["shared_experts"] = _shared_params(spec)
         out["routed_experts"] = experts * expert_params(spec)

@@ -9,9 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TypeVar
 
 from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def part(value: T | None, what: str) -> T:
+    """A part of a model (its attention, MoE, ...) where the caller only comes when the model
+    has it (a layer of that kind, checked by check_model): its absence there is a bug."""
+    if value is None:
+        raise ValueError(f"the model has no {what}")
+    return value
 
 
 class Mixer(str, Enum):
@@ -60,6 +71,14 @@ class AttentionSpec:
     qk_norm: bool = False
     output_gate: bool = False  # q_proj also emits a sigmoid gate on the output (Qwen3-Next)
     rotary_dim: int | None = None  # partial rope (MiniMax-M2: 64 of 128); None: all of head_dim
+
+    @property
+    def mla_dims(self) -> tuple[int, int, int]:
+        """MLA's (qk_nope_head_dim, qk_rope_head_dim, kv_lora_rank): set on every MLA model
+        (check_model)."""
+        return (part(self.qk_nope_head_dim, "MLA qk_nope_head_dim"),
+                part(self.qk_rope_head_dim, "MLA qk_rope_head_dim"),
+                part(self.kv_lora_rank, "MLA kv_lora_rank"))
 
     @property
     def kind(self) -> str:

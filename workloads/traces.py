@@ -210,6 +210,8 @@ def ramped(trace: Trace, ramp_s: float, clients: int | None = None) -> Trace:
         n = int(trace.session.max()) + 1 if len(trace) else 1
         arrival = np.maximum(arrival, trace.session * ramp_s / n)
     else:
+        if clients is None:  # a caller's bug: rows are clients only when it says how many
+            raise ValueError("ramped: a trace without sessions needs the client count")
         n = min(clients, len(trace))
         arrival[:n] = np.maximum(arrival[:n], np.arange(n) * ramp_s / clients)
     return replace(trace, arrival_s=arrival)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import errno
+import importlib
+import importlib.util
 import os
 import signal
 import sys
 import traceback
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
 
 import click
 
@@ -90,15 +95,69 @@ class Main(click.Group):
             _refuse_unclear(cmd, click.Context(cmd, info_name=name, parent=ctx), rest)
         return name, cmd, rest
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of --help, without importing every command (LazyCommands)."""
+        commands = self.commands
+        if not isinstance(commands, LazyCommands):
+            return super().format_commands(ctx, formatter)
+        names = self.list_commands(ctx)
+        if names:
+            limit = formatter.width - 6 - max(len(n) for n in names)
+            with formatter.section("Commands"):
+                formatter.write_dl([(n, commands.short_help(n, limit)) for n in names])
+        return None
+
     def _run(self, *args, **kwargs):
         """One command; the calibration profile its --calibration activated ends with it (an
-        in-process caller, a test runner, must not inherit it)."""
-        from rdu_cluster.validation import calibration
-
+        in-process caller, a test runner, must not inherit it). A command that never imported
+        the calibration module activated none (and --help need not load it)."""
         try:
             return super().main(*args, **kwargs)
         finally:
-            calibration.activate(None)
+            calibration = sys.modules.get("rdu_cluster.validation.calibration")
+            if calibration is not None:
+                calibration.activate(None)
+
+
+class LazyCommands(MutableMapping):
+    """A group's commands by name, each imported from its module (the function named like the
+    command) on first use. Iterating gives the names without importing anything."""
+
+    def __init__(self, modules: dict[str, str]):
+        self.modules = dict(modules)
+        self.loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self.loaded:
+            if name not in self.modules:
+                raise KeyError(name)
+            self.loaded[name] = getattr(importlib.import_module(self.modules[name]), name)
+        return self.loaded[name]
+
+    def __setitem__(self, name: str, cmd: click.Command) -> None:
+        self.modules.setdefault(name, "")
+        self.loaded[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self.modules[name]
+        self.loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.modules)
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def short_help(self, name: str, limit: int) -> str:
+        """The command's one-line help as click makes it from its docstring, read from the
+        module's source when the command is not loaded yet."""
+        if name in self.loaded:
+            return self.loaded[name].get_short_help_str(limit)
+        path = importlib.util.find_spec(self.modules[name]).origin
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+        doc = next((ast.get_docstring(f) for f in tree.body
+                    if isinstance(f, ast.FunctionDef) and f.name == name), None)
+        return click.Command(name, help=doc).get_short_help_str(limit)
 
 
 def _refuse_unclear(cmd: click.Command, ctx: click.Context, args: list[str]) -> None:
@@ -175,41 +234,15 @@ def main(debug: bool) -> None:
     """Simulate LLM inference on clusters of SN40L RDU sockets and GPU nodes."""
 
 
-from rdu_cluster.cli.catalog import clusters, models
-from rdu_cluster.cli.simulate import simulate
-
-main.add_command(simulate)
-main.add_command(models)
-main.add_command(clusters)
-
-from rdu_cluster.cli.sweep import sweep
-
-main.add_command(sweep)
-
-from rdu_cluster.cli.validate import validate
-
-main.add_command(validate)
-
-from rdu_cluster.cli.calibrate import calibrate
-
-main.add_command(calibrate)
-
-from rdu_cluster.cli.footprint import footprint
-
-main.add_command(footprint)
-
-from rdu_cluster.cli.serve import serve
-
-main.add_command(serve)
-
-from rdu_cluster.cli.plan import plan
-
-main.add_command(plan)
-
-from rdu_cluster.cli.report import report
-
-main.add_command(report)
-
-from rdu_cluster.cli.capacity import capacity
-
-main.add_command(capacity)
+# Each command is imported when it runs (or its own --help is asked for), not at start-up:
+# `rdu-cluster --help` reads the commands' one-line help from their docstrings in the source,
+# so it loads none of numpy, pyarrow, scipy, ray or the engine (benchmarks/bench_startup.py).
+COMMANDS = {
+    "simulate": "rdu_cluster.cli.simulate", "models": "rdu_cluster.cli.catalog",
+    "clusters": "rdu_cluster.cli.catalog", "sweep": "rdu_cluster.cli.sweep",
+    "validate": "rdu_cluster.cli.validate", "calibrate": "rdu_cluster.cli.calibrate",
+    "footprint": "rdu_cluster.cli.footprint", "serve": "rdu_cluster.cli.serve",
+    "plan": "rdu_cluster.cli.plan", "report": "rdu_cluster.cli.report",
+    "capacity": "rdu_cluster.cli.capacity",
+}
+main.commands = LazyCommands(COMMANDS)

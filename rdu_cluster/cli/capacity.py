@@ -624,5 +624,6 @@ def _plot(costs, path: Path) -> None:
                       xaxis={"type": "log", "title": "tokens/s per socket"},
                       yaxis={"type": "log", "title": "tokens/s per user"},
                       template="plotly_white")
-    atomic.atomic_write(path, fig.to_html(include_plotlyjs="cdn", full_html=True).encode(),
+    # plotly.js embedded (as `report` does), so the page renders offline: no CDN
+    atomic.atomic_write(path, fig.to_html(include_plotlyjs=True, full_html=True).encode(),
                          "--plot")

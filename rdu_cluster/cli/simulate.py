@@ -14,9 +14,7 @@ from rdu_cluster.cli.plan import parse_routing
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import atomic, results
 from rdu_cluster.output.report import model_summary, overrides_line, side_by_side, stacks_text
-from rdu_cluster.scenarios import coe, speculative
-from rdu_cluster.scenarios.ablate import ablate as run_ablation
-from rdu_cluster.scenarios.ablate import format_ablation
+from rdu_cluster.scenarios import speculative
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.spec import check_context, with_dtypes
@@ -193,10 +191,9 @@ def simulate(
             tp=tp,
             plan=plan_text,
         )
-        tbl = results.table(rows)
-        if out_path:
-            atomic.write_table(tbl, out_path)
-        click.echo(results.json_lines(tbl) if as_json else text)
+        _write(rows, out_path, as_json)
+        if not as_json:
+            click.echo(text)
         return
     rows, estimates = [], []
     routing_model = parse_routing(routing or "uniform", 0)
@@ -207,16 +204,24 @@ def simulate(
         est = estimate(scenario.but(plan=_plan(scenario, tp, plan_text, objective)))
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
+    _write(rows, out_path, as_json)
+    if not as_json:
+        if overrides:
+            click.echo(overrides_line(overrides))
+        click.echo(model_summary(spec) + "; " + stacks_text(estimates) + "\n"
+                   + side_by_side(estimates, clusters, rows))
+
+
+def _write(rows: list[dict], out_path: str | None, as_json: bool) -> None:
+    """--out and --json. The Arrow table is built only for them: pyarrow loads pandas (half a
+    second) on its first conversion of Python lists, which the text table does not need."""
+    if not (out_path or as_json):
+        return
     tbl = results.table(rows)
     if out_path:
         atomic.write_table(tbl, out_path)
     if as_json:
         click.echo(results.json_lines(tbl))
-    else:
-        if overrides:
-            click.echo(overrides_line(overrides))
-        click.echo(model_summary(spec) + "; " + stacks_text(estimates) + "\n"
-                   + side_by_side(estimates, clusters, rows))
 
 
 def _options(cluster, stack_name: str | None, clusters: list):
@@ -271,6 +276,8 @@ def _check_modes(ctx: click.Context, draft: str | None, coe: bool, ablate: bool)
 
 def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, overrides) -> str:
     """MICRO24 Table V's setting; options left at simulate's defaults take the table's values."""
+    from rdu_cluster.scenarios import coe  # imported when used: start-up (bench_startup.py)
+
     ctx = click.get_current_context()
     given = lambda name: bool(o.given(ctx, name))
     expert = model_ref if given("model_ref") else coe.DEFAULT_EXPERT
@@ -290,6 +297,9 @@ def _coe_table(model_ref, cluster_refs, batch, prompt_len, gen_len, experts, ove
 def _ablation_tables(spec, clusters, batch, prompt_len, gen_len, tp, given: bool) -> str:
     """The ablation of each RDU cluster; a GPU cluster given with --cluster is refused, not
     skipped unseen (of the default pair, dgx-h100 is left out: the help says RDU clusters)."""
+    from rdu_cluster.scenarios.ablate import ablate as run_ablation
+    from rdu_cluster.scenarios.ablate import format_ablation
+
     rdu = [c for c in clusters if c.chip.execution_model == "dataflow"]
     if not rdu or (given and len(rdu) < len(clusters)):
         names = ", ".join(c.name for c in clusters if c not in rdu)

@@ -40,6 +40,11 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#e7ba52",
            "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363")
 # D3's category10, then darker picks of category20b/c: 20 traces a panel before a colour repeats
+# Latency metrics and utilizations of one run: shades of grey, which name no cluster or cause
+METRIC_COLORS = {"ttft_s": "#222222", "tpot_s": "#666666", "e2e_s": "#999999",
+                 "busy": "#444444"}
+PARTS_PALETTE = ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#a6d854", "#ffd92f", "#e5c494",
+                 "#b3b3b3", "#fbb4ae", "#b3cde3", "#ccebc5", "#decbe4", "#fed9a6", "#ffffcc")
 QUANTILES = (50, 90, 99)  # the percentiles a serve row carries (engine/metrics.percentiles)
 MAX_POINTS = 2000  # time series are binned to this many points (the page stays small)
 
@@ -172,21 +177,57 @@ def _panels(titles: Sequence[str], shared_y: bool = False, cols_max: int = 2):
     return fig, [(i // ncols + 1, i % ncols + 1) for i in range(n)]
 
 
-def _scale(values, log: bool | None = None) -> dict:
+def _scale(values, log: bool | None = None, unit: str = "") -> dict:
     """A numeric axis: log where asked, or (log=None) where the values span more than 20x;
     linear within one decade.
-    Log ticks: a label per decade over 2 decades or more, else at 1, 2, 5 (Plotly would
-    otherwise label every digit of a short decade, and those labels collide)."""
+    Log ticks: a label at each decade only, written out in full with its unit ("500 ms", not
+    a bare "5" between 1-2-5 ticks), unlabelled minor grid lines between; an axis spanning under
+    two decades is widened to whole decades so it always carries at least two labels."""
     v = np.asarray([x for x in np.ravel(values).tolist() if x is not None], dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
     decades = float(np.log10(v.max() / v.min())) if len(v) else 0.0
     if decades < 1 or not (log or (log is None and decades > np.log10(20))):
-        return {"type": "linear"}  # within a decade a log axis shows next to no labels
-    return {"type": "log", "dtick": 1 if decades >= 2 else "D2"}
+        return {"type": "linear", "ticksuffix": f" {unit}" if unit else ""}
+    axis = {"type": "log", "dtick": 1, "tickformat": "~s" if v.max() >= 1e6 else ",~g",
+            "ticksuffix": f" {unit}" if unit else "", "minor": {"dtick": "D1", "showgrid": True}}
+    if decades < 2:
+        lo, hi = np.log10(v.min()), np.log10(v.max())
+        axis["range"] = [math.floor(lo), max(math.ceil(hi), math.floor(lo) + 1)]
+    return axis
 
 
 def _color(i: int) -> str:
+    """The i-th cluster's colour (the dataset's clusters in order, `looks`)."""
     return PALETTE[i % len(PALETTE)]
+
+
+def _part_color(j: int) -> str:
+    """The j-th cause, toggle combination or series that is not a cluster: a palette of its
+    own (ColorBrewer Set2, then Pastel1), so that no such colour reads as a cluster's."""
+    return PARTS_PALETTE[j % len(PARTS_PALETTE)]
+
+
+# Settings of one cluster (one colour) told apart by marker and dash, so that across every
+# panel of a page a colour names a cluster and nothing else.
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "hexagon")
+DASHES = ("solid", "dash", "dashdot", "longdash")
+
+
+def looks(cols: Cols, labelled: Sequence[tuple[str, np.ndarray]]) -> list[dict]:
+    """Per group of `groups()`: its colour (its cluster's, by the cluster's place among all the
+    dataset's clusters, the same on every panel) and, for its place among that cluster's
+    groups, a marker symbol and a line dash."""
+    clusters = {c: i for i, c in enumerate(_unique(cols["cluster"]))}
+    seen: dict[object, int] = {}
+    out = []
+    for _, m in labelled:
+        rows = np.flatnonzero(m)
+        cluster = cols["cluster"][rows[0]] if len(rows) else None
+        k = seen[cluster] = seen.get(cluster, -1) + 1
+        out.append({"color": _color(clusters.get(cluster, 0)),
+                    "symbol": SYMBOLS[k % len(SYMBOLS)],
+                    "dash": DASHES[(k // len(SYMBOLS)) % len(DASHES)]})
+    return out
 
 
 def _hover(cols: Cols, m: np.ndarray, names: Sequence[str]) -> list[str]:
@@ -230,7 +271,7 @@ def roofline(cols: Cols):
                                  name=f"roof: {chip} ({bw / 1e12:.2f} TB/s)",
                                  line={"dash": "dash", "width": 1, "color": "gray"}))
     _axes(fig, where, "arithmetic intensity (FLOP / HBM byte)", "achieved FLOP/s per socket",
-          _scale(intensity, True), _scale(achieved, True))
+          _scale(intensity, True, "FLOP/B"), _scale(achieved, True, "FLOP/s"))
     return fig, ("Each point: one design point's decode step (FLOPs per token over HBM bytes per "
                  "token; FLOP/s per socket). Dashed: min(peak, intensity x HBM bandwidth) of each "
                  "chip.")
@@ -251,8 +292,8 @@ def tokens_vs_batch(cols: Cols):
                 x=cols["batch"][m][order], y=cols["tokens_per_s_total"][m][order],
                 mode="lines+markers", name=cluster, legendgroup=cluster,
                 showlegend=bool(model == models[0]), line={"color": _color(i)}), row=row, col=col)
-    _axes(fig, where, "batch", "tokens/s (total)", _scale(cols["batch"][mask], True),
-          _scale(cols["tokens_per_s_total"][mask], True))
+    _axes(fig, where, "batch (sequences)", "tokens/s (total)", _scale(cols["batch"][mask], True),
+          _scale(cols["tokens_per_s_total"][mask], True, "tok/s"))
     return fig, f"Total decode tokens/s against batch, per cluster and model. Slice: {fixed}."
 
 
@@ -275,7 +316,7 @@ def ablation(cols: Cols):
             m = mask & (labels == combo) & (cols["cluster"] == cluster) & (cols["model"] == model)
             heights.append(float(np.mean(cols["tokens_per_s_per_request"][m])) if m.any() else 0)
         fig.add_trace(go.Bar(x=[f"{c}<br>{m}" for c, m in pairs], y=heights, name=combo,
-                             marker_color=_color(j)))
+                             marker_color=_part_color(j)))
     fig.update_layout(barmode="group")
     _axes(fig, where, "cluster / model", "tokens/s per request")
     return fig, (f"Tokens/s per request by toggle combination. A toggle applies to its chip kind "
@@ -295,7 +336,7 @@ def breakdown(cols: Cols):
             vals.append(float(np.mean(cols[f"decode_{cause}_s"][m])) * 1e3 if m.any() else 0)
         if any(vals):
             fig.add_trace(go.Bar(x=[f"{c}<br>{m}" for c, m in pairs], y=vals, name=cause,
-                                 marker_color=_color(j)))
+                                 marker_color=_part_color(j)))
     fig.update_layout(barmode="stack")
     _axes(fig, where, "cluster / model", "ms per decode step")
     return fig, f"Decode step time split by cause. Slice: {fixed}."
@@ -319,7 +360,7 @@ def _pareto(cols: Cols, x: np.ndarray, y: np.ndarray, xlabel: str, ylabel: str,
     fig, where = _panels(models)
     labels = groups(cols, ok, by)
     for (row, col), model in zip(where, models):
-        for i, (label, m) in enumerate(labels):
+        for (label, m), look in zip(labels, looks(cols, labels)):
             m = m & (cols["model"] == model)
             if not m.any():
                 continue
@@ -328,16 +369,20 @@ def _pareto(cols: Cols, x: np.ndarray, y: np.ndarray, xlabel: str, ylabel: str,
             text = _hover(cols, m, hover)
             fig.add_trace(go.Scatter(x=x[m], y=y[m], mode="markers", name=label,
                                      legendgroup=label, showlegend=False, text=text,
-                                     marker={"color": _color(i), "opacity": 0.3, "size": 6}),
+                                     marker={"color": look["color"], "opacity": 0.3, "size": 6,
+                                             "symbol": look["symbol"]}),
                           row=row, col=col)
             fig.add_trace(go.Scatter(
                 x=x[front], y=y[front], mode="lines+markers", name=label, legendgroup=label,
-                showlegend=bool(model == models[0]), line={"color": _color(i)},
+                showlegend=bool(model == models[0]),
+                line={"color": look["color"], "dash": look["dash"]},
+                marker={"symbol": look["symbol"]},
                 text=[text[list(idx).index(k)] for k in front]), row=row, col=col)
-    _axes(fig, where, xlabel, ylabel, _scale(x[ok]), _scale(y[ok]))
+    _axes(fig, where, xlabel, ylabel, _scale(x[ok], unit="tok/s"), _scale(y[ok], unit="tok/s"))
     return fig, ("All points (faint) and the Pareto front (no other point of the same model, "
                  "cluster and setting is better on both axes), one panel per model, one trace per "
-                 f"cluster and setting; hover a point for its knobs.{fixed}")
+                 f"cluster and setting (colour: the cluster; marker and dash: the setting); hover a point "
+                 f"for its knobs.{fixed}")
 
 
 # --- serve sweeps --------------------------------------------------------------------------
@@ -347,17 +392,18 @@ SERVE_HOVER = ["rate_requests_per_s", "max_batch", "throughput_tokens_per_s", "t
 
 def _rate_curves(cols: Cols, mask, by, models: list, where: list):
     """One curve per (model panel, cluster and setting), its rows in rising request rate, with
-    their hover text: (row, col, model, curve index, name, row order, hover)."""
+    their hover text: (row, col, model, look (`looks`), name, row order, hover)."""
     rate = cols["rate_requests_per_s"].astype(float)
+    labelled = groups(cols, mask, by)
     for (row, col), model in zip(where, models):
-        for i, (name, m) in enumerate(groups(cols, mask, by)):
+        for (name, m), look in zip(labelled, looks(cols, labelled)):
             m = m & (cols["model"] == model)
             if not m.any():
                 continue
             order = np.flatnonzero(m)[np.argsort(rate[m])]
             hover = ["<br>".join(f"{h}: {_fmt(cols[h][k])}" for h in SERVE_HOVER if h in cols)
                      for k in order]
-            yield row, col, model, i, name, order, hover
+            yield row, col, model, look, name, order, hover
 
 
 def _vs_rate(cols: Cols, metric: str, label: str, scale: float = 1e3):
@@ -368,17 +414,20 @@ def _vs_rate(cols: Cols, metric: str, label: str, scale: float = 1e3):
     models = list(_unique(cols["model"][mask]))
     fig, where = _panels(models)
     rate = cols["rate_requests_per_s"].astype(float)
-    for row, col, model, i, name, order, hover in _rate_curves(cols, mask, by, models, where):
+    for row, col, model, look, name, order, hover in _rate_curves(cols, mask, by, models, where):
         for q, dash in ((50, "solid"), (99, "dot")):
             fig.add_trace(go.Scatter(
                 x=rate[order], y=cols[f"{metric}_p{q}_s"][order].astype(float) * scale,
                 mode="lines+markers", name=f"{name} p{q}", legendgroup=name,
                 showlegend=bool(model == models[0]), text=hover,
-                line={"color": _color(i), "dash": dash}), row=row, col=col)
+                line={"color": look["color"], "dash": dash}, marker={"symbol": look["symbol"]}),
+                row=row, col=col)
     ms = np.concatenate([cols[f"{metric}_p{q}_s"][mask] for q in (50, 99)]).astype(float) * scale
-    _axes(fig, where, "request rate (requests/s)", f"{label} ms", _scale(rate[mask]), _scale(ms))
+    _axes(fig, where, "request rate (requests/s)", f"{label} (ms)",
+          _scale(rate[mask], unit="req/s"), _scale(ms, unit="ms"))
     return fig, (f"{label} p50 (solid) and p99 (dotted) against the arrival rate, one panel per "
-                 f"model and one curve per cluster and setting.{fixed}")
+                 "model and one curve per cluster (colour) and setting (marker)."
+                 f"{fixed}")
 
 
 def ttft_vs_rate(cols: Cols):
@@ -396,16 +445,17 @@ def latency_vs_throughput(cols: Cols):
     models = list(_unique(cols["model"][mask]))
     fig, where = _panels(models)
     thr = cols["throughput_tokens_per_s"].astype(float)
-    for row, col, model, i, name, order, hover in _rate_curves(cols, mask, by, models, where):
+    for row, col, model, look, name, order, hover in _rate_curves(cols, mask, by, models, where):
         fig.add_trace(go.Scatter(
             x=thr[order], y=cols["e2e_p50_s"][order].astype(float), mode="lines+markers",
             name=name, legendgroup=name, showlegend=bool(model == models[0]), text=hover,
-            line={"color": _color(i)}), row=row, col=col)
-    _axes(fig, where, "output tokens/s (whole cluster)", "end-to-end latency p50 s",
-          _scale(thr[mask]), _scale(cols["e2e_p50_s"][mask]))
+            line={"color": look["color"], "dash": look["dash"]},
+            marker={"symbol": look["symbol"]}), row=row, col=col)
+    _axes(fig, where, "output tokens/s (whole cluster)", "end-to-end latency p50 (s)",
+          _scale(thr[mask], unit="tok/s"), _scale(cols["e2e_p50_s"][mask], unit="s"))
     return fig, ("Median end-to-end latency against throughput, a point per arrival rate (in "
                  "rising order along each curve; hover for the rate, TTFT and TPOT), one panel "
-                 f"per model, one curve per cluster and setting.{fixed}")
+                 f"per model, one curve per cluster (colour) and setting (marker and dash).{fixed}")
 
 
 def quantiles_cdf(cols: Cols):
@@ -416,22 +466,25 @@ def quantiles_cdf(cols: Cols):
     metrics = [("ttft", "TTFT ms"), ("tpot", "TPOT ms"), ("e2e", "end-to-end ms")]
     fig, where = _panels([t for _, t in metrics], cols_max=1)
     models = ["model"] if len(_unique(cols["model"][mask])) > 1 else []
+    labelled = groups(cols, mask, [*models, *by])
     for (row, col), (metric, _) in zip(where, metrics):
-        for i, (name, m) in enumerate(groups(cols, mask, [*models, *by])):
+        for (name, m), look in zip(labelled, looks(cols, labelled)):
             for j, k in enumerate(np.flatnonzero(m)):
                 x = [float(cols[f"{metric}_p{q}_s"][k]) * 1e3 for q in QUANTILES]
                 fig.add_trace(go.Scatter(
                     x=x, y=[q / 100 for q in QUANTILES], mode="lines+markers", name=name,
                     legendgroup=name, showlegend=metric == "ttft" and j == 0,
-                    line={"color": _color(i)}, hovertemplate="%{x:.2f} ms at p%{customdata}",
+                    line={"color": look["color"], "dash": look["dash"]},
+                    marker={"symbol": look["symbol"]},
+                    hovertemplate="%{x:.2f} ms at p%{customdata}",
                     customdata=list(QUANTILES)), row=row, col=col)
     for panel, (metric, _) in zip(where, metrics):
         ms = np.concatenate([cols[f"{metric}_p{q}_s"][mask] for q in QUANTILES]) * 1e3
-        _axes(fig, [panel], "ms", "fraction of requests", _scale(ms, True))
+        _axes(fig, [panel], "latency (ms)", "fraction of requests", _scale(ms, True, "ms"))
     return fig, ("The latency distribution of each point, as far as a sweep row holds it: its "
                  "p50, p90 and p99 (a sweep keeps these three; `rdu-cluster report` on one "
                  "`serve --out` folder draws the full CDF from every request). A curve per "
-                 f"point, coloured by cluster, model and setting.{fixed}")
+                 f"point, coloured by cluster (marker and dash: model and setting).{fixed}")
 
 
 def serve_pareto(cols: Cols):
@@ -466,7 +519,7 @@ def latency_cdf(cols: Cols):
         frac = np.arange(1, len(v) + 1) / len(v)
         keep = _thin(len(v))
         fig.add_trace(go.Scatter(x=v[keep], y=frac[keep], mode="lines", name=title,
-                                 line={"shape": "hv", "color": _color(row * 3 + col)}),
+                                 line={"shape": "hv", "color": METRIC_COLORS[metric]}),
                       row=row, col=col)
     _axes(fig, where, "ms", "fraction of served requests")
     return fig, (f"Empirical CDF over the {int(served.sum()):,} served requests (unserved ones "
@@ -479,10 +532,11 @@ def latency_over_time(cols: Cols):
     served = cols["requests.state"] == "done"
     fig, where = _panels(["latency by arrival time"], cols_max=1)
     t = cols["requests.arrival_s"][served].astype(float)
-    for j, (metric, name) in enumerate((("ttft_s", "TTFT"), ("e2e_s", "end-to-end"))):
+    for metric, name in (("ttft_s", "TTFT"), ("e2e_s", "end-to-end")):
         y = cols[f"requests.{metric}"][served].astype(float) * 1e3
-        fig.add_trace(_scatter(go, len(t))(x=t, y=y, mode="markers", name=name,
-                                           marker={"size": 4, "color": _color(j), "opacity": 0.6}))
+        fig.add_trace(_scatter(go, len(t))(
+            x=t, y=y, mode="markers", name=name,
+            marker={"size": 4, "color": METRIC_COLORS[metric], "opacity": 0.6}))
     _axes(fig, where, "arrival s", "ms")
     return fig, "Queueing shows as latency rising with arrival time."
 
@@ -512,25 +566,38 @@ def time_by_cause(cols: Cols):
     for j, cause in enumerate([f"{c}_s" for c in CAUSES] + extra):
         vals = [float(np.sum(cols[f"steps.{cause}"][phase == p])) for p in phases]
         if any(vals):
-            fig.add_trace(go.Bar(x=phases, y=vals, name=cause[:-2], marker_color=_color(j)))
+            fig.add_trace(go.Bar(x=phases, y=vals, name=cause[:-2], marker_color=_part_color(j)))
     fig.update_layout(barmode="stack")
     _axes(fig, where, "phase", "seconds (summed over steps)")
     return fig, ("Step time summed by cause within each phase (kv_swap and switch: copies before "
                  "a step).")
 
 
+def busy_fractions(cols: Cols) -> tuple[list, np.ndarray, float]:
+    """Each socket's busy time over the run's elapsed time (the simulated clock from the run's
+    start, 0, to the last window's end: vllm bench's `duration`, the same for every socket):
+    a socket idle for want of requests or waiting for another stage counts as not busy. The
+    sockets table's own busy_fraction divides by its window's span, from which idle waits
+    are left out, so a one-stage replica reads 1.0 under any load. Returns (sockets,
+    fractions, elapsed seconds)."""
+    sock = cols["sockets.socket"]
+    elapsed = float(np.max(cols["sockets.time_s"])) if len(sock) else 0.0
+    ids = list(_unique(sock))
+    busy = np.array([float(np.sum(cols["sockets.busy_s"][sock == s])) for s in ids])
+    frac = np.minimum(busy / elapsed, 1.0) if elapsed > 0 else np.zeros(len(ids))
+    return ids, frac, elapsed
+
+
 def socket_busy(cols: Cols):
     go = require_plotly()
-    sock = cols["sockets.socket"]
-    ids = list(_unique(sock))
-    busy = [float(np.sum(cols["sockets.busy_s"][sock == s])) for s in ids]
-    span = [float(np.sum(cols["sockets.window_s"][sock == s])) for s in ids]
+    ids, frac, elapsed = busy_fractions(cols)
     fig, where = _panels(["busy fraction per socket"], cols_max=1)
-    fig.add_trace(go.Bar(x=[f"socket {s}" for s in ids],
-                         y=[b / w if w > 0 else 0.0 for b, w in zip(busy, span)],
-                         name="busy fraction", marker_color=_color(0)))
-    _axes(fig, where, "socket", "busy / window time")
-    return fig, "Share of its replica's window time each socket computed or communicated."
+    fig.add_trace(go.Bar(x=[f"socket {s}" for s in ids], y=frac, name="busy fraction",
+                         marker_color=METRIC_COLORS["busy"]))
+    _axes(fig, where, "socket", "busy time / elapsed time", yscale={"range": [0, 1.05]})
+    return fig, (f"Share of the run's {elapsed:.3g} s (its start to the last step's end) each "
+                 "socket computed or communicated; idle for want of requests and waiting on "
+                 "other stages count as not busy.")
 
 
 def link_use(cols: Cols):
@@ -543,7 +610,7 @@ def link_use(cols: Cols):
     names = [f"{a}->{b}" for a, b in zip(cols["links.src"].tolist(), cols["links.dst"].tolist())]
     fig.add_trace(go.Bar(x=names, y=cols["links.utilization"], name="utilization",
                          text=[f"{b / 1e9:.2f} GB" for b in cols["links.bytes"].tolist()],
-                         marker_color=_color(1)))
+                         marker_color=METRIC_COLORS["busy"]))
     # upright labels, off the axis: a full mesh has n(n-1) links (56 on sn40l-8, 240 on sn40l-16)
     fig.update_xaxes(tickangle=-90, ticks="outside")
     _axes(fig, where, "link (src->dst socket)", "bytes / (bandwidth x run time)")
@@ -605,7 +672,8 @@ PLOTS: dict[str, tuple[Plot, ...]] = {
         Plot("time_by_cause", "Where the time went",
              ("steps.phase", *(f"steps.{c}_s" for c in CAUSES)), time_by_cause),
         Plot("socket_busy", "Socket busy fraction",
-             ("sockets.socket", "sockets.busy_s", "sockets.window_s"), socket_busy),
+             ("sockets.socket", "sockets.busy_s", "sockets.time_s"),
+             socket_busy),
         Plot("link_use", "Link utilization",
              ("links.src", "links.dst", "links.bytes", "links.utilization"), link_use),
     ),
