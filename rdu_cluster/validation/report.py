@@ -36,7 +36,7 @@ class Report:
                 if r.role == role and r.group == group and r.error is not None]
 
     def summary(self) -> dict[str, Any]:
-        out = {}
+        out: dict[str, Any] = {}
         for sample in ("in-sample", "loo", "check"):
             for group in ("speed", "ratio"):
                 e = self.errors(sample, group)
