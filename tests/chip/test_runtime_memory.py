@@ -17,7 +17,7 @@ from partitioning.footprint import Placement, PlanDoesNotFit
 from partitioning.scenario import Scenario
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster, load_fabric
-from rdu_cluster.scenarios.capacity import replica_cost
+from rdu_cluster.scenarios.capacity import Pool, replica_cost
 from workloads.catalog import load_model
 from workloads.spec import with_dtypes
 
@@ -143,8 +143,8 @@ def test_serve_and_capacity_use_the_one_check(dsv3):
     _, why = footprint(Scenario(dsv3, h100, "tp8", 1, 1024, 256), check=False)
     assert "reserved by" in why
     fab = load_fabric("ib-ndr")
-    assert replica_cost(dsv3, "dgx-h100", "tp8", (1024, 256), fab) is None
-    assert replica_cost(dsv3, "hgx-h200", "tp8", (1024, 256), fab) is not None
+    assert replica_cost(dsv3, Pool("dgx-h100", "tp8", 1), (1024, 256), fab) is None
+    assert replica_cost(dsv3, Pool("hgx-h200", "tp8", 1), (1024, 256), fab) is not None
 
 
 def test_hosting_footprint_counts_each_sockets_reservation():
