@@ -14,7 +14,7 @@ from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.cli.simulate import _plan
 from rdu_cluster.config import load_cluster
-from rdu_cluster.output import results
+from rdu_cluster.output import atomic
 from rdu_cluster.output.report import overrides_line, text_table
 from workloads.catalog import load_model
 from workloads.spec import check_context
@@ -46,7 +46,7 @@ def sensitivity(model_ref: str, cluster_ref: str, plan_text: str | None, batch: 
         if not plot_path.endswith(".html"):
             raise click.BadParameter(f"{plot_path}: expected a .html file name",
                                      param_hint="--plot")
-        results.check_destination(plot_path, "--plot")
+        atomic.check_destination(plot_path, "--plot")
     spec = load_model(model_ref)
     check_context(spec, prompt_len, gen_len, "--prompt-len/--gen-len")
     cluster = load_cluster(cluster_ref, overrides)
@@ -59,7 +59,7 @@ def sensitivity(model_ref: str, cluster_ref: str, plan_text: str | None, batch: 
     title = (f"{spec.name} on {cluster.name}, plan {plan.name}, batch {batch}, prompt "
              f"{prompt_len}, gen {gen_len} (calibration: {cluster.chip.calibration})")
     if plot_path is not None:
-        results.atomic_write(plot_path, tornado_html(title, rows).encode(), "--plot")
+        atomic.atomic_write(plot_path, tornado_html(title, rows).encode(), "--plot")
     if as_json:
         click.echo("\n".join(json.dumps(r) for r in records))
         return
