@@ -152,6 +152,11 @@ def test_a_chip_that_only_extends_another_runs_with_its_calibration(tmp_path):
     assert twin.chip.execution == h100.chip.execution
     assert twin.chip.calibration == "default (inherited from h100-sxm)"
     assert h100.chip.calibration == "default (h100-sxm)"
+    with calibration.use(calibration.load("default")):  # --set of a figure keeps the fit
+        wider = load_cluster(str(tmp_path / "twin.toml"),
+                             {"chip.tiers.hbm.bandwidth_bytes_per_s": 4e12})
+    assert wider.chip.execution == h100.chip.execution and wider.chip.calibration == \
+        "default (inherited from h100-sxm)"
     assert mine.chip.execution["nccl_eager_launch_s"] == 3e-6  # its own value stays
     assert mine.chip.execution["nccl_busbw_fraction"] == h100.chip.execution[
         "nccl_busbw_fraction"]
