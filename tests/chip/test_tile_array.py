@@ -123,16 +123,19 @@ def test_link_latency_moves_the_rdu_step_where_collectives_are_exposed():
 
 
 def test_gpu_overlap_hides_a_collective_behind_its_producer_only():
-    plain = _run("llama-3.1-70b", cluster="dgx-h100", tp=8, batch=64)
-    from chip.kernel_by_kernel import GpuOptions
+    import dataclasses
 
-    over = _run("llama-3.1-70b", cluster="dgx-h100", tp=8, batch=64,
-                options=GpuOptions(overlap_comm=True))
+    from chip.serving_stacks import stack
+
+    trt = stack("tensorrt-llm")
+    plain = _run("llama-3.1-70b", cluster="dgx-h100", tp=8, batch=64, options=trt)
+    over_opts = dataclasses.replace(trt, overlap_comm=True)
+    over = _run("llama-3.1-70b", cluster="dgx-h100", tp=8, batch=64, options=over_opts)
     comm = [float(e.decode.cause("communication")) for e in (plain, over)]
     assert 0 < comm[1] < comm[0]
     # a faster link moves what stays exposed
     faster = _run("llama-3.1-70b", {"topology.link_bandwidth_bytes_per_s": 900e9},
-                  cluster="dgx-h100", tp=8, batch=64, options=GpuOptions(overlap_comm=True))
+                  cluster="dgx-h100", tp=8, batch=64, options=over_opts)
     assert float(faster.decode.cause("communication")) <= comm[1]
 
 
