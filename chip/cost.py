@@ -24,6 +24,9 @@ CAUSES = (
     "communication",
     "collective_latency",  # each collective's fixed latency on a layer's dependency chain
     "router_wait",  # MoE: routed experts' weights stream only after the router's result
+    # RDU: the HBM stream idle during a layer's dependency chain because the SRAM kept for the
+    # next layer's prefetch is full (a deeper prefetch, i.e. more SRAM, would hide it)
+    "prefetch_stall",
     "launch",
     "synchronization",
     "host",
@@ -51,7 +54,8 @@ class StepCost:
         streaming causes together, "overhead" the launch/sync/host/fill ones)."""
         groups = {
             "memory": (
-                "weight_streaming", "kv_streaming", "activations", "ddr_streaming", "router_wait"
+                "weight_streaming", "kv_streaming", "activations", "ddr_streaming", "router_wait",
+                "prefetch_stall",
             ),
             "compute": ("compute",),
             "communication": ("communication", "collective_latency"),

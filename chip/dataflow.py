@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from chip import efficiency
+from chip import efficiency, tile_array
 from chip.breakdown import OVERHEAD, Ledger
 from chip.cost import StepCost
 from chip.execution import CommTime, options_of, params_for, parse_params, register
@@ -50,6 +50,8 @@ class DataflowOptions:
 
 
 UNFUSED_BASELINE = DataflowOptions(False, False, False, False)
+# Tile-array units a chip may declare: 2^20, a thousand times SN40L's 1,040 PCUs / PMUs.
+MAX_UNITS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,9 @@ class DataflowParams:
     host_step_s: float
     sram_activation_fraction: float
     collective_latency_s: float
-    prefetch_buffer_bytes: float
+    prefetch_fraction: float
+    pcus: float
+    pmus: float
 
 
 @dataclass(frozen=True)
@@ -85,30 +89,28 @@ class Dataflow:
     name = "dataflow"
 
     def check_params(self, table: Mapping[str, Any], where: str) -> None:
-        parse_params(DataflowParams, table, where)
+        params = parse_params(DataflowParams, table, where)
+        for key in ("pcus", "pmus"):  # the tile array: whole units, at least one
+            v = getattr(params, key)
+            if v < 1 or v != int(v) or v > MAX_UNITS:
+                raise ConfigError(f"{where}.{key}: {show(v)}; accepted: a whole number of units, "
+                                  f"1 to {MAX_UNITS:,}")
 
     def check_chip(self, chip: ChipSpec, where: str) -> None:
-        """The parameters against the chip's SRAM, which holds the activations and the prefetch
-        buffer: the model reads both from the sram tier."""
+        """The model reads the SRAM (its stage buffers, residency, prefetch) from the sram
+        tier."""
         if not chip.has_tier("sram"):
             raise ConfigError(f"{where}: the dataflow model needs an sram tier (a kind = \"rdu\" "
                               "chip)")
-        sram = chip.tier("sram").capacity_bytes
-        buffer = chip.execution["prefetch_buffer_bytes"]
-        # The buffer is SRAM, so the SRAM's capacity bounds it. (The stated range's top, "all
-        # SRAM not holding activations", is tighter but rests on an assumed activation share.)
-        if buffer > sram:
-            raise ConfigError(
-                f"{where}.prefetch_buffer_bytes: {show(buffer)} is more than the "
-                f"{sram:,.0f} bytes of SRAM that hold it (tiers.sram.capacity_bytes); at most that "
-                "accepted")
 
     def step_cost(
         self, graph: Graph, chip: ChipSpec, comm_time: CommTime, options: Any = None
     ) -> StepCost:
         opts = _options(options)
         p = params_for(DataflowParams, chip)
-        ctx = _Ctx(chip, p, comm_time, opts, np.asarray(graph.shape.batch, dtype=float))
+        sram = tile_array.sram_plan(graph, chip, p, opts.batch_streaming) if opts.fused else None
+        ctx = _Ctx(chip, p, comm_time, opts, np.asarray(graph.shape.batch, dtype=float), sram,
+                   np.asarray(graph.shape.new_tokens, dtype=float))
         ledger = Ledger()
         calls = 0.0
         if opts.fused:
@@ -144,6 +146,10 @@ class _Ctx:
     comm_time: CommTime
     opts: DataflowOptions
     batch: np.ndarray
+    sram: tile_array.Sram | None = None
+    new_tokens: np.ndarray | float = 1.0  # a sequence's tokens this step (prefill: the prompt)
+    # a collective's size-dependent time, once a step (a grid's collectives are costed on arrays)
+    parts: dict = field(default_factory=dict)
 
     @property
     def bw(self) -> float:
@@ -266,7 +272,12 @@ def _ops_key(block: Block, ctx: _Ctx) -> tuple | None:
                             float(_barrier(c, ctx)))
             comm.append(known[c])
     ops = _hashable(block.ops)
-    return None if ops is None else (ops, ctx.opts, float(ctx.batch), tuple(comm))
+    if ops is None or (ctx.sram is not None and np.ndim(ctx.sram.resident_bytes)):
+        return None
+    sram = ctx.sram.key() if ctx.sram is not None else None
+    if np.ndim(ctx.new_tokens):
+        return None
+    return (ops, ctx.opts, float(ctx.batch), float(ctx.new_tokens), tuple(comm), sram)
 
 
 _OPS: dict[int, tuple] = {}
@@ -311,33 +322,41 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
     p, r = ctx.p, block.repeat
     ops = [op for op in block.ops if op.cls is not OpClass.COLLECTIVE]
     colls = [op.collective for op in block.ops if op.cls is OpClass.COLLECTIVE]
-    coll_latency = sum((_latency(c, ctx) for c in colls), np.zeros(()))
+    m = tile_array.layer_map(ops, ctx.chip, p, ctx.batch, ctx.opts.batch_streaming, ctx.sram)
     phases = _phases(block.ops) if not ctx.opts.batch_streaming else [list(block.ops)]
     spill = _spill(ops, ctx)
     act_total = sum((op.act_out_bytes for op in ops), 0.0)
+    chain = _chain(ops, colls, ctx)
+    total = sum(chain.values(), np.zeros(()))
     pipe, hbm, data = np.zeros(()), np.zeros(()), np.zeros(())
     for phase in phases:
         share = _share(
             sum((op.act_out_bytes for op in phase if op.cls is not OpClass.COLLECTIVE), 0.0),
             act_total,
         )
-        res = _resources(phase, ctx, spill * share)
+        res = _resources(phase, ctx, spill * share, m, total)
         pipe = pipe + _book_pipe(ledger, phase, res, r) / r
         hbm = hbm + res.hbm
-        data = data + np.maximum(res.compute, res.p2p)
-    chain = len(ops) * p.op_latency_s + coll_latency
-    exposed = chain
+        data = data + res.compute
+    exposed, stall = chain, {k: np.zeros(()) for k in chain}
     if looped:
         # The looped kernel decouples the HBM stream from the data path: the next layer's
-        # (data-independent) weights stream during this layer's dependency stalls, as far ahead
-        # as the SRAM left for stream buffers allows. A layer then costs the longer of its HBM
-        # stream and its data path (compute or P2P, plus the chain), but no less than the
-        # unlooped time minus what the buffers can absorb. The first layer pays the full chain.
-        buffer_s = p.prefetch_buffer_bytes / (p.hbm_efficiency * ctx.bw)
-        steady = np.maximum(np.maximum(hbm, data + chain), pipe + chain - buffer_s)
-        steady = np.maximum(steady, pipe)  # it hides the chain, not the phases' serialization
+        # (data-independent) weights stream during this layer's dependency chain (its stages'
+        # latency, its collectives: a layer's all-reduce waits for its last stage, and the next
+        # layer's prefetch runs under it), as far ahead as the SRAM kept for prefetch holds
+        # (tile_array: prefetch_fraction of the SRAM the stages and resident data leave). A
+        # layer then costs the longer of its HBM stream and its data path (compute plus the
+        # chain), and no less than its stream plus the chain the prefetch cannot cover; that
+        # part is the prefetch stall (SRAM-bound: a deeper buffer would hide it). The first
+        # layer pays the full chain.
+        buffer_s = m.prefetch_bytes / (p.hbm_efficiency * ctx.bw)
+        unbounded = np.maximum(np.maximum(hbm, data + total), pipe)
+        steady = np.maximum(unbounded, pipe + total - buffer_s)
         full = 1 if head else 0  # the loop's first layer pays its whole chain
-        exposed = (full * chain + (r - full) * (steady - pipe)) / r
+        hidden = _share(unbounded - pipe, total)
+        stalled = _share(steady - unbounded, total)
+        exposed = {k: (full * v + (r - full) * v * hidden) / r for k, v in chain.items()}
+        stall = {k: (r - full) * v * stalled / r for k, v in chain.items()}
         # MoE: the routed experts' weights cannot be prefetched (the router picks them), so
         # the data path waits for their stream after the router; shared experts and attention
         # weights still prefetch. The experts' own compute consumes that stream as it arrives
@@ -347,9 +366,9 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
         # Mixtral at batch 1024 ran 45% slower with kernel looping on than off.)
         stream = _routed_stream(ops, ctx)
         path = data + stream - np.minimum(stream, _routed_compute(ops, ctx))
-        wait = np.maximum(0.0, path + chain - steady)
+        wait = np.maximum(0.0, path + total - steady)
         ledger.add("router_wait", OpClass.EXPERT.value, (r - full) * wait)
-    _book_chain(ledger, ops, colls, ctx, r * exposed / np.maximum(chain, 1e-300))
+    _book_chain(ledger, ops, colls, chain, exposed, stall, r)
     ncalls = (1 if head else 0) if looped else r
     reload = head or not looped
     barrier = max((_barrier(c, ctx) for c in colls), key=np.max, default=np.zeros(()))
@@ -364,6 +383,24 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
         launch = launch + p.program_load_s + ctx.command_s
     ledger.add("launch", OVERHEAD, launch)
     return float(ncalls)
+
+
+def _chain(ops: list[Op], colls: list[Collective], ctx: _Ctx) -> dict[str, Any]:
+    """A layer's dependency chain by cause: each op's stage latency (pipeline fill and drain),
+    each collective's fixed latency, and the part of its size-dependent time the last row waits
+    for: the op after an all-reduce (the residual add and the norm, a reduction over one token's
+    row) starts when that row's last byte has arrived, while the message streams row by row
+    under the producer. With BatchStreaming one token of one sequence is the unit (the others'
+    bytes stream while later rows compute); without it, one token of every sequence of the
+    batch, which moves as one."""
+    rows = np.maximum(ctx.new_tokens, 1.0) * (np.maximum(ctx.batch, 1.0)
+                                              if ctx.opts.batch_streaming else 1.0)
+    per = 1.0 / rows
+    return {
+        "pipeline_fill": len(ops) * ctx.p.op_latency_s + np.zeros(()),
+        "collective_latency": sum((_latency(c, ctx) for c in colls), np.zeros(())),
+        "communication": per * sum((_bandwidth_part(c, ctx) for c in colls), np.zeros(())),
+    }
 
 
 def _routed_stream(ops: list[Op], ctx: _Ctx):
@@ -410,24 +447,52 @@ def _spill(ops: list[Op], ctx: _Ctx):
     return 2.0 * np.maximum(0.0, np.asarray(footprint) - ctx.sram_budget)
 
 
-def _resources(ops, ctx: _Ctx, spill) -> _Res:
+def _resources(ops, ctx: _Ctx, spill, m: tile_array.LayerMap | None = None,
+               chain: Any = 0.0) -> _Res:
+    """A region's demands. With a layer map (fused): resident weights and KV are read from SRAM
+    at its rate, the rest streamed from HBM (re-streamed for each BatchStreaming group), and the
+    compute runs at the stages' balanced rate (where it can bind: with the layer's `chain` it
+    could outlast the stream)."""
     p = ctx.p
     compute_ops = [op for op in ops if op.cls is not OpClass.COLLECTIVE]
     weights = sum((op.weight_bytes for op in compute_ops), 0.0)
     kv = sum((op.kv_read_bytes + op.kv_write_bytes for op in compute_ops), 0.0)
-    hbm = efficiency.stream_time(weights + kv + spill, ctx.bw, p.hbm_efficiency)
+    rate = 1.0
+    sram_s = np.zeros(())
+    streamed_w, streamed_kv = weights, kv
+    if m is not None and ctx.sram is not None:
+        if np.any(m.restream > 1):
+            streamed_w = weights = weights * m.restream
+        if np.any(ctx.sram.resident_weights):  # (scalars stay scalars where nothing is held)
+            held = sum((op.weight_bytes for op in compute_ops
+                        if op.cls in tile_array.STREAMED), 0.0)
+            held = np.where(ctx.sram.resident_weights, held, 0.0)
+            held_kv = np.where(ctx.sram.resident_kv, kv, 0.0)
+            streamed_w = (weights - held * m.restream)
+            streamed_kv = kv - held_kv
+            sram_bw = ctx.chip.tier("sram").bandwidth_bytes_per_s
+            sram_s = (held + held_kv) / sram_bw
+            # the booking splits the memory time by bytes: resident bytes at the SRAM's rate
+            equiv = p.hbm_efficiency * ctx.bw / sram_bw
+            weights, kv = streamed_w + held * equiv, streamed_kv + held_kv * equiv
+    hbm = efficiency.stream_time(streamed_w + streamed_kv + spill, ctx.bw, p.hbm_efficiency)
     compute = sum(
         (
-            efficiency.stream_time(op.flops, ctx.chip.flops(op.flop_dtype), p.compute_efficiency)
+            efficiency.stream_time(op.flops, ctx.chip.flops(op.flop_dtype),
+                                   p.compute_efficiency)
             for op in compute_ops
         ),
         np.zeros(()),
     )
+    if m is not None and np.any(compute / tile_array.rate_floor(compute_ops, p) + chain
+                                > hbm + sram_s):
+        rate = tile_array.compute_rate(compute_ops, ctx.chip, p)
+    compute = compute / rate
     p2p = sum(
         (_bandwidth_part(op.collective, ctx) for op in ops if op.cls is OpClass.COLLECTIVE),
         np.zeros(()),
     )
-    return _Res(hbm, compute, p2p, weights, kv, spill)
+    return _Res(hbm + sram_s, compute, p2p, weights, kv, spill)
 
 
 def _book_pipe(ledger: Ledger, ops, res: _Res, r: int):
@@ -467,13 +532,20 @@ def _book_pipe(ledger: Ledger, ops, res: _Res, r: int):
     return t
 
 
-def _book_chain(ledger: Ledger, ops, colls, ctx: _Ctx, scale) -> None:
-    """Pipeline fill and drain: each op's stage latency and each collective's latency, scaled by
-    the exposed fraction (times the number of layers)."""
-    for op in ops:
-        ledger.add("pipeline_fill", op.cls.value, scale * ctx.p.op_latency_s)
-    for c in colls:
-        ledger.add("collective_latency", OpClass.COLLECTIVE.value, scale * _latency(c, ctx))
+def _book_chain(ledger: Ledger, ops, colls, chain: dict, exposed: dict, stall: dict,
+                r: int) -> None:
+    """The exposed part of each layer's chain (times its r layers), each op's stage latency to
+    its class and each collective's to the collective class: by its own cause where no prefetch
+    could hide it, as prefetch_stall where the SRAM kept for prefetch was too small to."""
+    n_ops = max(len(ops), 1)
+    for cause, seconds in exposed.items():
+        if cause == "pipeline_fill":
+            for op in ops:
+                ledger.add(cause, op.cls.value, r * seconds / n_ops)
+                ledger.add("prefetch_stall", op.cls.value, r * stall[cause] / n_ops)
+        elif colls:
+            ledger.add(cause, OpClass.COLLECTIVE.value, r * seconds)
+            ledger.add("prefetch_stall", OpClass.COLLECTIVE.value, r * stall[cause])
 
 
 # ---- unfused baseline: one op a kernel --------------------------------------------------------
@@ -520,13 +592,22 @@ def _latency(c: Collective, ctx: _Ctx):
     a pipelined kernel. The interconnect's own cost of an empty message (hops) plus the
     protocol's fixed cost per collective (`collective_latency_s`: handshakes, flag polling,
     the reduction's pipeline depth; unpublished, see docs/calibration.md)."""
-    hops = np.asarray(ctx.comm_time(Collective(c.kind, 0.0, c.group, c.size)), dtype=float)
-    return hops + (ctx.p.collective_latency_s if c.size > 1 else 0.0)
+    return _hops(c, ctx) + (ctx.p.collective_latency_s if c.size > 1 else 0.0)
+
+
+def _hops(c: Collective, ctx: _Ctx):
+    """The interconnect's cost of the collective with an empty message."""
+    return np.asarray(ctx.comm_time(Collective(c.kind, 0.0, c.group, c.size)), dtype=float)
 
 
 def _bandwidth_part(c: Collective, ctx: _Ctx):
-    """The size-dependent part: streamed over P2P concurrently with the rest of the kernel."""
-    return np.maximum(0.0, np.asarray(ctx.comm_time(c), dtype=float) - _latency(c, ctx))
+    """The size-dependent part: the interconnect's time beyond its empty-message cost (the
+    protocol's fixed cost is not the interconnect's, so it is not subtracted)."""
+    hit = ctx.parts.get(id(c))
+    if hit is None or hit[0] is not c:
+        part = np.maximum(0.0, np.asarray(ctx.comm_time(c), dtype=float) - _hops(c, ctx))
+        hit = ctx.parts[id(c)] = (c, part)
+    return hit[1]
 
 
 def _barrier(c: Collective, ctx: _Ctx):

@@ -8,8 +8,8 @@ Each kernel boundary costs a device-side gap (synchronization). The host issues 
 asynchronously; whatever issue time the GPU's own work does not cover is exposed as launch time.
 A per-step host overhead (scheduling, sampling, input preparation) is paid every step. CUDA
 graphs replace per-kernel host launches with one graph launch per step and shrink the gap.
-Collectives are separate NCCL kernels; with `overlap_comm` they hide behind the other kernels of
-their block. A decode attention kernel that does not split a sequence's context over thread
+Collectives are separate NCCL kernels; with `overlap_comm` each hides behind the kernel that
+produces its input, as far as that kernel lasts. A decode attention kernel that does not split a sequence's context over thread
 blocks (`split_kv` off) or re-reads a KV head for each query head of its GQA group
 (`gqa_packing` off) runs no faster than its thread blocks stream through their SMs.
 Parameters and their sources: `[execution]` of each GPU chip TOML; interpretation:
@@ -327,21 +327,27 @@ def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool,
 def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_time, opts,
                 kern: _StackKernels) -> None:
     r = block.repeat
-    comm_total, busy_total = np.zeros(()), np.zeros(())
-    comm_parts = []
+    comm_total, exposed = np.zeros(()), np.zeros(())
+    producer = np.zeros(())  # the kernel before a collective: the one that makes its input
     for k in kernels:
         cls = k.anchor.cls.value
         ledger.add("synchronization", cls, r * gap)
         if k.is_collective:
             c = k.ops[0].comm
             t = r * p.collective_time(comm_time, c, opts)
-            comm_parts.append(t)
             comm_total = comm_total + t
+            # Overlap follows the schedule: a collective's input is its producer's output and
+            # the next kernel (residual add and norm: a reduction over the whole row) waits for
+            # all of it, so at best it runs chunk by chunk under its producer (a GEMM fused
+            # with its all-reduce: TensorRT-LLM's user-buffer all-reduce, Flux); what outlasts
+            # the producer is exposed. Without overlap all of it is.
+            exposed = exposed + (np.maximum(0.0, t - producer) if opts.overlap_comm else t)
+            producer = np.zeros(())
             continue
         weights, kv, act, t_mem, t_cmp = kernel_times(k, chip, p, opts.split_kv,
                                                       opts.gqa_packing, kern)
         t = r * np.maximum(t_mem, t_cmp)
-        busy_total = busy_total + t
+        producer = t
         memory_bound = t_mem >= t_cmp
         zero = np.zeros(np.shape(t))
         ledger.split(
@@ -354,14 +360,8 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
                 "compute": np.where(memory_bound, zero, 1.0),
             },
         )
-    if comm_parts:
-        # Overlap hides a block's collectives behind its other kernels (an upper bound: it needs
-        # independent work, e.g. two micro-batches, which the data dependence of one token lacks).
-        exposed = np.maximum(0.0, comm_total - busy_total) if opts.overlap_comm else comm_total
-        scale = np.divide(
-            exposed, comm_total, out=np.zeros(np.shape(exposed)), where=comm_total > 0
-        )
-        ledger.add("communication", OpClass.COLLECTIVE.value, comm_total * scale)
+    if np.any(comm_total > 0):
+        ledger.add("communication", OpClass.COLLECTIVE.value, exposed)
 
 
 def _host(ledger, p: GpuParams, opts: GpuOptions, graph: Graph, n_kernels: float,

@@ -32,6 +32,12 @@ class ChipSpec:
     power: Mapping[str, float | str] = field(default_factory=dict)  # figures and "source"
     description: str = ""
     source: str = ""
+    # The chip and the chips it `extends`, nearest first: (name, the [execution] keys that file
+    # sets itself). A calibration profile's values follow it (validation/calibration.py).
+    family: tuple[tuple[str, frozenset[str]], ...] = ()
+    # The calibration the run's values come from: "PROFILE (CHIP)", "PROFILE (inherited from
+    # CHIP)" or "first principles" (validation/calibration.py sets it).
+    calibration: str = "first principles"
 
     def tier(self, name: str) -> TierSpec:
         for tier in self.tiers:

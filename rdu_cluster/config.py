@@ -13,6 +13,7 @@ then judge them. Every problem is a ConfigError whose message names the file and
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import tomllib
 from collections.abc import Mapping
@@ -111,7 +112,8 @@ def plausible(value: float, key: str, where: str) -> float:
 def load_chip(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> ChipSpec:
     path = _resolve("chips", name_or_path)
     raw = _apply_overrides(_read_extended("chips", path), overrides or {}, path.name)
-    return _calibrated(parse_chip(raw, path.name), overrides or {}, path.name)
+    chip = dataclasses.replace(parse_chip(raw, path.name), family=_family(path))
+    return _calibrated(chip, overrides or {}, path.name)
 
 
 def load_cluster(
@@ -133,6 +135,7 @@ def load_cluster(
     chip_path = _resolve("chips", chip_ref, relative_to=path.parent)
     chip_raw = _merge(_read_extended("chips", chip_path), _table(raw, "chip_overrides", where, {}))
     chip = parse_chip(_apply_overrides(chip_raw, chip_over, chip_path.name), chip_path.name)
+    chip = dataclasses.replace(chip, family=_family(chip_path))
     sockets = checks.integer(raw.get("sockets"), f"{where}: sockets", 1, MAX_SOCKETS)
     per_node = checks.integer(raw.get("sockets_per_node"), f"{where}: sockets_per_node", 1,
                               MAX_SOCKETS)
@@ -334,6 +337,18 @@ def _extended(kind: str, path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict,
         raise ConfigError(f"{path.name}: extends: {parent!r} leads back to {path.name} (a cycle)")
     base, files = _extended(kind, parent_path, chain)
     return _merge(base, raw), [path, *files]
+
+
+def _family(path: Path) -> tuple[tuple[str, frozenset[str]], ...]:
+    """A chip file's family for calibration: its name and each `extends` ancestor's, nearest
+    first, with the [execution] keys each file sets itself."""
+    out = []
+    for f in _extended("chips", path)[1]:
+        raw = _read(f)
+        execution = raw.get("execution", {})
+        out.append((str(raw.get("name", f.stem)),
+                    frozenset(execution) if isinstance(execution, dict) else frozenset()))
+    return tuple(out)
 
 
 def _read(path: Path) -> dict[str, Any]:

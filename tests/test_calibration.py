@@ -129,14 +129,17 @@ def test_router_wait_only_for_moe_and_breakdown_partitions():
 def test_collective_latency_is_on_the_chain_and_prefetch_hides_it():
     base = load_cluster("sn40l-16")
     hidden = _decode("llama-3.1-8b", "sn40l-16")
-    # Less prefetch buffer: the chain is exposed (adds to the stream), the step gets slower.
+    # Less of the free SRAM kept for prefetch: the chain is exposed (adds to the stream) as a
+    # prefetch stall, and the step gets slower.
     slow = estimate(Scenario(
         load_model("llama-3.1-8b"),
-        load_cluster("sn40l-16", {"chip.execution.prefetch_buffer_bytes": 1e6}),
+        load_cluster("sn40l-16", {"chip.execution.prefetch_fraction": 0.001}),
         prompt_len=1024, gen_len=64,
     ))
     assert float(slow.tpot_s) > float(hidden.tpot_s)
-    assert base.chip.execution["prefetch_buffer_bytes"] > 1e6
+    assert float(slow.decode.cause("prefetch_stall")) > float(hidden.decode.cause(
+        "prefetch_stall"))
+    assert base.chip.execution["prefetch_fraction"] == 1.0
 
 
 def test_serving_stacks_differ_in_host_and_allreduce():

@@ -48,6 +48,7 @@ def test_capacity_ranks_verified_rows_and_their_serve_args_reproduce_them(tmp_pa
         "sn40l-8", "dgx-h100"}
     prices = [row["usd_per_hour"] for row in rows if row["meets_slo"]]
     assert prices == sorted(prices)
+    assert {row["calibration"] for row in rows} == {"default (sn40l)", "default (h100-sxm)"}
     best = rows[0]
     again = run("serve", *best["serve_args"], "--json", "--out", str(tmp_path))
     assert again.exit_code == 0, again.output

@@ -74,7 +74,7 @@ def test_simulate_out_files(tmp_path, suffix):
     assert r.exit_code == 0, r.stderr
     tbl = pq.read_table(out) if suffix == ".parquet" else ipc.open_file(out).read_all()
     assert tbl.num_rows == 1
-    assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"4"
+    assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"5"
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary file left
 
 

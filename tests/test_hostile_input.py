@@ -624,6 +624,20 @@ def _validate_cases() -> None:
     add("validate", "cases_file", "validate", "--cases", "{d}/missing.toml")
 
 
+# ---- sensitivity ------------------------------------------------------------------------------
+
+SENS = ["sensitivity", "--model", "llama-3.1-8b"]
+
+
+def _sensitivity_cases() -> None:
+    for extra in (["--cluster", "no-such"], ["--model", "no-such"], ["--batch", "0"],
+                  ["--plan", "tp3"], ["--plan", "tp32"], ["--plot", "{d}/t.png"],
+                  ["--plot", "{d}/missing/t.html"], ["--set", "chip.tiers.sram.capacity_bytes=-1"],
+                  ["--set", "chip.execution.pmus=0.5"], ["--prompt-len", "1000000000"],
+                  ["--calibration", "no-such"]):
+        add("sensitivity", "cli_value", *SENS, *extra, label=" ".join(extra))
+
+
 # ---- capacity ---------------------------------------------------------------------------------
 
 CAP = ["capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8"]
@@ -785,6 +799,7 @@ _cli_cases()
 _output_cases()
 _corrupt_cases()
 _validate_cases()
+_sensitivity_cases()
 _capacity_cases()
 _calibration_cases()
 

@@ -93,20 +93,18 @@ def test_power_figures_are_bounded(key):
     assert load_cluster("sn40l-8", {"chip.power.peak_w": 1e5}).chip.power["peak_w"] == 1e5
 
 
-def test_prefetch_buffer_is_bounded_by_the_sram():
-    msg = one_line(load_cluster, "sn40l-8", {"chip.execution.prefetch_buffer_bytes": 1e15})
-    assert msg == ("sn40l.toml: execution.prefetch_buffer_bytes: 1000000000000000.0 is more than "
-                   "the 545,259,520 bytes of SRAM that hold it (tiers.sram.capacity_bytes); at "
-                   "most that accepted")
-    whole = {"chip.execution.prefetch_buffer_bytes": 545259520}
-    assert load_cluster("sn40l-8", whole).chip.execution["prefetch_buffer_bytes"] == 545259520
-    # The values a run uses are judged: the first-principles 272.6 MB buffer does not fit a
-    # 10 MB SRAM; the default profile's fitted 1 MB one does.
+def test_tile_array_counts_and_prefetch_fraction_are_checked():
+    msg = one_line(load_cluster, "sn40l-8", {"chip.execution.pmus": 0.5})
+    assert msg == ("sn40l.toml: execution.pmus: 0.5; accepted: a whole number of units, 1 to "
+                   "1,048,576")
+    msg = one_line(load_cluster, "sn40l-8", {"chip.execution.prefetch_fraction": 2})
+    assert msg == ("sn40l.toml: execution.prefetch_fraction: expected a fraction in (0, 1], got "
+                   "2.0")
+    assert load_cluster("sn40l-8", {"chip.execution.pcus": 520}).chip.execution["pcus"] == 520
+    # The prefetch is a share of the free SRAM, so any SRAM size runs with any fraction.
     small = {"chip.tiers.sram.capacity_bytes": 1e7}
-    assert "272629760 is more than the 10,000,000 bytes" in one_line(load_cluster, "sn40l-8",
-                                                                     small)
     with calibration.use(calibration.load("default")):
-        assert load_cluster("sn40l-8", small).chip.execution["prefetch_buffer_bytes"] == 1e6
+        assert load_cluster("sn40l-8", small).chip.tier("sram").capacity_bytes == 1e7
 
 
 def test_peak_flops_dtype_keys_are_spelled_as_read():

@@ -365,3 +365,41 @@ def test_a_run_without_steps_says_so_not_single_socket(tmp_path):
     page = html.read_text()
     assert "no link traffic (no step ran)" in page
     assert "single-socket plan" not in page
+
+
+HARDWARE_SPEC = """
+[sweep]
+name = "hbm-what-if"
+kind = "simulate"
+[base]
+model = "llama-3.1-8b"
+cluster = "sn40l-16"
+tp = 16
+prompt_len = 1024
+gen_len = 64
+[[axes]]
+type = "grid"
+batch = [1, 8]
+"chip.tiers.hbm.bandwidth_bytes_per_s" = [1.8e12, 3.6e12]
+"""
+
+
+def test_a_hardware_sweep_draws_every_variant_in_every_panel(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(textwrap.dedent(HARDWARE_SPEC))
+    _cli("sweep", spec, "--out", tmp_path / "data", "--no-progress")
+    data = report_cli.load(tmp_path / "data")
+    variants = {"hbm_bandwidth_bytes_per_s=1.8e+12", "hbm_bandwidth_bytes_per_s=3.6e+12"}
+    assert set(data.cols["variant"]) == variants
+    drawn = {}
+    for name in ("roofline", "tokens_vs_batch", "breakdown", "pareto", "variant_ratio"):
+        plot = next(p for p in plots.PLOTS["simulate"] if p.name == name)
+        fig, caption = plot.draw(data.cols)
+        assert "Slice: chip_tiers" not in caption  # no variant is sliced away
+        names = " ".join(str(t.name) for t in fig.data) + " ".join(
+            str(x) for t in fig.data if t.type == "bar" for x in t.x)
+        drawn[name] = {v for v in variants if v in names}
+    assert all(found == variants for found in drawn.values()), drawn
+    ratio = plots.variant_ratio(data.cols)[0]
+    faster = [t for t in ratio.data if "3.6e+12" in t.name and t.xaxis in ("x", None)]
+    assert faster and all(y > 1.2 for t in faster for y in t.y)  # tokens/s: 2x HBM, faster

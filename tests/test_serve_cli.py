@@ -25,7 +25,7 @@ def test_serve_writes_tables_and_prints_a_summary(tmp_path):
     assert r.exit_code == 0, r.output
     for name in ("requests", "steps", "sockets", "links"):
         tbl = pq.read_table(tmp_path / "out" / f"{name}.parquet")
-        assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"4"
+        assert tbl.schema.metadata[b"rdu_cluster.schema_version"] == b"5"
         assert tbl.schema.metadata[b"rdu_cluster.seed"] == b"0"
     assert pq.read_table(tmp_path / "out" / "requests.parquet").num_rows == 20
     for metric in ("TTFT", "TPOT", "ITL ", "E2EL"):

@@ -243,6 +243,6 @@ COMMANDS = {
     "validate": "rdu_cluster.cli.validate", "calibrate": "rdu_cluster.cli.calibrate",
     "footprint": "rdu_cluster.cli.footprint", "serve": "rdu_cluster.cli.serve",
     "plan": "rdu_cluster.cli.plan", "report": "rdu_cluster.cli.report",
-    "capacity": "rdu_cluster.cli.capacity",
+    "capacity": "rdu_cluster.cli.capacity", "sensitivity": "rdu_cluster.cli.sensitivity",
 }
 main.commands = LazyCommands(COMMANDS)

@@ -39,6 +39,11 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     uniformity and ignored: a fit never starts from another fit."""
     path = _destination(chip, name, out)
     table = v.load_table(cases_path)
+    if chip is not None and not fit.fitted_declarations(chip, table["row"]):
+        chips = sorted({c for d in fit.fitted_declarations() for c in d.chips})
+        raise click.BadParameter(f"{chip!r}; accepted: {', '.join(chips)} or a chip that "
+                                 "extends one, simulated by a row (the chips with unknown "
+                                 "parameters)", param_hint="--chip")
     _not_an_input(path, cases_path, table["row"])
     _not_an_input(uncertainty.model_path(path), cases_path, table["row"])
     where = f"--cases {cases_path}" if cases_path else "measurements.toml"
@@ -103,12 +108,8 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _destination(chip: str | None, name: str, out: str | None) -> Path:
-    """Check the options before the fit (minutes): a known chip, a plain profile name, a
-    writable .toml destination."""
-    chips = sorted({c for d in fit.fitted_declarations() for c in d.chips})
-    if chip is not None and chip not in chips:
-        raise click.BadParameter(f"{chip!r}; accepted: {', '.join(chips)} (the chips with "
-                                 "unknown parameters)", param_hint="--chip")
+    """Check the options before the fit (minutes): a plain profile name, a writable .toml
+    destination (the chip is checked against the rows)."""
     if not NAME.fullmatch(name):
         raise click.BadParameter(f"{name!r}; accepted: 1 to 64 letters, digits, '.', '_' or "
                                  "'-', not starting with '.' (use --out for a path)",

@@ -488,6 +488,7 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
                      else "trace replayed" if "--trace" in r.serve_args
                      else "closed loop" if r.serve_args.count("--concurrency") else "open loop"),
         "serve_args": r.serve_args,
+        "calibration": calibration.label([load_cluster(p.cluster) for p in d.pools]),
     }
 
 
@@ -543,9 +544,10 @@ def _table(results, slo, traffic, wall) -> str:
                  "(each end the boundary searched again at the simulator's optimistic and "
                  "pessimistic ends); robust: meets at the pessimistic end; "
                  + " | ".join(sorted(notes)) if notes else "")
-    lines.append(head)
-    for i, r in enumerate(results, 1):
-        rec = _record(r, slo)
+    records = [_record(r, slo) for r in results]
+    labels = sorted({rec["calibration"] for rec in records})
+    lines += [*([f"calibration: {'; '.join(labels)}"] if labels else []), head]
+    for i, (r, rec) in enumerate(zip(results, records), 1):
         lines.append(
             f"{i:>2} {' '.join(x for x in (rec['system'], rec['weights'], rec['stack']) if x):<24} "
             f"{rec['sockets']:>7} {_span(rec['nodes'], rec['nodes_low'], rec['nodes_high'], 'd'):>11} "

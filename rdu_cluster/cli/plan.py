@@ -89,7 +89,8 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     if not result.ranked:
         worst = result.rejected[-1][1] if result.rejected else "no valid plan"
         raise PlanDoesNotFit(f"no plan of {result.evaluated} fits; the widest: {worst}")
-    rows = [plan_row(e, cluster.chip) for e in result.ranked[:top]]
+    rows = [plan_row(e, cluster.chip) | {"calibration": cluster.chip.calibration}
+            for e in result.ranked[:top]]
     if as_json:
         click.echo("\n".join(json.dumps(r) for r in rows))
         return
@@ -101,6 +102,7 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
         f"context {context}, gen {gen_len}, objective {objective}; {result.evaluated} plans, "
         f"{len(result.ranked)} fit{', spill to DDR allowed' if spill else ''}"
         f"{'; stack ' + result.ranked[0].stack if result.ranked[0].stack else ''}"
+        f"; calibration {cluster.chip.calibration}"
     )
     header = ["#", "plan", "sockets", "tp", "pp", "ep", "dp", "tok/s/req", "tok/s total",
               "HBM GB/socket", "DDR GB/socket", "bound"]

@@ -34,7 +34,7 @@ from rdu_cluster.output.progress import Progress
 from rdu_cluster.output.report import banded
 from rdu_cluster.output.timeline import Timeline
 from rdu_cluster.scenarios import coe, speculative
-from rdu_cluster.validation import uncertainty
+from rdu_cluster.validation import calibration, uncertainty
 from workloads import checks, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
@@ -223,7 +223,9 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                "backend": backend_name,
                "routing": routing, "num_prompts": len(trace), "request_rate": rate,
                "burstiness": _vllm_burstiness(trace_path, arrival, burstiness),
-               "max_concurrency": concurrency}
+               "max_concurrency": concurrency,
+               "calibration": calibration.label(
+                   [load_cluster(p.cluster) for p in pools[:2]] if pools else [cluster])}
     started = time.perf_counter()
     with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
         backend = lambda: make_backend(  # started once the inputs are checked
@@ -245,6 +247,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     else:
         click.echo(format_summary(tables, wall, backend_name, model.name,
                                   name + (f", stack {stack}" if stack else ""), doc))
+        click.echo(f"  calibration: {context['calibration']}")
 
 
 def _stack(name: str | None, pools: list, cluster, model) -> tuple:

@@ -25,7 +25,8 @@ from rdu_cluster.engine.requests import Request
 # 3: requests.prefill_replica, kv_transfer_s, kv_transfer_bytes (disaggregated serving)
 # 4: prefix caching (requests: session, prefix_<tier>_tokens, prefix_copy_s; steps:
 # prefix_hit_tokens, prefix_copy_s, prefix_exposed_s)
-SCHEMA_VERSION = "4"
+# 5: steps.prefetch_stall_s (the RDU's SRAM-bound prefetch stall, chip/tile_array.py)
+SCHEMA_VERSION = "5"
 PHASES = ("decode", "prefill", "mixed", "recovery")
 
 REQUESTS = pa.schema([

@@ -30,7 +30,11 @@ _NOT_AXES = {
     "point_id", "chip", "execution_model", "bound", "sockets", "replicas", "cluster_ref",
     "model_ref", "chip_peak_flops_per_s", "chip_hbm_bandwidth_bytes_per_s", "seed", "tp", "ep",
     "pp", "dp", "plan", "mixer_tp", "requests", "plans_evaluated", "plans_feasible",
+    "variant", "variant_axes", "cluster_base", "calibration",
 }
+# Sweep axes that change the hardware (a --set path of the chip or the topology): each
+# combination is a variant of its cluster, drawn as a system of its own (`with_variants`).
+HARDWARE_PREFIXES = ("chip_", "topology_")
 # Axes an operator chooses (batch limits, plan, load): a Pareto front runs over them; every
 # other varying axis (prompt and output lengths, dtypes, ...) is a setting with its own front.
 KNOBS = {"batch", "tp", "plan", "rate_requests_per_s", "max_batch", "token_budget",
@@ -78,6 +82,29 @@ def columns(table: pa.Table, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
+def with_variants(cols: Cols) -> Cols:
+    """A sweep whose axes vary the hardware: every plot draws each variant as a system of its
+    own. The cluster column becomes "CLUSTER [variant]" (a colour, a bar, a trace each), the
+    original is kept as `cluster_base`, the variant's label as `variant`, and the hardware
+    axes stop being axes to slice on. A dataset without such axes is returned as it is."""
+    hw = [n for n in axis_columns(cols) if n.startswith(HARDWARE_PREFIXES)]
+    if not hw:
+        return cols
+    label = np.array([", ".join(f"{_short(n)}={_fmt(v)}" for n, v in zip(hw, row))
+                      for row in zip(*(cols[n] for n in hw))], dtype=object)
+    base = np.asarray(cols["cluster"], dtype=object)
+    return {**cols, "cluster_base": base, "variant": label, "variant_axes": np.array(hw),
+            "cluster": np.array([f"{c} [{v}]" for c, v in zip(base, label)], dtype=object)}
+
+
+def _short(column: str) -> str:
+    """chip_tiers_hbm_bandwidth_bytes_per_s -> hbm_bandwidth_bytes_per_s"""
+    for prefix in ("chip_tiers_", "chip_execution_", "chip_peak_flops_", "topology_", "chip_"):
+        if column.startswith(prefix):
+            return column[len(prefix):]
+    return column
+
+
 def missing(plot: Plot, cols: Cols) -> list[str]:
     return [c for c in plot.needs if c not in cols]
 
@@ -90,7 +117,9 @@ def axis_columns(cols: Cols) -> list[str]:
 
     inputs = {"batch", "prompt_len", "gen_len", "cluster", "model"}
     outputs = ({f.name for f in SCHEMA} | {f.name for f in SERVE_SCHEMA}) - inputs
-    names = [n for n in cols if n not in outputs and n not in _NOT_AXES and "." not in n]
+    variant = set(np.ravel(cols.get("variant_axes", [])).tolist())  # with_variants
+    names = [n for n in cols if n not in outputs and n not in _NOT_AXES and "." not in n
+             and n not in variant]
     return [n for n in names if len(_unique(cols[n])) > 1]
 
 
@@ -340,6 +369,52 @@ def breakdown(cols: Cols):
     fig.update_layout(barmode="stack")
     _axes(fig, where, "cluster / model", "ms per decode step")
     return fig, f"Decode step time split by cause. Slice: {fixed}."
+
+
+def variant_ratio(cols: Cols):
+    """Each hardware variant's decode tokens/s and TPOT over the baseline variant's at the same
+    cluster, model and workload point: a panel per metric, a trace per variant and model."""
+    if "variant" not in cols:
+        return None, ("No sweep axis varies the hardware (chip.* or topology.*): no variant "
+                      "to compare.")
+    go = require_plotly()
+    variants = sorted(_unique(cols["variant"]), key=lambda v: tuple(
+        _order(x) for x in _variant_values(cols, v)))
+    baseline = variants[0]
+    others = [a for a in axis_columns(cols) if a not in ("cluster", "model", "batch")]
+    key_cols = [cols["cluster_base"], cols["model"], cols["batch"]] + [cols[a] for a in others]
+    keys = [tuple(_fmt(k[i]) for k in key_cols) for i in range(len(cols["cluster"]))]
+    metrics = (("tokens_per_s_total", "tokens/s (total)"), ("tpot_s", "TPOT"))
+    fig, where = _panels([f"{label}: variant / baseline" for _, label in metrics])
+    for (row, col), (metric, _) in zip(where, metrics):
+        base = {k: v for k, v, b in zip(keys, cols[metric], cols["variant"] == baseline) if b}
+        ratio = np.array([v / base[k] if base.get(k) else np.nan
+                          for k, v in zip(keys, cols[metric])], dtype=float)
+        j = 0
+        for variant in variants:
+            for model in _unique(cols["model"]):
+                for cluster in _unique(cols["cluster_base"]):
+                    m = ((cols["variant"] == variant) & (cols["model"] == model)
+                         & (cols["cluster_base"] == cluster) & np.isfinite(ratio))
+                    if not m.any():
+                        continue
+                    order = np.argsort(cols["batch"][m])
+                    name = f"{cluster} [{variant}], {model}"
+                    fig.add_trace(go.Scatter(
+                        x=cols["batch"][m][order], y=ratio[m][order], mode="lines+markers",
+                        name=name, legendgroup=name, showlegend=bool(row == 1 and col == 1),
+                        line={"color": _color(j), "dash": "dot" if variant == baseline
+                              else "solid"}), row=row, col=col)
+                    j += 1
+    _axes(fig, where, "batch", "ratio to the baseline", _scale(cols["batch"], True))
+    return fig, (f"Each hardware variant over the baseline [{baseline}] (dotted, 1.0) at the same "
+                 "cluster, model, batch and other settings; above 1 on tokens/s and below 1 on "
+                 "TPOT is faster.")
+
+
+def _variant_values(cols: Cols, variant: str) -> tuple:
+    i = int(np.flatnonzero(cols["variant"] == variant)[0])
+    return tuple(cols[n][i] for n in np.ravel(cols["variant_axes"]).tolist())
 
 
 def pareto(cols: Cols):
@@ -646,6 +721,8 @@ PLOTS: dict[str, tuple[Plot, ...]] = {
         Plot("ablation", "Ablation", ("cluster", "model", "tokens_per_s_per_request"), ablation),
         Plot("breakdown", "Decode time by cause",
              ("cluster", "model", *(f"decode_{c}_s" for c in CAUSES)), breakdown),
+        Plot("variant_ratio", "Hardware variants against the baseline",
+             ("cluster", "model", "batch", "tokens_per_s_total", "tpot_s"), variant_ratio),
         Plot("pareto", "Pareto front", ("cluster", "model", "sockets", "tokens_per_s_total",
              "tokens_per_s_per_request"), pareto),
     ),

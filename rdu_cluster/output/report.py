@@ -102,6 +102,7 @@ def side_by_side(estimates: Sequence[Estimate], clusters: Sequence[ClusterSpec],
     rows = [
         ["sockets, plan", *(f"{e.sockets}, {e.plan or e.tp}" for e in estimates)],
         ["execution model", *(c.chip.execution_model for c in clusters)],
+        ["calibration", *(c.chip.calibration for c in clusters)],
         ["tokens/s per request", *fig("tokens_per_s_per_request", 1.0, "{:,.1f}")],
         ["tokens/s total", *fig("tokens_per_s_total", 1.0, "{:,.1f}")],
         ["time per output token ms", *fig("tpot_s", 1e3, "{:.3f}")],

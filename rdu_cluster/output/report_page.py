@@ -44,7 +44,7 @@ def load(root: Path) -> Dataset:
     info = dataset.sweep_info(root)
     if info is not None:
         manifest = dataset.read_manifest(root)
-        cols = plots.columns(dataset.read_dataset(root))
+        cols = plots.with_variants(plots.columns(dataset.read_dataset(root)))
         meta = [("sweep", info.get("name")), ("kind", info.get("kind")),
                 ("spec hash", info.get("spec_hash")), ("code version", info.get("code_version")),
                 ("seed", info.get("seed")), ("points in the spec", f"{info.get('points', 0):,}"),

@@ -19,8 +19,8 @@ from rdu_cluster.scenarios.economics import COLUMNS as ECONOMICS
 from rdu_cluster.validation import uncertainty
 from workloads.ops import OpClass
 
-SCHEMA_VERSION = "4"  # 2: feasible / infeasible_reason; 3: <figure>_low/_high, interval_note;
-# 4: stack
+SCHEMA_VERSION = "5"  # 2: feasible / infeasible_reason; 3: <figure>_low/_high, interval_note;
+# 4: stack; 5: calibration, decode/prefill_prefetch_stall_s
 
 # The first columns are a public interface (`simulate --json`): keep their names.
 PUBLIC = [
@@ -50,6 +50,9 @@ DETAIL = (
         ("execution_model", pa.string()),
         # the GPU serving stack (chip/serving_stacks.py); null on a chip that takes none
         ("stack", pa.string()),
+        # the calibration the chip ran with: "PROFILE (CHIP)", "PROFILE (inherited from CHIP)"
+        # or "first principles" (rdu_cluster/validation/calibration.py)
+        ("calibration", pa.string()),
         ("hbm_used_bytes_per_socket", pa.float64()),
         ("kv_cache_bytes_per_socket", pa.float64()),
         # the fullest socket's HBM: the activation workspace, and what its runtime reserves
@@ -128,6 +131,7 @@ def _columns(est: Estimate, chip: str, model: str, cluster=None) -> dict:
         "chip": chip,
         "execution_model": model,
         "stack": est.stack,
+        "calibration": cluster.chip.calibration if cluster is not None else None,
         "hbm_used_bytes_per_socket": est.hbm_used_bytes,
         "kv_cache_bytes_per_socket": est.kv_cache_bytes_per_socket,
         **_memory_columns(est),

@@ -31,7 +31,7 @@ from workloads.files import read_toml
 
 DEFAULT = "default"
 # What `rdu-cluster calibrate` writes beside chips, key and value (fit.profile_text).
-PROFILE_EXTRA = {"first_principles", "range", "basis", "rows"}
+PROFILE_EXTRA = {"first_principles", "range", "basis", "rows", "family"}
 PROFILE_META = {"name", "date", "code_version", "measurements_version", "method", "residual"}
 STATUSES = ("published", "derived", "unknown")
 
@@ -46,6 +46,10 @@ class Declaration:
     chips: tuple[str, ...] = ()
     clusters: tuple[str, ...] = ()
     range: tuple[float, float] | None = None
+    # A declaration derived for a chip no entry lists: the declared chip of its family it
+    # follows (`calibrate --chip NEW` on a chip that extends one), and NEW's own value.
+    family: str = ""
+    value: float | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,19 @@ def _entry(p: Any, fitted: Mapping[tuple[str, tuple[str, ...]], tuple[float, flo
         raise ConfigError(f"{where}.key: {checks.show(p['key'])}; accepted: the unknown "
                           f"parameters of parameters.toml ({', '.join(sorted(declared))})")
     chips = tuple(p["chips"]) if isinstance(p["chips"], list) else None
+    family = p.get("family")
+    if family is not None and chips is not None and len(chips) == 1:
+        # a chip of a declared chip's family, fitted on its own (calibrate --chip NEW)
+        match = [c for c in declared[p["key"]] if family in c]
+        if not match:
+            raise ConfigError(f"{where}.family: {checks.show(family)}; accepted: a chip "
+                              f"{p['key']} is declared for")
+        lo, hi = fitted[(p["key"], match[0])]
+        v = checks.number(p["value"], f"{where}.value", 0.0)
+        if not lo <= v <= hi:
+            raise ConfigError(f"{where}.value: {v:g} outside {p['key']}'s declared range "
+                              f"[{lo:g}, {hi:g}] (parameters.toml, {family})")
+        return p["key"], chips, v
     if chips not in declared[p["key"]]:
         shown = " or ".join(str(list(c)) for c in declared[p["key"]])
         raise ConfigError(f"{where}.chips: {checks.show(p['chips'])}; accepted: the chips "
@@ -184,13 +201,20 @@ def use(profile: Profile | None) -> Iterator[None]:
 
 def apply_chip(chip, profile: Profile | None = None, keep: frozenset | set = frozenset()):
     """The chip with the profile's values (default: the active profile) in its [execution],
-    except the keys in `keep` (values the user set explicitly)."""
+    except the keys in `keep` (values the user set explicitly), and `calibration` naming where
+    they came from. A chip inherits the values of the nearest chip of its family (itself, then
+    the chips it `extends`) that the profile calibrates, for each key no file between them sets
+    itself: a variant that only changes tiers keeps its parent's fit; one that states its own
+    value of a parameter keeps that."""
     profile = profile if profile is not None else active()
     if profile is None:
         return chip
-    updates = {
-        k: v for (c, k), v in profile.values.items() if c == chip.name and k not in keep
-    }
+    updates, sources = {}, set()
+    for key in {k for (_, k) in profile.values} - set(keep):
+        member = calibrated_member(chip, key, profile)
+        if member is not None:
+            updates[key] = profile.values[(member, key)]
+            sources.add(member)
     if not updates:
         return chip
     unknown = {k for k in updates
@@ -200,7 +224,30 @@ def apply_chip(chip, profile: Profile | None = None, keep: frozenset | set = fro
             f"calibration {profile.name}: chip {chip.name} has no execution parameter "
             f"{', '.join(sorted(unknown))}"
         )
-    return dataclasses.replace(chip, execution={**chip.execution, **updates})
+    names = ", ".join(sorted(sources))
+    label = (f"{profile.name} ({names})" if sources == {chip.name}
+             else f"{profile.name} (inherited from {names})")
+    return dataclasses.replace(chip, execution={**chip.execution, **updates}, calibration=label)
+
+
+def calibrated_member(chip, key: str, profile: Profile) -> str | None:
+    """The family member whose fitted `key` the chip runs with, or None (its own value)."""
+    for name, own in chip.family or ((chip.name, frozenset()),):
+        if (name, key) in profile.values:
+            return name
+        if key in own:
+            return None
+    return None
+
+
+def label(clusters) -> str:
+    """The `calibration` output field of a run on these clusters: each chip's (ChipSpec.
+    calibration: the profile and the family member it came from, or "first principles"), one
+    chip's alone, several as "chip: label; ..."."""
+    chips = {c.chip.name: c.chip.calibration for c in clusters}
+    if len(chips) == 1:
+        return next(iter(chips.values()))
+    return "; ".join(f"{name}: {text}" for name, text in chips.items())
 
 
 def apply(cluster, profile: Profile | None = None):

@@ -9,6 +9,7 @@ together; independent groups separately, so leaving one row out refits only its 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -45,12 +46,41 @@ class Fit:
     residuals: dict[str, float]  # row id -> log error at the fit
 
 
-def fitted_declarations(chip: str | None = None) -> list[Declaration]:
-    return [
-        d
-        for d in calibration.declarations()
-        if d.status == "unknown" and d.chips and (chip is None or chip in d.chips)
-    ]
+def fitted_declarations(chip: str | None = None,
+                        rows: Sequence[dict[str, Any]] = ()) -> list[Declaration]:
+    """The unknown parameters to fit (of `chip` only, when given). A chip no declaration lists
+    but whose family (the chips it `extends`, found from the rows that simulate it) includes a
+    declared chip gets that chip's declarations for itself: same range and basis, its own
+    value."""
+    out = [d for d in calibration.declarations()
+           if d.status == "unknown" and d.chips and (chip is None or chip in d.chips)]
+    if out or chip is None:
+        return out
+    spec = _row_chip(chip, rows)
+    if spec is None:
+        return []
+    derived = []
+    for d in calibration.declarations():
+        if d.status != "unknown" or not d.chips:
+            continue
+        member = calibration.calibrated_member(
+            spec, d.key, calibration.Profile("", {(c, d.key): 0.0 for c in d.chips}))
+        if member is not None and d.key in spec.execution:
+            derived.append(dataclasses.replace(d, chips=(chip,), family=member,
+                                               value=float(spec.execution[d.key])))
+    return derived
+
+
+def _row_chip(name: str, rows: Sequence[dict[str, Any]]):
+    """The chip called `name` as a row's cluster loads it (first principles), or None."""
+    with calibration.use(None):
+        for row in rows:
+            for k in ("cluster", "baseline_cluster"):
+                if k in row:
+                    chip = load_cluster(row[k]).chip
+                    if chip.name == name:
+                        return chip
+    return None
 
 
 def _pid(d: Declaration) -> tuple[str, ...]:
@@ -65,7 +95,7 @@ def row_chips(row: dict[str, Any]) -> set[str]:
 def check_rows(rows: Sequence[dict[str, Any]], chip: str | None, where: str) -> None:
     """Refuse, before the fit, rows that leave nothing to fit: no calibrate row simulates a
     chip with unknown parameters (the profile would hold none)."""
-    chips = {c for d in fitted_declarations(chip) for c in d.chips}
+    chips = {c for d in fitted_declarations(chip, rows) for c in d.chips}
     cal = [r for r in rows if r["role"] == "calibrate"]
     if not any(row_chips(r) & chips for r in cal):
         scope = f"chip {chip}" if chip else \
@@ -101,13 +131,17 @@ def groups(touching: dict[tuple[str, ...], set[str]], decls: Sequence[Declaratio
 def prior(d: Declaration) -> float:
     """The first-principles value: the chip TOML's, clipped into the declared range. A serving
     stack's kernel figure starts from the chip's generic parameter it stands in for
-    (chip/kernel_efficiency.py first_principles)."""
-    with calibration.use(None):
-        from rdu_cluster.config import load_chip
+    (chip/kernel_efficiency.py first_principles). A chip fitted as a family member of a
+    declared chip (calibrate --chip NEW) starts from its own value."""
+    if d.value is not None:
+        v = d.value
+    else:
+        with calibration.use(None):
+            from rdu_cluster.config import load_chip
 
-        execution = load_chip(d.chips[0]).execution
-        v = (kernel_efficiency.first_principles(execution, d.key)
-             if kernel_efficiency.is_stack_key(d.key) else float(execution[d.key]))
+            execution = load_chip(d.chips[0]).execution
+            v = (kernel_efficiency.first_principles(execution, d.key)
+                 if kernel_efficiency.is_stack_key(d.key) else float(execution[d.key]))
     lo, hi = d.range
     return min(max(v, lo), hi)
 
@@ -196,7 +230,7 @@ def fit(
 ) -> Fit:
     """`progress(done, total)` after each group is fitted (output/progress.py)."""
     sim = sim or Simulator(rows)
-    decls = fitted_declarations(chip)
+    decls = fitted_declarations(chip, rows)
     touching = responses(decls, rows, sim)
     for pid, ids in touching.items():
         for rid in ids:
@@ -261,6 +295,7 @@ def profile_text(
                 "[[parameter]]",
                 f"chips = [{', '.join(repr(c).replace(chr(39), chr(34)) for c in d.chips)}]",
                 f'key = "{d.key}"',
+                *([f"family = {_q(d.family)}"] if d.family else []),
                 f"value = {result.values[_pid(d)]:.6g}",
                 f"first_principles = {prior(d):.6g}",
                 f"range = [{d.range[0]:.6g}, {d.range[1]:.6g}]",

@@ -241,7 +241,11 @@ def interval(value: float, *, metric: str, chip, stack: str | None, regime: str,
 
 def _chip(chip, model: Model) -> tuple[str, str]:
     if not isinstance(chip, str):
-        return chip.name, chip.kind
+        # a chip that `extends` a measured one takes its nearest measured relative's errors, as
+        # it takes its calibration (ChipSpec.family, validation/calibration.py)
+        measured = {x.chip for x in model.samples}
+        name = next((n for n, _ in chip.family if n in measured), chip.name)
+        return name, chip.kind
     for s in model.samples:
         if s.chip == chip:
             return chip, s.kind

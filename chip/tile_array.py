@@ -1,0 +1,224 @@
+"""The RDU's tile array and SRAM as a fused layer uses them: PCUs (compute units) and PMUs (SRAM
+memory units), and what the SRAM left over allows (chip/dataflow.py applies it).
+
+A fused layer kernel is a pipeline of stages, one per op ([MICRO24] section III: an operator is
+mapped to PCUs for its math and PMUs for its buffers; SN40L pipelines hold 20+ operators). What
+each stage needs:
+- PMUs for its HBM stream (weights, KV cache): a double buffer (one half filled while the other
+  is read: [MICRO24]'s stream buffers), each half sized so the stage's share of the HBM stream
+  keeps flowing across the HBM latency (Little's law: bytes in flight = share x bandwidth x
+  latency), at least one PMU a half;
+- PMUs for its output activations, as far as the activation share of the SRAM
+  (`sram_activation_fraction`) holds them (the rest spills to HBM: dataflow._spill); with
+  BatchStreaming one sequence's, without it the whole batch's;
+- PCUs in proportion to its share of the layer's FLOPs, at least one ([MICRO24]: the compiler
+  balances a pipeline's stages); the slowest stage, after rounding to whole PCUs, sets the
+  layer's compute rate (`compute_rate`, computed only where compute could bind).
+
+With 1,040 PMUs of 512 KiB ([MICRO24] Table II: 520 MiB in 1,040 PMUs) a decode layer's stages
+hold a few tens of MB; what is left is the SRAM a run can use otherwise:
+- weights resident: when the dense weights the socket streams each step (every layer's matrices
+  and its LM head; not the embedding table, a gather of a few rows) fit beside the stage
+  buffers, they stay in SRAM and are read at the SRAM's rate instead of streamed from HBM (a
+  small model spread over 16 sockets). Assumption: all or nothing, since a looped kernel runs
+  one program for every layer; and none on a socket holding routed experts (a step reads k of
+  E of them, which must stream; residency is for a shard that fits on chip whole);
+- KV resident: the KV cache (short contexts) too, but only where the weights are: the whole
+  decode state then stays on chip and nothing streams from HBM. Not alone: a KV cache is per
+  request, written by the prefill program and paged in HBM by a server; pinning it in SRAM while
+  the weights stream is not what a served model does (assumption);
+- prefetch: KernelLooping streams the next layer's weights into the SRAM still free while the
+  current layer's dependency chain stalls; `prefetch_fraction` (unknown, fitted) is the share of
+  that free SRAM the compiler keeps for it, so the prefetch depth moves with the SRAM;
+- BatchStreaming's batch: a weight tile streamed once serves the sequences whose stage inputs the
+  activation buffers hold at once; a batch larger than that re-streams the layer's weights once
+  per group (`restream`).
+
+How many layers' kernels would fit on the array side by side (`layers_at_once`: a PCU a stage
+at least, and their buffers) is informative: a looped kernel maps one layer over the whole array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from workloads.ops import Graph, Op, OpClass
+
+# Op classes whose weights a step streams in full (what residency can hold): not the embedding
+# table (a step gathers a few rows) nor routed experts (a step reads k of E).
+STREAMED = {OpClass.MATMUL, OpClass.LM_HEAD, OpClass.ROUTER}
+
+
+@dataclass(frozen=True)
+class Sram:
+    """What one socket's SRAM holds across a step's layers (arrays over design points)."""
+
+    capacity: float
+    pmu_bytes: float
+    resident_weights: Any  # bool: the streamed dense weights stay in SRAM
+    resident_kv: Any  # bool: the KV cache stays in SRAM
+    resident_bytes: Any  # what those take
+
+    def key(self) -> tuple:
+        """What a layer's cost depends on (dataflow's memo key; scalar design points only)."""
+        return (bool(self.resident_weights), bool(self.resident_kv),
+                float(self.resident_bytes))
+
+
+@dataclass(frozen=True)
+class LayerMap:
+    """One fused layer on the tile array."""
+
+    stream_pmus: Any  # weight and KV stream double buffers
+    act_pmus: Any  # activation buffers held in SRAM
+    buffer_bytes: Any  # PMU bytes the stages hold
+    free_bytes: Any  # SRAM neither the stages nor resident weights / KV hold
+    prefetch_bytes: Any  # KernelLooping's prefetch depth: prefetch_fraction of the free SRAM
+    layers_at_once: Any  # layers whose stages (a PCU each at least) and buffers fit at once
+    restream: Any  # times a step streams the layer's weights (BatchStreaming groups)
+    in_flight: Any  # sequences whose stage inputs the activation buffers hold at once
+
+
+def _streams(op: Op, sram: Sram) -> Any:
+    w = (np.where(sram.resident_weights, 0.0, op.weight_bytes) if op.cls in STREAMED
+         else op.weight_bytes)
+    kv = np.where(sram.resident_kv, 0.0, op.kv_read_bytes + op.kv_write_bytes)
+    return np.asarray(w, dtype=float) + kv
+
+
+def sram_plan(graph: Graph, chip, p, batch_streaming: bool) -> Sram:
+    """Residency for a step: the streamed dense weights kept in SRAM when they fit beside the
+    largest layer's stage buffers, and then the KV cache when it fits too."""
+    capacity = chip.tier("sram").capacity_bytes
+    pmu_bytes = capacity / p.pmus
+    none = Sram(capacity, pmu_bytes, False, False, 0.0)
+    if any(op.cls is OpClass.EXPERT for block in graph.blocks for op in block.ops):
+        return none
+    weights, kv = np.zeros(()), np.zeros(())
+    for block in graph.blocks:
+        for op in block.ops:
+            if op.cls in STREAMED:
+                weights = weights + block.repeat * np.asarray(op.weight_bytes, dtype=float)
+            kv = kv + block.repeat * np.asarray(op.kv_read_bytes, dtype=float)
+    if not np.any((weights > 0) & (weights <= capacity)):
+        return none  # (most models: the stage buffers need not be sized to know)
+    buffers = np.zeros(())
+    for block in graph.blocks:
+        ops = [op for op in block.ops if op.cls is not OpClass.COLLECTIVE]
+        m = _buffers(ops, chip, p, graph.shape.batch, batch_streaming, none)
+        buffers = np.maximum(buffers, m[0] + m[1])
+    room = capacity - buffers * pmu_bytes
+    res_w = (weights > 0) & (weights <= room)
+    held = np.where(res_w, weights, 0.0)
+    res_kv = res_w & (kv > 0) & (kv <= room - held)
+    return Sram(capacity, pmu_bytes, res_w, res_kv, held + np.where(res_kv, kv, 0.0))
+
+
+def _buffers(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram):
+    """(stream PMUs, activation PMUs, per-sequence activation bytes, activation bytes in SRAM)
+    of a layer's stages."""
+    pmu = sram.pmu_bytes
+    streams = [_streams(op, sram) for op in ops]
+    total = sum(streams, np.zeros(()))
+    in_flight = chip.hbm.bandwidth_bytes_per_s * p.hbm_latency_s  # Little's law, whole layer
+    stream_pmus = np.zeros(())
+    for s in streams:
+        share = np.divide(s, total, out=np.zeros(np.broadcast(s, total).shape), where=total > 0)
+        half = np.maximum(1.0, np.ceil(share * in_flight / pmu))
+        stream_pmus = stream_pmus + np.where(s > 0, 2.0 * half, 0.0)
+    act = sum((np.asarray(op.act_out_bytes, dtype=float) for op in ops), np.zeros(()))
+    per_seq = act / np.maximum(np.asarray(batch, dtype=float), 1.0)
+    live = per_seq if batch_streaming else act
+    held = np.minimum(live, p.sram_activation_fraction * sram.capacity)
+    act_pmus = np.ceil(held / pmu)
+    return stream_pmus, act_pmus, per_seq, held
+
+
+def layer_map(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram) -> LayerMap:
+    """The stages of one fused layer (its non-collective ops) on the tile array."""
+    stream_pmus, act_pmus, per_seq, _ = _buffers(ops, chip, p, batch, batch_streaming, sram)
+    pmus = stream_pmus + act_pmus
+    buffer_bytes = pmus * sram.pmu_bytes
+    free = np.maximum(0.0, sram.capacity - buffer_bytes - sram.resident_bytes)
+    # side by side, each stage on one PCU at least: how many layers' kernels the array could
+    # hold at once (informative; a looped kernel maps one layer over the whole array)
+    layers = np.floor(np.minimum(p.pcus / max(len(ops), 1), p.pmus / np.maximum(pmus, 1.0)))
+    budget = p.sram_activation_fraction * sram.capacity
+    batch = np.maximum(np.asarray(batch, dtype=float), 1.0)
+    if batch_streaming:
+        fits = np.floor(np.divide(budget, per_seq, out=np.full(np.shape(per_seq), np.inf),
+                                  where=per_seq > 0))
+        in_flight = np.clip(fits, 1.0, batch)
+    else:
+        in_flight = batch  # the whole batch is one unit (its excess spills: dataflow._spill)
+    return LayerMap(stream_pmus, act_pmus, buffer_bytes, free,
+                    p.prefetch_fraction * free, layers,
+                    np.ceil(batch / in_flight), in_flight)
+
+
+def compute_rate(ops: list[Op], chip, p) -> Any:
+    """The layer's compute rate relative to the whole array's: its slowest stage's PCU share
+    over its FLOP-time share (`_pcus`)."""
+    return _pcus(ops, chip, p)[1]
+
+
+def rate_floor(ops: list[Op], p) -> float:
+    """A lower bound of compute_rate without computing it: every stage holds at least one PCU,
+    and a stage of `want` PCUs' share gets at least floor(want x (PCUs - stages) / PCUs), so its
+    ratio is at least max(1 / want, (PCUs - stages) / PCUs - 1/2) >= this. Where the compute
+    divided by it stays under the stream, the rate cannot change the step (dataflow skips it:
+    a decode grid's thousands of points are stream-bound)."""
+    c = max(0.0, (p.pcus - len(ops)) / p.pcus)
+    return max(min(0.5, c - 0.5), 1.0 / p.pcus)
+
+
+_PCUS: dict[tuple, tuple] = {}
+
+
+def _pcus(ops: list[Op], chip, p) -> tuple[float, Any]:
+    """_pcus_of, once per op list and chip (a plan search and a grid reuse a layer's ops: the
+    entry keeps them alive, so their ids are not reused while it is in use)."""
+    key = (tuple(id(op) for op in ops), id(chip), p.pcus)
+    hit = _PCUS.get(key)
+    if hit is not None and hit[1] is chip and all(a is b for a, b in zip(hit[0], ops)):
+        return hit[2]
+    out = _pcus_of(ops, chip, p)
+    if len(_PCUS) > 4096:
+        _PCUS.clear()
+    _PCUS[key] = (list(ops), chip, out)
+    return out
+
+
+def _pcus_of(ops: list[Op], chip, p) -> tuple[float, Any]:
+    """PCUs of the layer's stages, and its compute rate relative to the whole array's. A stage
+    whose FLOP-time share is under one PCU takes one; the others share the rest in proportion,
+    rounded down; the PCUs left over go one by
+    one to the stage that is slowest for its share (largest-remainder apportionment: the
+    compiler balances the pipeline as far as whole units allow). The pipeline runs at its
+    slowest stage's rate."""
+    times = [np.asarray(op.flops, dtype=float) / chip.flops(op.flop_dtype) for op in ops]
+    if not ops:
+        return 0.0, np.ones(())
+    t = np.stack(np.broadcast_arrays(*times)).reshape(len(ops), -1)  # stages x points
+    total = t.sum(axis=0)
+    if not np.any(total > 0):
+        return float(len(ops)), np.ones(())
+    share = t / np.where(total > 0, total, 1.0)
+    want = p.pcus * share
+    tiny = want < 1.0  # a stage of next to no math (a norm, a gather) takes one PCU
+    rest = p.pcus - tiny.sum(axis=0)
+    big = np.where(tiny, 0.0, share)
+    n = np.where(tiny, 1.0, np.maximum(1.0, np.floor(rest * big
+                                                      / np.maximum(big.sum(axis=0), 1e-300))))
+    # the floors leave fewer units than stages: one more each to the slowest stages
+    left = p.pcus - n.sum(axis=0)
+    ratio = np.divide(n, want, out=np.full(n.shape, np.inf), where=want > 0)
+    rank = np.argsort(np.argsort(ratio, axis=0, kind="stable"), axis=0, kind="stable")
+    n = n + (rank < left)
+    ratio = np.divide(n, want, out=np.full(n.shape, np.inf), where=want > 0)
+    shape = np.broadcast_shapes(*(np.shape(x) for x in times))
+    rate = np.minimum(ratio.min(axis=0), 1.0).reshape(shape)
+    return float(n.sum(axis=0).max()), rate
