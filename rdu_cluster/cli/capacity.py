@@ -388,7 +388,7 @@ def _shortlist(groups, per, pairs, traffic, slo, max_nodes, prompt, gen, model, 
         if not pre or not dec:
             continue
         prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
-        deps = [cap.disaggregated(prefill, c, traffic, slo, max_nodes, prompt, gen, model, fab)
+        deps = [cap.disaggregated(prefill, c, traffic, slo, max_nodes, (prompt, gen), model, fab)
                 for c in dec]
         out += _cheapest([x for x in deps if x is not None], k)
     return out

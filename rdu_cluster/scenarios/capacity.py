@@ -418,8 +418,12 @@ def _load(cost: ReplicaCost, prefill: float, traffic: Traffic, n: int, gen: floa
 
 
 def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO,
-                  max_nodes: int, prompt: float, gen: float, model: ModelSpec,
+                  max_nodes: int, lengths: tuple[float, float], model: ModelSpec,
                   fabric: FabricSpec) -> Deployment | None:
+    """The fewest decode replicas of `dec` and prefill replicas of `pre` that carry `traffic`
+    within `slo` (analytically: the verification serves it); `lengths`: the mean (prompt,
+    output) lengths, as replica_cost takes them."""
+    prompt, gen = lengths
     bound = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
     b_max = dec.max_batch(bound)
     if not b_max or (slo.ttft_ms is not None and pre.prefill_s > slo.ttft_ms / 1e3):
