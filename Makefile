@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-fast lint bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The edit loop: every test but the end-to-end ones marked slow (`make test` runs those too).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # mypy (mypy.ini): no error in the four lower packages; elsewhere (rdu_cluster/) the count may
 # only shrink: lower mypy-baseline.txt when you fix some, never raise it.

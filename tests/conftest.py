@@ -1,7 +1,9 @@
-"""Shared fixtures. One Ray instance serves the whole test session: starting Ray costs seconds."""
+"""Shared fixtures. One Ray instance serves the whole test session: starting Ray costs seconds.
+One `validate --json --no-loo` run serves every test that reads the bundled rows' report."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -25,3 +27,16 @@ def ray_session():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def validate_report():
+    """`rdu-cluster validate --json --no-loo` over the bundled rows: (exit code, stdout, the
+    parsed report). The run costs tens of seconds; every test that reads it shares it."""
+    from click.testing import CliRunner
+
+    from rdu_cluster.cli import main
+
+    result = CliRunner().invoke(main, ["validate", "--json", "--no-loo"])
+    assert result.exit_code in (0, 1), result.output[-2000:]
+    return result.exit_code, result.stdout, json.loads(result.stdout)

@@ -30,9 +30,9 @@ def test_bundled_rows_state_their_configuration_source_tier_and_role():
     assert roles == {"calibrate", "check"}
 
 
-def test_validate_json_runs_every_row_and_exit_code_matches():
-    result = CliRunner().invoke(main, ["validate", "--json", "--no-loo"])
-    report = json.loads(result.output)
+@pytest.mark.slow  # the bundled rows, every one run: tens of seconds, shared (conftest.py)
+def test_validate_json_runs_every_row_and_exit_code_matches(validate_report):
+    exit_code, _, report = validate_report
     assert [r["id"] for r in report["rows"]] == [c["id"] for c in v.load_cases()]
     for r in report["rows"]:
         assert {"published", "simulated", "error", "passed", "tolerance", "role"} <= set(r)
@@ -44,7 +44,7 @@ def test_validate_json_runs_every_row_and_exit_code_matches():
     assert cov["level"] == 0.8 and cov["overall"]["n"] >= 100
     assert 0.7 <= cov["overall"]["coverage"] <= 0.9
     assert {"batch-1 decode", "large-batch decode", "prefill"} <= set(cov["by_regime"])
-    assert result.exit_code == (0 if all(r["passed"] for r in report["rows"]) else 1)
+    assert exit_code == (0 if all(r["passed"] for r in report["rows"]) else 1)
 
 
 ROW = """
