@@ -63,6 +63,7 @@ def test_fit_recovers_an_affine_host_time_from_exact_rows():
     assert values["python_host_seq_s"] == pytest.approx(60e-6, rel=1e-3)
 
 
+@pytest.mark.slow  # runs calibrate over the bundled rows: tens of seconds of CPU
 def test_calibrate_writes_a_profile_with_ranges_rows_and_residuals(tmp_path):
     rows = tmp_path / "rows.toml"
     text = v.resources.files("rdu_cluster").joinpath("validation/measurements.toml").read_text()
@@ -225,6 +226,7 @@ def test_a_profile_knows_the_rows_it_was_fitted_to(tmp_path):
         calibration.load(str(path))
 
 
+@pytest.mark.slow  # runs calibrate over the bundled rows: tens of seconds of CPU
 def test_calibrate_no_progress_silences_stderr(tmp_path):
     """docs/sweeps.md: the long commands' progress on stderr, --no-progress silences it;
     calibrate had no --no-progress."""
@@ -234,6 +236,7 @@ def test_calibrate_no_progress_silences_stderr(tmp_path):
     assert r.stderr == "" and "wrote" in r.stdout
 
 
+@pytest.mark.slow  # runs every bundled row to see which parameters move it: seconds
 def test_parameters_are_grouped_by_the_rows_that_respond_to_them():
     """A group is a parameter with the calibrate rows that respond to it, closed over shared
     rows: the Python engine's host time (only the CPU-overhead rows, here taken as calibrate

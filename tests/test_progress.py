@@ -7,6 +7,7 @@ import io
 import re
 
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from rdu_cluster.cli import main
@@ -84,6 +85,7 @@ def test_nothing_is_drawn_before_the_first_update():
     assert out.getvalue() == ""
 
 
+@pytest.mark.slow  # runs calibrate over the bundled rows: tens of seconds of CPU
 def test_calibrate_reports_its_groups(tmp_path):
     out = tmp_path / "fit.toml"
     r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--out", str(out),
