@@ -322,6 +322,7 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
     p, r = ctx.p, block.repeat
     ops = [op for op in block.ops if op.cls is not OpClass.COLLECTIVE]
     colls = [op.collective for op in block.ops if op.cls is OpClass.COLLECTIVE]
+    assert ctx.sram is not None  # fused: step_cost planned the SRAM
     m = tile_array.layer_map(ops, ctx.chip, p, ctx.batch, ctx.opts.batch_streaming, ctx.sram)
     phases = _phases(block.ops) if not ctx.opts.batch_streaming else [list(block.ops)]
     spill = _spill(ops, ctx)

@@ -133,7 +133,8 @@ def hardware_sensitivity(scenario: Scenario, **kwargs: Any) -> list[Elasticity]:
         variants = [scaled(scenario.cluster, key, f) for f in (1 / STEP, STEP)]
         if variants[0] is None:
             continue
-        runs, notes = [], []
+        runs: list[Any] = []
+        notes: list[str] = []
         for f, c in zip((1 / STEP, STEP), variants):
             try:
                 runs.append(evaluate_plan(scenario.but(cluster=c), **kwargs))
@@ -146,19 +147,20 @@ def hardware_sensitivity(scenario: Scenario, **kwargs: Any) -> list[Elasticity]:
 
 
 def _elasticity(figure: str, key: str, base, runs, note: str) -> Elasticity:
-    el, change = {}, {}
+    el: dict[str, float | None] = {}
+    change: dict[str, tuple[float | None, float | None]] = {}
     for m in METRICS:
         b = _value(base, m)
-        vals = [None if r is None else _value(r, m) for r in runs]
-        change[m] = tuple(None if v is None or not b else v / b for v in vals)
-        lo, hi = vals
+        lo, hi = (None if r is None else _value(r, m) for r in runs)
+        change[m] = (None if lo is None or not b else lo / b,
+                     None if hi is None or not b else hi / b)
+        el[m] = None
         if lo is not None and hi is not None and lo > 0 and hi > 0:
             el[m] = math.log(hi / lo) / math.log(STEP * STEP)
-        elif b and (lo or hi):  # one side only (the other does not fit): one-sided
-            v, f = (hi, STEP) if hi else (lo, 1 / STEP)
-            el[m] = math.log(v / b) / math.log(f)
-        else:
-            el[m] = None
+        elif b and hi:  # one side only (the other does not fit): one-sided
+            el[m] = math.log(hi / b) / math.log(STEP)
+        elif b and lo:
+            el[m] = math.log(lo / b) / math.log(1 / STEP)
     return Elasticity(figure, key, el, change, _mechanism(runs), note)
 
 
@@ -185,6 +187,6 @@ def _moved(lo, hi) -> str | None:
     millionth of the step."""
     causes = set(lo.by_cause) | set(hi.by_cause)
     diff = {c: abs(float(np.max(lo.cause(c))) - float(np.max(hi.cause(c)))) for c in causes}
-    best = max(diff, key=diff.get, default=None)
+    best = max(diff, key=lambda c: diff[c], default=None)
     floor = 1e-6 * float(np.max(lo.time_s))
     return best if best is not None and diff[best] > floor else None
