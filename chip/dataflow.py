@@ -335,7 +335,7 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
             sum((op.act_out_bytes for op in phase if op.cls is not OpClass.COLLECTIVE), 0.0),
             act_total,
         )
-        res = _resources(phase, ctx, spill * share, m, total)
+        res = _resources(phase, ctx, spill * share, m, total, stages=ops)
         pipe = pipe + _book_pipe(ledger, phase, res, r) / r
         hbm = hbm + res.hbm
         data = data + res.compute
@@ -449,7 +449,7 @@ def _spill(ops: list[Op], ctx: _Ctx):
 
 
 def _resources(ops, ctx: _Ctx, spill, m: tile_array.LayerMap | None = None,
-               chain: Any = 0.0) -> _Res:
+               chain: Any = 0.0, stages: list[Op] | None = None) -> _Res:
     """A region's demands. With a layer map (fused): resident weights and KV are read from SRAM
     at its rate, the rest streamed from HBM (re-streamed for each BatchStreaming group), and the
     compute runs at the stages' balanced rate (where it can bind: with the layer's `chain` it
@@ -485,9 +485,12 @@ def _resources(ops, ctx: _Ctx, spill, m: tile_array.LayerMap | None = None,
         ),
         np.zeros(()),
     )
-    if m is not None and np.any(compute / tile_array.rate_floor(compute_ops, p) + chain
+    # The PCUs are shared by the whole layer's stages (`stages`: one mapping of the fused layer,
+    # whether its phases run pipelined together or, without BatchStreaming, one after another)
+    stages = compute_ops if stages is None else stages
+    if m is not None and np.any(compute / tile_array.rate_floor(stages, p) + chain
                                 > hbm + sram_s):
-        rate = tile_array.compute_rate(compute_ops, ctx.chip, p)
+        rate = tile_array.compute_rate(stages, ctx.chip, p)
     compute = compute / rate
     p2p = sum(
         (_bandwidth_part(op.collective, ctx) for op in ops if op.cls is OpClass.COLLECTIVE),

@@ -17,8 +17,9 @@ fit; it then sizes its KV pool from what is left. What it reserves, per socket:
            (`sglang_reserved_bytes`), so it depends on the GPU's memory and the TP degree;
   "free"   (TensorRT-LLM `free_gpu_memory_fraction`): the KV cache takes fraction of the memory
            free once the engine (weights, activation workspace, context) is loaded;
-- on an RDU: the program's configuration images in HBM and the PMU buffers the runtime keeps
-  in SRAM; no fraction (rule "free" with none: a serving run's --kv-fraction may set one).
+- on an RDU: the program's configuration images in HBM (its PMU buffers in SRAM are the
+  execution model's layer map, chip/tile_array.py); no fraction (rule "free" with none: a
+  serving run's --kv-fraction may set one).
 The activation workspace is the footprint's own region (partitioning/footprint.py): the largest
 op working set of a forward pass over `token_budget` tokens (an engine profiles or plans it at
 its batched-token budget; the RDU runtime at one prompt).
@@ -227,10 +228,11 @@ EAGER = replace(VLLM, runtime="eager", graph_bytes=0.0,
                 "vLLM's fraction and rule")
 SN40L = RuntimeMemory(
     "sn40l-runtime", "free", None, image_bytes=declared("rdu_program_images"),
-    source="the program images (declared, RANGES) and the PMU buffers KernelLooping keeps for "
-    "cross-layer prefetch (the chip's prefetch_buffer_bytes, a declared unknown of "
-    "parameters.toml); no engine fraction: the compiler places every buffer statically and "
-    "SambaNova publishes none (a serving run's --kv-fraction sets one)")
+    source="the program images (declared, RANGES); the PMU buffers are the layer map's "
+    "(chip/tile_array.py: stream and activation buffers, and the prefetch the SRAM left over "
+    "allows), planned per layer by the execution model, not a fixed reservation; no engine "
+    "fraction: the compiler places every buffer statically and SambaNova publishes none (a "
+    "serving run's --kv-fraction sets one)")
 NONE = RuntimeMemory("none", "free", 1.0, source="nothing reserved (a what-if)")
 
 STACK_MEMORY: dict[str, RuntimeMemory] = {
@@ -274,8 +276,7 @@ def of(chip: Any, options: Any = None) -> RuntimeMemory:
 
 def _of(chip: Any, options: Any) -> RuntimeMemory:
     if chip.kind != "gpu":
-        sram = float(chip.execution.get("prefetch_buffer_bytes", 0.0))
-        return replace(SN40L, sram_bytes=sram)
+        return SN40L
     name = getattr(options, "stack", "") or _default_stack(chip)
     rm = for_stack(name)
     if rm.rule == "total" and rm.token_budget is not None:

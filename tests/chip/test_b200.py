@@ -28,13 +28,18 @@ def test_b200_has_its_datasheet_figures_and_h100s_priors():
     assert node.topology.link_bandwidth_bytes_per_s == 900e9  # NVLink 5: 1.8 TB/s both ways
 
 
-def test_the_shipped_profile_leaves_b200_at_first_principles():
+def test_b200_inherits_the_h100_familys_fitted_values():
+    # A chip that extends a calibrated chip runs with its fitted values (calibration follows
+    # hardware families), and says so; its own figures (sm_count) stay its own.
     profile = calibration.load("default")
     with calibration.use(profile):
-        fitted_h100 = load_chip("h100-sxm").execution
-        b200 = load_chip("b200").execution
-    assert fitted_h100 != load_chip("h100-sxm").execution  # the profile does fit H100
-    assert b200 == load_chip("b200").execution  # and applies nothing to B200
+        h100, b200 = load_chip("h100-sxm"), load_chip("b200")
+    assert h100.execution != load_chip("h100-sxm").execution  # the profile does fit H100
+    assert "inherited from h100-sxm" in b200.calibration
+    own = {"sm_count"}
+    assert {k: v for k, v in b200.execution.items() if k not in own} == {
+        k: v for k, v in h100.execution.items() if k not in own}
+    assert b200.execution["sm_count"] == load_chip("b200").execution["sm_count"] == 148
 
 
 def _step(cluster: str, prompt_len: int, batch: int):
