@@ -488,9 +488,11 @@ def _resources(ops, ctx: _Ctx, spill, m: tile_array.LayerMap | None = None,
     # The PCUs are shared by the whole layer's stages (`stages`: one mapping of the fused layer,
     # whether its phases run pipelined together or, without BatchStreaming, one after another)
     stages = compute_ops if stages is None else stages
-    if m is not None and np.any(compute / tile_array.rate_floor(stages, p) + chain
-                                > hbm + sram_s):
-        rate = tile_array.compute_rate(stages, ctx.chip, p)
+    if m is not None:
+        # elementwise, so a point of a grid costs what it costs alone (bit for bit)
+        binds = compute / tile_array.rate_floor(stages, p) + chain > hbm + sram_s
+        if np.any(binds):
+            rate = np.where(binds, tile_array.compute_rate(stages, ctx.chip, p), 1.0)
     compute = compute / rate
     p2p = sum(
         (_bandwidth_part(op.collective, ctx) for op in ops if op.cls is OpClass.COLLECTIVE),

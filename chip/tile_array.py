@@ -203,7 +203,9 @@ def _pcus_of(ops: list[Op], chip, p) -> tuple[float, Any]:
     if not ops:
         return 0.0, np.ones(())
     t = np.stack(np.broadcast_arrays(*times)).reshape(len(ops), -1)  # stages x points
-    total = t.sum(axis=0)
+    # row by row (not ndarray.sum: its pairwise order differs between one point and many, and a
+    # grid's point must cost what it costs alone, bit for bit)
+    total = sum(t, np.zeros(t.shape[1:]))
     if not np.any(total > 0):
         return float(len(ops)), np.ones(())
     share = t / np.where(total > 0, total, 1.0)
@@ -212,7 +214,7 @@ def _pcus_of(ops: list[Op], chip, p) -> tuple[float, Any]:
     rest = p.pcus - tiny.sum(axis=0)
     big = np.where(tiny, 0.0, share)
     n = np.where(tiny, 1.0, np.maximum(1.0, np.floor(rest * big
-                                                      / np.maximum(big.sum(axis=0), 1e-300))))
+                                                      / np.maximum(sum(big, np.zeros(big.shape[1:])), 1e-300))))
     # the floors leave fewer units than stages: one more each to the slowest stages
     left = p.pcus - n.sum(axis=0)
     ratio = np.divide(n, want, out=np.full(n.shape, np.inf), where=want > 0)

@@ -266,7 +266,10 @@ def test_busy_fraction_is_at_most_one_months_into_a_run(serve):
     sum of its steps' times; busy_fraction read 1.0000000083."""
     _, t = serve(cluster="sn40l-8", n=6, rate=4e-7, output=traces.LengthDist("fixed", 30))
     assert max(t.requests.column("arrival_s").to_pylist()) > 5e6
-    assert max(t.sockets.column("busy_fraction").to_pylist()) == 1.0
+    # at most one; a window its steps fill reads one within the rounding of a difference of
+    # times 10^7 s in (their ulp, 1.9e-9 s, over a window of a few seconds)
+    busiest = max(t.sockets.column("busy_fraction").to_pylist())
+    assert busiest <= 1.0 and busiest == pytest.approx(1.0, rel=1e-8)
 
 
 def test_links_on_a_full_mesh_carry_their_sockets_bytes_within_their_bandwidth(serve):
