@@ -458,7 +458,7 @@ def _resources(ops, ctx: _Ctx, spill, m: tile_array.LayerMap | None = None,
     compute_ops = [op for op in ops if op.cls is not OpClass.COLLECTIVE]
     weights = sum((op.weight_bytes for op in compute_ops), 0.0)
     kv = sum((op.kv_read_bytes + op.kv_write_bytes for op in compute_ops), 0.0)
-    rate = 1.0
+    rate: Any = 1.0
     sram_s = np.zeros(())
     streamed_w, streamed_kv = weights, kv
     if m is not None and ctx.sram is not None:
