@@ -59,19 +59,7 @@ def test_timed_windows_give_the_tables_of_one_window_per_plan(serve, monkeypatch
     for col in ("busy_s", "sent_bytes"):
         assert np.isclose(pc.sum(ahead.sockets[col]).as_py(), pc.sum(one.sockets[col]).as_py(),
                           rtol=1e-12)
-    # Energy sums the sockets' windows (fewer, longer rows when timed): equal up to the order
-    # of that sum, as busy_s above; every other figure bit for bit.
-    def energy(key: str) -> bool:
-        return any(w in key for w in ("energy", "power", "joules"))
-
-    assert ahead.summary.keys() == one.summary.keys()
-    for k, v in one.summary.items():
-        if k == "windows":
-            continue
-        if energy(k) and isinstance(v, float):
-            assert np.isclose(ahead.summary[k], v, rtol=1e-12), k
-        else:
-            assert ahead.summary[k] == v, k
+    _same_summary(ahead.summary, one.summary)
 
 
 def test_a_standing_plan_gives_the_tables_of_asking_the_scheduler(serve, monkeypatch):
@@ -251,19 +239,7 @@ def test_an_idle_replica_waits_for_the_next_arrival_within_the_window(serve, mon
     assert sim_one.windows > 30
     assert ahead.requests.equals(one.requests)
     assert _by_step(ahead.steps).equals(_by_step(one.steps))
-    # Energy sums the sockets' windows (fewer, longer rows when timed): equal up to the order
-    # of that sum, as busy_s above; every other figure bit for bit.
-    def energy(key: str) -> bool:
-        return any(w in key for w in ("energy", "power", "joules"))
-
-    assert ahead.summary.keys() == one.summary.keys()
-    for k, v in one.summary.items():
-        if k == "windows":
-            continue
-        if energy(k) and isinstance(v, float):
-            assert np.isclose(ahead.summary[k], v, rtol=1e-12), k
-        else:
-            assert ahead.summary[k] == v, k
+    _same_summary(ahead.summary, one.summary)
 
 
 def test_step_ends_restart_from_each_resume():
@@ -390,3 +366,16 @@ def test_a_lockstep_policy_that_leaves_a_decode_out_is_caught(serve, monkeypatch
     monkeypatch.setattr(Continuous, "step", step)
     with pytest.raises(RuntimeError, match="a lockstep policy decodes"):
         serve(**{**LIGHT, "n": 30})
+
+
+def _same_summary(ahead: dict, one: dict) -> None:
+    """Energy sums the sockets' windows (fewer, longer rows when timed): equal up to the order
+    of that sum, as busy_s; every other figure bit for bit (the window count aside)."""
+    assert ahead.keys() == one.keys()
+    for k, v in one.items():
+        if k == "windows":
+            continue
+        if any(w in k for w in ("energy", "power", "joules")) and isinstance(v, float):
+            assert np.isclose(ahead[k], v, rtol=1e-12), k
+        else:
+            assert ahead[k] == v, k
