@@ -325,7 +325,7 @@ def _fused_block(ledger: Ledger, block: Block, ctx: _Ctx, looped: bool, head: bo
     assert ctx.sram is not None  # fused: step_cost planned the SRAM
     m = tile_array.layer_map(ops, ctx.chip, p, ctx.batch, ctx.opts.batch_streaming, ctx.sram)
     phases = _phases(block.ops) if not ctx.opts.batch_streaming else [list(block.ops)]
-    spill = _spill(ops, ctx)
+    spill = _spill(ops, ctx, m)
     act_total = sum((op.act_out_bytes for op in ops), 0.0)
     chain = _chain(ops, colls, ctx)
     total = sum(chain.values(), np.zeros(()))
@@ -439,13 +439,13 @@ def _phases(ops: tuple[Op, ...]) -> list[list[Op]]:
     return phases
 
 
-def _spill(ops: list[Op], ctx: _Ctx):
-    """HBM bytes for intermediates that do not fit SRAM (written and read back once). Without
-    batch streaming all sequences' intermediates are in flight; with it, one sequence's."""
-    footprint = sum((op.act_out_bytes for op in ops), 0.0)
-    if ctx.opts.batch_streaming:
-        footprint = footprint / np.maximum(ctx.batch, 1.0)
-    return 2.0 * np.maximum(0.0, np.asarray(footprint) - ctx.sram_budget)
+def _spill(ops: list[Op], ctx: _Ctx, m: tile_array.LayerMap):
+    """HBM bytes for intermediates that do not fit SRAM (written and read back once), group by
+    group: BatchStreaming's groups (tile_array), or without it the whole batch as one."""
+    act = sum((op.act_out_bytes for op in ops), 0.0)
+    per_seq = np.asarray(act) / np.maximum(ctx.batch, 1.0)
+    return tile_array.spill_bytes(m.restream, np.maximum(ctx.batch, 1.0), per_seq,
+                                  ctx.sram_budget)
 
 
 def _resources(ops, ctx: _Ctx, spill, m: tile_array.LayerMap | None = None,

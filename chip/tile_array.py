@@ -151,12 +151,48 @@ def layer_map(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram) 
     if batch_streaming:
         fits = np.floor(np.divide(budget, per_seq, out=np.full(np.shape(per_seq), np.inf),
                                   where=per_seq > 0))
-        in_flight = np.clip(fits, 1.0, batch)
+        weights = sum((np.where(sram.resident_weights & (op.cls in STREAMED), 0.0,
+                                op.weight_bytes) for op in ops), np.zeros(()))
+        groups = _groups(np.clip(fits, 1.0, batch), batch, weights, per_seq, budget)
     else:
-        in_flight = batch  # the whole batch is one unit (its excess spills: dataflow._spill)
+        groups = np.ones(np.shape(batch))  # the batch is one unit (its excess spills)
     return LayerMap(stream_pmus, act_pmus, buffer_bytes, free,
-                    p.prefetch_fraction * free, layers,
-                    np.ceil(batch / in_flight), in_flight)
+                    p.prefetch_fraction * free, layers, groups, np.ceil(batch / groups))
+
+
+def spill_bytes(groups: Any, batch: Any, per_seq: Any, budget: float) -> Any:
+    """HBM bytes of the activations the SRAM does not hold (each written and read back once):
+    `batch` sequences of `per_seq` activation bytes in `groups` groups as equal as whole
+    sequences allow (batch mod groups of them one sequence larger), each with `budget` bytes of
+    activation buffers."""
+    q = np.floor(batch / groups)
+    big = batch - q * groups
+    return 2.0 * (big * np.maximum(0.0, per_seq * (q + 1) - budget)
+                  + (groups - big) * np.maximum(0.0, per_seq * q - budget))
+
+
+def _groups(fits: Any, batch: Any, weights: Any, per_seq: Any, budget: float) -> Any:
+    """BatchStreaming's groups: a weight tile streamed once serves one group's sequences. The
+    activation buffers hold `fits` at once; fewer groups spill the excess, each group re-streams
+    the weights. The compiler takes the number of groups k of fewest HBM bytes, k x weights +
+    spill_bytes: piecewise linear in k over three runs (every group spills: groups of more than
+    `fits`; only the larger ones do: groups of exactly `fits` and one more; none does), so the
+    least is at an end of a run: one group (a single stream spilling like a run without
+    BatchStreaming, which it is then never worse than), the ends of the middle run, or the
+    fewest groups that spill nothing. Ties keep the fewest spilled bytes."""
+    f = np.maximum(fits, 1.0)
+    last_all = np.floor(batch / (f + 1))
+    ends = (np.ceil(batch / f), np.floor(batch / f), last_all + 1, last_all, np.ones(np.shape(f)))
+    best, cost = None, None
+    for k in ends:
+        k = np.clip(k, 1.0, np.maximum(batch, 1.0))
+        c = k * weights + spill_bytes(k, batch, per_seq, budget)
+        if cost is None:
+            best, cost = k, c
+        else:
+            better = c < cost
+            best, cost = np.where(better, k, best), np.where(better, c, cost)
+    return best
 
 
 def compute_rate(ops: list[Op], chip, p) -> Any:

@@ -7,6 +7,14 @@ import json
 import os
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (the project's results are deterministic,
+# and so is its test suite: a CI run cannot fail on a draw the last run did not make).
+# HYPOTHESIS_PROFILE=explore draws fresh examples, for hunting counterexamples by hand.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 @pytest.fixture(scope="session")

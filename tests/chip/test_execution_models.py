@@ -165,7 +165,15 @@ def test_rdu_intermediates_spill_only_when_they_do_not_fit():
     assert small.cause("activations") == 0
     big = toy_graph(batch=256.0, context=65536.0)
     assert np.all(cost(big, SN40L, DataflowOptions(batch_streaming=False)).cause("activations") > 0)
-    assert cost(big, SN40L).cause("activations") == 0
+    off = cost(big, SN40L, DataflowOptions(batch_streaming=False))
+    on = cost(big, SN40L)
+    # BatchStreaming spills at most what the whole batch would (it spills only where that
+    # costs fewer HBM bytes than re-streaming the weights once more per group: tile_array)
+    assert 0 <= on.cause("activations") <= off.cause("activations")
+    hbm = ("weight_streaming", "activations")
+    assert sum(on.cause(c) for c in hbm) <= sum(off.cause(c) for c in hbm) * (1 + 1e-12)
+    tiny = cost(toy_graph(batch=8.0, context=65536.0), SN40L)
+    assert tiny.cause("activations") == 0  # a few sequences' intermediates fit: nothing spills
 
 
 # ---- properties -------------------------------------------------------------------------------
