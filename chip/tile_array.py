@@ -183,7 +183,8 @@ def _groups(fits: Any, batch: Any, weights: Any, per_seq: Any, budget: float) ->
     f = np.maximum(fits, 1.0)
     last_all = np.floor(batch / (f + 1))
     ends = (np.ceil(batch / f), np.floor(batch / f), last_all + 1, last_all, np.ones(np.shape(f)))
-    best, cost = None, None
+    best: Any = None
+    cost: Any = None
     for k in ends:
         k = np.clip(k, 1.0, np.maximum(batch, 1.0))
         c = k * weights + spill_bytes(k, batch, per_seq, budget)

@@ -21,13 +21,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Self
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import IO, TYPE_CHECKING, Self
 
 from workloads.checks import show
 from workloads.errors import ConfigError
+
+if TYPE_CHECKING:  # pyarrow loads where a table is written, not with every command
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 # Result files are for others to read (a shared folder, a colleague): 0666 less the umask, as
 # open() would make them; mkstemp's 0600 would hide them.
@@ -139,7 +140,8 @@ def _alive(pid: int) -> bool:
 def stale_temporaries(folder: Path, name: str | None = None) -> list[tuple[Path, re.Match]]:
     """The temporary files and folders in `folder` (of `name`, or of any name) left by
     processes of this machine that are no longer alive."""
-    pattern, out = _temp_pattern(name), []
+    pattern = _temp_pattern(name)
+    out: list[tuple[Path, re.Match]] = []
     try:
         entries = sorted(Path(folder).iterdir())
     except OSError:
@@ -226,6 +228,9 @@ def atomic_write(path: str | Path, data: bytes | Callable[[str], None],
 
 def write_table(tbl: pa.Table, path: str | Path) -> Path:
     """Write `.parquet` or `.arrow` (IPC file) atomically (atomic_write)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = check_table_path(path)
     if path.suffix == ".parquet":
         return atomic_write(path, lambda tmp: pq.write_table(tbl, tmp))
@@ -293,15 +298,14 @@ class StreamedFile:
         self.path, self.what = Path(path), what
         self.tmp = str(self.path.parent / f"{_temp_prefix(self.path.name)}"
                        f"{secrets.token_hex(4)}.tmp")
-        self._file = None
+        self._file: IO[str] | None = None
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         if exc[0] is not None:
             self.discard()
-        return False
 
     def write(self, text: str) -> None:
         try:
@@ -323,6 +327,7 @@ class StreamedFile:
         try:
             if self._file is None:
                 self.write("")
+            assert self._file is not None  # write opened it
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
@@ -371,7 +376,7 @@ class TableFolder:
             self._stack.__exit__(type(e), e, e.__traceback__)
             if exc[0] is None:
                 raise
-        return self._stack.__exit__(*exc)
+        return bool(self._stack.__exit__(*exc))
 
     def _folder(self) -> Path:
         if self._tmp is None:
@@ -380,6 +385,8 @@ class TableFolder:
 
     def write(self, name: str, tbl: pa.Table) -> None:
         """One more chunk of table `name` (the first one's schema is the file's)."""
+        import pyarrow.parquet as pq
+
         writer = self._writers.get(name)
         if writer is None:
             writer = self._writers[name] = pq.ParquetWriter(self._folder() / f"{name}.parquet",

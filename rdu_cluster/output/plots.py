@@ -112,11 +112,11 @@ def missing(plot: Plot, cols: Cols) -> list[str]:
 # --- slicing and grouping ------------------------------------------------------------------
 def axis_columns(cols: Cols) -> list[str]:
     """Scenario axes: the input columns that take more than one value in the dataset."""
-    from rdu_cluster.output.results import SCHEMA
+    from rdu_cluster.output.results import schema
     from rdu_cluster.sweep.runners import SERVE_SCHEMA
 
     inputs = {"batch", "prompt_len", "gen_len", "cluster", "model"}
-    outputs = ({f.name for f in SCHEMA} | {f.name for f in SERVE_SCHEMA}) - inputs
+    outputs = ({f.name for f in schema()} | {f.name for f in SERVE_SCHEMA}) - inputs
     variant = set(np.ravel(cols.get("variant_axes", [])).tolist())  # with_variants
     names = [n for n in cols if n not in outputs and n not in _NOT_AXES and "." not in n
              and n not in variant]

@@ -3,12 +3,13 @@ metadata, built from Estimates (records, table, estimate_table). Writing them: o
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 import rdu_cluster
 from chip.cost import CAUSES
@@ -19,76 +20,88 @@ from rdu_cluster.scenarios.economics import COLUMNS as ECONOMICS
 from rdu_cluster.validation import uncertainty
 from workloads.ops import OpClass
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 SCHEMA_VERSION = "5"  # 2: feasible / infeasible_reason; 3: <figure>_low/_high, interval_note;
 # 4: stack; 5: calibration, decode/prefill_prefetch_stall_s
 
 # The first columns are a public interface (`simulate --json`): keep their names.
 PUBLIC = [
-    ("model", pa.string()),
-    ("cluster", pa.string()),
-    ("sockets", pa.int64()),
-    ("batch", pa.int64()),
-    ("prompt_len", pa.int64()),
-    ("gen_len", pa.int64()),
-    ("tokens_per_s_per_request", pa.float64()),
-    ("tokens_per_s_total", pa.float64()),
-    ("tpot_s", pa.float64()),
-    ("ttft_s", pa.float64()),
-    ("hbm_bw_utilization", pa.float64()),
-    ("bound", pa.string()),
-    ("weight_bytes", pa.float64()),
-    ("kv_cache_bytes", pa.float64()),
-    ("flops_per_token", pa.float64()),
-    ("bytes_per_token", pa.float64()),
+    ("model", "string"),
+    ("cluster", "string"),
+    ("sockets", "int64"),
+    ("batch", "int64"),
+    ("prompt_len", "int64"),
+    ("gen_len", "int64"),
+    ("tokens_per_s_per_request", "float64"),
+    ("tokens_per_s_total", "float64"),
+    ("tpot_s", "float64"),
+    ("ttft_s", "float64"),
+    ("hbm_bw_utilization", "float64"),
+    ("bound", "string"),
+    ("weight_bytes", "float64"),
+    ("kv_cache_bytes", "float64"),
+    ("flops_per_token", "float64"),
+    ("bytes_per_token", "float64"),
 ]
 DETAIL = (
     [
-        ("plan", pa.string()),
-        ("tp", pa.int64()),
-        ("replicas", pa.int64()),
-        ("chip", pa.string()),
-        ("execution_model", pa.string()),
+        ("plan", "string"),
+        ("tp", "int64"),
+        ("replicas", "int64"),
+        ("chip", "string"),
+        ("execution_model", "string"),
         # the GPU serving stack (chip/serving_stacks.py); null on a chip that takes none
-        ("stack", pa.string()),
+        ("stack", "string"),
         # the calibration the chip ran with: "PROFILE (CHIP)", "PROFILE (inherited from CHIP)"
         # or "first principles" (rdu_cluster/validation/calibration.py)
-        ("calibration", pa.string()),
-        ("hbm_used_bytes_per_socket", pa.float64()),
-        ("kv_cache_bytes_per_socket", pa.float64()),
+        ("calibration", "string"),
+        ("hbm_used_bytes_per_socket", "float64"),
+        ("kv_cache_bytes_per_socket", "float64"),
         # the fullest socket's HBM: the activation workspace, and what its runtime reserves
         # (chip/runtime_memory.py), in all and by part
-        ("activation_bytes_per_socket", pa.float64()),
-        ("reserved_by", pa.string()),
-        ("reserved_bytes_per_socket", pa.float64()),
+        ("activation_bytes_per_socket", "float64"),
+        ("reserved_by", "string"),
+        ("reserved_bytes_per_socket", "float64"),
     ]
-    + [(f"reserved_{p}_bytes_per_socket", pa.float64()) for p in RESERVED_PARTS]
+    + [(f"reserved_{p}_bytes_per_socket", "float64") for p in RESERVED_PARTS]
     + [
         # false where the point does not fit (partitioning.footprint.misfits), with the reason;
         # its speed columns are then null (sweeps keep such points as rows)
-        ("feasible", pa.bool_()),
-        ("infeasible_reason", pa.string()),
-        ("decode_kernels", pa.float64()),
+        ("feasible", "bool_"),
+        ("infeasible_reason", "string"),
+        ("decode_kernels", "float64"),
     ]
-    + [(f"decode_{c}_s", pa.float64()) for c in CAUSES]
-    + [(f"decode_class_{c.value}_s", pa.float64()) for c in OpClass]
-    + [(f"prefill_{c}_s", pa.float64()) for c in CAUSES]
+    + [(f"decode_{c}_s", "float64") for c in CAUSES]
+    + [(f"decode_class_{c.value}_s", "float64") for c in OpClass]
+    + [(f"prefill_{c}_s", "float64") for c in CAUSES]
     # energy and cost of decode (rdu_cluster/scenarios/economics.py); null when the estimate comes without
     # its cluster or the cluster's chip has no [power] / the cluster no [cost] table
-    + [(c, pa.float64()) for c in ECONOMICS]
+    + [(c, "float64") for c in ECONOMICS]
     # intervals at the default level (rdu_cluster/validation/uncertainty.py): null, with the
     # reason in interval_note, outside every measured regime or without an uncertainty model
-    + [(c, pa.float64()) for c in uncertainty.BOUND_COLUMNS]
-    + [("interval_note", pa.string())]
+    + [(c, "float64") for c in uncertainty.BOUND_COLUMNS]
+    + [("interval_note", "string")]
     # speculative decoding (rdu_cluster/scenarios/speculative.py); null for plain decode
     + [
-        ("draft", pa.string()),
-        ("spec_k", pa.int64()),
-        ("acceptance", pa.string()),
-        ("tokens_per_step", pa.float64()),
-        ("spec_speedup", pa.float64()),
+        ("draft", "string"),
+        ("spec_k", "int64"),
+        ("acceptance", "string"),
+        ("tokens_per_step", "float64"),
+        ("spec_speedup", "float64"),
     ]
 )
-SCHEMA = pa.schema(PUBLIC + DETAIL, metadata={"rdu_cluster.schema_version": SCHEMA_VERSION})
+
+
+@functools.cache
+def schema() -> pa.Schema:
+    """The result schema. Built on first use: the columns name their types by pyarrow's factory
+    functions, so a command that prints no table (a plain `simulate`) never loads pyarrow."""
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, typ)()) for name, typ in PUBLIC + DETAIL],
+                     metadata={"rdu_cluster.schema_version": SCHEMA_VERSION})
 
 
 def records(est: Estimate, chip: str, execution_model: str, cluster=None) -> list[dict]:
@@ -177,16 +190,20 @@ def _pick(value, i: int, n: int):
 
 
 def table(rows: Iterable[Mapping], extra_metadata: Mapping[str, str] | None = None) -> pa.Table:
+    import pyarrow as pa
+
     rows = list(rows)
-    casted = [{f.name: _cast(r.get(f.name), f.type) for f in SCHEMA} for r in rows]
-    meta = dict(SCHEMA.metadata)
+    casted = [{f.name: _cast(r.get(f.name), f.type) for f in schema()} for r in rows]
+    meta = dict(schema().metadata)
     meta[b"rdu_cluster.code_version"] = rdu_cluster.__version__.encode()
     for k, v in (extra_metadata or {}).items():
         meta[f"rdu_cluster.{k}".encode()] = str(v).encode()
-    return pa.Table.from_pylist(casted, schema=SCHEMA.with_metadata(meta))
+    return pa.Table.from_pylist(casted, schema=schema().with_metadata(meta))
 
 
 def _cast(value, typ):
+    import pyarrow as pa
+
     if value is None:
         return None
     if pa.types.is_boolean(typ):
@@ -212,19 +229,23 @@ def estimate_table(
     """`table(records(est, chip, execution_model))`, built one numpy column at a time instead of
     one dict per design point: the same schema and values, ~20x faster for the thousands of
     points of a vectorized estimate (what sweeps use). `cluster` fills the energy/cost columns."""
+    import pyarrow as pa
+
     cols = _columns(est, chip, execution_model, cluster)
     n = max(np.size(v) for v in cols.values() if not isinstance(v, str))
     arrays = [_column(cols.get(f.name), f.type, n, f.name in uncertainty.BOUND_COLUMNS)
-              for f in SCHEMA]
-    meta = dict(SCHEMA.metadata)
+              for f in schema()]
+    meta = dict(schema().metadata)
     meta[b"rdu_cluster.code_version"] = rdu_cluster.__version__.encode()
     for k, v in (extra_metadata or {}).items():
         meta[f"rdu_cluster.{k}".encode()] = str(v).encode()
-    return pa.Table.from_arrays(arrays, schema=SCHEMA.with_metadata(meta))
+    return pa.Table.from_arrays(arrays, schema=schema().with_metadata(meta))
 
 
 def _column(value, typ, n: int, nan_null: bool = False) -> pa.Array:
     """`nan_null`: NaN is written as null (a bound of a point with no interval)."""
+    import pyarrow as pa
+
     if value is None:
         return pa.nulls(n, typ)
     if isinstance(value, str):
