@@ -48,3 +48,15 @@ def validate_report():
     result = CliRunner().invoke(main, ["validate", "--json", "--no-loo"])
     assert result.exit_code in (0, 1), result.output[-2000:]
     return result.exit_code, result.stdout, json.loads(result.stdout)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`): the tests that share one expensive session
+    resource run on one worker, so the resource is made once: every Ray test on the worker that
+    starts Ray, every reader of the shared validate report on the worker that runs it."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "ray_session" in names:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif "validate_report" in names:
+            item.add_marker(pytest.mark.xdist_group("validate"))
