@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 
 def config_dir(kind: str) -> Path:
-    """The folder of bundled `kind` files: "chips", "clusters" or "calibration"."""
-    return Path(str(resources.files(__name__).joinpath(kind)))
+    """The folder of bundled `kind` files: "chips", "clusters" or "calibration". Beside this
+    module: the package installs as files (setup.cfg package_data; str(resources.files(...))
+    was a plain path too), and importlib.resources would load zipfile on every command."""
+    return Path(__file__).resolve().parent / kind
 
 
 def bundled(kind: str) -> dict[str, Path]:

@@ -19,7 +19,6 @@ import dataclasses
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,8 @@ class Profile:
 
 
 def declarations() -> list[Declaration]:
-    text = resources.files("rdu_cluster").joinpath("validation/parameters.toml").read_text()
+    # beside this module (package data installed as files: importlib.resources loads zipfile)
+    text = (Path(__file__).resolve().parent / "parameters.toml").read_text()
     out = []
     for i, d in enumerate(tomllib.loads(text)["parameter"]):
         where = f"parameters.toml: parameter {i + 1} ({d.get('key')})"

@@ -3,8 +3,8 @@ importer does not read trimmed), plus an `_rdu` key with the catalog name, the H
 (`hf_repo`, and `hf_aliases`: the instruct / base / renamed repositories of the same weights), the
 published total/active parameter figures and their source.
 
-Files are read with importlib.resources, so the catalog works from an installed (non-editable)
-package. A model is named by its catalog name or a HF repository id, either in any case. The
+Files are read beside this module (package data installed as files), so the catalog works from an
+installed (non-editable) package. A model is named by its catalog name or a HF repository id, either in any case. The
 weight dtype is the checkpoint's: its `quantization_config` (DeepSeek-V3 fp8, gpt-oss experts
 mxfp4, ...) or BF16 without one; `load_model(name, precision)` chooses another (a 671B model at
 BF16 fits 16 SN40L only with DDR spill: `load_model("deepseek-v3", BF16_WEIGHTS)`).
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ BF16_WEIGHTS = Precision(weights=DType.BF16)
 
 
 def _files() -> dict[str, Any]:
-    root = resources.files(__name__)
+    root = Path(__file__).resolve().parent  # package data as files (resources loads zipfile)
     return {
         p.name[: -len(".json")]: p
         for p in root.iterdir()
