@@ -15,12 +15,16 @@ $(STAMP): setup.cfg pyproject.toml
 run: $(STAMP)
 	$(BIN)/rdu-cluster simulate
 
+# Two pytest-xdist workers (JOBS=N for more): the tests that share the Ray instance or the
+# validate report run on one worker each (--dist loadgroup; tests/conftest.py groups them).
+JOBS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
 
 # The edit loop: every test but the end-to-end ones marked slow (`make test` runs those too).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not slow"
 
 # mypy (mypy.ini): no error in the four lower packages; elsewhere (rdu_cluster/) the count may
 # only shrink: lower mypy-baseline.txt when you fix some, never raise it.
