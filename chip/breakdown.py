@@ -33,14 +33,13 @@ class Ledger:
     def split(self, cls: str, seconds: Work, shares: Mapping[str, Work]) -> None:
         """Book `seconds` under class `cls`, split over causes in proportion to `shares`
         (any non-negative weights; where they are all zero the time goes to the first)."""
+        self.book(cls, seconds, fractions(shares))
+
+    def book(self, cls: str, seconds: Work, fracs: Mapping[str, np.ndarray]) -> None:
+        """Book `seconds` under class `cls`, split over causes by `fractions(shares)` (worked
+        out once where several classes split alike)."""
         t = np.asarray(seconds, dtype=float)
-        weights = {k: np.asarray(v, dtype=float) for k, v in shares.items()}
-        total = sum(weights.values(), np.zeros(()))
-        first = next(iter(weights))
-        for cause, w in weights.items():
-            frac = np.divide(w, total, out=np.zeros(np.broadcast(w, total).shape), where=total > 0)
-            if cause == first:
-                frac = np.where(total > 0, frac, 1.0)
+        for cause, frac in fracs.items():
             self.add(cause, cls, t * frac)
 
     def merge(self, other: Ledger, times: float = 1.0) -> None:
@@ -64,6 +63,19 @@ class Ledger:
             flops=flops,
             **fields,
         )
+
+
+def fractions(shares: Mapping[str, Work]) -> dict[str, np.ndarray]:
+    """Each cause's share of `shares` (any non-negative weights; where they are all zero the
+    first cause takes all)."""
+    weights = {k: np.asarray(v, dtype=float) for k, v in shares.items()}
+    total = sum(weights.values(), np.zeros(()))
+    first = next(iter(weights))
+    out = {}
+    for cause, w in weights.items():
+        frac = np.divide(w, total, out=np.zeros(np.broadcast(w, total).shape), where=total > 0)
+        out[cause] = np.where(total > 0, frac, 1.0) if cause == first else frac
+    return out
 
 
 def useful_hbm_bytes(graph: Graph) -> Work:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from chip import efficiency, tile_array
-from chip.breakdown import OVERHEAD, Ledger
+from chip.breakdown import OVERHEAD, Ledger, fractions
 from chip.cost import StepCost
 from chip.execution import CommTime, options_of, params_for, parse_params, register
 from chip.spec import ChipSpec
@@ -517,24 +517,21 @@ def _book_pipe(ledger: Ledger, ops, res: _Res, r: int):
             demand = np.where(hbm_bound, mem, np.where(comp_bound, op.flops, 0.0))
         by_cls[op.cls.value] = by_cls.get(op.cls.value, 0.0) + np.asarray(demand, dtype=float)
     total = sum(by_cls.values(), np.zeros(()))
+    zero = np.zeros(np.shape(t))
+    causes = fractions({  # the same split for every class (worked out once)
+        "weight_streaming": np.where(hbm_bound, res.weights, zero),
+        "kv_streaming": np.where(hbm_bound, res.kv, zero),
+        "activations": np.where(hbm_bound, res.spill, zero),
+        "compute": np.where(comp_bound, 1.0, zero),
+        "communication": np.where(p2p_bound, 1.0, zero),
+    })
     for cls, demand in by_cls.items():
         frac = np.divide(
             demand, total, out=np.zeros(np.broadcast(demand, total).shape), where=total > 0
         )
         if cls == next(iter(by_cls)):
             frac = np.where(total > 0, frac, 1.0)
-        zero = np.zeros(np.shape(t))
-        ledger.split(
-            cls,
-            t * frac,
-            {
-                "weight_streaming": np.where(hbm_bound, res.weights, zero),
-                "kv_streaming": np.where(hbm_bound, res.kv, zero),
-                "activations": np.where(hbm_bound, res.spill, zero),
-                "compute": np.where(comp_bound, 1.0, zero),
-                "communication": np.where(p2p_bound, 1.0, zero),
-            },
-        )
+        ledger.book(cls, t * frac, causes)
     return t
 
 
@@ -546,9 +543,10 @@ def _book_chain(ledger: Ledger, ops, colls, chain: dict, exposed: dict, stall: d
     n_ops = max(len(ops), 1)
     for cause, seconds in exposed.items():
         if cause == "pipeline_fill":
+            each, stalled = r * seconds / n_ops, r * stall[cause] / n_ops  # (the same per op)
             for op in ops:
-                ledger.add(cause, op.cls.value, r * seconds / n_ops)
-                ledger.add("prefetch_stall", op.cls.value, r * stall[cause] / n_ops)
+                ledger.add(cause, op.cls.value, each)
+                ledger.add("prefetch_stall", op.cls.value, stalled)
         elif colls:
             ledger.add(cause, OpClass.COLLECTIVE.value, r * seconds)
             ledger.add("prefetch_stall", OpClass.COLLECTIVE.value, r * stall[cause])

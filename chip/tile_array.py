@@ -83,10 +83,13 @@ class LayerMap:
 
 
 def _streams(op: Op, sram: Sram) -> Any:
-    w = (np.where(sram.resident_weights, 0.0, op.weight_bytes) if op.cls in STREAMED
-         else op.weight_bytes)
-    kv = np.where(sram.resident_kv, 0.0, op.kv_read_bytes + op.kv_write_bytes)
-    return np.asarray(w, dtype=float) + kv
+    w: Any = op.weight_bytes
+    if op.cls in STREAMED and np.any(sram.resident_weights):
+        w = np.where(sram.resident_weights, 0.0, w)
+    kv: Any = op.kv_read_bytes + op.kv_write_bytes
+    if np.any(sram.resident_kv):
+        kv = np.where(sram.resident_kv, 0.0, kv)
+    return np.asarray(w, dtype=float) + np.asarray(kv, dtype=float)
 
 
 def sram_plan(graph: Graph, chip, p, batch_streaming: bool) -> Sram:
@@ -97,14 +100,17 @@ def sram_plan(graph: Graph, chip, p, batch_streaming: bool) -> Sram:
     none = Sram(capacity, pmu_bytes, False, False, 0.0)
     if any(op.cls is OpClass.EXPERT for block in graph.blocks for op in block.ops):
         return none
-    weights, kv = np.zeros(()), np.zeros(())
+    weights = np.zeros(())
     for block in graph.blocks:
         for op in block.ops:
             if op.cls in STREAMED:
                 weights = weights + block.repeat * np.asarray(op.weight_bytes, dtype=float)
-            kv = kv + block.repeat * np.asarray(op.kv_read_bytes, dtype=float)
     if not np.any((weights > 0) & (weights <= capacity)):
-        return none  # (most models: the stage buffers need not be sized to know)
+        return none  # (most models: neither the KV cache nor the stage buffers need sizing)
+    kv = np.zeros(())
+    for block in graph.blocks:
+        for op in block.ops:
+            kv = kv + block.repeat * np.asarray(op.kv_read_bytes, dtype=float)
     buffers = np.zeros(())
     for block in graph.blocks:
         ops = [op for op in block.ops if op.cls is not OpClass.COLLECTIVE]
@@ -124,17 +130,47 @@ def _buffers(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram):
     streams = [_streams(op, sram) for op in ops]
     total = sum(streams, np.zeros(()))
     in_flight = chip.hbm.bandwidth_bytes_per_s * p.hbm_latency_s  # Little's law, whole layer
-    stream_pmus = np.zeros(())
-    for s in streams:
-        share = np.divide(s, total, out=np.zeros(np.broadcast(s, total).shape), where=total > 0)
-        half = np.maximum(1.0, np.ceil(share * in_flight / pmu))
-        stream_pmus = stream_pmus + np.where(s > 0, 2.0 * half, 0.0)
+    stream_pmus = _stream_pmus(streams, total, in_flight, pmu) if streams else np.zeros(())
     act = sum((np.asarray(op.act_out_bytes, dtype=float) for op in ops), np.zeros(()))
     per_seq = act / np.maximum(np.asarray(batch, dtype=float), 1.0)
     live = per_seq if batch_streaming else act
     held = np.minimum(live, p.sram_activation_fraction * sram.capacity)
     act_pmus = np.ceil(held / pmu)
     return stream_pmus, act_pmus, per_seq, held
+
+
+def _stream_pmus(streams: list, total: Any, in_flight: float, pmu: float) -> Any:
+    """The stream double buffers: two halves a streaming stage, each max(1, ceil(share x
+    in_flight / pmu)) PMUs. A stage that streams nothing takes none. A stage of fixed bytes
+    (its weights) over a total that varies (a grid's KV cache) needs no array: its count is
+    a non-increasing function of the total (each IEEE operation is monotone), so where it is
+    the same at the grid's smallest and largest total it is that number everywhere. The rest
+    go as one stages x points array; whole numbers of PMUs add up exactly in any order, so a
+    point of a grid costs what it costs alone."""
+
+    def half(share: Any) -> Any:
+        return np.maximum(1.0, np.ceil(share * in_flight / pmu))
+
+    fixed, rows = 0.0, []
+    lo, hi = np.min(total), np.max(total)
+    for x in streams:
+        if np.ndim(x) == 0 and not x > 0:
+            continue  # (a stage of no stream: none)
+        if np.ndim(x) == 0:  # (total >= x > 0: a sum of non-negative streams)
+            most, least = half(x / lo), half(x / hi)
+            if most == least:
+                fixed += 2.0 * float(most)
+                continue
+        rows.append(x)
+    out = np.full(np.shape(total), fixed)
+    if rows:
+        s = np.empty((len(rows), *np.shape(total)))
+        for i, x in enumerate(rows):
+            s[i] = x
+        share = (s / total if lo > 0  # (as the masked divide, where it divides)
+                 else np.divide(s, total, out=np.zeros(s.shape), where=total > 0))
+        out = out + np.where(s > 0, 2.0 * half(share), 0.0).sum(axis=0)
+    return out
 
 
 def layer_map(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram) -> LayerMap:
@@ -151,9 +187,17 @@ def layer_map(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram) 
     if batch_streaming:
         fits = np.floor(np.divide(budget, per_seq, out=np.full(np.shape(per_seq), np.inf),
                                   where=per_seq > 0))
-        weights = sum((np.where(sram.resident_weights & (op.cls in STREAMED), 0.0,
-                                op.weight_bytes) for op in ops), np.zeros(()))
-        groups = _groups(np.clip(fits, 1.0, batch), batch, weights, per_seq, budget)
+        fits = np.clip(fits, 1.0, batch)
+        if np.any(sram.resident_weights):
+            weights = sum((np.where(sram.resident_weights & (op.cls in STREAMED), 0.0,
+                                    op.weight_bytes) for op in ops), np.zeros(()))
+        else:
+            weights = sum((np.asarray(op.weight_bytes, dtype=float) for op in ops), np.zeros(()))
+        if np.all(fits >= batch):  # the buffers hold the whole batch: one group (as _groups)
+            groups = np.ones(np.broadcast_shapes(np.shape(fits), np.shape(weights),
+                                                 np.shape(per_seq)))
+        else:
+            groups = _groups(fits, batch, weights, per_seq, budget)
     else:
         groups = np.ones(np.shape(batch))  # the batch is one unit (its excess spills)
     return LayerMap(stream_pmus, act_pmus, buffer_bytes, free,
