@@ -509,12 +509,14 @@ def _book_pipe(ledger: Ledger, ops, res: _Res, r: int):
     comp_bound = ~hbm_bound & (res.compute >= res.p2p)
     p2p_bound = ~hbm_bound & ~comp_bound
     by_cls: dict[str, Any] = {}
+    all_hbm = bool(np.all(hbm_bound))  # (a decode grid's usual case: the wheres select mem)
     for op in ops:
         if op.cls is OpClass.COLLECTIVE:
-            demand = np.where(p2p_bound, 1.0, 0.0)
+            demand = 0.0 if all_hbm else np.where(p2p_bound, 1.0, 0.0)
         else:
             mem = op.weight_bytes + op.kv_read_bytes + op.kv_write_bytes + op.act_out_bytes
-            demand = np.where(hbm_bound, mem, np.where(comp_bound, op.flops, 0.0))
+            demand = mem if all_hbm else np.where(hbm_bound, mem, np.where(comp_bound, op.flops,
+                                                                           0.0))
         by_cls[op.cls.value] = by_cls.get(op.cls.value, 0.0) + np.asarray(demand, dtype=float)
     total = sum(by_cls.values(), np.zeros(()))
     zero = np.zeros(np.shape(t))

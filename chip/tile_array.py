@@ -40,6 +40,7 @@ at least, and their buffers) is informative: a looped kernel maps one layer over
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,13 +83,16 @@ class LayerMap:
     in_flight: Any  # sequences whose stage inputs the activation buffers hold at once
 
 
-def _streams(op: Op, sram: Sram) -> Any:
+def _streams(op: Op, sram: Sram, holds: tuple[bool, bool]) -> Any:
+    """What the stage streams from HBM; `holds`: whether the SRAM holds weights, KV anywhere."""
     w: Any = op.weight_bytes
-    if op.cls in STREAMED and np.any(sram.resident_weights):
+    if op.cls in STREAMED and holds[0]:
         w = np.where(sram.resident_weights, 0.0, w)
     kv: Any = op.kv_read_bytes + op.kv_write_bytes
-    if np.any(sram.resident_kv):
+    if holds[1]:
         kv = np.where(sram.resident_kv, 0.0, kv)
+    if np.ndim(w) == 0 and np.ndim(kv) == 0:
+        return float(w) + float(kv)  # (a Python float: the same IEEE sum, without numpy's calls)
     return np.asarray(w, dtype=float) + np.asarray(kv, dtype=float)
 
 
@@ -127,7 +131,8 @@ def _buffers(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram):
     """(stream PMUs, activation PMUs, per-sequence activation bytes, activation bytes in SRAM)
     of a layer's stages."""
     pmu = sram.pmu_bytes
-    streams = [_streams(op, sram) for op in ops]
+    holds = (bool(np.any(sram.resident_weights)), bool(np.any(sram.resident_kv)))
+    streams = [_streams(op, sram, holds) for op in ops]
     total = sum(streams, np.zeros(()))
     in_flight = chip.hbm.bandwidth_bytes_per_s * p.hbm_latency_s  # Little's law, whole layer
     stream_pmus = _stream_pmus(streams, total, in_flight, pmu) if streams else np.zeros(())
@@ -152,14 +157,16 @@ def _stream_pmus(streams: list, total: Any, in_flight: float, pmu: float) -> Any
         return np.maximum(1.0, np.ceil(share * in_flight / pmu))
 
     fixed, rows = 0.0, []
-    lo, hi = np.min(total), np.max(total)
+    lo, hi = float(np.min(total)), float(np.max(total))
     for x in streams:
-        if np.ndim(x) == 0 and not x > 0:
-            continue  # (a stage of no stream: none)
-        if np.ndim(x) == 0:  # (total >= x > 0: a sum of non-negative streams)
-            most, least = half(x / lo), half(x / hi)
-            if most == least:
-                fixed += 2.0 * float(most)
+        if type(x) is float:  # (_streams: a stage's fixed bytes)
+            if not x > 0:
+                continue  # (a stage of no stream: none)
+            # (total >= x > 0: a sum of non-negative streams; Python floats, the same IEEE
+            # operations in the same order as half's)
+            most = max(1.0, math.ceil(x / lo * in_flight / pmu))
+            if most == max(1.0, math.ceil(x / hi * in_flight / pmu)):
+                fixed += 2.0 * most
                 continue
         rows.append(x)
     out = np.full(np.shape(total), fixed)
@@ -187,16 +194,14 @@ def layer_map(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram) 
     if batch_streaming:
         fits = np.floor(np.divide(budget, per_seq, out=np.full(np.shape(per_seq), np.inf),
                                   where=per_seq > 0))
-        fits = np.clip(fits, 1.0, batch)
-        if np.any(sram.resident_weights):
+        fits = np.minimum(np.maximum(fits, 1.0), batch)  # (np.clip, without its overhead)
+        if np.all(fits >= batch):  # the buffers hold the whole batch: one group (as _groups)
+            groups = np.ones(np.broadcast_shapes(  # (the shape _groups gives)
+                np.shape(fits), np.shape(per_seq), np.shape(sram.resident_weights),
+                *(np.shape(op.weight_bytes) for op in ops)))
+        else:
             weights = sum((np.where(sram.resident_weights & (op.cls in STREAMED), 0.0,
                                     op.weight_bytes) for op in ops), np.zeros(()))
-        else:
-            weights = sum((np.asarray(op.weight_bytes, dtype=float) for op in ops), np.zeros(()))
-        if np.all(fits >= batch):  # the buffers hold the whole batch: one group (as _groups)
-            groups = np.ones(np.broadcast_shapes(np.shape(fits), np.shape(weights),
-                                                 np.shape(per_seq)))
-        else:
             groups = _groups(fits, batch, weights, per_seq, budget)
     else:
         groups = np.ones(np.shape(batch))  # the batch is one unit (its excess spills)
@@ -261,15 +266,25 @@ _PCUS: dict[tuple, tuple] = {}
 
 def _pcus(ops: list[Op], chip, p) -> tuple[float, Any]:
     """_pcus_of, once per op list and chip (a plan search and a grid reuse a layer's ops: the
-    entry keeps them alive, so their ids are not reused while it is in use)."""
-    key = (tuple(id(op) for op in ops), id(chip), p.pcus)
-    hit = _PCUS.get(key)
-    if hit is not None and hit[1] is chip and all(a is b for a, b in zip(hit[0], ops)):
-        return hit[2]
+    entry keeps them alive, so their ids are not reused while it is in use). Stages of scalar
+    FLOPs are keyed by what _pcus_of reads of them, their FLOPs and dtypes (a grid over the
+    batch rebuilds the graph, whose layers without a batch-dependent stage keep theirs)."""
+    if all(np.ndim(op.flops) == 0 for op in ops):
+        key: tuple = (tuple((float(op.flops), op.flop_dtype) for op in ops), id(chip), p.pcus)
+        hit = _PCUS.get(key)
+        if hit is not None and hit[1] is chip:
+            return hit[2]
+        keep: list = []
+    else:
+        key = (tuple(id(op) for op in ops), id(chip), p.pcus)
+        hit = _PCUS.get(key)
+        if hit is not None and hit[1] is chip and all(a is b for a, b in zip(hit[0], ops)):
+            return hit[2]
+        keep = list(ops)
     out = _pcus_of(ops, chip, p)
     if len(_PCUS) > 4096:
         _PCUS.clear()
-    _PCUS[key] = (list(ops), chip, out)
+    _PCUS[key] = (keep, chip, out)
     return out
 
 
@@ -283,7 +298,11 @@ def _pcus_of(ops: list[Op], chip, p) -> tuple[float, Any]:
     times = [np.asarray(op.flops, dtype=float) / chip.flops(op.flop_dtype) for op in ops]
     if not ops:
         return 0.0, np.ones(())
-    t = np.stack(np.broadcast_arrays(*times)).reshape(len(ops), -1)  # stages x points
+    shape = np.broadcast_shapes(*(np.shape(x) for x in times))
+    t = np.empty((len(ops), *shape))
+    for i, x in enumerate(times):
+        t[i] = x
+    t = t.reshape(len(ops), -1)  # stages x points
     # row by row (not ndarray.sum: its pairwise order differs between one point and many, and a
     # grid's point must cost what it costs alone, bit for bit)
     total = sum(t, np.zeros(t.shape[1:]))
@@ -299,9 +318,19 @@ def _pcus_of(ops: list[Op], chip, p) -> tuple[float, Any]:
     # the floors leave fewer units than stages: one more each to the slowest stages
     left = p.pcus - n.sum(axis=0)
     ratio = np.divide(n, want, out=np.full(n.shape, np.inf), where=want > 0)
-    rank = np.argsort(np.argsort(ratio, axis=0, kind="stable"), axis=0, kind="stable")
-    n = n + (rank < left)
+    n = n + _first(ratio, left)
     ratio = np.divide(n, want, out=np.full(n.shape, np.inf), where=want > 0)
-    shape = np.broadcast_shapes(*(np.shape(x) for x in times))
     rate = np.minimum(ratio.min(axis=0), 1.0).reshape(shape)
     return float(n.sum(axis=0).max()), rate
+
+
+def _first(ratio: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Whether each stage (row) is among the `left` of its column of lowest ratio, ties to the
+    earlier stage: a stable sort's first `left`, found by counting the stages ahead of each
+    (a sort of a few stages per point costs more than these comparisons)."""
+    out = np.empty(ratio.shape, dtype=bool)
+    for i in range(len(ratio)):
+        ahead = (np.count_nonzero(ratio < ratio[i], axis=0)
+                 + np.count_nonzero(ratio[:i] == ratio[i], axis=0))
+        out[i] = ahead < left
+    return out

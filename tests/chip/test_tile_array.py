@@ -3,6 +3,7 @@ RDUs and GPUs, calibration that follows a chip's family, and the hardware sensit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -139,6 +140,48 @@ def test_pcus_set_the_stage_balance_and_pmus_the_stage_buffers():
                                                       * SRAM / pmus)
 
 
+@pytest.mark.parametrize("model, cluster, sram", [
+    ("llama-3.1-70b", "sn40l-16", 1.0),  # weights stream: stage buffers that vary over a grid
+    ("llama-3.1-8b", "sn40l-16", 2.0),  # weights (and short KV caches) resident in SRAM
+    ("llama-3.1-8b", "sn40l-8", 0.2),  # BatchStreaming groups and spills at large batches
+])
+def test_a_grid_point_costs_what_it_costs_alone_bit_for_bit(model, cluster, sram):
+    """What a grid works out once (a stage's stream buffers from the grid's smallest and
+    largest total where they cannot differ between them; one BatchStreaming group where the
+    buffers hold every batch; the PCU balance of scalar FLOPs) leaves each point's cost, by
+    cause and by class, what the point costs alone."""
+    from chip import execution
+    from partitioning.estimate import tp_comm_time
+
+    spec, c = load_model(model), load_cluster(cluster, _sram(sram))
+    comm, shard = tp_comm_time(c, c.sockets), Shard.tensor(c.sockets)
+    p = params_for(DataflowParams, c.chip)
+    batch, ctx = np.array([[1.0], [3.0], [64.0], [700.0]]), np.array([[1.0, 900.0, 32768.0]])
+
+    def maps(graph):  # each layer's map on the tile array
+        sram = tile_array.sram_plan(graph, c.chip, p, True)
+        return [tile_array.layer_map([op for op in b.ops if op.cls is not OpClass.COLLECTIVE],
+                                     c.chip, p, graph.shape.batch, True, sram)
+                for b in graph.blocks]
+
+    for phase in (StepShape.decode, StepShape.prefill):
+        g = graphs.step_graph(spec, phase(batch, ctx), shard)
+        grid, grid_maps = execution.step_cost(g, c.chip, comm), maps(g)
+        for i, j in np.ndindex(4, 3):
+            g1 = graphs.step_graph(spec, phase(batch[i, 0], ctx[0, j]), shard)
+            one = execution.step_cost(g1, c.chip, comm)
+            for part, alone in (("time", {"": one.time_s}), ("cause", one.by_cause),
+                                ("class", one.by_class)):
+                whole = {"": grid.time_s} if part == "time" else (
+                    grid.by_cause if part == "cause" else grid.by_class)
+                for key, t in alone.items():
+                    assert np.broadcast_to(whole[key], (4, 3))[i, j] == t, (phase, i, j, key)
+            for m, m1 in zip(grid_maps, maps(g1)):
+                for f in dataclasses.fields(m):
+                    got = np.broadcast_to(getattr(m, f.name), (4, 3))[i, j]
+                    assert got == getattr(m1, f.name), (phase, i, j, f.name)
+
+
 def test_link_latency_moves_the_rdu_step_where_collectives_are_exposed():
     with calibration.use(calibration.load("default")):
         base = _run("llama-3.1-8b")
@@ -150,8 +193,6 @@ def test_link_latency_moves_the_rdu_step_where_collectives_are_exposed():
 
 
 def test_gpu_overlap_hides_a_collective_behind_its_producer_only():
-    import dataclasses
-
     from chip.serving_stacks import stack
 
     trt = stack("tensorrt-llm")
