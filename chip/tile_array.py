@@ -232,17 +232,14 @@ def _groups(fits: Any, batch: Any, weights: Any, per_seq: Any, budget: float) ->
     f = np.maximum(fits, 1.0)
     last_all = np.floor(batch / (f + 1))
     ends = (np.ceil(batch / f), np.floor(batch / f), last_all + 1, last_all, np.ones(np.shape(f)))
-    best: Any = None
-    cost: Any = None
-    for k in ends:
-        k = np.clip(k, 1.0, np.maximum(batch, 1.0))
-        c = k * weights + spill_bytes(k, batch, per_seq, budget)
-        if cost is None:
-            best, cost = k, c
-        else:
-            better = c < cost
-            best, cost = np.where(better, k, best), np.where(better, c, cost)
-    return best
+    # the candidates at once (candidates x points), elementwise; the first of the fewest bytes
+    shape = np.broadcast_shapes(*(np.shape(x) for x in (*ends, batch, weights, per_seq)))
+    k = np.empty((len(ends), *shape))
+    for i, end in enumerate(ends):
+        k[i] = end
+    k = np.minimum(np.maximum(k, 1.0), np.maximum(batch, 1.0))  # (np.clip, elementwise)
+    cost = k * weights + spill_bytes(k, batch, per_seq, budget)
+    return np.take_along_axis(k, np.argmin(cost, axis=0)[None], axis=0)[0]
 
 
 def compute_rate(ops: list[Op], chip, p) -> Any:
@@ -318,19 +315,9 @@ def _pcus_of(ops: list[Op], chip, p) -> tuple[float, Any]:
     # the floors leave fewer units than stages: one more each to the slowest stages
     left = p.pcus - n.sum(axis=0)
     ratio = np.divide(n, want, out=np.full(n.shape, np.inf), where=want > 0)
-    n = n + _first(ratio, left)
+    rank = np.argsort(np.argsort(ratio, axis=0, kind="stable"), axis=0, kind="stable")
+    n = n + (rank < left)
     ratio = np.divide(n, want, out=np.full(n.shape, np.inf), where=want > 0)
     rate = np.minimum(ratio.min(axis=0), 1.0).reshape(shape)
     return float(n.sum(axis=0).max()), rate
 
-
-def _first(ratio: np.ndarray, left: np.ndarray) -> np.ndarray:
-    """Whether each stage (row) is among the `left` of its column of lowest ratio, ties to the
-    earlier stage: a stable sort's first `left`, found by counting the stages ahead of each
-    (a sort of a few stages per point costs more than these comparisons)."""
-    out = np.empty(ratio.shape, dtype=bool)
-    for i in range(len(ratio)):
-        ahead = (np.count_nonzero(ratio < ratio[i], axis=0)
-                 + np.count_nonzero(ratio[:i] == ratio[i], axis=0))
-        out[i] = ahead < left
-    return out
