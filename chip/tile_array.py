@@ -86,12 +86,12 @@ class LayerMap:
 def _streams(op: Op, sram: Sram, holds: tuple[bool, bool]) -> Any:
     """What the stage streams from HBM; `holds`: whether the SRAM holds weights, KV anywhere."""
     w: Any = op.weight_bytes
-    if op.cls in STREAMED and holds[0]:
+    if holds[0] and op.cls in STREAMED:
         w = np.where(sram.resident_weights, 0.0, w)
     kv: Any = op.kv_read_bytes + op.kv_write_bytes
     if holds[1]:
         kv = np.where(sram.resident_kv, 0.0, kv)
-    if np.ndim(w) == 0 and np.ndim(kv) == 0:
+    if isinstance(w, float | int) and isinstance(kv, float | int):
         return float(w) + float(kv)  # (a Python float: the same IEEE sum, without numpy's calls)
     return np.asarray(w, dtype=float) + np.asarray(kv, dtype=float)
 
@@ -131,7 +131,8 @@ def _buffers(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram):
     """(stream PMUs, activation PMUs, per-sequence activation bytes, activation bytes in SRAM)
     of a layer's stages."""
     pmu = sram.pmu_bytes
-    holds = (bool(np.any(sram.resident_weights)), bool(np.any(sram.resident_kv)))
+    holds = (sram.resident_weights is not False and bool(np.any(sram.resident_weights)),
+             sram.resident_kv is not False and bool(np.any(sram.resident_kv)))
     streams = [_streams(op, sram, holds) for op in ops]
     total = sum(streams, np.zeros(()))
     in_flight = chip.hbm.bandwidth_bytes_per_s * p.hbm_latency_s  # Little's law, whole layer
@@ -157,7 +158,7 @@ def _stream_pmus(streams: list, total: Any, in_flight: float, pmu: float) -> Any
         return np.maximum(1.0, np.ceil(share * in_flight / pmu))
 
     fixed, rows = 0.0, []
-    lo, hi = float(np.min(total)), float(np.max(total))
+    lo, hi = float(total.min()), float(total.max())
     for x in streams:
         if type(x) is float:  # (_streams: a stage's fixed bytes)
             if not x > 0:
@@ -169,15 +170,14 @@ def _stream_pmus(streams: list, total: Any, in_flight: float, pmu: float) -> Any
                 fixed += 2.0 * most
                 continue
         rows.append(x)
-    out = np.full(np.shape(total), fixed)
-    if rows:
-        s = np.empty((len(rows), *np.shape(total)))
-        for i, x in enumerate(rows):
-            s[i] = x
-        share = (s / total if lo > 0  # (as the masked divide, where it divides)
-                 else np.divide(s, total, out=np.zeros(s.shape), where=total > 0))
-        out = out + np.where(s > 0, 2.0 * half(share), 0.0).sum(axis=0)
-    return out
+    if not rows:
+        return np.full(np.shape(total), fixed)
+    s = np.empty((len(rows), *np.shape(total)))
+    for i, x in enumerate(rows):
+        s[i] = x
+    share = (s / total if lo > 0  # (as the masked divide, where it divides)
+             else np.divide(s, total, out=np.zeros(s.shape), where=total > 0))
+    return fixed + np.where(s > 0, 2.0 * half(share), 0.0).sum(axis=0)
 
 
 def layer_map(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram) -> LayerMap:
@@ -196,9 +196,10 @@ def layer_map(ops: list[Op], chip, p, batch, batch_streaming: bool, sram: Sram) 
                                   where=per_seq > 0))
         fits = np.minimum(np.maximum(fits, 1.0), batch)  # (np.clip, without its overhead)
         if np.all(fits >= batch):  # the buffers hold the whole batch: one group (as _groups)
-            groups = np.ones(np.broadcast_shapes(  # (the shape _groups gives)
-                np.shape(fits), np.shape(per_seq), np.shape(sram.resident_weights),
-                *(np.shape(op.weight_bytes) for op in ops)))
+            # (the shape _groups gives: fits' own, which per_seq's is part of, with the weights')
+            more = [np.shape(sram.resident_weights), *(np.shape(op.weight_bytes) for op in ops)]
+            groups = np.ones(np.shape(fits) if not any(more)
+                             else np.broadcast_shapes(np.shape(fits), np.shape(per_seq), *more))
         else:
             weights = sum((np.where(sram.resident_weights & (op.cls in STREAMED), 0.0,
                                     op.weight_bytes) for op in ops), np.zeros(()))
