@@ -1,0 +1,44 @@
+"""The house rules issue 36 set, kept: no class over 400 lines in any source package; no function
+over 80 lines or 8 parameters where the cost and the engine live (partitioning/,
+rdu_cluster/engine/, rdu_cluster/scenarios/). A long function is split where it is long."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("chip", "interconnect", "partitioning", "workloads", "rdu_cluster", "cluster_configs")
+STRICT = ("partitioning", "rdu_cluster/engine", "rdu_cluster/scenarios")
+MAX_CLASS_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 400, 80, 8
+
+
+def _nodes(folders):
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                yield path.relative_to(ROOT).as_posix(), node
+
+
+def _lines(node) -> int:
+    return node.end_lineno - node.lineno + 1
+
+
+def test_no_class_over_400_lines():
+    long = [f"{p}:{n.lineno} {n.name} ({_lines(n)} lines)" for p, n in _nodes(PACKAGES)
+            if isinstance(n, ast.ClassDef) and _lines(n) > MAX_CLASS_LINES]
+    assert not long, long
+
+
+def test_no_long_function_nor_long_parameter_list_in_the_cost_and_the_engine():
+    bad = []
+    for p, n in _nodes(STRICT):
+        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        a = n.args
+        params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+        params = [x for x in params if x.arg not in ("self", "cls")]
+        if _lines(n) > MAX_FUNCTION_LINES or len(params) > MAX_PARAMETERS:
+            bad.append(f"{p}:{n.lineno} {n.name} ({_lines(n)} lines, {len(params)} parameters)")
+    assert not bad, bad
