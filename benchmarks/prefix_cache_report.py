@@ -4,11 +4,24 @@ per tier, for Llama 3.1 70B on sn40l-16 and dgx-h100. Workloads: synthetic sessi
 (`serve --sessions`, defaults below) and the Mooncake conversation-trace excerpt
 (tests/data/traces), and agent-like sessions whose 2,048-token tool outputs outgrow HBM.
 Prints one row per run (simulated figures; the wall seconds of each run beside them).
-Usage: python benchmarks/prefix_cache_report.py [SESSIONS TURNS [WORKLOAD-SUBSTRING]]"""
+Usage: python benchmarks/prefix_cache_report.py [SESSIONS TURNS [WORKLOAD-SUBSTRING]]
+
+--cpu [SESSIONS ...] [--rounds R]: what the cache costs the simulator (issue #36: within 2x of
+a run without it). `rdu-cluster serve --model llama-3.1-70b --cluster sn40l-16 --sessions S
+--turns 10 --prefix-cache off|hbm|tiered --out DIR --no-progress`, each a fresh process
+(start-up included, as a user waits for it), the user CPU seconds of each (the median of R
+rounds, a round runs the three modes back to back: a shared machine's speed drifts between
+runs) and each mode's ratio to off; the CPUs and the load average are printed with them.
+Defaults: 200 and 2,000 sessions, 3 rounds."""
 
 from __future__ import annotations
 
+import os
+import resource
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,7 +72,48 @@ def run(trace, limits, cluster: str, mode: str):
     return tables.summary, ttft, wall
 
 
+RUN = ("from rdu_cluster.entry import run; import sys; "
+       "sys.argv = ['rdu-cluster', *sys.argv[1:]]; run()")
+
+
+def serve_cpu(sessions: int, mode: str) -> float:
+    """User CPU seconds of one `rdu-cluster serve` of `sessions` 10-turn sessions, fresh."""
+    with tempfile.TemporaryDirectory() as out:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+        subprocess.run([sys.executable, "-c", RUN, "serve", "--model", MODEL, "--cluster",
+                        CLUSTERS[0], "--sessions", str(sessions), "--turns", "10",
+                        "--prefix-cache", mode, "--out", f"{out}/serve", "--no-progress"],
+                       check=True, stdout=subprocess.DEVNULL)
+        return resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - before
+
+
+def cpu(args: list[str]) -> None:
+    rounds = 3
+    if "--rounds" in args:
+        i = args.index("--rounds")
+        rounds = int(args[i + 1])
+        args = args[:i] + args[i + 2:]
+    sizes = [int(a) for a in args] or [200, 2000]
+    serve_cpu(20, "hbm")  # bytecode cached before anything is timed
+    print(f"{MODEL} on {CLUSTERS[0]}, N sessions x 10 turns; user CPU seconds of "
+          f"`rdu-cluster serve`, median of {rounds} rounds; {os.cpu_count()} CPUs, load "
+          f"average {os.getloadavg()[0]:.1f}")
+    for n in sizes:
+        times: dict[str, list[float]] = {m: [] for m in ("off", "hbm", "tiered")}
+        for _ in range(rounds):
+            for mode, got in times.items():
+                got.append(serve_cpu(n, mode))
+        off = statistics.median(times["off"])
+        print(f"sessions {n:>6}: " + "  ".join(
+            f"{m} {statistics.median(t):6.2f} s ({statistics.median(t) / off:.2f}x)"
+            for m, t in times.items()) + f"  (load average {os.getloadavg()[0]:.1f})",
+            flush=True)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--cpu"]:
+        cpu(sys.argv[2:])
+        return
     n, turns = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (200, 10)
     only = sys.argv[3] if len(sys.argv) > 3 else ""
     print(f"{MODEL}; TTFT in ms, throughput in output tokens/s (simulated)")

@@ -37,7 +37,10 @@ that can still be found, not the trace, and a decode step costs it nothing.
 
 from __future__ import annotations
 
+import operator
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import compress, filterfalse, takewhile
 
 import numpy as np
 
@@ -84,27 +87,57 @@ class PrefixConfig:
         return self.mode
 
 
-def block_hashes(content: tuple, tokens: int, block_tokens: int, root: int = 0) -> list[int]:
+def block_hashes(content: tuple, tokens: int, block_tokens: int, root: int = 0,
+                 memo: dict | None = None) -> list[int]:
     """Hashes of the full blocks among the first `tokens` tokens of `content` ((id, tokens)
     chunks): block k's hash covers block k-1's hash and the (id, start, end) pieces of block k;
     block 0's covers `root` (the model that computed the KV: a CoE expert's index). Tuples of
-    ints hash the same in every process."""
+    ints hash the same in every process. `memo` (Liveness.chains): chunk id -> the hashes a
+    chunk ends behind a given prefix, kept across calls, so a request whose content extends an
+    earlier one's (a session's next turn) hashes only its new chunks."""
     full = tokens // block_tokens
     out: list[int] = []
-    h, piece, fill = root, (), 0
+    state: tuple = (root, (), 0)  # the last full block's hash, the open block's pieces, fill
     for cid, n in content:
-        off = 0
-        while off < n and len(out) < full:
-            take = min(n - off, block_tokens - fill)
-            piece += (cid, off, off + take)
-            fill, off = fill + take, off + take
-            if fill == block_tokens:
-                h = hash((h, *piece))
-                out.append(h)
-                piece, fill = (), 0
         if len(out) >= full:
             break
+        if memo is None:
+            hashes, state = _chunk(state, cid, n, block_tokens)
+        else:
+            seen = memo.get(cid)
+            if seen is None:
+                seen = memo[cid] = {}
+            got = seen.get((state, n, block_tokens))
+            if got is None:
+                got = seen[state, n, block_tokens] = _chunk(state, cid, n, block_tokens)
+            hashes, state = got
+        out += hashes
+    del out[full:]
     return out
+
+
+def _chunk(state: tuple, cid: int, n: int, block_tokens: int) -> tuple[tuple, tuple]:
+    """The hashes of the blocks chunk `cid` of `n` tokens completes behind `state`, and the
+    state after it."""
+    h, piece, fill = state
+    out = []
+    off = 0
+    if fill:  # the open block first
+        off = min(n, block_tokens - fill)
+        piece += (cid, 0, off)
+        fill += off
+        if fill == block_tokens:
+            h = hash((h, *piece))
+            out.append(h)
+            piece, fill = (), 0
+    for start in range(off, n - block_tokens + 1, block_tokens):  # blocks of this chunk alone
+        h = hash((h, cid, start, start + block_tokens))
+        out.append(h)
+        off = start + block_tokens
+    if off < n:
+        piece += (cid, off, n)
+        fill += n - off
+    return tuple(out), (h, piece, fill)
 
 
 @dataclass
@@ -119,20 +152,18 @@ class Claim:
         return sum(self.tokens.values())
 
 
-@dataclass(slots=True)
-class _Entry:
-    tier: str
-    users: int = 0
+_ONE_MORE, _ONE_LESS = (1).__add__, (-1).__add__  # users of many blocks counted in C
 
 
 class _Dead:
     """Evictable blocks of one tier that no request can find any more, as one count: they only
-    take room and a place in the eviction order (see Liveness)."""
+    take room and a place in the eviction order (see Liveness). `key`: the hash of one such
+    block where the policy keys each by its hash (while it moves between tiers)."""
 
-    __slots__ = ("blocks",)
+    __slots__ = ("blocks", "key")
 
-    def __init__(self) -> None:
-        self.blocks = 0
+    def __init__(self, blocks: int = 0, key: int | None = None) -> None:
+        self.blocks, self.key = blocks, key
 
 
 class Liveness:
@@ -146,6 +177,7 @@ class Liveness:
     def __init__(self, content: tuple | None):
         self.left: dict[int, int] | None = None  # chunk id -> requests holding it, unfinished
         self.shared: set[int] = set()  # chunk ids more than one request of the trace has
+        self.chains: dict[int, dict] = {}  # block_hashes' memo, for chunks still held
         if content is not None:
             self.left = {}
             for chunks in content:
@@ -183,6 +215,7 @@ class Liveness:
                 self.left[cid] = left
             else:
                 del self.left[cid]
+                self.chains.pop(cid, None)  # no request left hashes it
 
 
 @dataclass(slots=True)
@@ -220,7 +253,8 @@ class PrefixCache:
         self.copy_s_per_block = copy_s_per_block
         self.eviction = eviction
         self.live = live
-        self.entries: dict[int, _Entry] = {}  # findable blocks: hash -> tier, users
+        self.entries: dict[int, int] = {}  # findable blocks: hash -> requests using it
+        self.low: set[int] = set()  # the findable blocks in the lower tier (else in HBM)
         self.seqs: dict[int, _Seq] = {}  # request id -> its view, until it finishes
         self.version = 0  # bumped whenever the findable blocks change (peek's memo)
         self._policies()
@@ -253,9 +287,10 @@ class PrefixCache:
     def _hashes(self, r: Request, s: _Seq) -> list[int]:
         if s.hashes is None:
             content = r.content or ((own_chunk(r.id), r.prompt_len + r.output_len),)
+            memo = self.live.chains if r.content and self.live is not None else None
             # KV is the model's: under CoE each expert's blocks are its own
             s.hashes = block_hashes(content, r.prompt_len + r.output_len, self.block_tokens,
-                                    root=r.expert + 2)
+                                    root=r.expert + 2, memo=memo)
         return s.hashes
 
     def _findable(self, s: _Seq) -> int:
@@ -268,12 +303,7 @@ class PrefixCache:
         end = min((r.prompt_len + r.generated - 1) // self.block_tokens, self._findable(s))
         if end <= 0:
             return 0
-        n = 0
-        for h in self._hashes(r, s)[:end]:
-            if h not in self.entries:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self.entries.__contains__, self._hashes(r, s)[:end])))
 
     def peek(self, r: Request) -> int:
         """Cached tokens r would find now (memoized until the findable blocks change)."""
@@ -287,15 +317,19 @@ class PrefixCache:
         return hit
 
     def lookup(self, r: Request) -> dict[str, int]:
-        """Cached tokens r would find now, per tier (a router's look: nothing changes)."""
+        """Cached tokens r would find now, per tier, in the order its blocks meet them (a
+        router's look: nothing changes)."""
         if not r.content and r.id not in self.seqs:
             return {}
         s = self._seq(r, keep=False)  # r may go to another replica: nothing of it stays
-        out: dict[str, int] = {}
-        for h in self._hashes(r, s)[:self._match(r, s)]:
-            tier = self.entries[h].tier
-            out[tier] = out.get(tier, 0) + self.block_tokens
-        return out
+        found = self._hashes(r, s)[:self._match(r, s)]
+        if not found:
+            return {}
+        below = sum(map(self.low.__contains__, found)) if self.low else 0
+        tiers = [(HBM, len(found) - below), (self.lower, below)]
+        if found[0] in self.low:
+            tiers.reverse()
+        return {t: n * self.block_tokens for t, n in tiers if n}
 
     # -- state changes --------------------------------------------------------------------
     def claim(self, r: Request) -> Claim:
@@ -303,14 +337,13 @@ class PrefixCache:
         claim = Claim({HBM: 0, **({self.lower: 0} if self.lower else {})})
         s = self._seq(r)
         n = self._match(r, s)
-        for h in self._hashes(r, s)[:n] if n else ():
-            e = self.entries[h]
-            claim.tokens[e.tier] += self.block_tokens
-            self._touch(e, h)
-            if e.tier != HBM:
-                claim.copy_s += self.copy_s_per_block
-                e.tier = HBM
-            e.users += 1
+        if n:
+            up = self._use(self._hashes(r, s)[:n])
+            claim.tokens[HBM] = (n - up) * self.block_tokens
+            if up:
+                claim.tokens[self.lower] = up * self.block_tokens
+                for _ in range(up):  # summed block by block, as the per-block cache did
+                    claim.copy_s += self.copy_s_per_block
         s.held = n
         return claim
 
@@ -321,16 +354,41 @@ class PrefixCache:
         upto = min(tokens // self.block_tokens, s.blocks)
         stop = min(upto, self._findable(s))
         if s.held < stop:
-            for h in self._hashes(r, s)[s.held:stop]:
-                e = self.entries.get(h)
-                if e is None:
-                    self.entries[h] = _Entry(HBM, 1)
-                    self.version += 1
-                    continue
-                self._touch(e, h)
-                e.tier = HBM  # r computed its own copy in HBM: a lower one is not needed
-                e.users += 1
+            hashes = self._hashes(r, s)[s.held:stop]
+            old = list(filter(self.entries.__contains__, hashes))
+            if len(old) < len(hashes):  # new blocks, used by r
+                self.entries.update(dict.fromkeys(
+                    filterfalse(self.entries.__contains__, hashes) if old else hashes, 1))
+                self.version += 1
+            if old:  # r computed its own copy in HBM: a lower one is not needed
+                self._use(old)
         s.held = max(s.held, upto)
+
+    def _use(self, hashes: list[int]) -> int:
+        """Requests use blocks `hashes` (cached): in HBM they are used again (not evictable
+        until released), below HBM they come up (they leave that tier). Returns how many came
+        from below."""
+        used, up = hashes, 0
+        if self.low:
+            below = list(filter(self.low.__contains__, hashes))  # evictable: none in use
+            if below:
+                up = len(below)
+                used = [] if up == len(hashes) else list(filterfalse(self.low.__contains__,
+                                                                     hashes))
+                self.low.difference_update(below)
+                self.size[self.lower] -= up
+                self.evictable[self.lower].drop(below)
+        hbm = self.evictable[HBM]
+        evictable = len(hbm)
+        hbm.use(used)
+        freed = evictable - len(hbm)  # those no request used: evictable until now
+        self.size[HBM] -= freed
+        entries = self.entries
+        if freed + up == len(hashes):  # no request used any (most often)
+            entries.update(dict.fromkeys(hashes, 1))
+        else:
+            entries.update(zip(hashes, map(_ONE_MORE, map(entries.__getitem__, hashes))))
+        return up
 
     def release(self, r: Request, tokens: int) -> None:
         """r leaves the HBM KV cache (finished or preempted) holding `tokens` tokens: its blocks
@@ -348,135 +406,191 @@ class PrefixCache:
                 dead = s.blocks if d is None else d
         if n > first:  # its own blocks, without entries yet
             if r.state == DONE:
-                self._add_dead(HBM, n - first, () if self.runs
-                               else reversed(self._hashes(r, s)[first:n]))
+                self._add_dead(HBM, n - first, [] if self.runs
+                               else self._hashes(r, s)[first:n][::-1])
             else:  # it may come back for them: they become findable
-                for h in reversed(self._hashes(r, s)[first:n]):
-                    self.entries[h] = _Entry(HBM)
-                    self._list(HBM, h)
+                own = self._hashes(r, s)[first:n][::-1]
+                self.entries.update(dict.fromkeys(own, 0))
+                self._add(HBM, own)
                 s.loose = True
                 self.version += 1
-        hashes = self._hashes(r, s) if min(n, first) > 0 else ()
-        for k in range(min(n, first) - 1, -1, -1):
-            h = hashes[k]
-            e = self.entries[h]
-            e.users -= 1
-            if e.users:
-                continue
-            if k >= dead:  # no request can find it any more
-                del self.entries[h]
-                self.version += 1
-                self._add_dead(e.tier, 1, (h,))
-            else:
-                self._list(e.tier, h)
+        m = min(n, first)
+        if m > 0:
+            self._unuse(self._hashes(r, s)[m - 1::-1], max(0, m - dead))
         s.held = 0
+
+    def _unuse(self, hashes: list[int], gone: int) -> None:
+        """A request releases blocks `hashes` (in HBM, deepest first), of which the first `gone`
+        no request can find any more: those no other request uses become evictable."""
+        entries = self.entries
+        users = list(map(entries.__getitem__, hashes))
+        if users.count(1) == len(users):  # the request was their only user (most often)
+            dead, free = hashes[:gone], hashes[gone:]
+            entries.update(dict.fromkeys(free, 0))
+        else:
+            users = list(map(_ONE_LESS, users))
+            entries.update(zip(hashes, users))
+            if 0 not in users:
+                return
+            dead = list(compress(hashes[:gone], map(operator.not_, users[:gone])))
+            free = list(compress(hashes[gone:], map(operator.not_, users[gone:])))
+        if dead:
+            deque(map(entries.__delitem__, dead), maxlen=0)
+            self.version += 1
+            self._add_dead(HBM, len(dead), dead)
+        if free:
+            self._add(HBM, free)
 
     def fit(self, free_kv_blocks: int) -> None:
         """Keep the evictable HBM blocks within the KV manager's free blocks: demote (tiered) or
         drop (hbm) the policy's victims."""
         room = free_kv_blocks * self.kv_block_tokens // self.block_tokens
-        while self.size[HBM] > room:
-            key = self.evictable[HBM].victim()
-            if isinstance(key, _Dead):
-                n = min(self.size[HBM] - room, key.blocks)
-                self._take_dead(HBM, key, n)
-                self._store_dead_below(n)
-            elif key in self.dead_keys[HBM]:
-                self._take_dead(HBM, key, 1)
-                self._store_dead_below(1, (key,))
+        if self.size[HBM] > room:
+            self._below(self._evict(HBM, self.size[HBM] - room))
+
+    def _evict(self, tier: str, n: int) -> list:
+        """The tier's next n evictable blocks leave it, in eviction order: returned as runs,
+        lists of hashes (findable blocks, whose entries stay) and _Dead counts (dead blocks)."""
+        policy = self.evictable[tier]
+        keys = policy.victims(n)
+        self.size[tier] -= n
+        if not self.runs:
+            return self._evict_keys(tier, keys, n)
+        kinds = list(map(type, keys))
+        out: list = []
+        i = 0  # keys before i are gone
+        while n:
+            stop = min(i + n, len(keys))
+            try:
+                j = kinds.index(_Dead, i, stop)
+            except ValueError:
+                j = stop
+            if j > i:
+                out.append(keys[i:j])
+                n -= j - i
+                i = j
+            if not n:
+                break
+            if j == len(keys):
+                raise RuntimeError(f"prefix cache: {tier} counts {n} evictable blocks more "
+                                   "than it holds")
+            run = keys[j]
+            take = min(n, run.blocks)
+            run.blocks -= take
+            self.dead[tier] -= take
+            out.append(_Dead(take))
+            n -= take
+            if run.blocks:  # partly evicted: it stays the victim
+                break
+            i = j + 1
+            if self.tail[tier] is run:
+                self.tail[tier] = None
+        policy.drop(keys[:i])
+        return out
+
+    def _evict_keys(self, tier: str, keys: list, n: int) -> list:
+        """_evict where every block is its own key (dead ones by their hash)."""
+        if len(keys) < n:
+            raise RuntimeError(f"prefix cache: {tier} counts {n - len(keys)} evictable blocks "
+                               "more than it holds")
+        dead_keys, out = self.dead_keys[tier], []
+        for key in keys:
+            if key in dead_keys:
+                dead_keys.discard(key)
+                self.dead[tier] -= 1
+                out.append(_Dead(1, key))
+            elif out and type(out[-1]) is list:
+                out[-1].append(key)
             else:
-                self._leave(HBM, key)
-                self._demote(key)
+                out.append([key])
+        self.evictable[tier].drop(keys)
+        return out
 
-    def _demote(self, h: int) -> None:
-        if not self.lower or self.lower_blocks < 1:
-            del self.entries[h]
-            self.version += 1
-            return
-        self._room_below(1)
-        self.entries[h].tier = self.lower
-        self._list(self.lower, h)
-
-    def _store_dead_below(self, n: int, keys: tuple = ()) -> None:
-        """n dead blocks demoted from HBM (`keys`: theirs, where they are keys): the same as n
-        one by one, the last `lower_blocks` of them surviving when n is larger."""
-        if not self.lower or self.lower_blocks < 1:
-            return
-        n = min(n, self.lower_blocks)
-        self._room_below(n)
-        self._add_dead(self.lower, n, keys)
-
-    def _room_below(self, n: int) -> None:
-        """Evict the lower tier's victims until n more blocks fit."""
-        low = self.lower
-        while self.size[low] + n > self.lower_blocks:
-            key = self.evictable[low].victim()
-            if isinstance(key, _Dead):
-                self._take_dead(low, key, min(self.size[low] + n - self.lower_blocks,
-                                              key.blocks))
-            elif key in self.dead_keys[low]:
-                self._take_dead(low, key, 1)
-            else:
-                self._leave(low, key)
-                del self.entries[key]
+    def _forget(self, runs: list) -> None:
+        """Evicted blocks (_evict's runs) leave the cache: the findable ones' entries go."""
+        for run in runs:
+            if type(run) is list:
+                deque(map(self.entries.__delitem__, run), maxlen=0)
+                if self.low:
+                    self.low.difference_update(run)
                 self.version += 1
 
+    def _below(self, runs: list) -> None:
+        """Blocks evicted from HBM (_evict's runs) are demoted to the lower tier, the newest
+        last, evicting its victims as they arrive; all of them are dropped under `hbm`."""
+        if not self.lower or self.lower_blocks < 1:
+            self._forget(runs)
+        elif self.evictable[self.lower].insertion_ordered:
+            self._arrive(runs)
+        else:  # they arrive one by one
+            for run in runs:
+                for one in ([[h] for h in run] if type(run) is list else [run]):
+                    self._arrive([one])
+
+    def _arrive(self, runs: list) -> None:
+        """Blocks arrive below HBM in this order: the same as one by one where the tier's order
+        is by insertion (the arrivals go last): the oldest blocks of the tier and then of the
+        arrivals go first, as many as they overflow it."""
+        low = self.lower
+        over = self.size[low] - self.lower_blocks + sum(
+            len(run) if type(run) is list else run.blocks for run in runs)
+        if over > 0 and self.size[low]:
+            evicted = min(over, self.size[low])
+            self._forget(self._evict(low, evicted))
+            over -= evicted
+        i = 0
+        while over > 0:  # arrivals that the next arrivals evict at once
+            run = runs[i]
+            if type(run) is list:
+                take = min(over, len(run))
+                self._forget([run[:take]])
+                runs[i] = run = run[take:]
+                done = not run
+            else:
+                take = min(over, run.blocks)
+                run.blocks -= take
+                done = not run.blocks
+            over -= take
+            i += done
+        self._store(low, runs[i:])
+
+    def _store(self, tier: str, runs: list) -> None:
+        """Blocks (_evict's runs) join the lower tier's order last, in order."""
+        for run in runs:
+            if type(run) is list:
+                self.low.update(run)
+                self._add(tier, run)
+            else:
+                self._add_dead(tier, run.blocks, [] if run.key is None else [run.key])
+
     # -- the tiers' eviction order ----------------------------------------------------------
-    def _list(self, tier: str, h: int) -> None:
-        self.evictable[tier].add(h)
-        self.size[tier] += 1
+    def _add(self, tier: str, hashes: list[int]) -> None:
+        """Findable blocks join the tier's order last, in order."""
+        self.evictable[tier].add(hashes)
+        self.size[tier] += len(hashes)
         self.tail[tier] = None
 
-    def _touch(self, e: _Entry, h: int) -> None:
-        """A request uses block h: in HBM it is used again (not evictable until released);
-        below HBM it leaves that tier (the request copies it up)."""
-        if e.tier != HBM:
-            self._leave(e.tier, h)  # evictable: a block in use is in HBM
-            return
-        if e.users == 0:
-            self.size[HBM] -= 1
-        self.evictable[HBM].use(h)
-
-    def _leave(self, tier: str, h: int) -> None:
-        """Evictable block h leaves `tier` (evicted, demoted or copied up)."""
-        self.evictable[tier].drop(h)
-        self.size[tier] -= 1
-
-    def _add_dead(self, tier: str, n: int, keys=()) -> None:
+    def _add_dead(self, tier: str, n: int, keys: list) -> None:
         """n dead blocks join the tier's order last: the run added last grows, if it is dead;
         where the policy orders by more than insertion, each is its own key (`keys`, their
         hashes, deepest first)."""
         if not self.runs:
-            for h in keys:
-                self.dead_keys[tier].add(h)
-                self.evictable[tier].add(h)
+            self.dead_keys[tier].update(keys)
+            self.evictable[tier].add(keys)
         else:
             run = self.tail[tier]
             if run is None:
                 run = self.tail[tier] = _Dead()
-                self.evictable[tier].add(run)
+                self.evictable[tier].add([run])
             run.blocks += n
         self.size[tier] += n
         self.dead[tier] += n
-
-    def _take_dead(self, tier: str, key, n: int) -> None:
-        """n of a dead run's blocks (or the dead block `key`) leave the tier."""
-        self.size[tier] -= n
-        self.dead[tier] -= n
-        if not isinstance(key, _Dead):
-            self.dead_keys[tier].discard(key)
-            self.evictable[tier].drop(key)
-            return
-        key.blocks -= n
-        if key.blocks == 0:
-            self.evictable[tier].drop(key)
-            if self.tail[tier] is key:
-                self.tail[tier] = None
 
     def clear(self) -> None:
         """Every block is lost (a failed socket: the group is re-planned)."""
         self._policies()
         self.entries.clear()
+        self.low.clear()
         for s in self.seqs.values():
             s.held, s.loose = 0, False
         self.version += 1
@@ -484,8 +598,8 @@ class PrefixCache:
     def blocks_in(self, tier: str) -> int:
         """Blocks held in `tier`: findable ones, dead ones and running requests' own ones."""
         own = sum(max(0, s.held - s.own) for s in self.seqs.values() if not s.loose)
-        return (sum(1 for e in self.entries.values() if e.tier == tier) + self.dead[tier]
-                + (own if tier == HBM else 0))
+        findable = len(self.entries) - len(self.low) if tier == HBM else len(self.low)
+        return findable + self.dead[tier] + (own if tier == HBM else 0)
 
 
 def exposed(copy_s: np.ndarray, compute_s: np.ndarray, layers: int) -> np.ndarray:

@@ -119,7 +119,7 @@ class ReferenceCache:
             e = self.entries[h]
             e.users -= 1
             if e.users == 0:
-                self.evictable[e.tier].add(h)
+                self.evictable[e.tier].add([h])
         if r.state == "done":
             self.hashes.pop(r.id, None)
             self._peeked.pop(r.id, None)
@@ -131,8 +131,8 @@ class ReferenceCache:
         room = free_kv_blocks * self.kv_block_tokens // self.block_tokens
         hbm = self.evictable[HBM]
         while len(hbm) > room:
-            h = hbm.victim()
-            hbm.drop(h)
+            (h,) = hbm.victims(1)
+            hbm.drop([h])
             self._demote(h)
             self.version += 1
 
@@ -142,18 +142,18 @@ class ReferenceCache:
             return
         low = self.evictable[self.lower]
         if len(low) >= self.lower_blocks:
-            victim = low.victim()
-            low.drop(victim)
+            (victim,) = low.victims(1)
+            low.drop([victim])
             del self.entries[victim]
         self.entries[h].tier = self.lower
-        low.add(h)
+        low.add([h])
 
     def _touch(self, e: _Entry, h: int) -> None:
         """A request uses block h: used again in HBM, or copied up from below (it leaves)."""
         if e.tier == HBM:
-            self.evictable[HBM].use(h)
+            self.evictable[HBM].use([h])
         else:
-            self.evictable[e.tier].drop(h)
+            self.evictable[e.tier].drop([h])
 
     def clear(self) -> None:
         """Every block is lost (a failed socket: the group is re-planned)."""

@@ -11,19 +11,17 @@ from rdu_cluster.engine.requests import DONE, RUNNING, Request
 
 def test_the_least_used_block_goes_first_and_a_block_that_leaves_is_forgotten():
     lfu = evictions.get("lfu")
-    for key in (1, 2, 3):
-        lfu.add(key)
-    lfu.use(1)  # 1 in use again: not evictable, two uses
-    assert lfu.victim() == 2 and len(lfu) == 2
-    lfu.add(1)
-    lfu.drop(2)
-    assert lfu.victim() == 3  # one use, against 1's two
-    lfu.drop(3)
-    assert lfu.victim() == 1
-    lfu.drop(1)  # left the tier: its count is forgotten
-    lfu.add(1)
-    lfu.add(4)
-    assert lfu.victim() == 1 and not lfu.uses.keys() - {1, 4}
+    lfu.add([1, 2, 3])
+    lfu.use([1])  # 1 in use again: not evictable, two uses
+    assert lfu.victims(3) == [2, 3] and len(lfu) == 2
+    lfu.add([1])
+    lfu.drop([2])
+    assert lfu.victims(2) == [3, 1]  # one use, against 1's two
+    lfu.drop([3])
+    assert lfu.victims(1) == [1]
+    lfu.drop([1])  # left the tier: its count is forgotten
+    lfu.add([1, 4])
+    assert lfu.victims(2) == [1, 4] and not lfu.uses.keys() - {1, 4}
 
 
 def _shared_then_a_burst(eviction: str) -> int:

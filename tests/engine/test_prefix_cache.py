@@ -8,7 +8,7 @@ import pytest
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
-from rdu_cluster.engine import evictions, replica
+from rdu_cluster.engine import evictions, prefix_cache, replica
 from rdu_cluster.engine.prefix_cache import PrefixCache, PrefixConfig, block_hashes, exposed
 from rdu_cluster.engine.requests import DONE, Request
 from rdu_cluster.engine.schedulers import Limits
@@ -35,6 +35,43 @@ def test_blocks_match_only_behind_the_same_prefix():
     assert not set(c) & set(a)  # the same chunk after another prefix is another block
     assert block_hashes(((1, 40),), 40, 16) == a[:2]  # a partial block is not cached
     assert not set(block_hashes(((1, 40), (2, 8)), 48, 16, root=3)) & set(a)  # another model
+
+
+def test_block_hashes_are_the_chain_of_their_pieces():
+    """The definition, pinned: block k hashes block k-1's hash and its (id, start, end) pieces."""
+    h0 = hash((2, 7, 0, 16))
+    h1 = hash((h0, 7, 16, 20, 8, 0, 12))
+    assert block_hashes(((7, 20), (8, 30)), 50, 16, root=2) == [h0, h1, hash((h1, 8, 12, 28))]
+
+
+@pytest.mark.parametrize("block", [16, 48])
+def test_a_turn_hashes_its_new_chunks_behind_the_memo_of_the_last(block):
+    """A trace-wide memo (Liveness.chains) gives the same hashes as hashing each request alone,
+    across sessions, models (roots) and truncation, and forgets a chunk no request holds."""
+    trace = sessions(SPEC, seed=3)
+    live = prefix_cache.Liveness(trace.content)
+    for row, content in enumerate(trace.content):
+        tokens = int(trace.prompt_len[row] + trace.output_len[row]) - row % 3 * 7
+        root = 2 + row % 2
+        assert block_hashes(content, tokens, block, root, memo=live.chains) == \
+            block_hashes(content, tokens, block, root)
+    held = set(live.chains)
+    assert held and held <= set(live.left)
+    for row, content in enumerate(trace.content):
+        live.finish(Request(row, 0.0, 1, 1, content=content))
+    assert not live.chains
+
+
+def test_lru_evicts_in_the_order_blocks_were_added_last():
+    lru = evictions.get("lru")
+    lru.add([1, 2, 3, 4])
+    lru.use([2])  # in use: not evictable
+    lru.add([5, 1])  # 1 again: it goes last
+    assert lru.victims(3) == [3, 4, 5] and lru.victims(9) == [3, 4, 5, 1] and len(lru) == 4
+    for k in range(6, 3000):  # keys removed by the thousand: the dict is rebuilt, same order
+        lru.add([k])
+        lru.drop(lru.victims(1))
+    assert lru.victims(9) == [2996, 2997, 2998, 2999] and len(lru) == 4
 
 
 def req(i, content, prompt, out=4):

@@ -3,23 +3,25 @@ class with a `name` that keeps the evictable blocks of one tier and names the ne
 Adding a policy is one module in this package (the registry finds it) plus its test.
 
 What each call means (one policy per tier; the cache makes every call, the policy decides
-nothing but the order):
-- `add(key)`: the block is evictable in this tier: its last user released it, or it just
-  arrived here (demoted from the tier above). Blocks added together are added deepest first, so
-  a policy that orders by recency evicts a sequence's tail before its head (vLLM's order): a
-  block is useless once the block before it is gone.
-- `use(key)`: a request uses the block, which stays in this tier: it is not evictable until it
-  is added again (it may be in use already: a policy that counts uses counts this one).
-- `drop(key)`: the block left this tier (evicted, demoted, or copied up to HBM for a request):
-  the policy forgets everything it kept for it (an LFU its count).
-- `victim()`: the evictable block to evict next (it stays until dropped); `len()`: evictable
-  blocks.
+nothing but the order). Every call but `victims` takes a list of keys: the cache's work is per
+block, and a call per batch keeps it a loop in the policy, not a chain of calls per block.
+- `add(keys)`: the blocks are evictable in this tier, in this order: their last user released
+  them, or they just arrived here (demoted from the tier above). Blocks added together are
+  added deepest first, so a policy that orders by recency evicts a sequence's tail before its
+  head (vLLM's order): a block is useless once the block before it is gone.
+- `use(keys)`: requests use the blocks, which stay in this tier: they are not evictable until
+  added again (they may be in use already: a policy that counts uses counts this one).
+- `drop(keys)`: the blocks left this tier (evicted, demoted, or copied up to HBM for a request):
+  the policy forgets everything it kept for them (an LFU its counts).
+- `victims(n)`: the next n evictable blocks to evict, first first (all of them if fewer); they
+  stay until dropped, and the cache drops those it evicts. `len()`: evictable blocks.
 - `insertion_ordered`: True when the victim order depends only on the order the keys were
   added (LRU, FIFO), and the policy keeps nothing for a key that is not evictable. The cache
   then stands one key for a run of blocks no request can find any more (prefix_cache._Dead, a
   count), evicts such a run one block at a time while it is the victim, and adds further dead
-  blocks to the run it added last: the order of one key per block. False (LFU): the cache adds
-  each such block as its own key, with its hash.
+  blocks to the run it added last: the order of one key per block; and it demotes a batch of
+  blocks into the tier below as one arrival (the newest last). False (LFU): the cache adds each
+  such block as its own key, with its hash, and demotes one block at a time.
 
 Keys are block hashes, or such runs. The cache checks each policy against the per-block cache it
 replaced (tests/engine/prefix_reference.py): tests/engine/test_prefix_cache_runs.py runs every
@@ -28,6 +30,7 @@ registered policy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from rdu_cluster.engine.registry import Registry
@@ -39,13 +42,13 @@ class Eviction(Protocol):
     name: str
     insertion_ordered: bool
 
-    def add(self, key: int) -> None: ...
+    def add(self, keys: Sequence) -> None: ...
 
-    def use(self, key: int) -> None: ...
+    def use(self, keys: Sequence) -> None: ...
 
-    def drop(self, key: int) -> None: ...
+    def drop(self, keys: Sequence) -> None: ...
 
-    def victim(self) -> int: ...
+    def victims(self, n: int) -> list: ...
 
     def __len__(self) -> int: ...
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 
 from rdu_cluster.engine.evictions import register
 
@@ -25,27 +26,34 @@ class LFU:
         self.evictable: dict = {}  # evictable key -> the order of its live heap entry
         self.order = itertools.count()
 
-    def add(self, key) -> None:
-        o = next(self.order)
-        self.evictable[key] = o
-        heapq.heappush(self.heap, (self.uses.setdefault(key, 1), o, key))
+    def add(self, keys: Sequence) -> None:
+        for key in keys:
+            o = next(self.order)
+            self.evictable[key] = o
+            heapq.heappush(self.heap, (self.uses.setdefault(key, 1), o, key))
         if len(self.heap) > 2 * len(self.evictable) + 64:  # stale entries: rebuild
             self.heap = [e for e in self.heap if self.evictable.get(e[2]) == e[1]]
             heapq.heapify(self.heap)
 
-    def use(self, key) -> None:
-        self.evictable.pop(key, None)
-        self.uses[key] = self.uses.get(key, 1) + 1
+    def use(self, keys: Sequence) -> None:
+        for key in keys:
+            self.evictable.pop(key, None)
+            self.uses[key] = self.uses.get(key, 1) + 1
 
-    def drop(self, key) -> None:
-        self.evictable.pop(key, None)
-        self.uses.pop(key, None)
+    def drop(self, keys: Sequence) -> None:
+        for key in keys:
+            self.evictable.pop(key, None)
+            self.uses.pop(key, None)
 
-    def victim(self):
-        heap = self.heap
-        while self.evictable.get(heap[0][2]) != heap[0][1]:
-            heapq.heappop(heap)
-        return heap[0][2]
+    def victims(self, n: int) -> list:
+        heap, live = self.heap, []
+        while heap and len(live) < n:
+            entry = heapq.heappop(heap)
+            if self.evictable.get(entry[2]) == entry[1]:  # else stale: gone for good
+                live.append(entry)
+        for entry in live:  # they stay until dropped
+            heapq.heappush(heap, entry)
+        return [entry[2] for entry in live]
 
     def __len__(self) -> int:
         return len(self.evictable)
