@@ -254,7 +254,6 @@ class PrefixCache:
         self.eviction = eviction
         self.live = live
         self.entries: dict[int, int] = {}  # findable blocks: hash -> requests using it
-        self.low: set[int] = set()  # the findable blocks in the lower tier (else in HBM)
         self.seqs: dict[int, _Seq] = {}  # request id -> its view, until it finishes
         self.version = 0  # bumped whenever the findable blocks change (peek's memo)
         self._policies()
@@ -325,9 +324,9 @@ class PrefixCache:
         found = self._hashes(r, s)[:self._match(r, s)]
         if not found:
             return {}
-        below = sum(map(self.low.__contains__, found)) if self.low else 0
-        tiers = [(HBM, len(found) - below), (self.lower, below)]
-        if found[0] in self.low:
+        low = self._below_of(found)
+        tiers = [(HBM, len(found) - len(low)), (self.lower, len(low))]
+        if low[:1] == found[:1]:
             tiers.reverse()
         return {t: n * self.block_tokens for t, n in tiers if n}
 
@@ -364,20 +363,25 @@ class PrefixCache:
                 self._use(old)
         s.held = max(s.held, upto)
 
+    def _below_of(self, hashes: list[int]) -> list[int]:
+        """Those of the findable blocks `hashes` in the lower tier (all evictable: a block in
+        use is in HBM), in order."""
+        if not self.lower or self.size[self.lower] == self.dead[self.lower]:
+            return []
+        return self.evictable[self.lower].among(hashes)
+
     def _use(self, hashes: list[int]) -> int:
         """Requests use blocks `hashes` (cached): in HBM they are used again (not evictable
         until released), below HBM they come up (they leave that tier). Returns how many came
         from below."""
         used, up = hashes, 0
-        if self.low:
-            below = list(filter(self.low.__contains__, hashes))  # evictable: none in use
-            if below:
-                up = len(below)
-                used = [] if up == len(hashes) else list(filterfalse(self.low.__contains__,
-                                                                     hashes))
-                self.low.difference_update(below)
-                self.size[self.lower] -= up
-                self.evictable[self.lower].drop(below)
+        below = self._below_of(hashes)
+        if below:
+            up = len(below)
+            used = [] if up == len(hashes) else list(filterfalse(set(below).__contains__,
+                                                                 hashes))
+            self.size[self.lower] -= up
+            self.evictable[self.lower].drop(below)
         hbm = self.evictable[HBM]
         evictable = len(hbm)
         hbm.use(used)
@@ -511,8 +515,6 @@ class PrefixCache:
         for run in runs:
             if type(run) is list:
                 deque(map(self.entries.__delitem__, run), maxlen=0)
-                if self.low:
-                    self.low.difference_update(run)
                 self.version += 1
 
     def _below(self, runs: list) -> None:
@@ -558,7 +560,6 @@ class PrefixCache:
         """Blocks (_evict's runs) join the lower tier's order last, in order."""
         for run in runs:
             if type(run) is list:
-                self.low.update(run)
                 self._add(tier, run)
             else:
                 self._add_dead(tier, run.blocks, [] if run.key is None else [run.key])
@@ -590,7 +591,6 @@ class PrefixCache:
         """Every block is lost (a failed socket: the group is re-planned)."""
         self._policies()
         self.entries.clear()
-        self.low.clear()
         for s in self.seqs.values():
             s.held, s.loose = 0, False
         self.version += 1
@@ -598,7 +598,8 @@ class PrefixCache:
     def blocks_in(self, tier: str) -> int:
         """Blocks held in `tier`: findable ones, dead ones and running requests' own ones."""
         own = sum(max(0, s.held - s.own) for s in self.seqs.values() if not s.loose)
-        findable = len(self.entries) - len(self.low) if tier == HBM else len(self.low)
+        low = len(self._below_of(list(self.entries)))
+        findable = len(self.entries) - low if tier == HBM else low
         return findable + self.dead[tier] + (own if tier == HBM else 0)
 
 

@@ -15,6 +15,8 @@ block, and a call per batch keeps it a loop in the policy, not a chain of calls 
   the policy forgets everything it kept for them (an LFU its counts).
 - `victims(n)`: the next n evictable blocks to evict, first first (all of them if fewer); they
   stay until dropped, and the cache drops those it evicts. `len()`: evictable blocks.
+- `among(keys)`: those of `keys` evictable in this tier, in order (below HBM every block is
+  evictable: the cache asks the tier which of a request's blocks it holds).
 - `insertion_ordered`: True when the victim order depends only on the order the keys were
   added (LRU, FIFO), and the policy keeps nothing for a key that is not evictable. The cache
   then stands one key for a run of blocks no request can find any more (prefix_cache._Dead, a
@@ -49,6 +51,8 @@ class Eviction(Protocol):
     def drop(self, keys: Sequence) -> None: ...
 
     def victims(self, n: int) -> list: ...
+
+    def among(self, keys: Sequence) -> list: ...
 
     def __len__(self) -> int: ...
 
