@@ -325,8 +325,11 @@ class PrefixCache:
         if not found:
             return {}
         low = self._below_of(found)
+        if not low:
+            return {HBM: len(found) * self.block_tokens}
+        assert self.lower is not None  # blocks below HBM: there is a lower tier
         tiers = [(HBM, len(found) - len(low)), (self.lower, len(low))]
-        if low[:1] == found[:1]:
+        if low[0] == found[0]:
             tiers.reverse()
         return {t: n * self.block_tokens for t, n in tiers if n}
 
@@ -340,6 +343,7 @@ class PrefixCache:
             up = self._use(self._hashes(r, s)[:n])
             claim.tokens[HBM] = (n - up) * self.block_tokens
             if up:
+                assert self.lower is not None  # blocks came up: there is a lower tier
                 claim.tokens[self.lower] = up * self.block_tokens
                 for _ in range(up):  # summed block by block, as the per-block cache did
                     claim.copy_s += self.copy_s_per_block
@@ -377,6 +381,7 @@ class PrefixCache:
         used, up = hashes, 0
         below = self._below_of(hashes)
         if below:
+            assert self.lower is not None  # blocks below HBM: there is a lower tier
             up = len(below)
             used = [] if up == len(hashes) else list(filterfalse(set(below).__contains__,
                                                                  hashes))
@@ -497,7 +502,7 @@ class PrefixCache:
         if len(keys) < n:
             raise RuntimeError(f"prefix cache: {tier} counts {n - len(keys)} evictable blocks "
                                "more than it holds")
-        dead_keys, out = self.dead_keys[tier], []
+        dead_keys, out = self.dead_keys[tier], []  # type: set, list
         for key in keys:
             if key in dead_keys:
                 dead_keys.discard(key)
@@ -534,6 +539,7 @@ class PrefixCache:
         is by insertion (the arrivals go last): the oldest blocks of the tier and then of the
         arrivals go first, as many as they overflow it."""
         low = self.lower
+        assert low is not None  # only _below calls it, with a lower tier
         over = self.size[low] - self.lower_blocks + sum(
             len(run) if type(run) is list else run.blocks for run in runs)
         if over > 0 and self.size[low]:

@@ -49,7 +49,7 @@ class LFU:
         return list(filter(self.evictable.__contains__, keys))
 
     def victims(self, n: int) -> list:
-        heap, live = self.heap, []
+        heap, live = self.heap, []  # type: list, list
         while heap and len(live) < n:
             entry = heapq.heappop(heap)
             if self.evictable.get(entry[2]) == entry[1]:  # else stale: gone for good
