@@ -280,13 +280,11 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
     (`_block_time`), which binds where it does not split contexts or pack GQA groups. Where the
     stack carries figures for the kernel's class, its latency replaces `kernel_latency_s` and,
     in a decode step, a banded GEMM is bound by its column bands (chip/kernel_efficiency.py).
-    `warm_l2`: the kernel is replayed back to back on the same buffers (a per-kernel
-    profiler), so a working set within `l2_bytes` is read from L2 at `l2_bytes_per_s`; in a
-    model's step the rest of the layer's weights pass through L2 between two calls of a kernel,
-    so nothing stays."""
-    weights = sum((o.weight_bytes for o in k.ops), 0.0)
-    kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
-    act = k.activation_bytes()
+    `warm_l2`: the kernel's bytes are in L2 (a per-kernel profiler replays it on the same
+    buffers and their whole set fits `l2_bytes`: `replay_bytes`), read at `l2_bytes_per_s`; in
+    a model's step the rest of the layer passes through L2 between two calls of a kernel, so
+    nothing stays."""
+    weights, kv, act = _bytes(k)
     bw = chip.hbm.bandwidth_bytes_per_s
     fig = stack.figures
     if fig is None:
@@ -298,11 +296,9 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
     t_mem = efficiency.stream_time(weights + kv + act, bw, eta, lat)
     rate = p.sm_stream_bytes_per_s
     if warm_l2:
-        warm = weights + kv + act <= p.l2_bytes
-        t_mem = np.where(warm, efficiency.stream_time(weights + kv + act, p.l2_bytes_per_s,
-                                                      eta, lat), t_mem)
+        t_mem = efficiency.stream_time(weights + kv + act, p.l2_bytes_per_s, eta, lat)
         # a block's loads in flight return at the L2's latency, not the DRAM's
-        rate = np.where(warm, rate / p.l2_latency_share, rate)
+        rate = rate / p.l2_latency_share
     blocks = [_block_time(o, p, split_kv, gqa_packing, lat, rate) for o in k.ops
               if o.cls is OpClass.ATTENTION]
     if blocks:  # the other kernels have no per-block bound: skip the work on the hot path
@@ -317,6 +313,19 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
         np.zeros(()),
     )
     return weights, kv, act, t_mem, t_cmp
+
+
+def _bytes(k: Kernel) -> tuple:
+    """A kernel's weight, KV (read and written) and activation bytes."""
+    weights = sum((o.weight_bytes for o in k.ops), 0.0)
+    kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
+    return weights, kv, k.activation_bytes()
+
+
+def replay_bytes(kernels) -> Work:
+    """What a replay of these kernels touches: their bytes together (a profiler that replays
+    them back to back on the same buffers keeps all of them in L2 or none)."""
+    return sum((sum(_bytes(k)) for k in kernels), 0.0)
 
 
 def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from chip import execution, kernel_efficiency
-from chip.kernel_by_kernel import GpuParams, Kernel, kernel_times, stack_kernels
+from chip.kernel_by_kernel import GpuParams, Kernel, kernel_times, replay_bytes, stack_kernels
 from chip.serving_stacks import STACKS
 from partitioning.estimate import tp_comm_time
 from rdu_cluster.config import load_chip, load_cluster
@@ -164,20 +164,23 @@ def test_balanced_routing_touches_the_most_experts():
 
 
 def test_a_replayed_kernel_reads_a_working_set_that_fits_l2_from_it():
-    """A per-kernel profiler replays one kernel on the same buffers: a working set within the
-    L2 streams at the L2's rate; a larger one, and any kernel of a model's step, from HBM."""
+    """A per-kernel profiler replays one op on the same buffers: a working set within the L2
+    streams at the L2's rate; a replay's set is all its kernels' bytes together."""
     p = execution.params_for(GpuParams, H200)
 
-    def stream(nbytes, warm):
-        op = Op("copy", OpClass.MATMUL, flops=1.0, weight_bytes=float(nbytes))
-        return float(kernel_times(Kernel((op,)), H200, p, warm_l2=warm)[3])
+    def kernel(nbytes):
+        return Kernel((Op("copy", OpClass.MATMUL, flops=1.0, weight_bytes=float(nbytes)),))
 
-    small, large = 0.5 * p.l2_bytes, 2.0 * p.l2_bytes
+    def stream(nbytes, warm):
+        return float(kernel_times(kernel(nbytes), H200, p, warm_l2=warm)[3])
+
+    small = 0.4 * p.l2_bytes
     eta, lat = p.hbm_efficiency, p.kernel_latency_s
     assert stream(small, True) == pytest.approx(lat + small / (eta * p.l2_bytes_per_s))
     assert stream(small, False) == pytest.approx(lat + small / (eta * H200.hbm.bandwidth_bytes_per_s))
-    assert stream(large, True) == stream(large, False)
     assert stream(small, True) < stream(small, False)
+    assert float(replay_bytes([kernel(small)] * 3)) == pytest.approx(3 * small)
+    assert float(replay_bytes([kernel(small)] * 3)) > p.l2_bytes  # together they do not fit
 
 
 def test_attention_rows_run_warm_and_moe_rows_cold(monkeypatch):
