@@ -90,6 +90,9 @@ class GpuParams:
     nccl_eager_launch_s: float
     sm_count: float
     sm_stream_bytes_per_s: float
+    l2_bytes: float
+    l2_bytes_per_s: float
+    l2_latency_share: float
 
     def host_s(self, opts: GpuOptions, batch: Work) -> Work:
         """Host time of one step: a fixed part plus each sequence's share (its scheduling,
@@ -268,17 +271,20 @@ def stack_kernels(execution: Mapping[str, Any], options: Any, decode: bool) -> _
 
 
 def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
-                 gqa_packing: bool = True, stack: _StackKernels = _GENERIC) -> tuple:
+                 gqa_packing: bool = True, stack: _StackKernels = _GENERIC,
+                 warm_l2: bool = False) -> tuple:
     """(weight, KV and activation bytes, memory time, compute time) of one non-collective
     kernel: its bytes stream at `hbm_efficiency` of peak after `kernel_latency_s`, its FLOPs
     run at `compute_efficiency` (chip/efficiency.py); the kernel takes the larger. An
     attention kernel is also bound by what its thread blocks stream through their SMs
     (`_block_time`), which binds where it does not split contexts or pack GQA groups. Where the
     stack carries figures for the kernel's class, its latency replaces `kernel_latency_s` and,
-    in a decode step, a banded GEMM is bound by its column bands (chip/kernel_efficiency.py)."""
-    weights = sum((o.weight_bytes for o in k.ops), 0.0)
-    kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
-    act = k.activation_bytes()
+    in a decode step, a banded GEMM is bound by its column bands (chip/kernel_efficiency.py).
+    `warm_l2`: the kernel's bytes are in L2 (a per-kernel profiler replays it on the same
+    buffers and their whole set fits `l2_bytes`: `replay_bytes`), read at `l2_bytes_per_s`; in
+    a model's step the rest of the layer passes through L2 between two calls of a kernel, so
+    nothing stays."""
+    weights, kv, act = _bytes(k)
     bw = chip.hbm.bandwidth_bytes_per_s
     fig = stack.figures
     if fig is None:
@@ -288,7 +294,12 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
         lat = fig.latency_s(cls, p.kernel_latency_s) + fig.expert_time(cls, k.anchor)
         eta = fig.efficiency(cls, p.hbm_efficiency)
     t_mem = efficiency.stream_time(weights + kv + act, bw, eta, lat)
-    blocks = [_block_time(o, p, split_kv, gqa_packing, lat) for o in k.ops
+    rate = p.sm_stream_bytes_per_s
+    if warm_l2:
+        t_mem = efficiency.stream_time(weights + kv + act, p.l2_bytes_per_s, eta, lat)
+        # a block's loads in flight return at the L2's latency, not the DRAM's
+        rate = rate / p.l2_latency_share
+    blocks = [_block_time(o, p, split_kv, gqa_packing, lat, rate) for o in k.ops
               if o.cls is OpClass.ATTENTION]
     if blocks:  # the other kernels have no per-block bound: skip the work on the hot path
         t_mem = np.maximum(t_mem, sum(blocks))
@@ -304,10 +315,24 @@ def kernel_times(k: Kernel, chip: ChipSpec, p: GpuParams, split_kv: bool = True,
     return weights, kv, act, t_mem, t_cmp
 
 
+def _bytes(k: Kernel) -> tuple:
+    """A kernel's weight, KV (read and written) and activation bytes."""
+    weights = sum((o.weight_bytes for o in k.ops), 0.0)
+    kv = sum((o.kv_read_bytes + o.kv_write_bytes for o in k.ops), 0.0)
+    return weights, kv, k.activation_bytes()
+
+
+def replay_bytes(kernels) -> Work:
+    """What a replay of these kernels touches: their bytes together (a profiler that replays
+    them back to back on the same buffers keeps all of them in L2 or none)."""
+    return sum((sum(_bytes(k)) for k in kernels), 0.0)
+
+
 def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool,
-                latency: float) -> np.ndarray:
-    """The SM side of an attention op: each thread block reads its KV at
-    `sm_stream_bytes_per_s` (Little's law: one block's loads in flight over the memory latency).
+                latency: float, rate: Work) -> np.ndarray:
+    """The SM side of an attention op: each thread block reads its KV at `rate`
+    (`sm_stream_bytes_per_s`, Little's law: one block's loads in flight over the DRAM latency;
+    from a warm L2, over the L2's latency: `l2_latency_share` of it).
     Blocks: one per KV stream, or per query head without GQA packing (each reads the whole KV
     head: the group's extra reads come from L2 but still pass through an SM). Unsplit, a block
     reads a whole context and the blocks run in ceil(blocks / SMs) waves; split, the pieces fill
@@ -319,9 +344,9 @@ def _block_time(op: Op, p: GpuParams, split_kv: bool, gqa_packing: bool,
         op.kv_read_bytes, n).shape), where=n > 0)
     blocks = n if gqa_packing else n * op.query_group
     if split_kv:
-        return latency + blocks * per_stream / (p.sm_count * p.sm_stream_bytes_per_s)
+        return latency + blocks * per_stream / (p.sm_count * rate)
     waves = np.ceil(blocks / p.sm_count)
-    return latency + waves * per_stream / p.sm_stream_bytes_per_s
+    return latency + waves * per_stream / rate
 
 
 def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_time, opts,

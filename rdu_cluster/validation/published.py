@@ -59,6 +59,8 @@ SPEED_METRICS = {
 }
 # The kernel classes a `layer_kernel_us` row may time (chip/kernel_efficiency.py).
 LAYER_KERNELS = ("moe", "mla", "attention")
+# Those whose rows are costed with a warm L2 where the replay's working set fits (_layer_kernel_us).
+WARM_L2_KERNELS = ("mla", "attention")
 
 
 @dataclass(frozen=True)
@@ -427,8 +429,14 @@ def _layer_kernel_us(case) -> float:
     GEMMs; mla / attention: the decode attention kernel) on one GPU of a `tp`-way tensor split,
     in a decode step of `batch` sequences at a `prompt_len`-token context, as the GPU execution
     model costs them with the row's stack (chip/kernel_efficiency.py): what a per-kernel
-    profile (AIConfigurator's collectors) times for that op of that layer."""
-    from chip.kernel_by_kernel import kernel_times
+    profile (AIConfigurator's collectors) times for that op of that layer. The attention and
+    MLA collectors replay the op in a CUDA graph on the same KV cache (collector/helper.py
+    benchmark_with_power: no cache flush between replays), so where everything its kernels
+    touch fits the L2 it is read from there (kernel_times' `warm_l2`). The MoE collector's
+    "balanced" routing (helper.py balanced_logits) picks the same experts every iteration too,
+    so its one-token working sets (16-44 MB) would be warm as well; its rows do not show it
+    (docs/calibration.md, "Serving-stack kernels") and are costed cold."""
+    from chip.kernel_by_kernel import kernel_times, replay_bytes
 
     opts = _row_options(case) or GpuOptions()
     chip, kern = _kernel_chip(case, opts)
@@ -440,8 +448,9 @@ def _layer_kernel_us(case) -> float:
     if not kernels:
         raise ConfigError(f"measurements row {case['id']}.kernel: model {case['model']} has no "
                           f"{case['kernel']!r} kernel; accepted: a kernel class its layers run")
+    warm = case["kernel"] in WARM_L2_KERNELS and bool(replay_bytes(kernels) <= p.l2_bytes)
     total = sum(np.maximum(*kernel_times(k, chip, p, opts.split_kv, opts.gqa_packing,
-                                         kern)[3:]) for k in kernels)
+                                         kern, warm_l2=warm)[3:]) for k in kernels)
     return 1e6 * _scalar(total)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from chip import execution, kernel_efficiency
-from chip.kernel_by_kernel import GpuParams, Kernel, kernel_times, stack_kernels
+from chip.kernel_by_kernel import GpuParams, Kernel, kernel_times, replay_bytes, stack_kernels
 from chip.serving_stacks import STACKS
 from partitioning.estimate import tp_comm_time
 from rdu_cluster.config import load_chip, load_cluster
@@ -161,3 +161,39 @@ def test_balanced_routing_touches_the_most_experts():
     assert weight[1] == pytest.approx(128 * per_expert)  # min(256, 16 x 8)
     assert weight[0] < weight[1]  # uniform: 256 (1 - (1 - 8/256)^16) = 102 experts
     assert np.isclose(weight[0] / per_expert, 256 * (1 - (1 - 8 / 256) ** 16))
+
+
+def test_a_replayed_kernel_reads_a_working_set_that_fits_l2_from_it():
+    """A per-kernel profiler replays one op on the same buffers: a working set within the L2
+    streams at the L2's rate; a replay's set is all its kernels' bytes together."""
+    p = execution.params_for(GpuParams, H200)
+
+    def kernel(nbytes):
+        return Kernel((Op("copy", OpClass.MATMUL, flops=1.0, weight_bytes=float(nbytes)),))
+
+    def stream(nbytes, warm):
+        return float(kernel_times(kernel(nbytes), H200, p, warm_l2=warm)[3])
+
+    small = 0.4 * p.l2_bytes
+    eta, lat = p.hbm_efficiency, p.kernel_latency_s
+    assert stream(small, True) == pytest.approx(lat + small / (eta * p.l2_bytes_per_s))
+    assert stream(small, False) == pytest.approx(lat + small / (eta * H200.hbm.bandwidth_bytes_per_s))
+    assert stream(small, True) < stream(small, False)
+    assert float(replay_bytes([kernel(small)] * 3)) == pytest.approx(3 * small)
+    assert float(replay_bytes([kernel(small)] * 3)) > p.l2_bytes  # together they do not fit
+
+
+def test_attention_rows_run_warm_and_moe_rows_cold(monkeypatch):
+    """The attention collectors replay one KV cache (warm where it fits); the MoE collector
+    routes anew each iteration, so its rows do not depend on the L2."""
+    rows = {r["id"]: r for r in v.load_cases()}
+    attn = rows["aic-h100-sglang-attn-llama-3.1-70b-tp8-b16-c4095"]  # 33.5 MB of KV: fits
+    wide = rows["aic-h100-sglang-attn-llama-3.1-8b-tp1-b16-c1023"]  # 67 MB: does not
+    moe = rows["aic-h100-sglang-moe-deepseek-v3-tp8-n1"]
+    with calibration.use(None):
+        warm = {r["id"]: v.run_case(r).simulated for r in (attn, wide, moe)}
+        monkeypatch.setattr(v, "WARM_L2_KERNELS", ())
+        cold = {r["id"]: v.run_case(r).simulated for r in (attn, wide, moe)}
+    assert warm[attn["id"]] < 0.8 * cold[attn["id"]]
+    assert warm[wide["id"]] == cold[wide["id"]]
+    assert warm[moe["id"]] == cold[moe["id"]]
