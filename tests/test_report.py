@@ -76,6 +76,7 @@ def test_serve_sweep_report_has_its_plots(serve_sweep, tmp_path):
     assert "Plotly.newPlot" in page and "max_batch=16" in page
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_bundled_serve_example_is_reported(tmp_path):
     """The example the issue found crashing: examples/sweeps/serve-small.toml."""
     _cli("sweep", "examples/sweeps/serve-small.toml", "--out", tmp_path / "d", "--no-progress")

@@ -391,6 +391,7 @@ def test_swap_preemptions_are_in_the_summary(tmp_path):
     assert f"0 preemptions, {swaps} swapped out" in text.output
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_summary_burstiness_is_vllms_gamma_shape(tmp_path):
     """summary.json's `burstiness` is vLLM's (the gamma shape of the gaps, CV 1 / sqrt(shape));
     --burstiness here is the gaps' coefficient of variation, and the summary wrote it as it

@@ -44,6 +44,7 @@ def test_sessions_print_the_hit_rate_and_json_carries_it(tmp_path):
     assert off["prefix_cache_hit_rate"] == 0.0 and off["median_ttft_ms"] > s["median_ttft_ms"]
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_the_mooncake_and_azure_excerpts_serve(tmp_path):
     for name in ("mooncake_conversation_200.jsonl", "azure_llm_conv_2023_200.csv"):
         r = run("serve", "--model", "llama-3.1-8b", "--trace", str(DATA / name),

@@ -95,6 +95,7 @@ def test_plan_rows_carry_the_stack_they_were_ranked_under():
     assert rows["eager"]["tpot_s"] > rows["tensorrt-llm"]["tpot_s"]  # no CUDA graphs
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_serve_runs_the_stack_and_its_summary_says_which(tmp_path):
     docs = {}
     for s in ("vllm", "tensorrt-llm", None):
@@ -146,6 +147,7 @@ def test_a_sweep_stack_on_an_rdu_cluster_is_refused_naming_the_field(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_capacity_ranks_each_stack_and_serves_it_as_it_was_verified():
     """Each GPU system once per stack, an RDU system once (it takes none)."""
     r = run("capacity", "--model", "llama-3.2-1b", "--cluster", "dgx-h100", "--cluster",

@@ -62,6 +62,7 @@ def test_timed_windows_give_the_tables_of_one_window_per_plan(serve, monkeypatch
     _same_summary(ahead.summary, one.summary)
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_a_standing_plan_gives_the_tables_of_asking_the_scheduler(serve, monkeypatch):
     """After a decode span that ran to its end, a plan that stands (StepPlan.stands) is
     followed without asking the scheduler: the same tables as asking it at every span, on a

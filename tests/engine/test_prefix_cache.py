@@ -235,6 +235,7 @@ def test_ray_gives_the_local_tables_with_sessions_and_a_tiered_cache(ray_session
         assert getattr(local, name).to_pylist() == getattr(remote, name).to_pylist(), name
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_prefix_aware_routing_keeps_sessions_warm_and_spreads_load():
     """tp4 on sn40l-16: 4 replicas. Least-outstanding scatters a session's turns; the
     prefix-aware policy sends a turn back to the replica holding its history more often, and
@@ -254,6 +255,7 @@ def _stays(t) -> int:
                if r["session"][i] == r["session"][i - 1])
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_prefix_aware_routing_equals_a_one_step_loop(monkeypatch):
     _, fast = run(plan="tp4", routing="prefix-aware")
     monkeypatch.setattr(replica, "MAX_SPANS", 1)

@@ -39,6 +39,7 @@ output_len = 16
 """
 
 
+@pytest.mark.slow  # seconds: end to end
 def test_example_runs_resumes_one_row_per_point(tmp_path, monkeypatch):
     spec = load_spec(EXAMPLE)
     points = expand(spec).points
