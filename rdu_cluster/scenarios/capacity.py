@@ -38,7 +38,7 @@ from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
-from rdu_cluster.engine import bench
+from rdu_cluster.engine import alike, bench
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transfer_time
 from rdu_cluster.engine.prefix_cache import PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
@@ -703,11 +703,9 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
                          speculation=dep.speculation, draft=dep.draft,
                          options=serving_stacks.stack(dep.stack) if _all_gpu(dep) else None)
     if dep.disaggregated:
-        sim = Disaggregated(model, *dep.pools, fabric, trace, config, backend)
+        s = Disaggregated(model, *dep.pools, fabric, trace, config, backend).run().summary
     else:
-        cl = dep.pools[0].spec(model, fabric)
-        sim = Simulation(model, cl, trace, config, backend())
-    s = sim.run().summary
+        s = _served(dep.pools[0], model, fabric, trace, config, backend, traffic.ramp_of(dep))
     b = s["bench"]
     w = bench.p_word(pct)
     # none served: vLLM's statistics are then 0, which would read as meeting every bound
@@ -718,6 +716,19 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     miss = math.inf if s["unserved"] else slo.misses(ttft, tpot)
     return Result(dep, s, ttft, tpot, miss,
                   serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace))
+
+
+def _served(pool: Pool, model: ModelSpec, fabric: FabricSpec, trace: traces.Trace,
+            config: ServeConfig, backend: Callable[[], object], ramp_s: float) -> dict:
+    """The summary of `pool` serving `trace`: where its replicas are alike (engine/alike.py:
+    closed loop, every request the same, nothing drawn per replica), from one replica of each
+    kind, else the whole run."""
+    whole = pool.spec(model, fabric)
+    if pool.replicas > 1:
+        one = replace(pool, replicas=1).spec(model, fabric)
+        if alike.applies(model, whole, one, trace, config, pool.replicas, ramp_s):
+            return alike.run(model, whole, one, trace, config, backend, pool.replicas, ramp_s)
+    return Simulation(model, whole, trace, config, backend()).run().summary
 
 
 def token_budget(trace: traces.Trace) -> int:

@@ -1,0 +1,153 @@
+"""A closed-loop run of replicas that are alike, computed from one replica of each kind.
+
+With a stateless routing policy each closed-loop client is pinned to the replica its first
+request is routed to (engine/dispatch.py: round-robin sends client c to replica c mod n), so
+the replicas never interact: the run is n runs side by side. Where every request is the same
+(fixed lengths, no content, no sessions) and nothing is drawn per replica (no expert routing,
+speculation, Composition of Experts or faults), replica k differs from replica k' only in how
+many clients it holds (N // n or one more) and when they start: client c starts at c x ramp / N
+(traces.ramped), so replica k's clients start at (k + j n) ramp / N, replica 0's times shifted
+by k ramp / N. Serving one replica of each kind (at most two) and adding the shift to its
+times gives every replica's requests: the run's statistics (engine/bench.py, over the requests
+of all replicas, warm-up and the steady window as the whole run takes them) and its energy
+(each replica's steps plus idle draw to the run's end: energy.summary) without simulating the
+n - 2 other replicas. They equal the whole run's to the rounding of the shifted times
+(tests/test_alike.py compares them); `rdu-cluster serve` of the same arguments runs the whole.
+
+Used by capacity's verification (scenarios/capacity.verify), where a candidate of 20 replicas
+was 20 replicas simulated alike, run after run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from partitioning.cluster import ClusterSpec
+from rdu_cluster.engine import bench, replica_routing, spill
+from rdu_cluster.engine import plan as plans
+from rdu_cluster.engine import summary as summaries
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from workloads.spec import ModelSpec
+from workloads.traces import Trace
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Replicas holding `clients` clients each: their indices in the whole run."""
+
+    clients: int
+    replicas: tuple[int, ...]
+
+
+def kinds(replicas: int, clients: int) -> list[Kind]:
+    """Round-robin pins client c to replica c mod n: the first N mod n replicas hold one
+    client more."""
+    q, r = divmod(clients, replicas)
+    out = [Kind(q + 1, tuple(range(r)))] if r else []
+    return out + ([Kind(q, tuple(range(r, replicas)))] if q else [])
+
+
+def applies(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
+            config: ServeConfig, replicas: int, ramp_s: float) -> bool:
+    """Whether the run of `replicas` replicas on `whole` is its replicas alike (see the module
+    doc), `one` being the cluster of one replica, laid out as each replica of `whole` is."""
+    n, clients = len(trace), config.concurrency
+    if clients is None or replicas < 2 or clients < replicas or n % clients:
+        return False
+    if any(getattr(trace, k) is not None for k in ("model", "content", "session", "after")):
+        return False
+    if replica_routing.get(config.routing).stateful or config.speculation is not None \
+            or config.coe is not None or config.faults:
+        return False
+    if plans.PlanSpec.parse(config.plan, whole, model).ep > 1:  # expert loads drawn per replica
+        return False
+    same = lambda a: bool((a == a[0]).all())
+    starts = np.arange(clients) * ramp_s / clients if ramp_s else np.zeros(clients)
+    if not (same(trace.prompt_len) and same(trace.output_len)
+            and np.array_equal(trace.arrival_s[:clients], starts)
+            and not trace.arrival_s[clients:].any()):
+        return False
+    # each replica within its own node(s), on the same node network as in the whole cluster
+    # (a replica within one node uses no inter-node fabric, which the whole cluster adds)
+    g, per_node = one.sockets, whole.sockets_per_node
+    topo = whole.topology
+    if g <= per_node:
+        topo = replace(topo, inter_node_bandwidth_bytes_per_s=(
+            one.topology.inter_node_bandwidth_bytes_per_s),
+            inter_node_latency_s=one.topology.inter_node_latency_s)
+    return (one.sockets_per_node == per_node and one.topology == topo
+            and (g % per_node == 0 or per_node % g == 0))
+
+
+def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
+        config: ServeConfig, backend: Callable[[], object], replicas: int,
+        ramp_s: float) -> dict:
+    """The summary of the whole run (its keys capacity reads: bench, requests, served,
+    unserved, makespan_s, output_tokens, energy_j, joules_per_token), from one replica of each
+    kind; `applies` must hold."""
+    clients = config.concurrency
+    per_client = len(trace) // clients
+    step = ramp_s / clients  # between successive clients' starts
+    parts, sims, ends, counts = [], [], [], {}
+    busy_j, idle_w = 0.0, None
+    try:
+        for kind in kinds(replicas, clients):
+            m = kind.clients * per_client
+            arrival = np.zeros(m)
+            arrival[: kind.clients] = np.arange(kind.clients) * replicas * step
+            sub = replace(trace, arrival_s=arrival, prompt_len=trace.prompt_len[:m],
+                          output_len=trace.output_len[:m])
+            sim = Simulation(model, one, sub, replace(config, concurrency=kind.clients),
+                             backend)
+            sim.keep_measured = True  # its chunk times and ITLs, read by _merge
+            sims.append(sim)
+            s = sim.run().summary
+            shifts = [k * step for k in kind.replicas]
+            parts.append((summaries.measured(sim, sim.finished.summary_columns()), shifts))
+            ends += [s["makespan_s"] + x for x in shifts]
+            for key in ("served", "unserved", "output_tokens"):
+                counts[key] = counts.get(key, 0) + s[key] * len(shifts)
+            idle_w = sim.rates.idle_w
+            if s["energy_j"] is not None:  # its steps' energy: its idle draw to its end out
+                busy_j += (s["energy_j"] - idle_w * one.sockets * s["makespan_s"]) * len(shifts)
+        end = max(ends)
+        merged = _merge(parts)
+        stats = bench.summary(merged, end, config.metrics)
+        merged.chunk_s.close()
+        merged.itl_s.close()
+    finally:
+        for sim in sims:
+            sim.finished.drop()
+    energy = None if idle_w is None else busy_j + idle_w * one.sockets * replicas * end
+    tokens = counts["output_tokens"]
+    return {"requests": len(trace), **counts, "makespan_s": end, "energy_j": energy,
+            "joules_per_token": energy / tokens if energy is not None and tokens else None,
+            "bench": stats, "replicas_simulated": len(parts)}
+
+
+def _merge(parts: list[tuple[bench.Measured, list[float]]]) -> bench.Measured:
+    """Every replica's requests: each kind's, once per replica of that kind, its send and
+    chunk times shifted by that replica's start."""
+    cols: dict[str, list] = {k: [] for k in ("send", "ttft", "e2el", "out", "prompt", "n")}
+    chunk_s, itl_s = spill.Spill(), spill.Spill()
+    for m, shifts in parts:
+        for x in shifts:
+            cols["send"].append(m.send_s + x)
+            cols["ttft"].append(m.ttft_s)
+            cols["e2el"].append(m.e2el_s)
+            cols["out"].append(m.output_len)
+            cols["prompt"].append(m.prompt_len)
+            cols["n"].append(m.chunks)
+            for c in m.chunk_s.chunks():
+                chunk_s.extend(c + x)
+            for c in m.itl_s.chunks():
+                itl_s.extend(c)
+    cat = lambda k: np.concatenate(cols[k])
+    return bench.Measured(cat("send"), cat("ttft"), cat("e2el"), cat("out"), cat("prompt"),
+                          itl_s, chunk_s, cat("n"))
+
+
+__all__ = ["Kind", "applies", "kinds", "run"]

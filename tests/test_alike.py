@@ -1,0 +1,66 @@
+"""engine/alike.py: a closed-loop run of alike replicas computed from one replica of each kind
+gives the whole run's statistics and energy (to the rounding of the shifted times)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from rdu_cluster.backends import make as make_backend
+from rdu_cluster.config import load_fabric
+from rdu_cluster.engine import alike, bench
+from rdu_cluster.engine.disagg import Pool
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from workloads import traces
+from workloads.catalog import load_model
+
+MODEL = load_model("llama-3.1-8b")
+FABRIC = load_fabric("ib-ndr")
+
+
+def _case(replicas: int, clients: int, per_client: int, ramp_s: float, output: str = "24"):
+    pool = Pool("dgx-h100", "tp2", replicas)
+    whole = pool.spec(MODEL, FABRIC)
+    one = Pool("dgx-h100", "tp2", 1).spec(MODEL, FABRIC)
+    t = traces.synthetic(clients * per_client, math.inf, "poisson",
+                         traces.LengthDist.parse("300", "--prompt-len"),
+                         traces.LengthDist.parse(output, "--output-len"), seed=0)
+    t = traces.ramped(t, ramp_s, clients)
+    spec = bench.MetricSpec((50.0, 99.0), (("ttft", 500.0), ("tpot", 10.0)), clients)
+    config = ServeConfig(plan="tp2", seed=0, metrics=spec, concurrency=clients)
+    return whole, one, t, config
+
+
+@pytest.mark.parametrize("replicas, clients", [(3, 10), (5, 15)])
+def test_alike_replicas_give_the_whole_runs_figures(replicas, clients):
+    whole, one, t, config = _case(replicas, clients, 4, 0.4)
+    assert alike.applies(MODEL, whole, one, t, config, replicas, 0.4)
+    backend = lambda: make_backend("local")
+    full = Simulation(MODEL, whole, t, config, backend()).run().summary
+    fast = alike.run(MODEL, whole, one, t, config, backend, replicas, 0.4)
+    assert fast["replicas_simulated"] == len(alike.kinds(replicas, clients)) < replicas
+    for key in ("requests", "served", "unserved", "output_tokens"):
+        assert fast[key] == full[key], key
+    assert fast["makespan_s"] == pytest.approx(full["makespan_s"], rel=1e-9)
+    assert fast["joules_per_token"] == pytest.approx(full["joules_per_token"], rel=1e-9)
+    for key, value in full["bench"].items():
+        assert fast["bench"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_kinds_pin_clients_round_robin():
+    assert alike.kinds(3, 10) == [alike.Kind(4, (0,)), alike.Kind(3, (1, 2))]
+    assert alike.kinds(4, 8) == [alike.Kind(2, (0, 1, 2, 3))]
+    assert alike.kinds(3, 2) == [alike.Kind(1, (0, 1))]  # (applies refuses an idle replica)
+
+
+def test_runs_not_alike_are_refused():
+    whole, one, t, config = _case(3, 10, 4, 0.4, output="uniform:8:40")
+    assert not alike.applies(MODEL, whole, one, t, config, 3, 0.4)  # lengths differ
+    whole, one, t, config = _case(3, 10, 4, 0.4)
+    assert not alike.applies(MODEL, whole, one, t, config, 3, 0.5)  # another ramp
+    assert not alike.applies(MODEL, whole, one, t, replace(config, routing="least-kv"), 3, 0.4)
+    # four tp2 replicas fill a node of 8 GPUs; one alone would be a node of 2: laid out apart
+    whole, one, t, config = _case(4, 8, 4, 0.4)
+    assert not alike.applies(MODEL, whole, one, t, config, 4, 0.4)
