@@ -491,3 +491,26 @@ def test_candidates_on_ray_tasks_or_processes_give_the_local_table(ray_session):
         other = run(*args, *extra)
         assert other.exit_code == 0, other.output
         assert other.stdout == local.stdout, extra
+
+
+@pytest.mark.slow
+def test_a_rows_serve_args_with_ten_times_the_requests_keep_its_verdict_and_interval(tmp_path):
+    """Issue #34: a row verified to steady state still meets the SLO when its serve_args are
+    served with 10x --requests, and its $/Mtok then (the row's price per hour over the longer
+    run's steady output throughput) lies in the row's interval."""
+    r = run("capacity", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--concurrency",
+            "16", "--prompt-len", "512", "--output-len", "32", "--max-nodes", "2",
+            "--shortlist", "1", "--slo", "ttft:500", "--slo", "tpot:10", "--json")
+    assert r.exit_code == 0, r.output
+    row = next(x for x in map(json.loads, r.stdout.splitlines()) if x["meets_slo"])
+    lo, hi = row["usd_per_million_tokens_low"], row["usd_per_million_tokens_high"]
+    assert lo is not None and hi is not None, row["interval_note"]
+    args = list(row["serve_args"])
+    i = args.index("--requests")
+    args[i + 1] = str(10 * int(args[i + 1]))
+    again = run("serve", *args, "--json", "--out", str(tmp_path))
+    assert again.exit_code == 0, again.output
+    doc = json.loads(again.stdout)
+    assert doc["p99_ttft_ms"] <= 500 and doc["p99_tpot_ms"] <= 10
+    usd = row["usd_per_hour"] * 1e6 / 3600 / doc["output_throughput"]
+    assert lo <= usd <= hi, (lo, usd, hi, row["usd_per_million_tokens"])

@@ -585,11 +585,25 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traf
         again = final(res.deployment)
         res = again if again.meets_slo or not res.meets_slo else search(
             again.deployment, final, max_nodes)
+    res = _one_fewer(res, final, max_nodes)
     res = replace(res, steady={
         "requests": t.n_requests(t.rate or 0.0), "warmup_requests": t.warmup,
         "moved_on_doubling": moved, "tolerance": traffic.steady_tol, "seeds": seeds,
         **res.steady})
     return _with_ends(res, final, slo, max_nodes) if slo is not None else res
+
+
+def _one_fewer(res: Result, serve: Callable[[Deployment], Result], max_nodes: int) -> Result:
+    """The boundary's other side at the steady count: one replica fewer of the pool searched
+    last (the first) served there too; where it meets at that count, the search goes on there
+    (the runs at the shorter count had found the boundary)."""
+    n = res.deployment.pools[0].replicas
+    if not res.meets_slo or n == 1:
+        return res
+    fewer = serve(res.deployment.with_replicas(0, n - 1))
+    if fewer.meets_slo:
+        return search(fewer.deployment, serve, max_nodes)
+    return replace(res, below=fewer.miss)
 
 
 @dataclass(frozen=True)
