@@ -579,9 +579,11 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traf
         if moved <= traffic.steady_tol:
             break
     seeds = [t.seed + k for k in range(SEEDS)] if t.drawn else [t.seed]
-    final = lambda d: serve_once(d, t)
+    # the runs at a count: at the search's first (traffic's), and at the steady one (t's)
+    at = lambda tr: (lambda d: serve_once(d, tr)) if len(seeds) == 1 else (
+        lambda d: _worst([serve_once(d, replace(tr, seed=k)) for k in seeds]))
+    final = at(t)
     if len(seeds) > 1:
-        final = lambda d: _worst([serve_once(d, replace(t, seed=k)) for k in seeds])
         again = final(res.deployment)
         res = again if again.meets_slo or not res.meets_slo else search(
             again.deployment, final, max_nodes)
@@ -590,7 +592,7 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traf
         "requests": t.n_requests(t.rate or 0.0), "warmup_requests": t.warmup,
         "moved_on_doubling": moved, "tolerance": traffic.steady_tol, "seeds": seeds,
         **res.steady})
-    return _with_ends(res, final, slo, max_nodes) if slo is not None else res
+    return _with_ends(res, final, slo, max_nodes, at(traffic)) if slo is not None else res
 
 
 def _one_fewer(res: Result, serve: Callable[[Deployment], Result], max_nodes: int) -> Result:
@@ -658,19 +660,25 @@ def judged(r: Result, slo: SLO) -> float:
 
 
 def _with_ends(res: Result, serve: Callable[[Deployment], Result], slo: SLO,
-               max_nodes: int) -> Result:
+               max_nodes: int, first: Callable[[Deployment], Result] | None = None) -> Result:
     """The row with its interval: the boundary searched again (the same runs, judged) with
     the SLO's bounds divided by the times' low factors (nodes_low: the simulator as slow as it
     may be) and by their high factors (nodes_high), $/Mtok at each end from that end's price
     and its throughput at its factor, and `robust`: the row still meets at the pessimistic
-    end. No interval (None) where a band is missing: the basis says why."""
+    end. No interval (None) where a band is missing: the basis says why. With `first` (the
+    runs at the search's first, shorter count, most of them made already), each end is
+    found there first and then searched at `serve`'s count from it: the same boundary (one
+    fewer verified to miss at that count), in a run or two there instead of a bisection."""
     b = bands(res.deployment, slo)
     ends = [b.slo(slo, end) for end in (0, 1)]
     if None in ends or (b.throughput is None):
         return replace(res, interval={"basis": b.basis})
     out: dict = {"basis": b.basis, "robust": res.meets_slo and judged(res, ends[1]) <= 0}
     for end, name in ((0, "low"), (1, "high")):
-        found = search(res.deployment, serve, max_nodes, lambda r, e=ends[end]: judged(r, e))
+        judge = lambda r, e=ends[end]: judged(r, e)
+        start = res.deployment if first is None else search(
+            res.deployment, first, max_nodes, judge).deployment
+        found = search(start, serve, max_nodes, judge)
         ok = judged(found, ends[end]) <= 0
         thr = found.summary["bench"]["output_throughput"] * b.throughput[1 - end]
         price = found.deployment.price_per_hour
