@@ -109,7 +109,7 @@ def _print(rows: list[dict]) -> None:
         usd_s = "-" if usd is None else f"{usd:.2f}" + (
             f" ({end(ulo, '.2f')}-{end(uhi, '.2f')})" if known else "")
         verdict = "meets" if row["meets_slo"] else "misses"
-        if "robust" in row:
+        if row.get("robust") is not None:
             verdict += ", robust" if row["robust"] else ", not robust"
         ttft, tpot = row.get(f"{pw}_ttft_ms"), row.get(f"{pw}_tpot_ms")
         print(f"{system + (' ' + w if w else ''):<24} {nodes:>11} {row['plan']:<36} "
