@@ -16,7 +16,6 @@ Elsewhere (musl, macOS) nothing is changed. Results do not depend on it.
 from __future__ import annotations
 
 import ctypes
-import gc
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt(3) parameter numbers (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
@@ -41,17 +40,3 @@ def _mallopt(param: int, value: int) -> bool:
         return bool(ctypes.CDLL(None).mallopt(param, value))  # 1 on success (musl: 0)
     except (OSError, AttributeError):  # no mallopt to call (macOS, Windows)
         return False
-
-
-def give_back() -> None:
-    """After a run, in a process that goes on to run more (capacity verifies a candidate in
-    tens of runs): the run's reference cycles collected now (its loop collects rarely:
-    loop.GC_THRESHOLD, and what it left would wait for the next collection) and glibc's free
-    heap handed back to the kernel (malloc_trim; the thresholds above keep it otherwise).
-    Without it a capacity process's peak grew by about 40 MB a run (Llama 3.1 70B on
-    sn40l-16, four runs of 2,000 requests: 360 MB, with it 233 MB)."""
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass

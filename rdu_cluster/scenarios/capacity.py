@@ -38,7 +38,7 @@ from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
-from rdu_cluster.engine import alike, allocator, bench
+from rdu_cluster.engine import alike, bench
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transfer_time
 from rdu_cluster.engine.prefix_cache import PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
@@ -728,7 +728,6 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
         s = Disaggregated(model, *dep.pools, fabric, trace, config, backend).run().summary
     else:
         s = _served(dep.pools[0], model, fabric, trace, config, backend, traffic.ramp_of(dep))
-    allocator.give_back()  # the run's garbage, before the next of a candidate's many runs
     b = s["bench"]
     w = bench.p_word(pct)
     # none served: vLLM's statistics are then 0, which would read as meeting every bound
