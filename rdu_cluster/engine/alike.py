@@ -95,9 +95,11 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
     unserved, makespan_s, output_tokens, energy_j, joules_per_token), from one replica of each
     kind; `applies` must hold."""
     clients = config.concurrency
+    assert clients is not None  # applies: a closed loop
     per_client = len(trace) // clients
     step = ramp_s / clients  # between successive clients' starts
-    parts, sims, ends, counts = [], [], [], {}
+    parts, sims, ends = [], [], []
+    counts: dict[str, int] = {}
     busy_j, idle_w = 0.0, None
     try:
         for kind in kinds(replicas, clients):
@@ -117,7 +119,7 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
             for key in ("served", "unserved", "output_tokens"):
                 counts[key] = counts.get(key, 0) + s[key] * len(shifts)
             idle_w = sim.rates.idle_w
-            if s["energy_j"] is not None:  # its steps' energy: its idle draw to its end out
+            if idle_w is not None:  # its steps' energy: its idle draw to its own end out
                 busy_j += (s["energy_j"] - idle_w * one.sockets * s["makespan_s"]) * len(shifts)
         end = max(ends)
         merged = _merge(parts)
