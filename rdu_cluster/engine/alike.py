@@ -13,8 +13,10 @@ of all replicas, warm-up and the steady window as the whole run takes them) and 
 (each replica's steps plus idle draw to the run's end: energy.summary) without simulating the
 n - 2 other replicas. They equal the whole run's to the rounding of the shifted times
 (tests/test_alike.py compares them), except where a tie at one instant decides a count that
-capacity does not read (vLLM's max_concurrent_requests: a completion and the send it causes,
-which a shifted time may order the other way); `rdu-cluster serve` of the same arguments runs
+capacity does not read (a completion and the send it causes, which a shifted time may order
+the other way: vLLM's max_concurrent_requests, and the steady window's request_throughput
+where a request completes at the window's last send; the output throughput counts chunk
+times, shifted alike, so its ties hold); `rdu-cluster serve` of the same arguments runs
 the whole.
 
 Used by capacity's verification (scenarios/capacity.verify), where a candidate of 20 replicas
