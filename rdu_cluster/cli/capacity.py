@@ -9,6 +9,7 @@ import math
 import multiprocessing
 import os
 import shlex
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -410,7 +411,10 @@ def _verify_all(jobs: list[tuple], backend_name: str, address: str | None,
         return _on_ray(tasks, address)
     if n_jobs > 1 and len(tasks) > 1:
         ctx = multiprocessing.get_context("fork")  # the loaded catalog and configs go along
-        with ctx.Pool(min(n_jobs, len(tasks))) as pool:
+        # the pool ends its workers with SIGTERM once the map is done: the default action
+        # there, not the CLI's handler (an "aborted" KeyboardInterrupt traceback per worker)
+        with ctx.Pool(min(n_jobs, len(tasks)), initializer=signal.signal,
+                      initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
             return pool.map(_task, tasks, chunksize=1)
     return [_task(t) for t in tasks]
 
