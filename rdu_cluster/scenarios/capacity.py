@@ -60,6 +60,7 @@ STEADY_START = 4
 STEADY_TOL = 0.05
 STEADY_DOUBLINGS = 3
 SEEDS = 3
+FIXED_POINT_ROUNDS = 50  # _load: rounds for E2E to settle within 0.1%
 MAX_BATCH_CAP = 512  # the engine's --max-batch ceiling tried here (vLLM's max_num_seqs is 256-1024)
 
 
@@ -401,9 +402,17 @@ def _load(cost: ReplicaCost, prefill: float, traffic: Traffic, n: int, gen: floa
           b_max: int) -> tuple[bool, float, float, float]:
     """(fits, E2E, TPOT with prefill stalls, prefill utilization) of n replicas. A user who
     thinks between requests (sessions) is in the batch e2e / (e2e + think) of the time."""
-    tpot = cost.tpot_at(1)
-    for _ in range(4):  # fixed point: the batch depends on E2E under a rate
+    tpot, last, rho = cost.tpot_at(1), math.nan, 0.0
+    # fixed point: the batch and the prefill share depend on E2E, E2E on the TPOT they give.
+    # Until E2E settles: cut at four rounds it could oscillate (a short E2E, so many prefills
+    # that the TPOT stretches, so a long E2E ...) and pass one replica on a TPOT and an E2E of
+    # different rounds (E2E 2.86 s for a 0.15 s cycle: the ramp ten cycles long). A load that
+    # does not settle is taken as not carried.
+    for _ in range(FIXED_POINT_ROUNDS):
         e2e = prefill + (gen - 1) * tpot
+        if abs(e2e - last) <= 1e-3 * e2e:
+            return True, e2e, tpot, rho
+        last = e2e
         cycle = e2e + traffic.think_s
         users = traffic.concurrency * e2e / cycle if traffic.concurrency else traffic.rate * e2e
         batch = users / n
@@ -414,7 +423,7 @@ def _load(cost: ReplicaCost, prefill: float, traffic: Traffic, n: int, gen: floa
         if rho >= 1:
             return False, e2e, math.inf, rho
         tpot = cost.tpot_at(max(1.0, batch)) / (1 - rho)
-    return True, e2e, tpot, rho
+    return False, e2e, math.inf, rho
 
 
 def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO,
