@@ -455,6 +455,7 @@ def test_the_row_is_served_until_doubling_its_requests_moves_it_less_than_the_to
     st = row["steady"]
     assert st["requests"] in (64, 128, 256) and st["warmup_requests"] == 8
     assert st["moved_on_doubling"] <= 0.05 or st["requests"] == 256
+    assert st["settled"] == (st["moved_on_doubling"] <= 0.05)
     assert st["seeds"] == [0, 1, 2] and len(st["p99_tpot_ms_range"]) == 2
     lo, hi = st["p99_tpot_ms_range"]
     assert lo <= row["p99_tpot_ms"] <= hi <= 20
@@ -514,3 +515,17 @@ def test_a_rows_serve_args_with_ten_times_the_requests_keep_its_verdict_and_inte
     assert doc["p99_ttft_ms"] <= 500 and doc["p99_tpot_ms"] <= 10
     usd = row["usd_per_hour"] * 1e6 / 3600 / doc["output_throughput"]
     assert lo <= usd <= hi, (lo, usd, hi, row["usd_per_million_tokens"])
+
+
+@pytest.mark.slow
+def test_a_row_still_moving_after_its_doublings_says_it_is_not_settled():
+    """A tolerance no run can meet: three doublings, and the row says it has not settled
+    (its figures are the longest run's, not a steady state's)."""
+    args = setting(SMALL, "--steady-tolerance", "1e-12")
+    r = run(*args, "--concurrency", "4", "--prompt-len", "128", "--output-len", "uniform:4:12")
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.stdout.splitlines()[0])["steady"]
+    assert st["settled"] is False and st["moved_on_doubling"] > 1e-12
+    text = run(*[a for a in args if a != "--json"], "--concurrency", "4", "--prompt-len", "128",
+               "--output-len", "uniform:4:12")
+    assert "not settled" in text.output

@@ -560,7 +560,8 @@ def _table(results, slo, traffic, wall) -> str:
             f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
             f"{_span(rec['usd_per_million_tokens'], rec['usd_per_million_tokens_low'], rec['usd_per_million_tokens_high'], '.2f'):>19} "
             f"{_f(rec['joules_per_token'], '.2f'):>6} {r.ttft_ms:>10.1f} {r.tpot_ms:>10.2f}  "
-            f"{'meets' if r.meets_slo else _misses(r)}{_robust(rec['robust'])}")
+            f"{'meets' if r.meets_slo else _misses(r)}{_robust(rec['robust'])}"
+            f"{', not settled' if r.steady.get('settled') is False else ''}")
     lines.append("serve_args (rdu-cluster serve ...):")
     lines += [f"{i:>2} {shlex.join(r.serve_args)}" for i, r in enumerate(results, 1)]
     return "\n".join(lines)

@@ -597,10 +597,13 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traf
         res = again if again.meets_slo or not res.meets_slo else search(
             again.deployment, final, max_nodes)
     res = _one_fewer(res, final, max_nodes)
+    # settled: the last doubling moved the row less than the tolerance (None: not doubled);
+    # False is a row still moving after STEADY_DOUBLINGS doublings, printed as such
+    settled = None if moved is None else bool(moved <= traffic.steady_tol)
     res = replace(res, steady={
         "requests": t.n_requests(t.rate or 0.0), "warmup_requests": t.warmup,
-        "moved_on_doubling": moved, "tolerance": traffic.steady_tol, "seeds": seeds,
-        **res.steady})
+        "moved_on_doubling": moved, "tolerance": traffic.steady_tol, "settled": settled,
+        "seeds": seeds, **res.steady})
     return _with_ends(res, final, slo, max_nodes, at(traffic)) if slo is not None else res
 
 
