@@ -4,8 +4,15 @@ exit 130), not with an import's traceback or a bare kill. Nothing has been writt
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+
+# numpy's OpenBLAS starts a thread per core at import, ~0.1 s of CPU a command (a default
+# simulate: 0.55 -> 0.45 s). The simulator's numpy work is elementwise on small arrays, where
+# BLAS threads do nothing; parallel work is processes (sweeps, capacity --jobs, Ray). A value
+# the user set wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def run() -> None:
