@@ -84,7 +84,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str, float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", type=int, default=None, help="run only case N (1-3)")
+    ap.add_argument("--only", type=int, choices=(1, 2, 3), default=None, help="run only case N")
     only = ap.parse_args().only
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
     missed = False

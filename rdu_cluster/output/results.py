@@ -193,7 +193,9 @@ def table(rows: Iterable[Mapping], extra_metadata: Mapping[str, str] | None = No
     import pyarrow as pa
 
     rows = list(rows)
-    casted = [{f.name: _cast(r.get(f.name), f.type) for f in schema()} for r in rows]
+    casts = [(f.name, _caster(f.type)) for f in schema()]
+    casted = [{name: None if (v := r.get(name)) is None else cast(v) for name, cast in casts}
+              for r in rows]
     meta = dict(schema().metadata)
     meta[b"rdu_cluster.code_version"] = rdu_cluster.__version__.encode()
     for k, v in (extra_metadata or {}).items():
@@ -201,18 +203,17 @@ def table(rows: Iterable[Mapping], extra_metadata: Mapping[str, str] | None = No
     return pa.Table.from_pylist(casted, schema=schema().with_metadata(meta))
 
 
-def _cast(value, typ):
+def _caster(typ):
+    """A column's Python cast, chosen once per column (not per cell)."""
     import pyarrow as pa
 
-    if value is None:
-        return None
     if pa.types.is_boolean(typ):
-        return bool(value)
+        return bool
     if pa.types.is_integer(typ):
-        return round(float(value))
+        return lambda value: round(float(value))
     if pa.types.is_floating(typ):
-        return float(value)
-    return str(value)
+        return float
+    return str
 
 
 def json_lines(tbl: pa.Table) -> str:
@@ -254,7 +255,7 @@ def _column(value, typ, n: int, nan_null: bool = False) -> pa.Array:
     arr = np.broadcast_to(arr, (n,)) if arr.ndim <= 1 else arr.ravel()
     if pa.types.is_boolean(typ):
         return pa.array(arr.astype(bool), typ)
-    if pa.types.is_integer(typ):  # as _cast: round half to even, like Python's round
+    if pa.types.is_integer(typ):  # as _caster: round half to even, like Python's round
         return pa.array(np.round(arr.astype(float)).astype(np.int64), typ)
     if pa.types.is_floating(typ):
         arr = arr.astype(np.float64)
