@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 
@@ -14,4 +15,9 @@ def config_dir(kind: str) -> Path:
 
 def bundled(kind: str) -> dict[str, Path]:
     """Bundled config name -> path, for "chips" or "clusters"."""
+    return dict(_bundled(kind))
+
+
+@functools.cache  # package data: fixed for the process (a calibration resolves names thousands of times)
+def _bundled(kind: str) -> dict[str, Path]:
     return {p.stem: p for p in sorted(config_dir(kind).glob("*.toml"))}

@@ -9,6 +9,8 @@ import os
 import pytest
 from hypothesis import settings
 
+from tests.calibration_cases import sn40l_cases
+
 # Property tests draw the same examples on every run (the project's results are deterministic,
 # and so is its test suite: a CI run cannot fail on a draw the last run did not make).
 # HYPOTHESIS_PROFILE=explore draws fresh examples, for hunting counterexamples by hand.
@@ -50,13 +52,31 @@ def validate_report():
     return result.exit_code, result.stdout, json.loads(result.stdout)
 
 
+@pytest.fixture(scope="session")
+def sn40l_calibration(tmp_path_factory):
+    """`rdu-cluster calibrate --chip sn40l` on sn40l_cases, progress on stderr, the uncertainty
+    model too: (the CliRunner result, the profile's path). Tens of seconds; its readers share it."""
+    from click.testing import CliRunner
+
+    from rdu_cluster.cli import main
+
+    folder = tmp_path_factory.mktemp("calibration")
+    out = folder / "p.toml"
+    result = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--cases",
+                                       str(sn40l_cases(folder)), "--out", str(out)])
+    assert result.exit_code == 0, result.output + result.stderr
+    return result, out
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`): the tests that share one expensive session
     resource run on one worker, so the resource is made once: every Ray test on the worker that
-    starts Ray, every reader of the shared validate report on the worker that runs it."""
+    starts Ray, every reader of the shared validate report (or calibration) on the worker that runs it."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "ray_session" in names:
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif "validate_report" in names:
             item.add_marker(pytest.mark.xdist_group("validate"))
+        elif "sn40l_calibration" in names:
+            item.add_marker(pytest.mark.xdist_group("calibration"))

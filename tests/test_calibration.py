@@ -16,6 +16,7 @@ from rdu_cluster.cli import main
 from rdu_cluster.config import load_chip, load_cluster
 from rdu_cluster.validation import calibration, fit
 from rdu_cluster.validation import published as v
+from tests.calibration_cases import sn40l_cases
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 
@@ -230,8 +231,9 @@ def test_a_profile_knows_the_rows_it_was_fitted_to(tmp_path):
 def test_calibrate_no_progress_silences_stderr(tmp_path):
     """docs/sweeps.md: the long commands' progress on stderr, --no-progress silences it;
     calibrate had no --no-progress."""
-    r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--out",
-                                  str(tmp_path / "p.toml"), "--no-progress", "--no-uncertainty"])
+    r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--cases",
+                                  str(sn40l_cases(tmp_path)), "--out", str(tmp_path / "p.toml"),
+                                  "--no-progress", "--no-uncertainty"])
     assert r.exit_code == 0, r.output
     assert r.stderr == "" and "wrote" in r.stdout
 

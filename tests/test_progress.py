@@ -85,12 +85,9 @@ def test_nothing_is_drawn_before_the_first_update():
     assert out.getvalue() == ""
 
 
-@pytest.mark.slow  # runs calibrate over the bundled rows: tens of seconds of CPU
-def test_calibrate_reports_its_groups(tmp_path):
-    out = tmp_path / "fit.toml"
-    r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--out", str(out),
-                                  "--no-uncertainty"])
-    assert r.exit_code == 0, r.output + r.stderr
+@pytest.mark.slow  # shares a calibrate run: tens of seconds of CPU
+def test_calibrate_reports_its_groups(sn40l_calibration):
+    r, out = sn40l_calibration
     assert re.search(r"^calibrate: 1/1 groups \(100%\) .*(groups/s|s/groups) .*ETA", r.stderr,
                      re.MULTILINE)
     assert out.is_file()

@@ -7,15 +7,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from rdu_cluster.cli import main
 from rdu_cluster.validation import calibration
 from rdu_cluster.validation import uncertainty as u
+from tests.calibration_cases import SN40L_CHECK_ROW, SN40L_ROWS
 
 
 def _samples(errors, chip="h100-sxm", kind="gpu", stack="vllm", regime="batch-1 decode",
@@ -119,33 +117,15 @@ def test_columns_null_a_regime_without_rows_and_say_why(monkeypatch):
     assert "decode: h100-sxm vllm batch-1 decode" in cols["interval_note"][0]
 
 
-SN40L_ROWS = ("sn40l16-llama8b-tokens", "argonne-sn40l8-llama-3.1-8b-1024",
-              "argonne-sn40l8-llama-3.1-8b-2048", "argonne-sn40l8-mistral-7b-1024",
-              "argonne-sn40l8-llama-3.1-70b-1024")
-
-
 @pytest.mark.slow
-def test_calibrate_writes_the_model_beside_the_profile(tmp_path):
+def test_calibrate_writes_the_model_beside_the_profile(sn40l_calibration):
     """The model is the command's output: held-out errors of the rows (the calibrate rows by
     leave-one-out), their parameter spread, under the profile's digest."""
-    from rdu_cluster.validation import published as v
-
-    text = v.resources.files("rdu_cluster").joinpath("validation/measurements.toml").read_text()
-    head, *blocks = text.split("\n[[row]]")  # a few SN40L rows of figures the model covers
-    # (five calibrate rows, each refitted without itself, and a check row: the command's whole
-    # path at a seventh of the SN40L rows' refits)
-    keep = [b for b in blocks if re.search(r'^id = "(.*)"', b, re.MULTILINE).group(1)
-            in (*SN40L_ROWS, "argonne-sn40l8-llama-2-7b-512")]
-    cases = tmp_path / "rows.toml"
-    cases.write_text(head + "".join("\n[[row]]" + b for b in keep))
-    assert {r["id"] for r in v.load_cases(str(cases))} >= set(SN40L_ROWS)
-    out = tmp_path / "p.toml"
-    r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--cases", str(cases), "--out",
-                                  str(out), "--no-progress"])
-    assert r.exit_code == 0, r.output
+    _, out = sn40l_calibration
     raw = json.loads(u.model_path(out).read_text())
     assert raw["profile_digest"] == u.digest(calibration.load(str(out)))
     held = {s["id"]: s for s in raw["samples"]}
+    assert set(held) >= {*SN40L_ROWS, SN40L_CHECK_ROW}
     assert {held[i]["held_out"] for i in SN40L_ROWS} == {"loo"}
     assert all(s["spread"] >= 0 for s in held.values())
     assert any(s["spread"] > 0 for s in held.values() if s["chip"] == "sn40l")

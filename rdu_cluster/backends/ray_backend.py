@@ -22,12 +22,21 @@
   number, so nothing is applied twice and nothing is lost. Every call that waits on an actor
   (start-up, batches and their checkpoints, faults, re-planning, counters) recovers this way,
   not only those awaiting a reply: an actor killed while idle is revived at its next call.
+- Warm sockets: starting a socket actor starts a Ray worker process (about a second of CPU:
+  Python, Ray, numpy), 10-18 s for 16 sockets on 2 cores, where the run itself may take one.
+  Inside `with warm_sockets():` a closed backend's actors and placement group are kept, and the
+  next run with the same layout (sockets per simulated node) reloads them with its own programs
+  instead: a reloaded socket is built exactly as a new one is. Outside such a scope nothing is
+  kept; kept actors hold their CPU share, so a run of another layout releases them first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,10 +69,15 @@ class SocketActor:
     """The actor body: a Socket behind a bytes-in, bytes-out interface."""
 
     def __init__(self, index: int, setup: SocketSetup):
+        self.reload(index, setup)
+
+    def reload(self, index: int, setup: SocketSetup) -> bytes:
+        """Become socket `index` of a new run, as a new actor would be; its checkpoint."""
         self.socket = Socket(index, setup.chip, setup.program, setup.comm_time,
                              kv_scale=setup.kv_scale)
         self.socket.apply(setup.weights)
         self.socket.tables.warm()
+        return self.checkpoint()
 
     def run_many(self, commands: list[bytes], checkpoint: bool) -> tuple[list[bytes], bytes | None]:
         """Apply the commands in order; a result each, and the state after the last if asked."""
@@ -91,7 +105,7 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, address: str | None = None, checkpoint_every: int = CHECKPOINT_EVERY,
-                 run_name: str | None = None):
+                 run_name: str | None = None, reuse: bool = True):
         import ray
 
         self.ray = ray
@@ -106,6 +120,7 @@ class RayBackend:
                      log_to_driver=False, configure_logging=False)
             self._owns_ray = True
         self.run_name = run_name or f"rdu-{uuid.uuid4().hex[:8]}"
+        self.reuse = reuse and not self._owns_ray  # kept actors die with our own Ray instance
         self.checkpoint_every = checkpoint_every
         self.actors: dict[int, object] = {}
         self.setups: dict[int, SocketSetup] = {}
@@ -123,25 +138,38 @@ class RayBackend:
         return len(self.ray.nodes())
 
     def start(self, setups: dict[int, SocketSetup]) -> None:
+        self.setups = dict(setups)
+        self.layout = tuple(sorted((i, s.node) for i, s in setups.items()))
+        rig = _WARM.take(self.layout) if self.reuse and _WARM is not None else None
+        for index in setups:
+            self.log[index], self.queued[index], self.inflight[index] = [], [], []
+        if rig is None:
+            if _WARM is not None:
+                _WARM.release()  # their CPU share, for this run's placement group
+            self._place()
+            for index in setups:
+                self._create(index)
+            refs = {index: actor.checkpoint.remote() for index, actor in self.actors.items()}
+        else:
+            self.pg, self.bundle_of, self.cpus, self.actors = rig
+            refs = {i: a.reload.remote(i, setups[i]) for i, a in self.actors.items()}
+        # every actor starts at once; one that dies while starting is created afresh
+        for index, ref in refs.items():
+            self.checkpoints[index] = self._call(index, "checkpoint", ref=ref)
+
+    def _place(self) -> None:
         from ray.util.placement_group import placement_group
 
-        self.setups = dict(setups)
-        nodes = sorted({s.node for s in setups.values()})
-        per_node = max(sum(1 for s in setups.values() if s.node == n) for n in nodes)
-        self.cpus = _cpus_per_actor(self.ray, len(setups), per_node)
+        nodes = sorted({s.node for s in self.setups.values()})
+        per_node = max(sum(1 for s in self.setups.values() if s.node == n) for n in nodes)
+        self.cpus = _cpus_per_actor(self.ray, len(self.setups), per_node)
         bundles = [{"CPU": self.cpus * per_node} for _ in nodes]
         self.pg = placement_group(bundles, strategy="SPREAD")
         ready = self.ray.wait([self.pg.ready()], timeout=60)[0]
         if not ready:
-            raise ConfigError(f"ray: cannot place {len(setups)} socket actors ({bundles[0]} each)")
+            raise ConfigError(f"ray: cannot place {len(self.setups)} socket actors "
+                              f"({bundles[0]} each)")
         self.bundle_of = {n: i for i, n in enumerate(nodes)}
-        for index in setups:
-            self._create(index)
-            self.log[index], self.queued[index], self.inflight[index] = [], [], []
-        # every actor starts at once; one that dies while starting is created afresh
-        refs = {index: actor.checkpoint.remote() for index, actor in self.actors.items()}
-        for index, ref in refs.items():
-            self.checkpoints[index] = self._call(index, "checkpoint", ref=ref)
 
     def _create(self, index: int) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -282,15 +310,13 @@ class RayBackend:
         return {seq: r for (seq, _), r in zip(replay, results, strict=True)}
 
     def reprogram(self, index: int, setup: SocketSetup) -> None:
+        """A re-plan's new program for socket `index`: the actor reloads (as a new actor would
+        be built, without starting a process), keeping only its command sequence number."""
         self._resolve(index)
-        state = self._call(index, "checkpoint")
-        self.ray.kill(self.actors[index])
+        seq = wire.unpack(self._call(index, "checkpoint"))["seq"]
         self.setups[index] = setup
-        self.incarnation[index] = self.incarnation.get(index, 0) + 1
-        self._create(index)
         self.checkpoints.pop(index, None)  # a new program: nothing of the old state to restore
-        seq = wire.unpack(state)["seq"]
-        fresh = wire.unpack(self._call(index, "checkpoint"))
+        fresh = wire.unpack(self._call(index, "reload", index, setup))
         fresh["seq"] = seq
         self.checkpoints[index], self.log[index] = wire.pack(fresh), []
         self._call(index, "restore", self.checkpoints[index])
@@ -306,17 +332,66 @@ class RayBackend:
         return sum(self._call(index, "evaluations") for index in self.actors)
 
     def close(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
         self.queued.clear()
         self.inflight.clear()
-        for actor in self.actors.values():
-            self.ray.kill(actor)
+        if self.actors and self.reuse and _WARM is not None:
+            _WARM.keep(self.layout, (self.pg, self.bundle_of, self.cpus, dict(self.actors)))
+        elif self.actors or getattr(self, "pg", None) is not None:
+            _release(self.ray, getattr(self, "pg", None), self.actors)
         self.actors.clear()
-        if getattr(self, "pg", None) is not None:
-            remove_placement_group(self.pg)
+        self.pg = None
         if self._owns_ray:
             self.ray.shutdown()
+
+
+def _release(ray, pg, actors: dict) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    for actor in actors.values():
+        ray.kill(actor)
+    if pg is not None:
+        remove_placement_group(pg)
+
+
+@dataclass
+class _Warm:
+    """The actors and placement groups of closed runs, by layout, until a run takes them."""
+
+    rigs: dict
+
+    def take(self, layout: tuple):
+        return self.rigs.pop(layout, None)
+
+    def keep(self, layout: tuple, rig: tuple) -> None:
+        if layout in self.rigs:
+            self.release(layout)  # two runs of one layout closed in turn: keep the later's
+        self.rigs[layout] = rig
+
+    def release(self, layout: tuple | None = None) -> None:
+        import ray
+
+        for key in [layout] if layout is not None else list(self.rigs):
+            pg, _, _, actors = self.rigs.pop(key)
+            _release(ray, pg, actors)
+
+
+_WARM: _Warm | None = None
+
+
+@contextlib.contextmanager
+def warm_sockets() -> Iterator[None]:
+    """Keep socket actors between the RayBackend runs inside (module doc: Warm sockets); on
+    leaving, every kept actor is killed and its placement group removed."""
+    global _WARM
+    if _WARM is not None:  # nested: the outer scope keeps and releases
+        yield
+        return
+    _WARM = _Warm({})
+    try:
+        yield
+    finally:
+        warm, _WARM = _WARM, None
+        warm.release()
 
 
 def _cpus_per_actor(ray, sockets: int, per_node: int) -> float:

@@ -72,7 +72,7 @@ def _head(**env_extra: str):
                 time.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 5)):  # then SIGKILL: nothing to save
             try:
                 os.killpg(head.pid, sig)
             except ProcessLookupError:

@@ -11,6 +11,16 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module", autouse=True)
+def warm(ray_session):
+    """This module's runs reuse the socket actors of the last run of the same layout (its
+    tests then spend their time on what they test, not on starting Ray workers)."""
+    from rdu_cluster.backends.ray_backend import warm_sockets
+
+    with warm_sockets():
+        yield
+
+
 def _compare(a, b):
     for name in ("requests", "steps", "sockets", "links"):
         ta, tb = getattr(a, name), getattr(b, name)
@@ -99,6 +109,56 @@ def test_killed_socket_actor_restarts_from_checkpoint_with_identical_tables(
     _compare(undisturbed, disturbed)
 
 
+FAULT = "socket:3@1.0"  # tp16 on sn40l-16 loses socket 3: re-planned to tp8 on 0-2, 4-8
+
+
+def test_idle_actors_killed_right_before_a_fault_are_revived_with_identical_tables(
+    ray_session, serve
+):
+    """Sockets 3 (the one the fault fails) and 2 (re-planned by it) die idle -- nothing owed,
+    nothing queued -- in the window before the fault fires: set_fault and the re-plan's
+    reprogram meet dead actors and revive them from their checkpoints."""
+    from rdu_cluster.backends.ray_backend import RayBackend
+
+    _, undisturbed = serve(faults=[FAULT])
+    backend = RayBackend()
+    killed = []
+
+    def kill_before_fault(sim, _window):
+        if not killed and max(getattr(r, "window_end", 0.0) for r in sim.replicas) >= 1.0:
+            sim.backend.sync()  # every reply collected, every queue sent: the actors idle
+            assert not any(sim.backend.inflight.values()) and not any(sim.backend.queued.values())
+            for victim in (3, 2):
+                _kill(ray_session, sim.backend.actor(victim))
+                killed.append(victim)
+
+    _, disturbed = serve(backend=backend, faults=[FAULT], hooks=[kill_before_fault])
+    assert killed == [3, 2] and backend.restarts == 2
+    assert "recovery" in disturbed.steps.column("phase").to_pylist()  # the re-plan happened
+    _compare(undisturbed, disturbed)
+
+
+def test_an_actor_killed_during_start_up_is_created_afresh_with_identical_tables(
+    ray_session, serve, small_run
+):
+    from rdu_cluster.backends.ray_backend import RayBackend
+
+    killed = []
+
+    class DiesStarting(RayBackend):
+        def _create(self, index):
+            super()._create(index)
+            if index == 7 and not killed:  # before the start-up wait reaches it
+                killed.append(index)
+                self.ray.kill(self.actors[index])
+
+    _, undisturbed = small_run
+    backend = DiesStarting(reuse=False)  # new actors, created through _create
+    _, disturbed = serve(backend=backend)
+    assert killed == [7] and backend.restarts == 1 and backend.incarnation[7] == 1
+    _compare(undisturbed, disturbed)
+
+
 def test_ray_backend_matches_local_on_a_coe_run(ray_session):
     """Expert switches are region copies sent through the same command path."""
     from rdu_cluster.backends.local import LocalBackend
@@ -156,53 +216,3 @@ def test_ray_timeline_is_the_local_one(ray_session, tmp_path):
         timeline.commit()
         out.append(json.loads((tmp_path / f"t{i}.json").read_text()))
     assert len(out[0]["traceEvents"]) > 100 and out[0] == out[1]
-
-
-FAULT = "socket:3@1.0"  # tp16 on sn40l-16 loses socket 3: re-planned to tp8 on 0-2, 4-8
-
-
-def test_idle_actors_killed_right_before_a_fault_are_revived_with_identical_tables(
-    ray_session, serve
-):
-    """Sockets 3 (the one the fault fails) and 2 (re-planned by it) die idle -- nothing owed,
-    nothing queued -- in the window before the fault fires: set_fault and the re-plan's
-    reprogram meet dead actors and revive them from their checkpoints."""
-    from rdu_cluster.backends.ray_backend import RayBackend
-
-    _, undisturbed = serve(faults=[FAULT])
-    backend = RayBackend()
-    killed = []
-
-    def kill_before_fault(sim, _window):
-        if not killed and max(getattr(r, "window_end", 0.0) for r in sim.replicas) >= 1.0:
-            sim.backend.sync()  # every reply collected, every queue sent: the actors idle
-            assert not any(sim.backend.inflight.values()) and not any(sim.backend.queued.values())
-            for victim in (3, 2):
-                _kill(ray_session, sim.backend.actor(victim))
-                killed.append(victim)
-
-    _, disturbed = serve(backend=backend, faults=[FAULT], hooks=[kill_before_fault])
-    assert killed == [3, 2] and backend.restarts == 2
-    assert "recovery" in disturbed.steps.column("phase").to_pylist()  # the re-plan happened
-    _compare(undisturbed, disturbed)
-
-
-def test_an_actor_killed_during_start_up_is_created_afresh_with_identical_tables(
-    ray_session, serve, small_run
-):
-    from rdu_cluster.backends.ray_backend import RayBackend
-
-    killed = []
-
-    class DiesStarting(RayBackend):
-        def _create(self, index):
-            super()._create(index)
-            if index == 7 and not killed:  # before the start-up wait reaches it
-                killed.append(index)
-                self.ray.kill(self.actors[index])
-
-    _, undisturbed = small_run
-    backend = DiesStarting()
-    _, disturbed = serve(backend=backend)
-    assert killed == [7] and backend.restarts == 1 and backend.incarnation[7] == 1
-    _compare(undisturbed, disturbed)

@@ -26,6 +26,7 @@ FP8_WEIGHTS = Precision(weights=DType.FP8)
 BF16_WEIGHTS = Precision(weights=DType.BF16)
 
 
+@functools.cache  # package data: fixed for the process
 def _files() -> dict[str, Any]:
     root = Path(__file__).resolve().parent  # package data as files (resources loads zipfile)
     return {
@@ -54,8 +55,12 @@ def _hf_ids() -> dict[str, str]:
 def catalog_name(ref: str) -> str | None:
     """The catalog name `ref` stands for (a name or HF repository id in any case), or None."""
     key = ref.strip().lower()
-    names = {n.lower(): n for n in _files()}
-    return names.get(key) or _hf_ids().get(key)
+    return _lower_names().get(key) or _hf_ids().get(key)
+
+
+@functools.cache
+def _lower_names() -> dict[str, str]:
+    return {n.lower(): n for n in _files()}
 
 
 def model_config(name: str) -> dict[str, Any]:
