@@ -68,15 +68,30 @@ def sn40l_calibration(tmp_path_factory):
     return result, out
 
 
+GROUPS = {"ray_session": "ray", "validate_report": "validate", "sn40l_calibration": "calibration"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`): the tests that share one expensive session
     resource run on one worker, so the resource is made once: every Ray test on the worker that
-    starts Ray, every reader of the shared validate report (or calibration) on the worker that runs it."""
+    starts Ray, every reader of the shared validate report (or calibration) on the worker that
+    runs it. loadgroup schedules by an `@group` suffix of the node id."""
+    if not getattr(config.option, "loadgroup", False):
+        return
     for item in items:
         names = getattr(item, "fixturenames", ())
-        if "ray_session" in names:
-            item.add_marker(pytest.mark.xdist_group("ray"))
-        elif "validate_report" in names:
-            item.add_marker(pytest.mark.xdist_group("validate"))
-        elif "sn40l_calibration" in names:
-            item.add_marker(pytest.mark.xdist_group("calibration"))
+        group = next((g for f, g in GROUPS.items() if f in names), None)
+        if group is not None:
+            _set_node_id(item, f"{item.nodeid}@{group}")
+
+
+def _set_node_id(item, nodeid: str) -> None:
+    # xdist 3.8's own xdist_group mark sets item._nodeid, which pytest 9.2 no longer reads (it
+    # keeps a NodeId in item._id): every group was split over both workers, and each made its
+    # resource (the validate run, the calibration, Ray) once per worker.
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(nodeid)
+    else:
+        item._nodeid = nodeid
