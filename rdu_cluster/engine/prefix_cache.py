@@ -37,10 +37,7 @@ that can still be found, not the trace, and a decode step costs it nothing.
 
 from __future__ import annotations
 
-import operator
-from collections import deque
 from dataclasses import dataclass, field
-from itertools import compress, filterfalse, takewhile
 
 import numpy as np
 
@@ -152,9 +149,6 @@ class Claim:
         return sum(self.tokens.values())
 
 
-_ONE_MORE, _ONE_LESS = (1).__add__, (-1).__add__  # users of many blocks counted in C
-
-
 class _Dead:
     """Evictable blocks of one tier that no request can find any more, as one count: they only
     take room and a place in the eviction order (see Liveness). `key`: the hash of one such
@@ -218,6 +212,31 @@ class Liveness:
                 self.chains.pop(cid, None)  # no request left hashes it
 
 
+class _Run:
+    """Findable blocks one after another in a chain (blocks i..j of the requests that have
+    them), in one tier, with the same number of users: a node of the cache's radix tree, found
+    by the hash of its first block. An evictable run (no users) is one key of its tier's order
+    where the policy orders by insertion alone: its blocks leave deepest first."""
+
+    __slots__ = ("hashes", "tier", "users")
+
+    def __init__(self, hashes: list[int], users: int, tier: str) -> None:
+        self.hashes, self.users, self.tier = hashes, users, tier
+
+
+def _common(run: list[int], hashes: list[int], i: int, n: int) -> int:
+    """How many of run's first n blocks are hashes[i:]'s, given that the first is and the n-th
+    is not: a block's hash covers the blocks before it (a chain), so they agree up to a point."""
+    lo, hi = 1, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run[mid - 1] == hashes[i + mid - 1]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 @dataclass(slots=True)
 class _Seq:
     """The cache's view of one request until it finishes: its blocks' hashes (computed once,
@@ -239,11 +258,14 @@ class PrefixCache:
     `kv_block_tokens`: tokens per KV-manager block (HBM room is counted in those); `live`: what
     requests yet to finish can ask for (None: anything, every block kept findable).
 
-    The work is per request, not per block, where no other request can tell the difference: a
-    running request's own blocks are a count (entries only once it leaves unfinished), and
-    blocks no request can find again become one evictable count per run of the eviction order
-    (_Dead), so the cache's size follows the requests in flight and the blocks that can still
-    be found, not the trace; hits, tiers and evictions are those of one entry per block."""
+    The work is per run of blocks, not per block: the findable blocks are a radix tree of runs
+    (_Run: a chain's blocks i..j in one tier with the same users, found by their first block's
+    hash), a request's blocks a path of runs; where the policy orders by insertion alone an
+    evictable run is one key of its tier's order. A running request's own blocks are a count
+    (entries only once it leaves unfinished), and blocks no request can find again one
+    evictable count per run of the order (_Dead), so the cache's size follows the requests in
+    flight and the blocks that can still be found, not the trace; hits, tiers and evictions
+    are those of one entry per block (tests/engine/prefix_reference.py)."""
 
     def __init__(self, block_tokens: int, kv_block_tokens: int, lower: str | None,
                  lower_blocks: int, copy_s_per_block: float, eviction: str = evictions.DEFAULT,
@@ -253,7 +275,7 @@ class PrefixCache:
         self.copy_s_per_block = copy_s_per_block
         self.eviction = eviction
         self.live = live
-        self.entries: dict[int, int] = {}  # findable blocks: hash -> requests using it
+        self.heads: dict[int, _Run] = {}  # findable blocks: a run by its first block's hash
         self.seqs: dict[int, _Seq] = {}  # request id -> its view, until it finishes
         self.version = 0  # bumped whenever the findable blocks change (peek's memo)
         self._policies()
@@ -261,12 +283,18 @@ class PrefixCache:
     def _policies(self) -> None:
         tiers = (HBM, self.lower) if self.lower else (HBM,)
         self.evictable = {t: evictions.get(self.eviction) for t in tiers}
-        # a run of dead blocks as one key (_Dead) where the order is by insertion alone
+        # a run of blocks as one key where the order is by insertion alone; else one key per
+        # block, its hash (an evictable _Run is then one block)
         self.runs = self.evictable[HBM].insertion_ordered
-        self.dead_keys: dict[str, set] = {t: set() for t in tiers}  # else: their hashes
+        self.dead_keys: dict[str, set] = {t: set() for t in tiers}  # else: dead blocks' hashes
         self.size = dict.fromkeys(tiers, 0)  # evictable blocks per tier
         self.dead = dict.fromkeys(tiers, 0)  # of which no request can find
         self.tail: dict[str, _Dead | None] = dict.fromkeys(tiers)  # the last key, if dead
+
+    @property
+    def entries(self) -> dict[int, int]:
+        """The findable blocks: hash -> requests using it (built on demand)."""
+        return {h: run.users for run in self.heads.values() for h in run.hashes}
 
     # -- per request ----------------------------------------------------------------------
     def _seq(self, r: Request, keep: bool = True) -> _Seq:
@@ -297,12 +325,29 @@ class PrefixCache:
         return s.blocks if s.loose else s.own
 
     # -- lookups --------------------------------------------------------------------------
-    def _match(self, r: Request, s: _Seq) -> int:
-        """Blocks of r's longest cached prefix, leaving its last prompt token to compute."""
+    def _path(self, hashes: list[int], i: int, end: int) -> list[tuple[_Run, int]]:
+        """The runs holding blocks i.. of a request (`hashes`) up to `end`, while they are
+        findable: (run, k), run's first k blocks being the request's next k. Block i is a
+        run's first or not findable (the runs holding the blocks before it end there)."""
+        heads, out = self.heads, []
+        while i < end:
+            run = heads.get(hashes[i])
+            if run is None:
+                break
+            got = run.hashes
+            k = min(len(got), end - i)
+            if got[k - 1] != hashes[i + k - 1]:  # the request goes another way in the run
+                k = _common(got, hashes, i, k)
+            out.append((run, k))
+            i += k
+        return out
+
+    def _found(self, r: Request, s: _Seq) -> list[tuple[_Run, int]]:
+        """The path of r's longest cached prefix, leaving its last prompt token to compute."""
         end = min((r.prompt_len + r.generated - 1) // self.block_tokens, self._findable(s))
-        if end <= 0:
-            return 0
-        return len(list(takewhile(self.entries.__contains__, self._hashes(r, s)[:end])))
+        if end <= 0 or not self.heads:
+            return []
+        return self._path(self._hashes(r, s), 0, end)
 
     def peek(self, r: Request) -> int:
         """Cached tokens r would find now (memoized until the findable blocks change)."""
@@ -311,7 +356,7 @@ class PrefixCache:
         s = self._seq(r)
         if s.memo[:2] == (self.version, r.generated):
             return s.memo[2]
-        hit = self._match(r, s) * self.block_tokens
+        hit = sum(k for _, k in self._found(r, s)) * self.block_tokens
         s.memo = (self.version, r.generated, hit)
         return hit
 
@@ -320,27 +365,28 @@ class PrefixCache:
         router's look: nothing changes)."""
         if not r.content and r.id not in self.seqs:
             return {}
-        s = self._seq(r, keep=False)  # r may go to another replica: nothing of it stays
-        found = self._hashes(r, s)[:self._match(r, s)]
-        if not found:
+        path = self._found(r, self._seq(r, keep=False))  # r may go elsewhere: nothing stays
+        if not path:
             return {}
-        low = self._below_of(found)
+        n = sum(k for _, k in path)
+        low = sum(k for run, k in path if run.tier != HBM)
         if not low:
-            return {HBM: len(found) * self.block_tokens}
+            return {HBM: n * self.block_tokens}
         assert self.lower is not None  # blocks below HBM: there is a lower tier
-        tiers = [(HBM, len(found) - len(low)), (self.lower, len(low))]
-        if low[0] == found[0]:
+        tiers = [(HBM, n - low), (self.lower, low)]
+        if path[0][0].tier != HBM:
             tiers.reverse()
-        return {t: n * self.block_tokens for t, n in tiers if n}
+        return {t: k * self.block_tokens for t, k in tiers if k}
 
     # -- state changes --------------------------------------------------------------------
     def claim(self, r: Request) -> Claim:
         """r is admitted: it uses its cached prefix; blocks below HBM come up (copied)."""
         claim = Claim({HBM: 0, **({self.lower: 0} if self.lower else {})})
         s = self._seq(r)
-        n = self._match(r, s)
+        path = self._found(r, s)
+        n = sum(k for _, k in path)
         if n:
-            up = self._use(self._hashes(r, s)[:n])
+            up = self._use(path)
             claim.tokens[HBM] = (n - up) * self.block_tokens
             if up:
                 assert self.lower is not None  # blocks came up: there is a lower tier
@@ -357,46 +403,61 @@ class PrefixCache:
         upto = min(tokens // self.block_tokens, s.blocks)
         stop = min(upto, self._findable(s))
         if s.held < stop:
-            hashes = self._hashes(r, s)[s.held:stop]
-            old = list(filter(self.entries.__contains__, hashes))
-            if len(old) < len(hashes):  # new blocks, used by r
-                self.entries.update(dict.fromkeys(
-                    filterfalse(self.entries.__contains__, hashes) if old else hashes, 1))
+            hashes, heads, i, old = self._hashes(r, s), self.heads, s.held, []
+            while i < stop:
+                path = self._path(hashes, i, stop)
+                if path:  # cached already: r computed its own copy, in HBM
+                    old += path
+                    i += sum(k for _, k in path)
+                    continue
+                rest = list(map(heads.__contains__, hashes[i + 1:stop]))
+                j = i + 1 + rest.index(True) if True in rest else stop
+                heads[hashes[i]] = _Run(hashes[i:j], 1, HBM)  # new blocks, used by r
                 self.version += 1
-            if old:  # r computed its own copy in HBM: a lower one is not needed
+                i = j
+            if old:
                 self._use(old)
         s.held = max(s.held, upto)
 
-    def _below_of(self, hashes: list[int]) -> list[int]:
-        """Those of the findable blocks `hashes` in the lower tier (all evictable: a block in
-        use is in HBM), in order."""
-        if not self.lower or self.size[self.lower] == self.dead[self.lower]:
-            return []
-        return self.evictable[self.lower].among(hashes)
+    def _split(self, run: _Run, k: int) -> _Run:
+        """Run's first k blocks as a run of their own (returned); `run` keeps the rest, and its
+        place in its tier's order."""
+        head = _Run(run.hashes[:k], run.users, run.tier)
+        run.hashes = run.hashes[k:]
+        self.heads[head.hashes[0]] = head
+        self.heads[run.hashes[0]] = run
+        return head
 
-    def _use(self, hashes: list[int]) -> int:
-        """Requests use blocks `hashes` (cached): in HBM they are used again (not evictable
+    def _use(self, path: list[tuple[_Run, int]]) -> int:
+        """Requests use blocks (a path's, cached): in HBM they are used again (not evictable
         until released), below HBM they come up (they leave that tier). Returns how many came
         from below."""
-        used, up = hashes, 0
-        below = self._below_of(hashes)
-        if below:
+        hbm_keys: list = []
+        low_keys: list = []
+        up = freed = 0
+        for run, k in path:
+            used = run if k == len(run.hashes) else self._split(run, k)
+            if used.tier != HBM:  # every block below HBM is evictable
+                up += k
+                if not self.runs:
+                    low_keys += used.hashes
+                elif used is run:  # else the run keeps its deeper blocks in the order
+                    low_keys.append(run)
+                used.tier, used.users = HBM, 1
+                continue
+            if not used.users:
+                freed += k
+                if self.runs and used is run:
+                    hbm_keys.append(run)
+            if not self.runs:  # a policy that counts uses counts each
+                hbm_keys += used.hashes
+            used.users += 1
+        if up:
             assert self.lower is not None  # blocks below HBM: there is a lower tier
-            up = len(below)
-            used = [] if up == len(hashes) else list(filterfalse(set(below).__contains__,
-                                                                 hashes))
             self.size[self.lower] -= up
-            self.evictable[self.lower].drop(below)
-        hbm = self.evictable[HBM]
-        evictable = len(hbm)
-        hbm.use(used)
-        freed = evictable - len(hbm)  # those no request used: evictable until now
+            self.evictable[self.lower].drop(low_keys)
+        self.evictable[HBM].use(hbm_keys)
         self.size[HBM] -= freed
-        entries = self.entries
-        if freed + up == len(hashes):  # no request used any (most often)
-            entries.update(dict.fromkeys(hashes, 1))
-        else:
-            entries.update(zip(hashes, map(_ONE_MORE, map(entries.__getitem__, hashes))))
         return up
 
     def release(self, r: Request, tokens: int) -> None:
@@ -418,37 +479,43 @@ class PrefixCache:
                 self._add_dead(HBM, n - first, [] if self.runs
                                else self._hashes(r, s)[first:n][::-1])
             else:  # it may come back for them: they become findable
-                own = self._hashes(r, s)[first:n][::-1]
-                self.entries.update(dict.fromkeys(own, 0))
-                self._add(HBM, own)
+                own = self._hashes(r, s)[first:n]
+                run = self.heads[own[0]] = _Run(own, 0, HBM)
+                self._add(HBM, [run])
                 s.loose = True
                 self.version += 1
         m = min(n, first)
         if m > 0:
-            self._unuse(self._hashes(r, s)[m - 1::-1], max(0, m - dead))
+            self._unuse(self._hashes(r, s), m, max(0, m - dead))
         s.held = 0
 
-    def _unuse(self, hashes: list[int], gone: int) -> None:
-        """A request releases blocks `hashes` (in HBM, deepest first), of which the first `gone`
-        no request can find any more: those no other request uses become evictable."""
-        entries = self.entries
-        users = list(map(entries.__getitem__, hashes))
-        if users.count(1) == len(users):  # the request was their only user (most often)
-            dead, free = hashes[:gone], hashes[gone:]
-            entries.update(dict.fromkeys(free, 0))
-        else:
-            users = list(map(_ONE_LESS, users))
-            entries.update(zip(hashes, users))
-            if 0 not in users:
-                return
-            dead = list(compress(hashes[:gone], map(operator.not_, users[:gone])))
-            free = list(compress(hashes[gone:], map(operator.not_, users[gone:])))
+    def _unuse(self, hashes: list[int], m: int, gone: int) -> None:
+        """A request releases its first m blocks `hashes` (in HBM), of which the last `gone` no
+        request can find any more: those no other request uses become evictable, deepest
+        first."""
+        free, dead = [], []
+        at, cut = 0, m - gone
+        for run, k in self._path(hashes, 0, m):  # whole runs: the request's own path
+            run.users -= 1
+            if not run.users:
+                if at + k <= cut:
+                    free.append(run)
+                elif at >= cut:
+                    dead.append(run)
+                else:
+                    free.append(self._split(run, cut - at))
+                    dead.append(run)
+            at += k
         if dead:
-            deque(map(entries.__delitem__, dead), maxlen=0)
+            keys: list = []
+            for run in reversed(dead):
+                del self.heads[run.hashes[0]]
+                if not self.runs:
+                    keys += run.hashes[::-1]
             self.version += 1
-            self._add_dead(HBM, len(dead), dead)
+            self._add_dead(HBM, sum(len(run.hashes) for run in dead), keys)
         if free:
-            self._add(HBM, free)
+            self._add(HBM, free[::-1])
 
     def fit(self, free_kv_blocks: int) -> None:
         """Keep the evictable HBM blocks within the KV manager's free blocks: demote (tiered) or
@@ -458,42 +525,41 @@ class PrefixCache:
             self._below(self._evict(HBM, self.size[HBM] - room))
 
     def _evict(self, tier: str, n: int) -> list:
-        """The tier's next n evictable blocks leave it, in eviction order: returned as runs,
-        lists of hashes (findable blocks, whose entries stay) and _Dead counts (dead blocks)."""
+        """The tier's next n evictable blocks leave it, in eviction order: returned as _Runs
+        (findable blocks, still found) and _Dead counts (dead blocks)."""
         policy = self.evictable[tier]
         keys = policy.victims(n)
         self.size[tier] -= n
         if not self.runs:
             return self._evict_keys(tier, keys, n)
-        kinds = list(map(type, keys))
         out: list = []
         i = 0  # keys before i are gone
         while n:
-            stop = min(i + n, len(keys))
-            try:
-                j = kinds.index(_Dead, i, stop)
-            except ValueError:
-                j = stop
-            if j > i:
-                out.append(keys[i:j])
-                n -= j - i
-                i = j
-            if not n:
-                break
-            if j == len(keys):
+            if i == len(keys):
                 raise RuntimeError(f"prefix cache: {tier} counts {n} evictable blocks more "
                                    "than it holds")
-            run = keys[j]
-            take = min(n, run.blocks)
-            run.blocks -= take
-            self.dead[tier] -= take
-            out.append(_Dead(take))
-            n -= take
-            if run.blocks:  # partly evicted: it stays the victim
-                break
-            i = j + 1
-            if self.tail[tier] is run:
-                self.tail[tier] = None
+            key = keys[i]
+            if type(key) is _Dead:
+                take = min(n, key.blocks)
+                key.blocks -= take
+                self.dead[tier] -= take
+                out.append(_Dead(take))
+                n -= take
+                if key.blocks:  # partly evicted: it stays the victim
+                    break
+                if self.tail[tier] is key:
+                    self.tail[tier] = None
+            else:
+                got = key.hashes
+                if n < len(got):  # its deepest n go; it stays the victim
+                    part = _Run(got[-n:], 0, tier)
+                    key.hashes = got[:-n]
+                    self.heads[part.hashes[0]] = part
+                    out.append(part)
+                    break
+                out.append(key)
+                n -= len(got)
+            i += 1
         policy.drop(keys[:i])
         return out
 
@@ -502,24 +568,22 @@ class PrefixCache:
         if len(keys) < n:
             raise RuntimeError(f"prefix cache: {tier} counts {n - len(keys)} evictable blocks "
                                "more than it holds")
-        dead_keys, out = self.dead_keys[tier], []  # type: set, list
+        dead_keys, heads, out = self.dead_keys[tier], self.heads, []  # type: set, dict, list
         for key in keys:
             if key in dead_keys:
                 dead_keys.discard(key)
                 self.dead[tier] -= 1
                 out.append(_Dead(1, key))
-            elif out and type(out[-1]) is list:
-                out[-1].append(key)
             else:
-                out.append([key])
+                out.append(heads[key])
         self.evictable[tier].drop(keys)
         return out
 
     def _forget(self, runs: list) -> None:
-        """Evicted blocks (_evict's runs) leave the cache: the findable ones' entries go."""
+        """Evicted blocks (_evict's runs) leave the cache: the findable ones are not found."""
         for run in runs:
-            if type(run) is list:
-                deque(map(self.entries.__delitem__, run), maxlen=0)
+            if type(run) is _Run:
+                del self.heads[run.hashes[0]]
                 self.version += 1
 
     def _below(self, runs: list) -> None:
@@ -527,12 +591,11 @@ class PrefixCache:
         last, evicting its victims as they arrive; all of them are dropped under `hbm`."""
         if not self.lower or self.lower_blocks < 1:
             self._forget(runs)
-        elif self.evictable[self.lower].insertion_ordered:
+        elif self.runs:
             self._arrive(runs)
         else:  # they arrive one by one
             for run in runs:
-                for one in ([[h] for h in run] if type(run) is list else [run]):
-                    self._arrive([one])
+                self._arrive([run])
 
     def _arrive(self, runs: list) -> None:
         """Blocks arrive below HBM in this order: the same as one by one where the tier's order
@@ -541,7 +604,7 @@ class PrefixCache:
         low = self.lower
         assert low is not None  # only _below calls it, with a lower tier
         over = self.size[low] - self.lower_blocks + sum(
-            len(run) if type(run) is list else run.blocks for run in runs)
+            len(run.hashes) if type(run) is _Run else run.blocks for run in runs)
         if over > 0 and self.size[low]:
             evicted = min(over, self.size[low])
             self._forget(self._evict(low, evicted))
@@ -549,11 +612,15 @@ class PrefixCache:
         i = 0
         while over > 0:  # arrivals that the next arrivals evict at once
             run = runs[i]
-            if type(run) is list:
-                take = min(over, len(run))
-                self._forget([run[:take]])
-                runs[i] = run = run[take:]
-                done = not run
+            if type(run) is _Run:
+                got = run.hashes
+                take = min(over, len(got))
+                if take == len(got):
+                    self._forget([run])
+                else:  # its deepest go
+                    run.hashes = got[:-take]
+                    self.version += 1
+                done = take == len(got)
             else:
                 take = min(over, run.blocks)
                 run.blocks -= take
@@ -565,16 +632,30 @@ class PrefixCache:
     def _store(self, tier: str, runs: list) -> None:
         """Blocks (_evict's runs) join the lower tier's order last, in order."""
         for run in runs:
-            if type(run) is list:
-                self._add(tier, run)
+            if type(run) is _Run:
+                run.tier = tier
+                self._add(tier, [run])
             else:
                 self._add_dead(tier, run.blocks, [] if run.key is None else [run.key])
 
     # -- the tiers' eviction order ----------------------------------------------------------
-    def _add(self, tier: str, hashes: list[int]) -> None:
-        """Findable blocks join the tier's order last, in order."""
-        self.evictable[tier].add(hashes)
-        self.size[tier] += len(hashes)
+    def _add(self, tier: str, runs: list[_Run]) -> None:
+        """Findable runs (no users, in `tier`) join the tier's order last, in order, each
+        deepest first; one key per block (a run each) where the policy needs it."""
+        n = sum(len(run.hashes) for run in runs)
+        if self.runs:
+            self.evictable[tier].add(runs)
+        else:
+            keys: list = []
+            for run in runs:
+                got = run.hashes
+                if len(got) > 1:
+                    for h in got[1:]:
+                        self.heads[h] = _Run([h], 0, tier)
+                    run.hashes = got[:1]
+                keys += got[::-1]
+            self.evictable[tier].add(keys)
+        self.size[tier] += n
         self.tail[tier] = None
 
     def _add_dead(self, tier: str, n: int, keys: list) -> None:
@@ -596,7 +677,7 @@ class PrefixCache:
     def clear(self) -> None:
         """Every block is lost (a failed socket: the group is re-planned)."""
         self._policies()
-        self.entries.clear()
+        self.heads.clear()
         for s in self.seqs.values():
             s.held, s.loose = 0, False
         self.version += 1
@@ -604,8 +685,7 @@ class PrefixCache:
     def blocks_in(self, tier: str) -> int:
         """Blocks held in `tier`: findable ones, dead ones and running requests' own ones."""
         own = sum(max(0, s.held - s.own) for s in self.seqs.values() if not s.loose)
-        low = len(self._below_of(list(self.entries)))
-        findable = len(self.entries) - low if tier == HBM else low
+        findable = sum(len(run.hashes) for run in self.heads.values() if run.tier == tier)
         return findable + self.dead[tier] + (own if tier == HBM else 0)
 
 
