@@ -61,7 +61,7 @@ def _requests(contents: list[tuple], rng: random.Random) -> list[Request]:
 def _same(a: ReferenceCache, b: PrefixCache, reqs: list[Request], tiers: tuple) -> None:
     for t in tiers:
         assert a.blocks_in(t) == b.blocks_in(t), t
-        assert len(a.evictable[t]) == b.size[t], t
+        assert len(a.evictable[t]) == b.tiers.size[t], t
     for r in reqs:
         if r.state == WAITING:
             assert a.peek(r) == b.peek(r), r.id
@@ -177,7 +177,7 @@ def test_serve_tables_equal_the_per_block_cache(name, eviction, monkeypatch):
     caches = [rep.prefix for rep in sim.replicas]
     assert not any(c.seqs for c in caches)  # nothing is kept per finished request
     if len(caches) == 1 and all(s == DONE for s in r["state"]):
-        assert not caches[0].entries  # and nothing it cached can be found any more
+        assert not caches[0].tree.heads  # and nothing it cached can be found any more
 
 
 def test_a_light_trace_leaves_counts_not_entries():
@@ -187,10 +187,10 @@ def test_a_light_trace_leaves_counts_not_entries():
                              traces.LengthDist("fixed", 32))
     sim, _ = _run(trace, "llama-3.1-8b", "sn40l-8")
     (cache,) = [rep.prefix for rep in sim.replicas]
-    assert not cache.entries and not cache.seqs
+    assert not cache.tree.heads and not cache.seqs
     # each leaves the full blocks of its KV: prompt and answer but the last token (not computed)
     assert cache.blocks_in("hbm") + cache.blocks_in("ddr") == 200 * ((256 + 32 - 1) // 16)
-    assert all(len(p) <= 2 for p in cache.evictable.values())
+    assert all(len(p) <= 2 for p in cache.tiers.evictable.values())
 
 
 def test_dead_blocks_demote_and_evict_as_one_block_at_a_time():
@@ -207,11 +207,11 @@ def test_dead_blocks_demote_and_evict_as_one_block_at_a_time():
         r.state = DONE
         for c in (ref, new):
             c.release(r, 64)  # own: 4 dead blocks, then the document's 4 findable ones
-    assert new.size["hbm"] == 8 and len(new.entries) == 4 and new.dead["hbm"] == 4
+    assert new.tiers.size["hbm"] == 8 and len(new.tree.entries) == 4 and new.tiers.dead["hbm"] == 4
     for free in (6, 3, 0):
         ref.fit(free)
         new.fit(free)
         assert [ref.blocks_in(t) for t in ("hbm", "ddr")] == \
             [new.blocks_in(t) for t in ("hbm", "ddr")]
     # the 5 DDR blocks kept are the newest: the four document blocks and one dead block
-    assert new.dead["ddr"] == 1 and ref.peek(reader) == new.peek(reader) == 48
+    assert new.tiers.dead["ddr"] == 1 and ref.peek(reader) == new.peek(reader) == 48
