@@ -28,7 +28,11 @@ pipelined retrieval; both chips copy with DMA engines beside their compute units
 `exposed`. Demotions from HBM are write-backs off the critical path and cost no step time.
 Eviction order per tier: a policy from engine/evictions (LRU to start).
 
-Bookkeeping is per request where no lookup can tell the difference (PrefixCache, Liveness): a
+Bookkeeping is per run of blocks, not per block, where no lookup can tell the difference
+(PrefixCache, Liveness): the findable blocks are a radix tree of runs (a chain's blocks i..j in
+one tier with the same users, found by their first block's hash), so a request's claim,
+release and eviction cost per run on its path (about one a turn of a session), not per block;
+where the policy orders by insertion alone, an evictable run is one key of its tier's order. A
 running request's own blocks (no other request's content reaches them) are a count, entries
 only once it leaves unfinished; blocks no request yet to finish can find are one count per run
 of a tier's eviction order. So the cache's memory follows the requests in flight and the blocks

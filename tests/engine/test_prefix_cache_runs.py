@@ -215,3 +215,34 @@ def test_dead_blocks_demote_and_evict_as_one_block_at_a_time():
             [new.blocks_in(t) for t in ("hbm", "ddr")]
     # the 5 DDR blocks kept are the newest: the four document blocks and one dead block
     assert new.tiers.dead["ddr"] == 1 and ref.peek(reader) == new.peek(reader) == 48
+
+
+@pytest.mark.parametrize("lower_blocks", [0, 100])
+def test_a_session_is_a_few_runs_not_an_entry_per_block(lower_blocks):
+    """A 10-turn session (a 1,024-token system prompt, 256-token messages and answers) under
+    LRU: each turn finds the history the last one left and adds its own; the cache's radix tree
+    and each tier's order hold a few runs a turn, not a key per block (about 380 blocks), and
+    evicting part of the history (to DDR, or dropped) keeps them runs."""
+    lower = "ddr" if lower_blocks else None
+    cache = PrefixCache(16, 16, lower, lower_blocks, 0.25)
+    ref = ReferenceCache(16, 16, lower, lower_blocks, 0.25)
+    history: tuple = ((0, 1024),)
+    for turn in range(10):
+        history += ((100 + turn, 256),)
+        r = Request(turn, 0.0, sum(n for _, n in history), 256,
+                    content=history + ((200 + turn, 256),))
+        history = r.content
+        a, b = ref.claim(r), cache.claim(r)
+        assert (a.tokens, a.copy_s) == (b.tokens, b.copy_s)
+        assert turn == 0 or sum(b.tokens.values()) > 1024  # its history, found
+        r.state = RUNNING
+        r.generated, r.state = r.output_len, DONE
+        for c in (ref, cache):
+            c.computed(r, r.prompt_len)
+            c.release(r, r.prompt_len + r.output_len - 1)
+            c.fit(400 - 20 * turn)  # HBM shrinks: the oldest blocks leave
+    tiers = ("hbm", "ddr") if lower else ("hbm",)
+    assert [cache.blocks_in(t) for t in tiers] == [ref.blocks_in(t) for t in tiers]
+    assert sum(cache.blocks_in(t) for t in tiers) > 200
+    assert len(cache.tree.heads) <= 30
+    assert all(len(cache.tiers.evictable[t]) <= 30 for t in tiers)
