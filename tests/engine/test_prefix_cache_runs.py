@@ -139,9 +139,11 @@ def _mooncake():
 
 
 # (trace, model, cluster, config, prefix tokens found in HBM / DDR / host memory as the
-# per-block cache printed them at commit 8c01fc7). The exact counts follow the chips' timing
-# (a recalibration moves them), so the test checks which tiers serve hits; exactness comes
-# from the table-by-table comparison with the per-block cache.
+# per-block cache printed them at commit 8c01fc7, under LRU). The exact counts follow the
+# chips' timing (a recalibration moves them), so the test checks which tiers serve hits under
+# the default policy (another policy may keep other blocks: an MRU finds none below HBM in
+# "own tokens, preemptions"); exactness comes from the table-by-table comparison with the
+# per-block cache, for every policy.
 RUNS = {
     "sessions, small HBM, DDR": (lambda: sessions(SPEC, seed=5), "llama-3.1-70b", "sn40l-16",
                                  {"kv_memory_fraction": 0.002, "limits": Limits(max_batch=8)},
@@ -173,7 +175,8 @@ def test_serve_tables_equal_the_per_block_cache(name, eviction, monkeypatch):
         assert getattr(ref, table).equals(getattr(new, table)), table
     r = new.requests.to_pydict()
     hits = tuple(sum(r[f"prefix_{t}_tokens"]) for t in ("hbm", "ddr", "host"))
-    assert tuple(h > 0 for h in hits) == tuple(f > 0 for f in found), hits
+    if eviction == evictions.DEFAULT:  # the runs reach the tiers (another policy may keep
+        assert tuple(h > 0 for h in hits) == tuple(f > 0 for f in found), hits  # others)
     caches = [rep.prefix for rep in sim.replicas]
     assert not any(c.seqs for c in caches)  # nothing is kept per finished request
     if len(caches) == 1 and all(s == DONE for s in r["state"]):

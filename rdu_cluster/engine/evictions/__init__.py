@@ -16,8 +16,9 @@ the work a loop in the policy, not a chain of calls per block.
   the policy forgets everything it kept for them (an LFU its counts).
 - `victims(n)`: the next n evictable keys to evict, first first (all of them if fewer); they
   stay until dropped, and the cache drops those it evicts whole. `len()`: evictable keys.
-- `insertion_ordered`: True when the victim order depends only on the order the keys were
-  added (LRU, FIFO), and the policy keeps nothing for a key that is not evictable. The cache
+- `insertion_ordered`: True when the victims are the evictable keys in the order they were
+  added, oldest first (LRU, FIFO; not MRU), and the policy keeps nothing for a key that is not
+  evictable. The cache
   then stands one key for a run of blocks next to each other in the order: findable blocks of
   one chain (prefix_cache._Run, evicted deepest first) or blocks no request can find any more
   (prefix_cache._Dead, a count). A key's blocks may leave it without a call: a victim partly
