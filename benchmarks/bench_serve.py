@@ -257,7 +257,7 @@ def prefix_memory(n: int) -> None:
         tracemalloc.stop()
         held[k] = sum(s.size for s in snap.statistics("filename"))
         blocks = sum(rep.prefix.blocks_in(t) for rep in sim.replicas
-                     for t in rep.prefix.evictable)
+                     for t in rep.prefix.tiers.evictable)
         print(f"prefix cache after {k:,} light requests: {held[k] / 1e6:.2f} MB of Python "
               f"objects for {blocks:,} cached blocks")
     (a, ma), (b, mb) = held.items()

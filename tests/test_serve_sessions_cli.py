@@ -57,8 +57,8 @@ def test_the_mooncake_and_azure_excerpts_serve(tmp_path):
     (["--prefix-cache", "l3"], "'l3' is not one of"),
     (["--prefix-block", "0"], "--prefix-block: at least 16 tokens"),
     (["--prefix-block", "1"], "--prefix-block: at least 16 tokens (the KV block vLLM hashes)"),
-    (["--prefix-eviction", "random"],
-     f"--prefix-eviction: unknown 'random'; accepted: {', '.join(evictions.names())}"),
+    (["--prefix-eviction", "no-such-policy"],
+     f"--prefix-eviction: unknown 'no-such-policy'; accepted: {', '.join(evictions.names())}"),
     (["--think-time", "soon"], "--think-time: 'soon': not a number"),
     (["--requests", "5"], "--sessions: not with --trace or --requests"),
 ])

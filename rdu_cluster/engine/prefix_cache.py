@@ -28,7 +28,11 @@ pipelined retrieval; both chips copy with DMA engines beside their compute units
 `exposed`. Demotions from HBM are write-backs off the critical path and cost no step time.
 Eviction order per tier: a policy from engine/evictions (LRU to start).
 
-Bookkeeping is per request where no lookup can tell the difference (PrefixCache, Liveness): a
+Bookkeeping is per run of blocks, not per block, where no lookup can tell the difference
+(PrefixCache, Liveness): the findable blocks are a radix tree of runs (a chain's blocks i..j in
+one tier with the same users, found by their first block's hash), so a request's claim,
+release and eviction cost per run on its path (about one a turn of a session), not per block;
+where the policy orders by insertion alone, an evictable run is one key of its tier's order. A
 running request's own blocks (no other request's content reaches them) are a count, entries
 only once it leaves unfinished; blocks no request yet to finish can find are one count per run
 of a tier's eviction order. So the cache's memory follows the requests in flight and the blocks
@@ -37,10 +41,7 @@ that can still be found, not the trace, and a decode step costs it nothing.
 
 from __future__ import annotations
 
-import operator
-from collections import deque
 from dataclasses import dataclass, field
-from itertools import compress, filterfalse, takewhile
 
 import numpy as np
 
@@ -152,9 +153,6 @@ class Claim:
         return sum(self.tokens.values())
 
 
-_ONE_MORE, _ONE_LESS = (1).__add__, (-1).__add__  # users of many blocks counted in C
-
-
 class _Dead:
     """Evictable blocks of one tier that no request can find any more, as one count: they only
     take room and a place in the eviction order (see Liveness). `key`: the hash of one such
@@ -218,6 +216,31 @@ class Liveness:
                 self.chains.pop(cid, None)  # no request left hashes it
 
 
+class _Run:
+    """Findable blocks one after another in a chain (blocks i..j of the requests that have
+    them), in one tier, with the same number of users: a node of the cache's radix tree, found
+    by the hash of its first block. An evictable run (no users) is one key of its tier's order
+    where the policy orders by insertion alone: its blocks leave deepest first."""
+
+    __slots__ = ("hashes", "tier", "users")
+
+    def __init__(self, hashes: list[int], users: int, tier: str) -> None:
+        self.hashes, self.users, self.tier = hashes, users, tier
+
+
+def _common(run: list[int], hashes: list[int], i: int, n: int) -> int:
+    """How many of run's first n blocks are hashes[i:]'s, given that the first is and the n-th
+    is not: a block's hash covers the blocks before it (a chain), so they agree up to a point."""
+    lo, hi = 1, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run[mid - 1] == hashes[i + mid - 1]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 @dataclass(slots=True)
 class _Seq:
     """The cache's view of one request until it finishes: its blocks' hashes (computed once,
@@ -233,17 +256,249 @@ class _Seq:
     memo: tuple[int, int, int] = (-1, -1, 0)
 
 
+class _Tree:
+    """The findable blocks as a radix tree of runs (_Run), each found by its first block's
+    hash: a request's cached blocks are a path of runs from the root (its block 0)."""
+
+    def __init__(self) -> None:
+        self.heads: dict[int, _Run] = {}  # a run by its first block's hash
+        self.version = 0  # bumped whenever the findable blocks change (peek's memo)
+
+    def path(self, hashes: list[int], i: int, end: int) -> list[tuple[_Run, int]]:
+        """The runs holding blocks i.. of a request (`hashes`) up to `end`, while they are
+        findable: (run, k), run's first k blocks being the request's next k. Block i is a
+        run's first or not findable (the runs holding the blocks before it end there)."""
+        heads, out = self.heads, []
+        while i < end:
+            run = heads.get(hashes[i])
+            if run is None:
+                break
+            got = run.hashes
+            k = len(got)
+            if k > 1:
+                k = min(k, end - i)
+                if got[k - 1] != hashes[i + k - 1]:  # the request goes another way in the run
+                    k = _common(got, hashes, i, k)
+            out.append((run, k))
+            i += k
+        return out
+
+    def grow(self, hashes: list[int], users: int, tier: str) -> _Run:
+        """New findable blocks, a run."""
+        run = self.heads[hashes[0]] = _Run(hashes, users, tier)
+        self.version += 1
+        return run
+
+    def split(self, run: _Run, k: int) -> _Run:
+        """Run's first k blocks as a run of their own (returned); `run` keeps the rest, and its
+        place in its tier's order."""
+        head = self.heads[run.hashes[0]] = _Run(run.hashes[:k], run.users, run.tier)
+        run.hashes = run.hashes[k:]
+        self.heads[run.hashes[0]] = run
+        return head
+
+    def cut(self, run: _Run, n: int) -> _Run:
+        """Run's deepest n blocks as a run of their own (returned): they leave run's tier."""
+        part = self.heads[run.hashes[-n]] = _Run(run.hashes[-n:], run.users, run.tier)
+        del run.hashes[-n:]
+        return part
+
+    def forget(self, runs: list) -> None:
+        """Runs (and _Dead counts, skipped) are not found any more."""
+        for run in runs:
+            if type(run) is _Run:
+                del self.heads[run.hashes[0]]
+                self.version += 1
+
+    @property
+    def entries(self) -> dict[int, int]:
+        """The findable blocks: hash -> requests using it (built on demand)."""
+        return {h: run.users for run in self.heads.values() for h in run.hashes}
+
+    def blocks(self, tier: str) -> int:
+        return sum(len(run.hashes) for run in self.heads.values() if run.tier == tier)
+
+
+class _Tiers:
+    """Each tier's evictable blocks in eviction order (a policy from engine/evictions per tier)
+    and counts: findable runs of `tree`, and dead blocks (_Dead). Where the policy orders by
+    insertion alone (`runs`) one key stands for a run, findable or dead; else each block is its
+    own key, its hash (an evictable _Run is then one block)."""
+
+    def __init__(self, eviction: str, tree: _Tree, lower: str | None, lower_blocks: int):
+        self.tree, self.lower, self.lower_blocks = tree, lower, lower_blocks
+        tiers = (HBM, lower) if lower else (HBM,)
+        self.evictable = {t: evictions.get(eviction) for t in tiers}
+        self.runs = self.evictable[HBM].insertion_ordered
+        self.dead_keys: dict[str, set] = {t: set() for t in tiers}  # else: dead blocks' hashes
+        self.size = dict.fromkeys(tiers, 0)  # evictable blocks per tier
+        self.dead = dict.fromkeys(tiers, 0)  # of which no request can find
+        self.tail: dict[str, _Dead | None] = dict.fromkeys(tiers)  # the last key, if dead
+
+    def add(self, tier: str, runs: list[_Run]) -> None:
+        """Findable runs (no users, in `tier`) join the tier's order last, in order, each
+        deepest first; a run per block where the policy keys blocks."""
+        if self.runs:
+            self.evictable[tier].add(runs)
+            self.size[tier] += sum(len(run.hashes) for run in runs)
+        else:
+            keys: list = []
+            for run in runs:
+                got = run.hashes
+                keys += got[::-1]
+                if len(got) > 1:
+                    for h in got[1:]:
+                        self.tree.heads[h] = _Run([h], 0, tier)
+                    del got[1:]
+            self.evictable[tier].add(keys)
+            self.size[tier] += len(keys)
+        self.tail[tier] = None
+
+    def add_dead(self, tier: str, n: int, keys: list) -> None:
+        """n dead blocks join the tier's order last: the run added last grows, if it is dead;
+        where the policy keys blocks, each is its own key (`keys`, their hashes, deepest
+        first)."""
+        if not self.runs:
+            self.dead_keys[tier].update(keys)
+            self.evictable[tier].add(keys)
+        else:
+            run = self.tail[tier]
+            if run is None:
+                run = self.tail[tier] = _Dead()
+                self.evictable[tier].add([run])
+            run.blocks += n
+        self.size[tier] += n
+        self.dead[tier] += n
+
+    def evict(self, tier: str, n: int) -> list:
+        """The tier's next n evictable blocks leave it, in eviction order: returned as _Runs
+        (findable blocks, still found) and _Dead counts (dead blocks)."""
+        policy = self.evictable[tier]
+        keys = policy.victims(n)
+        self.size[tier] -= n
+        if not self.runs:
+            return self._evict_keys(tier, keys, n)
+        out: list = []
+        i = 0  # keys before i are gone
+        while n:
+            if i == len(keys):
+                raise RuntimeError(f"prefix cache: {tier} counts {n} evictable blocks more "
+                                   "than it holds")
+            key = keys[i]
+            if type(key) is _Dead:
+                take = min(n, key.blocks)
+                key.blocks -= take
+                self.dead[tier] -= take
+                out.append(_Dead(take))
+                n -= take
+                if key.blocks:  # partly evicted: it stays the victim
+                    break
+                if self.tail[tier] is key:
+                    self.tail[tier] = None
+            elif n < len(key.hashes):  # its deepest n go; it stays the victim
+                out.append(self.tree.cut(key, n))
+                break
+            else:
+                out.append(key)
+                n -= len(key.hashes)
+            i += 1
+        policy.drop(keys[:i])
+        return out
+
+    def _evict_keys(self, tier: str, keys: list, n: int) -> list:
+        """evict where every block is its own key (dead ones by their hash)."""
+        if len(keys) < n:
+            raise RuntimeError(f"prefix cache: {tier} counts {n - len(keys)} evictable blocks "
+                               "more than it holds")
+        dead_keys, heads, out = self.dead_keys[tier], self.tree.heads, []  # type: set, dict, list
+        for key in keys:
+            if key in dead_keys:
+                dead_keys.discard(key)
+                self.dead[tier] -= 1
+                out.append(_Dead(1, key))
+            else:
+                out.append(heads[key])
+        self.evictable[tier].drop(keys)
+        return out
+
+    def below(self, runs: list) -> None:
+        """Blocks evicted from HBM (evict's runs) are demoted to the lower tier, the newest
+        last, evicting its victims as they arrive; all of them are dropped under `hbm`."""
+        if not self.lower or self.lower_blocks < 1:
+            self.tree.forget(runs)
+        elif self.runs:
+            self._arrive(runs)
+        else:  # one block at a time: each may be the lower tier's next victim once it is full
+            low, i = self.lower, 0
+            while i < len(runs):
+                room = self.lower_blocks - self.size[low]
+                if room < 1:  # over by 1 - room with the next
+                    self.tree.forget(self.evict(low, min(1 - room, self.size[low])))
+                    room = 1
+                self._store_blocks(low, runs[i:i + room])
+                i += room
+
+    def _store_blocks(self, tier: str, runs: list) -> None:
+        """Blocks (one-block _Runs and _Dead(1, hash)) join the tier's order last, in order,
+        where the policy keys blocks."""
+        keys = []
+        for run in runs:
+            if type(run) is _Run:
+                run.tier = tier
+                keys.append(run.hashes[0])
+            else:
+                keys.append(run.key)
+                self.dead_keys[tier].add(run.key)
+                self.dead[tier] += 1
+        self.evictable[tier].add(keys)
+        self.size[tier] += len(keys)
+
+    def _arrive(self, runs: list) -> None:
+        """Blocks arrive below HBM in this order, the same as one by one where the tier's order
+        is by insertion (the arrivals go last): the oldest blocks of the tier and then of the
+        arrivals go first, as many as they overflow it."""
+        low = self.lower
+        assert low is not None  # only below calls it, with a lower tier
+        over = self.size[low] - self.lower_blocks + sum(
+            len(run.hashes) if type(run) is _Run else run.blocks for run in runs)
+        if over > 0 and self.size[low]:
+            evicted = min(over, self.size[low])
+            self.tree.forget(self.evict(low, evicted))
+            over -= evicted
+        i = 0
+        while over > 0:  # arrivals that the next arrivals evict at once
+            run = runs[i]
+            if type(run) is _Run:
+                take = min(over, len(run.hashes))
+                done = take == len(run.hashes)  # else its deepest go
+                self.tree.forget([run if done else self.tree.cut(run, take)])
+            else:
+                take = min(over, run.blocks)
+                run.blocks -= take
+                done = not run.blocks
+            over -= take
+            i += done
+        for run in runs[i:]:  # the rest join its order last, in order
+            if type(run) is _Run:
+                run.tier = low
+                self.add(low, [run])
+            else:
+                self.add_dead(low, run.blocks, [] if run.key is None else [run.key])
+
+
 class PrefixCache:
     """One replica's cache. `lower`: the tier below HBM (None under `hbm`); `lower_blocks`: its
     capacity in blocks; `copy_s_per_block`: seconds to bring one block up from it;
     `kv_block_tokens`: tokens per KV-manager block (HBM room is counted in those); `live`: what
     requests yet to finish can ask for (None: anything, every block kept findable).
 
-    The work is per request, not per block, where no other request can tell the difference: a
-    running request's own blocks are a count (entries only once it leaves unfinished), and
-    blocks no request can find again become one evictable count per run of the eviction order
-    (_Dead), so the cache's size follows the requests in flight and the blocks that can still
-    be found, not the trace; hits, tiers and evictions are those of one entry per block."""
+    The work is per run of blocks, not per block: the findable blocks are a radix tree of runs
+    (_Tree), a request's cached blocks a path of runs, and where the policy orders by insertion
+    alone an evictable run is one key of its tier's order (_Tiers). A running request's own
+    blocks are a count (entries only once it leaves unfinished), and blocks no request can find
+    again one evictable count per run of the order (_Dead), so the cache's size follows the
+    requests in flight and the blocks that can still be found, not the trace; hits, tiers and
+    evictions are those of one entry per block (tests/engine/prefix_reference.py)."""
 
     def __init__(self, block_tokens: int, kv_block_tokens: int, lower: str | None,
                  lower_blocks: int, copy_s_per_block: float, eviction: str = evictions.DEFAULT,
@@ -253,20 +508,9 @@ class PrefixCache:
         self.copy_s_per_block = copy_s_per_block
         self.eviction = eviction
         self.live = live
-        self.entries: dict[int, int] = {}  # findable blocks: hash -> requests using it
+        self.tree = _Tree()
+        self.tiers = _Tiers(eviction, self.tree, lower, lower_blocks)
         self.seqs: dict[int, _Seq] = {}  # request id -> its view, until it finishes
-        self.version = 0  # bumped whenever the findable blocks change (peek's memo)
-        self._policies()
-
-    def _policies(self) -> None:
-        tiers = (HBM, self.lower) if self.lower else (HBM,)
-        self.evictable = {t: evictions.get(self.eviction) for t in tiers}
-        # a run of dead blocks as one key (_Dead) where the order is by insertion alone
-        self.runs = self.evictable[HBM].insertion_ordered
-        self.dead_keys: dict[str, set] = {t: set() for t in tiers}  # else: their hashes
-        self.size = dict.fromkeys(tiers, 0)  # evictable blocks per tier
-        self.dead = dict.fromkeys(tiers, 0)  # of which no request can find
-        self.tail: dict[str, _Dead | None] = dict.fromkeys(tiers)  # the last key, if dead
 
     # -- per request ----------------------------------------------------------------------
     def _seq(self, r: Request, keep: bool = True) -> _Seq:
@@ -297,22 +541,22 @@ class PrefixCache:
         return s.blocks if s.loose else s.own
 
     # -- lookups --------------------------------------------------------------------------
-    def _match(self, r: Request, s: _Seq) -> int:
-        """Blocks of r's longest cached prefix, leaving its last prompt token to compute."""
+    def _found(self, r: Request, s: _Seq) -> list[tuple[_Run, int]]:
+        """The path of r's longest cached prefix, leaving its last prompt token to compute."""
         end = min((r.prompt_len + r.generated - 1) // self.block_tokens, self._findable(s))
-        if end <= 0:
-            return 0
-        return len(list(takewhile(self.entries.__contains__, self._hashes(r, s)[:end])))
+        if end <= 0 or not self.tree.heads:
+            return []
+        return self.tree.path(self._hashes(r, s), 0, end)
 
     def peek(self, r: Request) -> int:
         """Cached tokens r would find now (memoized until the findable blocks change)."""
         if not r.content and r.id not in self.seqs:
             return 0  # its tokens are its own and it never left the cache unfinished
         s = self._seq(r)
-        if s.memo[:2] == (self.version, r.generated):
+        if s.memo[:2] == (self.tree.version, r.generated):
             return s.memo[2]
-        hit = self._match(r, s) * self.block_tokens
-        s.memo = (self.version, r.generated, hit)
+        hit = sum(k for _, k in self._found(r, s)) * self.block_tokens
+        s.memo = (self.tree.version, r.generated, hit)
         return hit
 
     def lookup(self, r: Request) -> dict[str, int]:
@@ -320,27 +564,28 @@ class PrefixCache:
         router's look: nothing changes)."""
         if not r.content and r.id not in self.seqs:
             return {}
-        s = self._seq(r, keep=False)  # r may go to another replica: nothing of it stays
-        found = self._hashes(r, s)[:self._match(r, s)]
-        if not found:
+        path = self._found(r, self._seq(r, keep=False))  # r may go elsewhere: nothing stays
+        if not path:
             return {}
-        low = self._below_of(found)
+        n = sum(k for _, k in path)
+        low = sum(k for run, k in path if run.tier != HBM)
         if not low:
-            return {HBM: len(found) * self.block_tokens}
+            return {HBM: n * self.block_tokens}
         assert self.lower is not None  # blocks below HBM: there is a lower tier
-        tiers = [(HBM, len(found) - len(low)), (self.lower, len(low))]
-        if low[0] == found[0]:
+        tiers = [(HBM, n - low), (self.lower, low)]
+        if path[0][0].tier != HBM:
             tiers.reverse()
-        return {t: n * self.block_tokens for t, n in tiers if n}
+        return {t: k * self.block_tokens for t, k in tiers if k}
 
     # -- state changes --------------------------------------------------------------------
     def claim(self, r: Request) -> Claim:
         """r is admitted: it uses its cached prefix; blocks below HBM come up (copied)."""
         claim = Claim({HBM: 0, **({self.lower: 0} if self.lower else {})})
         s = self._seq(r)
-        n = self._match(r, s)
+        path = self._found(r, s)
+        n = sum(k for _, k in path)
         if n:
-            up = self._use(self._hashes(r, s)[:n])
+            up = self._use(path)
             claim.tokens[HBM] = (n - up) * self.block_tokens
             if up:
                 assert self.lower is not None  # blocks came up: there is a lower tier
@@ -357,46 +602,52 @@ class PrefixCache:
         upto = min(tokens // self.block_tokens, s.blocks)
         stop = min(upto, self._findable(s))
         if s.held < stop:
-            hashes = self._hashes(r, s)[s.held:stop]
-            old = list(filter(self.entries.__contains__, hashes))
-            if len(old) < len(hashes):  # new blocks, used by r
-                self.entries.update(dict.fromkeys(
-                    filterfalse(self.entries.__contains__, hashes) if old else hashes, 1))
-                self.version += 1
-            if old:  # r computed its own copy in HBM: a lower one is not needed
+            hashes, tree, i, old = self._hashes(r, s), self.tree, s.held, []
+            while i < stop:
+                path = tree.path(hashes, i, stop)
+                if path:  # cached already: r computed its own copy, in HBM
+                    old += path
+                    i += sum(k for _, k in path)
+                    continue
+                rest = list(map(tree.heads.__contains__, hashes[i + 1:stop]))
+                j = i + 1 + rest.index(True) if True in rest else stop
+                tree.grow(hashes[i:j], 1, HBM)  # new blocks, used by r
+                i = j
+            if old:
                 self._use(old)
         s.held = max(s.held, upto)
 
-    def _below_of(self, hashes: list[int]) -> list[int]:
-        """Those of the findable blocks `hashes` in the lower tier (all evictable: a block in
-        use is in HBM), in order."""
-        if not self.lower or self.size[self.lower] == self.dead[self.lower]:
-            return []
-        return self.evictable[self.lower].among(hashes)
-
-    def _use(self, hashes: list[int]) -> int:
-        """Requests use blocks `hashes` (cached): in HBM they are used again (not evictable
+    def _use(self, path: list[tuple[_Run, int]]) -> int:
+        """Requests use blocks (a path's, cached): in HBM they are used again (not evictable
         until released), below HBM they come up (they leave that tier). Returns how many came
         from below."""
-        used, up = hashes, 0
-        below = self._below_of(hashes)
-        if below:
+        tiers = self.tiers
+        hbm_keys: list = []
+        low_keys: list = []
+        up = freed = 0
+        for run, k in path:
+            used = run if k == len(run.hashes) else self.tree.split(run, k)
+            if used.tier != HBM:  # every block below HBM is evictable
+                up += k
+                if not tiers.runs:
+                    low_keys += used.hashes
+                elif used is run:  # else the run keeps its deeper blocks in the order
+                    low_keys.append(run)
+                used.tier, used.users = HBM, 1
+                continue
+            if not used.users:
+                freed += k
+                if tiers.runs and used is run:
+                    hbm_keys.append(run)
+            if not tiers.runs:  # a policy that counts uses counts each
+                hbm_keys += used.hashes
+            used.users += 1
+        if up:
             assert self.lower is not None  # blocks below HBM: there is a lower tier
-            up = len(below)
-            used = [] if up == len(hashes) else list(filterfalse(set(below).__contains__,
-                                                                 hashes))
-            self.size[self.lower] -= up
-            self.evictable[self.lower].drop(below)
-        hbm = self.evictable[HBM]
-        evictable = len(hbm)
-        hbm.use(used)
-        freed = evictable - len(hbm)  # those no request used: evictable until now
-        self.size[HBM] -= freed
-        entries = self.entries
-        if freed + up == len(hashes):  # no request used any (most often)
-            entries.update(dict.fromkeys(hashes, 1))
-        else:
-            entries.update(zip(hashes, map(_ONE_MORE, map(entries.__getitem__, hashes))))
+            tiers.size[self.lower] -= up
+            tiers.evictable[self.lower].drop(low_keys)
+        tiers.evictable[HBM].use(hbm_keys)
+        tiers.size[HBM] -= freed
         return up
 
     def release(self, r: Request, tokens: int) -> None:
@@ -415,198 +666,59 @@ class PrefixCache:
                 dead = s.blocks if d is None else d
         if n > first:  # its own blocks, without entries yet
             if r.state == DONE:
-                self._add_dead(HBM, n - first, [] if self.runs
-                               else self._hashes(r, s)[first:n][::-1])
+                self.tiers.add_dead(HBM, n - first, [] if self.tiers.runs
+                                    else self._hashes(r, s)[first:n][::-1])
             else:  # it may come back for them: they become findable
-                own = self._hashes(r, s)[first:n][::-1]
-                self.entries.update(dict.fromkeys(own, 0))
-                self._add(HBM, own)
+                self.tiers.add(HBM, [self.tree.grow(self._hashes(r, s)[first:n], 0, HBM)])
                 s.loose = True
-                self.version += 1
         m = min(n, first)
         if m > 0:
-            self._unuse(self._hashes(r, s)[m - 1::-1], max(0, m - dead))
+            self._unuse(self._hashes(r, s), m, max(0, m - dead))
         s.held = 0
 
-    def _unuse(self, hashes: list[int], gone: int) -> None:
-        """A request releases blocks `hashes` (in HBM, deepest first), of which the first `gone`
-        no request can find any more: those no other request uses become evictable."""
-        entries = self.entries
-        users = list(map(entries.__getitem__, hashes))
-        if users.count(1) == len(users):  # the request was their only user (most often)
-            dead, free = hashes[:gone], hashes[gone:]
-            entries.update(dict.fromkeys(free, 0))
-        else:
-            users = list(map(_ONE_LESS, users))
-            entries.update(zip(hashes, users))
-            if 0 not in users:
-                return
-            dead = list(compress(hashes[:gone], map(operator.not_, users[:gone])))
-            free = list(compress(hashes[gone:], map(operator.not_, users[gone:])))
+    def _unuse(self, hashes: list[int], m: int, gone: int) -> None:
+        """A request releases its first m blocks `hashes` (in HBM), of which the last `gone` no
+        request can find any more: those no other request uses become evictable, deepest
+        first."""
+        free, dead = [], []
+        at, cut = 0, m - gone
+        for run, k in self.tree.path(hashes, 0, m):  # whole runs: the request's own path
+            run.users -= 1
+            if not run.users:
+                if at + k <= cut:
+                    free.append(run)
+                elif at >= cut:
+                    dead.append(run)
+                else:
+                    free.append(self.tree.split(run, cut - at))
+                    dead.append(run)
+            at += k
         if dead:
-            deque(map(entries.__delitem__, dead), maxlen=0)
-            self.version += 1
-            self._add_dead(HBM, len(dead), dead)
+            self.tree.forget(dead)
+            keys = [] if self.tiers.runs else [h for run in dead[::-1] for h in run.hashes[::-1]]
+            self.tiers.add_dead(HBM, sum(len(run.hashes) for run in dead), keys)
         if free:
-            self._add(HBM, free)
+            self.tiers.add(HBM, free[::-1])
 
     def fit(self, free_kv_blocks: int) -> None:
         """Keep the evictable HBM blocks within the KV manager's free blocks: demote (tiered) or
         drop (hbm) the policy's victims."""
         room = free_kv_blocks * self.kv_block_tokens // self.block_tokens
-        if self.size[HBM] > room:
-            self._below(self._evict(HBM, self.size[HBM] - room))
-
-    def _evict(self, tier: str, n: int) -> list:
-        """The tier's next n evictable blocks leave it, in eviction order: returned as runs,
-        lists of hashes (findable blocks, whose entries stay) and _Dead counts (dead blocks)."""
-        policy = self.evictable[tier]
-        keys = policy.victims(n)
-        self.size[tier] -= n
-        if not self.runs:
-            return self._evict_keys(tier, keys, n)
-        kinds = list(map(type, keys))
-        out: list = []
-        i = 0  # keys before i are gone
-        while n:
-            stop = min(i + n, len(keys))
-            try:
-                j = kinds.index(_Dead, i, stop)
-            except ValueError:
-                j = stop
-            if j > i:
-                out.append(keys[i:j])
-                n -= j - i
-                i = j
-            if not n:
-                break
-            if j == len(keys):
-                raise RuntimeError(f"prefix cache: {tier} counts {n} evictable blocks more "
-                                   "than it holds")
-            run = keys[j]
-            take = min(n, run.blocks)
-            run.blocks -= take
-            self.dead[tier] -= take
-            out.append(_Dead(take))
-            n -= take
-            if run.blocks:  # partly evicted: it stays the victim
-                break
-            i = j + 1
-            if self.tail[tier] is run:
-                self.tail[tier] = None
-        policy.drop(keys[:i])
-        return out
-
-    def _evict_keys(self, tier: str, keys: list, n: int) -> list:
-        """_evict where every block is its own key (dead ones by their hash)."""
-        if len(keys) < n:
-            raise RuntimeError(f"prefix cache: {tier} counts {n - len(keys)} evictable blocks "
-                               "more than it holds")
-        dead_keys, out = self.dead_keys[tier], []  # type: set, list
-        for key in keys:
-            if key in dead_keys:
-                dead_keys.discard(key)
-                self.dead[tier] -= 1
-                out.append(_Dead(1, key))
-            elif out and type(out[-1]) is list:
-                out[-1].append(key)
-            else:
-                out.append([key])
-        self.evictable[tier].drop(keys)
-        return out
-
-    def _forget(self, runs: list) -> None:
-        """Evicted blocks (_evict's runs) leave the cache: the findable ones' entries go."""
-        for run in runs:
-            if type(run) is list:
-                deque(map(self.entries.__delitem__, run), maxlen=0)
-                self.version += 1
-
-    def _below(self, runs: list) -> None:
-        """Blocks evicted from HBM (_evict's runs) are demoted to the lower tier, the newest
-        last, evicting its victims as they arrive; all of them are dropped under `hbm`."""
-        if not self.lower or self.lower_blocks < 1:
-            self._forget(runs)
-        elif self.evictable[self.lower].insertion_ordered:
-            self._arrive(runs)
-        else:  # they arrive one by one
-            for run in runs:
-                for one in ([[h] for h in run] if type(run) is list else [run]):
-                    self._arrive([one])
-
-    def _arrive(self, runs: list) -> None:
-        """Blocks arrive below HBM in this order: the same as one by one where the tier's order
-        is by insertion (the arrivals go last): the oldest blocks of the tier and then of the
-        arrivals go first, as many as they overflow it."""
-        low = self.lower
-        assert low is not None  # only _below calls it, with a lower tier
-        over = self.size[low] - self.lower_blocks + sum(
-            len(run) if type(run) is list else run.blocks for run in runs)
-        if over > 0 and self.size[low]:
-            evicted = min(over, self.size[low])
-            self._forget(self._evict(low, evicted))
-            over -= evicted
-        i = 0
-        while over > 0:  # arrivals that the next arrivals evict at once
-            run = runs[i]
-            if type(run) is list:
-                take = min(over, len(run))
-                self._forget([run[:take]])
-                runs[i] = run = run[take:]
-                done = not run
-            else:
-                take = min(over, run.blocks)
-                run.blocks -= take
-                done = not run.blocks
-            over -= take
-            i += done
-        self._store(low, runs[i:])
-
-    def _store(self, tier: str, runs: list) -> None:
-        """Blocks (_evict's runs) join the lower tier's order last, in order."""
-        for run in runs:
-            if type(run) is list:
-                self._add(tier, run)
-            else:
-                self._add_dead(tier, run.blocks, [] if run.key is None else [run.key])
-
-    # -- the tiers' eviction order ----------------------------------------------------------
-    def _add(self, tier: str, hashes: list[int]) -> None:
-        """Findable blocks join the tier's order last, in order."""
-        self.evictable[tier].add(hashes)
-        self.size[tier] += len(hashes)
-        self.tail[tier] = None
-
-    def _add_dead(self, tier: str, n: int, keys: list) -> None:
-        """n dead blocks join the tier's order last: the run added last grows, if it is dead;
-        where the policy orders by more than insertion, each is its own key (`keys`, their
-        hashes, deepest first)."""
-        if not self.runs:
-            self.dead_keys[tier].update(keys)
-            self.evictable[tier].add(keys)
-        else:
-            run = self.tail[tier]
-            if run is None:
-                run = self.tail[tier] = _Dead()
-                self.evictable[tier].add([run])
-            run.blocks += n
-        self.size[tier] += n
-        self.dead[tier] += n
+        if self.tiers.size[HBM] > room:
+            self.tiers.below(self.tiers.evict(HBM, self.tiers.size[HBM] - room))
 
     def clear(self) -> None:
         """Every block is lost (a failed socket: the group is re-planned)."""
-        self._policies()
-        self.entries.clear()
+        self.tree.heads.clear()
+        self.tree.version += 1
+        self.tiers = _Tiers(self.eviction, self.tree, self.lower, self.lower_blocks)
         for s in self.seqs.values():
             s.held, s.loose = 0, False
-        self.version += 1
 
     def blocks_in(self, tier: str) -> int:
         """Blocks held in `tier`: findable ones, dead ones and running requests' own ones."""
         own = sum(max(0, s.held - s.own) for s in self.seqs.values() if not s.loose)
-        low = len(self._below_of(list(self.entries)))
-        findable = len(self.entries) - low if tier == HBM else low
-        return findable + self.dead[tier] + (own if tier == HBM else 0)
+        return self.tree.blocks(tier) + self.tiers.dead[tier] + (own if tier == HBM else 0)
 
 
 def exposed(copy_s: np.ndarray, compute_s: np.ndarray, layers: int) -> np.ndarray:

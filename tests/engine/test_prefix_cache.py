@@ -126,8 +126,8 @@ def test_modes_are_checked():
         PrefixConfig("tiered").resolved(None)
     assert PrefixConfig().resolved("ddr") == "tiered" and PrefixConfig().resolved(None) == "hbm"
     accepted = ", ".join(evictions.names())
-    with pytest.raises(ConfigError, match=f"--prefix-eviction: unknown 'mru'; accepted: {accepted}$"):
-        PrefixConfig(eviction="mru").check()
+    with pytest.raises(ConfigError, match=f"--prefix-eviction: unknown 'no-such-policy'; accepted: {accepted}$"):
+        PrefixConfig(eviction="no-such-policy").check()
 
 
 def run(mode=None, trace=None, backend=None, model="llama-3.1-8b", cluster="sn40l-16",

@@ -61,7 +61,7 @@ def _requests(contents: list[tuple], rng: random.Random) -> list[Request]:
 def _same(a: ReferenceCache, b: PrefixCache, reqs: list[Request], tiers: tuple) -> None:
     for t in tiers:
         assert a.blocks_in(t) == b.blocks_in(t), t
-        assert len(a.evictable[t]) == b.size[t], t
+        assert len(a.evictable[t]) == b.tiers.size[t], t
     for r in reqs:
         if r.state == WAITING:
             assert a.peek(r) == b.peek(r), r.id
@@ -139,9 +139,11 @@ def _mooncake():
 
 
 # (trace, model, cluster, config, prefix tokens found in HBM / DDR / host memory as the
-# per-block cache printed them at commit 8c01fc7). The exact counts follow the chips' timing
-# (a recalibration moves them), so the test checks which tiers serve hits; exactness comes
-# from the table-by-table comparison with the per-block cache.
+# per-block cache printed them at commit 8c01fc7, under LRU). The exact counts follow the
+# chips' timing (a recalibration moves them), so the test checks which tiers serve hits under
+# the default policy (another policy may keep other blocks: an MRU finds none below HBM in
+# "own tokens, preemptions"); exactness comes from the table-by-table comparison with the
+# per-block cache, for every policy.
 RUNS = {
     "sessions, small HBM, DDR": (lambda: sessions(SPEC, seed=5), "llama-3.1-70b", "sn40l-16",
                                  {"kv_memory_fraction": 0.002, "limits": Limits(max_batch=8)},
@@ -173,11 +175,12 @@ def test_serve_tables_equal_the_per_block_cache(name, eviction, monkeypatch):
         assert getattr(ref, table).equals(getattr(new, table)), table
     r = new.requests.to_pydict()
     hits = tuple(sum(r[f"prefix_{t}_tokens"]) for t in ("hbm", "ddr", "host"))
-    assert tuple(h > 0 for h in hits) == tuple(f > 0 for f in found), hits
+    if eviction == evictions.DEFAULT:  # the runs reach the tiers (another policy may keep
+        assert tuple(h > 0 for h in hits) == tuple(f > 0 for f in found), hits  # others)
     caches = [rep.prefix for rep in sim.replicas]
     assert not any(c.seqs for c in caches)  # nothing is kept per finished request
     if len(caches) == 1 and all(s == DONE for s in r["state"]):
-        assert not caches[0].entries  # and nothing it cached can be found any more
+        assert not caches[0].tree.heads  # and nothing it cached can be found any more
 
 
 def test_a_light_trace_leaves_counts_not_entries():
@@ -187,10 +190,10 @@ def test_a_light_trace_leaves_counts_not_entries():
                              traces.LengthDist("fixed", 32))
     sim, _ = _run(trace, "llama-3.1-8b", "sn40l-8")
     (cache,) = [rep.prefix for rep in sim.replicas]
-    assert not cache.entries and not cache.seqs
+    assert not cache.tree.heads and not cache.seqs
     # each leaves the full blocks of its KV: prompt and answer but the last token (not computed)
     assert cache.blocks_in("hbm") + cache.blocks_in("ddr") == 200 * ((256 + 32 - 1) // 16)
-    assert all(len(p) <= 2 for p in cache.evictable.values())
+    assert all(len(p) <= 2 for p in cache.tiers.evictable.values())
 
 
 def test_dead_blocks_demote_and_evict_as_one_block_at_a_time():
@@ -207,11 +210,42 @@ def test_dead_blocks_demote_and_evict_as_one_block_at_a_time():
         r.state = DONE
         for c in (ref, new):
             c.release(r, 64)  # own: 4 dead blocks, then the document's 4 findable ones
-    assert new.size["hbm"] == 8 and len(new.entries) == 4 and new.dead["hbm"] == 4
+    assert new.tiers.size["hbm"] == 8 and len(new.tree.entries) == 4 and new.tiers.dead["hbm"] == 4
     for free in (6, 3, 0):
         ref.fit(free)
         new.fit(free)
         assert [ref.blocks_in(t) for t in ("hbm", "ddr")] == \
             [new.blocks_in(t) for t in ("hbm", "ddr")]
     # the 5 DDR blocks kept are the newest: the four document blocks and one dead block
-    assert new.dead["ddr"] == 1 and ref.peek(reader) == new.peek(reader) == 48
+    assert new.tiers.dead["ddr"] == 1 and ref.peek(reader) == new.peek(reader) == 48
+
+
+@pytest.mark.parametrize("lower_blocks", [0, 100])
+def test_a_session_is_a_few_runs_not_an_entry_per_block(lower_blocks):
+    """A 10-turn session (a 1,024-token system prompt, 256-token messages and answers) under
+    LRU: each turn finds the history the last one left and adds its own; the cache's radix tree
+    and each tier's order hold a few runs a turn, not a key per block (about 380 blocks), and
+    evicting part of the history (to DDR, or dropped) keeps them runs."""
+    lower = "ddr" if lower_blocks else None
+    cache = PrefixCache(16, 16, lower, lower_blocks, 0.25)
+    ref = ReferenceCache(16, 16, lower, lower_blocks, 0.25)
+    history: tuple = ((0, 1024),)
+    for turn in range(10):
+        history += ((100 + turn, 256),)
+        r = Request(turn, 0.0, sum(n for _, n in history), 256,
+                    content=history + ((200 + turn, 256),))
+        history = r.content
+        a, b = ref.claim(r), cache.claim(r)
+        assert (a.tokens, a.copy_s) == (b.tokens, b.copy_s)
+        assert turn == 0 or sum(b.tokens.values()) > 1024  # its history, found
+        r.state = RUNNING
+        r.generated, r.state = r.output_len, DONE
+        for c in (ref, cache):
+            c.computed(r, r.prompt_len)
+            c.release(r, r.prompt_len + r.output_len - 1)
+            c.fit(400 - 20 * turn)  # HBM shrinks: the oldest blocks leave
+    tiers = ("hbm", "ddr") if lower else ("hbm",)
+    assert [cache.blocks_in(t) for t in tiers] == [ref.blocks_in(t) for t in tiers]
+    assert sum(cache.blocks_in(t) for t in tiers) > 200
+    assert len(cache.tree.heads) <= 30
+    assert all(len(cache.tiers.evictable[t]) <= 30 for t in tiers)

@@ -132,8 +132,8 @@ points = [{ seed = 1 }, { seed = 2 }, { model = "llama-3.1-70b", plan = "tp1" }]
         (('prefill_pool = "sn40l-8:tp8:1"\ndecode_pool = "sn40l-8:tp8:1"\n'
           'routing = "least-outstanding"'),
          "base.routing: least-outstanding: not with --prefill-pool/--decode-pool"),
-        ('prefix_eviction = "mru"',
-         f"base.prefix_eviction: unknown 'mru'; accepted: {', '.join(evictions.names())}"),
+        ('prefix_eviction = "no-such-policy"',
+         f"base.prefix_eviction: unknown 'no-such-policy'; accepted: {', '.join(evictions.names())}"),
         ("burstiness = 3.0", "base.burstiness: 3.0 needs arrival = 'bursty'"),
         ("[[axes]]\ntype = 'grid'\narrival = ['bursty', 'fixed']\nburstiness = [2.0]",
          ("axes[0].burstiness: 2.0 needs arrival = 'bursty' (it is the coefficient of variation"

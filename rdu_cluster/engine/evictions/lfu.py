@@ -45,9 +45,6 @@ class LFU:
             self.evictable.pop(key, None)
             self.uses.pop(key, None)
 
-    def among(self, keys: Sequence) -> list:
-        return list(filter(self.evictable.__contains__, keys))
-
     def victims(self, n: int) -> list:
         heap, live = self.heap, []  # type: list, list
         while heap and len(live) < n:

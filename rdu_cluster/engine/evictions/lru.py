@@ -42,9 +42,6 @@ class LRU:
 
     drop = use  # forgotten either way: LRU keeps nothing for a block that is not evictable
 
-    def among(self, keys: Sequence) -> list:
-        return list(filter(self.order.__contains__, keys))
-
     def victims(self, n: int) -> list:
         return list(islice(self.order, n))
 
