@@ -45,13 +45,16 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from workloads.ops import Op, OpClass, Work
 
-P = TypeVar("P")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+P = TypeVar("P", bound="DataclassInstance")  # a chip's params dataclass (GpuParams)
 
 # The kernel classes a stack may carry figures for: what the class is and how an op is one.
 KERNEL_CLASSES = {
