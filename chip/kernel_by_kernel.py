@@ -225,6 +225,8 @@ class KernelByKernel:
         p = params_for(GpuParams, chip)
         # the stack's own kernel figures (a calibration profile's), banded in decode steps only
         kern = stack_kernels(chip.execution, opts, graph.shape.phase == "decode")
+        if kern.figures is not None:  # and its own host loop's, where measured apart
+            p = kern.figures.with_host(p)
         ledger = Ledger()
         gap = p.graph_kernel_gap_s if opts.cuda_graphs else p.kernel_gap_s
         n_kernels = 0.0

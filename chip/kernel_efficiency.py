@@ -27,6 +27,11 @@ The figures, each a physical parameter of the stack on a chip family:
   latency). Few columns leave most SMs idle: DeepSeek-V3's shared-expert gate/up at TP 8
   (N = 512) is 4 blocks. It binds in decode steps only (a prefill's many rows give every band
   many blocks).
+- `python_host_step_s`, `python_host_seq_s`: the stack's own host loop between steps (a fixed
+  part and each sequence's share), in place of the chip's figures of the same name for a stack
+  whose loop was measured apart (`eager`: Sarathi-Serve as Vidur drives it, whose per-sequence
+  Python work is about 2.5 times what the vLLM rows fit). Not a kernel, but a figure of one
+  stack's code fitted on that stack's rows alone, like the kernels'.
 
 The values are unknown parameters (rdu_cluster/validation/parameters.toml), fitted only by
 `rdu-cluster calibrate` on rows of that stack (AIConfigurator's per-kernel tables,
@@ -36,14 +41,20 @@ the chip's [execution] table under `<stack>.<name>` keys when the chip is loaded
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from workloads.ops import Op, OpClass, Work
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+P = TypeVar("P", bound="DataclassInstance")  # a chip's params dataclass (GpuParams)
 
 # The kernel classes a stack may carry figures for: what the class is and how an op is one.
 KERNEL_CLASSES = {
@@ -57,7 +68,13 @@ LATENCY = {c: f"{c}_latency_s" for c in KERNEL_CLASSES}
 EFFICIENCY = "hbm_efficiency"
 EXPERT = "moe_expert_s"
 BLOCK_RATE = "block_bytes_per_s"
-PARAMS = (*LATENCY.values(), EFFICIENCY, EXPERT, BLOCK_RATE)
+# A stack's own host loop (GpuParams' fields of the same names, which it replaces).
+HOST = ("python_host_step_s", "python_host_seq_s")
+PARAMS = (*LATENCY.values(), EFFICIENCY, EXPERT, BLOCK_RATE, *HOST)
+# The most a stack's host figure may be, and a kernel figure's (a per-step loop of a Python
+# engine is milliseconds; a kernel's fixed part is microseconds).
+MAX_HOST_S = 0.1
+MAX_KERNEL_S = 1e-3
 # Classes whose kernels own bands of output columns (the block bound applies).
 BANDED = ("moe", "fp8_gemm")
 # Output columns a thread block owns: the FP8 block-scale granularity along N (DeepSeek-V3's and
@@ -95,11 +112,13 @@ def is_stack_key(name: str) -> bool:
 
 def first_principles(execution: Mapping[str, Any], name: str) -> float:
     """A stack parameter's value without measurements of the stack: the chip's generic figure it
-    stands in for (kernel_latency_s, hbm_efficiency, sm_stream_bytes_per_s), or no cost per
-    expert group."""
+    stands in for (kernel_latency_s, hbm_efficiency, sm_stream_bytes_per_s, the host figure of
+    the same name), or no cost per expert group."""
     param = name.rpartition(".")[2]
     if param == EXPERT:
         return 0.0
+    if param in HOST:
+        return float(execution[param])
     generic = {EFFICIENCY: "hbm_efficiency", BLOCK_RATE: "sm_stream_bytes_per_s"}
     return float(execution[generic.get(param, "kernel_latency_s")])
 
@@ -124,6 +143,11 @@ class StackKernels:
     hbm_efficiency: float | None = None
     expert_s: float | None = None
     block_bytes_per_s: float | None = None
+    host: Mapping[str, float] = field(default_factory=dict)  # HOST name -> seconds
+
+    def with_host(self, params: P) -> P:
+        """The chip's parameters with the stack's own host figures in place of the chip's."""
+        return dataclasses.replace(params, **self.host) if self.host else params
 
     def latency_s(self, cls: str | None, default: float) -> float:
         return self.latency.get(cls, default) if cls is not None else default
@@ -176,21 +200,24 @@ def for_stack(execution: Mapping[str, Any], stack: str) -> StackKernels | None:
         return None
 
     latency = {c: v for c, name in LATENCY.items() if (v := value(name)) is not None}
-    fig = StackKernels(stack, latency, value(EFFICIENCY), value(EXPERT), value(BLOCK_RATE))
+    host = {name: v for name in HOST if (v := value(name)) is not None}
+    fig = StackKernels(stack, latency, value(EFFICIENCY), value(EXPERT), value(BLOCK_RATE), host)
     if not latency and fig.hbm_efficiency is None and fig.expert_s is None and \
-            fig.block_bytes_per_s is None:
+            fig.block_bytes_per_s is None and not host:
         return None
     return fig
 
 
 def check_value(name: str, value: Any) -> str | None:
-    """Why a stack parameter's value is refused, or None: an efficiency in (0, 1], seconds
-    under 1 ms, a rate in positive bytes/s."""
+    """Why a stack parameter's value is refused, or None: an efficiency in (0, 1], a kernel's
+    seconds under 1 ms, a host loop's under 0.1 s, a rate in positive bytes/s."""
     if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)
                                        and value > 0):
         return "expected a positive number"
     if name.endswith(EFFICIENCY) and value > 1:
         return "expected a fraction in (0, 1]"
-    if name.endswith("_s") and not name.endswith("_per_s") and value > 1e-3:
-        return "expected seconds under 1e-3"
+    if name.endswith("_s") and not name.endswith("_per_s"):
+        limit = MAX_HOST_S if name.rpartition(".")[2] in HOST else MAX_KERNEL_S
+        if value > limit:
+            return f"expected seconds under {limit:g}"
     return None

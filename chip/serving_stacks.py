@@ -63,7 +63,10 @@ STACKS: dict[str, GpuOptions] = {
     # host work shows only where it outlasts the GPU's step.
     "sglang": GpuOptions(cuda_graphs=True, host="python", overlap_host=True, allreduce="custom",
                          stack="sglang"),
-    # A plain eager PyTorch loop (no graphs), NCCL: the stack behind Vidur's operator profiles.
+    # A plain eager PyTorch loop (no graphs), NCCL: the stack behind Vidur's profiles, Sarathi-Serve
+    # (a research fork of vLLM 0.2-0.3; microsoft/vidur's profiling imports `sarathi`), whose
+    # operators Vidur times eagerly. Its host loop was measured apart (Vidur's CPU-overhead
+    # profile), so it carries host figures of its own (chip/kernel_efficiency.py HOST).
     "eager": GpuOptions(cuda_graphs=False, host="python", allreduce="nccl", stack="eager"),
 }
 

@@ -107,6 +107,33 @@ def test_bad_stack_figures_are_refused_with_the_key():
         assert needle in str(e.value)
 
 
+def test_a_stack_with_its_own_host_figures_pays_them_and_no_other_stack_does():
+    """eager.python_host_* replace the chip's python_host_* for eager's steps only: the host
+    cause of an eager step is the stack's step time plus a sequence's share per sequence."""
+    own = {"eager.python_host_step_s": 1.2e-3, "eager.python_host_seq_s": 0.1e-3}
+    chip = _with(H200, **own)
+    eager = _cost(chip, "eager", batch=16)
+    assert float(eager.cause("host")) == pytest.approx(1.2e-3 + 16 * 0.1e-3, rel=1e-9)
+    for stack in ("vllm", "sglang", "tensorrt-llm-1.3"):
+        assert float(_cost(chip, stack, batch=16).time_s) == float(
+            _cost(H200, stack, batch=16).time_s), stack
+    # without them eager runs the chip's python host figures, as before they existed
+    p = execution.params_for(GpuParams, H200)
+    plain = _cost(H200, "eager", batch=16)
+    assert float(plain.cause("host")) == pytest.approx(
+        p.python_host_step_s + 16 * p.python_host_seq_s, rel=1e-9)
+    assert kernel_efficiency.first_principles(H200.execution, "eager.python_host_seq_s") == \
+        H200.execution["python_host_seq_s"]
+
+
+def test_a_stack_host_figure_is_checked_as_a_host_loop_not_a_kernel():
+    ok = {**H200.execution, "eager.python_host_step_s": 2e-3}
+    execution.parse_params(GpuParams, ok, "h200")  # milliseconds: a host loop's order
+    with pytest.raises(ConfigError, match=r"eager\.python_host_step_s.*under 0\.1"):
+        execution.parse_params(GpuParams, {**H200.execution, "eager.python_host_step_s": 0.5},
+                               "h200")
+
+
 def test_every_stack_figure_is_declared_for_a_stack_and_parameter_that_exist():
     decls = [d for d in calibration.declarations() if kernel_efficiency.is_stack_key(d.key)]
     assert decls
