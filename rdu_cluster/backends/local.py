@@ -2,14 +2,20 @@
 
 Sockets whose programs have equal keys share one cost memo (a pure function of the program and
 the step shape), and a command whose spans and expert loads equal another socket's in the same
-call is costed once: sockets of a tensor-parallel group are symmetric. Each socket still applies
-its own region ops, so every socket's memory is its own.
+call is costed once: sockets of a tensor-parallel group are symmetric. Sockets that differ only
+in their expert loads (an expert-parallel group) are costed in one evaluation of the execution
+model (CostTables.windows: its points cost what they cost alone).
+
+Sockets whose memory is equal (the same tiers, regions and KV scale: the sockets of a replica,
+or of every replica, at the start) hold one MemoryTiers object and apply a command's region ops
+once: a command sends the same ops to every socket it names, so they stay equal. A socket
+named in a command that another holder of its memory is not gets a copy of its own first
+(`_split`), so every socket's memory is still its own in what it reports.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
+from chip.memory import MemoryTiers
 from chip.socket import CostTables, Socket, Spans
 from rdu_cluster.backends import SocketSetup
 
@@ -21,10 +27,13 @@ class LocalBackend:
     def __init__(self) -> None:
         self.sockets: dict[int, Socket] = {}
         self.memo: dict[tuple, CostTables] = {}  # (chip, program key) -> tables, shared
+        # id(memory) -> (the memory, the sockets holding it)
+        self.holders: dict[int, tuple[MemoryTiers, list[int]]] = {}
 
     def start(self, setups: dict[int, SocketSetup]) -> None:
         for index, setup in setups.items():
             self._create(index, setup)
+        self._share()
 
     def _create(self, index: int, setup: SocketSetup) -> None:
         key = (setup.chip.name, setup.program.key())
@@ -37,27 +46,88 @@ class LocalBackend:
         sock.apply(setup.weights)
         self.sockets[index] = sock
 
+    def _share(self) -> None:
+        """Sockets of equal memory (tiers, regions, KV scale, last command) hold one."""
+        groups: dict[tuple, list[int]] = {}
+        for i, sock in self.sockets.items():
+            m = sock.memory
+            key = (repr(m.tiers), sock.kv_scale, sock.seq,
+                   tuple(tuple(r) for r in m.state()))
+            groups.setdefault(key, []).append(i)
+        self.holders = {}
+        for held in groups.values():
+            mem = self.sockets[held[0]].memory
+            for i in held:
+                self.sockets[i].memory = mem
+            self.holders[id(mem)] = (mem, held)
+
+    def _split(self, sockets) -> None:
+        """Each socket of this command whose memory a socket outside it holds too gets a copy
+        of its own (with the others of the command that hold it): the ops apply to them only."""
+        count: dict[int, int] = {}
+        for i in sockets:
+            m = id(self.sockets[i].memory)
+            count[m] = count.get(m, 0) + 1
+        for m, k in count.items():
+            mem, held = self.holders[m]
+            if k == len(held):
+                continue
+            inside = set(sockets)
+            copy = mem.clone()
+            mine = [i for i in held if i in inside]
+            for i in mine:
+                self.sockets[i].memory = copy
+            self.holders[m] = (mem, [i for i in held if i not in inside])
+            self.holders[id(copy)] = (copy, mine)
+
+    def _leave(self, index: int) -> None:
+        mem = self.sockets[index].memory
+        _, held = self.holders.pop(id(mem))
+        held.remove(index)
+        if held:
+            self.holders[id(mem)] = (mem, held)
+
     def run(self, seq: int, ops: list, spans: Spans, loads: dict | None, sockets) -> dict:
-        out, done = {}, {}
+        self._split(sockets)
+        n = len(spans.kind)
+        out, done, occ, lead = {}, {}, {}, {}
+        drawn: dict[tuple, list] = {}  # sockets costed together: differing only in their loads
         for i in sockets:
             sock = self.sockets[i]
+            m = id(sock.memory)
+            first = lead.setdefault(m, sock)
+            if first is sock:  # the memory's region ops, once
+                moves = sock.advance(seq, ops, n)
+                occ[m] = sock.occupancy()
+            else:
+                sock.seq, sock.last_moves = first.seq, first.last_moves
+                moves = first.last_moves
+            if sock.failed:
+                sock.cost(spans)  # raises: a failed socket runs nothing
             load = loads.get(i) if loads else None
             key = (id(sock.tables), sock.degradation, sock.comm_degradation,
                    None if load is None else load.tobytes())
-            s = spans if load is None else _with_load(spans, load)
-            if key in done:
-                sock.run(seq, ops, _EMPTY)  # state only; the cost is the same
-                rows, moves = done[key]
-            else:
-                rows, moves = done[key] = sock.run(seq, ops, s)
-            out[i] = (rows, moves, sock.occupancy())
-        return out
+            if key not in done:
+                done[key] = [None, moves]
+                if load is None:
+                    done[key][0] = sock.cost(spans)
+                else:
+                    drawn.setdefault(key[:3], []).append((key, sock, load))
+            out[i] = (done[key], occ[m])
+        for group in drawn.values():
+            rows = group[0][1].costs(spans, [load for _, _, load in group])
+            for (key, _, _), r in zip(group, rows):
+                done[key][0] = r
+        return {i: (got[0], got[1], o) for i, (got, o) in out.items()}
 
     def reprogram(self, index: int, setup: SocketSetup) -> None:
         old = self.sockets[index]
+        self._leave(index)
         self._create(index, setup)
-        self.sockets[index].seq = old.seq
-        self.sockets[index].set_degradation(old.degradation, old.comm_degradation, old.failed)
+        new = self.sockets[index]
+        self.holders[id(new.memory)] = (new.memory, [index])
+        new.seq = old.seq
+        new.set_degradation(old.degradation, old.comm_degradation, old.failed)
 
     def set_fault(self, index: int, degradation: float, comm: float, failed: bool) -> None:
         self.sockets[index].set_degradation(degradation, comm, failed)
@@ -70,14 +140,5 @@ class LocalBackend:
 
     def close(self) -> None:
         self.sockets.clear()
-
-
-def _with_load(spans: Spans, load: np.ndarray) -> Spans:
-    from dataclasses import replace
-
-    return replace(spans, expert_load=load)
-
-
-_Z = np.zeros(0, dtype=np.int64)
-_EMPTY = Spans(_Z, _Z, _Z, _Z, _Z, _Z, _Z)  # no spans: a follower's command applies its ops only
+        self.holders.clear()
 
