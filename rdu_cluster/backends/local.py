@@ -15,9 +15,33 @@ named in a command that another holder of its memory is not gets a copy of its o
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from chip.memory import MemoryTiers
 from chip.socket import CostTables, Socket, Spans
 from rdu_cluster.backends import SocketSetup
+
+# Cost tables are a pure function of the chip, the program and its collectives' times (each
+# table holds the same values however it was filled: chip/socket.py), so the backends of one
+# process share them: a capacity search serves the same replica tens of times (its runs at each
+# request count, its replicas alike), each run otherwise costing its steps anew. The most
+# recently used SHARED_TABLES are kept (a CostTables bounds its own tables).
+SHARED_TABLES = 8
+_shared: OrderedDict[tuple, CostTables] = OrderedDict()
+
+
+def shared_tables(setup: SocketSetup) -> CostTables:
+    """The process's cost tables of `setup`'s chip (its every figure), program and
+    collectives (CommTime functions are cached per layout: equal layouts give the same one)."""
+    key = (repr(setup.chip), setup.program.key(), setup.comm_time)
+    tables = _shared.get(key)
+    if tables is None:
+        tables = _shared[key] = CostTables(setup.chip, setup.program, setup.comm_time)
+        tables.warm()
+        while len(_shared) > SHARED_TABLES:
+            _shared.popitem(last=False)
+    _shared.move_to_end(key)
+    return tables
 
 
 class LocalBackend:
@@ -39,8 +63,7 @@ class LocalBackend:
         key = (setup.chip.name, setup.program.key())
         tables = self.memo.get(key)
         if tables is None:
-            tables = self.memo[key] = CostTables(setup.chip, setup.program, setup.comm_time)
-            tables.warm()
+            tables = self.memo[key] = shared_tables(setup)
         sock = Socket(index, setup.chip, setup.program, setup.comm_time, tables,
                       setup.kv_scale)
         sock.apply(setup.weights)

@@ -116,6 +116,9 @@ class Simulation:
         # the requests table, a row as each request is through (engine/finished.py)
         self.finished = Finished(self.rec)
         self.keep_measured = False  # keep the ITLs past run() (a disaggregated run reads them)
+        # record the sockets and links tables (False: capacity's verification, which reads the
+        # summary only: the rows of every socket of every window, left empty)
+        self.keep_sockets = True
         self.sampler = None
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)

@@ -81,3 +81,23 @@ def test_costed_together_is_costed_alone():
     for ld, rows in zip(loads, together):
         alone = _tables().window(replace(spans, expert_load=ld))
         assert np.array_equal(rows, alone)
+
+
+def test_link_bytes_are_each_windows_sent_bytes_added_in_window_order(serve):
+    """engine/record.py adds a window's bytes to its links as one array: the links table must
+    be the sockets table's sent bytes added one window at a time, link by link (a full mesh:
+    a socket's bytes spread over every other socket of its stage), to the last bit."""
+    from rdu_cluster.engine.record import _sends
+
+    sim, t = serve(model="llama-3.1-8b", cluster="sn40l-16", plan="tp8", n=16, rate=40.0)
+    rows = t.sockets.to_pydict()
+    stage = {s: st for lay in sim.layouts.values() for st in lay.stages for s in st}
+    want: dict = {}
+    for s, sent in zip(rows["socket"], rows["sent_bytes"]):
+        for src, targets, share in _sends(stage[s], True):
+            if src == s:
+                for dst in targets:
+                    want[(s, dst)] = want.get((s, dst), 0.0) + sent * share
+    links = t.links.to_pydict()
+    got = {(a, b): x for a, b, x in zip(links["src"], links["dst"], links["bytes"])}
+    assert len(sim.replicas) == 2 and got == want and max(got.values()) > 0
