@@ -63,7 +63,7 @@ class WindowRecorder:
             self.sim.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
         end = float(ends[-1])
         waits = sum(t - float(ends[i - 1]) for i, t in window.resumes if 0 < i < m)
-        if self.sim.keep_sockets:
+        if not self.sim.summary_only:
             self._record_sockets(rep, window, res, t0, end, m, end - t0 - waits)
         rep.window_end = end
         return end
