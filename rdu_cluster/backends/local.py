@@ -24,9 +24,12 @@ from rdu_cluster.backends import SocketSetup
 # Cost tables are a pure function of the chip, the program and its collectives' times (each
 # table holds the same values however it was filled: chip/socket.py), so the backends of one
 # process share them: a capacity search serves the same replica tens of times (its runs at each
-# request count, its replicas alike), each run otherwise costing its steps anew. The most
-# recently used SHARED_TABLES are kept (a CostTables bounds its own tables).
-SHARED_TABLES = 8
+# request count, its replicas alike), each run otherwise costing its steps anew. Kept: the
+# most recently used, at most SHARED_TABLES, and those past the newest only while they hold
+# under SHARED_BYTES (a CostTables bounds its own tables, at up to ~200 MB: kept eight, a
+# capacity worker grew to 2.3 GB).
+SHARED_TABLES = 4
+SHARED_BYTES = 256e6
 _shared: OrderedDict[tuple, CostTables] = OrderedDict()
 
 
@@ -38,10 +41,19 @@ def shared_tables(setup: SocketSetup) -> CostTables:
     if tables is None:
         tables = _shared[key] = CostTables(setup.chip, setup.program, setup.comm_time)
         tables.warm()
-        while len(_shared) > SHARED_TABLES:
+        while len(_shared) > SHARED_TABLES or (
+                len(_shared) > 1 and sum(map(_nbytes, _shared.values())) - _nbytes(tables)
+                > SHARED_BYTES):
             _shared.popitem(last=False)
     _shared.move_to_end(key)
     return tables
+
+
+def _nbytes(t: CostTables) -> float:
+    """About the memory `t`'s tables hold (a time row's list: a float object and a pointer
+    an entry)."""
+    arrays = sum(a.nbytes for d in (t.decode, t.prefill, t.extra) for a in d.values())
+    return arrays + 32.0 * sum(len(v) for v in t.times.values())
 
 
 class LocalBackend:

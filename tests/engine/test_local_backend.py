@@ -101,3 +101,33 @@ def test_link_bytes_are_each_windows_sent_bytes_added_in_window_order(serve):
     links = t.links.to_pydict()
     got = {(a, b): x for a, b, x in zip(links["src"], links["dst"], links["bytes"])}
     assert len(sim.replicas) == 2 and got == want and max(got.values()) > 0
+
+
+def test_shared_cost_tables_are_reused_and_bounded(monkeypatch):
+    """backends/local.shared_tables: equal chip, program and collectives give the one
+    CostTables of the process; past the newest, tables are kept only under SHARED_BYTES."""
+    from rdu_cluster.backends import local
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.engine.simulation import ServeConfig, Simulation
+    from workloads.catalog import load_model
+
+    def setup(cluster: str):
+        trace = traces.synthetic(1, 1.0, "poisson", traces.LengthDist("fixed", 16),
+                                 traces.LengthDist("fixed", 4))
+        sim = Simulation(load_model("llama-3.1-8b"), load_cluster(cluster), trace,
+                         ServeConfig(plan="tp8"), LocalBackend())
+        sim.run()
+        return next(iter(sim.build.setups(sim.layouts[0], sim.plan).values()))
+
+    a, b, a2 = setup("sn40l-8"), setup("sn40l-16"), setup("sn40l-8")
+    monkeypatch.setattr(local, "_shared", type(local._shared)())
+    first = local.shared_tables(a)
+    assert local.shared_tables(a2) is first  # another run's, the same tables
+    first.decode_span(8, 0, 4, None)  # fills a decode table
+    assert local._nbytes(first) > 0
+    monkeypatch.setattr(local, "SHARED_BYTES", local._nbytes(first) / 2)
+    local.shared_tables(b)
+    assert first not in local._shared.values()  # past the bound: dropped
+    monkeypatch.setattr(local, "SHARED_BYTES", 256e6)
+    again = local.shared_tables(a)
+    assert again is not first and len(local._shared) == 2
