@@ -427,7 +427,7 @@ class CostTables:
         the decode steps of all the loads in one evaluation of the execution model (its points
         cost what they cost alone, bit for bit: chip/dataflow.py, chip/tile_array.py), the
         rest as `window` takes them. The sockets of an expert-parallel group differ only in
-        their loads: 32 evaluations a span became one."""
+        their loads: 32 evaluations a span became one (or a few, CHUNK points each)."""
         outs: list[list[np.ndarray]] = [[] for _ in loads]
         start = 0
         for i in range(len(spans.kind)):
@@ -442,11 +442,15 @@ class CostTables:
             drawn = [k for k, ld in enumerate(part) if np.any(ld != 1.0)]
             for k in set(range(len(loads))) - set(drawn):
                 outs[k].append(self.decode_span(b, s0, n, None))
-            if drawn:
-                ctx = (s0 + b * np.arange(n, dtype=float)) / b
-                rows = self._decode_rows(b, np.tile(ctx, len(drawn)), n * len(drawn),
-                                         np.concatenate([part[k] for k in drawn]))
-                for j, k in enumerate(drawn):
+            ctx = (s0 + b * np.arange(n, dtype=float)) / b
+            # at most a decode table's points an evaluation (the model's intermediate arrays
+            # of 32 sockets x 500 steps grew a capacity worker past 1.8 GB)
+            each = max(1, CHUNK // n)
+            for lo in range(0, len(drawn), each):
+                group = drawn[lo : lo + each]
+                rows = self._decode_rows(b, np.tile(ctx, len(group)), n * len(group),
+                                         np.concatenate([part[k] for k in group]))
+                for j, k in enumerate(group):
                     outs[k].append(rows[:, j * n : (j + 1) * n])
         return [np.concatenate(out, axis=1) if out else np.zeros((len(ROWS), 0))
                 for out in outs]

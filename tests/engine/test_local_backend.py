@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from chip.socket import DECODE, PREFILL, Spans
+from chip.socket import CHUNK, DECODE, PREFILL, Spans
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.engine.schedulers import Limits
 from tests.engine.test_cost_window import _tables
@@ -69,12 +69,14 @@ def test_shared_memory_and_costs_are_each_socket_on_its_own(serve, case):
 def test_costed_together_is_costed_alone():
     """CostTables.windows: each load's rows are `window`'s under that load, bit for bit."""
     rng = np.random.default_rng(3)
-    kind = np.array([DECODE, PREFILL, DECODE, DECODE])
-    steps = np.array([5, 1, 7, 3])
-    spans = Spans(kind=kind, steps=steps, batch=np.array([8, 0, 9, 3]),
-                  ctx_sum=np.array([4000, 0, 8100, 300]), pre_seqs=np.array([0, 2, 0, 0]),
-                  pre_tokens=np.array([0, 300, 0, 0]), pre_prefix=np.array([0, 0, 0, 0]))
-    loads = [rng.uniform(0.5, 2.0, 16) for _ in range(3)] + [np.ones(16)]
+    # the last span's steps are more than CHUNK / 3: its loads evaluated a few at a time
+    kind = np.array([DECODE, PREFILL, DECODE, DECODE, DECODE])
+    steps = np.array([5, 1, 7, 3, CHUNK // 2])
+    spans = Spans(kind=kind, steps=steps, batch=np.array([8, 0, 9, 3, 4]),
+                  ctx_sum=np.array([4000, 0, 8100, 300, 20]), pre_seqs=np.array([0, 2, 0, 0, 0]),
+                  pre_tokens=np.array([0, 300, 0, 0, 0]), pre_prefix=np.zeros(5, dtype=int))
+    m = int(steps.sum())
+    loads = [rng.uniform(0.5, 2.0, m) for _ in range(3)] + [np.ones(m)]
     loads[1][:5] = 1.0  # a span of mean loads among drawn ones
     t = _tables()
     together = t.windows(spans, loads)
