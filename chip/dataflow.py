@@ -170,11 +170,15 @@ def _options(options: Any) -> DataflowOptions:
 
 def _program(block: Block) -> tuple:
     """What identifies a kernel's program: its ops' names and classes (not their sizes).
-    Once per op tuple (the entry keeps it alive): the stages of a plan search share them."""
+    Once per op tuple (the entry keeps it alive): the stages of a plan search share them.
+    Array-valued ops (a step per point: drawn expert loads) are made anew for each
+    evaluation and never asked again: not kept (50,000 entries of them held GBs)."""
     hit = _PROGRAMS.get(id(block.ops))
     if hit is not None and hit[0] is block.ops:
         return hit[1]
     program = tuple((op.name, op.cls) for op in block.ops)
+    if _hashable(block.ops) is None:
+        return program
     if len(_PROGRAMS) > MEMO_ENTRIES:
         _PROGRAMS.clear()
     _PROGRAMS[id(block.ops)] = (block.ops, program)

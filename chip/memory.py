@@ -103,6 +103,12 @@ class MemoryTiers:
         bw = min(self._tier(src).bandwidth_bytes_per_s, self._tier(dst).bandwidth_bytes_per_s)
         return nbytes / bw
 
+    def clone(self) -> MemoryTiers:
+        """An equal, independent copy (regions are immutable values; the tiers are shared)."""
+        out = MemoryTiers.__new__(MemoryTiers)
+        out.tiers, out.regions, out.used = self.tiers, dict(self.regions), dict(self.used)
+        return out
+
     def occupancy(self) -> dict[str, float]:
         """Used bytes per tier."""
         return dict(self.used)

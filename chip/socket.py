@@ -210,6 +210,16 @@ class Socket:
             rows = _degrade(rows, self.degradation, self.comm_degradation)
         return rows
 
+    def costs(self, spans: Spans, loads: list[np.ndarray]) -> list[np.ndarray]:
+        """`cost` of `spans` under each of `loads` (per step, an expert load each): the
+        sockets that differ from this one only in their loads, costed together."""
+        if self.failed:
+            raise RuntimeError(f"socket {self.index} has failed")
+        out = self.tables.windows(spans, loads)
+        if self.degradation != 1.0 or self.comm_degradation != 1.0:
+            out = [_degrade(rows, self.degradation, self.comm_degradation) for rows in out]
+        return out
+
     def run(self, seq: int, ops: list[list], spans: Spans) -> tuple[np.ndarray, np.ndarray]:
         """One command: ops[i] (region ops) apply at the start of span i, ops[-1] after the last
         span; then the spans are costed. Returns (rows, seconds of region moves per span). A
@@ -218,18 +228,23 @@ class Socket:
         if not len(spans.kind) and not self.failed:  # ops only (a symmetric follower)
             self.apply_command(seq, ops)
             return _NO_ROWS, _NO_MOVES
-        moves = np.zeros(len(spans.kind))
-        if seq > self.seq:
-            for i, span_ops in enumerate(ops):
-                if span_ops:  # at light load most spans change no region
-                    t = self.apply(span_ops)
-                    if t and i < len(moves):  # most ops move nothing: seconds 0
-                        moves[i] = t
-            self.seq = seq
-            self.last_moves = moves
-        else:
-            moves = self.last_moves
+        moves = self.advance(seq, ops, len(spans.kind))
         return self.cost(spans), moves
+
+    def advance(self, seq: int, ops: list[list], spans: int) -> np.ndarray:
+        """A command's region ops, ops[i] at the start of span i (once: a replay returns the
+        first application's moves). Returns the seconds of region moves per span."""
+        if seq <= self.seq:
+            return self.last_moves
+        moves = np.zeros(spans)
+        for i, span_ops in enumerate(ops):
+            if span_ops:  # at light load most spans change no region
+                t = self.apply(span_ops)
+                if t and i < spans:  # most ops move nothing: seconds 0
+                    moves[i] = t
+        self.seq = seq
+        self.last_moves = moves
+        return moves
 
     def apply_command(self, seq: int, ops: list[list]) -> None:
         """A command's region ops without costing its spans (not again for a replay)."""
@@ -406,6 +421,39 @@ class CostTables:
                               .tolist(), TIME_ROWS)
             return times
         return self.span_rows(kind, batch, ctx_sum, n, prefill)[0].tolist()
+
+    def windows(self, spans: Spans, loads: list[np.ndarray]) -> list[np.ndarray]:
+        """`window` of `spans` under each of `loads` (per step, one socket's expert load each):
+        the decode steps of all the loads in one evaluation of the execution model (its points
+        cost what they cost alone, bit for bit: chip/dataflow.py, chip/tile_array.py), the
+        rest as `window` takes them. The sockets of an expert-parallel group differ only in
+        their loads: 32 evaluations a span became one (or a few, CHUNK points each)."""
+        outs: list[list[np.ndarray]] = [[] for _ in loads]
+        start = 0
+        for i in range(len(spans.kind)):
+            n = int(spans.steps[i])
+            part = [ld[start : start + n] for ld in loads]
+            start += n
+            if int(spans.kind[i]) != DECODE:
+                for out, ld in zip(outs, part):
+                    out.append(self.span(spans, i, n, ld))
+                continue
+            b, s0 = int(spans.batch[i]), int(spans.ctx_sum[i])
+            drawn = [k for k, ld in enumerate(part) if np.any(ld != 1.0)]
+            for k in set(range(len(loads))) - set(drawn):
+                outs[k].append(self.decode_span(b, s0, n, None))
+            ctx = (s0 + b * np.arange(n, dtype=float)) / b
+            # at most a decode table's points an evaluation (the model's intermediate arrays
+            # of 32 sockets x 500 steps grew a capacity worker past 1.8 GB)
+            each = max(1, CHUNK // n)
+            for lo in range(0, len(drawn), each):
+                group = drawn[lo : lo + each]
+                rows = self._decode_rows(b, np.tile(ctx, len(group)), n * len(group),
+                                         np.concatenate([part[k] for k in group]))
+                for j, k in enumerate(group):
+                    outs[k].append(rows[:, j * n : (j + 1) * n])
+        return [np.concatenate(out, axis=1) if out else np.zeros((len(ROWS), 0))
+                for out in outs]
 
     def decode_span(self, b: int, s0: int, n: int, load: np.ndarray | None) -> np.ndarray:
         if load is not None and np.any(load != 1.0):

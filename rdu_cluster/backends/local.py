@@ -2,16 +2,58 @@
 
 Sockets whose programs have equal keys share one cost memo (a pure function of the program and
 the step shape), and a command whose spans and expert loads equal another socket's in the same
-call is costed once: sockets of a tensor-parallel group are symmetric. Each socket still applies
-its own region ops, so every socket's memory is its own.
+call is costed once: sockets of a tensor-parallel group are symmetric. Sockets that differ only
+in their expert loads (an expert-parallel group) are costed in one evaluation of the execution
+model (CostTables.windows: its points cost what they cost alone).
+
+Sockets whose memory is equal (the same tiers, regions and KV scale: the sockets of a replica,
+or of every replica, at the start) hold one MemoryTiers object and apply a command's region ops
+once: a command sends the same ops to every socket it names, so they stay equal. A socket
+named in a command that another holder of its memory is not gets a copy of its own first
+(`_split`), so every socket's memory is still its own in what it reports.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections import OrderedDict
 
+from chip.memory import MemoryTiers
 from chip.socket import CostTables, Socket, Spans
 from rdu_cluster.backends import SocketSetup
+
+# Cost tables are a pure function of the chip, the program and its collectives' times (each
+# table holds the same values however it was filled: chip/socket.py), so the backends of one
+# process share them: a capacity search serves the same replica tens of times (its runs at each
+# request count, its replicas alike), each run otherwise costing its steps anew. Kept: the
+# most recently used, at most SHARED_TABLES, and those past the newest only while they hold
+# under SHARED_BYTES (a CostTables bounds its own tables, at up to ~200 MB: kept eight, a
+# capacity worker grew to 2.3 GB).
+SHARED_TABLES = 4
+SHARED_BYTES = 256e6
+_shared: OrderedDict[tuple, CostTables] = OrderedDict()
+
+
+def shared_tables(setup: SocketSetup) -> CostTables:
+    """The process's cost tables of `setup`'s chip (its every figure), program and
+    collectives (CommTime functions are cached per layout: equal layouts give the same one)."""
+    key = (repr(setup.chip), setup.program.key(), setup.comm_time)
+    tables = _shared.get(key)
+    if tables is None:
+        tables = _shared[key] = CostTables(setup.chip, setup.program, setup.comm_time)
+        tables.warm()
+        while len(_shared) > SHARED_TABLES or (
+                len(_shared) > 1 and sum(map(_nbytes, _shared.values())) - _nbytes(tables)
+                > SHARED_BYTES):
+            _shared.popitem(last=False)
+    _shared.move_to_end(key)
+    return tables
+
+
+def _nbytes(t: CostTables) -> float:
+    """About the memory `t`'s tables hold (a time row's list: a float object and a pointer
+    an entry)."""
+    arrays = sum(a.nbytes for d in (t.decode, t.prefill, t.extra) for a in d.values())
+    return arrays + 32.0 * sum(len(v) for v in t.times.values())
 
 
 class LocalBackend:
@@ -21,43 +63,106 @@ class LocalBackend:
     def __init__(self) -> None:
         self.sockets: dict[int, Socket] = {}
         self.memo: dict[tuple, CostTables] = {}  # (chip, program key) -> tables, shared
+        # id(memory) -> (the memory, the sockets holding it)
+        self.holders: dict[int, tuple[MemoryTiers, list[int]]] = {}
 
     def start(self, setups: dict[int, SocketSetup]) -> None:
         for index, setup in setups.items():
             self._create(index, setup)
+        self._share()
 
     def _create(self, index: int, setup: SocketSetup) -> None:
         key = (setup.chip.name, setup.program.key())
         tables = self.memo.get(key)
         if tables is None:
-            tables = self.memo[key] = CostTables(setup.chip, setup.program, setup.comm_time)
-            tables.warm()
+            tables = self.memo[key] = shared_tables(setup)
         sock = Socket(index, setup.chip, setup.program, setup.comm_time, tables,
                       setup.kv_scale)
         sock.apply(setup.weights)
         self.sockets[index] = sock
 
+    def _share(self) -> None:
+        """Sockets of equal memory (tiers, regions, KV scale, last command) hold one."""
+        groups: dict[tuple, list[int]] = {}
+        for i, sock in self.sockets.items():
+            m = sock.memory
+            key = (repr(m.tiers), sock.kv_scale, sock.seq,
+                   tuple(tuple(r) for r in m.state()))
+            groups.setdefault(key, []).append(i)
+        self.holders = {}
+        for held in groups.values():
+            mem = self.sockets[held[0]].memory
+            for i in held:
+                self.sockets[i].memory = mem
+            self.holders[id(mem)] = (mem, held)
+
+    def _split(self, sockets) -> None:
+        """Each socket of this command whose memory a socket outside it holds too gets a copy
+        of its own (with the others of the command that hold it): the ops apply to them only."""
+        count: dict[int, int] = {}
+        for i in sockets:
+            m = id(self.sockets[i].memory)
+            count[m] = count.get(m, 0) + 1
+        for m, k in count.items():
+            mem, held = self.holders[m]
+            if k == len(held):
+                continue
+            inside = set(sockets)
+            copy = mem.clone()
+            mine = [i for i in held if i in inside]
+            for i in mine:
+                self.sockets[i].memory = copy
+            self.holders[m] = (mem, [i for i in held if i not in inside])
+            self.holders[id(copy)] = (copy, mine)
+
+    def _leave(self, index: int) -> None:
+        mem = self.sockets[index].memory
+        _, held = self.holders.pop(id(mem))
+        held.remove(index)
+        if held:
+            self.holders[id(mem)] = (mem, held)
+
     def run(self, seq: int, ops: list, spans: Spans, loads: dict | None, sockets) -> dict:
-        out, done = {}, {}
+        self._split(sockets)
+        n = len(spans.kind)
+        out, done, occ, lead = {}, {}, {}, {}
+        drawn: dict[tuple, list] = {}  # sockets costed together: differing only in their loads
         for i in sockets:
             sock = self.sockets[i]
+            m = id(sock.memory)
+            first = lead.setdefault(m, sock)
+            if first is sock:  # the memory's region ops, once
+                moves = sock.advance(seq, ops, n)
+                occ[m] = sock.occupancy()
+            else:
+                sock.seq, sock.last_moves = first.seq, first.last_moves
+                moves = first.last_moves
+            if sock.failed:
+                sock.cost(spans)  # raises: a failed socket runs nothing
             load = loads.get(i) if loads else None
             key = (id(sock.tables), sock.degradation, sock.comm_degradation,
                    None if load is None else load.tobytes())
-            s = spans if load is None else _with_load(spans, load)
-            if key in done:
-                sock.run(seq, ops, _EMPTY)  # state only; the cost is the same
-                rows, moves = done[key]
-            else:
-                rows, moves = done[key] = sock.run(seq, ops, s)
-            out[i] = (rows, moves, sock.occupancy())
-        return out
+            if key not in done:
+                done[key] = [None, moves]
+                if load is None:
+                    done[key][0] = sock.cost(spans)
+                else:
+                    drawn.setdefault(key[:3], []).append((key, sock, load))
+            out[i] = (done[key], occ[m])
+        for group in drawn.values():
+            rows = group[0][1].costs(spans, [load for _, _, load in group])
+            for (key, _, _), r in zip(group, rows):
+                done[key][0] = r
+        return {i: (got[0], got[1], o) for i, (got, o) in out.items()}
 
     def reprogram(self, index: int, setup: SocketSetup) -> None:
         old = self.sockets[index]
+        self._leave(index)
         self._create(index, setup)
-        self.sockets[index].seq = old.seq
-        self.sockets[index].set_degradation(old.degradation, old.comm_degradation, old.failed)
+        new = self.sockets[index]
+        self.holders[id(new.memory)] = (new.memory, [index])
+        new.seq = old.seq
+        new.set_degradation(old.degradation, old.comm_degradation, old.failed)
 
     def set_fault(self, index: int, degradation: float, comm: float, failed: bool) -> None:
         self.sockets[index].set_degradation(degradation, comm, failed)
@@ -70,14 +175,5 @@ class LocalBackend:
 
     def close(self) -> None:
         self.sockets.clear()
-
-
-def _with_load(spans: Spans, load: np.ndarray) -> Spans:
-    from dataclasses import replace
-
-    return replace(spans, expert_load=load)
-
-
-_Z = np.zeros(0, dtype=np.int64)
-_EMPTY = Spans(_Z, _Z, _Z, _Z, _Z, _Z, _Z)  # no spans: a follower's command applies its ops only
+        self.holders.clear()
 

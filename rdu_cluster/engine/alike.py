@@ -113,6 +113,7 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
             sim = Simulation(model, one, sub, replace(config, concurrency=kind.clients),
                              backend)
             sim.keep_measured = True  # its chunk times and ITLs, read by _merge
+            sim.summary_only = True
             sims.append(sim)
             s = sim.run().summary
             shifts = [k * step for k in kind.replicas]

@@ -146,6 +146,7 @@ class Disaggregated:
     config: ServeConfig
     backend: Callable[[], object]  # a new backend for each pool
     progress: Callable[[int, int], None] | None = None
+    summary_only: bool = False  # Simulation.summary_only, in both pools
 
     def __post_init__(self) -> None:
         if self.config.faults or self.config.coe is not None or self.config.speculation:
@@ -170,6 +171,7 @@ class Disaggregated:
         dec = Simulation(self.model, self.clusters[1], Trace(
             np.zeros(len(t)), t.prompt_len, t.output_len, source=t.source),
             replace(c, plan=self.decode.plan, concurrency=None), self.backend(), self.progress)
+        pre.summary_only = dec.summary_only = self.summary_only
         sent = np.maximum(t.prompt_len - 1, 0)  # the decode side recomputes the last
         dec.received = sent
         hand = Handover(pre, dec, self._flows(pre, dec), sent * self.kv_per_token)

@@ -26,6 +26,9 @@ class WindowRecorder:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self._orders: dict = {}  # replica -> its layout's socket order (_socket_order)
+        # replica -> (layout, links, positions, shares, bytes so far): each window's bytes
+        # added to its links' as one array (flush_links writes them to the recorder's dict)
+        self._sums: dict[int, tuple] = {}
 
     def record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
                 m: int, ends: np.ndarray) -> float:
@@ -60,7 +63,8 @@ class WindowRecorder:
             self.sim.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
         end = float(ends[-1])
         waits = sum(t - float(ends[i - 1]) for i, t in window.resumes if 0 < i < m)
-        self._record_sockets(rep, window, res, t0, end, m, end - t0 - waits)
+        if not self.sim.summary_only:
+            self._record_sockets(rep, window, res, t0, end, m, end - t0 - waits)
         rep.window_end = end
         return end
 
@@ -91,9 +95,31 @@ class WindowRecorder:
             [res[s][2] for s in socks])  # occupancies: mappings the backend may fill later
         if self.sim.rec.sink is not None:
             self.sim.rec.flush_sockets()
-        sent_s = sent.tolist()
-        for i, link, share in links:
-            self.sim.rec.link_bytes[link] = self.sim.rec.link_bytes.get(link, 0.0) + sent_s[i] * share
+        sums = self._sums.get(rep.index)
+        if sums is None or sums[0] is not self.sim.layouts[rep.index]:
+            sums = self._link_sums(rep, links)
+        sums[4][:] += sent[sums[2]] * sums[3]  # each link's additions in window order
+
+    def _link_sums(self, rep: Replica, links: list) -> tuple:
+        """The replica's running link bytes for its current layout, from the recorder's (a
+        re-planned replica's links may have been another's: every replica's are written back
+        and read again)."""
+        self.flush_links()
+        if rep.index in self._sums:
+            self._sums.clear()
+        total = self.sim.rec.link_bytes
+        keys = [link for _, link, _ in links]
+        got = self._sums[rep.index] = (
+            self.sim.layouts[rep.index], keys, np.array([i for i, _, _ in links], dtype=np.intp),
+            np.array([share for _, _, share in links], dtype=float),
+            np.array([total.get(k, 0.0) for k in keys], dtype=float))
+        return got
+
+    def flush_links(self) -> None:
+        """Write the running link bytes into the recorder's link_bytes (the links table's)."""
+        total = self.sim.rec.link_bytes
+        for _, keys, _, _, sums in self._sums.values():
+            total.update(zip(keys, sums.tolist()))
 
     def _socket_order(self, rep: Replica) -> tuple[list[int], list[int], list]:
         """The replica's sockets stage by stage, their nodes, and the links each socket's bytes

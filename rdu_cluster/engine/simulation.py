@@ -116,6 +116,9 @@ class Simulation:
         # the requests table, a row as each request is through (engine/finished.py)
         self.finished = Finished(self.rec)
         self.keep_measured = False  # keep the ITLs past run() (a disaggregated run reads them)
+        # the summary is all that is read (capacity's verification): the sockets and links
+        # tables are left empty and the requests' energy and cost not split (start)
+        self.summary_only = False
         self.sampler = None
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
@@ -131,6 +134,8 @@ class Simulation:
     def start(self) -> None:
         """Lay the replicas out (engine/build.py) and start their sockets on the backend."""
         build = self.build
+        if self.summary_only:
+            self.rec.split = {}  # the requests' energy_j and cost_usd: null
         layouts = [build.with_router(lay) for lay in build.layouts()]
         setups = {}
         for r, lay in enumerate(layouts):

@@ -53,6 +53,7 @@ def _link_columns(sim: Simulation, end: float) -> dict:
     top = sim.cluster.topology
     bw = top.link_bandwidth_bytes_per_s * (top.links_per_pair if top.kind == "full_mesh"
                                            else 1)
+    sim.recorder.flush_links()
     links = sorted(sim.rec.link_bytes)
     nbytes = [sim.rec.link_bytes[k] for k in links]
     return {"src": [a for a, _ in links], "dst": [b for _, b in links], "bytes": nbytes,

@@ -736,8 +736,9 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
                          prefix=PrefixConfig(traffic.prefix_cache),
                          speculation=dep.speculation, draft=dep.draft,
                          options=serving_stacks.stack(dep.stack) if _all_gpu(dep) else None)
-    if dep.disaggregated:
-        s = Disaggregated(model, *dep.pools, fabric, trace, config, backend).run().summary
+    if dep.disaggregated:  # the summary is what is read (Simulation.summary_only)
+        s = Disaggregated(model, *dep.pools, fabric, trace, config, backend,
+                          summary_only=True).run().summary
     else:
         s = _served(dep.pools[0], model, fabric, trace, config, backend, traffic.ramp_of(dep))
     b = s["bench"]
@@ -762,7 +763,9 @@ def _served(pool: Pool, model: ModelSpec, fabric: FabricSpec, trace: traces.Trac
         one = replace(pool, replicas=1).spec(model, fabric)
         if alike.applies(model, whole, one, trace, config, pool.replicas, ramp_s):
             return alike.run(model, whole, one, trace, config, backend, pool.replicas, ramp_s)
-    return Simulation(model, whole, trace, config, backend()).run().summary
+    sim = Simulation(model, whole, trace, config, backend())
+    sim.summary_only = True
+    return sim.run().summary
 
 
 def token_budget(trace: traces.Trace) -> int:

@@ -127,3 +127,21 @@ def test_ports_book_the_first_free_interval():
     assert ports.book(("b", "x"), 0.2, 1.0, 0.0) == 1.0  # waits for x
     assert ports.book(("b", "z"), 2.5, 1.0, 0.0) == 2.5
     assert ports.book(("c", "z"), 1.0, 0.5, 0.0) == 1.0  # before z's booking: a gap fits
+
+
+def test_summary_only_leaves_the_summary_as_it_is():
+    """summary_only (capacity's verification): the sockets and links tables are left empty and
+    the requests' energy and cost null; the summary and every other figure are the same."""
+    _, full = _run(n=12)
+    trace = traces.synthetic(12, 8.0, "poisson", traces.LengthDist("uniform", 64, 2048),
+                             traces.LengthDist("uniform", 2, 64), seed=7)
+    lean = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp8:1", "p"),
+                                disagg.Pool.parse("sn40l-16:tp8:2", "d"), load_fabric("ib-ndr"),
+                                trace, ServeConfig(), LocalBackend, summary_only=True).run()
+    assert full.sockets.num_rows > 0 and full.links.num_rows > 0
+    assert lean.sockets.num_rows == lean.links.num_rows == 0
+    energy = ("energy_j", "cost_usd")
+    assert set(lean.requests.column("energy_j").to_pylist()) == {None}
+    assert lean.requests.drop_columns(energy).equals(full.requests.drop_columns(energy))
+    assert lean.steps.equals(full.steps)
+    assert lean.summary == full.summary

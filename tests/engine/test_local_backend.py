@@ -1,0 +1,135 @@
+"""LocalBackend's shared work (backends/local.py): sockets of equal memory apply a command's
+region ops once, and sockets that differ only in their expert loads are costed in one
+evaluation. A run must be the run of every socket on its own, table for table."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from chip.socket import CHUNK, DECODE, PREFILL, Spans
+from rdu_cluster.backends.local import LocalBackend
+from rdu_cluster.engine.schedulers import Limits
+from tests.engine.test_cost_window import _tables
+from workloads import traces
+
+
+class OneByOne(LocalBackend):
+    """Every socket on its own: its own memory, its own ops, its own cost evaluation."""
+
+    def _share(self) -> None:
+        self.holders = {id(s.memory): (s.memory, [i]) for i, s in self.sockets.items()}
+
+    def run(self, seq, ops, spans, loads, sockets) -> dict:
+        out = {}
+        for i in sockets:
+            sock = self.sockets[i]
+            load = loads.get(i) if loads else None
+            s = spans if load is None else replace(spans, expert_load=load)
+            rows, moves = sock.run(seq, ops, s)
+            out[i] = (rows, moves, sock.occupancy())
+        return out
+
+
+class Watched(LocalBackend):
+    """LocalBackend, keeping how many memories its sockets held when it closed."""
+
+    def close(self) -> None:
+        self.memories = len({id(s.memory) for s in self.sockets.values()})
+        super().close()
+
+
+def _same(a, b) -> None:
+    for name in ("requests", "steps", "sockets", "links"):
+        assert getattr(a, name).equals(getattr(b, name)), name
+    assert a.summary == b.summary
+
+
+@pytest.mark.parametrize("case", [
+    # expert parallel: 8 groups of different loads each step, a degraded socket among them
+    {"model": "mixtral-8x7b", "plan": "tp2ep8", "n": 6, "rate": 50.0,
+     "faults": ("socket:3@0:degraded:0.5",)},
+    # two replicas of shared memory at the start (split at their first commands), with KV
+    # swapped to host memory (region moves that cost seconds)
+    {"model": "llama-3.1-70b", "cluster": "dgx-h100", "plan": "tp4", "n": 32, "rate": 1000.0,
+     "prompt": traces.LengthDist("fixed", 2048), "output": traces.LengthDist("fixed", 1024),
+     "kv_memory_fraction": 0.02, "limits": Limits(max_batch=64, preemption="swap")},
+])
+def test_shared_memory_and_costs_are_each_socket_on_its_own(serve, case):
+    sim, shared = serve(backend=Watched(), **case)
+    _, alone = serve(backend=OneByOne(), **case)
+    _same(shared, alone)
+    if case["plan"] == "tp4":
+        assert sum(shared.requests.column("swaps").to_pylist()) > 0
+        assert sim.backend.memories == 2  # a replica's sockets hold one; the two their own
+
+
+def test_costed_together_is_costed_alone():
+    """CostTables.windows: each load's rows are `window`'s under that load, bit for bit."""
+    rng = np.random.default_rng(3)
+    # the last span's steps are more than CHUNK / 3: its loads evaluated a few at a time
+    kind = np.array([DECODE, PREFILL, DECODE, DECODE, DECODE])
+    steps = np.array([5, 1, 7, 3, CHUNK // 2])
+    spans = Spans(kind=kind, steps=steps, batch=np.array([8, 0, 9, 3, 4]),
+                  ctx_sum=np.array([4000, 0, 8100, 300, 20]), pre_seqs=np.array([0, 2, 0, 0, 0]),
+                  pre_tokens=np.array([0, 300, 0, 0, 0]), pre_prefix=np.zeros(5, dtype=int))
+    m = int(steps.sum())
+    loads = [rng.uniform(0.5, 2.0, m) for _ in range(3)] + [np.ones(m)]
+    loads[1][:5] = 1.0  # a span of mean loads among drawn ones
+    t = _tables()
+    together = t.windows(spans, loads)
+    for ld, rows in zip(loads, together):
+        alone = _tables().window(replace(spans, expert_load=ld))
+        assert np.array_equal(rows, alone)
+
+
+def test_link_bytes_are_each_windows_sent_bytes_added_in_window_order(serve):
+    """engine/record.py adds a window's bytes to its links as one array: the links table must
+    be the sockets table's sent bytes added one window at a time, link by link (a full mesh:
+    a socket's bytes spread over every other socket of its stage), to the last bit."""
+    from rdu_cluster.engine.record import _sends
+
+    sim, t = serve(model="llama-3.1-8b", cluster="sn40l-16", plan="tp8", n=16, rate=40.0)
+    rows = t.sockets.to_pydict()
+    stage = {s: st for lay in sim.layouts.values() for st in lay.stages for s in st}
+    want: dict = {}
+    for s, sent in zip(rows["socket"], rows["sent_bytes"]):
+        for src, targets, share in _sends(stage[s], True):
+            if src == s:
+                for dst in targets:
+                    want[(s, dst)] = want.get((s, dst), 0.0) + sent * share
+    links = t.links.to_pydict()
+    got = {(a, b): x for a, b, x in zip(links["src"], links["dst"], links["bytes"])}
+    assert len(sim.replicas) == 2 and got == want and max(got.values()) > 0
+
+
+def test_shared_cost_tables_are_reused_and_bounded(monkeypatch):
+    """backends/local.shared_tables: equal chip, program and collectives give the one
+    CostTables of the process; past the newest, tables are kept only under SHARED_BYTES."""
+    from rdu_cluster.backends import local
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.engine.simulation import ServeConfig, Simulation
+    from workloads.catalog import load_model
+
+    def setup(cluster: str):
+        trace = traces.synthetic(1, 1.0, "poisson", traces.LengthDist("fixed", 16),
+                                 traces.LengthDist("fixed", 4))
+        sim = Simulation(load_model("llama-3.1-8b"), load_cluster(cluster), trace,
+                         ServeConfig(plan="tp8"), LocalBackend())
+        sim.run()
+        return next(iter(sim.build.setups(sim.layouts[0], sim.plan).values()))
+
+    a, b, a2 = setup("sn40l-8"), setup("sn40l-16"), setup("sn40l-8")
+    monkeypatch.setattr(local, "_shared", type(local._shared)())
+    first = local.shared_tables(a)
+    assert local.shared_tables(a2) is first  # another run's, the same tables
+    first.decode_span(8, 0, 4, None)  # fills a decode table
+    assert local._nbytes(first) > 0
+    monkeypatch.setattr(local, "SHARED_BYTES", local._nbytes(first) / 2)
+    local.shared_tables(b)
+    assert first not in local._shared.values()  # past the bound: dropped
+    monkeypatch.setattr(local, "SHARED_BYTES", 256e6)
+    again = local.shared_tables(a)
+    assert again is not first and len(local._shared) == 2
