@@ -5,6 +5,7 @@ rdu_cluster/engine/, rdu_cluster/scenarios/). A long function is split where it 
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,9 +17,17 @@ MAX_CLASS_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 400, 80, 8
 def _nodes(folders):
     for folder in folders:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            tree = ast.parse(path.read_text(), str(path))
-            for node in ast.walk(tree):
+            for node in _walked(path):
                 yield path.relative_to(ROOT).as_posix(), node
+
+
+@cache
+def _walked(path: Path) -> tuple[ast.AST, ...]:
+    """A file's classes and functions (at any depth), parsed and walked once for both tests:
+    the strict folders lie inside PACKAGES."""
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return tuple(n for n in ast.walk(ast.parse(path.read_text(), str(path)))
+                 if isinstance(n, kinds))
 
 
 def _lines(node) -> int:
