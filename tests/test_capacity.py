@@ -40,8 +40,18 @@ def test_max_batch_keeps_tpot_within_the_bound():
     assert dep.max_batch == b and dep.sockets == 2 * dep.pools[0].replicas
 
 
-def test_capacity_ranks_verified_rows_and_their_serve_args_reproduce_them(tmp_path):
-    r = run(*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json")
+RANKED = [*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json"]
+
+
+@pytest.fixture(scope="module")
+def ranked():
+    """`capacity` on RANKED, run once for the tests that read its table (the ranking, and the
+    local table Ray and --jobs must reproduce)."""
+    return run(*RANKED)
+
+
+def test_capacity_ranks_verified_rows_and_their_serve_args_reproduce_them(ranked, tmp_path):
+    r = ranked
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.output.splitlines()]
     assert rows and rows[0]["meets_slo"] and {row["system"] for row in rows} == {
@@ -429,7 +439,7 @@ def test_interval_ends_are_the_boundary_at_the_simulators_ends(monkeypatch):
 def test_a_capacity_row_has_its_interval_and_robust(monkeypatch):
     monkeypatch.setattr(cap, "bands", lambda dep, slo: cap.Bands((0.9, 1.1), (0.9, 1.1),
                                                                   (0.9, 1.1), "test bands"))
-    r = run(*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json")
+    r = run(*RANKED)
     assert r.exit_code == 0, r.output
     for row in map(json.loads, r.stdout.splitlines()):
         if not row["meets_slo"]:
@@ -482,14 +492,13 @@ def test_set_changes_every_cluster_and_serve_args_carry_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_candidates_on_ray_tasks_or_processes_give_the_local_table(ray_session):
+def test_candidates_on_ray_tasks_or_processes_give_the_local_table(ray_session, ranked):
     """--backend ray verifies each candidate (its search, steady state and interval ends) as a
     Ray task, --jobs 2 in two processes: the same rows, in the same order, as one process."""
-    args = [*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json"]
-    local = run(*args)
+    local = ranked
     assert local.exit_code == 0, local.output
     for extra in (["--backend", "ray"], ["--jobs", "2"]):
-        other = run(*args, *extra)
+        other = run(*RANKED, *extra)
         assert other.exit_code == 0, other.output
         assert other.stdout == local.stdout, extra
 
