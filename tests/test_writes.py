@@ -9,7 +9,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -259,9 +258,12 @@ def test_sigterm_during_a_run_exits_like_ctrl_c_and_writes_nothing(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     proc = subprocess.Popen(
         [sys.executable, "-c", "from rdu_cluster.cli import main; main()", "serve", "--model",
-         "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "2000000", "--rate", "inf",
+         "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "50000", "--rate", "inf",
          "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)  # imports done, the run under way
+    # the progress line at 0 requests: imports done, the trace built, the run under way (tens
+    # of seconds of it left). A fixed 6 s sleep over 2,000,000 requests signalled while the
+    # trace was still being built (its first request ran after minutes on a loaded machine).
+    assert proc.stderr.readline().startswith("serve: 0/50000 requests")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and _aborted(err)
