@@ -124,8 +124,14 @@ def test_moe_expert_load_stragglers_show_in_the_steps_table(serve):
     assert max(s["straggler_s"]) > 0 and len(set(s["straggler_socket"])) > 1
 
 
-def test_degraded_socket_is_the_straggler(serve):
-    _, base = serve(n=10)
+@pytest.fixture(scope="module")
+def ten(serve):
+    """The fault tests' run without a fault (10 requests), made once for the three of them."""
+    return serve(n=10)
+
+
+def test_degraded_socket_is_the_straggler(serve, ten):
+    _, base = ten
     _, slow = serve(n=10, faults=("socket:5@0:degraded:0.5",))
     s = cols(slow.steps)
     assert set(s["straggler_socket"]) == {5}
@@ -143,11 +149,11 @@ def test_failed_socket_is_routed_around(serve):
     assert sum(r["preemptions"]) > 0  # the sequences cached at the failure were recomputed
 
 
-def test_a_fault_after_the_last_request_changes_nothing(serve):
+def test_a_fault_after_the_last_request_changes_nothing(serve, ten):
     """Every request is through long before the fault: the run is over. Applied, the failure's
     weight reload was a recovery row at 1,000 s and the duration ran to it (throughput, power
     and cost over 1,000 s for a run of a few seconds)."""
-    _, base = serve(n=10)
+    _, base = ten
     _, late = serve(n=10, faults=("socket:3@1000",))
     assert "recovery" not in cols(late.steps)["phase"]
     assert late.summary["makespan_s"] == base.summary["makespan_s"] < 1000
@@ -215,8 +221,8 @@ def test_failure_with_no_plan_left_reports_unserved(serve):
     assert "unserved" in states and "done" in states
 
 
-def test_failed_link_slows_communication(serve):
-    _, base = serve(n=10)
+def test_failed_link_slows_communication(serve, ten):
+    _, base = ten
     _, t = serve(n=10, faults=("link:2-3@0",))
     assert sum(cols(t.steps)["communication_s"]) > sum(cols(base.steps)["communication_s"])
 
