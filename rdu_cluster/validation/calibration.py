@@ -27,7 +27,7 @@ import cluster_configs
 from chip import kernel_efficiency
 from workloads import checks
 from workloads.errors import ConfigError
-from workloads.files import read_toml
+from workloads.files import read_text, read_toml
 
 DEFAULT = "default"
 # What `rdu-cluster calibrate` writes beside chips, key and value (fit.profile_text).
@@ -105,6 +105,14 @@ def load(ref: str | None) -> Profile | None:
         raise ConfigError(
             f"calibration: {ref!r} not found; accepted: none, {', '.join(found)} or a .toml path"
         )
+    return _loaded(read_text(path, "calibration"), path)
+
+
+@functools.lru_cache(maxsize=8)
+def _loaded(text: str, path: Path) -> Profile:
+    """A profile file checked once per text: every command's --calibration loads one (1 ms of
+    checks a load; the tests make thousands of CLI runs). Keyed by the text, so an edited file
+    is read again; a profile is a value (frozen, and no caller changes its mappings)."""
     return _parse(read_toml(path, "calibration"), path)
 
 
@@ -126,10 +134,13 @@ def _parse(raw: dict[str, Any], path: Path) -> Profile:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: name: expected a non-empty string, got {checks.show(name)}")
     fitted = {(d.key, d.chips): d.range for d in declarations() if d.status == "unknown" and d.chips}
+    declared: dict[str, list[tuple[str, ...]]] = {}  # key -> the chip tuples it is declared for
+    for key, chips in fitted:
+        declared.setdefault(key, []).append(chips)
     values: dict[tuple[str, str], float] = {}
     rows: set[str] = set()
     for i, p in enumerate(entries):
-        key, chips, v = _entry(p, fitted, f"{where}: parameter {i + 1}")
+        key, chips, v = _entry(p, fitted, declared, f"{where}: parameter {i + 1}")
         rows |= _rows(p, f"{where}: parameter {i + 1}")
         for chip in chips:
             if (chip, key) in values:
@@ -148,13 +159,12 @@ def _rows(p: Mapping[str, Any], where: str) -> set[str]:
 
 
 def _entry(p: Any, fitted: Mapping[tuple[str, tuple[str, ...]], tuple[float, float]],
+           declared: Mapping[str, list[tuple[str, ...]]],
            where: str) -> tuple[str, tuple[str, ...], float]:
     """One [[parameter]]: an unknown parameter (the only kind calibrate fits) with the chips of
-    its declaration, all of them (they share one value), and a value in its declared range."""
+    its declaration, all of them (they share one value), and a value in its declared range.
+    `declared`: `fitted`'s chip tuples by key (made once per profile, not once per entry)."""
     checks.exact_keys(p, {"chips", "key", "value"}, where, PROFILE_EXTRA)
-    declared = {}
-    for key, chips in fitted:
-        declared.setdefault(key, []).append(chips)
     if p["key"] not in declared:
         raise ConfigError(f"{where}.key: {checks.show(p['key'])}; accepted: the unknown "
                           f"parameters of parameters.toml ({', '.join(sorted(declared))})")
