@@ -381,16 +381,17 @@ _WARM: _Warm | None = None
 @contextlib.contextmanager
 def warm_sockets() -> Iterator[None]:
     """Keep socket actors between the RayBackend runs inside (module doc: Warm sockets); on
-    leaving, every kept actor is killed and its placement group removed."""
+    leaving, every kept actor is killed and its placement group removed. A scope inside
+    another starts with nothing kept (the outer one's actors are released: their CPU share)."""
     global _WARM
-    if _WARM is not None:  # nested: the outer scope keeps and releases
-        yield
-        return
+    outer = _WARM
+    if outer is not None:
+        outer.release()
     _WARM = _Warm({})
     try:
         yield
     finally:
-        warm, _WARM = _WARM, None
+        warm, _WARM = _WARM, outer
         warm.release()
 
 

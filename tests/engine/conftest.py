@@ -26,6 +26,18 @@ def simulate(model="llama-3.1-8b", cluster="sn40l-16", n=40, rate=20.0, backend=
     return sim, (sim.run() if sink is None else sim.run(sink, chunk_rows))
 
 
+@pytest.fixture(scope="package", autouse=True)
+def warm_ray_sockets():
+    """The Ray runs of these tests reuse the socket actors of the last run of the same layout
+    (RayBackend's warm_sockets): they spend their time on what they test, not on starting a
+    Ray worker process a socket. Released when the package's tests end, before any other
+    package's Ray work (sweeps' and capacity's tasks) needs the CPUs."""
+    from rdu_cluster.backends.ray_backend import warm_sockets
+
+    with warm_sockets():
+        yield
+
+
 @pytest.fixture(scope="session")
 def serve():
     """The `simulate` helper: (Simulation, Tables) of a small run."""

@@ -11,16 +11,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", autouse=True)
-def warm(ray_session):
-    """This module's runs reuse the socket actors of the last run of the same layout (its
-    tests then spend their time on what they test, not on starting Ray workers)."""
-    from rdu_cluster.backends.ray_backend import warm_sockets
-
-    with warm_sockets():
-        yield
-
-
 def _compare(a, b):
     for name in ("requests", "steps", "sockets", "links"):
         ta, tb = getattr(a, name), getattr(b, name)
