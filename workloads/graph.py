@@ -27,7 +27,8 @@ Conventions (each is a modelling choice, stated once here):
   replicated.
 - MoE weights: under uniform top-k routing of N = batch * new_tokens tokens, the expected number
   of distinct experts a layer touches is E * (1 - (1 - k/E)^N) (min(E, N*k) with
-  `shape.spread`, the routing kernel collectors time); a socket holding E/ep of them
+  `shape.spread`, the routing kernel collectors time; fewer through a group-limited router,
+  spread_experts); a socket holding E/ep of them
   reads the weights of that many times E_local/E, times `shard.expert_load` for the busiest
   socket, capped at E_local. Expert FLOPs follow the token-expert assignments: N*k/ep, times
   expert_load.
@@ -71,7 +72,7 @@ from workloads.ops import (
     StepShape,
     Work,
 )
-from workloads.spec import FFN, LayerSpec, Mixer, ModelSpec, layer_runs, part
+from workloads.spec import FFN, LayerSpec, Mixer, ModelSpec, MoESpec, layer_runs, part
 
 
 def _ceil(n: int, parts: int) -> int:
@@ -417,13 +418,28 @@ def distinct_experts(num_experts: int, top_k: int, tokens: Work) -> Work:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** np.asarray(tokens, dtype=float))
 
 
+def spread_experts(moe: MoESpec, tokens: Work, grouped: bool = False) -> Work:
+    """Distinct experts `tokens` tokens touch under a kernel collector's "balanced" routing
+    (StepShape.spread): min(E, N k), each token's experts unlike any other's. `grouped`: those
+    logits go through the model's group-limited router (AIConfigurator's SGLang 0.5.14 collector
+    runs DeepSeek-V3 through SGLang's TopK with n_group 8, topk_group 4). A token's balanced
+    experts then lie one per group (stride E / top_k = the group size), so every group scores the
+    same; the router keeps topk_groups of the expert_groups groups, the same ones for every token
+    (ties broken by index: sgl-kernel moe_fused_gate), hence that share of its own experts, and
+    fills the rest of its top_k with tied experts, again the same for every token:
+    min(E g, N k g + k (1 - g)) experts with g = topk_groups / expert_groups."""
+    kept = moe.topk_groups / moe.expert_groups if grouped else 1.0
+    return np.minimum(moe.num_experts * kept,
+                      np.asarray(tokens, dtype=float) * moe.top_k * kept + moe.top_k * (1.0 - kept))
+
+
 def _expert_ops(s: _Step) -> list[Op]:
     moe, h, sh = part(s.spec.moe, "MoE"), s.spec.hidden_size, s.shard
     e_local = _ceil(moe.num_experts, sh.ep)
     inter = _ceil(moe.expert_intermediate, sh.expert_tp)
     # identical sequences choose the same experts: the batch touches what one sequence does
     routed = s.new if s.shape.identical else s.tokens
-    distinct = (np.minimum(moe.num_experts, routed * moe.top_k) if s.shape.spread
+    distinct = (spread_experts(moe, routed, s.shape.spread_grouped) if s.shape.spread
                 else distinct_experts(moe.num_experts, moe.top_k, routed))
     touched = distinct * e_local / moe.num_experts
     touched = np.minimum(touched * sh.expert_load, e_local)

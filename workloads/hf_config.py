@@ -434,6 +434,7 @@ def _mla_moe(c: _Cfg, name: str) -> ModelSpec:
         num_shared_experts=shared,
         shared_intermediate=shared * moe_inter,
         router_bias=c.get("topk_method") == "noaux_tc",  # e_score_correction_bias
+        **_routing_groups(c),
     )
     return _base(
         c,
@@ -463,6 +464,15 @@ def _check_groups(c: _Cfg) -> None:
     if top_k > picked * (experts // groups):
         raise c.fail(f"field 'num_experts_per_tok' ({top_k}) exceeds the {picked} x "
                      f"{experts // groups} experts of the topk_group groups a token picks")
+
+
+def _routing_groups(c: _Cfg) -> dict[str, int]:
+    """The groups a group-limited router picks from (topk_method group_limited_greedy or
+    noaux_tc; plain "greedy" ignores n_group, modeling_deepseek_v2/_v3 MoEGate)."""
+    if c.get("topk_method") not in ("group_limited_greedy", "noaux_tc"):
+        return {}
+    groups = c.size("n_group", 1)
+    return {"expert_groups": groups, "topk_groups": c.size("topk_group", groups)}
 
 
 def _top_k(c: _Cfg, experts_key: str) -> int:

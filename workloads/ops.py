@@ -121,7 +121,8 @@ class StepShape:
     greedily, as benchmark scripts do), so an MoE routes the batch as it routes one sequence.
     `spread`: each token's experts differ from every other token's until all are used (the
     "balanced" routing AIConfigurator's kernel collectors time), so N tokens touch
-    min(E, N x top_k) experts, the most any routing can."""
+    min(E, N x top_k) experts, the most any routing can. `spread_grouped`: those spread logits
+    go through the model's group-limited router (graph.spread_experts)."""
 
     phase: str  # "decode" | "prefill"
     batch: Work = 1.0
@@ -130,6 +131,7 @@ class StepShape:
     contexts: tuple[int, ...] | None = None
     identical: bool = False
     spread: bool = False
+    spread_grouped: bool = False
 
     @classmethod
     def decode(cls, batch: Work, context: Work) -> StepShape:

@@ -102,6 +102,10 @@ class MoESpec:
     expert_bias: bool = False
     expert_matrices: int = 3  # gated (SwiGLU) experts: gate, up, down
     shared_expert_gate: bool = False  # a sigmoid gate (hidden -> 1) on the shared expert (Qwen)
+    # group-limited routing (DeepSeek n_group, topk_group): the routed experts fall in
+    # expert_groups groups and a token picks its top_k within topk_groups of them
+    expert_groups: int = 1
+    topk_groups: int = 1
 
 
 @dataclass(frozen=True)

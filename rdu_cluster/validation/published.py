@@ -61,6 +61,9 @@ SPEED_METRICS = {
 LAYER_KERNELS = ("moe", "mla", "attention")
 # Those whose rows are costed with a warm L2 where the replay's working set fits (_layer_kernel_us).
 WARM_L2_KERNELS = ("mla", "attention")
+# A kernel collector's "balanced" routing (StepShape.spread), and the same logits through the
+# model's group-limited router ("balanced-grouped": StepShape.spread_grouped).
+SPREAD_ROUTINGS = ("balanced", "balanced-grouped")
 
 
 @dataclass(frozen=True)
@@ -171,9 +174,9 @@ def check_row(row: Any, where: str) -> None:
     if row.get("metric") == "serve_output_tokens_per_s" and (missing := [
             k for k in SERVE_FIELDS if k not in row]):
         raise ConfigError(f"{where}: metric serve_output_tokens_per_s needs {', '.join(missing)}")
-    if row.get("routing") == "balanced" and row.get("metric") != "layer_kernel_us":
-        raise ConfigError(f"{where}.routing: 'balanced' (a kernel collector's routing) is for "
-                          "metric layer_kernel_us; accepted here: uniform, identical")
+    if row.get("routing") in SPREAD_ROUTINGS and row.get("metric") != "layer_kernel_us":
+        raise ConfigError(f"{where}.routing: {row['routing']!r} (a kernel collector's routing) is "
+                          "for metric layer_kernel_us; accepted here: uniform, identical")
     if row.get("metric") == "layer_kernel_us" and (missing := [
             k for k in ("model", "kernel") if k not in row]):
         raise ConfigError(f"{where}: metric layer_kernel_us needs {', '.join(missing)}")
@@ -186,7 +189,7 @@ def check_row(row: Any, where: str) -> None:
             raise ConfigError(f"{where}.plan: {e}") from None
     for key, accepted in (("kind", _KINDS), ("metric", tuple(METRICS)),
                           ("options", tuple(OPTIONS)),
-                          ("routing", ("uniform", "identical", "balanced")),
+                          ("routing", ("uniform", "identical", *SPREAD_ROUTINGS)),
                           ("kernel", LAYER_KERNELS)):
         if key in row and row[key] not in accepted:
             raise ConfigError(f"{where}.{key}: {row[key]!r}; accepted: {', '.join(accepted)}")
@@ -444,7 +447,7 @@ def _layer_kernel_us(case) -> float:
     kernels = _layer_kernels(case["model"], case.get("weights"), case.get("kv_dtype"),
                              case.get("batch", 1), case.get("prompt_len", 1024),
                              case.get("tp", 1), case["kernel"], int(p.max_ops_per_kernel),
-                             case.get("routing") == "balanced")
+                             case.get("routing"))
     if not kernels:
         raise ConfigError(f"measurements row {case['id']}.kernel: model {case['model']} has no "
                           f"{case['kernel']!r} kernel; accepted: a kernel class its layers run")
@@ -456,10 +459,11 @@ def _layer_kernel_us(case) -> float:
 
 @lru_cache(maxsize=4096)
 def _layer_kernels(model: str, weights: str | None, kv_dtype: str | None, batch: int,
-                   context: int, tp: int, kernel: str, max_ops: int, spread: bool) -> tuple:
+                   context: int, tp: int, kernel: str, max_ops: int,
+                   routing: str | None) -> tuple:
     """The kernels of `kernel` class in the first layer of the model that runs one (its work
-    does not depend on a profile: a fit re-costs them, never rebuilds them). `spread`: the
-    tokens route to disjoint experts (StepShape.spread)."""
+    does not depend on a profile: a fit re-costs them, never rebuilds them). `routing`: the
+    row's; a SPREAD_ROUTINGS one routes the tokens to disjoint experts (StepShape.spread)."""
     from chip.kernel_by_kernel import fuse
     from chip.kernel_efficiency import kernel_class
     from workloads.graph import layer_ops
@@ -467,7 +471,8 @@ def _layer_kernels(model: str, weights: str | None, kv_dtype: str | None, batch:
     from workloads.spec import layer_runs
 
     spec = with_dtypes(catalog.load_model(model), weights, kv_dtype, "weights", "kv_dtype")
-    shape = replace(StepShape.decode(batch, context), spread=spread)
+    shape = replace(StepShape.decode(batch, context), spread=routing in SPREAD_ROUTINGS,
+                    spread_grouped=routing == "balanced-grouped")
     for _, _, layer in layer_runs(spec.layers):
         ops = tuple(layer_ops(spec, layer, shape, Shard.tensor(tp)))
         kernels = tuple(k for k in fuse(ops, max_ops)

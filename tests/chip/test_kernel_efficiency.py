@@ -190,6 +190,33 @@ def test_balanced_routing_touches_the_most_experts():
     assert np.isclose(weight[0] / per_expert, 256 * (1 - (1 - 8 / 256) ** 16))
 
 
+def test_balanced_logits_through_a_group_limited_router_touch_half_the_experts():
+    """SGLang 0.5.14's collector routes DeepSeek-V3's balanced logits through its grouped
+    router: all 8 groups tie, 4 are kept, so a token keeps 4 of its experts and shares 4 tied
+    ones with every other token (graph.spread_experts): min(128, 4N + 4) experts."""
+    from workloads.graph import layer_ops, spread_experts
+
+    per_expert = 3 * 7168 * 2048 / 8
+    moe_layer = DSV3.layers[-1]
+
+    def experts(n, grouped):
+        shape = dataclasses.replace(StepShape.decode(n, 1024), spread=True, spread_grouped=grouped)
+        return sum(o.weight_bytes for o in layer_ops(DSV3, moe_layer, shape, Shard.tensor(8))
+                   if o.cls is OpClass.EXPERT) / per_expert
+
+    assert [experts(n, True) for n in (1, 4, 16, 64)] == pytest.approx([8, 20, 68, 128])
+    assert experts(16, False) == pytest.approx(128) and experts(64, False) == pytest.approx(256)
+    qwen = catalog.load_model("qwen3-235b-a22b").moe  # no groups: the same as plain balanced
+    assert spread_experts(qwen, 4, True) == spread_experts(qwen, 4, False) == 32
+    rows = v.load_cases()
+    grouped = [r for r in rows if r.get("routing") == "balanced-grouped"]
+    assert grouped and all(r["model"] == "deepseek-v3" and r["options"] == "sglang"
+                           for r in grouped)
+    gemm = next(r for r in rows if r["metric"] == "linear_time_us")
+    with pytest.raises(ConfigError, match=r"\.routing: 'balanced-grouped'"):
+        v.check_row(dict(gemm, routing="balanced-grouped"), "row")
+
+
 def test_a_replayed_kernel_reads_a_working_set_that_fits_l2_from_it():
     """A per-kernel profiler replays one op on the same buffers: a working set within the L2
     streams at the L2's rate; a replay's set is all its kernels' bytes together."""

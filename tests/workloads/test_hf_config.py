@@ -241,6 +241,17 @@ def test_deepseek_v3_first_k_dense_and_mla():
     assert spec.precision.weights is DType.FP8  # the quantization_config: fp8, 128x128 blocks
 
 
+def test_group_limited_routers_carry_their_groups():
+    """noaux_tc (V3) and group_limited_greedy (V2) pick experts within topk_group of n_group
+    groups; plain greedy (V2-Lite) ignores n_group."""
+    v3 = from_hf_config(catalog.model_config("deepseek-v3")).moe
+    v2 = from_hf_config(catalog.model_config("deepseek-v2")).moe
+    lite = from_hf_config(dict(catalog.model_config("deepseek-v2"), topk_method="greedy")).moe
+    assert (v3.expert_groups, v3.topk_groups) == (8, 4)
+    assert (v2.expert_groups, v2.topk_groups) == (8, 3)
+    assert (lite.expert_groups, lite.topk_groups) == (1, 1)
+
+
 def test_text_config_quantization_sets_the_weights():
     # A multimodal checkpoint's quantization_config may sit with its language model.
     cfg = catalog.model_config("gemma-3-27b")
