@@ -427,6 +427,7 @@ def _mla_moe(c: _Cfg, name: str) -> ModelSpec:
     shared = c.count("n_shared_experts", 0)
     moe_inter = c.size("moe_intermediate_size")
     _check_groups(c)
+    groups, picked = _routing_groups(c)
     moe = MoESpec(
         num_experts=c.size("n_routed_experts"),
         top_k=_top_k(c, "n_routed_experts"),
@@ -434,7 +435,8 @@ def _mla_moe(c: _Cfg, name: str) -> ModelSpec:
         num_shared_experts=shared,
         shared_intermediate=shared * moe_inter,
         router_bias=c.get("topk_method") == "noaux_tc",  # e_score_correction_bias
-        **_routing_groups(c),
+        expert_groups=groups,
+        topk_groups=picked,
     )
     return _base(
         c,
@@ -466,13 +468,13 @@ def _check_groups(c: _Cfg) -> None:
                      f"{experts // groups} experts of the topk_group groups a token picks")
 
 
-def _routing_groups(c: _Cfg) -> dict[str, int]:
-    """The groups a group-limited router picks from (topk_method group_limited_greedy or
-    noaux_tc; plain "greedy" ignores n_group, modeling_deepseek_v2/_v3 MoEGate)."""
+def _routing_groups(c: _Cfg) -> tuple[int, int]:
+    """(n_group, topk_group) of a group-limited router (topk_method group_limited_greedy or
+    noaux_tc); plain "greedy" ignores n_group (modeling_deepseek_v2/_v3 MoEGate): (1, 1)."""
     if c.get("topk_method") not in ("group_limited_greedy", "noaux_tc"):
-        return {}
+        return 1, 1
     groups = c.size("n_group", 1)
-    return {"expert_groups": groups, "topk_groups": c.size("topk_group", groups)}
+    return groups, c.size("topk_group", groups)
 
 
 def _top_k(c: _Cfg, experts_key: str) -> int:
