@@ -125,7 +125,10 @@ class LocalBackend:
     def run(self, seq: int, ops: list, spans: Spans, loads: dict | None, sockets) -> dict:
         self._split(sockets)
         n = len(spans.kind)
-        out, done, occ, lead = {}, {}, {}, {}
+        out: dict[int, tuple] = {}
+        done: dict[tuple, list] = {}  # cost key -> [rows, moves of its first socket]
+        occ: dict[int, dict] = {}  # id(memory) -> its occupancy after the ops
+        lead: dict[int, Socket] = {}  # id(memory) -> the socket that applied the ops
         drawn: dict[tuple, list] = {}  # sockets costed together: differing only in their loads
         for i in sockets:
             sock = self.sockets[i]

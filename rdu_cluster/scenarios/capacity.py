@@ -737,7 +737,8 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
                          speculation=dep.speculation, draft=dep.draft,
                          options=serving_stacks.stack(dep.stack) if _all_gpu(dep) else None)
     if dep.disaggregated:  # the summary is what is read (Simulation.summary_only)
-        s = Disaggregated(model, *dep.pools, fabric, trace, config, backend,
+        pre, dec = dep.pools
+        s = Disaggregated(model, pre, dec, fabric, trace, config, backend,
                           summary_only=True).run().summary
     else:
         s = _served(dep.pools[0], model, fabric, trace, config, backend, traffic.ramp_of(dep))
