@@ -16,6 +16,7 @@ named in a command that another holder of its memory is not gets a copy of its o
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 from chip.memory import MemoryTiers
 from chip.socket import CostTables, Socket, Spans
@@ -34,9 +35,10 @@ _shared: OrderedDict[tuple, CostTables] = OrderedDict()
 
 
 def shared_tables(setup: SocketSetup) -> CostTables:
-    """The process's cost tables of `setup`'s chip (its every figure), program and
+    """The process's cost tables of `setup`'s chip and program (their every figure: a
+    program's key names its model, and one model's bf16 and fp8 weights share a name) and
     collectives (CommTime functions are cached per layout: equal layouts give the same one)."""
-    key = (repr(setup.chip), setup.program.key(), setup.comm_time)
+    key = (repr(setup.chip), repr(replace(setup.program, group=())), setup.comm_time)
     tables = _shared.get(key)
     if tables is None:
         tables = _shared[key] = CostTables(setup.chip, setup.program, setup.comm_time)
