@@ -53,13 +53,18 @@ def test_a_run_does_not_keep_the_garbage_of_earlier_runs():
 
 
 def test_a_callers_frozen_objects_stay_frozen():
+    """A run inside a caller's gc.freeze() neither freezes nor unfreezes: the caller's object
+    stays in the permanent generation (gc.get_objects() does not list it). The freeze count is
+    no test of this: frozen objects freed by reference counting during the run (a cache
+    replacing an entry) lower it."""
+    mine = _Cycle()
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
         loop.run(_Sim(), [_Probe(0.0, [])])
-        assert gc.get_freeze_count() == frozen
+        assert not any(o is mine for o in gc.get_objects())
     finally:
         gc.unfreeze()
+    assert any(o is mine for o in gc.get_objects())  # the check can fail: unfrozen, it is listed
 
 
 def test_settings_are_restored_when_a_handler_raises():
