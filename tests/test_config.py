@@ -128,3 +128,19 @@ def test_dataflow_model_needs_an_sram_tier(tmp_path):
     with pytest.raises(ConfigError, match=r"^gpu.toml: execution: the dataflow model needs an sram "
                        "tier"):
         load_chip(tmp_path / "gpu.toml")
+
+
+def test_a_config_file_edited_at_once_is_read_anew_and_a_callers_changes_stay_its_own(tmp_path):
+    """read_toml caches parsed files by their text: a file rewritten with text of the same
+    length within the same clock tick is parsed again, and a caller that changes its dict
+    (config.py pops `extends`) does not change what the next reader gets."""
+    from workloads.files import read_toml
+
+    f = tmp_path / "c.toml"
+    f.write_text('a = 1\n[t]\nb = "x"\n')
+    first = read_toml(f)
+    first["t"]["b"] = "changed"
+    first.pop("a")
+    assert read_toml(f) == {"a": 1, "t": {"b": "x"}}
+    f.write_text('a = 2\n[t]\nb = "x"\n')  # same size, at once
+    assert read_toml(f)["a"] == 2

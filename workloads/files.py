@@ -65,6 +65,7 @@ def parse_json(text: str, where: str) -> Any:
 # itself, so an edited file is parsed again however quickly it was rewritten.
 _PARSED: dict[str, dict[str, Any]] = {}
 _PARSED_MAX = 64
+_PARSED_TEXT = 2**20  # a config file is KBs: the cache holds at most 64 MiB of text
 
 
 def read_toml(path: str | Path, what: str = "") -> dict[str, Any]:
@@ -72,6 +73,8 @@ def read_toml(path: str | Path, what: str = "") -> dict[str, Any]:
     parsed = _PARSED.get(text)
     if parsed is None:
         parsed = _parse_toml(text, f"{what} {Path(path).name}" if what else Path(path).name)
+        if len(text) > _PARSED_TEXT:
+            return parsed  # parsed for this caller alone: nothing else holds it
         if len(_PARSED) >= _PARSED_MAX:
             del _PARSED[next(iter(_PARSED))]  # the oldest: a bounded cache
         _PARSED[text] = parsed
