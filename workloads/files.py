@@ -72,7 +72,7 @@ def read_toml(path: str | Path, what: str = "") -> dict[str, Any]:
     text = read_text(path, what)
     parsed = _PARSED.get(text)
     if parsed is None:
-        parsed = _parse_toml(text, f"{what} {Path(path).name}" if what else Path(path).name)
+        parsed = parse_toml(text, f"{what} {Path(path).name}" if what else Path(path).name)
         if len(text) > _PARSED_TEXT:
             return parsed  # parsed for this caller alone: nothing else holds it
         if len(_PARSED) >= _PARSED_MAX:
@@ -91,7 +91,8 @@ def _copied(value: Any) -> Any:
     return value
 
 
-def _parse_toml(text: str, name: str) -> dict[str, Any]:
+def parse_toml(text: str, name: str) -> dict[str, Any]:
+    """TOML text read already (by read_text), every failure a one-line ConfigError naming it."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -123,6 +123,7 @@ class RayBackend:
         self.reuse = reuse and not self._owns_ray  # kept actors die with our own Ray instance
         self.checkpoint_every = checkpoint_every
         self.actors: dict[int, object] = {}
+        self.pg = None  # the run's placement group, made at start (or a kept rig's)
         self.setups: dict[int, SocketSetup] = {}
         self.incarnation: dict[int, int] = {}
         self.checkpoints: dict[int, bytes] = {}
@@ -336,8 +337,8 @@ class RayBackend:
         self.inflight.clear()
         if self.actors and self.reuse and _WARM is not None:
             _WARM.keep(self.layout, (self.pg, self.bundle_of, self.cpus, dict(self.actors)))
-        elif self.actors or getattr(self, "pg", None) is not None:
-            _release(self.ray, getattr(self, "pg", None), self.actors)
+        elif self.actors or self.pg is not None:
+            _release(self.ray, self.pg, self.actors)
         self.actors.clear()
         self.pg = None
         if self._owns_ray:

@@ -27,7 +27,7 @@ import cluster_configs
 from chip import kernel_efficiency
 from workloads import checks
 from workloads.errors import ConfigError
-from workloads.files import read_text, read_toml
+from workloads.files import parse_toml, read_text
 
 DEFAULT = "default"
 # What `rdu-cluster calibrate` writes beside chips, key and value (fit.profile_text).
@@ -113,7 +113,7 @@ def _loaded(text: str, path: Path) -> Profile:
     """A profile file checked once per text: every command's --calibration loads one (1 ms of
     checks a load; the tests make thousands of CLI runs). Keyed by the text, so an edited file
     is read again; a profile is a value (frozen, and no caller changes its mappings)."""
-    return _parse(read_toml(path, "calibration"), path)
+    return _parse(parse_toml(text, f"calibration {path.name}"), path)
 
 
 def load_text(text: str, path: str | Path) -> Profile:
