@@ -383,12 +383,13 @@ _WARM: _Warm | None = None
 def warm_sockets() -> Iterator[None]:
     """Keep socket actors between the RayBackend runs inside (module doc: Warm sockets); on
     leaving, every kept actor is killed and its placement group removed. A scope inside
-    another starts with nothing kept (the outer one's actors are released: their CPU share)."""
+    another takes over the outer one's kept actors (a run inside reloads them, where it would
+    otherwise start a process a socket) and kills them on leaving like its own."""
     global _WARM
     outer = _WARM
+    _WARM = _Warm(outer.rigs if outer is not None else {})
     if outer is not None:
-        outer.release()
-    _WARM = _Warm({})
+        outer.rigs = {}
     try:
         yield
     finally:

@@ -47,3 +47,10 @@ def serve():
 @pytest.fixture(scope="session")
 def small_run():
     return simulate()
+
+
+@pytest.fixture(scope="session")
+def small_run_8():
+    """A small run on sn40l-8: the Ray tests that need fresh socket actors (or kill them) use
+    eight, not sixteen: each actor started is a Ray worker process (about a second of CPU)."""
+    return simulate(cluster="sn40l-8")

@@ -22,7 +22,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = "from rdu_cluster.cli import main; main()"
-RUN = ["--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--requests", "20", "--rate", "10"]
+# Two sockets: each is an actor, a Ray worker process on the head (about a second of CPU).
+RUN = ["--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--sockets", "2", "--requests", "20",
+       "--rate", "10"]
 
 
 def _free_port() -> int:

@@ -129,7 +129,7 @@ def test_idle_actors_killed_right_before_a_fault_are_revived_with_identical_tabl
 
 
 def test_an_actor_killed_during_start_up_is_created_afresh_with_identical_tables(
-    ray_session, serve, small_run
+    ray_session, serve, small_run_8
 ):
     from rdu_cluster.backends.ray_backend import RayBackend
 
@@ -142,9 +142,9 @@ def test_an_actor_killed_during_start_up_is_created_afresh_with_identical_tables
                 killed.append(index)
                 self.ray.kill(self.actors[index])
 
-    _, undisturbed = small_run
+    _, undisturbed = small_run_8
     backend = DiesStarting(reuse=False)  # new actors, created through _create
-    _, disturbed = serve(backend=backend)
+    _, disturbed = serve(backend=backend, cluster="sn40l-8")
     assert killed == [7] and backend.restarts == 1 and backend.incarnation[7] == 1
     _compare(undisturbed, disturbed)
 

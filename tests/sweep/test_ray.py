@@ -1,4 +1,4 @@
-"""The Ray backend: the same dataset as the local one, read back by Ray Data."""
+"""The Ray backend: the same dataset as the local one."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.sweep.test_simulate import SPEC
 
 
 @pytest.mark.slow
-def test_ray_backend_matches_local_and_ray_data_reads_it(ray_session, tmp_path):
+def test_ray_backend_matches_local(ray_session, tmp_path):
     spec = load_spec(write(tmp_path, SPEC))
     points = expand(spec).points
     run_sweep(spec, points, tmp_path / "local", LocalExecutor(), progress=False)
@@ -25,5 +25,4 @@ def test_ray_backend_matches_local_and_ray_data_reads_it(ray_session, tmp_path):
     b = pq.read_table(tmp_path / "ray").sort_by("point_id")
     assert a.equals(b)  # bit-identical rows, any backend, any task size
     assert ray_session.is_initialized()  # an instance it did not start is left running
-    ds = ray_session.data.read_parquet(str(tmp_path / "ray"))
-    assert ds.count() == 36 and {"cluster", "model", "tpot_s"} <= set(ds.schema().names)
+    # (Ray Data reads such a folder: tests/sweep/test_readers.py::test_ray_data.)
