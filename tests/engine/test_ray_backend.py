@@ -136,6 +136,11 @@ def test_an_actor_killed_during_start_up_is_created_afresh_with_identical_tables
     killed = []
 
     class DiesStarting(RayBackend):
+        def start(self, setups):
+            self.reuse = False  # new actors, created through _create (no kept ones reloaded)
+            super().start(setups)
+            self.reuse = True  # kept on closing, for the next eight-socket tests
+
         def _create(self, index):
             super()._create(index)
             if index == 7 and not killed:  # before the start-up wait reaches it
@@ -143,7 +148,7 @@ def test_an_actor_killed_during_start_up_is_created_afresh_with_identical_tables
                 self.ray.kill(self.actors[index])
 
     _, undisturbed = small_run_8
-    backend = DiesStarting(reuse=False)  # new actors, created through _create
+    backend = DiesStarting()
     _, disturbed = serve(backend=backend, cluster="sn40l-8")
     assert killed == [7] and backend.restarts == 1 and backend.incarnation[7] == 1
     _compare(undisturbed, disturbed)
