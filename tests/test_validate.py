@@ -215,3 +215,22 @@ def test_the_summary_gives_each_stack_family_its_out_of_sample_median():
     row = {"options": "sglang", "cluster": "hgx-h200"}
     assert v.family_of(row) == "sglang on h200-sxm"
     assert v.family_of({"options": "default", "cluster": "hgx-h200"}) is None
+
+
+def test_rows_share_their_model_and_cluster_within_a_run_and_under_one_profile():
+    """published.memoised: within it, rows of one model and cluster get the same objects (the
+    cost caches are keyed by their identity), one per profile's values; outside, fresh ones."""
+    from rdu_cluster.validation import calibration
+
+    case = {"id": "r", "model": "llama-3.1-8b", "cluster": "dgx-h100"}
+    assert v._spec(case) is not v._spec(case)
+    with v.memoised():
+        assert v._spec(case) is v._spec(case)
+        assert v._spec(case) is not v._spec({**case, "weights": "fp8"})
+        bare = v._cluster("dgx-h100")
+        assert v._cluster("dgx-h100") is bare
+        assert v._cluster("dgx-h100", {"sockets": 1}) is not bare
+        with calibration.use(calibration.load("default")):
+            fitted = v._cluster("dgx-h100")
+        assert fitted is not bare and fitted.chip.execution != bare.chip.execution
+    assert v._cluster("dgx-h100") is not bare

@@ -10,9 +10,10 @@ role is "calibrate", and only through a calibration profile.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -271,11 +272,57 @@ def run_case(case: dict[str, Any]) -> Result:
 # ---- metrics --------------------------------------------------------------------------------
 
 
+# Models and clusters loaded once per run of many rows (`memoised`), else None.
+_MEMO: list[dict | None] = [None]
+
+
+@contextlib.contextmanager
+def memoised() -> Iterator[None]:
+    """Within it, a row's model is loaded once per (name, weights, kv_dtype) and its cluster
+    once per (name, overrides, the active profile's values), and rows asking again get the
+    very same objects. The cost caches downstream are keyed by a model's and a chip's
+    identity (partitioning/program.py, evaluate.py): a fit re-runs each calibrate row
+    hundreds of times, and each load built a new model and chip that missed them all
+    (validate: 103 refits). Scoped to a run, so a file edited between runs is read anew."""
+    if _MEMO[-1] is not None:
+        yield
+        return
+    _MEMO.append({})
+    try:
+        yield
+    finally:
+        _MEMO.pop()
+
+
+def _memo(key: tuple, make: Callable[[], Any]) -> Any:
+    memo = _MEMO[-1]
+    if memo is None:
+        return make()
+    try:
+        hit = memo.get(key)
+    except TypeError:  # an unhashable override value
+        return make()
+    if hit is None:
+        hit = memo[key] = make()
+    return hit
+
+
 def _spec(case: dict[str, Any]):
     """The row's model at the row's `weights` and `kv_dtype` (default the catalog's)."""
     row = f"measurements row {case['id']}"
-    return with_dtypes(catalog.load_model(case["model"]), case.get("weights"),
-                       case.get("kv_dtype"), f"{row}: weights", f"{row}: kv_dtype")
+    weights, kv = case.get("weights"), case.get("kv_dtype")
+    return _memo(("model", case["model"], weights, kv), lambda: with_dtypes(
+        catalog.load_model(case["model"]), weights, kv, f"{row}: weights", f"{row}: kv_dtype"))
+
+
+def _cluster(ref: str, overrides: Mapping[str, Any] | None = None):
+    """load_cluster(ref, overrides) under the active calibration profile (`memoised`)."""
+    from rdu_cluster.validation import calibration
+
+    profile = calibration.active()
+    values = None if profile is None else tuple(sorted(profile.values.items()))
+    over = tuple(sorted((overrides or {}).items()))
+    return _memo(("cluster", ref, over, values), lambda: load_cluster(ref, overrides))
 
 
 def _row_options(case: dict[str, Any]) -> Any:
@@ -289,7 +336,7 @@ def _estimate(case: dict[str, Any], options: Any = "case", overrides: dict | Non
     and expert routing."""
     opts = (_row_options(case) if options == "case"
             else OPTIONS[options] if isinstance(options, str) else options)
-    cluster = load_cluster(case["cluster"], overrides)
+    cluster = _cluster(case["cluster"], overrides)
     plan = (Plan.parse(case["plan"]) if "plan" in case
             else tensor_plan(cluster, case.get("tp")))
     scenario = Scenario(_spec(case), cluster, plan,
@@ -318,7 +365,7 @@ def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:
     config = ServeConfig(plan=case.get("plan", f"tp{tp}"), kv_memory_fraction=case["kv_fraction"],
                          limits=Limits(case["max_batch"], case["token_budget"], True),
                          options=_row_options(case))
-    sim = Simulation(_spec(case), load_cluster(case["cluster"], {"sockets": tp}), trace, config,
+    sim = Simulation(_spec(case), _cluster(case["cluster"], {"sockets": tp}), trace, config,
                      make_backend("local"))
     return float(sim.run().summary["bench"]["output_throughput"])
 
@@ -357,7 +404,7 @@ def _e2e_tokens_per_s(case) -> float:
 def _allreduce_time_us(case) -> float:
     """One all-reduce over `ranks` GPUs: the interconnect's alpha-beta time plus the stack's
     software cost (NCCL or a custom kernel), as the GPU execution model charges it."""
-    cluster = load_cluster(case["cluster"])
+    cluster = _cluster(case["cluster"])
     ranks = int(case["ranks"])
     c = Collective(CollectiveKind.ALL_REDUCE, float(case["collective_bytes"]), "attn_tp", ranks)
     opts = _row_options(case) or default_options()
@@ -492,7 +539,7 @@ def _hosting_nodes(case) -> float:
     ("tiered": experts in the capacity tier; "hbm": all resident in HBM)."""
     from rdu_cluster.scenarios.hosting import footprint
 
-    fp = footprint(case["experts"], case["model"], load_cluster(case["cluster"]))
+    fp = footprint(case["experts"], case["model"], _cluster(case["cluster"]))
     (placement,) = [p for p in fp.placements if p.name == case["placement"]]
     return float(placement.nodes) if placement.fits else float("inf")
 

@@ -127,14 +127,15 @@ def build(rows: list[dict[str, Any]], loo: bool = True, where: str = "measuremen
     """Run every row under the active profile; leave-one-out refits its fitted groups."""
     profile = calibration.active()
     _check_not_fitted(rows, profile, where)
-    results = [published.run_case(r) for r in rows]
-    out: dict[str, dict[str, float]] = {}
-    if loo and profile is not None:
-        sim = fit.Simulator(rows)
-        full = fit.fit(rows, sim=sim)
-        by_id = {r["id"]: r for r in rows}
-        for rid, value in fit.leave_one_out(rows, full, sim).items():
-            out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
+    with published.memoised():
+        results = [published.run_case(r) for r in rows]
+        out: dict[str, dict[str, float]] = {}
+        if loo and profile is not None:
+            sim = fit.Simulator(rows)
+            full = fit.fit(rows, sim=sim)
+            by_id = {r["id"]: r for r in rows}
+            for rid, value in fit.leave_one_out(rows, full, sim).items():
+                out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
     name = profile.name if profile is not None else "none"
     families = {r["id"]: f for r in rows if (f := published.family_of(r)) is not None}
     return Report(results, out, name, interval_coverage(rows, results, out), families)
