@@ -59,6 +59,14 @@ PREFILL_CHUNK = 64
 PREFILL_TABLES = 2048
 DECODE_TABLES = 256
 TIME_ROWS = 512
+# Decode tables are filled (CHUNK points, one evaluation) at batches under this. At batch b a
+# table holds CHUNK / b steps, and a run of thousands of requests at once changes its batch
+# nearly every step: each of its tables served a step or two, at one evaluation each (~3 ms
+# of Python over the graph's blocks, whatever the points). At larger batches the steps no
+# table holds yet are evaluated as they come, a window's together, as the points of one
+# evaluation, and not kept: the execution model costs each point alone, bit for bit, whatever
+# the batch and context of the points beside it (tests/engine/test_cost_window.py).
+LARGE_BATCH = 256
 GROUPED = 64  # spans in a window from which CostTables.window gathers by table, not by span
 
 # Span kinds (a span is one row of the arrays in `Spans`).
@@ -332,7 +340,7 @@ class CostTables:
             pre = np.flatnonzero(spans.kind != DECODE)
             self.fill_prefill(zip(spans.pre_seqs[pre].tolist(), spans.pre_tokens[pre].tolist(),
                                   spans.pre_prefix[pre].tolist()))
-            if len(spans.kind) >= GROUPED:
+            if len(spans.kind) >= GROUPED or spans.batch.max(initial=0) >= LARGE_BATCH:
                 return self._grouped(spans)
         parts = []
         loads = spans.expert_load
@@ -345,14 +353,16 @@ class CostTables:
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(ROWS), 0))
 
     def _grouped(self, spans: Spans) -> np.ndarray:
-        """`window` for a light-load window of hundreds of short spans: the decode steps
-        gathered from their tables a (batch, chunk) table at a time and the prefill steps a
-        shape at a time, rather than numpy calls a span (the same table entries)."""
+        """`window` for a light-load window of hundreds of short spans (or one at large
+        batches): the decode steps gathered from their tables a (batch, chunk) table at a time
+        (_gather), a mixed step's decode part with them, and the prefill parts a shape at a
+        time, rather than numpy calls a span (the same table entries)."""
         steps = spans.steps.astype(np.int64)
         start = np.cumsum(steps) - steps
         out = np.empty((len(ROWS), int(steps.sum())))
         kind = spans.kind
-        d = np.flatnonzero(kind == DECODE)
+        mixed = (kind == MIXED) & (steps == 1)
+        d = np.flatnonzero((kind == DECODE) | mixed)
         if len(d):
             n = steps[d]
             b = np.repeat(spans.batch[d].astype(np.int64), n)
@@ -360,27 +370,41 @@ class CostTables:
             s = np.repeat(spans.ctx_sum[d].astype(np.int64), n) + b * k  # context sum
             at = np.repeat(start[d], n) + k
             self._gather(out, at, b, s // CHUNK, s % CHUNK)
-        p = np.flatnonzero(kind == PREFILL)  # one step each
+        p = np.flatnonzero((kind == PREFILL) | mixed)  # one step each
         if len(p):
             shapes = np.stack([spans.pre_seqs[p], spans.pre_tokens[p], spans.pre_prefix[p]], 1)
             keys, inv = np.unique(shapes.astype(np.int64), axis=0, return_inverse=True)
             for u, (q, t, x) in enumerate(keys.tolist()):
-                out[:, start[p[inv.ravel() == u]]] = self.prefill_step(q, t, x, None)
-        for i in np.flatnonzero((kind != DECODE) & (kind != PREFILL)).tolist():
+                i = p[inv.ravel() == u]
+                pre = self.prefill_step(q, t, x, None)
+                out[:, start[i[~mixed[i]]]] = pre
+                # a mixed step: its prefill part plus its decode part, as span_rows adds them
+                at = start[i[mixed[i]]]
+                out[:, at] = pre + out[:, at]
+        for i in np.flatnonzero((kind != DECODE) & (kind != PREFILL) & ~mixed).tolist():
             n_i = int(steps[i])
             out[:, start[i] : start[i] + n_i] = self.span(spans, i, n_i, None)
         return out
 
     def _gather(self, out: np.ndarray, at: np.ndarray, b: np.ndarray, chunk: np.ndarray,
                 col: np.ndarray) -> None:
-        """out[:, at] = the decode table (b, chunk)'s column col, a table at a time."""
+        """out[:, at] = the decode table (b, chunk)'s column col, a table at a time; the
+        steps of LARGE_BATCH batches whose table is not filled, as points (_decode_points)."""
         key = b * (1 << 32) + chunk
         order = np.argsort(key, kind="stable")
         key, at, col = key[order], at[order], col[order]
         edges = np.flatnonzero(np.diff(key)) + 1
+        points = []
         for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(key)]):
             kb, kj = divmod(int(key[lo]), 1 << 32)
+            if kb >= LARGE_BATCH and (kb, kj) not in self.decode:
+                points.append(np.arange(lo, hi))
+                continue
             out[:, at[lo:hi]] = self._decode_chunk(kb, kj)[:, col[lo:hi]]
+        if points:
+            i = np.concatenate(points)
+            kb, kj = np.divmod(key[i], 1 << 32)
+            out[:, at[i]] = self._decode_points(kb, kj * CHUNK + col[i])
 
     def span(self, s: Spans, i: int, n: int, load: np.ndarray | None) -> np.ndarray:
         return self.span_rows(int(s.kind[i]), int(s.batch[i]), int(s.ctx_sum[i]), n,
@@ -460,6 +484,8 @@ class CostTables:
             ctx = (s0 + b * np.arange(n, dtype=float)) / b
             return self._decode_rows(b, ctx, n, load)
         first, last = s0 // CHUNK, (s0 + b * (n - 1)) // CHUNK
+        if b >= LARGE_BATCH and any((b, j) not in self.decode for j in range(first, last + 1)):
+            return self._decode_points(np.full(n, b), s0 + b * np.arange(n))
         if first == last:
             table = self._decode_chunk(b, first)
             lo = s0 - first * CHUNK
@@ -481,21 +507,31 @@ class CostTables:
             _keep(self.decode, (b, j), table, DECODE_TABLES)
         return table
 
-    def _decode_rows(self, b: int, ctx: np.ndarray, n: int, load: Work = 1.0) -> np.ndarray:
+    def _decode_points(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """(ROWS, len(b)) decode steps of b[i] sequences at context sum s[i]: the values their
+        tables hold (the same contexts, s / b), CHUNK points an evaluation at most."""
+        rows = np.empty((len(ROWS), len(b)))
+        for lo in range(0, len(b), CHUNK):
+            bb = b[lo : lo + CHUNK].astype(float)
+            rows[:, lo : lo + len(bb)] = self._decode_rows(
+                bb, s[lo : lo + CHUNK].astype(float) / bb, len(bb))
+        return rows
+
+    def _decode_rows(self, b: Work, ctx: np.ndarray, n: int, load: Work = 1.0) -> np.ndarray:
         """A decode step at mean context `ctx`. Speculative (spec_k = k): k draft steps at
         contexts ctx + d over the frontier's tokens (1 each for a chain; a tree's nodes of
         depth d), then the target verifies every drafted token plus the root in one pass. A
         socket runs the parts its `spec_part` names."""
         p = self.program
         if not p.spec_k:
-            return self._rows(p.graph(StepShape.decode(float(b), ctx), load), n)
+            return self._rows(p.graph(StepShape.decode(_batch(b), ctx), load), n)
         rows = np.zeros((len(ROWS), n))
         if p.spec_part != "draft":
             tokens = float(verify_tokens(p.spec_k, p.spec_tree))
-            rows += self._rows(p.graph(StepShape("decode", float(b), tokens, ctx), load), n)
+            rows += self._rows(p.graph(StepShape("decode", _batch(b), tokens, ctx), load), n)
         if p.spec_part != "verify":
             for d, width in enumerate(frontier(p.spec_k, p.spec_tree)):
-                shape = StepShape("decode", float(b), float(width), ctx + d)
+                shape = StepShape("decode", _batch(b), float(width), ctx + d)
                 rows += self._rows(p.draft_graph(shape), n)
         return rows
 
@@ -585,6 +621,11 @@ class CostTables:
         rows[SENT_ROW] = np.broadcast_to(np.asarray(sent_bytes(graph), dtype=float), (n,))
         rows[DYNAMIC_ROW] = np.broadcast_to(dynamic_energy_j(cost, self.chip), (n,))
         return rows
+
+
+def _batch(b: Work) -> Work:
+    """A decode shape's batch: a float, or one a point (CostTables._decode_points)."""
+    return float(b) if np.ndim(b) == 0 else b
 
 
 def dynamic_energy_j(cost: StepCost, chip: ChipSpec) -> Work:

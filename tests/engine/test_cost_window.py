@@ -6,7 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chip.socket import CHUNK, DECODE, GROUPED, MIXED, PREFILL, PREFILL_CHUNK, CostTables, Spans
+from chip.socket import (
+    CHUNK,
+    DECODE,
+    GROUPED,
+    LARGE_BATCH,
+    MIXED,
+    PREFILL,
+    PREFILL_CHUNK,
+    CostTables,
+    Spans,
+)
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
@@ -56,6 +66,50 @@ def test_a_decode_span_is_its_steps_read_one_by_one_from_the_chunk_tables():
         one_by_one = np.stack([t._decode_chunk(b, int(s) // CHUNK)[:, int(s) % CHUNK]
                                for s in sums], axis=1)
         assert np.array_equal(t.decode_span(b, s0, n, None), one_by_one)
+
+
+@pytest.mark.parametrize("model, cluster, extra", [
+    ("llama-3.1-8b", "sn40l-8", None), ("llama-3.1-70b", "dgx-h100", None),
+    ("gpt-oss-120b", "sn40l-16", None), ("llama-3.1-8b", "dgx-h100", "spec")])
+def test_large_batch_steps_evaluated_as_points_are_their_table_columns(model, cluster, extra):
+    """At LARGE_BATCH batches and over, a window's steps whose table is not filled are
+    evaluated together as points (batches and contexts side by side), a mixed step's decode
+    part with them: each is its (batch, chunk) table's column, bit for bit (RDU dataflow and
+    GPU kernel by kernel, dense and MoE, speculative), and no table is kept for them."""
+    spec = {"draft": load_model("llama-3.2-1b"), "spec_k": 3} if extra == "spec" else {}
+    rng = np.random.default_rng(7)
+    m = GROUPED // 2  # fewer spans than GROUPED: grouped for their batches
+    kind = rng.choice([DECODE, DECODE, PREFILL, MIXED], m)
+    steps = np.where(kind == DECODE, rng.integers(1, 6, m), 1)
+    batch = np.where(kind == PREFILL, 0, rng.integers(LARGE_BATCH - 1, 3000, m))
+    ctx = np.where(kind == PREFILL, 0, rng.integers(1, 4, m) * CHUNK - rng.integers(0, 900, m))
+    pre_seqs = np.where(kind == DECODE, 0, rng.integers(1, 3, m))
+    pre_tokens = np.where(kind == DECODE, 0, rng.choice([128, 512], m))
+    pre_prefix = np.where(kind == DECODE, 0, rng.choice([0, 64], m))
+    spans = Spans(kind=kind, steps=steps, batch=batch, ctx_sum=ctx, pre_seqs=pre_seqs,
+                  pre_tokens=pre_tokens, pre_prefix=pre_prefix)
+    t = _program_tables(model, cluster, **spec)
+    rows = t.window(spans)
+    assert all(b < LARGE_BATCH for b, _ in t.decode)
+    tables = _program_tables(model, cluster, **spec)
+    cols = []
+    for i in range(m):
+        for k in range(int(steps[i])):
+            if kind[i] == PREFILL:
+                cols.append(tables.prefill_step(int(pre_seqs[i]), int(pre_tokens[i]),
+                                                int(pre_prefix[i]), None))
+                continue
+            s = int(ctx[i]) + int(batch[i]) * k
+            col = tables._decode_chunk(int(batch[i]), s // CHUNK)[:, s % CHUNK : s % CHUNK + 1]
+            if kind[i] == MIXED:
+                col = tables.prefill_step(int(pre_seqs[i]), int(pre_tokens[i]),
+                                          int(pre_prefix[i]), None) + col
+            cols.append(col)
+    assert np.array_equal(rows, np.concatenate(cols, axis=1))
+    for i in np.flatnonzero(kind == DECODE).tolist():  # a span alone, as the same points
+        alone = t.decode_span(int(batch[i]), int(ctx[i]), int(steps[i]), None)
+        start = int(steps[:i].sum())
+        assert np.array_equal(alone, rows[:, start : start + int(steps[i])])
 
 
 def test_step_times_are_the_time_row_of_span_rows():
