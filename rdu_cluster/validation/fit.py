@@ -248,12 +248,14 @@ def fit(
 def leave_one_out(rows: Sequence[dict[str, Any]], full: Fit, sim: Simulator) -> dict[str, float]:
     """Row id -> simulated value when the row's group is refitted without it, starting from the
     full fit (the optimum without one row lies near the optimum with it)."""
-    out = {}
-    for g in full.groups:
-        for rid in g.rows:
-            values = {**full.values, **fit_group(g, sim, exclude=rid, start=full.values)}
-            out[rid] = sim(rid, values)
-    return out
+    return {rid: left_out(full, g, rid, sim) for g in full.groups for rid in g.rows}
+
+
+def left_out(full: Fit, group: Group, rid: str, sim: Simulator) -> float:
+    """The row's simulated value when its group is refitted without it (leave_one_out's one
+    refit: validate runs them in parallel processes)."""
+    values = {**full.values, **fit_group(group, sim, exclude=rid, start=full.values)}
+    return sim(rid, values)
 
 
 # ---- the profile file ------------------------------------------------------------------------
