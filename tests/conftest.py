@@ -3,6 +3,7 @@ One `validate --json --no-loo` run serves every test that reads the bundled rows
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 
@@ -95,3 +96,14 @@ def _set_node_id(item, nodeid: str) -> None:
         item._id = coerce_node_id(nodeid)
     else:
         item._nodeid = nodeid
+
+
+def pytest_collection_finish(session):
+    """The session's long-lived objects (every module imported and every test item collected:
+    ~170,000 objects under xdist, where each worker collects the whole suite) go to the
+    permanent generation, as a caller embedding the engine would freeze its own. Else each
+    engine run's full collection before its freeze (engine/loop.py) walks them all: ~0.1 s a
+    run, some 60 s of CPU over the suite's runs. A run inside a caller's freeze leaves it as it
+    is (tests/engine/test_loop.py checks both paths); results do not depend on it."""
+    gc.collect()
+    gc.freeze()

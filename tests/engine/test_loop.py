@@ -25,6 +25,18 @@ class _Sim:
     now = 0.0
 
 
+@pytest.fixture(autouse=True)
+def _nothing_frozen():
+    """Each test starts with nothing frozen, as a CLI process does: tests/conftest.py freezes
+    the session's objects, and a run inside a caller's freeze takes the other path (the last
+    tests here set up that one themselves). Frozen again after."""
+    frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()
+    yield
+    if frozen:
+        gc.freeze()
+
+
 def test_collections_are_fewer_while_the_loop_runs_and_as_before_after():
     before, frozen_before, seen = gc.get_threshold(), gc.get_freeze_count(), []
     assert loop.run(_Sim(), [_Probe(0.0, seen)]) == 2.0
