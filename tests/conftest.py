@@ -76,14 +76,30 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`): the tests that share one expensive session
     resource run on one worker, so the resource is made once: every Ray test on the worker that
     starts Ray, every reader of the shared validate report (or calibration) on the worker that
-    runs it. loadgroup schedules by an `@group` suffix of the node id."""
+    runs it. Likewise the readers of a fixture a test module shares among its tests (a run
+    several tests read): loadgroup hands out the other tests one at a time, alternately, so
+    each worker made nearly every such fixture. loadgroup schedules by an `@group` suffix of
+    the node id."""
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        names = getattr(item, "fixturenames", ())
-        group = next((g for f, g in GROUPS.items() if f in names), None)
+        group = _group(item)
         if group is not None:
             _set_node_id(item, f"{item.nodeid}@{group}")
+
+
+def _group(item) -> str | None:
+    names = getattr(item, "fixturenames", ())
+    group = next((g for f, g in GROUPS.items() if f in names), None)
+    if group is not None:
+        return group
+    info = getattr(item, "_fixtureinfo", None)
+    for name in names:
+        for fixture in (info.name2fixturedefs.get(name, ()) if info else ()):
+            # baseid: the node id of the module that defines it (a conftest's is its folder)
+            if fixture.scope != "function" and fixture.baseid.endswith(".py"):
+                return fixture.baseid
+    return None
 
 
 def _set_node_id(item, nodeid: str) -> None:
