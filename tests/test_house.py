@@ -5,8 +5,9 @@ rdu_cluster/engine/, rdu_cluster/scenarios/). A long function is split where it 
 from __future__ import annotations
 
 import ast
-from functools import cache
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("chip", "interconnect", "partitioning", "workloads", "rdu_cluster", "cluster_configs")
@@ -14,35 +15,41 @@ STRICT = ("partitioning", "rdu_cluster/engine", "rdu_cluster/scenarios")
 MAX_CLASS_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 400, 80, 8
 
 
-def _nodes(folders):
-    for folder in folders:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in _walked(path):
-                yield path.relative_to(ROOT).as_posix(), node
-
-
-@cache
-def _walked(path: Path) -> tuple[ast.AST, ...]:
-    """A file's classes and functions (at any depth), parsed and walked once for both tests:
-    the strict folders lie inside PACKAGES."""
+@pytest.fixture(scope="module")
+def nodes() -> dict[str, tuple[ast.AST, ...]]:
+    """Each source file's classes and functions (at any depth), parsed and walked once for both
+    tests (the strict folders lie inside PACKAGES; tests/conftest.py runs a module fixture's
+    readers on one xdist worker)."""
     kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    return tuple(n for n in ast.walk(ast.parse(path.read_text(), str(path)))
-                 if isinstance(n, kinds))
+    out = {}
+    for folder in PACKAGES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            out[path.relative_to(ROOT).as_posix()] = tuple(
+                n for n in ast.walk(tree) if isinstance(n, kinds))
+    return out
+
+
+def _nodes(nodes, folders):
+    for path, found in nodes.items():
+        if any(path.startswith(f"{folder}/") for folder in folders):
+            for node in found:
+                yield path, node
 
 
 def _lines(node) -> int:
     return node.end_lineno - node.lineno + 1
 
 
-def test_no_class_over_400_lines():
-    long = [f"{p}:{n.lineno} {n.name} ({_lines(n)} lines)" for p, n in _nodes(PACKAGES)
+def test_no_class_over_400_lines(nodes):
+    long = [f"{p}:{n.lineno} {n.name} ({_lines(n)} lines)" for p, n in _nodes(nodes, PACKAGES)
             if isinstance(n, ast.ClassDef) and _lines(n) > MAX_CLASS_LINES]
     assert not long, long
 
 
-def test_no_long_function_nor_long_parameter_list_in_the_cost_and_the_engine():
+def test_no_long_function_nor_long_parameter_list_in_the_cost_and_the_engine(nodes):
     bad = []
-    for p, n in _nodes(STRICT):
+    for p, n in _nodes(nodes, STRICT):
         if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         a = n.args
