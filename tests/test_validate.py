@@ -234,3 +234,24 @@ def test_rows_share_their_model_and_cluster_within_a_run_and_under_one_profile()
             fitted = v._cluster("dgx-h100")
         assert fitted is not bare and fitted.chip.execution != bare.chip.execution
     assert v._cluster("dgx-h100") is not bare
+
+
+@pytest.mark.slow  # a fit and its refits, twice: 2-4 s on 2 cores
+def test_validate_over_processes_prints_what_one_process_prints(tmp_path):
+    """--jobs: the rows and the leave-one-out refits in two processes give the report of one,
+    byte for byte (four A100 linear-layer calibrate rows of the bundled set, refitted each
+    without itself)."""
+    import re
+
+    text = v.resources.files("rdu_cluster").joinpath("validation/measurements.toml").read_text()
+    head, *blocks = text.split("\n[[row]]")
+    keep = [b for b in blocks if re.search(r'^metric = "linear_time_us"', b, re.MULTILINE)
+            and re.search(r'^cluster = "dgx-a100"', b, re.MULTILINE)
+            and re.search(r'^role = "calibrate"', b, re.MULTILINE)][:4]
+    cases = tmp_path / "rows.toml"
+    cases.write_text(head + "".join("\n[[row]]" + b for b in keep))
+    runs = [CliRunner().invoke(main, ["validate", "--json", "--cases", str(cases), "--jobs", j])
+            for j in ("1", "2")]
+    assert [r.exit_code in (0, 1) for r in runs] == [True, True], runs[0].output
+    assert runs[0].stdout == runs[1].stdout
+    assert len(json.loads(runs[0].stdout)["leave_one_out"]) == 4

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from rdu_cluster import processes
 from rdu_cluster.cli.options import calibration_option
 from rdu_cluster.output.report import text_table
 from rdu_cluster.validation import published as v
@@ -21,11 +22,15 @@ from rdu_cluster.validation import report as vr
     "--cases", "cases_path", default=None, help="A measurements TOML other than the bundled one."
 )
 @click.option("--no-loo", is_flag=True, help="Skip the leave-one-out refits.")
-def validate(as_json: bool, cases_path: str | None, no_loo: bool) -> None:
+@click.option("--jobs", "n_jobs", type=click.IntRange(1, 1024), default=None,
+              help="Processes to run the rows and refits in (default: the cores this process "
+                   "may use); the same report whatever the number.")
+def validate(as_json: bool, cases_path: str | None, no_loo: bool, n_jobs: int | None) -> None:
     """Run every row; exit 1 if any is outside its stated tolerance (a row's tolerance is a claim
     about the simulator, so a miss is a failure whatever its role)."""
     where = f"--cases {cases_path}" if cases_path else "measurements.toml"
-    report = vr.build(v.load_cases(cases_path), loo=not no_loo, where=where)
+    jobs = n_jobs if n_jobs is not None else processes.available_cores()
+    report = vr.build(v.load_cases(cases_path), loo=not no_loo, where=where, jobs=jobs)
     if as_json:
         click.echo(json.dumps(report.as_dict(), default=float))
     else:

@@ -1,0 +1,26 @@
+"""rdu_cluster/processes.py: tasks over forked processes come back in the tasks' order."""
+
+from __future__ import annotations
+
+import os
+
+from rdu_cluster import processes
+
+
+def _square_and_pid(x: int) -> tuple[int, int]:
+    return x * x, os.getpid()
+
+
+def test_forked_tasks_come_back_in_their_order_whichever_start_first():
+    tasks = list(range(12))
+    out = processes.map_forked(_square_and_pid, tasks, 2, first=[11, 5, 5])
+    assert [v for v, _ in out] == [x * x for x in tasks]
+    assert os.getpid() not in {pid for _, pid in out}  # run in the workers
+    assert processes.map_forked(_square_and_pid, tasks, 1) == [(x * x, os.getpid())
+                                                               for x in tasks]
+
+
+def test_a_closure_goes_along_with_the_fork_unpickled():
+    seen = {"a": 1}  # what a task reads without being sent: set before the fork
+    assert processes.map_forked(lambda k: seen[k] + 1, ["a", "a"], 2) == [2, 2]
+    assert processes.available_cores() >= 1
