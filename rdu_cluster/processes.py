@@ -5,18 +5,16 @@ a spawned worker would have to rebuild. For the commands' --jobs (validate)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-# The work a forked pool's tasks read (map_forked): set before the fork, so it goes along
-# without being pickled; cleared afterwards.
-_WORK: list[Callable[[Any], Any]] = []
+# The work a forked pool's tasks run: set before the fork, so it goes along without being
+# pickled (a closure over this process's objects); a pool's entry stays while it runs.
+_WORK: dict[int, Callable[[int], Any]] = {}
 
 
 def available_cores() -> int:
@@ -28,28 +26,54 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def map_forked(fn: Callable[[T], R], tasks: Sequence[T], jobs: int,
-               first: Sequence[int] = ()) -> list[R]:
-    """[fn(t) for t in tasks], over `jobs` forked processes (in this one for jobs <= 1 or a
-    single task). `first`: indices of tasks to hand out before the rest (the longest, so
-    that no long task starts last and keeps one process busy alone at the end)."""
+class Pending:
+    """Tasks under way; `get()` waits for them: their results in the tasks' order."""
+
+    def __init__(self, get: Callable[[], list]):
+        self.get = get
+
+
+@contextlib.contextmanager
+def started(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
+            first: Sequence[int] = ()) -> Iterator[Pending]:
+    """[fn(t) for t in tasks] under way over `jobs` forked processes while the caller goes on
+    with other work in this one (sharing the cores with them). `first`: indices of tasks to
+    hand out before the rest (the longest: none should start last and keep one process busy
+    alone at the end). With jobs <= 1 or one task they run here, now. The workers end with
+    the block, done or not: fork the next pool after it (a fork while a pool's threads run
+    copies their locks)."""
     if jobs <= 1 or len(tasks) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [fn(t) for t in tasks]
+        done = [fn(t) for t in tasks]
+        yield Pending(lambda: done)
+        return
     head = list(dict.fromkeys(first))
-    rest = set(range(len(tasks))) - set(head)
-    order = head + sorted(rest)
-    ctx = multiprocessing.get_context("fork")
-    _WORK.append(lambda i: fn(tasks[i]))
+    order = head + sorted(set(range(len(tasks))) - set(head))
+    key = max(_WORK, default=0) + 1
+    _WORK[key] = lambda i: fn(tasks[i])
     try:
-        # the pool ends its workers with SIGTERM once the map is done: the default action
+        # the pool ends its workers with SIGTERM once the block is done: the default action
         # there, not the CLI's handler (an "aborted" KeyboardInterrupt traceback per worker)
-        with ctx.Pool(min(jobs, len(tasks)), initializer=signal.signal,
-                      initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
-            done = dict(zip(order, pool.imap(_run, order, chunksize=1)))
+        with multiprocessing.get_context("fork").Pool(
+                min(jobs, len(tasks)), initializer=signal.signal,
+                initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
+            result = pool.map_async(_run, [(key, i) for i in order], chunksize=1)
+
+            def get() -> list:
+                done = dict(zip(order, result.get()))
+                return [done[i] for i in range(len(tasks))]
+
+            yield Pending(get)
     finally:
-        _WORK.pop()
-    return [done[i] for i in range(len(tasks))]
+        del _WORK[key]
 
 
-def _run(i: int) -> Any:
-    return _WORK[-1](i)
+def map_forked(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
+               first: Sequence[int] = ()) -> list:
+    """[fn(t) for t in tasks] over `jobs` forked processes (`started`, waited for)."""
+    with started(fn, tasks, jobs, first) as pending:
+        return pending.get()
+
+
+def _run(task: tuple[int, int]) -> Any:
+    key, i = task
+    return _WORK[key](i)

@@ -505,7 +505,8 @@ def _cli_cases() -> None:
     for extra in (["--latency-target", "1e400"], ["--gen-len", "0"], ["--batch", "abc"],
                   ["--json", "extra"]):
         add("footprint", "cli_value", *FOOT, "--experts", "4", *extra)
-    for extra in (["--json", "extra"], ["--bogus"], ["--no-loo=1"]):
+    for extra in (["--json", "extra"], ["--bogus"], ["--no-loo=1"], ["--jobs", "0"],
+                  ["--jobs", "two"]):
         add("validate", "cli_value", "validate", *extra)
     for command in ("models", "clusters"):
         for extra in (["--json=yes"], ["extra"], ["--bogus"], ["--json", "--json2"],

@@ -127,41 +127,34 @@ def _pct(x: float | None) -> str:
 def build(rows: list[dict[str, Any]], loo: bool = True, where: str = "measurements.toml",
           jobs: int = 1) -> Report:
     """Run every row under the active profile; leave-one-out refits its fitted groups (the
-    full fit first, then each refit from it). The rows and the refits are independent tasks,
-    run over `jobs` processes: the same report, in the same order, as in one."""
+    full fit, then each refit from it). The rows (the offline serving runs first: seconds
+    each) run over `jobs` forked processes while this process fits, then the refits (the
+    largest groups' first: a refit re-runs its group's rows tens of times): the same report,
+    in the same order, as in one process."""
     profile = calibration.active()
     _check_not_fitted(rows, profile, where)
     out: dict[str, dict[str, float]] = {}
+    serve = [i for i, r in enumerate(rows) if r["metric"] == "serve_output_tokens_per_s"]
     with published.memoised():
-        refits: list[tuple[fit.Group, str]] = []
+        with processes.started(lambda i: published.run_case(rows[i]), range(len(rows)), jobs,
+                               first=serve) as pending:
+            if loo and profile is not None:  # the full fit here, while the rows run
+                sim = fit.Simulator(rows)
+                full = fit.fit(rows, sim=sim)
+            results = pending.get()
         if loo and profile is not None:
-            sim = fit.Simulator(rows)
-            full = fit.fit(rows, sim=sim)
+            # forked after the fit: each refit starts from its values and row cache (the
+            # refits share only their common start), so any --jobs gives the serial values
             refits = [(g, rid) for g in full.groups for rid in g.rows]
-
-        def task(t: int | tuple[fit.Group, str]) -> Any:
-            if isinstance(t, int):
-                return published.run_case(rows[t])
-            return fit.left_out(full, *t, sim)
-
-        tasks: list = [*range(len(rows)), *refits]
-        done = processes.map_forked(task, tasks, jobs, first=_longest_first(rows, refits))
-    results = done[: len(rows)]
-    by_id = {r["id"]: r for r in rows}
-    for (_, rid), value in zip(refits, done[len(rows):]):
-        out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
+            largest = sorted(range(len(refits)), key=lambda k: -len(refits[k][0].rows))
+            values = processes.map_forked(lambda t: fit.left_out(full, *t, sim), refits, jobs,
+                                          first=largest)
+            by_id = {r["id"]: r for r in rows}
+            for (_, rid), value in zip(refits, values):
+                out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
     name = profile.name if profile is not None else "none"
     families = {r["id"]: f for r in rows if (f := published.family_of(r)) is not None}
     return Report(results, out, name, interval_coverage(rows, results, out), families)
-
-
-def _longest_first(rows: list[dict[str, Any]], refits: list[tuple[fit.Group, str]]) -> list[int]:
-    """The tasks (build's: rows, then refits) to start first: the offline serving runs
-    (seconds each), then the refits of the largest groups (a refit re-runs its group's rows
-    tens of times), so that none of them starts last while the other processes idle."""
-    serve = [i for i, r in enumerate(rows) if r["metric"] == "serve_output_tokens_per_s"]
-    by_size = sorted(range(len(refits)), key=lambda k: -len(refits[k][0].rows))
-    return serve + [len(rows) + k for k in by_size]
 
 
 def interval_coverage(rows: list[dict[str, Any]], results: list[published.Result],
