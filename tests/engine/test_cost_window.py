@@ -78,8 +78,9 @@ def test_large_batch_steps_evaluated_as_points_are_their_table_columns(model, cl
     GPU kernel by kernel, dense and MoE, speculative), and no table is kept for them."""
     spec = {"draft": load_model("llama-3.2-1b"), "spec_k": 3} if extra == "spec" else {}
     rng = np.random.default_rng(7)
-    m = GROUPED // 2  # fewer spans than GROUPED: grouped for their batches
+    m = 12  # fewer spans than GROUPED: grouped for their batches
     kind = rng.choice([DECODE, DECODE, PREFILL, MIXED], m)
+    assert m < GROUPED and {DECODE, PREFILL, MIXED} <= set(kind.tolist())
     steps = np.where(kind == DECODE, rng.integers(1, 6, m), 1)
     batch = np.where(kind == PREFILL, 0, rng.integers(LARGE_BATCH - 1, 3000, m))
     ctx = np.where(kind == PREFILL, 0, rng.integers(1, 4, m) * CHUNK - rng.integers(0, 900, m))
