@@ -51,11 +51,8 @@ def started(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
     key = max(_WORK, default=0) + 1
     _WORK[key] = lambda i: fn(tasks[i])
     try:
-        # the pool ends its workers with SIGTERM once the block is done: the default action
-        # there, not the CLI's handler (an "aborted" KeyboardInterrupt traceback per worker)
         with multiprocessing.get_context("fork").Pool(
-                min(jobs, len(tasks)), initializer=signal.signal,
-                initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
+                min(jobs, len(tasks)), initializer=_worker_signals) as pool:
             result = pool.map_async(_run, [(key, i) for i in order], chunksize=1)
 
             def get() -> list:
@@ -72,6 +69,14 @@ def map_forked(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
     """[fn(t) for t in tasks] over `jobs` forked processes (`started`, waited for)."""
     with started(fn, tasks, jobs, first) as pending:
         return pending.get()
+
+
+def _worker_signals() -> None:
+    """The pool ends its workers with SIGTERM once the block is done: the default action
+    there, not the CLI's handler (an "aborted" KeyboardInterrupt traceback per worker). A
+    Ctrl-C reaches the whole process group: the command ends its workers itself."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run(task: tuple[int, int]) -> Any:
