@@ -147,8 +147,8 @@ def build(rows: list[dict[str, Any]], loo: bool = True, where: str = "measuremen
             # refits share only their common start), so any --jobs gives the serial values
             refits = [(g, rid) for g in full.groups for rid in g.rows]
             largest = sorted(range(len(refits)), key=lambda k: -len(refits[k][0].rows))
-            values = processes.map_forked(lambda t: fit.left_out(full, *t, sim), refits, jobs,
-                                          first=largest)
+            values = processes.map_forked(lambda t: fit.left_out(full, t[0], t[1], sim), refits,
+                                          jobs, first=largest)
             by_id = {r["id"]: r for r in rows}
             for (_, rid), value in zip(refits, values):
                 out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
