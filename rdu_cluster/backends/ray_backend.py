@@ -37,6 +37,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -122,8 +123,8 @@ class RayBackend:
         self.run_name = run_name or f"rdu-{uuid.uuid4().hex[:8]}"
         self.reuse = reuse and not self._owns_ray  # kept actors die with our own Ray instance
         self.checkpoint_every = checkpoint_every
-        self.actors: dict[int, object] = {}
-        self.pg = None  # the run's placement group, made at start (or a kept rig's)
+        self.actors: dict[int, Any] = {}  # Ray actor handles (ray has no types for them)
+        self.pg: Any = None  # the run's placement group, made at start (or a kept rig's)
         self.setups: dict[int, SocketSetup] = {}
         self.incarnation: dict[int, int] = {}
         self.checkpoints: dict[int, bytes] = {}
@@ -262,7 +263,7 @@ class RayBackend:
             self._collect(index)
 
     @property
-    def _dead(self) -> tuple[type, ...]:
+    def _dead(self) -> tuple[type[BaseException], ...]:
         return (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorDiedError)
 
     def _call(self, index: int, method: str, *args, ref=None):
