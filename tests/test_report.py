@@ -259,10 +259,11 @@ def test_a_served_run_at_a_low_rate_is_mostly_idle(tmp_path):
 
 
 # --- in a real browser ----------------------------------------------------------------------
-# Injected at the top of the page: collects JavaScript errors (and console.error, where Plotly
+# Injected at the top of each page: collects JavaScript errors (and console.error, where Plotly
 # reports), then after load counts each chart's drawn marks (bar, line and marker paths with a
 # real shape: an unplottable bar is "M0,0Z", an unplottable line has NaN) and lists the pairs of
-# its labels (every SVG text: ticks, titles, legend) whose boxes overlap, into a <pre>.
+# its labels (every SVG text: ticks, titles, legend) whose boxes overlap, into a <pre>, and
+# posts that verdict to the frame holding the page.
 PROBE = """
 (function () {
   var errors = [];
@@ -303,10 +304,23 @@ PROBE = """
       pre.id = 'rdu-check';
       pre.textContent = JSON.stringify({errors: errors, charts: charts});
       document.body.appendChild(pre);
+      window.parent.postMessage({page: location.pathname.split('/').pop(),
+                                 verdict: pre.textContent}, '*');
     }, 1500);
   });
 })();
 """
+# The frame page: each report in an iframe of the window's size (1280 x 1000: the size the
+# overlap check is stated for), the verdicts they post gathered into one <pre>. One Chromium
+# start for all the reports (a start and its first page cost ~4 s of CPU; each further page
+# ~1.3 s, measured on this 2-core machine).
+FRAMES = """<!DOCTYPE html><html><head><script>
+var verdicts = {};
+window.addEventListener('message', function (e) {
+  verdicts[e.data.page] = JSON.parse(e.data.verdict);
+  document.getElementById('rdu-check').textContent = JSON.stringify(verdicts);
+});
+</script></head><body style="margin:0"><pre id="rdu-check">{}</pre>%s</body></html>"""
 
 
 def chromium() -> str | None:
@@ -317,37 +331,57 @@ def chromium() -> str | None:
     return None
 
 
-def browser_check(page_path, tmp_path) -> dict:
-    """Open the page (with the probe) in headless Chromium; the probe's verdict."""
-    probed = tmp_path / f"probed-{page_path.name}"
-    probed.write_text(page_path.read_text().replace("<head>", f"<head><script>{PROBE}</script>",
-                                                    1))
+def browser_check(pages: dict, tmp_path) -> dict:
+    """Open each page (with the probe) in one headless Chromium, each in a frame of the
+    window's size: {name: the probe's verdict on it, None where the page did not finish
+    loading}."""
+    frames = []
+    for name, page_path in pages.items():
+        probed = tmp_path / f"probed-{name}.html"
+        probed.write_text(page_path.read_text().replace(
+            "<head>", f"<head><script>{PROBE}</script>", 1))
+        frames.append(f'<iframe src="{probed.name}" width="1280" height="1000" '
+                      f'style="border:0;display:block"></iframe>')
+    top = tmp_path / "frames.html"
+    top.write_text(FRAMES % "".join(frames))
     cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000",
            "--window-size=1280,1000",
-           "--dump-dom", probed.as_uri()]
+           "--dump-dom", top.as_uri()]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False).stdout
     found = re.search(r'<pre id="rdu-check">(.*?)</pre>', dom, re.DOTALL)
-    assert found, f"the page did not finish loading in Chromium: {dom[-500:]!r}"
-    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert found, f"the frame page did not load in Chromium: {dom[-500:]!r}"
+    verdicts = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    return {name: verdicts.get(f"probed-{name}.html") for name in pages}
+
+
+BROWSED = ["serve_sweep", "serve_run", "simulate_sweep"]
+
+
+@pytest.fixture(scope="module")
+def browsed(request, tmp_path_factory):
+    """Each kind of report, written and opened in Chromium: {kind: (page, verdict)}."""
+    root = tmp_path_factory.mktemp("browsed")
+    _cli("sweep", "examples/sweeps/decode-small.toml", "--out", root / "d", "--no-progress")
+    sources = {"simulate_sweep": root / "d"} | {
+        which: request.getfixturevalue(which) for which in BROWSED if which != "simulate_sweep"}
+    pages = {}
+    for which in BROWSED:
+        pages[which] = root / f"{which}.html"
+        _cli("report", sources[which], "--out", pages[which])
+    verdicts = browser_check(pages, root)
+    return {which: (pages[which].read_text(), verdicts[which]) for which in BROWSED}
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(chromium() is None, reason="no chromium binary on PATH (CI installs it: "
                     "apt-get install chromium); the browser check needs one")
-@pytest.mark.parametrize("which", ["serve_sweep", "serve_run", "simulate_sweep"])
-def test_report_renders_in_headless_chromium(which, request, tmp_path):
-    if which == "simulate_sweep":
-        _cli("sweep", "examples/sweeps/decode-small.toml", "--out", tmp_path / "d",
-             "--no-progress")
-        source = tmp_path / "d"
-    else:
-        source = request.getfixturevalue(which)
-    html = tmp_path / "r.html"
-    _cli("report", source, "--out", html)
-    verdict = browser_check(html, tmp_path)
+@pytest.mark.parametrize("which", BROWSED)
+def test_report_renders_in_headless_chromium(which, browsed):
+    page, verdict = browsed[which]
+    assert verdict is not None, "the page did not finish loading in Chromium"
     assert verdict["errors"] == []
-    assert len(verdict["charts"]) == len(_figures(html.read_text())) >= 5
+    assert len(verdict["charts"]) == len(_figures(page)) >= 5
     empty = [c["id"] for c in verdict["charts"] if c["traces"] == 0 or c["marks"] == 0]
     assert empty == [], f"charts with nothing drawn: {empty}"
     overlaps = {c["id"]: c["overlaps"] for c in verdict["charts"] if c["overlaps"]}
