@@ -76,14 +76,6 @@ def test_serve_sweep_report_has_its_plots(serve_sweep, tmp_path):
     assert "Plotly.newPlot" in page and "max_batch=16" in page
 
 
-@pytest.mark.slow  # seconds: end to end
-def test_bundled_serve_example_is_reported(tmp_path):
-    """The example the issue found crashing: examples/sweeps/serve-small.toml."""
-    _cli("sweep", "examples/sweeps/serve-small.toml", "--out", tmp_path / "d", "--no-progress")
-    r = _cli("report", tmp_path / "d", "--out", tmp_path / "r.html")
-    assert "5 plots" in r.output and "skipped" not in r.output
-
-
 def test_serve_folder_report(serve_run, tmp_path):
     html = tmp_path / "run.html"
     r = _cli("report", serve_run, "--out", html)

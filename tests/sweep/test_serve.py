@@ -39,12 +39,14 @@ output_len = 16
 """
 
 
-@pytest.mark.slow  # seconds: end to end
-def test_example_runs_resumes_one_row_per_point(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def example_sweep(tmp_path_factory):
+    """The example spec run as a sweep whose second task is cut short, then resumed: (spec,
+    points, points finished at the cut, the resumed run's summary, the dataset). The resume
+    test checks the run; the report test reports its dataset (one 12-point run for both)."""
     spec = load_spec(EXAMPLE)
     points = expand(spec).points
-    assert spec.kind == "serve" and len(points) == 12
-    out = tmp_path / "out"
+    out = tmp_path_factory.mktemp("example") / "out"
     ran: list[int] = []
 
     def interrupted(pts, seed):  # the first task commits, the second is cut short
@@ -53,12 +55,19 @@ def test_example_runs_resumes_one_row_per_point(tmp_path, monkeypatch):
         ran.append(len(pts))
         return SERVE.run(pts, seed)
 
-    monkeypatch.setitem(registry.RUNNERS, "serve", dataclasses.replace(SERVE, run=interrupted))
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(KeyboardInterrupt):
+        mp.setitem(registry.RUNNERS, "serve", dataclasses.replace(SERVE, run=interrupted))
         run_sweep(spec, points, out, LocalExecutor(), points_per_task=4, progress=False)
-    assert len(read_manifest(out).finished) == 4
-    monkeypatch.setitem(registry.RUNNERS, "serve", SERVE)
+    at_cut = len(read_manifest(out).finished)
     s = run_sweep(spec, points, out, LocalExecutor(), points_per_task=4, progress=False)
+    return spec, points, at_cut, s, out
+
+
+@pytest.mark.slow  # seconds: end to end
+def test_example_runs_resumes_one_row_per_point(example_sweep):
+    spec, points, at_cut, s, out = example_sweep
+    assert spec.kind == "serve" and len(points) == 12
+    assert at_cut == 4
     assert (s.skipped, s.ran, s.rows, s.infeasible) == (4, 8, 12, 0)
 
     tbl = pq.read_table(out)
@@ -84,6 +93,16 @@ def test_example_runs_resumes_one_row_per_point(tmp_path, monkeypatch):
         assert {k: row[k] for k in alone if k not in ("cluster", "model")} == {
             k: v for k, v in alone.items() if k not in ("cluster", "model")
         }
+
+
+@pytest.mark.slow  # seconds: end to end
+def test_the_example_s_dataset_is_reported(example_sweep, tmp_path):
+    """The example the issue found crashing `report`: its dataset gets every plot."""
+    pytest.importorskip("plotly")
+    r = CliRunner().invoke(main, ["report", str(example_sweep[-1]),
+                                  "--out", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output + (r.stderr or "")
+    assert "serve dataset, 12 rows, 5 plots" in r.output and "skipped" not in r.output
 
 
 def test_seed_field_infeasible_point_and_dry_run(tmp_path):
