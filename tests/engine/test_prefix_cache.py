@@ -235,13 +235,19 @@ def test_ray_gives_the_local_tables_with_sessions_and_a_tiered_cache(ray_session
         assert getattr(local, name).to_pylist() == getattr(remote, name).to_pylist(), name
 
 
+@pytest.fixture(scope="module")
+def prefix_aware():
+    """tp4 on sn40l-16 (4 replicas) routed prefix-aware: both tests below read the one run."""
+    return run(plan="tp4", routing="prefix-aware")
+
+
 @pytest.mark.slow  # seconds: end to end
-def test_prefix_aware_routing_keeps_sessions_warm_and_spreads_load():
+def test_prefix_aware_routing_keeps_sessions_warm_and_spreads_load(prefix_aware):
     """tp4 on sn40l-16: 4 replicas. Least-outstanding scatters a session's turns; the
     prefix-aware policy sends a turn back to the replica holding its history more often, and
     spreads the sessions."""
     _, lo = run(plan="tp4", routing="least-outstanding")
-    _, pa = run(plan="tp4", routing="prefix-aware")
+    _, pa = prefix_aware
     counts = np.bincount(cols(pa.requests)["replica"], minlength=4)
     assert counts.max() <= 2 * counts.mean()  # least-outstanding's: 26/12/7/3
     assert pa.summary["prefix_cache_hit_rate"] > lo.summary["prefix_cache_hit_rate"]
@@ -256,8 +262,8 @@ def _stays(t) -> int:
 
 
 @pytest.mark.slow  # seconds: end to end
-def test_prefix_aware_routing_equals_a_one_step_loop(monkeypatch):
-    _, fast = run(plan="tp4", routing="prefix-aware")
+def test_prefix_aware_routing_equals_a_one_step_loop(prefix_aware, monkeypatch):
+    _, fast = prefix_aware
     monkeypatch.setattr(replica, "MAX_SPANS", 1)
     monkeypatch.setattr(replica, "_fit", lambda kv, decodes, limit, growth: 1)
     sim, slow = run(plan="tp4", routing="prefix-aware")
