@@ -16,7 +16,7 @@ from rdu_cluster.cli import main
 from rdu_cluster.config import load_chip, load_cluster
 from rdu_cluster.validation import calibration, fit
 from rdu_cluster.validation import published as v
-from tests.calibration_cases import sn40l_cases
+from tests.calibration_cases import SN40L_ROWS, cases_file, sn40l_cases
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 
@@ -67,11 +67,10 @@ def test_fit_recovers_an_affine_host_time_from_exact_rows():
     assert "python_host_seq_s" not in values
 
 
-@pytest.mark.slow  # runs calibrate over the bundled rows: tens of seconds of CPU
+@pytest.mark.slow  # fits a chip's parameters to its rows: seconds of CPU
 def test_calibrate_writes_a_profile_with_ranges_rows_and_residuals(tmp_path):
-    rows = tmp_path / "rows.toml"
-    text = v.resources.files("rdu_cluster").joinpath("validation/measurements.toml").read_text()
-    rows.write_text(text)
+    # the DGX A100's rows: the parameters the A100 shares with other GPUs fitted to them alone
+    rows = cases_file(tmp_path, lambda row: row.get("cluster") == "dgx-a100")
     out = tmp_path / "p.toml"
     result = CliRunner().invoke(
         main, ["calibrate", "--chip", "a100-sxm-80gb", "--cases", str(rows), "--out", str(out),
@@ -79,7 +78,7 @@ def test_calibrate_writes_a_profile_with_ranges_rows_and_residuals(tmp_path):
     )
     assert result.exit_code == 0, result.output
     profile = calibration.load(str(out))
-    assert ("a100-sxm-80gb", "python_host_step_s") in profile.values
+    assert ("a100-sxm-80gb", "kernel_latency_s") in profile.values  # the A100's own
     body = out.read_text()
     for field in ("range", "first_principles", "rows", "[[residual]]", "code_version", "date"):
         assert field in body
@@ -230,13 +229,13 @@ def test_a_profile_knows_the_rows_it_was_fitted_to(tmp_path):
         calibration.load(str(path))
 
 
-@pytest.mark.slow  # runs calibrate over the bundled rows: tens of seconds of CPU
+@pytest.mark.slow  # fits two SN40L rows: seconds of CPU
 def test_calibrate_no_progress_silences_stderr(tmp_path):
     """docs/sweeps.md: the long commands' progress on stderr, --no-progress silences it;
     calibrate had no --no-progress."""
     r = CliRunner().invoke(main, ["calibrate", "--chip", "sn40l", "--cases",
-                                  str(sn40l_cases(tmp_path)), "--out", str(tmp_path / "p.toml"),
-                                  "--no-progress", "--no-uncertainty"])
+                                  str(sn40l_cases(tmp_path, SN40L_ROWS[:2])), "--out",
+                                  str(tmp_path / "p.toml"), "--no-progress", "--no-uncertainty"])
     assert r.exit_code == 0, r.output
     assert r.stderr == "" and "wrote" in r.stdout
 
@@ -261,7 +260,9 @@ def test_parameters_are_grouped_by_the_rows_that_respond_to_them():
     assert by_key[tuple(sorted(host_keys))] == cpu
     assert all(not (ids & cpu) for keys, ids in by_key.items() if keys != tuple(sorted(host_keys)))
     joint = fit.fit(rows, sim=sim).values
-    alone = fit.fit(cpu_rows).values
+    # the joint fit's memo of row runs: a group fitted alone evaluates the same points, so it
+    # reuses them (a value in the memo is the row's value there, whichever fit ran it)
+    alone = fit.fit(cpu_rows, sim=sim).values
     for key in (k for k in alone if k[0] in host_keys):
         assert joint[key] == pytest.approx(alone[key], rel=1e-6)
 
@@ -297,3 +298,36 @@ def test_a_row_is_not_rerun_when_a_parameter_it_does_not_respond_to_moves(monkey
     first = sim(row["id"], {host: 1e-3, worker: 1e-4})
     assert sim(row["id"], {host: 1e-3, worker: 2e-3}) == first and len(runs) == 1
     assert sim(row["id"], {host: 2e-3, worker: 2e-3}) < first and len(runs) == 2
+
+
+@pytest.mark.slow  # fits, refits and derives a model twice, once in forked processes: seconds
+def test_processes_give_the_fit_refits_and_model_of_one(monkeypatch):
+    """calibrate --jobs: the parameters' responses, the leave-one-out refits, the bootstrap
+    refits and the spread's runs in forked processes give the values of one process, and the
+    rows the workers ran come back to the parent's memo. The Python engine's host-time rows
+    (ms apiece), taken as a figure the uncertainty model covers."""
+    from rdu_cluster.validation import uncertainty
+
+    monkeypatch.setitem(uncertainty.ROW_METRICS, "host_step_ms", "serving")
+    monkeypatch.setattr(fit, "code_version", lambda: "test")
+    rows = [r for r in v.load_cases() if r["metric"] == "host_step_ms"]
+    assert {r["role"] for r in rows} == {"calibrate", "check"}
+    out = []
+    for jobs in (1, 2):
+        sim = fit.Simulator(rows)
+        full = fit.fit(rows, sim=sim, jobs=jobs)
+        model = uncertainty.derive(rows, full, sim, calibration.Profile("p"), "", 3, jobs)
+        out.append((full, fit.leave_one_out(rows, full, sim, jobs), model, set(sim.cache)))
+    (one, loo_one, model_one, memo_one), (two, loo_two, model_two, memo_two) = out
+    assert one == two and loo_one == loo_two and model_one == model_two
+    assert list(loo_two) == [r for g in two.groups for r in g.rows]  # the rows' own order
+    assert {s["held_out"] for s in model_two["samples"]} == {"loo", "check"}
+    assert all(s["spread"] > 0 for s in model_two["samples"])
+    assert memo_two == memo_one  # what the workers ran came back
+
+
+def test_a_process_pool_keeps_the_order_of_the_tasks_whatever_their_cost():
+    sim = fit.Simulator([])
+    tasks = list(range(7))
+    assert sim.map(lambda t: t * t, tasks, 2, cost=lambda t: t % 3) == [t * t for t in tasks]
+    assert sim.map(lambda t: t * t, tasks, 1, cost=lambda t: t % 3) == [t * t for t in tasks]

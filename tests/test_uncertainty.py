@@ -124,6 +124,7 @@ def test_calibrate_writes_the_model_beside_the_profile(sn40l_calibration):
     _, out = sn40l_calibration
     raw = json.loads(u.model_path(out).read_text())
     assert raw["profile_digest"] == u.digest(calibration.load(str(out)))
+    assert "spread from 3 bootstrap refits" in raw["method"]  # the fixture's --resamples 3
     held = {s["id"]: s for s in raw["samples"]}
     assert set(held) >= {*SN40L_ROWS, SN40L_CHECK_ROW}
     assert {held[i]["held_out"] for i in SN40L_ROWS} == {"loo"}

@@ -29,10 +29,18 @@ from workloads.errors import ConfigError
               "a line every few seconds otherwise).")
 @click.option("--no-uncertainty", is_flag=True, help="Write the profile only, not its "
               "uncertainty model (NAME.uncertainty.json: held-out errors and the parameter "
-              "spread of bootstrap refits: every held-out row and 8 refits, minutes on 2 cores). "
+              "spread of --resamples bootstrap refits: most of the run). "
               "Intervals are then not given until it is rewritten.")
+@click.option("--resamples", default=uncertainty.RESAMPLES, show_default=True,
+              type=click.IntRange(2, 64),
+              help="Bootstrap refits the uncertainty model's parameter spread is measured over "
+              "(fewer: sooner and coarser; the model's `method` says how many).")
+@click.option("--jobs", "n_jobs", default=None, type=click.IntRange(1, 1024),
+              help="Processes the fits, refits and rows' runs are spread over (the same "
+              "profile and model with any number)  [default: the cores this process may use]")
 def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | None,
-              no_progress: bool, no_uncertainty: bool) -> None:
+              no_progress: bool, no_uncertainty: bool, resamples: int,
+              n_jobs: int | None) -> None:
     """Bounded least squares on log error over each unknown parameter's declared range (from its
     middle); every other parameter at its first-principles value. Then the profile's uncertainty
     model, beside it (rdu_cluster/validation/uncertainty.py). --calibration is accepted for
@@ -49,9 +57,10 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     where = f"--cases {cases_path}" if cases_path else "measurements.toml"
     fit.check_rows(table["row"], chip, where)
     sim = fit.Simulator(table["row"])
-    with calibration.use(None), Progress(0, "groups", "calibrate",
-                                         enabled=not no_progress) as bar:
-        result = fit.fit(table["row"], chip=chip, sim=sim, progress=bar.set_done)
+    jobs = n_jobs or fit.default_jobs()
+    with calibration.use(None), v.memoised(), Progress(0, "groups", "calibrate",
+                                                       enabled=not no_progress) as bar:
+        result = fit.fit(table["row"], chip=chip, sim=sim, progress=bar.set_done, jobs=jobs)
     if not result.groups:  # rows on the chips, but none moves with a parameter: nothing to write
         raise ConfigError(f"{where}: no calibrate row responds to an unknown parameter"
                           f"{f' of chip {chip}' if chip else ''}; a profile would hold none")
@@ -59,9 +68,12 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     model = None
     if not no_uncertainty:
         profile = calibration.load_text(text, path)
-        with calibration.use(None):
+        with calibration.use(None), v.memoised(), Progress(0, "refits and runs",
+                                                           "uncertainty model",
+                                                           enabled=not no_progress) as bar:
             model = uncertainty.derive(table["row"], result, sim, profile,
-                                       table.get("version", ""))
+                                       table.get("version", ""), resamples, jobs,
+                                       progress=bar.set_done)
     atomic.atomic_write(path, text.encode())
     if model is not None:
         atomic.atomic_write(uncertainty.model_path(path), uncertainty.model_text(model).encode())

@@ -60,6 +60,7 @@ BOUND_COLUMNS = tuple(f"{k}_{end}" for k in FIGURES for end in ("low", "high"))
 # Normal quantiles each held-out error is smeared over by its parameter spread.
 _Z = np.array([statistics.NormalDist().inv_cdf((k + 0.5) / 16) for k in range(16)])
 SUFFIX = ".uncertainty.json"
+RESAMPLES = 8  # bootstrap refits of the parameter spread (calibrate --resamples)
 
 
 def orientation(metric: str) -> int:
@@ -439,45 +440,105 @@ def with_spread(samples: Sequence[Sample], spread: Mapping[tuple[str, str], floa
     return [replace(s, spread=spread.get((s.chip, s.regime), 0.0)) for s in samples]
 
 
-def parameter_spread(rows: Sequence[Mapping[str, Any]], samples: Sequence[Sample], full,
-                     sim, resamples: int = 8, per_group: int = 3,
-                     seed: int = 0) -> dict[tuple[str, str], float]:
-    """(chip, regime) -> the standard deviation of log(simulated) over `resamples` profiles,
-    each refitted (fit.fit_group, from the full fit) on a bootstrap resample of every group's
-    calibrate rows; measured on up to `per_group` held-out rows of the (chip, regime), spread
-    over them by id."""
-    from rdu_cluster.validation import fit
-
+def resample_ids(full, resamples: int = RESAMPLES, seed: int = 0) -> list[list[list[str]]]:
+    """Per bootstrap resample, per group of the fit `full`, its calibrate rows drawn with
+    repeats (seeded: the same draws in any number of processes)."""
     rng = np.random.default_rng(seed)
-    profiles = []
-    for _ in range(resamples):
-        values = dict(full.values)
-        for g in full.groups:
-            ids = [g.rows[i] for i in rng.integers(0, len(g.rows), len(g.rows))]
-            values.update(fit.fit_group(g, sim, start=full.values, ids=ids))
-        profiles.append(values)
+    return [[[g.rows[i] for i in rng.integers(0, len(g.rows), len(g.rows))]
+             for g in full.groups] for _ in range(resamples)]
+
+
+def spread_rows(samples: Sequence[Sample], per_group: int = 3) -> dict[tuple[str, str], list[str]]:
+    """(chip, regime) -> up to `per_group` of its held-out rows, spread over them by id: the
+    rows the parameter spread is measured on."""
     cells: dict[tuple[str, str], list[str]] = {}
     for s in sorted(samples, key=lambda s: s.id):
         cells.setdefault((s.chip, s.regime), []).append(s.id)
+    return {cell: [ids[round(i)] for i in np.linspace(0, len(ids) - 1, min(per_group, len(ids)))]
+            for cell, ids in cells.items()}
+
+
+def parameter_spread(samples: Sequence[Sample], profiles: Sequence[Mapping], sim,
+                     per_group: int = 3, jobs: int = 1,
+                     progress=None) -> dict[tuple[str, str], float]:
+    """(chip, regime) -> the standard deviation of log(simulated) over `profiles` (the fit
+    refitted on bootstrap resamples: `derive`), measured on up to `per_group` held-out rows of
+    the (chip, regime) (`spread_rows`). The rows' runs in `jobs` processes (fit.Simulator.map:
+    the same figures in any number), the serving rows' first."""
+    from rdu_cluster.validation import fit
+
+    cells = spread_rows(samples, per_group)
+    runs = [(rid, k) for picked in cells.values() for rid in picked for k in range(len(profiles))]
+    logs = dict(zip(runs, sim.map(lambda t: math.log(sim(t[0], profiles[t[1]])), runs, jobs,
+                                  progress, cost=lambda t: fit.row_cost(sim.rows[t[0]]))))
     out = {}
-    for cell, ids in cells.items():
-        picked = [ids[round(i)] for i in np.linspace(0, len(ids) - 1, min(per_group, len(ids)))]
-        sds = [float(np.std([math.log(sim(rid, v)) for v in profiles])) for rid in picked]
+    for cell, picked in cells.items():
+        sds = [float(np.std([logs[(rid, k)] for k in range(len(profiles))])) for rid in picked]
         out[cell] = float(np.sqrt(np.mean(np.square(sds))))
     return out
 
 
+def _refit_tasks(draws) -> list[tuple[int, list[str]]]:
+    """(group index, its draw) of every resample in turn."""
+    return [(gi, ids) for draw in draws for gi, ids in enumerate(draw)]
+
+
+def _refit(full, sim, gi: int, ids: Sequence[str]) -> dict:
+    """Group `gi` refitted on the draw `ids`, from the full fit."""
+    from rdu_cluster.validation import fit
+
+    return fit.fit_group(full.groups[gi], sim, start=full.values, ids=ids)
+
+
+def _profiles(full, draws, fitted: Sequence[dict]) -> list[dict]:
+    """Each resample's profile: the full fit with its groups' refits (`fitted`, in
+    `_refit_tasks` order)."""
+    out, it = [], iter(fitted)
+    for draw in draws:
+        values = dict(full.values)
+        for _ in draw:
+            values.update(next(it))
+        out.append(values)
+    return out
+
+
 def derive(rows: Sequence[Mapping[str, Any]], full, sim, profile: calibration.Profile,
-           measurements_version: str, resamples: int = 8) -> dict[str, Any]:
+           measurements_version: str, resamples: int = RESAMPLES, jobs: int = 1,
+           progress=None) -> dict[str, Any]:
     """The model of `profile` (the fit `full`, `sim` its fit.Simulator) as the JSON object
-    `rdu-cluster calibrate` writes."""
+    `rdu-cluster calibrate` writes. The held-out rows' runs, the leave-one-out refits and the
+    bootstrap refits in one map over `jobs` processes (the rows' runs then the spread's in a
+    second); `progress(done, total)` over both."""
     from rdu_cluster.validation import fit
 
     scope = [r for r in rows if r["metric"] in ROW_METRICS and r["kind"] == "value"]
-    check = {r["id"]: sim(r["id"], full.values) for r in scope if r["role"] == "check"}
-    loo = fit.leave_one_out(rows, full, sim)
+    checks = [r["id"] for r in scope if r["role"] == "check"]
+    loos = [(g, rid) for g in full.groups for rid in g.rows]
+    draws = resample_ids(full, resamples)
+    boots = _refit_tasks(draws)
+    tasks = ([("check", rid) for rid in checks] + [("loo", *t) for t in loos]
+             + [("refit", *t) for t in boots])
+
+    def run(task):
+        kind, *args = task
+        if kind == "check":
+            return sim(args[0], full.values)
+        return fit.left_out(full, *args, sim) if kind == "loo" else _refit(full, sim, *args)
+
+    def cost(task) -> float:
+        kind, *args = task
+        if kind == "check":
+            return fit.row_cost(sim.rows[args[0]])
+        return fit.group_cost(args[0] if kind == "loo" else full.groups[args[0]])
+
+    first = len(tasks)  # then the spread's runs: the total grows when they are known
+    out = sim.map(run, tasks, jobs, progress, cost=cost)
+    check = dict(zip(checks, out[: len(checks)]))
+    loo = {rid: v for (_, rid), v in zip(loos, out[len(checks) : len(checks) + len(loos)])}
+    profiles = _profiles(full, draws, out[len(checks) + len(loos) :])
     samples = held_out(scope, check, loo)
-    spread = parameter_spread(rows, samples, full, sim, resamples=resamples)
+    later = (lambda n, total: progress(first + n, first + total)) if progress else None
+    spread = parameter_spread(samples, profiles, sim, jobs=jobs, progress=later)
     samples = with_spread(samples, spread)
     return {
         "profile": profile.name,
