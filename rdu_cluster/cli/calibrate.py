@@ -36,8 +36,9 @@ from workloads.errors import ConfigError
               help="Bootstrap refits the uncertainty model's parameter spread is measured over "
               "(fewer: sooner and coarser; the model's `method` says how many).")
 @click.option("--jobs", "n_jobs", default=None, type=click.IntRange(1, 1024),
+              show_default="the cores this process may use",
               help="Processes the fits, refits and rows' runs are spread over (the same "
-              "profile and model with any number)  [default: the cores this process may use]")
+              "profile and model with any number).")
 def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | None,
               no_progress: bool, no_uncertainty: bool, resamples: int,
               n_jobs: int | None) -> None:
