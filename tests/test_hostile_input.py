@@ -783,6 +783,7 @@ def _calibration_cases() -> None:
         ["--out", "{d}/afile/x.toml"], ["--out", "/"], ["--out", "{d}/x.txt"],
         ["--name", "../../../x"], ["--name", "bad/name"], ["--bogus"],
         ["--cases", "{d}/missing.toml", *out],
+        ["--jobs", "0", *out], ["--jobs", "two", *out], ["--resamples", "1", *out],
     ]
     for extra in cli:
         add("calibrate", "cli_value", "calibrate", *extra,
