@@ -1,7 +1,7 @@
 """Independent CPU-bound tasks over forked worker processes, results in the tasks' order (so a
 run over N processes gives what it gives in one). Forked: the workers start with what this
 process has loaded and computed (the catalog, parsed configs, a fit and its row cache), which
-a spawned worker would have to rebuild. For the commands' --jobs (validate)."""
+a spawned worker would have to rebuild. For the commands' --jobs (validate, calibrate)."""
 
 from __future__ import annotations
 
@@ -35,16 +35,22 @@ class Pending:
 
 @contextlib.contextmanager
 def started(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
-            first: Sequence[int] = ()) -> Iterator[Pending]:
+            first: Sequence[int] = (),
+            done: Callable[[int, Any], None] | None = None) -> Iterator[Pending]:
     """[fn(t) for t in tasks] under way over `jobs` forked processes while the caller goes on
     with other work in this one (sharing the cores with them). `first`: indices of tasks to
     hand out before the rest (the longest: none should start last and keep one process busy
-    alone at the end). With jobs <= 1 or one task they run here, now. The workers end with
-    the block, done or not: fork the next pool after it (a fork while a pool's threads run
-    copies their locks)."""
+    alone at the end). `done(i, result)`: called here as each task ends (in `get()`, in the
+    order they end: a progress bar, or what a task computed taken in here). With jobs <= 1 or
+    one task they run here, now. The workers end with the block, done or not: fork the next
+    pool after it (a fork while a pool's threads run copies their locks)."""
     if jobs <= 1 or len(tasks) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        done = [fn(t) for t in tasks]
-        yield Pending(lambda: done)
+        out = []
+        for i, t in enumerate(tasks):
+            out.append(fn(t))
+            if done is not None:
+                done(i, out[-1])
+        yield Pending(lambda: out)
         return
     head = list(dict.fromkeys(first))
     order = head + sorted(set(range(len(tasks))) - set(head))
@@ -53,11 +59,15 @@ def started(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
     try:
         with multiprocessing.get_context("fork").Pool(
                 min(jobs, len(tasks)), initializer=_worker_signals) as pool:
-            result = pool.map_async(_run, [(key, i) for i in order], chunksize=1)
+            ended = pool.imap_unordered(_run, [(key, i) for i in order], chunksize=1)
 
             def get() -> list:
-                done = dict(zip(order, result.get()))
-                return [done[i] for i in range(len(tasks))]
+                results = {}
+                for i, result in ended:
+                    results[i] = result
+                    if done is not None:
+                        done(i, result)
+                return [results[i] for i in range(len(tasks))]
 
             yield Pending(get)
     finally:
@@ -65,9 +75,10 @@ def started(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
 
 
 def map_forked(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
-               first: Sequence[int] = ()) -> list:
+               first: Sequence[int] = (),
+               done: Callable[[int, Any], None] | None = None) -> list:
     """[fn(t) for t in tasks] over `jobs` forked processes (`started`, waited for)."""
-    with started(fn, tasks, jobs, first) as pending:
+    with started(fn, tasks, jobs, first, done) as pending:
         return pending.get()
 
 
@@ -79,6 +90,6 @@ def _worker_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _run(task: tuple[int, int]) -> Any:
+def _run(task: tuple[int, int]) -> tuple[int, Any]:
     key, i = task
-    return _WORK[key](i)
+    return i, _WORK[key](i)

@@ -24,3 +24,12 @@ def test_a_closure_goes_along_with_the_fork_unpickled():
     seen = {"a": 1}  # what a task reads without being sent: set before the fork
     assert processes.map_forked(lambda k: seen[k] + 1, ["a", "a"], 2) == [2, 2]
     assert processes.available_cores() >= 1
+
+
+def test_each_ended_task_is_handed_to_done_in_this_process():
+    for jobs in (1, 2):
+        ended = []
+        out = processes.map_forked(_square_and_pid, list(range(5)), jobs, first=[4],
+                                   done=lambda i, r: ended.append((i, r[0], os.getpid())))
+        assert sorted(ended) == [(i, i * i, os.getpid()) for i in range(5)]
+        assert [v for v, _ in out] == [i * i for i in range(5)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rdu_cluster import config
+from rdu_cluster import config, processes
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_options
 from rdu_cluster.output import atomic
@@ -58,7 +58,7 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     where = f"--cases {cases_path}" if cases_path else "measurements.toml"
     fit.check_rows(table["row"], chip, where)
     sim = fit.Simulator(table["row"])
-    jobs = n_jobs or fit.default_jobs()
+    jobs = n_jobs or processes.available_cores()
     with calibration.use(None), v.memoised(), Progress(0, "groups", "calibrate",
                                                        enabled=not no_progress) as bar:
         result = fit.fit(table["row"], chip=chip, sim=sim, progress=bar.set_done, jobs=jobs)

@@ -12,9 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import multiprocessing
-import os
-import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +24,7 @@ from scipy.optimize import least_squares
 
 import rdu_cluster
 from chip import kernel_efficiency
+from rdu_cluster import processes
 from rdu_cluster.config import load_cluster
 from rdu_cluster.validation import calibration, published
 from rdu_cluster.validation.calibration import Declaration, Profile
@@ -187,54 +185,29 @@ class Simulator:
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int = 1,
             progress: Callable[[int, int], None] | None = None,
             cost: Callable[[Any], float] | None = None) -> list:
-        """[fn(t) for t in tasks], in `jobs` forked processes where more than one (the rows,
-        the memo and the active profile go along), the costliest first by `cost` (so the last
-        to end is a cheap one). A row's value is the same in any process, so the results are
-        those of one process; `progress(done, total)` as tasks end."""
-        out: list = [None] * len(tasks)
-        order = list(range(len(tasks)))
-        if cost is not None:
-            order.sort(key=lambda i: -cost(tasks[i]))
-        if jobs <= 1 or len(tasks) <= 1:
-            for n, i in enumerate(order):
-                out[i] = fn(tasks[i])
-                if progress is not None:
-                    progress(n + 1, len(tasks))
-            return out
-        _FORKED[:] = [(self, fn, tasks)]
-        ctx = multiprocessing.get_context("fork")
-        try:
-            # the pool ends its workers with SIGTERM once done: the default action there, not
-            # the CLI's handler (an "aborted" traceback per worker)
-            with ctx.Pool(min(jobs, len(tasks)), initializer=signal.signal,
-                          initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
-                for n, (i, result, fresh) in enumerate(
-                        pool.imap_unordered(_forked_task, order, chunksize=1)):
-                    out[i] = result
-                    self.cache.update(fresh)
-                    if progress is not None:
-                        progress(n + 1, len(tasks))
-        finally:
-            _FORKED.clear()
-        return out
+        """[fn(t) for t in tasks] over `jobs` forked processes (rdu_cluster/processes.py: the
+        rows, the memo and the active profile go along), the costliest first by `cost` (so the
+        last to end is a cheap one); the rows each task ran come back into this memo. A row's
+        value is the same in any process, so the results are those of one process;
+        `progress(done, total)` as tasks end."""
+        def task(t: Any) -> tuple[Any, list[tuple[tuple, float]]]:
+            self.fresh = []
+            try:
+                result = fn(t)
+                return result, [(k, self.cache[k]) for k in self.fresh]
+            finally:
+                self.fresh = None
 
+        ended = [0]
 
-# What a forked `Simulator.map` worker runs: set before the fork, so only task numbers and
-# results cross between the processes (a task's function may be a closure).
-_FORKED: list[tuple[Simulator, Callable[[Any], Any], Sequence[Any]]] = []
+        def done(_: int, out: tuple[Any, list]) -> None:
+            self.cache.update(out[1])
+            ended[0] += 1
+            if progress is not None:
+                progress(ended[0], len(tasks))
 
-
-def _forked_task(i: int) -> tuple[int, Any, list[tuple[tuple, float]]]:
-    sim, fn, tasks = _FORKED[0]
-    sim.fresh = []
-    result = fn(tasks[i])
-    return i, result, [(k, sim.cache[k]) for k in sim.fresh]
-
-
-def default_jobs() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
+        first = () if cost is None else sorted(range(len(tasks)), key=lambda i: -cost(tasks[i]))
+        return [result for result, _ in processes.map_forked(task, tasks, jobs, first, done)]
 
 
 def log_error(sim: float, row: dict[str, Any]) -> float:
