@@ -287,7 +287,7 @@ def leave_one_out(rows: Sequence[dict[str, Any]], full: Fit, sim: Simulator, job
     full fit (the optimum without one row lies near the optimum with it); the refits in `jobs`
     processes."""
     tasks = [(g, rid) for g in full.groups for rid in g.rows]
-    refits = sim.map(lambda t: left_out(full, *t, sim), tasks, jobs, progress,
+    refits = sim.map(lambda t: left_out(full, t[0], t[1], sim), tasks, jobs, progress,
                      cost=lambda t: group_cost(t[0]))
     return {rid: value for (_, rid), value in zip(tasks, refits)}
 
