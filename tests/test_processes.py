@@ -28,8 +28,11 @@ def test_a_closure_goes_along_with_the_fork_unpickled():
 
 def test_each_ended_task_is_handed_to_done_in_this_process():
     for jobs in (1, 2):
-        ended = []
-        out = processes.map_forked(_square_and_pid, list(range(5)), jobs, first=[4],
-                                   done=lambda i, r: ended.append((i, r[0], os.getpid())))
+        ended: list[tuple[int, int, int]] = []
+
+        def done(i: int, r: tuple[int, int], ended=ended) -> None:
+            ended.append((i, r[0], os.getpid()))
+
+        out = processes.map_forked(_square_and_pid, list(range(5)), jobs, first=[4], done=done)
         assert sorted(ended) == [(i, i * i, os.getpid()) for i in range(5)]
         assert [v for v, _ in out] == [i * i for i in range(5)]
