@@ -63,9 +63,11 @@ class Continuous:
         decode = _decoding(running)
         budget = self.limits.token_budget - len(decode)
         prefill = []
-        for r in running:
-            if r.prefilling and budget > 0:
-                chunk = min(r.remaining_prefill, budget)
+        for r in running:  # every running sequence, each step: r.prefilling read inline
+            if budget <= 0:
+                break
+            if r.cached < r.target:
+                chunk = min(r.target - r.cached, budget)
                 prefill.append((r, chunk))
                 budget -= chunk
         room = self.limits.max_batch - len(running)
