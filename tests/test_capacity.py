@@ -436,6 +436,26 @@ def test_interval_ends_are_the_boundary_at_the_simulators_ends(monkeypatch):
     assert cap._with_ends(res, serve, slo, 16).interval == {"basis": "none here"}
 
 
+def test_a_doublings_move_is_the_p99s_against_their_bound_and_the_throughput_against_itself():
+    """The steady-state check's move (cap._moved): a p99 far under its bound is measured on
+    the bound's scale (279 -> 255 ms TTFT under 1,500 ms: 1.6%, not 8.6%), a p99 at or over
+    its bound and the throughput on their own (a TPOT 24 -> 26 ms under 25 ms: 8%); no SLO:
+    every figure on its own scale, as before."""
+    run = lambda ttft, tpot, thr: cap.Result(None, {"bench": {"output_throughput": thr}},
+                                             ttft, tpot, 0.0, [])
+    slo = cap.SLO(1500.0, 25.0)
+    far = (run(279.0, 23.29, 1000.0), run(255.0, 23.29, 1000.0))
+    assert cap._moved(*far, slo) == pytest.approx(24 / 1500)
+    assert cap._moved(*far) == pytest.approx(24 / 279)
+    assert cap._moved(run(279.0, 24.0, 1000.0), run(279.0, 26.0, 1000.0), slo) == \
+        pytest.approx(2 / 25)
+    assert cap._moved(run(3000.0, 20.0, 1000.0), run(3300.0, 20.0, 1000.0), slo) == \
+        pytest.approx(0.1)  # over its bound: its own value's scale
+    assert cap._moved(run(279.0, 20.0, 1000.0), run(279.0, 20.0, 900.0), slo) == \
+        pytest.approx(0.1)  # the throughput: $/Mtok moves with it
+    assert cap._moved(run(279.0, 20.0, 1000.0), run(math.inf, 20.0, 1000.0), slo) == math.inf
+
+
 def test_a_capacity_row_has_its_interval_and_robust(monkeypatch):
     monkeypatch.setattr(cap, "bands", lambda dep, slo: cap.Bands((0.9, 1.1), (0.9, 1.1),
                                                                   (0.9, 1.1), "test bands"))

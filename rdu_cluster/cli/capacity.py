@@ -84,7 +84,8 @@ MAX_SHORTLIST = 100
 @click.option("--steady-tolerance", "steady_tol", default=str(cap.STEADY_TOL),
               show_default=True,
               help="Steady state: the row is served again with twice the requests until its "
-              "pP TTFT, pP TPOT and throughput move less than this fraction (at most "
+              "pP TTFT, pP TPOT and throughput move less than this fraction (a pP under its "
+              "SLO bound: this fraction of the bound; at most "
               f"{cap.STEADY_DOUBLINGS} times); off: served once at --requests.")
 @click.option("--requests", default=None, type=click.IntRange(1, 10**7),
               help="Requests per verification run [default: 2 per user, or 30 s of the rate].")

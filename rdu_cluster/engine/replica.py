@@ -484,12 +484,20 @@ class Replica:
     def _sync_growth(self) -> list:
         """Resize the sockets' KV regions to the blocks now held (once a window)."""
         out = []
-        bb = self.kv.config.block_bytes
-        for r in self.running:
-            blocks = self.kv.record(r) if r.id in self.kv.held else 0
-            if self.synced.get(r.id) != blocks:
-                out.append(["resize", f"kv/{r.id}", blocks * bb])
-                self.synced[r.id] = blocks
+        bb, bt = self.kv.config.block_bytes, self.kv.config.block_tokens
+        held, synced = self.kv.held, self.synced
+        for r in self.running:  # KVManager.record, inline: once a window per running request
+            rid = r.id
+            blocks = held.get(rid)
+            if blocks is None:
+                blocks = 0
+            else:
+                need = -(-r.cached // bt)
+                if need > blocks:
+                    blocks = held[rid] = need
+            if synced.get(rid) != blocks:
+                out.append(["resize", f"kv/{rid}", blocks * bb])
+                synced[rid] = blocks
         return out
 
     # -- faults -------------------------------------------------------------------------
