@@ -218,7 +218,8 @@ class Disaggregated:
         meta = dict(dec.metadata(), cluster=f"{self.clusters[0].name}+{self.clusters[1].name}",
                     plan=f"prefill {self.prefill}, decode {self.decode}, fabric "
                     f"{self.fabric.name}", prefill_replicas=n_rep)
-        steps = pa.concat_tables([p.steps, _shift(d.steps, {"replica": n_rep})])
+        steps = (None if p.steps is None  # summary_only: no steps table
+                 else pa.concat_tables([p.steps, _shift(d.steps, {"replica": n_rep})]))
         sockets = pa.concat_tables([p.sockets, _shift(d.sockets, {
             "replica": n_rep, "socket": self.clusters[0].sockets,
             "node": self.clusters[0].nodes})])
@@ -226,7 +227,7 @@ class Disaggregated:
             "src": self.clusters[0].sockets, "dst": self.clusters[0].sockets})])
         return Tables(
             requests=metrics.table(metrics.REQUESTS, req, meta),
-            steps=steps.replace_schema_metadata(_meta(steps, meta)),
+            steps=None if steps is None else steps.replace_schema_metadata(_meta(steps, meta)),
             sockets=sockets.replace_schema_metadata(_meta(sockets, meta)),
             links=links.replace_schema_metadata(_meta(links, meta)),
             summary=self._summary(req, p, d, idx))

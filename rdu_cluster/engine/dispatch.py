@@ -95,7 +95,8 @@ class Dispatcher:
         self.unsent_to: dict[int | None, int] = {}  # ... by the replica they are pinned to
         self.finish: dict[int, float] = {}  # request id -> when it completed or was refused
         self.outstanding: dict[int, list[Request]] = {}
-        self.last: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # replica -> (ends, kv blocks)
+        # replica -> (ends, kv blocks in use; None where no stateful view reads them)
+        self.last: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         # closed loop: the requests each one sends, as ids sorted by the one they follow
         self.chain = np.zeros(0, dtype=np.int64)
         self.chain_key = np.zeros(0, dtype=np.int64)

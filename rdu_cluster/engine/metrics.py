@@ -82,7 +82,7 @@ class StepColumns:
     cols: dict[str, np.ndarray]
 
     def __len__(self) -> int:
-        return len(self.cols["step"])
+        return len(self.cols["phase"])
 
 
 # Streaming (Recorder.sink): rows go to the table writer in chunks of this many, and of the
@@ -90,6 +90,9 @@ class StepColumns:
 CHUNK_ROWS = 16_384
 SUMMARY_STEP_COLUMNS = ("phase", "time_s", "sockets", "energy_j", "decode_tokens",
                         "emitted_tokens")
+# A run whose summary is all that is read (Simulation.summary_only) keeps these of its steps:
+# the summary's, and the start times the requests' chunk times are resolved from.
+LEAN_STEP_COLUMNS = (*SUMMARY_STEP_COLUMNS, "start_s")
 OCCUPANCY = {f"{t}_used_bytes": t for t in TIERS}
 SOCKET_NULLABLE = ("energy_j", "cost_usd", *OCCUPANCY)  # None: no [power] / [cost], no tier
 COMPACT_EVERY = 64  # windows' step arrays joined into one chunk (a window's are a few steps)
@@ -244,11 +247,15 @@ class Recorder:
     totals: list[dict] = field(default_factory=list)  # step_totals of TOTALS_ROWS each
     held_rows: int = 0  # step rows in self.steps
     sent: set = field(default_factory=set)  # tables the sink got a chunk of
+    # the steps' columns kept (None: every one of STEPS; LEAN_STEP_COLUMNS: summary_only)
+    fields: tuple[str, ...] | None = None
 
     def add_steps(self, replica: int, cols: dict[str, np.ndarray],
                   ends: np.ndarray | None = None) -> None:
         """A window's step rows (`ends`: their end times, when the caller has them: each
         start plus its time, as the start of the next step)."""
+        if self.fields is not None:
+            cols = {k: cols[k] for k in self.fields}
         self.steps.append(StepColumns(cols))
         if ends is None:
             ends = np.concatenate([cols["start_s"][1:],
@@ -319,8 +326,8 @@ class Recorder:
         self.loose += 1
         if self.loose >= COMPACT_EVERY:
             tail = self.steps[-self.loose:]
-            self.steps[-self.loose:] = [StepColumns({f.name: np.concatenate(
-                [t.cols[f.name] for t in tail]) for f in STEPS})]
+            self.steps[-self.loose:] = [StepColumns({k: np.concatenate(
+                [t.cols[k] for t in tail]) for k in tail[0].cols})]
             self.loose = 0
 
     def step_times(self, replica: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -394,9 +401,10 @@ def _array(values, kind: pa.DataType) -> pa.Array:
 
 
 def steps_columns(rec: Recorder) -> dict:
+    names = rec.fields or STEPS.names
     if not rec.steps:
-        return {f.name: [] for f in STEPS}
-    return {f.name: np.concatenate([s.cols[f.name] for s in rec.steps]) for f in STEPS}
+        return {k: [] for k in names}
+    return {k: np.concatenate([s.cols[k] for s in rec.steps]) for k in names}
 
 
 def _joined(chunks: list[dict], names: tuple[str, ...]) -> dict:

@@ -33,17 +33,43 @@ class WindowRecorder:
     def record(self, rep: Replica, window: Window, step: dict, res: dict, t0: float,
                 m: int, ends: np.ndarray) -> float:
         spans = window.spans
-        dur, starts = step["time_s"], step["start_s"]
-        bb = rep.kv.config.block_bytes
+        dur = step["time_s"]
         # every per-span count at once: one (spans, 7) array repeated over the spans' steps
         per = np.repeat(np.array(
             [(sp.kind, len(sp.decode) + len(sp.prefill), sp.pre_tokens,
               len(sp.decode), sp.emitted, sp.expert, sp.prefix_hit) for sp in spans],
             dtype=np.int64), [sp.steps for sp in spans], axis=0)
+        cols = (self._lean(rep, step, per, m) if self.sim.summary_only
+                else self._columns(rep, step, per, m, spans[0].first_step))
+        cols.update(energy.step_columns(self.sim.rates, energy.dynamic_j(res, rep.sockets, m),
+                                        len(rep.sockets), dur))
+        energy.split_over_requests(spans, cols, self.sim.rec.split)
+        self.sim.rec.add_steps(rep.index, cols, ends)
+        for i in np.flatnonzero(step["switch_s"]):
+            self.sim.rec.switch_s[(rep.index, spans[0].first_step + int(i))] = float(
+                step["switch_s"][i])
+        end = float(ends[-1])
+        waits = sum(t - float(ends[i - 1]) for i, t in window.resumes if 0 < i < m)
+        if not self.sim.summary_only:
+            self._record_sockets(rep, window, res, t0, end, m, end - t0 - waits)
+        rep.window_end = end
+        return end
+
+    def _lean(self, rep: Replica, step: dict, per: np.ndarray, m: int) -> dict:
+        """The columns a summary-only run keeps (metrics.LEAN_STEP_COLUMNS, energy's added)."""
+        return {"phase": PHASE_NAMES[per[:, 0]], "start_s": step["start_s"],
+                "time_s": step["time_s"], "decode_tokens": per[:, 3],
+                "emitted_tokens": per[:, 4], "sockets": np.full(m, len(rep.sockets))}
+
+    def _columns(self, rep: Replica, step: dict, per: np.ndarray, m: int, first: int) -> dict:
+        """Every steps-table column but energy's (metrics.STEPS); `first`: the window's first
+        step (spans run consecutive steps)."""
+        bb = rep.kv.config.block_bytes
         cols = {
             "replica": np.full(m, rep.index), "window": np.full(m, self.sim.windows),
-            "step": spans[0].first_step + np.arange(m),  # spans run consecutive steps
-            "phase": PHASE_NAMES[per[:, 0]], "start_s": starts, "time_s": dur,
+            "step": first + np.arange(m),
+            "phase": PHASE_NAMES[per[:, 0]], "start_s": step["start_s"],
+            "time_s": step["time_s"],
             "batch": per[:, 1], "prefill_tokens": per[:, 2], "decode_tokens": per[:, 3],
             "emitted_tokens": per[:, 4], "expert": per[:, 5],
             "switch_s": step["switch_s"], "prefix_copy_s": step["prefix_copy_s"],
@@ -55,18 +81,7 @@ class WindowRecorder:
         for i, c in enumerate(CAUSES):
             cols[f"{c}_s"] = step["causes"][:, i]
         cols["sockets"] = np.full(m, len(rep.sockets))
-        cols.update(energy.step_columns(self.sim.rates, energy.dynamic_j(res, rep.sockets, m),
-                                        len(rep.sockets), dur))
-        energy.split_over_requests(spans, cols, self.sim.rec.split)
-        self.sim.rec.add_steps(rep.index, cols, ends)
-        for i in np.flatnonzero(step["switch_s"]):
-            self.sim.rec.switch_s[(rep.index, int(cols["step"][i]))] = float(step["switch_s"][i])
-        end = float(ends[-1])
-        waits = sum(t - float(ends[i - 1]) for i, t in window.resumes if 0 < i < m)
-        if not self.sim.summary_only:
-            self._record_sockets(rep, window, res, t0, end, m, end - t0 - waits)
-        rep.window_end = end
-        return end
+        return cols
 
     def _record_sockets(self, rep: Replica, window: Window, res: dict, t0: float, end: float,
                         m: int, span: float) -> None:

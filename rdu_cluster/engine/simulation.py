@@ -117,7 +117,8 @@ class Simulation:
         self.finished = Finished(self.rec)
         self.keep_measured = False  # keep the ITLs past run() (a disaggregated run reads them)
         # the summary is all that is read (capacity's verification): the sockets and links
-        # tables are left empty and the requests' energy and cost not split (start)
+        # tables are left empty, the requests' energy and cost not split, and of the steps only
+        # the columns the summary reads are kept (no steps table; start)
         self.summary_only = False
         self.sampler = None
         self.dispatch = Dispatcher(config.routing, config.concurrency)
@@ -136,6 +137,7 @@ class Simulation:
         build = self.build
         if self.summary_only:
             self.rec.split = {}  # the requests' energy_j and cost_usd: null
+            self.rec.fields = metrics.LEAN_STEP_COLUMNS
         layouts = [build.with_router(lay) for lay in build.layouts()]
         setups = {}
         for r, lay in enumerate(layouts):
@@ -278,6 +280,12 @@ class Simulation:
         if not lim.chunked_prefill and r.prompt_len > lim.token_budget:
             return "prompt exceeds the token budget (use --chunked-prefill)"
         return ""
+
+    @property
+    def kv_steps(self) -> bool:
+        """Whether a window's KV blocks in use per step are read: by the steps table, or by a
+        stateful routing policy's views (dispatch.Dispatcher._kv_at)."""
+        return not self.summary_only or self.dispatch.policy.stateful
 
     def report_progress(self) -> None:
         if self.progress is not None:

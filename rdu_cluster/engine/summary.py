@@ -35,7 +35,8 @@ def tables(sim: Simulation, end: float) -> Tables:
     steps_tbl = sockets_tbl = None
     if sim.rec.sink is None:
         steps = metrics.steps_columns(sim.rec)
-        steps_tbl = metrics.table(metrics.STEPS, steps, meta)
+        if not sim.summary_only:  # else only the summary's columns are kept: no table
+            steps_tbl = metrics.table(metrics.STEPS, steps, meta)
         sockets_tbl = metrics.table(metrics.SOCKETS, metrics.sockets_columns(sim.rec), meta)
         totals = metrics.step_totals(steps)
     else:  # the rest of the rows go to the sink; the summary reads the steps' totals

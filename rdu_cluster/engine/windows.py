@@ -61,7 +61,8 @@ class WindowExecutor:
             step = {k: v[:m] for k, v in step.items()}
             ends = ends[:m]  # a running sum: the first m ends do not depend on the rest
         step["start_s"] = lookahead.starts(t0, ends, window.resumes)
-        step["kv_blocks"] = window.kv_blocks(rep.kv.config.block_tokens)
+        step["kv_blocks"] = (window.kv_blocks(rep.kv.config.block_tokens) if sim.kv_steps
+                             else None)
         end = sim.recorder.record(rep, window, step, res, t0, m, ends)
         for obs in sim.observers:
             obs.window(sim, rep, window, res, step, t0, m)
