@@ -61,6 +61,10 @@ def _nbytes(t: CostTables) -> float:
 class LocalBackend:
     name = "local"
     workers = 1
+    # a window's command may come again under its sequence number with its last span longer
+    # (engine/windows.py WindowExecutor._costed): its ops were applied the first time only
+    # (Socket.advance), its spans are costed as given
+    reruns = True
 
     def __init__(self) -> None:
         self.sockets: dict[int, Socket] = {}

@@ -16,6 +16,9 @@ import numpy as np
 from rdu_cluster.engine import lookahead
 from rdu_cluster.engine.replica import Replica, Span, Window
 
+# Steps of a cut span costed first where expert loads are drawn (WindowExecutor._costed).
+FIRST_STEPS = 4
+
 if TYPE_CHECKING:
     from rdu_cluster.engine.simulation import Simulation
 
@@ -46,13 +49,9 @@ class WindowExecutor:
         if not window.spans:
             return None
         sim.seq += 1
-        loads, load_max = self._loads(rep, window)
-        res = sim.backend.run(sim.seq, window.ops, window.columns(), loads, rep.sockets)
-        step = sim.step_times.combine(sim.layouts[rep.index], window, res, rep.sockets)
-        step["expert_load_max"] = load_max
+        res, step, ends = self._costed(rep, window, t0)
         m = len(step["time_s"])
         last = window.spans[-1]
-        ends = lookahead.ends(t0, step["time_s"], window.resumes)
         if clock is not None:
             _check_prediction(clock.predicted(), ends)
         if last.cut_at < math.inf:  # the window's only span (Replica.plan_window)
@@ -74,6 +73,38 @@ class WindowExecutor:
         for hook in sim.hooks:
             hook(sim, sim.windows)
         return end
+
+    def _costed(self, rep: Replica, window: Window, t0: float) -> tuple[dict, dict, np.ndarray]:
+        """The sockets' replies, the step times and the steps' ends of the window. A span cut
+        at an arrival (the window's only one) is planned to its natural end but runs to the
+        first step boundary at or after the cut; where each step's expert loads are drawn
+        (the sockets costed afresh, not read from tables) its steps are costed FIRST_STEPS at a
+        time, four times more each round, until they pass the cut: in a pair's decode pool
+        (an arrival about every step) a window ran 1.2 of the 32 steps it costed. The steps
+        costed are those a whole costing gives (each point costs what it costs alone, and the
+        loads of a span's first k steps are the first k rows of its draw:
+        expert_loads.ExpertLoadSampler), so the run is the same; only on a backend that takes
+        a window's command again, longer, without applying its ops twice (`reruns`)."""
+        sim = self.sim
+        last = window.spans[-1]
+        planned = last.steps
+        k = planned
+        if (last.cut_at < math.inf and sim.sampler is not None
+                and getattr(sim.backend, "reruns", False)):
+            k = min(planned, FIRST_STEPS)
+        try:
+            while True:
+                last.steps = k
+                loads, load_max = self._loads(rep, window)
+                res = sim.backend.run(sim.seq, window.ops, window.columns(), loads, rep.sockets)
+                step = sim.step_times.combine(sim.layouts[rep.index], window, res, rep.sockets)
+                step["expert_load_max"] = load_max
+                ends = lookahead.ends(t0, step["time_s"], window.resumes)
+                if k == planned or ends[-1] >= last.cut_at:
+                    return res, step, ends
+                k = min(planned, 4 * k)
+        finally:
+            last.steps = planned
 
     def clock(self, rep: Replica, t0: float) -> lookahead.Clock:
         """The window's time as it is planned (engine/lookahead.py): the predicted replies

@@ -136,3 +136,44 @@ def test_shared_cost_tables_are_reused_and_bounded(monkeypatch):
     monkeypatch.setattr(local, "SHARED_BYTES", 256e6)
     again = local.shared_tables(a)
     assert again is not first
+
+
+class Counted(LocalBackend):
+    """LocalBackend, counting the steps it was asked to cost."""
+
+    steps = 0
+
+    def run(self, seq, ops, spans, loads, sockets) -> dict:
+        self.steps += int(spans.steps.sum())
+        return super().run(seq, ops, spans, loads, sockets)
+
+
+class Whole(Counted):
+    """A window's steps costed in one command each, to their planned end."""
+
+    reruns = False
+
+
+def test_a_cut_span_of_drawn_loads_costed_in_rounds_is_the_run_costed_whole(serve):
+    """engine/windows.py WindowExecutor._costed: a span cut at an arrival, its expert loads
+    drawn, is costed FIRST_STEPS steps at a time, four times more each round, until it passes
+    the cut: the tables are those of costing it to its planned end, in fewer steps costed."""
+    case = {"model": "mixtral-8x7b", "plan": "tp2ep8", "n": 12, "rate": 20.0,
+            "output": traces.LengthDist("fixed", 96)}
+    sim, rounds = serve(backend=Counted(), **case)
+    other, whole = serve(backend=Whole(), **case)
+    _same(rounds, whole)
+    steps = len(rounds.steps)  # 167 run; 223 costed in rounds, 683 costed whole
+    assert sim.sampler is not None and steps < sim.backend.steps < 2 * steps
+    assert other.backend.steps > 3 * steps
+
+
+def test_the_first_rows_of_a_load_draw_are_the_draw_of_that_many_steps():
+    """What _costed takes of the sampler: a span's first k steps' loads do not depend on how
+    many steps were drawn (numpy draws a multinomial's rows one after another)."""
+    from rdu_cluster.engine.expert_loads import ExpertLoadSampler
+
+    s = ExpertLoadSampler(256, 8, 32, seed=5)
+    full = s.loads(0, 17, 500, 256)
+    for k in (1, 4, 16, 64):
+        assert np.array_equal(s.loads(0, 17, 500, k), full[:k])
