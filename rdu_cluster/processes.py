@@ -9,6 +9,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -42,9 +43,11 @@ def started(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
     hand out before the rest (the longest: none should start last and keep one process busy
     alone at the end). `done(i, result)`: called here as each task ends (in `get()`, in the
     order they end: a progress bar, or what a task computed taken in here). With jobs <= 1 or
-    one task they run here, now. The workers end with the block, done or not: fork the next
-    pool after it (a fork while a pool's threads run copies their locks)."""
-    if jobs <= 1 or len(tasks) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    one task they run here, now, and so they do in a process that has joined Ray (below). The
+    workers end with the block, done or not: fork the next pool after it (a fork while a
+    pool's threads run copies their locks)."""
+    if jobs <= 1 or len(tasks) <= 1 or "fork" not in multiprocessing.get_all_start_methods() \
+            or _joined_ray():
         out = []
         for i, t in enumerate(tasks):
             out.append(fn(t))
@@ -56,22 +59,32 @@ def started(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
     order = head + sorted(set(range(len(tasks))) - set(head))
     key = max(_WORK, default=0) + 1
     _WORK[key] = lambda i: fn(tasks[i])
+    pool = multiprocessing.get_context("fork").Pool(min(jobs, len(tasks)),
+                                                    initializer=_worker_signals)
+    results: dict[int, Any] = {}
     try:
-        with multiprocessing.get_context("fork").Pool(
-                min(jobs, len(tasks)), initializer=_worker_signals) as pool:
-            ended = pool.imap_unordered(_run, [(key, i) for i in order], chunksize=1)
+        ended = pool.imap_unordered(_run, [(key, i) for i in order], chunksize=1)
 
-            def get() -> list:
-                results = {}
-                for i, result in ended:
-                    results[i] = result
-                    if done is not None:
-                        done(i, result)
-                return [results[i] for i in range(len(tasks))]
+        def get() -> list:
+            for i, result in ended:
+                results[i] = result
+                if done is not None:
+                    done(i, result)
+            return [results[i] for i in range(len(tasks))]
 
-            yield Pending(get)
+        yield Pending(get)
     finally:
         del _WORK[key]
+        # Every result taken: the workers are let go as the pool ends them when it is done
+        # (each takes an end-of-work message and exits). Pool.terminate instead holds the
+        # task queue's lock for good and relies on SIGTERM reaching every worker: once, in a
+        # test process, a worker that it did not end waited on that lock, and the join on it
+        # hung the suite. Terminated only when the block ends with tasks under way.
+        if len(results) == len(tasks):
+            pool.close()
+        else:
+            pool.terminate()
+        pool.join()
 
 
 def map_forked(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
@@ -80,6 +93,13 @@ def map_forked(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int,
     """[fn(t) for t in tasks] over `jobs` forked processes (`started`, waited for)."""
     with started(fn, tasks, jobs, first, done) as pending:
         return pending.get()
+
+
+def _joined_ray() -> bool:
+    """Whether this process has joined Ray: its threads (gRPC's among them, which does not
+    support fork by default) hold locks a forked child would copy held."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(getattr(ray, "is_initialized", lambda: False)())
 
 
 def _worker_signals() -> None:

@@ -36,3 +36,23 @@ def test_each_ended_task_is_handed_to_done_in_this_process():
         out = processes.map_forked(_square_and_pid, list(range(5)), jobs, first=[4], done=done)
         assert sorted(ended) == [(i, i * i, os.getpid()) for i in range(5)]
         assert [v for v, _ in out] == [i * i for i in range(5)]
+
+
+def test_a_process_that_joined_ray_runs_the_tasks_itself(monkeypatch):
+    """Ray's threads (gRPC's among them) make a fork unsafe: once joined, no pool."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
+    out = processes.map_forked(_square_and_pid, list(range(4)), 2)
+    assert out == [(x * x, os.getpid()) for x in range(4)]
+
+
+def test_the_workers_are_gone_when_the_block_ends_done_or_not():
+    import multiprocessing
+
+    assert processes.map_forked(_square_and_pid, list(range(6)), 2)
+    assert multiprocessing.active_children() == []
+    with processes.started(lambda x: x, list(range(6)), 2):
+        pass  # left with every task under way: the workers are ended, not waited for
+    assert multiprocessing.active_children() == []
