@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -283,15 +284,25 @@ def memoised() -> Iterator[None]:
     very same objects. The cost caches downstream are keyed by a model's and a chip's
     identity (partitioning/program.py, evaluate.py): a fit re-runs each calibrate row
     hundreds of times, and each load built a new model and chip that missed them all
-    (validate: 103 refits). Scoped to a run, so a file edited between runs is read anew."""
+    (validate: 103 refits). Scoped to a run, so a file edited between runs is read anew.
+    The objects alive on entry are frozen out of the garbage collector's walks for the scope
+    (gc.freeze, after one full collection): a serving row's run otherwise collects and freezes
+    the whole process at its start (engine/loop.py), 0.16 s a run with a fit's caches about,
+    and a caller's freeze lets it skip that. Results do not depend on either."""
     if _MEMO[-1] is not None:
         yield
         return
     _MEMO.append({})
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.collect()
+        gc.freeze()
     try:
         yield
     finally:
         _MEMO.pop()
+        if freeze:
+            gc.unfreeze()
 
 
 def _memo(key: tuple, make: Callable[[], Any]) -> Any:
@@ -367,6 +378,7 @@ def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:
                          options=_row_options(case))
     sim = Simulation(_spec(case), _cluster(case["cluster"], {"sockets": tp}), trace, config,
                      make_backend("local"))
+    sim.summary_only = True  # its summary's throughput is all a row reads (no tables kept)
     return float(sim.run().summary["bench"]["output_throughput"])
 
 
