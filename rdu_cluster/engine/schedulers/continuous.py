@@ -63,13 +63,14 @@ class Continuous:
         decode = _decoding(running)
         budget = self.limits.token_budget - len(decode)
         prefill = []
-        for r in running:  # every running sequence, each step: r.prefilling read inline
-            if budget <= 0:
-                break
-            if r.cached < r.target:
-                chunk = min(r.target - r.cached, budget)
-                prefill.append((r, chunk))
-                budget -= chunk
+        if len(decode) < len(running):  # some still prefill (else no pass over them all)
+            for r in running:  # r.prefilling read inline: this runs every step
+                if budget <= 0:
+                    break
+                if r.cached < r.target:
+                    chunk = min(r.target - r.cached, budget)
+                    prefill.append((r, chunk))
+                    budget -= chunk
         room = self.limits.max_batch - len(running)
         admit, saturated = [], True
         for r in _queue(view, room):
