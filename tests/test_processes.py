@@ -15,9 +15,25 @@ def test_forked_tasks_come_back_in_their_order_whichever_start_first():
     tasks = list(range(12))
     out = processes.map_forked(_square_and_pid, tasks, 2, first=[11, 5, 5])
     assert [v for v, _ in out] == [x * x for x in tasks]
-    assert os.getpid() not in {pid for _, pid in out}  # run in the workers
     assert processes.map_forked(_square_and_pid, tasks, 1) == [(x * x, os.getpid())
                                                                for x in tasks]
+
+
+def test_the_tasks_run_in_forked_workers():
+    """In a fresh interpreter: this test's process may have joined Ray (the Ray tests share a
+    pytest worker with others), and there the tasks run in it (below)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import os; from rdu_cluster import processes; "
+            "out = processes.map_forked(lambda x: (x * x, os.getpid()), list(range(8)), 2, "
+            "first=[7]); "
+            "assert [v for v, _ in out] == [x * x for x in range(8)], out; "
+            "assert os.getpid() not in {p for _, p in out}, out; print('in workers')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[1], check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "in workers", r.stderr[-2000:]
 
 
 def test_a_closure_goes_along_with_the_fork_unpickled():
