@@ -145,12 +145,8 @@ def build(rows: list[dict[str, Any]], loo: bool = True, where: str = "measuremen
         if loo and profile is not None:
             # forked after the fit: each refit starts from its values and row cache (the
             # refits share only their common start), so any --jobs gives the serial values
-            refits = [(g, rid) for g in full.groups for rid in g.rows]
-            largest = sorted(range(len(refits)), key=lambda k: -len(refits[k][0].rows))
-            values = processes.map_forked(lambda t: fit.left_out(full, t[0], t[1], sim), refits,
-                                          jobs, first=largest)
             by_id = {r["id"]: r for r in rows}
-            for (_, rid), value in zip(refits, values):
+            for rid, value in fit.leave_one_out(rows, full, sim, jobs).items():
                 out[rid] = {"simulated": value, "error": value / by_id[rid]["value"] - 1.0}
     name = profile.name if profile is not None else "none"
     families = {r["id"]: f for r in rows if (f := published.family_of(r)) is not None}

@@ -34,19 +34,26 @@ def _tables() -> CostTables:
     return CostTables(sim.cluster.chip, setup.program, setup.comm_time)
 
 
-def test_a_grouped_window_has_the_rows_of_its_spans_costed_one_by_one():
-    rng = np.random.default_rng(5)
-    m = 3 * GROUPED
+def _random_spans(rng, m: int, steps: int, batches: tuple[int, int], chunks: int,
+                  back: int) -> Spans:
+    """m spans of mixed kinds: decode spans of 1 to steps-1 steps, batches drawn from
+    `batches`, context sums up to `back` tokens short of 1 to chunks-1 chunk boundaries."""
     kind = rng.choice([DECODE, DECODE, PREFILL, MIXED], m)
-    steps = np.where(kind == DECODE, rng.integers(1, 40, m), 1)
-    batch = np.where(kind == PREFILL, 0, rng.integers(1, 33, m))
+    return Spans(kind=kind, steps=np.where(kind == DECODE, rng.integers(1, steps, m), 1),
+                 batch=np.where(kind == PREFILL, 0, rng.integers(*batches, m)),
+                 ctx_sum=np.where(kind == PREFILL, 0,
+                                  rng.integers(1, chunks, m) * CHUNK - rng.integers(0, back, m)),
+                 pre_seqs=np.where(kind == DECODE, 0, rng.integers(1, 3, m)),
+                 pre_tokens=np.where(kind == DECODE, 0, rng.choice([128, 512], m)),
+                 pre_prefix=np.where(kind == DECODE, 0, rng.choice([0, 64], m)))
+
+
+def test_a_grouped_window_has_the_rows_of_its_spans_costed_one_by_one():
+    m = 3 * GROUPED
     # context sums on both sides of chunk boundaries: some spans cross one
-    ctx = np.where(kind == PREFILL, 0, rng.integers(1, 3, m) * CHUNK - rng.integers(0, 300, m))
-    pre_seqs = np.where(kind == DECODE, 0, rng.integers(1, 3, m))
-    pre_tokens = np.where(kind == DECODE, 0, rng.choice([128, 512], m))
-    pre_prefix = np.where(kind == DECODE, 0, rng.choice([0, 64], m))
-    spans = Spans(kind=kind, steps=steps, batch=batch, ctx_sum=ctx, pre_seqs=pre_seqs,
-                  pre_tokens=pre_tokens, pre_prefix=pre_prefix)
+    spans = _random_spans(np.random.default_rng(5), m, steps=40, batches=(1, 33), chunks=3,
+                          back=300)
+    kind, steps, batch, ctx = spans.kind, spans.steps, spans.batch, spans.ctx_sum
     crossing = (ctx // CHUNK) != ((ctx + batch * (steps - 1)) // CHUNK)
     assert (crossing & (kind == DECODE)).any()
     grouped = _tables().window(spans)
@@ -77,18 +84,12 @@ def test_large_batch_steps_evaluated_as_points_are_their_table_columns(model, cl
     part with them: each is its (batch, chunk) table's column, bit for bit (RDU dataflow and
     GPU kernel by kernel, dense and MoE, speculative), and no table is kept for them."""
     spec = {"draft": load_model("llama-3.2-1b"), "spec_k": 3} if extra == "spec" else {}
-    rng = np.random.default_rng(7)
     m = 12  # fewer spans than GROUPED: grouped for their batches
-    kind = rng.choice([DECODE, DECODE, PREFILL, MIXED], m)
+    spans = _random_spans(np.random.default_rng(7), m, steps=6, batches=(LARGE_BATCH - 1, 3000),
+                          chunks=4, back=900)
+    kind, steps, batch, ctx = spans.kind, spans.steps, spans.batch, spans.ctx_sum
+    pre_seqs, pre_tokens, pre_prefix = spans.pre_seqs, spans.pre_tokens, spans.pre_prefix
     assert m < GROUPED and {DECODE, PREFILL, MIXED} <= set(kind.tolist())
-    steps = np.where(kind == DECODE, rng.integers(1, 6, m), 1)
-    batch = np.where(kind == PREFILL, 0, rng.integers(LARGE_BATCH - 1, 3000, m))
-    ctx = np.where(kind == PREFILL, 0, rng.integers(1, 4, m) * CHUNK - rng.integers(0, 900, m))
-    pre_seqs = np.where(kind == DECODE, 0, rng.integers(1, 3, m))
-    pre_tokens = np.where(kind == DECODE, 0, rng.choice([128, 512], m))
-    pre_prefix = np.where(kind == DECODE, 0, rng.choice([0, 64], m))
-    spans = Spans(kind=kind, steps=steps, batch=batch, ctx_sum=ctx, pre_seqs=pre_seqs,
-                  pre_tokens=pre_tokens, pre_prefix=pre_prefix)
     t = _program_tables(model, cluster, **spec)
     rows = t.window(spans)
     assert all(b < LARGE_BATCH for b, _ in t.decode)
