@@ -17,6 +17,7 @@ from rdu_cluster.scenarios import capacity as cap
 from workloads import sessions
 from workloads.catalog import load_model, model_config
 from workloads.errors import ConfigError
+from workloads.spec import with_dtypes
 
 BASE = ["capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--cluster", "dgx-h100",
         "--concurrency", "16", "--prompt-len", "512", "--output-len", "32", "--max-nodes", "2",
@@ -38,6 +39,31 @@ def test_max_batch_keeps_tpot_within_the_bound():
     dep = cap.aggregated(rc, cap.Traffic(64, None), cap.SLO(500, 6), 2, 512, 32)
     assert dep is not None and dep.pools[0].replicas >= 1
     assert dep.max_batch == b and dep.sockets == 2 * dep.pools[0].replicas
+
+
+def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
+    """A loaded prefill pool's queue fills each step to the token budget: DeepSeek-V3 reads its
+    experts' weights once for eight 1,024-token prompts, so each takes about half of what one
+    alone does, and the pool is sized to rho <= 0.8 at that share (on the 500-user question
+    the boundary was 2 H200 nodes where one prompt at a time gave 5, four runs more to bisect).
+    A prompt that fills the budget alone, or a dense model, gains little or nothing."""
+    fab = load_fabric("ib-ndr")
+    ds = cap.replica_cost(with_dtypes(load_model("deepseek-v3"), "fp8", None),
+                          cap.Pool("hgx-h200", "tp8", 1), (1024, 256), fab)
+    assert 0.4 < ds.prefill_service_s / ds.prefill_s < 0.6
+    whole = cap.replica_cost(with_dtypes(load_model("deepseek-v3"), "fp8", None),
+                             cap.Pool("hgx-h200", "tp8", 1), (8192, 256), fab)
+    assert whole.prefill_service_s == whole.prefill_s
+    dense = cap.replica_cost(load_model("llama-3.1-8b"), cap.Pool("dgx-h100", "tp2", 1),
+                             (512, 32), fab)
+    assert 0.8 < dense.prefill_service_s / dense.prefill_s <= 1
+    traffic, slo = cap.Traffic(500, None), cap.SLO(1500, 25)
+    dep = cap.disaggregated(ds, ds, traffic, slo, 24, (1024, 256), load_model("deepseek-v3"),
+                            fab)
+    lam, n_p = 500 / dep.analytic["e2e_s"], dep.pools[0].replicas  # closed loop, no think
+    assert dep.analytic["rho"] == pytest.approx(lam * ds.prefill_service_s / n_p)
+    assert lam * ds.prefill_service_s / n_p <= cap.PREFILL_RHO_MAX
+    assert n_p == 1 or lam * ds.prefill_service_s / (n_p - 1) > cap.PREFILL_RHO_MAX
 
 
 RANKED = [*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json"]
@@ -326,8 +352,47 @@ def test_search_returns_the_boundary_within_max_nodes():
     res = cap.search(pair, serve, 4)
     assert [p.replicas for p in res.deployment.pools] == [2, 5] and res.below > 0
     serve, served = _fake_serve((6, 5))  # no decode pool meets at 4 prefill replicas: the
-    res = cap.search(pair, serve, 8)     # prefill pool is searched, then the decode pool again
+    res = cap.search(pair, serve, 8)     # prefill pool is searched, then both pools again
     assert [p.replicas for p in res.deployment.pools] == [6, 5] and res.meets_slo
+
+
+def test_a_pairs_decode_pool_is_searched_on_its_tpot_then_the_prefill_pool_on_the_slo():
+    """In a closed loop a faster decode pool sends prompts faster: at the first prefill pool
+    more decode replicas only lengthen TTFT (Llama 3.1 70B, 500 users, H200 tp2 x 20 -> SN40L-16
+    tp16pp2: p99 TTFT 549, 2,162, 3,533, 4,343, 4,579 ms at 1, 2, 4, 8, 12 decode replicas).
+    Searched on the whole SLO, no decode pool met and the search went to the largest; the
+    decode pool's own bound (TPOT) finds it, then the prefill pool meets at that decode pool.
+    Below the pre-filter's count the whole SLO still holds: TTFT counts the decode queue."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1000, 20)
+    served = []
+
+    def serve(dep):  # TPOT meets from 2 decode replicas; TTFT needs 3 prefill per decode one
+        served.append(dep)
+        p, d = (q.replicas for q in dep.pools)
+        ttft, tpot = 1000 * (3 + d) / p, 20 * 2 / d
+        return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [],
+                          tpot_miss=slo.decode_part().misses(ttft, tpot))
+
+    pair = cap.Deployment("a->b", (Pool("dgx-h100", "tp8", 4), Pool("sn40l-8", "tp2", 1)), 8,
+                          0.0, (8, 8), (2.0, 1.0))
+    res = cap.search(pair, serve, 8)
+    assert [p.replicas for p in res.deployment.pools] == [5, 2] and res.meets_slo
+    assert res.below > 0  # 4 prefill replicas miss at 2 decode ones
+    assert max(d.pools[1].replicas for d in served) <= 2  # never past the decode boundary
+
+    def queued(dep):  # fewer than 3 decode replicas queue the users: TTFT misses whatever p is
+        d = dep.pools[1].replicas
+        ttft, tpot = (500.0 if d >= 3 else 3000.0), 20 * 2 / d
+        return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [],
+                          tpot_miss=slo.decode_part().misses(ttft, tpot))
+
+    pair3 = cap.Deployment("a->b", (Pool("dgx-h100", "tp8", 1), Pool("sn40l-8", "tp2", 3)), 8,
+                           0.0, (8, 8), (2.0, 1.0))
+    res = cap.search(pair3, queued, 8)  # below the pre-filter's 3 the whole SLO is judged
+    assert [p.replicas for p in res.deployment.pools] == [1, 3] and res.meets_slo
+    assert cap.SLO(None, 20).decode_part() is None and cap.SLO(1000, None).decode_part() is None
 
 
 def test_prompts_past_serves_token_budget_are_verified_with_a_budget_that_holds_them(tmp_path):

@@ -7,9 +7,11 @@ at a TTFT / TPOT bound, found in two passes (as AIConfigurator and Vidur's confi
    with N closed-loop users (or a rate, through Little's law) each replica runs about N / n
    sequences and prefills its share of the arrivals, lambda = N / E2E. In an aggregated replica
    prefill steps stall the decodes, so the decode share of time is 1 - rho (rho = lambda / n x
-   prefill time) and the TPOT seen is TPOT(batch) / (1 - rho). The smallest deployment that
+   prefill time) and the TPOT seen is TPOT(batch) / (1 - rho): its arrivals come fewer than one
+   a decode step, so each prompt prefills alone. The smallest deployment that
    passes is the system's candidate. A disaggregated pair sizes its decode pool from the TPOT
-   bound alone and its prefill pool to keep rho <= PREFILL_RHO_MAX.
+   bound alone and its prefill pool to keep rho <= PREFILL_RHO_MAX, rho counted at a prompt's
+   share of a full prefill step (the pool's queue fills its steps to the token budget).
 2. Verification: each short-listed deployment is served by the engine (engine/simulation.py
    or engine/disagg.py) and the SLO percentile of TTFT and TPOT is measured (engine/bench.py),
    each client's first request left out as warm-up. `search` bisects to the boundary: the
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from chip import serving_stacks
-from partitioning.estimate import estimate
+from partitioning.estimate import Estimate, estimate
 from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.scenario import Scenario, tensor_plan
@@ -89,6 +91,13 @@ class SLO:
         parts = [m / b - 1 for m, b in ((ttft_ms, self.ttft_ms), (tpot_ms, self.tpot_ms))
                  if b is not None]
         return max(parts)
+
+    def decode_part(self) -> SLO | None:
+        """The bound a pair's decode pool sets (TPOT) where the SLO bounds TTFT too (the
+        prefill pool's share); None where the SLO is one bound."""
+        if self.tpot_ms is None or self.ttft_ms is None:
+            return None
+        return replace(self, ttft_ms=None)
 
     def goodput_args(self) -> str:
         return " ".join(f"{k}:{v:g}" for k, v in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms))
@@ -202,7 +211,12 @@ def uncached_tokens(trace: traces.Trace) -> int:
 @dataclass(frozen=True)
 class ReplicaCost:
     """Analytic costs of one replica of `plan` on `cluster`: TPOT at each batch of BATCHES up
-    to the KV limit, one prompt's prefill, and the KV limit itself."""
+    to the KV limit, one prompt's prefill, and the KV limit itself. `prefill_each_s`: a
+    prompt's share of a full prefill step, as many prompts as the token budget holds in one
+    pass (the engine batches queued prompts so; a sparse MoE model reads more of its experts'
+    weights once for them all: DeepSeek-V3 FP8 on hgx-h200 tp8, 36 ms for one 1,024-token
+    prompt, 18 ms each for eight): what a loaded prefill pool spends on each prompt. None: the
+    prompt's own prefill (speculative candidates)."""
 
     cluster: str
     plan: str
@@ -217,6 +231,13 @@ class ReplicaCost:
     speculation: Speculation | None = None
     stack: str | None = None  # the GPU serving stack (chip/serving_stacks.py); None off a GPU
     overrides: tuple = ()  # --set on the cluster (Pool.overrides)
+    prefill_each_s: float | None = None
+
+    @property
+    def prefill_service_s(self) -> float:
+        """The prefill time a loaded prefill pool spends on each prompt (its utilization's
+        unit)."""
+        return self.prefill_s if self.prefill_each_s is None else self.prefill_each_s
 
     def pool(self, replicas: int) -> Pool:
         return Pool(self.cluster, self.plan, replicas, self.overrides)
@@ -305,7 +326,22 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
     price = cl.cost.get("socket_hour_usd") if cl.cost else None
     return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
                        load_cluster(cluster_ref, dict(overrides)).sockets_per_node,
-                       stack=named, overrides=overrides)
+                       stack=named, overrides=overrides,
+                       prefill_each_s=_prefill_each(at, prompt, kv_batch, prefill))
+
+
+def _prefill_each(at: Callable[[int], Estimate], prompt: float, kv_batch: int,
+                  alone: float) -> float:
+    """A prompt's share of a prefill step of as many prompts as serve's token budget holds
+    (the engine's prefill-first and chunked schedulers fill a step so when prompts queue);
+    `alone` (one prompt's) where one fills the budget or more would not fit."""
+    k = min(Limits().token_budget // max(int(prompt), 1), kv_batch)
+    if k <= 1:
+        return alone
+    try:
+        return min(float(np.asarray(at(k).ttft_s).ravel()[0]) / k, alone)
+    except ConfigError:
+        return alone
 
 
 def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[str]:
@@ -456,14 +492,15 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
         return None
     e2e = prefill + move + gen * tpot
     lam = users / (e2e + traffic.think_s) if users else traffic.rate
-    n_p = max(1, math.ceil(lam * prefill / PREFILL_RHO_MAX))
+    service = pre.prefill_service_s * traffic.prefill_share  # a loaded pool batches prompts
+    n_p = max(1, math.ceil(lam * service / PREFILL_RHO_MAX))
     if n_p * pre.group > max_nodes * pre.sockets_per_node:
         return None
     return Deployment(f"{pre.cluster}->{dec.cluster}", (pre.pool(n_p), dec.pool(n_d)), b_max,
                       _short(e2e + traffic.think_s),
                       (pre.sockets_per_node, dec.sockets_per_node),
                       (pre.price_per_socket_hour, dec.price_per_socket_hour),
-                      {"tpot_s": tpot, "rho": lam / n_p * prefill, "e2e_s": e2e,
+                      {"tpot_s": tpot, "rho": lam / n_p * service, "e2e_s": e2e,
                        "kv_transfer_s": move}, stack=dec.stack or pre.stack)
 
 
@@ -482,6 +519,7 @@ class Result:
     miss: float
     serve_args: list[str]
     below: float | None = None  # the miss of one replica fewer (the boundary's other side)
+    tpot_miss: float | None = None  # the miss on the TPOT bound alone (SLO.decode_part)
     steady: dict = field(default_factory=dict)  # how the steady state was checked (settle)
     interval: dict = field(default_factory=dict)  # nodes and $/Mtok ends, robust (_with_ends)
 
@@ -527,13 +565,17 @@ def boundary(meets: Callable[[int], bool], start: int, top: int) -> int | None:
 
 
 def search(dep: Deployment, serve: Callable[[Deployment], Result], max_nodes: int,
-           miss: Callable[[Result], float] = lambda r: r.miss) -> Result:
+           slo: SLO | None = None) -> Result:
     """The deployment at the boundary (engine-verified): the fewest replicas of its last pool
-    that meet the SLO within --max-nodes (boundary), and for a disaggregated one then the
-    fewest prefill replicas at that decode pool (where no decode pool met, the prefill pool is
-    searched at the largest, then the decode pool again). Nothing meets: the largest tried (the
-    closest). `serve` is asked once per deployment; `miss` judges a run (default: its own
-    SLO's)."""
+    that meet the SLO within --max-nodes (boundary). A disaggregated one: the fewest decode
+    replicas at the first prefill pool that meet the TPOT bound (the decode pool's part) and,
+    fewer than the pre-filter's count, the whole SLO (TTFT holds the decode pool's queue);
+    then the fewest prefill replicas that meet the SLO at that decode pool; where a pool met
+    at no size, both again on the whole SLO. (Above the pre-filter's count TTFT is left to
+    the prefill pool: in a closed loop a faster decode pool sends prompts faster, and at the
+    first prefill pool more decode replicas may only lengthen TTFT.) Nothing meets: the
+    largest tried (the closest). `serve` is asked once per deployment; a run is judged on
+    `slo` (default: its own SLO)."""
     seen: dict[tuple, Result] = {}
 
     def served(d: Deployment) -> Result:
@@ -541,21 +583,36 @@ def search(dep: Deployment, serve: Callable[[Deployment], Result], max_nodes: in
             seen[d.pools] = serve(d)
         return seen[d.pools]
 
+    judge = _judge(slo)
     res = served(dep)
-    rounds = [*reversed(range(len(dep.pools)))]  # the decode pool first
-    first_missed = False
-    for k, pool in enumerate(rounds + rounds[:1] if dep.disaggregated else rounds):
-        if k == len(rounds) and not first_missed:
-            break  # the decode pool again only where no size of it met at the first prefill
+    rounds = [(1, True), (0, False)] if dep.disaggregated else [(0, False)]
+    missed = False
+    for k, (pool, part) in enumerate(rounds):
+        if k == 2 and not missed:
+            break  # the second pass only where a pool met at no size
         at = lambda n, base=res.deployment, pool=pool: served(base.with_replicas(pool, n))
         top = res.deployment.most_replicas(pool, max_nodes)
-        n = boundary(lambda n, at=at: miss(at(n)) <= 0, res.deployment.pools[pool].replicas,
-                     top)
+        miss = lambda r, part=part: judge(r, part)
+        start = res.deployment.pools[pool].replicas
+        n = boundary(lambda n, at=at, miss=miss, start=start: miss(at(n)) <= 0 and (
+            n >= start or judge(at(n), False) <= 0), start, top)
         if n is None:
-            res, first_missed = at(top), first_missed or k == 0
+            res, missed = at(top), True
+            if dep.disaggregated and len(rounds) == 2:
+                rounds += [(1, False), (0, False)]
             continue
         res = replace(at(n), below=miss(at(n - 1)) if n > 1 else None)
     return res
+
+
+def _judge(slo: SLO | None) -> Callable[[Result, bool], float]:
+    """A run's miss on `slo` (None: the run's own), or on its decode part alone (`part`:
+    SLO.decode_part, where the SLO has one)."""
+    def judge(r: Result, part: bool) -> float:
+        if slo is None:
+            return r.tpot_miss if part and r.tpot_miss is not None else r.miss
+        return judged(r, (slo.decode_part() if part else None) or slo)
+    return judge
 
 
 def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traffic: Traffic,
@@ -689,10 +746,9 @@ def _with_ends(res: Result, serve: Callable[[Deployment], Result], slo: SLO,
         return replace(res, interval={"basis": b.basis})
     out: dict = {"basis": b.basis, "robust": res.meets_slo and judged(res, ends[1]) <= 0}
     for end, name in ((0, "low"), (1, "high")):
-        judge = lambda r, e=ends[end]: judged(r, e)
         start = res.deployment if first is None else search(
-            res.deployment, first, max_nodes, judge).deployment
-        found = search(start, serve, max_nodes, judge)
+            res.deployment, first, max_nodes, ends[end]).deployment
+        found = search(start, serve, max_nodes, ends[end])
         ok = judged(found, ends[end]) <= 0
         thr = found.summary["bench"]["output_throughput"] * b.throughput[1 - end]
         price = found.deployment.price_per_hour
@@ -722,7 +778,9 @@ def _worst(results: list[Result]) -> Result:
     """The first seed's run with the worst seed's miss, and the spread over the seeds."""
     spread = lambda f: [min(map(f, results)), max(map(f, results))]
     first = results[0]
-    return replace(first, miss=max(r.miss for r in results), steady={
+    tpot = [r.tpot_miss for r in results if r.tpot_miss is not None]
+    return replace(first, miss=max(r.miss for r in results),
+                   tpot_miss=max(tpot) if len(tpot) == len(results) else None, steady={
         "runs": [(r.ttft_ms, r.tpot_ms) for r in results],
         "ttft_ms_range": spread(lambda r: r.ttft_ms), "tpot_ms_range": spread(lambda r: r.tpot_ms),
         "output_throughput_range": spread(lambda r: r.summary["bench"]["output_throughput"])})
@@ -759,8 +817,11 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     # a request refused (its KV past the replica's, its prompt past the budget) is traffic not
     # served: the percentiles of the rest do not show it, so the deployment misses outright
     miss = math.inf if s["unserved"] else slo.misses(ttft, tpot)
+    part = slo.decode_part()
     return Result(dep, s, ttft, tpot, miss,
-                  serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace))
+                  serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace),
+                  tpot_miss=None if part is None else (
+                      math.inf if s["unserved"] else part.misses(ttft, tpot)))
 
 
 def _served(pool: Pool, model: ModelSpec, fabric: FabricSpec, trace: traces.Trace,
