@@ -356,13 +356,15 @@ def test_search_returns_the_boundary_within_max_nodes():
     assert [p.replicas for p in res.deployment.pools] == [6, 5] and res.meets_slo
 
 
-def test_a_pairs_decode_pool_is_searched_on_its_tpot_then_the_prefill_pool_on_the_slo():
+def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():
     """In a closed loop a faster decode pool sends prompts faster: at the first prefill pool
     more decode replicas only lengthen TTFT (Llama 3.1 70B, 500 users, H200 tp2 x 20 -> SN40L-16
     tp16pp2: p99 TTFT 549, 2,162, 3,533, 4,343, 4,579 ms at 1, 2, 4, 8, 12 decode replicas).
     Searched on the whole SLO, no decode pool met and the search went to the largest; the
-    decode pool's own bound (TPOT) finds it, then the prefill pool meets at that decode pool.
-    Below the pre-filter's count the whole SLO still holds: TTFT counts the decode queue."""
+    decode pool's own bound (TPOT) finds it, then the prefill pool its own (TTFT) at that
+    decode pool, in turn again where the pair still misses (more prefill replicas load the
+    decode pool more). Below the count it starts from a decode pool is judged on the whole
+    SLO: TTFT counts the decode queue."""
     from rdu_cluster.engine.disagg import Pool
 
     slo = cap.SLO(1000, 20)
@@ -372,8 +374,7 @@ def test_a_pairs_decode_pool_is_searched_on_its_tpot_then_the_prefill_pool_on_th
         served.append(dep)
         p, d = (q.replicas for q in dep.pools)
         ttft, tpot = 1000 * (3 + d) / p, 20 * 2 / d
-        return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [],
-                          tpot_miss=slo.decode_part().misses(ttft, tpot))
+        return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [], slo=slo)
 
     pair = cap.Deployment("a->b", (Pool("dgx-h100", "tp8", 4), Pool("sn40l-8", "tp2", 1)), 8,
                           0.0, (8, 8), (2.0, 1.0))
@@ -385,14 +386,21 @@ def test_a_pairs_decode_pool_is_searched_on_its_tpot_then_the_prefill_pool_on_th
     def queued(dep):  # fewer than 3 decode replicas queue the users: TTFT misses whatever p is
         d = dep.pools[1].replicas
         ttft, tpot = (500.0 if d >= 3 else 3000.0), 20 * 2 / d
-        return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [],
-                          tpot_miss=slo.decode_part().misses(ttft, tpot))
+        return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [], slo=slo)
 
     pair3 = cap.Deployment("a->b", (Pool("dgx-h100", "tp8", 1), Pool("sn40l-8", "tp2", 3)), 8,
                            0.0, (8, 8), (2.0, 1.0))
     res = cap.search(pair3, queued, 8)  # below the pre-filter's 3 the whole SLO is judged
     assert [p.replicas for p in res.deployment.pools] == [1, 3] and res.meets_slo
-    assert cap.SLO(None, 20).decode_part() is None and cap.SLO(1000, None).decode_part() is None
+
+    def busier(dep):  # TTFT meets from 8 prefill replicas, which load the decode pool more
+        p, d = (q.replicas for q in dep.pools)
+        ttft, tpot = 1000 * 8 / p, 20 * (p / 5) / d
+        return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [], slo=slo)
+
+    res = cap.search(pair, busier, 8)  # (4, 1) -> prefill 8 -> its TPOT misses -> decode 2
+    assert [p.replicas for p in res.deployment.pools] == [8, 2] and res.meets_slo
+    assert cap.SLO(None, 20).part("tpot") is None and cap.SLO(1000, None).part("ttft") is None
 
 
 def test_prompts_past_serves_token_budget_are_verified_with_a_budget_that_holds_them(tmp_path):
@@ -542,13 +550,16 @@ def test_the_row_is_served_until_doubling_its_requests_moves_it_less_than_the_to
         tmp_path):
     """Drawn output lengths: 4 requests a user to start, doubled until the p99s and the
     throughput move under 5%, three seeds with the worst deciding; the first request of each
-    user is warm-up, and the row's serve_args reproduce it."""
+    user is warm-up and the initial transient after them too (MSER-5: --warmup-mser), and the
+    row's serve_args reproduce it."""
     r = run(*setting(SMALL, "--steady-tolerance", "0.05"), "--concurrency", "8",
             "--prompt-len", "256", "--output-len", "uniform:8:24")
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout.splitlines()[0])
     st = row["steady"]
-    assert st["requests"] in (64, 128, 256) and st["warmup_requests"] == 8
+    assert st["requests"] in (64, 128, 256) and 8 <= st["warmup_requests"] <= 8 + (
+        st["requests"] - 8) // 2
+    assert "--warmup-mser" in row["serve_args"]
     assert st["moved_on_doubling"] <= 0.05 or st["requests"] == 256
     assert st["settled"] == (st["moved_on_doubling"] <= 0.05)
     assert st["seeds"] == [0, 1, 2] and len(st["p99_tpot_ms_range"]) == 2

@@ -137,6 +137,11 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               help="The first N requests sent are warm-up (a closed loop's ramp): left out of "
               "every statistic, the duration from the first one measured (as vllm bench serve "
               "--num-warmups keeps its warm-up requests out).")
+@click.option("--warmup-mser", is_flag=True,
+              help="Also leave out the initial transient after them, as long as the MSER-5 "
+              "rule puts it (White 1997: the cut minimizing the marginal standard error of the "
+              "TTFT and TPOT means, within the first half); the summary says how many "
+              "(warmup_requests). What capacity verifies closed loops with.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object with vllm bench serve's key names.")
 @click.option("--replicas", default=None, type=click.IntRange(1, MAX_SOCKETS),
@@ -165,7 +170,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
           metric_percentiles, goodput, as_json, replicas, ramp_up, prefill_pool, decode_pool,
           fabric, acceptance, no_progress, timeline_path, overrides, n_sessions, turns,
           system_prompt, think_time, prefix_cache, prefix_block, prefix_eviction,
-          stack_name, warmup_requests) -> None:
+          stack_name, warmup_requests, warmup_mser) -> None:
     """Simulate serving a request trace on a cluster."""
     ctx = click.get_current_context()
     _check_unused(ctx, trace_path, n_sessions, arrival, prefill_pool or decode_pool, replicas)
@@ -187,7 +192,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     if warmup_requests >= len(trace):
         raise ConfigError(f"--warmup-requests: {warmup_requests} leaves none of the "
                           f"{len(trace)} requests measured")
-    bench_spec = dataclasses.replace(bench_spec, warmup=warmup_requests)
+    bench_spec = dataclasses.replace(bench_spec, warmup=warmup_requests, mser=warmup_mser)
     model_ref, scheduler = _coe_defaults(ctx, coe_experts, model_ref, scheduler)
     model = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     cluster = _cluster(cluster_ref, overrides, replicas, plan, model, fabric)

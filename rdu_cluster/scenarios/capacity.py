@@ -64,6 +64,7 @@ STEADY_TOL = 0.05
 STEADY_DOUBLINGS = 3
 SEEDS = 3
 FIXED_POINT_ROUNDS = 50  # _load: rounds for E2E to settle within 0.1%
+PAIR_PASSES = 3  # search: a pair's pools searched in turn at most this many times
 MAX_BATCH_CAP = 512  # the engine's --max-batch ceiling tried here (vLLM's max_num_seqs is 256-1024)
 
 
@@ -92,12 +93,12 @@ class SLO:
                  if b is not None]
         return max(parts)
 
-    def decode_part(self) -> SLO | None:
-        """The bound a pair's decode pool sets (TPOT) where the SLO bounds TTFT too (the
-        prefill pool's share); None where the SLO is one bound."""
+    def part(self, key: str) -> SLO | None:
+        """The SLO's bound on `key` alone ('ttft': the one a pair's prefill pool sets, 'tpot':
+        its decode pool's); None where the SLO has not both (the part is the whole, or none)."""
         if self.tpot_ms is None or self.ttft_ms is None:
             return None
-        return replace(self, ttft_ms=None)
+        return replace(self, tpot_ms=None) if key == "ttft" else replace(self, ttft_ms=None)
 
     def goodput_args(self) -> str:
         return " ".join(f"{k}:{v:g}" for k, v in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms))
@@ -187,6 +188,13 @@ class Traffic:
         each client or session (the ramp: serve --warmup-requests)."""
         closed = self.concurrency and (self.trace is None or self.sessions)
         return self.concurrency if closed else 0
+
+    @property
+    def steadies(self) -> bool:
+        """Whether the runs are taken to steady state: synthetic traffic (not a trace or the
+        sessions, the question's own workload) checked by doubling, measured with the initial
+        transient left out (MetricSpec.mser)."""
+        return self.trace is None and bool(self.steady_tol)
 
     @property
     def drawn(self) -> bool:
@@ -519,7 +527,7 @@ class Result:
     miss: float
     serve_args: list[str]
     below: float | None = None  # the miss of one replica fewer (the boundary's other side)
-    tpot_miss: float | None = None  # the miss on the TPOT bound alone (SLO.decode_part)
+    slo: SLO | None = None  # the SLO `miss` is on (a pool's part is judged on it: search)
     steady: dict = field(default_factory=dict)  # how the steady state was checked (settle)
     interval: dict = field(default_factory=dict)  # nodes and $/Mtok ends, robust (_with_ends)
 
@@ -566,16 +574,17 @@ def boundary(meets: Callable[[int], bool], start: int, top: int) -> int | None:
 
 def search(dep: Deployment, serve: Callable[[Deployment], Result], max_nodes: int,
            slo: SLO | None = None) -> Result:
-    """The deployment at the boundary (engine-verified): the fewest replicas of its last pool
-    that meet the SLO within --max-nodes (boundary). A disaggregated one: the fewest decode
-    replicas at the first prefill pool that meet the TPOT bound (the decode pool's part) and,
-    fewer than the pre-filter's count, the whole SLO (TTFT holds the decode pool's queue);
-    then the fewest prefill replicas that meet the SLO at that decode pool; where a pool met
-    at no size, both again on the whole SLO. (Above the pre-filter's count TTFT is left to
-    the prefill pool: in a closed loop a faster decode pool sends prompts faster, and at the
-    first prefill pool more decode replicas may only lengthen TTFT.) Nothing meets: the
-    largest tried (the closest). `serve` is asked once per deployment; a run is judged on
-    `slo` (default: its own SLO)."""
+    """The deployment at the boundary (engine-verified): the fewest replicas that meet the SLO
+    within --max-nodes (boundary). A disaggregated one, pool by pool on the bound each sets
+    (SLO.part): the fewest decode replicas that meet TPOT (and, fewer than the count it
+    starts from, the whole SLO: TTFT holds the decode queue), then the fewest prefill replicas
+    that meet TTFT at that decode pool, again while the pair misses or a pool met at no size
+    (at most PAIR_PASSES passes: more prefill replicas send the decode pool more work, so its
+    TPOT may then miss).
+    Judged on the whole SLO more decode replicas may only lengthen TTFT in a closed loop (a
+    faster decode pool sends prompts faster to the same prefill pool), and more prefill ones
+    never mend a TPOT. Nothing meets: the largest tried (the closest). `serve` is asked once
+    per deployment; a run is judged on `slo` (default: its own SLO)."""
     seen: dict[tuple, Result] = {}
 
     def served(d: Deployment) -> Result:
@@ -584,34 +593,38 @@ def search(dep: Deployment, serve: Callable[[Deployment], Result], max_nodes: in
         return seen[d.pools]
 
     judge = _judge(slo)
-    res = served(dep)
-    rounds = [(1, True), (0, False)] if dep.disaggregated else [(0, False)]
-    missed = False
-    for k, (pool, part) in enumerate(rounds):
-        if k == 2 and not missed:
-            break  # the second pass only where a pool met at no size
-        at = lambda n, base=res.deployment, pool=pool: served(base.with_replicas(pool, n))
-        top = res.deployment.most_replicas(pool, max_nodes)
-        miss = lambda r, part=part: judge(r, part)
-        start = res.deployment.pools[pool].replicas
-        n = boundary(lambda n, at=at, miss=miss, start=start: miss(at(n)) <= 0 and (
-            n >= start or judge(at(n), False) <= 0), start, top)
+
+    def fewest(res: Result, pool: int, part: str | None) -> tuple[Result, bool]:
+        """The boundary of `pool` judged on `part`, and whether it is past the top (the
+        largest is then returned)."""
+        at = lambda n: served(res.deployment.with_replicas(pool, n))
+        start, top = res.deployment.pools[pool].replicas, res.deployment.most_replicas(
+            pool, max_nodes)
+        n = boundary(lambda n: judge(at(n), part) <= 0 and (
+            n >= start or judge(at(n), None) <= 0), start, top)
         if n is None:
-            res, missed = at(top), True
-            if dep.disaggregated and len(rounds) == 2:
-                rounds += [(1, False), (0, False)]
-            continue
-        res = replace(at(n), below=miss(at(n - 1)) if n > 1 else None)
+            return at(top), True
+        return replace(at(n), below=judge(at(n - 1), None) if n > 1 else None), False
+
+    res = served(dep)
+    if not dep.disaggregated:
+        return fewest(res, 0, None)[0]
+    for _ in range(PAIR_PASSES):
+        res, decode_topped = fewest(res, 1, "tpot")
+        res, prefill_topped = fewest(res, 0, "ttft")
+        if judge(res, None) <= 0 and not (decode_topped or prefill_topped):
+            break  # again only while it misses, or a pool met at no size (its largest kept)
     return res
 
 
-def _judge(slo: SLO | None) -> Callable[[Result, bool], float]:
-    """A run's miss on `slo` (None: the run's own), or on its decode part alone (`part`:
-    SLO.decode_part, where the SLO has one)."""
-    def judge(r: Result, part: bool) -> float:
-        if slo is None:
-            return r.tpot_miss if part and r.tpot_miss is not None else r.miss
-        return judged(r, (slo.decode_part() if part else None) or slo)
+def _judge(slo: SLO | None) -> Callable[[Result, str | None], float]:
+    """A run's miss on `slo` (None: the run's own, Result.slo), or on its bound on `part`
+    alone ('ttft', 'tpot': SLO.part)."""
+    def judge(r: Result, part: str | None) -> float:
+        whole = slo or r.slo
+        if whole is None:
+            return r.miss  # a run without its SLO (tests): the whole
+        return judged(r, (whole.part(part) if part else None) or whole)
     return judge
 
 
@@ -637,7 +650,7 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traf
     serve_once = cached
     res = search(dep, lambda d: serve_once(d, traffic), max_nodes)
     moved, t = None, traffic
-    doublings = STEADY_DOUBLINGS if traffic.trace is None and traffic.steady_tol else 0
+    doublings = STEADY_DOUBLINGS if traffic.steadies else 0
     for _ in range(doublings):
         t = replace(t, requests=2 * t.n_requests(t.rate or 0.0))
         again = serve_once(res.deployment, t)
@@ -660,7 +673,8 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traf
     # False is a row still moving after STEADY_DOUBLINGS doublings, printed as such
     settled = None if moved is None else bool(moved <= traffic.steady_tol)
     res = replace(res, steady={
-        "requests": t.n_requests(t.rate or 0.0), "warmup_requests": t.warmup,
+        "requests": t.n_requests(t.rate or 0.0),
+        "warmup_requests": res.summary.get("bench", {}).get("warmup_requests", t.warmup),
         "moved_on_doubling": moved, "tolerance": traffic.steady_tol, "settled": settled,
         "seeds": seeds, **res.steady})
     return _with_ends(res, final, slo, max_nodes, at(traffic)) if slo is not None else res
@@ -778,9 +792,7 @@ def _worst(results: list[Result]) -> Result:
     """The first seed's run with the worst seed's miss, and the spread over the seeds."""
     spread = lambda f: [min(map(f, results)), max(map(f, results))]
     first = results[0]
-    tpot = [r.tpot_miss for r in results if r.tpot_miss is not None]
-    return replace(first, miss=max(r.miss for r in results),
-                   tpot_miss=max(tpot) if len(tpot) == len(results) else None, steady={
+    return replace(first, miss=max(r.miss for r in results), steady={
         "runs": [(r.ttft_ms, r.tpot_ms) for r in results],
         "ttft_ms_range": spread(lambda r: r.ttft_ms), "tpot_ms_range": spread(lambda r: r.tpot_ms),
         "output_throughput_range": spread(lambda r: r.summary["bench"]["output_throughput"])})
@@ -792,7 +804,7 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     pct = slo.percentile
     spec = bench.MetricSpec((50.0, pct), tuple(
         (k, v) for k, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms)) if v is not None),
-        traffic.warmup)
+        traffic.warmup, traffic.steadies)
     rate = traffic.rate
     trace = _trace(dep, traffic, rate)
     limits = Limits(max_batch=dep.max_batch, token_budget=token_budget(trace))
@@ -817,11 +829,9 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     # a request refused (its KV past the replica's, its prompt past the budget) is traffic not
     # served: the percentiles of the rest do not show it, so the deployment misses outright
     miss = math.inf if s["unserved"] else slo.misses(ttft, tpot)
-    part = slo.decode_part()
     return Result(dep, s, ttft, tpot, miss,
                   serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace),
-                  tpot_miss=None if part is None else (
-                      math.inf if s["unserved"] else part.misses(ttft, tpot)))
+                  slo=slo)
 
 
 def _served(pool: Pool, model: ModelSpec, fabric: FabricSpec, trace: traces.Trace,
@@ -898,6 +908,8 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
              slo.goodput_args()]
     if traffic.warmup:
         args += ["--warmup-requests", str(traffic.warmup)]
+    if traffic.steadies:
+        args += ["--warmup-mser"]
     if traffic.prefix_cache is not None:
         args += ["--prefix-cache", traffic.prefix_cache]
     if _all_gpu(dep):

@@ -120,3 +120,36 @@ def test_warmup_requests_are_left_out_and_the_throughput_is_the_steady_windows()
     assert s["mean_itl_ms"] == pytest.approx(400.0)  # 0.4 s gaps of the two measured only
     assert s["output_throughput"] == pytest.approx(3 / 1.0)  # 1.1, 1.5, 1.9 in [1, 2]
     assert bench.summary(m, 6.0, bench.MetricSpec((99.0,)))["p99_ttft_ms"] > 4000
+
+
+def test_the_initial_transient_is_cut_where_mser5_puts_its_end():
+    """MSER-5 (White 1997): a queue's decaying start is cut near where it ends, a steady series
+    (constant, or noise about a level) is not cut, and the cut stays within the first half
+    (past it the rule would follow the noise of the last few values)."""
+    rng = np.random.default_rng(3)
+    level = 0.5 + 0.01 * rng.standard_normal(1800)
+    decay = np.r_[np.linspace(3.0, 0.5, 200), level]
+    assert 150 <= bench.mser_cut(decay) <= 250 and bench.mser_cut(decay) % 5 == 0
+    assert bench.mser_cut(np.full(1000, 0.022)) == 0
+    assert bench.mser_cut(level) <= 50
+    assert bench.mser_cut(np.r_[level[:100], np.full(100, 9.0)]) <= 100  # within the first half
+    assert bench.mser_cut(np.ones(19)) == 0  # fewer than four batches
+
+
+def test_warmup_mser_leaves_out_the_transient_after_the_warmup_and_says_how_many():
+    """With MetricSpec.mser the summary's statistics start after the first `warmup` requests
+    and the transient MSER-5 finds after them (TTFT here; TPOT counted the same way), and
+    `warmup_requests` says how many were left out; without it the key is absent."""
+    n = 600
+    send = np.arange(n, dtype=float)
+    ttft = np.r_[np.full(50, 9.0), np.linspace(4.0, 0.2, 100), np.full(450, 0.2)]
+    chunks = [np.array([t + f, t + f + 0.01]) for t, f in zip(send, ttft)]
+    m = bench.Measured(send, ttft, ttft + 0.01, np.full(n, 2), np.full(n, 10),
+                       spill.Spill.of(np.full(n, 0.01)), spill.Spill.of(np.concatenate(chunks)),
+                       np.full(n, 2))
+    s = bench.summary(m, float(n + 10), bench.MetricSpec((99.0,), (), warmup=50, mser=True))
+    assert 50 + 80 <= s["warmup_requests"] <= 50 + 120
+    assert s["completed"] == n - s["warmup_requests"]
+    assert s["p99_ttft_ms"] < 1000  # the tail of the transient is out
+    plain = bench.summary(m, float(n + 10), bench.MetricSpec((99.0,), (), warmup=50))
+    assert plain["p99_ttft_ms"] > 3000 and "warmup_requests" not in plain
