@@ -140,8 +140,7 @@ def summary(m: Measured, duration: float, spec: MetricSpec) -> dict:
         m, first = m.after_warmup(warmup)
         duration -= first
     n = len(m.ttft_s)
-    tpot = np.where(m.output_len > 1, (m.e2el_s - m.ttft_s) / np.maximum(m.output_len - 1, 1),
-                    0.0)
+    tpot = _tpots(m)
     per = {"ttft": m.ttft_s, "tpot": tpot[m.output_len > 1], "itl": m.itl_s, "e2el": m.e2el_s}
     out_tokens = int(m.output_len.sum())
     rate = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
@@ -171,12 +170,15 @@ def transient(m: Measured, skip: int) -> int:
     truncation of the TTFT and the TPOT series in send order (TPOT of requests of more than one
     output token, its cut counted in all requests)."""
     order = np.argsort(m.send_s, kind="stable")[skip:]
-    cut = mser_cut(m.ttft_s[order])
-    out = m.output_len[order]
-    several = np.flatnonzero(out > 1)
-    tpot = (m.e2el_s[order] - m.ttft_s[order])[several] / (out[several] - 1)
-    k = mser_cut(tpot)
-    return max(cut, int(several[k]) if k else 0)
+    several = np.flatnonzero(m.output_len[order] > 1)
+    k = mser_cut(_tpots(m)[order][several])
+    return max(mser_cut(m.ttft_s[order]), int(several[k]) if k else 0)
+
+
+def _tpots(m: Measured) -> np.ndarray:
+    """Each request's TPOT (s): (E2EL - TTFT) / (output tokens - 1); 0 for one token."""
+    return np.where(m.output_len > 1, (m.e2el_s - m.ttft_s) / np.maximum(m.output_len - 1, 1),
+                    0.0)
 
 
 def mser_cut(x: np.ndarray) -> int:
