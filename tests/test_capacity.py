@@ -327,7 +327,7 @@ def _fake_serve(threshold):
     """A verify() that meets from `threshold` replicas of each pool (prefill, decode)."""
     served = []
 
-    def serve(dep):
+    def serve(dep, stop="slo"):
         served.append(dep)
         need = max(n - p.replicas for n, p in zip(threshold, dep.pools))
         return cap.Result(dep, {}, 0.0, 0.0, need / 10, [])
@@ -370,7 +370,7 @@ def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():
     slo = cap.SLO(1000, 20)
     served = []
 
-    def serve(dep):  # TPOT meets from 2 decode replicas; TTFT needs 3 prefill per decode one
+    def serve(dep, stop="slo"):  # TPOT meets from 2 decode replicas; TTFT 3 prefill a decode
         served.append(dep)
         p, d = (q.replicas for q in dep.pools)
         ttft, tpot = 1000 * (3 + d) / p, 20 * 2 / d
@@ -383,7 +383,7 @@ def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():
     assert res.below > 0  # 4 prefill replicas miss at 2 decode ones
     assert max(d.pools[1].replicas for d in served) <= 2  # never past the decode boundary
 
-    def queued(dep):  # fewer than 3 decode replicas queue the users: TTFT misses whatever p is
+    def queued(dep, stop="slo"):  # under 3 decode replicas queue the users: TTFT misses
         d = dep.pools[1].replicas
         ttft, tpot = (500.0 if d >= 3 else 3000.0), 20 * 2 / d
         return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [], slo=slo)
@@ -393,7 +393,7 @@ def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():
     res = cap.search(pair3, queued, 8)  # below the pre-filter's 3 the whole SLO is judged
     assert [p.replicas for p in res.deployment.pools] == [1, 3] and res.meets_slo
 
-    def busier(dep):  # TTFT meets from 8 prefill replicas, which load the decode pool more
+    def busier(dep, stop="slo"):  # TTFT meets from 8 prefill replicas, loading the decode
         p, d = (q.replicas for q in dep.pools)
         ttft, tpot = 1000 * 8 / p, 20 * (p / 5) / d
         return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [], slo=slo)
@@ -435,12 +435,12 @@ def test_a_deployment_that_refuses_requests_does_not_meet_the_slo(monkeypatch):
     traffic = cap.Traffic(concurrency=None, rate=4.0, requests=60)
     slo = cap.SLO.parse(["ttft:2000", "tpot:20"], 99.0)
     model = load_model("llama-3.1-8b")
-    r = cap.verify(dep, model, "llama-3.1-8b", None, traffic, slo, load_fabric("ib-ndr"),
+    r = cap.verify(dep, model, ("llama-3.1-8b", None), traffic, slo, load_fabric("ib-ndr"),
                    lambda: None)
     assert not r.meets_slo and r.ttft_ms == 300.0
     assert cli._misses(r) == "refuses 30 of 60 requests"
     summary["unserved"] = 0
-    assert cap.verify(dep, model, "llama-3.1-8b", None, traffic, slo, load_fabric("ib-ndr"),
+    assert cap.verify(dep, model, ("llama-3.1-8b", None), traffic, slo, load_fabric("ib-ndr"),
                       lambda: None).meets_slo
 
 
@@ -490,7 +490,7 @@ def test_interval_ends_are_the_boundary_at_the_simulators_ends(monkeypatch):
     throughput at the throughput band's other end."""
     from rdu_cluster.engine.disagg import Pool
 
-    def serve(dep):
+    def serve(dep, stop="slo"):
         n = dep.pools[0].replicas
         return cap.Result(dep, {"bench": {"output_throughput": 1000.0}}, 10.0, 60.0 / n,
                           slo.misses(10.0, 60.0 / n), [])
@@ -634,3 +634,96 @@ def test_a_row_still_moving_after_its_doublings_says_it_is_not_settled():
     text = run(*[a for a in args if a != "--json"], "--concurrency", "4", "--prompt-len", "128",
                "--output-len", "uniform:4:12")
     assert "not settled" in text.output
+
+
+def test_pairs_are_verified_first_and_the_rows_keep_the_candidates_order(monkeypatch):
+    """The candidates are handed out pairs first (a pair's search costs 5-25x a system's:
+    listed last, they set the wall time of --jobs), and the results come back in the
+    candidates' order whichever ran first."""
+    from rdu_cluster.cli import capacity as cli_capacity
+    from rdu_cluster.engine.disagg import Pool
+
+    ran = []
+
+    def verified(dep, *rest):
+        ran.append(dep.label)
+        return dep.label
+
+    monkeypatch.setattr(cli_capacity, "_verified", verified)
+    one = lambda label: cap.Deployment(label, (Pool("sn40l-8", "tp2", 1),), 8, 0.0, (8,), (1.0,))
+    pair = lambda label: cap.Deployment(label, (Pool("dgx-h100", "tp8", 1),
+                                                Pool("sn40l-8", "tp2", 1)), 8, 0.0, (8, 8),
+                                        (2.0, 1.0))
+    deps = [one("a"), one("b"), pair("p"), one("c"), pair("q")]
+    jobs = [(d, None, "m", None, None, None, None, 4) for d in deps]
+    assert cli_capacity._verify_all(jobs, "local", None, 1) == ["a", "b", "p", "c", "q"]
+    assert ran == ["p", "q", "a", "b", "c"]
+
+
+def _verify(dep, traffic, slo, stop=None):
+    from rdu_cluster.backends import make as make_backend
+
+    model = load_model("llama-3.1-8b")
+    return cap.verify(dep, model, ("llama-3.1-8b", None), traffic, slo, load_fabric("ib-ndr"),
+                      lambda: make_backend("local"), stop)
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_a_run_certain_to_miss_stops_and_one_that_meets_is_the_whole_run(pair):
+    """A run whose p99 TTFT certainly exceeds its bound stops there (engine/decided.py): its
+    verdict is the whole run's, its p99 a lower bound of the whole run's, in fewer requests;
+    a run that meets is served to its end, the same as without the stop. Aggregated and a
+    disaggregated pair (its TTFT counted from the send to the prefill pool)."""
+    from rdu_cluster.engine.disagg import Pool
+
+    pools = ((Pool("dgx-h100", "tp2", 1), Pool("sn40l-8", "tp8", 1)) if pair
+             else (Pool("dgx-h100", "tp2", 1),))
+    dep = cap.Deployment("x", pools, 64, 0.5, (8,) * len(pools), (1.0,) * len(pools))
+    traffic = cap.Traffic(64, None, "512", "16", 192, steady_tol=None)
+    tight, loose = cap.SLO(20.0, None), cap.SLO(60_000.0, None)
+    whole = _verify(dep, traffic, tight)
+    stopped = _verify(dep, traffic, tight, stop=tight)
+    assert not whole.meets_slo and not whole.decided
+    assert stopped.decided and not stopped.meets_slo
+    assert 20.0 < stopped.decided["ttft"] <= whole.ttft_ms
+    assert stopped.summary["decided"]["completed"] < 192
+    met = _verify(dep, traffic, loose, stop=loose)
+    assert met.meets_slo and not met.decided
+    assert met.summary == _verify(dep, traffic, loose).summary
+
+
+def test_a_run_stops_only_on_the_bound_it_is_judged_on_and_a_row_runs_to_its_end():
+    """A pair's decode pool is searched on TPOT, its prefill pool on TTFT: each run may stop
+    only on the bound it is first judged on (a run stopped on TTFT knows nothing of its TPOT),
+    so none is served twice; the largest tried where nothing meets is a row, served again to
+    its end where it stopped."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1000, 20)
+    calls = []
+
+    def serve(dep, stop="slo"):  # TTFT misses below 3 prefill replicas, TPOT below 2 decode
+        p, d = (q.replicas for q in dep.pools)
+        calls.append((p, d, stop))
+        ttft, tpot = 1000 * 3 / p, 20 * 2 / d
+        if stop in ("slo", "ttft") and ttft > 1000:  # stopped on TTFT, where it may
+            return cap.Result(dep, {}, ttft, 0.0, slo.misses(ttft, 0.0), [], slo=slo,
+                              decided={"ttft": ttft})
+        if stop in ("slo", "tpot") and tpot > 20:
+            return cap.Result(dep, {}, 0.0, tpot, slo.misses(0.0, tpot), [], slo=slo,
+                              decided={"tpot": tpot})
+        return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [], slo=slo)
+
+    pair = cap.Deployment("a->b", (Pool("dgx-h100", "tp8", 1), Pool("sn40l-8", "tp2", 1)), 8,
+                          0.0, (8, 8), (2.0, 1.0))
+    res = cap.search(pair, serve, 8)
+    assert [p.replicas for p in res.deployment.pools] == [3, 2] and res.meets_slo
+    assert not res.decided and res.below_at_least  # 2 prefill replicas: stopped on TTFT
+    assert {stop for _, d, stop in calls if d != 2} == {"tpot"}  # the decode pool's search
+    assert len(calls) == len({(p, d) for p, d, _ in calls})  # none served twice
+    calls.clear()
+    one = cap.Deployment("a", (Pool("dgx-h100", "tp8", 1),), 8, 0.0, (8,), (2.0,))
+    res = cap.search(one, lambda dep, stop="slo": serve(
+        cap.Deployment("a", (dep.pools[0], Pool("sn40l-8", "tp2", 1)), 8, 0.0, (8, 8),
+                       (2.0, 1.0)), stop), 2)  # TPOT misses at every count: nothing meets
+    assert not res.meets_slo and not res.decided and calls[-1] == (2, 1, None)

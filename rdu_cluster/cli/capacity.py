@@ -405,19 +405,27 @@ def _verify_all(jobs: list[tuple], backend_name: str, address: str | None,
                 n_jobs: int) -> list:
     """Each candidate verified (_verified) in this process, in --jobs processes, or as a Ray
     task (--backend ray: each task serves on the local engine backend); results in the
-    candidates' order, so every way gives the same table."""
+    candidates' order, so every way gives the same table. The pairs are handed out first
+    (longest first: a pair's run decodes every user's tokens in one or two replicas, a
+    step a window, where a system's alike replicas serve one replica's share; its searches
+    took 5-25x a system's CPU on the three capacity questions), so that no worker is left
+    with a pair when the others are done: listed last, they set the wall time."""
     profile = calibration.active()
-    tasks = [(profile, *job) for job in jobs]
+    order = sorted(range(len(jobs)), key=lambda i: not jobs[i][0].disaggregated)
+    tasks = [(profile, *jobs[i]) for i in order]
     if backend_name == "ray":
-        return _on_ray(tasks, address)
-    if n_jobs > 1 and len(tasks) > 1:
+        out = _on_ray(tasks, address)
+    elif n_jobs > 1 and len(tasks) > 1:
         ctx = multiprocessing.get_context("fork")  # the loaded catalog and configs go along
         # the pool ends its workers with SIGTERM once the map is done: the default action
         # there, not the CLI's handler (an "aborted" KeyboardInterrupt traceback per worker)
         with ctx.Pool(min(n_jobs, len(tasks)), initializer=signal.signal,
                       initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
-            return pool.map(_task, tasks, chunksize=1)
-    return [_task(t) for t in tasks]
+            out = pool.map(_task, tasks, chunksize=1)
+    else:
+        out = [_task(t) for t in tasks]
+    got = dict(zip(order, out))
+    return [got[i] for i in range(len(jobs))]
 
 
 def _task(task: tuple):
@@ -453,8 +461,8 @@ def _verified(dep, model, model_ref, w, traffic, slo, fab, max_nodes):
     """The deployment at the SLO's boundary at steady state, with its interval (cap.settle:
     the fewest replicas that meet, one fewer verified to miss, by bisection within
     --max-nodes), served on the local engine backend."""
-    serve = lambda d, t: cap.verify(d, model, model_ref, w, t, slo, fab,
-                                    lambda: make_backend("local"))
+    serve = lambda d, t, stop=None: cap.verify(d, model, (model_ref, w), t, slo, fab,
+                                               lambda: make_backend("local"), stop)
     try:
         return cap.settle(dep, serve, traffic, max_nodes, slo)
     except ConfigError:  # the engine refuses it (weights do not fit at its plan)
@@ -482,6 +490,8 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
         "meets_slo": r.meets_slo, "miss": _finite(r.miss), "unserved": r.summary["unserved"],
         # the boundary: one replica fewer (of the pool searched last) misses by this much
         "miss_one_fewer": None if r.below is None else _finite(r.below),
+        # true where that run stopped once certain to miss (engine/decided.py): at least that
+        "miss_one_fewer_at_least": r.below_at_least,
         "ramp_up_s": _ramp_arg(r.serve_args),
         # the interval (cap._with_ends): null bounds and the reason outside every regime
         **{k: r.interval.get(k) for k in ("nodes_low", "nodes_high", "plan_low", "plan_high",

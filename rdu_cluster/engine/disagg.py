@@ -50,7 +50,7 @@ from interconnect.topology import TopologySpec, build_topology
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.config import MAX_SOCKETS, FabricSpec, load_cluster
-from rdu_cluster.engine import bench, energy, loop, metrics, replica_routing, summary
+from rdu_cluster.engine import bench, decided, energy, loop, metrics, replica_routing, summary
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.dispatch import OWN_COMPLETION, Dispatcher
 from rdu_cluster.engine.events import Arrival
@@ -147,6 +147,7 @@ class Disaggregated:
     backend: Callable[[], object]  # a new backend for each pool
     progress: Callable[[int, int], None] | None = None
     summary_only: bool = False  # Simulation.summary_only, in both pools
+    watch: decided.Watch | None = None  # stop once the verdict is certain (engine/decided.py)
 
     def __post_init__(self) -> None:
         if self.config.faults or self.config.coe is not None or self.config.speculation:
@@ -177,6 +178,9 @@ class Disaggregated:
         hand = Handover(pre, dec, self._flows(pre, dec), sent * self.kv_per_token)
         pre.dispatch = _PrefillSide(c.routing, c.concurrency, hand)
         dec.dispatch = _DecodeSide(c.routing, None, hand)
+        if self.watch is not None:  # sent to the prefill pool, through the decode pool
+            pre.dispatch.watch, hand.shift = self.watch, {}
+            dec.finished.watch = decided.completions(self.watch, hand.shift)
         self.sims = (pre, dec)
         started = time.perf_counter()
         try:
@@ -342,6 +346,7 @@ class Handover:
         self.nbytes = np.zeros(len(nbytes))
         self.ports = Ports()
         self.out: list[tuple[int, object]] = []
+        self.shift: dict[int, float] | None = None  # watched: id -> seconds from send to here
 
     def start(self) -> None:
         experts, ready = self.dec._routing()
@@ -367,6 +372,8 @@ class Handover:
         begin = self.ports.book((("prefill", replica), ("decode", to)), t, hold, self.pre.now)
         arrive = begin + self.latency + hold
         self.move[r.id], self.nbytes[r.id] = arrive - t, nbytes
+        if self.shift is not None:
+            self.shift[r.id] = arrive - r.arrival_s
         self.out.append((self.DECODE, self.dec.dispatch.handoff(d, arrive, to)))
 
     def decoded(self, r: Request, t: float) -> None:

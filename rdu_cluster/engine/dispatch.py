@@ -37,6 +37,7 @@ import heapq
 import math
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,6 +46,9 @@ from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.replica_routing import ReplicaView
 from rdu_cluster.engine.requests import DONE, Request
 from workloads.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rdu_cluster.engine.decided import Watch
 
 # Closed loop: a replica's own completion may send a request to it. Spans end at completions,
 # so the first span needs no cut, but no unsaturated plan may follow it in the same window: a
@@ -108,6 +112,7 @@ class Dispatcher:
         self.mine: dict[int, np.ndarray] = {}  # replica -> its requests in arrival order
         self.made: dict[int, Request] = {}  # id -> made for an Arrival event not handled yet
         self.taken: set[int] = set()  # ids taken before their Arrival was handled (`take`)
+        self.watch: Watch | None = None  # told of every send (engine/decided.py)
 
     # -- sending --------------------------------------------------------------------------
     def initial(self, make: Callable[[int], Request], n: int, replicas: list[Replica],
@@ -151,6 +156,8 @@ class Dispatcher:
         order, as `initial`'s events do. Returns the first arrival."""
         self._set_up(replicas)
         n = len(ready)
+        if self.watch is not None:
+            self.watch.sent_all(ready)
         self.order = np.argsort(ready, kind="stable")
         self.make, self.ready, self.fed = make, ready, 0
         self.route_of = None
@@ -231,6 +238,8 @@ class Dispatcher:
         from rdu_cluster.engine.events import Arrival
 
         r.arrival_s = r.ready_s = max(t, r.ready_s)
+        if self.watch is not None:
+            self.watch.sent(r.ready_s)
         rep = self._replica_of(r.id)
         self.pending[rep].push(r.ready_s)
         if rep is not None:

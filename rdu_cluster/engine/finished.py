@@ -17,6 +17,7 @@ file), and the prefix cache's running totals.
 from __future__ import annotations
 
 import array
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +47,9 @@ class Finished:
         self.prefix_tokens: dict[str, int] = {}
         self.prefix_copy_s = 0  # summed in id order, as a sum over the requests would be
         self.trim_at = 0  # the count at which the step times no one reads are dropped next
+        # called with each request completed and its row (engine/decided.py: a run that stops
+        # once its verdict is certain)
+        self.watch: Callable[[Request, tuple], None] | None = None
 
     @property
     def count(self) -> int:
@@ -62,6 +66,8 @@ class Finished:
         if self.recorded(r):
             return
         row = metrics.request_row(r, self.live.pop(r.id)[1], self.rec)
+        if self.watch is not None and r.state == DONE:
+            self.watch(r, row)
         self.swaps += r.swaps
         chunks = self._chunks(r) if r.state == DONE else None
         self.held[r.id] = (row, chunks, r.admitted_tokens, r.prefix_tokens, r.prefix_copy_s)

@@ -40,7 +40,7 @@ from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
-from rdu_cluster.engine import alike, bench
+from rdu_cluster.engine import alike, bench, decided
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets, transfer_time
 from rdu_cluster.engine.prefix_cache import PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
@@ -527,13 +527,24 @@ class Result:
     miss: float
     serve_args: list[str]
     below: float | None = None  # the miss of one replica fewer (the boundary's other side)
+    below_at_least: bool = False  # that run stopped once certain to miss: a lower bound
     slo: SLO | None = None  # the SLO `miss` is on (a pool's part is judged on it: search)
     steady: dict = field(default_factory=dict)  # how the steady state was checked (settle)
     interval: dict = field(default_factory=dict)  # nodes and $/Mtok ends, robust (_with_ends)
+    # a run stopped once certain to miss (engine/decided.py): metric -> its pP at least (ms);
+    # its other figures are lower bounds (0 where nothing is known) and its summary holds
+    # nothing else: only a verdict, never a row
+    decided: dict = field(default_factory=dict)
 
     @property
     def meets_slo(self) -> bool:
         return self.miss <= 0
+
+    def answers(self, slo: SLO) -> bool:
+        """Whether the run's verdict on `slo` is known: a whole run, or one stopped on a
+        metric `slo` bounds."""
+        return not self.decided or any(getattr(slo, f"{m}_ms") is not None
+                                       for m in self.decided)
 
 
 def boundary(meets: Callable[[int], bool], start: int, top: int) -> int | None:
@@ -572,7 +583,7 @@ def boundary(meets: Callable[[int], bool], start: int, top: int) -> int | None:
     return hi
 
 
-def search(dep: Deployment, serve: Callable[[Deployment], Result], max_nodes: int,
+def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
            slo: SLO | None = None) -> Result:
     """The deployment at the boundary (engine-verified): the fewest replicas that meet the SLO
     within --max-nodes (boundary). A disaggregated one, pool by pool on the bound each sets
@@ -587,31 +598,47 @@ def search(dep: Deployment, serve: Callable[[Deployment], Result], max_nodes: in
     per deployment; a run is judged on `slo` (default: its own SLO)."""
     seen: dict[tuple, Result] = {}
 
-    def served(d: Deployment) -> Result:
+    def served(d: Deployment, part: str | None = None) -> Result:
+        """d's run: the first asked of it may stop once certain to miss on `part` (None: on
+        either bound)."""
         if d.pools not in seen:
-            seen[d.pools] = serve(d)
+            seen[d.pools] = serve(d, stop=part or "slo")
+        return seen[d.pools]
+
+    def whole(d: Deployment) -> Result:  # a run stopped early, served again to its end
+        if served(d).decided:
+            seen[d.pools] = serve(d, stop=None)
         return seen[d.pools]
 
     judge = _judge(slo)
 
-    def fewest(res: Result, pool: int, part: str | None) -> tuple[Result, bool]:
-        """The boundary of `pool` judged on `part`, and whether it is past the top (the
-        largest is then returned)."""
-        at = lambda n: served(res.deployment.with_replicas(pool, n))
-        start, top = res.deployment.pools[pool].replicas, res.deployment.most_replicas(
-            pool, max_nodes)
-        n = boundary(lambda n: judge(at(n), part) <= 0 and (
-            n >= start or judge(at(n), None) <= 0), start, top)
-        if n is None:
-            return at(top), True
-        return replace(at(n), below=judge(at(n - 1), None) if n > 1 else None), False
+    def miss(d: Deployment, part: str | None) -> float:
+        """d's miss on `part` (a run stopped on a metric the part leaves out: served whole)."""
+        r = served(d, part)
+        bound = slo or r.slo
+        if bound is not None and not r.answers((part and bound.part(part)) or bound):
+            r = whole(d)
+        return judge(r, part)
 
-    res = served(dep)
+    def fewest(base: Deployment, pool: int, part: str | None) -> tuple[Result, bool]:
+        """The boundary of `pool` judged on `part` from base's count, and whether it is past
+        the top (the largest is then returned, served to its end)."""
+        at = lambda n: base.with_replicas(pool, n)
+        start, top = base.pools[pool].replicas, base.most_replicas(pool, max_nodes)
+        n = boundary(lambda n: miss(at(n), part) <= 0 and (
+            n >= start or miss(at(n), None) <= 0), start, top)
+        if n is None:
+            return whole(at(top)), True
+        below = miss(at(n - 1), None) if n > 1 else None
+        return replace(served(at(n)), below=below, below_at_least=n > 1 and bool(
+            served(at(n - 1)).decided)), False
+
     if not dep.disaggregated:
-        return fewest(res, 0, None)[0]
+        return fewest(dep, 0, None)[0]
     for _ in range(PAIR_PASSES):
-        res, decode_topped = fewest(res, 1, "tpot")
-        res, prefill_topped = fewest(res, 0, "ttft")
+        res, decode_topped = fewest(dep, 1, "tpot")
+        res, prefill_topped = fewest(res.deployment, 0, "ttft")
+        dep = res.deployment
         if judge(res, None) <= 0 and not (decode_topped or prefill_topped):
             break  # again only while it misses, or a pool met at no size (its largest kept)
     return res
@@ -628,8 +655,8 @@ def _judge(slo: SLO | None) -> Callable[[Result, str | None], float]:
     return judge
 
 
-def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traffic: Traffic,
-           max_nodes: int, slo: SLO | None = None) -> Result:
+def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], Result],
+           traffic: Traffic, max_nodes: int, slo: SLO | None = None) -> Result:
     """The boundary at steady state. Searched (search) at the traffic's request count; then,
     for synthetic traffic (a trace or the sessions are the question's own workload), the
     boundary row is served with twice the requests until its pP TTFT, pP TPOT and output
@@ -640,32 +667,44 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traf
     reported. With the `slo`, the row's interval (_with_ends), its ends searched on the same
     runs."""
     runs: dict[tuple, Result] = {}
+    bounds = None if slo is None else loosest(dep, slo)
 
-    def cached(d: Deployment, t: Traffic) -> Result:  # each deployment and traffic served once
+    def cached(d: Deployment, t: Traffic, stop: str | None = "slo") -> Result:
+        """Each deployment and traffic served once: stopped once certain to miss the loosest
+        bound any judge of it uses (the SLO's, its interval ends') on `stop` ('ttft', 'tpot',
+        'slo': either), or (None) to its end."""
         key = (d.pools, t.n_requests(t.rate or 0.0), t.seed)
-        if key not in runs:
-            runs[key] = serve(d, t)
+        if key not in runs or (stop is None and runs[key].decided):
+            on = None if stop is None or bounds is None else (
+                bounds if stop == "slo" else bounds.part(stop) or bounds)
+            runs[key] = serve(d, t, on)
         return runs[key]
 
-    serve_once = cached
-    res = search(dep, lambda d: serve_once(d, traffic), max_nodes)
+    def at(tr: Traffic, seeds: Sequence[int] = ()) -> Callable[..., Result]:
+        """search's serve at tr's count: its seed, or the worst of `seeds` (drawn lengths);
+        `stop` as `cached`'s."""
+        def serve_at(d: Deployment, stop: str | None = "slo") -> Result:
+            if len(seeds) <= 1:
+                return cached(d, tr, stop)
+            return _worst([cached(d, replace(tr, seed=k), stop) for k in seeds])
+        return serve_at
+
+    res = search(dep, at(traffic), max_nodes)
     moved, t = None, traffic
     doublings = STEADY_DOUBLINGS if traffic.steadies else 0
     for _ in range(doublings):
         t = replace(t, requests=2 * t.n_requests(t.rate or 0.0))
-        again = serve_once(res.deployment, t)
+        again = cached(res.deployment, t, None)
         moved = _moved(res, again, slo)
         res = (again if again.meets_slo == res.meets_slo
-               else search(again.deployment, lambda d, t=t: serve_once(d, t), max_nodes))
+               else search(again.deployment, at(t), max_nodes))
         if moved <= traffic.steady_tol:
             break
     seeds = [t.seed + k for k in range(SEEDS)] if t.drawn else [t.seed]
-    # the runs at a count: at the search's first (traffic's), and at the steady one (t's)
-    at = lambda tr: (lambda d: serve_once(d, tr)) if len(seeds) == 1 else (
-        lambda d: _worst([serve_once(d, replace(tr, seed=k)) for k in seeds]))
-    final = at(t)
+    # the runs at the search's first count (traffic's), and at the steady one (t's)
+    final = at(t, seeds)
     if len(seeds) > 1:
-        again = final(res.deployment)
+        again = final(res.deployment, stop=None)
         res = again if again.meets_slo or not res.meets_slo else search(
             again.deployment, final, max_nodes)
     res = _one_fewer(res, final, max_nodes)
@@ -677,7 +716,25 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic], Result], traf
         "warmup_requests": res.summary.get("bench", {}).get("warmup_requests", t.warmup),
         "moved_on_doubling": moved, "tolerance": traffic.steady_tol, "settled": settled,
         "seeds": seeds, **res.steady})
-    return _with_ends(res, final, slo, max_nodes, at(traffic)) if slo is not None else res
+    return _with_ends(res, final, slo, max_nodes, at(traffic, seeds)) if slo is not None else res
+
+
+def loosest(dep: Deployment, slo: SLO) -> SLO:
+    """The largest bound of each metric that a judge of dep's runs uses: the SLO's and its
+    interval ends' (bands; the optimistic end's are looser). A run that certainly misses these
+    misses every judge's."""
+    out = slo
+    b = bands(dep, slo)
+    for end in (0, 1):
+        e = b.slo(slo, end)
+        if e is not None:
+            out = replace(out, ttft_ms=_larger(out.ttft_ms, e.ttft_ms),
+                          tpot_ms=_larger(out.tpot_ms, e.tpot_ms))
+    return out
+
+
+def _larger(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else max(a, b)
 
 
 def _one_fewer(res: Result, serve: Callable[[Deployment], Result], max_nodes: int) -> Result:
@@ -690,7 +747,7 @@ def _one_fewer(res: Result, serve: Callable[[Deployment], Result], max_nodes: in
     fewer = serve(res.deployment.with_replicas(0, n - 1))
     if fewer.meets_slo:
         return search(fewer.deployment, serve, max_nodes)
-    return replace(res, below=fewer.miss)
+    return replace(res, below=fewer.miss, below_at_least=bool(fewer.decided))
 
 
 @dataclass(frozen=True)
@@ -789,7 +846,11 @@ def _moved(a: Result, b: Result, slo: SLO | None = None) -> float:
 
 
 def _worst(results: list[Result]) -> Result:
-    """The first seed's run with the worst seed's miss, and the spread over the seeds."""
+    """The first seed's run with the worst seed's miss, and the spread over the seeds; a run
+    stopped as certain to miss (Result.decided) where one was."""
+    stopped = next((r for r in results if r.decided), None)
+    if stopped is not None:
+        return stopped
     spread = lambda f: [min(map(f, results)), max(map(f, results))]
     first = results[0]
     return replace(first, miss=max(r.miss for r in results), steady={
@@ -798,9 +859,14 @@ def _worst(results: list[Result]) -> Result:
         "output_throughput_range": spread(lambda r: r.summary["bench"]["output_throughput"])})
 
 
-def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | None,
-           traffic: Traffic, slo: SLO, fabric: FabricSpec,
-           backend: Callable[[], object]) -> Result:
+def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traffic: Traffic,
+           slo: SLO, fabric: FabricSpec, backend: Callable[[], object],
+           stop: SLO | None = None) -> Result:
+    """`dep` served on the engine, judged on `slo`; `ref`: the model's name and --weights as
+    given (the row's serve_args). With `stop` (bounds at least `slo`'s), the run stops once
+    its pP TTFT or TPOT certainly exceeds its `stop` bound (engine/decided.py): the Result
+    then carries only that verdict (Result.decided). Runs whose replicas are alike
+    (engine/alike.py: one replica's run) are not stopped."""
     pct = slo.percentile
     spec = bench.MetricSpec((50.0, pct), tuple(
         (k, v) for k, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms)) if v is not None),
@@ -815,12 +881,24 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
                          prefix=PrefixConfig(traffic.prefix_cache),
                          speculation=dep.speculation, draft=dep.draft,
                          options=serving_stacks.stack(dep.stack) if _all_gpu(dep) else None)
-    if dep.disaggregated:  # the summary is what is read (Simulation.summary_only)
-        pre, dec = dep.pools
-        s = Disaggregated(model, pre, dec, fabric, trace, config, backend,
-                          summary_only=True).run().summary
-    else:
-        s = _served(dep.pools[0], model, fabric, trace, config, backend, traffic.ramp_of(dep))
+    watch = None if stop is None else decided.Watch(
+        {"ttft": stop.ttft_ms, "tpot": stop.tpot_ms}, pct, len(trace), traffic.warmup,
+        traffic.steadies, bool((trace.output_len > 1).all()))
+    args = serve_args(dep, *ref, traffic, slo, rate, fabric, trace)
+    try:
+        if dep.disaggregated:  # the summary is what is read (Simulation.summary_only)
+            pre, dec = dep.pools
+            s = Disaggregated(model, pre, dec, fabric, trace, config, backend,
+                              summary_only=True, watch=watch).run().summary
+        else:
+            s = _served(dep.pools[0], model, fabric, trace, config, backend,
+                        traffic.ramp_of(dep), watch)
+    except decided.Decided as d:
+        ttft, tpot = (d.at_least_ms if d.metric == m else 0.0 for m in ("ttft", "tpot"))
+        return Result(dep, {"unserved": 0, "requests": len(trace), "decided": {
+            "metric": d.metric, "at_least_ms": d.at_least_ms, "completed": d.completed}},
+            ttft, tpot, slo.misses(ttft, tpot), args, slo=slo,
+            decided={d.metric: d.at_least_ms})
     b = s["bench"]
     w = bench.p_word(pct)
     # none served: vLLM's statistics are then 0, which would read as meeting every bound
@@ -829,13 +907,12 @@ def verify(dep: Deployment, model: ModelSpec, model_ref: str, weights: str | Non
     # a request refused (its KV past the replica's, its prompt past the budget) is traffic not
     # served: the percentiles of the rest do not show it, so the deployment misses outright
     miss = math.inf if s["unserved"] else slo.misses(ttft, tpot)
-    return Result(dep, s, ttft, tpot, miss,
-                  serve_args(dep, model_ref, weights, traffic, slo, rate, fabric, trace),
-                  slo=slo)
+    return Result(dep, s, ttft, tpot, miss, args, slo=slo)
 
 
 def _served(pool: Pool, model: ModelSpec, fabric: FabricSpec, trace: traces.Trace,
-            config: ServeConfig, backend: Callable[[], object], ramp_s: float) -> dict:
+            config: ServeConfig, backend: Callable[[], object], ramp_s: float,
+            watch: decided.Watch | None = None) -> dict:
     """The summary of `pool` serving `trace`: where its replicas are alike (engine/alike.py:
     closed loop, every request the same, nothing drawn per replica), from one replica of each
     kind, else the whole run."""
@@ -846,6 +923,8 @@ def _served(pool: Pool, model: ModelSpec, fabric: FabricSpec, trace: traces.Trac
             return alike.run(model, whole, one, trace, config, backend, pool.replicas, ramp_s)
     sim = Simulation(model, whole, trace, config, backend())
     sim.summary_only = True
+    if watch is not None:
+        sim.dispatch.watch, sim.finished.watch = watch, decided.completions(watch)
     return sim.run().summary
 
 

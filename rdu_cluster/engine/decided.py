@@ -1,0 +1,116 @@
+"""A run that stops once its verdict is certain: capacity's verification asks whether the pP
+TTFT and TPOT of a run (as engine/bench.py measures them) are within their bounds, and a run
+that misses is most of a search's runs (the sessions question: 71% of its engine CPU). Where
+enough requests that the statistics will certainly count exceed a bound, the pP exceeds it
+whatever the rest of the run does, and the run stops there (`Decided`).
+
+Which requests the statistics count: those completed, after the first `warmup` sent (send
+order, ties in request order), and with MSER (--warmup-mser) after a cut the whole run
+decides, at most half of the rest (bench.mser_cut: a multiple of 5 within the first half of
+the series; TPOT's cut counted in all requests, which is that bound only where every request
+has more than one output token: otherwise nothing is certain before the end). A request sent
+at s is counted whatever the cut where at least `warmup + cut` requests were sent before s:
+at loop time t every send before t is known (a send is made no later than its time), and a
+completed request was sent before the window that completes it began, so the sends known
+before s, counted as they come, never overstate its rank.
+
+When it is certain: numpy's linear percentile of n values exceeds a bound once the value at
+position floor(q (n - 1)) does, that is once n - floor(q (n - 1)) of them exceed it; n is the
+count of requests measured, between `requests - warmup - cut` and `requests - warmup`, so the
+largest such count over that range decides. The pP is then at least the exceeding value at
+that rank (`at_least_ms`). A disaggregated run's requests are sent to the prefill pool and
+complete in the decode pool: its TTFT is the decode pool's plus the time from the send to the
+hand-over (`completions`' shift)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rdu_cluster.engine.bench import MSER_BATCH
+from rdu_cluster.engine.metrics import REQUEST_FIELDS
+from rdu_cluster.engine.requests import Request
+
+METRICS = ("ttft", "tpot")
+EPS = 1e-9  # a value over its bound by less than this is not counted (ms from s, rounding)
+
+
+_TTFT, _TPOT = REQUEST_FIELDS.index("ttft_s"), REQUEST_FIELDS.index("tpot_s")
+
+
+class Decided(Exception):
+    """The run's pP of `metric` exceeds its bound whatever the rest of the run does; it is at
+    least `at_least_ms`."""
+
+    def __init__(self, metric: str, at_least_ms: float, completed: int) -> None:
+        super().__init__(f"p {metric} at least {at_least_ms:.1f} ms after {completed} requests")
+        self.metric, self.at_least_ms, self.completed = metric, at_least_ms, completed
+
+
+@dataclass
+class Watch:
+    """Raises Decided at the first completion after which a bound is certainly missed.
+    `bounds`: ms per metric ('ttft', 'tpot'; None: not watched); `percentile` the pP;
+    `requests` the run's count, `warmup` the first sent left out, `mser` whether the MSER cut
+    follows, `several` whether every request has more than one output token."""
+
+    bounds: dict[str, float | None]
+    percentile: float
+    requests: int
+    warmup: int
+    mser: bool = False
+    several: bool = True
+    sends: list[float] = field(default_factory=list)  # every send so far, in time order
+    over: dict[str, list[float]] = field(default_factory=dict)  # counted values over bounds
+    completed: int = 0
+
+    def __post_init__(self) -> None:
+        rest = max(self.requests - self.warmup, 0)
+        cut = 0
+        if self.mser:  # bench.mser_cut: a multiple of MSER_BATCH within the first half
+            cut = (rest // MSER_BATCH) // 2 * MSER_BATCH if self.several else rest
+        self.first = self.warmup + cut  # sends before a request that make it counted
+        # n - floor(q (n - 1)) never falls as n grows: the largest count measured decides
+        q = self.percentile / 100.0
+        self.need = max(rest - math.floor(q * (rest - 1)), 1)
+        self.limit = {m: b for m in METRICS if (b := self.bounds.get(m)) is not None}
+        self.over = {m: [] for m in self.limit}
+
+    def sent(self, t: float) -> None:
+        """A request is sent at t (closed loop: as the one it follows completes)."""
+        if not self.sends or t >= self.sends[-1]:
+            self.sends.append(t)
+        else:
+            bisect.insort(self.sends, t)
+
+    def sent_all(self, times) -> None:
+        """Open loop: every send at once (the trace's arrivals)."""
+        self.sends = sorted(float(t) for t in times)
+
+    def done(self, send_s: float, ttft_s: float | None, tpot_s: float | None) -> None:
+        """A request sent at send_s completed with these TTFT and TPOT (s; None: none)."""
+        self.completed += 1
+        if bisect.bisect_left(self.sends, send_s) < self.first:
+            return  # it may be left out (warm-up, or the MSER cut)
+        for metric, value in (("ttft", ttft_s), ("tpot", tpot_s)):
+            over = self.over.get(metric)
+            if over is None or value is None:
+                continue
+            ms = value * 1e3
+            if ms > self.limit[metric] * (1.0 + EPS):
+                bisect.insort(over, ms)
+                if len(over) >= self.need:
+                    raise Decided(metric, over[-self.need], self.completed)
+
+
+def completions(watch: Watch, shift: dict[int, float] | None = None
+                ) -> Callable[[Request, tuple], None]:
+    """What a run's Finished calls with each completed request and its row: the request as
+    `watch` counts it, sent at its arrival; with `shift` (a disaggregated run's decode pool:
+    request id -> seconds from its send to its hand-over), that much earlier."""
+    def done(r: Request, row: tuple) -> None:
+        s = shift.pop(r.id) if shift is not None else 0.0
+        watch.done(r.arrival_s - s, row[_TTFT] + s, row[_TPOT])
+    return done
