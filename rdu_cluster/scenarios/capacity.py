@@ -18,7 +18,9 @@ at a TTFT / TPOT bound, found in two passes (as AIConfigurator and Vidur's confi
    fewest replicas that meet, one fewer verified to miss, within --max-nodes. `settle` then
    serves the boundary row with twice the requests until it moves less than STEADY_TOL, with
    SEEDS seeds where lengths are drawn, and searches the interval's ends (_with_ends: the SLO's
-   bounds over the uncertainty model's factors, on the same runs).
+   bounds over the uncertainty model's factors, on the same runs). A search's run stops once
+   it certainly misses the bound it is judged on (engine/decided.py: most runs miss), and is
+   served again to its end where its figures, or another bound, are asked for.
 
 Closed loops (clients, sessions) start over a ramp of one estimated cycle (E2E and think time)
 so that they do not all prefill at once; pairs of pools are verified as aggregated deployments
