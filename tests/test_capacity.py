@@ -696,20 +696,22 @@ def test_a_run_stops_only_on_the_bound_it_is_judged_on_and_a_row_runs_to_its_end
     """A pair's decode pool is searched on TPOT, its prefill pool on TTFT: each run may stop
     only on the bound it is first judged on (a run stopped on TTFT knows nothing of its TPOT),
     so none is served twice; the largest tried where nothing meets is a row, served again to
-    its end where it stopped."""
+    its end where it stopped. A stopped run answers a judge whose bound its pP is certain to
+    exceed, and no other."""
     from rdu_cluster.engine.disagg import Pool
 
     slo = cap.SLO(1000, 20)
     calls = []
 
-    def serve(dep, stop="slo"):  # TTFT misses below 3 prefill replicas, TPOT below 2 decode
-        p, d = (q.replicas for q in dep.pools)
-        calls.append((p, d, stop))
+    def serve(dep, stop=(None, None)):  # TTFT misses below 3 prefill replicas, TPOT below 2
+        p, d = (q.replicas for q in dep.pools)  # decode ones; stop: (SLO, part) or None
+        on = None if stop is None else stop[1] or "slo"
+        calls.append((p, d, on))
         ttft, tpot = 1000 * 3 / p, 20 * 2 / d
-        if stop in ("slo", "ttft") and ttft > 1000:  # stopped on TTFT, where it may
+        if on in ("slo", "ttft") and ttft > 1000:  # stopped on TTFT, where it may
             return cap.Result(dep, {}, ttft, 0.0, slo.misses(ttft, 0.0), [], slo=slo,
                               decided={"ttft": ttft})
-        if stop in ("slo", "tpot") and tpot > 20:
+        if on in ("slo", "tpot") and tpot > 20:
             return cap.Result(dep, {}, 0.0, tpot, slo.misses(0.0, tpot), [], slo=slo,
                               decided={"tpot": tpot})
         return cap.Result(dep, {}, ttft, tpot, slo.misses(ttft, tpot), [], slo=slo)
@@ -723,7 +725,13 @@ def test_a_run_stops_only_on_the_bound_it_is_judged_on_and_a_row_runs_to_its_end
     assert len(calls) == len({(p, d) for p, d, _ in calls})  # none served twice
     calls.clear()
     one = cap.Deployment("a", (Pool("dgx-h100", "tp8", 1),), 8, 0.0, (8,), (2.0,))
-    res = cap.search(one, lambda dep, stop="slo": serve(
+    res = cap.search(one, lambda dep, stop=(None, None): serve(
         cap.Deployment("a", (dep.pools[0], Pool("sn40l-8", "tp2", 1)), 8, 0.0, (8, 8),
                        (2.0, 1.0)), stop), 2)  # TPOT misses at every count: nothing meets
     assert not res.meets_slo and not res.decided and calls[-1] == (2, 1, None)
+    # an interval end's search stops its runs on its own bounds: a run stopped on the
+    # pessimistic end's tighter bound answers that bound and tighter ones, not the SLO's
+    stopped = cap.Result(one, {}, 30.0, 0.0, 0.5, [], decided={"ttft": 30.0})
+    assert stopped.answers(cap.SLO(20.0, None)) and stopped.answers(cap.SLO(29.9, 25.0))
+    assert not stopped.answers(cap.SLO(40.0, None)) and not stopped.answers(cap.SLO(None, 25))
+    assert cap.Result(one, {}, 30.0, 0.0, 0.5, []).answers(cap.SLO(40.0, None))

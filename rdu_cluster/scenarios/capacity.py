@@ -543,10 +543,11 @@ class Result:
         return self.miss <= 0
 
     def answers(self, slo: SLO) -> bool:
-        """Whether the run's verdict on `slo` is known: a whole run, or one stopped on a
-        metric `slo` bounds."""
-        return not self.decided or any(getattr(slo, f"{m}_ms") is not None
-                                       for m in self.decided)
+        """Whether the run's verdict on `slo` is known: a whole run, or one stopped where a
+        metric `slo` bounds is certain to exceed that bound (its pP at least a value over it)."""
+        bound = lambda m: getattr(slo, f"{m}_ms")
+        return not self.decided or any(bound(m) is not None and at_least > bound(m)
+                                       for m, at_least in self.decided.items())
 
 
 def boundary(meets: Callable[[int], bool], start: int, top: int) -> int | None:
@@ -601,10 +602,10 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
     seen: dict[tuple, Result] = {}
 
     def served(d: Deployment, part: str | None = None) -> Result:
-        """d's run: the first asked of it may stop once certain to miss on `part` (None: on
-        either bound)."""
+        """d's run: the first asked of it may stop once certain to miss the bound it is
+        judged on (`slo`, None: the caller's; on `part`, None: either)."""
         if d.pools not in seen:
-            seen[d.pools] = serve(d, stop=part or "slo")
+            seen[d.pools] = serve(d, stop=(slo, part))
         return seen[d.pools]
 
     def whole(d: Deployment) -> Result:  # a run stopped early, served again to its end
@@ -671,21 +672,24 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
     runs: dict[tuple, Result] = {}
     bounds = None if slo is None else loosest(dep, slo)
 
-    def cached(d: Deployment, t: Traffic, stop: str | None = "slo") -> Result:
-        """Each deployment and traffic served once: stopped once certain to miss the loosest
-        bound any judge of it uses (the SLO's, its interval ends') on `stop` ('ttft', 'tpot',
-        'slo': either), or (None) to its end."""
+    def cached(d: Deployment, t: Traffic, stop: tuple | None = (None, None)) -> Result:
+        """Each deployment and traffic served once: to its end (stop None), or stopped once
+        certain to miss `stop` = (an SLO, None: the loosest any judge of the row's own runs
+        uses, the SLO's and its interval's optimistic end's; a part of it, None: both
+        bounds). An interval end's search stops its runs on its own bounds: the pessimistic
+        end's runs, above the row, are judged on nothing else."""
         key = (d.pools, t.n_requests(t.rate or 0.0), t.seed)
         if key not in runs or (stop is None and runs[key].decided):
-            on = None if stop is None or bounds is None else (
-                bounds if stop == "slo" else bounds.part(stop) or bounds)
+            judged, part = stop or (None, None)
+            whole: SLO | None = None if stop is None else judged or bounds
+            on = None if whole is None else (part and whole.part(part)) or whole
             runs[key] = serve(d, t, on)
         return runs[key]
 
     def at(tr: Traffic, seeds: Sequence[int] = ()) -> Callable[..., Result]:
         """search's serve at tr's count: its seed, or the worst of `seeds` (drawn lengths);
         `stop` as `cached`'s."""
-        def serve_at(d: Deployment, stop: str | None = "slo") -> Result:
+        def serve_at(d: Deployment, stop: tuple | None = (None, None)) -> Result:
             if len(seeds) <= 1:
                 return cached(d, tr, stop)
             return _worst([cached(d, replace(tr, seed=k), stop) for k in seeds])
