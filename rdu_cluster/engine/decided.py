@@ -63,7 +63,6 @@ class Watch:
     mser: bool = False
     several: bool = True
     sends: list[float] = field(default_factory=list)  # every send so far, in time order
-    over: dict[str, list[float]] = field(default_factory=dict)  # counted values over bounds
     completed: int = 0
 
     def __post_init__(self) -> None:
@@ -76,7 +75,7 @@ class Watch:
         q = self.percentile / 100.0
         self.need = max(rest - math.floor(q * (rest - 1)), 1)
         self.limit = {m: b for m in METRICS if (b := self.bounds.get(m)) is not None}
-        self.over = {m: [] for m in self.limit}
+        self.over: dict[str, list[float]] = {m: [] for m in self.limit}  # counted, over
 
     def sent(self, t: float) -> None:
         """A request is sent at t (closed loop: as the one it follows completes)."""
