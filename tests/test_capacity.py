@@ -723,6 +723,15 @@ def test_a_run_stops_only_on_the_bound_it_is_judged_on_and_a_row_runs_to_its_end
     assert not res.decided and res.below_at_least  # 2 prefill replicas: stopped on TTFT
     assert {stop for _, d, stop in calls if d != 2} == {"tpot"}  # the decode pool's search
     assert len(calls) == len({(p, d) for p, d, _ in calls})  # none served twice
+    # below the count a pool's search starts from it is judged on the whole SLO, so its runs
+    # stop on either bound: 3 decode replicas behind one prefill replica stop on its TTFT
+    calls.clear()
+    big = cap.Deployment("a->b", (Pool("dgx-h100", "tp8", 1), Pool("sn40l-8", "tp2", 4)), 8,
+                         0.0, (8, 8), (2.0, 1.0))
+    res = cap.search(big, serve, 8)
+    assert [p.replicas for p in res.deployment.pools] == [3, 4] and res.meets_slo
+    assert (1, 3, "slo") in calls and (1, 4, "tpot") in calls
+    assert len(calls) == len({(p, d) for p, d, _ in calls})
     calls.clear()
     one = cap.Deployment("a", (Pool("dgx-h100", "tp8", 1),), 8, 0.0, (8,), (2.0,))
     res = cap.search(one, lambda dep, stop=(None, None): serve(

@@ -28,6 +28,7 @@ class WindowExecutor:
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
+        self.step_s: dict[int, float] = {}  # each replica's last step time (_costed's guess)
 
     def horizon(self, rep: Replica, plan) -> float:
         """When `plan` could change: the next pending fault, and, for a plan that is not
@@ -77,21 +78,24 @@ class WindowExecutor:
     def _costed(self, rep: Replica, window: Window, t0: float) -> tuple[dict, dict, np.ndarray]:
         """The sockets' replies, the step times and the steps' ends of the window. A span cut
         at an arrival (the window's only one) is planned to its natural end but runs to the
-        first step boundary at or after the cut; where each step's expert loads are drawn
-        (the sockets costed afresh, not read from tables) its steps are costed FIRST_STEPS at a
-        time, four times more each round, until they pass the cut: in a pair's decode pool
-        (an arrival about every step) a window ran 1.2 of the 32 steps it costed. The steps
-        costed are those a whole costing gives (each point costs what it costs alone, and the
-        loads of a span's first k steps are the first k rows of its draw:
-        expert_loads.ExpertLoadSampler), so the run is the same; only on a backend that takes
-        a window's command again, longer, without applying its ops twice (`reruns`)."""
+        first step boundary at or after the cut. Its steps are costed first as far as the cut
+        at the replica's last step time (FIRST_STEPS where it has none), then four times more
+        each round until they pass it: in a pair's decode pool (an arrival about every step)
+        a window ran 1.2 of the 32 steps it costed where expert loads are drawn (each step
+        costed afresh), and a dense span planned 400 steps to its next completion filled the
+        decode tables of every context chunk those steps reach. The steps costed are those a
+        whole costing gives (each point costs what it costs alone, and the loads of a span's
+        first k steps are the first k rows of its draw: expert_loads.ExpertLoadSampler), so
+        the run is the same; only on a backend that takes a window's command again, longer,
+        without applying its ops twice (`reruns`)."""
         sim = self.sim
         last = window.spans[-1]
         planned = last.steps
         k = planned
-        if (last.cut_at < math.inf and sim.sampler is not None
-                and getattr(sim.backend, "reruns", False)):
-            k = min(planned, FIRST_STEPS)
+        if last.cut_at < math.inf and getattr(sim.backend, "reruns", False):
+            dt = self.step_s.get(rep.index)
+            guess = FIRST_STEPS if not dt else (last.cut_at - t0) / dt + 1
+            k = planned if guess >= planned else max(1, math.ceil(guess))
         try:
             while True:
                 last.steps = k
@@ -101,6 +105,8 @@ class WindowExecutor:
                 step["expert_load_max"] = load_max
                 ends = lookahead.ends(t0, step["time_s"], window.resumes)
                 if k == planned or ends[-1] >= last.cut_at:
+                    if len(step["time_s"]):
+                        self.step_s[rep.index] = float(step["time_s"][-1])
                     return res, step, ends
                 k = min(planned, 4 * k)
         finally:

@@ -628,8 +628,10 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         the top (the largest is then returned, served to its end)."""
         at = lambda n: base.with_replicas(pool, n)
         start, top = base.pools[pool].replicas, base.most_replicas(pool, max_nodes)
-        n = boundary(lambda n: miss(at(n), part) <= 0 and (
-            n >= start or miss(at(n), None) <= 0), start, top)
+        # below the count it starts from, judged on the whole SLO (which a part meets where
+        # the whole does), so that its run stops on either bound: a decode pool too small
+        # for the TTFT the prompts queue into would otherwise run to its end for its TPOT
+        n = boundary(lambda n: miss(at(n), None if n < start else part) <= 0, start, top)
         if n is None:
             return whole(at(top)), True
         below = miss(at(n - 1), None) if n > 1 else None

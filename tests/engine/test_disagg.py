@@ -94,6 +94,46 @@ def test_closed_loop_sends_each_clients_next_request_as_the_decode_pool_complete
         assert again[k] == pytest.approx(r[k], rel=1e-9), k
 
 
+class _Counted(LocalBackend):
+    """LocalBackend, counting the steps its windows were costed for (all pools')."""
+
+    costed: list = []
+
+    def run(self, seq, ops, spans, loads, sockets) -> dict:
+        self.costed.append(int(spans.steps.sum()))
+        return super().run(seq, ops, spans, loads, sockets)
+
+
+class _Whole(_Counted):
+    """Each window costed in one command, to its planned end."""
+
+    costed: list = []
+    reruns = False
+
+
+def test_a_decode_span_cut_at_a_hand_over_is_costed_in_rounds_as_the_run_costed_whole():
+    """engine/windows.py WindowExecutor._costed: a decode replica's span is planned to its
+    next completion (hundreds of steps, into the decode tables of later context chunks) and
+    cut at the next hand-over a step or two on; costed first to the cut at its last step time
+    and then in rounds, it runs the same, costing a fraction of the steps."""
+    trace = traces.synthetic(60, float("inf"), "poisson", traces.LengthDist("fixed", 512),
+                             traces.LengthDist("uniform", 64, 400), seed=3)
+
+    def run(backend):
+        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp8:2", "p"),
+                                 disagg.Pool.parse("sn40l-16:tp8:1", "d"),
+                                 load_fabric("ib-ndr"), trace, ServeConfig(concurrency=16),
+                                 backend)
+        return d.run()
+
+    rounds, whole = run(_Counted), run(_Whole)
+    for name in ("requests", "steps"):
+        assert getattr(rounds, name).equals(getattr(whole, name)), name
+    assert rounds.summary == whole.summary
+    # 1,411 steps costed against 2,589 (many of this small pool's spans end at a completion)
+    assert sum(_Counted.costed) < 0.6 * sum(_Whole.costed)
+
+
 def test_sessions_over_the_pools_hit_the_prefill_pools_prefix_cache():
     spec = sessions.SessionSpec(4, 3, 512, user=traces.LengthDist("fixed", 128),
                                 output=traces.LengthDist("fixed", 16),
