@@ -4,6 +4,7 @@ over an inter-node fabric through the interconnect model."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -97,7 +98,7 @@ def test_closed_loop_sends_each_clients_next_request_as_the_decode_pool_complete
 class _Counted(LocalBackend):
     """LocalBackend, counting the steps its windows were costed for (all pools')."""
 
-    costed: list = []
+    costed: ClassVar[list[int]] = []
 
     def run(self, seq, ops, spans, loads, sockets) -> dict:
         self.costed.append(int(spans.steps.sum()))
@@ -107,7 +108,7 @@ class _Counted(LocalBackend):
 class _Whole(_Counted):
     """Each window costed in one command, to its planned end."""
 
-    costed: list = []
+    costed: ClassVar[list[int]] = []
     reruns = False
 
 
