@@ -13,6 +13,7 @@ from rdu_cluster.config import load_fabric
 from rdu_cluster.engine import alike, bench
 from rdu_cluster.engine.disagg import Pool
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from workloads import sessions as sessions_
 from workloads import traces
 from workloads.catalog import load_model
 
@@ -57,6 +58,57 @@ def test_alike_replicas_give_the_whole_runs_figures(replicas, clients, system):
         if key in TIES:
             continue
         assert fast["bench"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def _sessions(replicas: int, sessions: int, ramp_s: float, think: str = "0.5",
+              prompt: str = "96"):
+    whole = Pool("dgx-h100", "tp2", replicas).spec(MODEL, FABRIC)
+    one = Pool("dgx-h100", "tp2", 1).spec(MODEL, FABRIC)
+    spec = sessions_.SessionSpec(sessions, 3, 256, user=traces.LengthDist.parse(prompt, "p"),
+                                 output=traces.LengthDist("fixed", 24),
+                                 think=sessions_.ThinkTime.parse(think))
+    t = traces.ramped(sessions_.sessions(spec, seed=0), ramp_s)
+    metric = bench.MetricSpec((50.0, 99.0), (("ttft", 500.0), ("tpot", 10.0)), sessions)
+    return whole, one, t, ServeConfig(plan="tp2", seed=0, metrics=metric)
+
+
+@pytest.mark.parametrize("replicas, sessions", [(3, 10), (4, 8)])
+def test_alike_replicas_give_the_whole_runs_figures_with_sessions(replicas, sessions):
+    """Sessions pinned to their first turn's replica, each replica's prefix cache holding the
+    shared system prompt and its own sessions' histories: one replica of each kind gives the
+    whole run's figures."""
+    whole, one, t, config = _sessions(replicas, sessions, 0.6)
+    assert alike.applies(MODEL, whole, one, t, config, replicas, 0.6)
+    backend = lambda: make_backend("local")
+    sim = Simulation(MODEL, whole, t, config, backend())
+    full = sim.run().summary
+    assert full["prefix_cache_hit_rate"] > 0.5  # the histories are hit, turn after turn
+    fast = alike.run(MODEL, whole, one, t, config, backend, replicas, 0.6)
+    assert fast["replicas_simulated"] == len(alike.kinds(replicas, sessions)) < replicas
+    for key in ("requests", "served", "unserved", "output_tokens"):
+        assert fast[key] == full[key], key
+    assert fast["makespan_s"] == pytest.approx(full["makespan_s"], rel=1e-9)
+    assert fast["joules_per_token"] == pytest.approx(full["joules_per_token"], rel=1e-9)
+    for key, value in full["bench"].items():
+        if key in TIES:
+            continue
+        assert fast["bench"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_sessions_not_alike_are_refused():
+    whole, one, t, config = _sessions(3, 10, 0.6, think="exponential:0.5")
+    assert not alike.applies(MODEL, whole, one, t, config, 3, 0.6)  # think times differ
+    whole, one, t, config = _sessions(3, 10, 0.6, prompt="uniform:64:128")
+    assert not alike.applies(MODEL, whole, one, t, config, 3, 0.6)  # messages differ
+    whole, one, t, config = _sessions(3, 10, 0.6)
+    assert not alike.applies(MODEL, whole, one, t, config, 3, 0.5)  # another ramp
+    assert not alike.applies(MODEL, whole, one, t, replace(config, routing="least-kv"), 3, 0.6)
+    # a session that shares a chunk with another (not every one): not the same cache
+    content = list(t.content)
+    content[3] = ((content[3][0][0], content[3][0][1]), (content[0][1][0], content[3][1][1]),
+                  *content[3][2:])
+    assert not alike.applies(MODEL, whole, one, replace(t, content=tuple(content)), config, 3,
+                             0.6)
 
 
 def test_kinds_pin_clients_round_robin():

@@ -11,7 +11,11 @@ by k ramp / N. Serving one replica of each kind (at most two) and adding the shi
 times gives every replica's requests: the run's statistics (engine/bench.py, over the requests
 of all replicas, warm-up and the steady window as the whole run takes them) and its energy
 (each replica's steps plus idle draw to the run's end: energy.summary) without simulating the
-n - 2 other replicas. They equal the whole run's to the rounding of the shifted times
+n - 2 other replicas. Sessions (--sessions) are pinned as clients are, session s to replica s
+mod n (its first turn routed round-robin, its later turns following it), and are alike where
+every session is the same turn by turn and holds the same content but for its own chunks
+(each replica's prefix cache then the same): replica 0's sessions 0, n, 2n ... are served as
+the trace's first N // n (or one more), started n ramp / N apart (_sessions_alike). They equal the whole run's to the rounding of the shifted times
 (tests/test_alike.py compares them), except where a tie at one instant decides a count that
 capacity does not read (a completion and the send it causes, which a shifted time may order
 the other way: vLLM's max_concurrent_requests, and the steady window's request_throughput
@@ -59,21 +63,15 @@ def applies(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace
             config: ServeConfig, replicas: int, ramp_s: float) -> bool:
     """Whether the run of `replicas` replicas on `whole` is its replicas alike (see the module
     doc), `one` being the cluster of one replica, laid out as each replica of `whole` is."""
-    n, clients = len(trace), config.concurrency
-    if clients is None or replicas < 2 or clients < replicas or n % clients:
-        return False
-    if any(getattr(trace, k) is not None for k in ("model", "content", "session", "after")):
-        return False
     if replica_routing.get(config.routing).stateful or config.speculation is not None \
-            or config.coe is not None or config.faults:
+            or config.coe is not None or config.faults or trace.model is not None:
         return False
     if plans.PlanSpec.parse(config.plan, whole, model).ep > 1:  # expert loads drawn per replica
         return False
-    same = lambda a: bool((a == a[0]).all())
-    starts = np.arange(clients) * ramp_s / clients if ramp_s else np.zeros(clients)
-    if not (same(trace.prompt_len) and same(trace.output_len)
-            and np.array_equal(trace.arrival_s[:clients], starts)
-            and not trace.arrival_s[clients:].any()):
+    if trace.session is not None:
+        if not _sessions_alike(trace, config, replicas, ramp_s):
+            return False
+    elif not _clients_alike(trace, config, replicas, ramp_s):
         return False
     # each replica within its own node(s), on the same node network as in the whole cluster
     # (a replica within one node uses no inter-node fabric, which the whole cluster adds; and
@@ -90,13 +88,79 @@ def applies(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace
     return one.topology == topo and (switched or one.sockets_per_node == per_node)
 
 
+def _clients_alike(trace: Trace, config: ServeConfig, replicas: int, ramp_s: float) -> bool:
+    """--concurrency: every request the same, client i starting at i x ramp / N."""
+    n, clients = len(trace), config.concurrency
+    if clients is None or replicas < 2 or clients < replicas or n % clients:
+        return False
+    if trace.content is not None or trace.after is not None:
+        return False
+    same = lambda a: bool((a == a[0]).all())
+    starts = np.arange(clients) * ramp_s / clients if ramp_s else np.zeros(clients)
+    return (same(trace.prompt_len) and same(trace.output_len)
+            and np.array_equal(trace.arrival_s[:clients], starts)
+            and not trace.arrival_s[clients:].any())
+
+
+def _sessions_alike(trace: Trace, config: ServeConfig, replicas: int, ramp_s: float) -> bool:
+    """--sessions: a stateless policy pins session s to replica s mod n (its first turn is
+    routed round-robin, the later ones follow it: engine/dispatch.py), so the replicas never
+    interact. They are alike where every session is the same turn by turn (prompt, output and
+    think time; rows session by session, as workloads/sessions.py lays them out), session s
+    starts at s x ramp / N (traces.ramped) and its content is every other session's but for
+    the chunks only it holds (the system prompt's shared): each replica's prefix cache then
+    holds the same lengths, hit for hit."""
+    n = len(trace)
+    if config.concurrency is not None or trace.after is None or not n:
+        return False
+    sessions = int(trace.session.max()) + 1
+    if n % sessions or sessions < replicas or replicas < 2:
+        return False
+    turns = n // sessions
+    rows = np.arange(n)
+    if not (np.array_equal(trace.session, rows // turns)
+            and np.array_equal(trace.after, np.where(rows % turns == 0, -1, rows - 1))):
+        return False
+    grid = lambda a: np.asarray(a).reshape(sessions, turns)
+    same = lambda a: bool((grid(a) == grid(a)[0]).all())
+    starts = np.repeat(np.arange(sessions) * ramp_s / sessions if ramp_s
+                       else np.zeros(sessions), turns)
+    if not (same(trace.prompt_len) and same(trace.output_len)
+            and (trace.think_s is None or same(trace.think_s))
+            and np.array_equal(trace.arrival_s, starts)):
+        return False
+    return trace.content is None or _content_alike(trace.content, sessions, turns)
+
+
+def _content_alike(content: tuple, sessions: int, turns: int) -> bool:
+    """Whether each session's chunks are session 0's, its own ids renamed (an id in two
+    sessions is shared and kept)."""
+    owner: dict = {}
+    for i, chunks in enumerate(content):
+        for cid, _ in chunks:
+            if owner.setdefault(cid, i // turns) != i // turns:
+                owner[cid] = None  # shared
+    first = None
+    for s in range(sessions):
+        names: dict = {}
+        form = tuple(tuple((cid if owner[cid] is None else names.setdefault(cid, len(names)),
+                            tokens) for cid, tokens in content[s * turns + t])
+                     for t in range(turns))
+        if first is None:
+            first = form
+        elif form != first:
+            return False
+    return True
+
+
 def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
         config: ServeConfig, backend: Callable[[], object], replicas: int,
         ramp_s: float) -> dict:
     """The summary of the whole run (its keys capacity reads: bench, requests, served,
     unserved, makespan_s, output_tokens, energy_j, joules_per_token), from one replica of each
     kind; `applies` must hold."""
-    clients = config.concurrency
+    sessions = trace.session is not None
+    clients = int(trace.session.max()) + 1 if sessions else config.concurrency
     assert clients is not None  # applies: a closed loop
     per_client = len(trace) // clients
     step = ramp_s / clients  # between successive clients' starts
@@ -106,12 +170,17 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
     try:
         for kind in kinds(replicas, clients):
             m = kind.clients * per_client
-            arrival = np.zeros(m)
-            arrival[: kind.clients] = np.arange(kind.clients) * replicas * step
-            sub = replace(trace, arrival_s=arrival, prompt_len=trace.prompt_len[:m],
-                          output_len=trace.output_len[:m])
-            sim = Simulation(model, one, sub, replace(config, concurrency=kind.clients),
-                             backend)
+            starts = np.arange(kind.clients) * replicas * step
+            if sessions:  # the first sessions (alike), as a replica's own start over the ramp
+                sub = _rows(trace, m, arrival_s=np.repeat(starts, per_client))
+                sub_config = config
+            else:
+                arrival = np.zeros(m)
+                arrival[: kind.clients] = starts
+                sub = replace(trace, arrival_s=arrival, prompt_len=trace.prompt_len[:m],
+                              output_len=trace.output_len[:m])
+                sub_config = replace(config, concurrency=kind.clients)
+            sim = Simulation(model, one, sub, sub_config, backend)
             sim.keep_measured = True  # its chunk times and ITLs, read by _merge
             sim.summary_only = True
             sims.append(sim)
@@ -137,6 +206,13 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
     return {"requests": len(trace), **counts, "makespan_s": end, "energy_j": energy,
             "joules_per_token": energy / tokens if energy is not None and tokens else None,
             "bench": stats, "replicas_simulated": len(parts)}
+
+
+def _rows(trace: Trace, m: int, **columns) -> Trace:
+    """The trace's first m rows (every per-row column cut), with `columns` replaced."""
+    cut = {k: v[:m] for k in ("prompt_len", "output_len", "session", "after", "think_s",
+                              "content") if (v := getattr(trace, k)) is not None}
+    return replace(trace, **(cut | columns))
 
 
 def _merge(parts: list[tuple[bench.Measured, list[float]]]) -> bench.Measured:
