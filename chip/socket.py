@@ -389,7 +389,10 @@ class CostTables:
     def _gather(self, out: np.ndarray, at: np.ndarray, b: np.ndarray, chunk: np.ndarray,
                 col: np.ndarray) -> None:
         """out[:, at] = the decode table (b, chunk)'s column col, a table at a time; the
-        steps of LARGE_BATCH batches whose table is not filled, as points (_decode_points)."""
+        steps whose table is not filled, at LARGE_BATCH batches or where this window reads
+        under half the steps the table holds at its batch (CHUNK / 2b: a run's last window
+        drains its batch step by step, one or two steps a table, and filled 160 tables a
+        replica for them), as points (_decode_points), not kept."""
         key = b * (1 << 32) + chunk
         order = np.argsort(key, kind="stable")
         key, at, col = key[order], at[order], col[order]
@@ -397,7 +400,8 @@ class CostTables:
         points = []
         for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(key)]):
             kb, kj = divmod(int(key[lo]), 1 << 32)
-            if kb >= LARGE_BATCH and (kb, kj) not in self.decode:
+            sparse = kb >= LARGE_BATCH or 2 * (hi - lo) * kb < CHUNK
+            if sparse and (kb, kj) not in self.decode:
                 points.append(np.arange(lo, hi))
                 continue
             out[:, at[lo:hi]] = self._decode_chunk(kb, kj)[:, col[lo:hi]]

@@ -63,6 +63,26 @@ def test_a_grouped_window_has_the_rows_of_its_spans_costed_one_by_one():
     assert np.array_equal(grouped, alone)
 
 
+def test_a_draining_window_costs_its_sparse_steps_as_points_and_keeps_no_table_for_them():
+    """A run's last window drains its batch step by step: a step or two at each batch. A
+    table that the window reads under half of (CHUNK / 2b steps) is not filled: its steps are
+    evaluated as points, its table's columns bit for bit; a table read densely is filled."""
+    b = np.arange(200, 0, -1)  # one step at each batch, the context sum falling with it
+    dense = 300  # and, at batch 8 in one chunk, over half the CHUNK / 8 steps its table holds
+    spans = Spans(kind=np.full(len(b) + 1, DECODE), steps=np.r_[np.ones(len(b), int), dense],
+                  batch=np.r_[b, 8], ctx_sum=np.r_[b * 2100, 4 * CHUNK],
+                  pre_seqs=np.zeros(len(b) + 1, int), pre_tokens=np.zeros(len(b) + 1, int),
+                  pre_prefix=np.zeros(len(b) + 1, int))
+    assert len(b) >= GROUPED
+    t = _tables()
+    rows = t.window(spans)
+    assert list(t.decode) == [(8, 4)]  # the dense one's only
+    one = _tables()
+    alone = np.concatenate([one.span(spans, i, int(spans.steps[i]), None)
+                            for i in range(len(b) + 1)], axis=1)
+    assert np.array_equal(rows, alone)
+
+
 def test_a_decode_span_is_its_steps_read_one_by_one_from_the_chunk_tables():
     """decode_span slices each chunk's table; a step is column s % CHUNK of table s // CHUNK
     (s its context sum), including spans over several chunks and batches that skip one."""
