@@ -347,6 +347,7 @@ class Handover:
         self.ports = Ports()
         self.out: list[tuple[int, object]] = []
         self.shift: dict[int, float] | None = None  # watched: id -> seconds from send to here
+        self.think_min: float | None = None  # _lag: the least think time of a follow-up
 
     def start(self) -> None:
         experts, ready = self.dec._routing()
@@ -381,20 +382,39 @@ class Handover:
         self.out += [(self.PREFILL, e) for e in self.pre.dispatch.follow(r, t)]
 
     def frontier(self, rep: Replica) -> float:
-        """The earliest time something not yet known could happen in either pool, but on
-        `rep`: a replica's next window (the end of its current one, or now if it is idle with
-        work), or an arrival already on its way."""
+        """The earliest time something not yet known could reach `rep`: a replica's next
+        window (the end of its current one, or now if it is idle with work), or an arrival
+        already on its way, in the prefill pool; in the decode pool the same, later by the
+        least think time (_lag): what a decode replica does reaches a replica only through a
+        completion's follow-up, sent that long after it (a window's completions and
+        hand-overs are known as it starts: after_window). Without the lag, 2,000 turns of
+        500 sessions over five decode replicas ran 23,389 decode windows for 25,368 steps,
+        each replica's cut at the others' window ends."""
         h = math.inf
-        for sim in (self.pre, self.dec):
-            h = min(h, *(p.peek() for p in sim.dispatch.pending.values()))
+        for sim, later in ((self.pre, 0.0), (self.dec, self._lag())):
+            t = min(p.peek() for p in sim.dispatch.pending.values())
             for q in sim.replicas:
                 if q is rep:
                     continue
                 if q.busy:
-                    h = min(h, q.window_end)
+                    t = min(t, q.window_end)
                 elif q.running or q.waiting or q.swapped:
-                    h = min(h, sim.now)
+                    t = min(t, sim.now)
+            h = min(h, t + later)
         return h
+
+    def _lag(self) -> float:
+        """The least time from a decode completion to the arrival it causes: its closed loop's
+        follow-up is sent the follow-up's think time after it (Dispatcher._next; 0 without
+        sessions); with nothing left to send, never."""
+        d = self.pre.dispatch
+        if not d.unsent:
+            return math.inf
+        if self.think_min is None:
+            think = d.think_s
+            self.think_min = (float(np.min(think[d.chain])) if think is not None
+                              and len(d.chain) else 0.0)
+        return self.think_min
 
     def prefill_active(self) -> bool:
         """Whether the prefill pool may still hand a request on."""

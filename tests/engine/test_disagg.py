@@ -149,6 +149,40 @@ def test_sessions_over_the_pools_hit_the_prefill_pools_prefix_cache():
     assert t.summary["prefix_cache_hit_rate"] > 0.5
 
 
+def test_a_decode_replica_waits_for_the_others_only_a_think_time_later(monkeypatch):
+    """Handover.frontier: what another decode replica does reaches a replica only through a
+    completion's follow-up, sent its think time later. Sessions over four decode replicas
+    run the same, in fewer windows than with each replica cut at the others' window ends."""
+    spec = sessions.SessionSpec(12, 3, 256, user=traces.LengthDist("fixed", 128),
+                                output=traces.LengthDist("fixed", 48),
+                                think=sessions.ThinkTime("fixed", 0.5))
+    trace = traces.ramped(sessions.sessions(spec, 0), 0.6)
+
+    def run():
+        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp8:2", "p"),
+                                 disagg.Pool.parse("sn40l-16:tp4:4", "d"),
+                                 load_fabric("ib-ndr"), trace, ServeConfig(), LocalBackend)
+        t = d.run()
+        return t, d.sims[1].windows
+
+    lagged, few = run()
+    monkeypatch.setattr(disagg.Handover, "_lag", lambda self: 0.0)  # the others' ends, as before
+    plain, many = run()
+    # every time the same; a window's energy is split over its requests and summed window by
+    # window, so the joules (and their cost) differ in the last bits (2e-16 here)
+    order = [("replica", "ascending"), ("step", "ascending")]  # rows append window by window
+    for name, key in (("requests", [("request_id", "ascending")]), ("steps", order)):
+        a, b = (getattr(t, name).sort_by(key).to_pydict() for t in (lagged, plain))
+        assert a.keys() == b.keys()
+        for k in a.keys() - {"window"}:
+            if k.startswith(("energy", "cost", "dynamic")) or k.endswith("_j"):
+                assert a[k] == pytest.approx(b[k], rel=1e-12), (name, k)
+            else:
+                assert a[k] == b[k], (name, k)
+    assert lagged.summary["bench"] == plain.summary["bench"]
+    assert few < many / 5  # 166 against 1,632
+
+
 def test_hand_overs_contend_for_the_ports():
     """Prefills that end in one step hand their KV over one after another through their
     prefill replica's ports, each waiting for the one before (not all at once over the same
