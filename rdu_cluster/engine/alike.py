@@ -110,15 +110,15 @@ def _sessions_alike(trace: Trace, config: ServeConfig, replicas: int, ramp_s: fl
     starts at s x ramp / N (traces.ramped) and its content is every other session's but for
     the chunks only it holds (the system prompt's shared): each replica's prefix cache then
     holds the same lengths, hit for hit."""
-    n = len(trace)
-    if config.concurrency is not None or trace.after is None or not n:
+    n, session = len(trace), trace.session
+    if config.concurrency is not None or trace.after is None or session is None or not n:
         return False
-    sessions = int(trace.session.max()) + 1
+    sessions = int(session.max()) + 1
     if n % sessions or sessions < replicas or replicas < 2:
         return False
     turns = n // sessions
     rows = np.arange(n)
-    if not (np.array_equal(trace.session, rows // turns)
+    if not (np.array_equal(session, rows // turns)
             and np.array_equal(trace.after, np.where(rows % turns == 0, -1, rows - 1))):
         return False
     grid = lambda a: np.asarray(a).reshape(sessions, turns)
@@ -160,7 +160,7 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
     unserved, makespan_s, output_tokens, energy_j, joules_per_token), from one replica of each
     kind; `applies` must hold."""
     sessions = trace.session is not None
-    clients = int(trace.session.max()) + 1 if sessions else config.concurrency
+    clients = int(trace.session.max()) + 1 if trace.session is not None else config.concurrency
     assert clients is not None  # applies: a closed loop
     per_client = len(trace) // clients
     step = ramp_s / clients  # between successive clients' starts
