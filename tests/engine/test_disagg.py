@@ -151,25 +151,30 @@ def test_sessions_over_the_pools_hit_the_prefill_pools_prefix_cache():
 
 def test_a_decode_replica_waits_for_the_others_only_a_think_time_later(monkeypatch):
     """Handover.frontier: what another decode replica does reaches a replica only through a
-    completion's follow-up, sent its think time later. Sessions over four decode replicas
-    run the same, in fewer windows than with each replica cut at the others' window ends."""
-    spec = sessions.SessionSpec(12, 3, 256, user=traces.LengthDist("fixed", 128),
+    completion's follow-up, sent its think time later; a turn sent to a busy prefill replica
+    reaches a decode replica but the first no earlier than that replica's window ends.
+    Sessions over four decode replicas run the same, in fewer windows than with each replica
+    cut at the others' window ends and at every turn sent."""
+    spec = sessions.SessionSpec(16, 3, 256, user=traces.LengthDist("fixed", 2048),
                                 output=traces.LengthDist("fixed", 48),
-                                think=sessions.ThinkTime("fixed", 0.5))
+                                think=sessions.ThinkTime("fixed", 0.2))
     trace = traces.ramped(sessions.sessions(spec, 0), 0.6)
 
-    def run():
-        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp8:2", "p"),
+    def run():  # one prefill replica, busy as turns are sent
+        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp2:1", "p"),
                                  disagg.Pool.parse("sn40l-16:tp4:4", "d"),
                                  load_fabric("ib-ndr"), trace, ServeConfig(), LocalBackend)
         t = d.run()
         return t, d.sims[1].windows
 
     lagged, few = run()
+    everything = lambda self: min(p.peek() for p in self.pre.dispatch.pending.values())
+    monkeypatch.setattr(disagg.Handover, "_prefills_due", everything)  # every turn sent
+    _, some = run()
     monkeypatch.setattr(disagg.Handover, "_lag", lambda self: 0.0)  # the others' ends, as before
     plain, many = run()
     # every time the same; a window's energy is split over its requests and summed window by
-    # window, so the joules (and their cost) differ in the last bits (2e-16 here)
+    # window, so the joules (and their cost) differ in the last bits
     order = [("replica", "ascending"), ("step", "ascending")]  # rows append window by window
     for name, key in (("requests", [("request_id", "ascending")]), ("steps", order)):
         a, b = (getattr(t, name).sort_by(key).to_pydict() for t in (lagged, plain))
@@ -180,7 +185,20 @@ def test_a_decode_replica_waits_for_the_others_only_a_think_time_later(monkeypat
             else:
                 assert a[k] == b[k], (name, k)
     assert lagged.summary["bench"] == plain.summary["bench"]
-    assert few < many / 5  # 166 against 1,632
+    assert few < some < many / 5  # 201 and 278 against 2,019
+
+
+def test_a_turn_the_prefill_pool_refuses_is_a_row_without_a_queue():
+    """A session whose second turn's prompt is past the prefill pool's token budget: that
+    turn is refused there (and the next with it), and its row has no queue time (it raised a
+    TypeError combining the pools' rows)."""
+    spec = sessions.SessionSpec(2, 3, 256, user=traces.LengthDist("fixed", 4096),
+                                output=traces.LengthDist("fixed", 8),
+                                think=sessions.ThinkTime("fixed", 0.2))
+    r = _closed(sessions.sessions(spec, 0)).requests.to_pydict()
+    assert r["state"] == ["done", "unserved", "unserved"] * 2
+    assert r["queue_s"][1] is None and r["queue_s"][0] is not None
+    assert "token budget" in r["reason"][1]
 
 
 def test_hand_overs_contend_for_the_ports():
