@@ -41,6 +41,18 @@ def _case(replicas: int, clients: int, per_client: int, ramp_s: float, output: s
     return whole, one, t, config
 
 
+def _same_figures(fast: dict, full: dict) -> None:
+    """Every figure capacity reads, within 1e-9 of the whole run's (TIES aside)."""
+    for key in ("requests", "served", "unserved", "output_tokens"):
+        assert fast[key] == full[key], key
+    assert fast["makespan_s"] == pytest.approx(full["makespan_s"], rel=1e-9)
+    assert fast["joules_per_token"] == pytest.approx(full["joules_per_token"], rel=1e-9)
+    for key, value in full["bench"].items():
+        if key in TIES:
+            continue
+        assert fast["bench"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
 @pytest.mark.parametrize("replicas, clients, system", [
     (3, 10, ("dgx-h100", "tp2")), (4, 12, ("dgx-h100", "tp2")), (3, 10, ("sn40l-16", "tp16"))])
 def test_alike_replicas_give_the_whole_runs_figures(replicas, clients, system):
@@ -50,14 +62,7 @@ def test_alike_replicas_give_the_whole_runs_figures(replicas, clients, system):
     full = Simulation(MODEL, whole, t, config, backend()).run().summary
     fast = alike.run(MODEL, whole, one, t, config, backend, replicas, 0.4)
     assert fast["replicas_simulated"] == len(alike.kinds(replicas, clients)) < replicas
-    for key in ("requests", "served", "unserved", "output_tokens"):
-        assert fast[key] == full[key], key
-    assert fast["makespan_s"] == pytest.approx(full["makespan_s"], rel=1e-9)
-    assert fast["joules_per_token"] == pytest.approx(full["joules_per_token"], rel=1e-9)
-    for key, value in full["bench"].items():
-        if key in TIES:
-            continue
-        assert fast["bench"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    _same_figures(fast, full)
 
 
 def _sessions(replicas: int, sessions: int, ramp_s: float, think: str = "0.5",
@@ -85,14 +90,7 @@ def test_alike_replicas_give_the_whole_runs_figures_with_sessions(replicas, sess
     assert full["prefix_cache_hit_rate"] > 0.5  # the histories are hit, turn after turn
     fast = alike.run(MODEL, whole, one, t, config, backend, replicas, 0.6)
     assert fast["replicas_simulated"] == len(alike.kinds(replicas, sessions)) < replicas
-    for key in ("requests", "served", "unserved", "output_tokens"):
-        assert fast[key] == full[key], key
-    assert fast["makespan_s"] == pytest.approx(full["makespan_s"], rel=1e-9)
-    assert fast["joules_per_token"] == pytest.approx(full["joules_per_token"], rel=1e-9)
-    for key, value in full["bench"].items():
-        if key in TIES:
-            continue
-        assert fast["bench"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    _same_figures(fast, full)
 
 
 def test_sessions_not_alike_are_refused():

@@ -177,8 +177,7 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
             else:
                 arrival = np.zeros(m)
                 arrival[: kind.clients] = starts
-                sub = replace(trace, arrival_s=arrival, prompt_len=trace.prompt_len[:m],
-                              output_len=trace.output_len[:m])
+                sub = _rows(trace, m, arrival_s=arrival)
                 sub_config = replace(config, concurrency=kind.clients)
             sim = Simulation(model, one, sub, sub_config, backend)
             sim.keep_measured = True  # its chunk times and ITLs, read by _merge
