@@ -32,6 +32,7 @@ from rdu_cluster.cli.options import (
     speculative_options,
 )
 from rdu_cluster.config import MAX_SOCKETS, cli_overrides, load_cluster, load_fabric
+from rdu_cluster.engine import loop
 from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.output import atomic
 from rdu_cluster.scenarios import capacity as cap
@@ -431,7 +432,7 @@ def _verify_all(jobs: list[tuple], backend_name: str, address: str | None,
 def _task(task: tuple):
     """One candidate, under the calibration profile it was planned with."""
     profile, *job = task
-    with calibration.use(profile):
+    with calibration.use(profile), loop.frozen():  # a collection a candidate, not a run
         return _verified(*job)
 
 

@@ -48,6 +48,7 @@ from rdu_cluster.engine.prefix_cache import PrefixConfig
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from rdu_cluster.scenarios import speculative
+from rdu_cluster.scenarios.boundary import boundary
 from rdu_cluster.validation import calibration
 from workloads import graph, traces
 from workloads.errors import ConfigError
@@ -550,42 +551,6 @@ class Result:
                                        for m, at_least in self.decided.items())
 
 
-def boundary(meets: Callable[[int], bool], start: int, top: int) -> int | None:
-    """The smallest n in 1..top with meets(n), taking meets as monotone in n (more replicas
-    never miss where fewer meet): from `start` (the analytic estimate) outward in doubling
-    steps until the verdict changes, then bisection between the largest miss and the smallest
-    meet, so that n - 1 is known to miss (or n is 1). None when `top` misses. Each n is asked
-    at most once; about 2 log2(distance from start) asks."""
-    asked: dict[int, bool] = {}
-
-    def ask(n: int) -> bool:
-        if n not in asked:
-            asked[n] = meets(n)
-        return asked[n]
-
-    start = min(max(start, 1), top)
-    lo, hi, step = 0, start, 1  # lo misses (0: nothing below), hi meets
-    if ask(start):
-        while hi > 1 and lo == 0:
-            n = max(hi - step, 1)
-            lo, hi = (lo, n) if ask(n) else (n, hi)
-            step *= 2
-    else:
-        lo = start
-        while True:
-            if lo >= top:
-                return None
-            n = min(lo + step, top)
-            if ask(n):
-                hi = n
-                break
-            lo, step = n, step * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ask(mid) else (mid, hi)
-    return hi
-
-
 def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
            slo: SLO | None = None) -> Result:
     """The deployment at the boundary (engine-verified): the fewest replicas that meet the SLO
@@ -623,6 +588,13 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
             r = whole(d)
         return judge(r, part)
 
+    def margin(d: Deployment, part: str | None, other: bool) -> float | bool:
+        """d's miss for the boundary's line; its verdict alone where the miss is a lower bound
+        (a run stopped once certain to miss) or on a bound other than its neighbours' (below
+        a pool's start, the whole SLO where the part is asked above it)."""
+        m = miss(d, part)
+        return m <= 0 if other and part is not None or served(d).decided else m
+
     def fewest(base: Deployment, pool: int, part: str | None) -> tuple[Result, bool]:
         """The boundary of `pool` judged on `part` from base's count, and whether it is past
         the top (the largest is then returned, served to its end)."""
@@ -631,7 +603,8 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         # below the count it starts from, judged on the whole SLO (which a part meets where
         # the whole does), so that its run stops on either bound: a decode pool too small
         # for the TTFT the prompts queue into would otherwise run to its end for its TPOT
-        n = boundary(lambda n: miss(at(n), None if n < start else part) <= 0, start, top)
+        n = boundary(lambda n: margin(at(n), None if n < start else part, n < start), start,
+                     top)
         if n is None:
             return whole(at(top)), True
         below = miss(at(n - 1), None) if n > 1 else None

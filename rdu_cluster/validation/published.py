@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from partitioning.expert_routing import RoutingModel
 from partitioning.plan import Plan
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import MAX_SOCKETS, load_cluster
+from rdu_cluster.engine import loop
 from workloads import catalog, checks
 from workloads.checks import MAX_BATCH
 from workloads.dtypes import DType
@@ -286,23 +286,17 @@ def memoised() -> Iterator[None]:
     hundreds of times, and each load built a new model and chip that missed them all
     (validate: 103 refits). Scoped to a run, so a file edited between runs is read anew.
     The objects alive on entry are frozen out of the garbage collector's walks for the scope
-    (gc.freeze, after one full collection): a serving row's run otherwise collects and freezes
-    the whole process at its start (engine/loop.py), 0.16 s a run with a fit's caches about,
-    and a caller's freeze lets it skip that. Results do not depend on either."""
+    (engine/loop.frozen): a serving row's run otherwise collects and freezes the whole process
+    at its start, 0.16 s a run with a fit's caches about. Results do not depend on either."""
     if _MEMO[-1] is not None:
         yield
         return
     _MEMO.append({})
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.collect()
-        gc.freeze()
     try:
-        yield
+        with loop.frozen():
+            yield
     finally:
         _MEMO.pop()
-        if freeze:
-            gc.unfreeze()
 
 
 def _memo(key: tuple, make: Callable[[], Any]) -> Any:
