@@ -4,15 +4,16 @@ asked and missing, each count asked at most once (every ask is an engine run).
 A verdict given with its margin (a miss: <= 0 meets, its size how far from the bound) is read
 as a line in 1 / n: with N closed-loop users over n replicas each replica holds N / n
 sequences and prefills N / n of the prompts, and a decode-bound TPOT is the weights' read plus
-the KV read of its batch, linear in N / n (partitioning.estimate; the capacity questions'
-system rows: TPOT 23.95, 23.03 and 17.45 ms at 21, 23 and 51 H200 replicas lie within 0.1 ms
-of one such line). The next count asked is where the line through the two nearest asks
-crosses the bound (regula falsi, Illinois-free: a step that does not halve the bracket is
-followed by a bisection), so a row that is decode-bound is found in about four asks however
-far its start; a queueing TTFT, convex in 1 / n, is bracketed and bisected as a bare verdict
-is. A bare verdict (a bool), a margin that is a lower bound only where it says nothing of the
-slope, or an infinite one (requests refused) gives no line: the steps then double outward
-from the start until the verdict changes, then bisect (about 2 log2 of the distance asks).
+the KV read of its batch, linear in N / n (the Llama 3.1 70B question's hgx-h200 tp2 FP8 runs:
+p99 TPOT 17.45-23.95 ms at 21-51 replicas, nine runs within 0.16 ms of 12.98 + 231.6 / n ms).
+The next count asked is where the line through the two nearest asks crosses the bound: outward
+at most GROWTH times the last step (a run far past the boundary queues long and costs most),
+and at least a doubling where the line's own step fell short; in a bracket, the line's count,
+or a bisection after a line step that did not halve the bracket. A decode-bound row is found in
+5 or 6 asks where the doubling steps took 9 or 10 (tests/test_capacity.py). A queueing TTFT,
+convex in 1 / n, is bracketed and bisected much as a bare verdict is. A bare verdict (a bool),
+or an infinite margin (requests refused), gives no line: the steps then double outward from
+the start until the verdict changes, then bisect (about 2 log2 of the distance asks).
 """
 
 from __future__ import annotations
