@@ -66,6 +66,26 @@ def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
     assert n_p == 1 or lam * ds.prefill_service_s / (n_p - 1) > cap.PREFILL_RHO_MAX
 
 
+def test_a_pair_prefill_pool_is_sized_for_the_answers_it_never_cached():
+    """Sessions over a pair: each later turn's prompt holds the last answer, decoded in the
+    other pool, so the prefill pool prefills it with the message. Its rho is counted at that
+    share (the 500-session question's pairs: 0.348 of the prompt tokens, where 0.304 with the
+    answers cached started their prefill searches at 8 H100 replicas for boundaries of 10-14),
+    and an aggregated replica's at the share with its answers cached."""
+    fab = load_fabric("ib-ndr")
+    rc = cap.replica_cost(load_model("llama-3.1-8b"), cap.Pool("dgx-h100", "tp2", 1),
+                          (1024, 128), fab)
+    t = sessions.sessions(sessions.SessionSpec(64, 4, 512, user=sessions.LengthDist(
+        "fixed", 256), output=sessions.LengthDist("fixed", 128)), 0)
+    traffic = cap.Traffic(64, None, trace=t, think_s=2.0)
+    assert traffic.prefill_share(outputs=False) > traffic.prefill_share()
+    dep = cap.disaggregated(rc, rc, traffic, cap.SLO(1500, 25), 8,
+                            traffic.mean_lengths(), load_model("llama-3.1-8b"), fab)
+    lam = 64 / (dep.analytic["e2e_s"] + 2.0)
+    service = rc.prefill_service_s * traffic.prefill_share(outputs=False)
+    assert dep.analytic["rho"] == pytest.approx(lam * service / dep.pools[0].replicas)
+
+
 RANKED = [*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json"]
 
 
@@ -213,8 +233,11 @@ def test_uncached_tokens_of_sessions():
     t = sessions.sessions(sessions.SessionSpec(4, 3, 1024, user=sessions.LengthDist("fixed", 128),
                                                output=sessions.LengthDist("fixed", 32)), 0)
     assert cap.uncached_tokens(t) == 1024 + 12 * 128
+    # a pair's prefill pool never computed the answers: each later turn prefills the last
+    # answer with its message
+    assert cap.uncached_tokens(t, outputs=False) == 1024 + 4 * (128 + 2 * (32 + 128))
     traffic = cap.Traffic(4, None, trace=t, prefix_cache="off")
-    assert traffic.prefill_share == 1.0
+    assert traffic.prefill_share() == 1.0 == traffic.prefill_share(outputs=False)
 
 
 def test_speculative_axis_both(tmp_path):
