@@ -395,6 +395,52 @@ def test_the_line_never_loses_the_boundary_of_a_monotone_margin(seed):
         assert len(asked) <= 2 * (2 * math.ceil(math.log2(far + 1)) + 2), (start, want, asked)
 
 
+def test_a_saturation_hint_finds_a_queueing_boundary_from_above_in_three_asks():
+    """A prefill pool's TTFT: flat until the pool nears saturation (c = 15.6 replicas: about
+    the H200 tp2 BF16 pair's 60.7 requests/s x 0.264 s), then a queue's rho / (1 - rho), a
+    count below c missing outright (a run stopped as certain to miss: a bare verdict). From
+    20, where the boundary of 16 was found asking 20, 19, 18, 14, 16, 15 at 16,000 requests
+    (every count above it runs to its end), the steps ask 20, 19, 15, 17, 16 here; with the
+    hint of the saturation count (each meeting run's own), 20, 16, 15."""
+    c, base, bound = 15.6, 760.0, 1500.0
+    ttft = lambda n: base + 15.0 * (c / n) / (1 - c / n) if n > c else math.inf
+    want = next(n for n in range(1, 49) if ttft(n) <= bound)
+    for least in (None, lambda n: round(c)):
+        asked = []
+
+        def miss(n, asked=asked):
+            asked.append(n)
+            return ttft(n) / bound - 1 if math.isfinite(ttft(n)) else False
+
+        assert cap.boundary(miss, 20, 48, least) == want == 16
+        assert want - 1 in asked and len(asked) == len(set(asked))
+        assert asked == ([20, 16, 15] if least else [20, 19, 15, 17, 16])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_wrong_saturation_hint_never_loses_the_boundary(seed):
+    """Hints anywhere (below the boundary, above it, past the top, at counts asked): the
+    boundary all the same, each n asked once, in at most one ask more than twice the doubling
+    steps' and bisection's."""
+    rng = np.random.default_rng(seed)
+    top = int(rng.integers(1, 120))
+    want = int(rng.integers(1, top + 2))  # top + 1: nothing meets
+    hints = rng.integers(-2, top + 4, size=top + 1)
+    for start in {1, top, int(rng.integers(1, top + 1))}:
+        asked = []
+
+        def meets(n, asked=asked):
+            asked.append(n)
+            return n >= want
+
+        got = cap.boundary(meets, start, top, lambda n: int(hints[n]))
+        assert got == (want if want <= top else None) and len(asked) == len(set(asked))
+        if got is not None:
+            assert got == 1 or got - 1 in asked
+        far = max(abs(start - min(want, top)), 1)
+        assert len(asked) <= 2 * (2 * math.ceil(math.log2(far + 1)) + 2) + 1, (start, asked)
+
+
 def _fake_serve(threshold):
     """A verify() that meets from `threshold` replicas of each pool (prefill, decode)."""
     served = []
@@ -426,6 +472,37 @@ def test_search_returns_the_boundary_within_max_nodes():
     serve, served = _fake_serve((6, 5))  # no decode pool meets at 4 prefill replicas: the
     res = cap.search(pair, serve, 8)     # prefill pool is searched, then both pools again
     assert [p.replicas for p in res.deployment.pools] == [6, 5] and res.meets_slo
+
+
+def test_a_pairs_prefill_search_asks_the_count_its_throughput_saturates_next():
+    """A meeting run's request throughput x the prompt's prefill service time (the analytic
+    estimate's prefill_service_s) is the prefill count the load saturates: the search down
+    from the analytic start asks it next, and the count below it (a queue without bound,
+    stopped early): 12, 10, 9 where the steps ask 12, 11, 10, 7, 9. Only the prefill pool
+    (TTFT) takes the hint, and only where the run has its figures."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1500, 25)
+
+    def serve(dep, stop="slo", asked=None):  # 60 requests/s of 0.16 s prefill each: 9.6
+        p, d = (q.replicas for q in dep.pools)
+        rho = 60 * 0.16 / p
+        ttft = 800 + 20 * rho / (1 - rho) if rho < 1 else 9000.0
+        tpot = 20.0 if d >= 2 else 40.0
+        asked.append((p, d))
+        bench = {"request_throughput": 60.0}
+        return cap.Result(dep, {"bench": bench}, ttft, tpot, slo.misses(ttft, tpot), [],
+                          slo=slo)
+
+    for hint, want in ((0.16, [12, 10, 9]), (None, [12, 11, 10, 7, 9])):
+        analytic = {} if hint is None else {"prefill_service_s": hint}
+        pair = cap.Deployment("a->b", (Pool("dgx-h100", "tp8", 12), Pool("sn40l-8", "tp2", 2)),
+                              8, 0.0, (8, 8), (2.0, 1.0), analytic)
+        asked: list = []
+        res = cap.search(pair, lambda d, stop="slo", a=asked: serve(d, stop, a), 24)
+        assert [p.replicas for p in res.deployment.pools] == [10, 2]
+        prefill = [p for p, d in asked if d == 2]
+        assert prefill == want
 
 
 def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():

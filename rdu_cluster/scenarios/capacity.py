@@ -521,7 +521,8 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                       (pre.sockets_per_node, dec.sockets_per_node),
                       (pre.price_per_socket_hour, dec.price_per_socket_hour),
                       {"tpot_s": tpot, "rho": lam / n_p * service, "e2e_s": e2e,
-                       "kv_transfer_s": move}, stack=dec.stack or pre.stack)
+                       "kv_transfer_s": move, "prefill_service_s": service},
+                      stack=dec.stack or pre.stack)
 
 
 def _short(x: float) -> float:
@@ -604,6 +605,17 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         m = miss(d, part)
         return m <= 0 if other and part is not None or served(d).decided else m
 
+    def saturated(d: Deployment) -> int | None:
+        """The prefill pool's count at which the request throughput d's run carried
+        saturates it, rounded (the Llama 3.1 70B question's eight pairs: boundaries 0.92-1.03
+        times it, one decode-queue-bound TTFT apart); None without a prefill service time or
+        the run's figures."""
+        each = d.analytic.get("prefill_service_s")
+        r = served(d)
+        if each is None or r.decided or "bench" not in r.summary:
+            return None
+        return max(1, round(r.summary["bench"]["request_throughput"] * each))
+
     def fewest(base: Deployment, pool: int, part: str | None) -> tuple[Result, bool]:
         """The boundary of `pool` judged on `part` from base's count, and whether it is past
         the top (the largest is then returned, served to its end)."""
@@ -613,7 +625,7 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         # the whole does), so that its run stops on either bound: a decode pool too small
         # for the TTFT the prompts queue into would otherwise run to its end for its TPOT
         n = boundary(lambda n: margin(at(n), None if n < start else part, n < start), start,
-                     top)
+                     top, (lambda n: saturated(at(n))) if part == "ttft" else None)
         if n is None:
             return whole(at(top)), True
         below = miss(at(n - 1), None) if n > 1 else None
