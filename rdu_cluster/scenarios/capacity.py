@@ -568,7 +568,7 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
     (SLO.part): the fewest decode replicas that meet TPOT (and, fewer than the count it
     starts from, the whole SLO: TTFT holds the decode queue), then the fewest prefill replicas
     that meet TTFT at that decode pool (down from a count that meets, the count its measured
-    throughput saturates is asked next: `saturated`), again while the pair misses or a pool
+    throughput saturates is asked next: saturated), again while the pair misses or a pool
     met at no size (at most PAIR_PASSES passes: more prefill replicas send the decode pool more work, so its
     TPOT may then miss).
     Judged on the whole SLO more decode replicas may only lengthen TTFT in a closed loop (a
@@ -606,17 +606,6 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         m = miss(d, part)
         return m <= 0 if other and part is not None or served(d).decided else m
 
-    def saturated(d: Deployment) -> int | None:
-        """The prefill pool's count at which the request throughput d's run carried
-        saturates it, rounded (the Llama 3.1 70B question's eight pairs: boundaries 0.92-1.03
-        times it, one decode-queue-bound TTFT apart); None without a prefill service time or
-        the run's figures."""
-        each = d.analytic.get("prefill_service_s")
-        r = served(d)
-        if each is None or r.decided or "bench" not in r.summary:
-            return None
-        return max(1, round(r.summary["bench"]["request_throughput"] * each))
-
     def fewest(base: Deployment, pool: int, part: str | None) -> tuple[Result, bool]:
         """The boundary of `pool` judged on `part` from base's count, and whether it is past
         the top (the largest is then returned, served to its end)."""
@@ -626,7 +615,7 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         # the whole does), so that its run stops on either bound: a decode pool too small
         # for the TTFT the prompts queue into would otherwise run to its end for its TPOT
         n = boundary(lambda n: margin(at(n), None if n < start else part, n < start), start,
-                     top, (lambda n: saturated(at(n))) if part == "ttft" else None)
+                     top, (lambda n: saturated(served(at(n)))) if part == "ttft" else None)
         if n is None:
             return whole(at(top)), True
         below = miss(at(n - 1), None) if n > 1 else None
@@ -642,6 +631,18 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         if judge(res, None) <= 0 and not (decode_topped or prefill_topped):
             break  # again only while it misses, or a pool met at no size (its largest kept)
     return res
+
+
+def saturated(r: Result) -> int | None:
+    """The prefill pool's count at which the request throughput r's run carried saturates it
+    (x a prompt's analytic prefill service time), rounded: the Llama 3.1 70B question's eight
+    pairs had boundaries 0.92-1.03 times it at the analytic throughput, but for one whose
+    TTFT the decode queue bounds. None without the service time or the run's figures (a run
+    stopped as certain to miss)."""
+    each = r.deployment.analytic.get("prefill_service_s")
+    if each is None or r.decided or "bench" not in r.summary:
+        return None
+    return max(1, round(r.summary["bench"]["request_throughput"] * each))
 
 
 def _judge(slo: SLO | None) -> Callable[[Result, str | None], float]:
