@@ -841,6 +841,27 @@ def test_a_run_certain_to_miss_stops_and_one_that_meets_is_the_whole_run(pair):
     assert met.summary == _verify(dep, traffic, loose).summary
 
 
+def test_a_pairs_waiting_requests_decide_before_they_complete(monkeypatch):
+    """A pair's request still waiting for its first token at t has a TTFT over t - s
+    (decided.Watch.check): a prefill pool too small for its prompts stops sooner than counting
+    completed requests alone would stop it, on the same verdict, its p99 still a lower bound
+    of the whole run's."""
+    from rdu_cluster.engine import decided
+    from rdu_cluster.engine.disagg import Pool
+
+    pools = (Pool("dgx-h100", "tp2", 1), Pool("sn40l-8", "tp8", 1))
+    dep = cap.Deployment("x", pools, 64, 0.5, (8, 8), (1.0, 1.0))
+    traffic = cap.Traffic(64, None, "512", "64", 192, steady_tol=None)
+    tight = cap.SLO(20.0, None)
+    whole = _verify(dep, traffic, tight)
+    early = _verify(dep, traffic, tight, stop=tight)
+    monkeypatch.setattr(decided.Watch, "check", lambda self, now: None)
+    late = _verify(dep, traffic, tight, stop=tight)
+    assert early.decided and late.decided and not whole.meets_slo
+    assert early.summary["decided"]["completed"] < late.summary["decided"]["completed"]
+    assert 20.0 < early.decided["ttft"] <= whole.ttft_ms
+
+
 def test_a_run_stops_only_on_the_bound_it_is_judged_on_and_a_row_runs_to_its_end():
     """A pair's decode pool is searched on TPOT, its prefill pool on TTFT: each run may stop
     only on the bound it is first judged on (a run stopped on TTFT knows nothing of its TPOT),

@@ -20,7 +20,14 @@ count of requests measured, between `requests - warmup - cut` and `requests - wa
 largest such count over that range decides. The pP is then at least the exceeding value at
 that rank (`at_least_ms`). A disaggregated run's requests are sent to the prefill pool and
 complete in the decode pool: its TTFT is the decode pool's plus the time from the send to the
-hand-over (`completions`' shift)."""
+hand-over (`completions`' shift).
+
+A TTFT is certain before its request completes: one still waiting for its first token at loop
+time t has a TTFT over t - s (Watch.waits). A disaggregated run tells the watch of each first
+token (Watch.through: the decode window that admits the hand-over, as it starts) and checks it
+as time passes (Watch.check): a pair whose prefill pool, or decode pool, is too small queues
+its requests, which were known to miss only as they completed, after every request queued ahead
+of them had been served."""
 
 from __future__ import annotations
 
@@ -64,6 +71,11 @@ class Watch:
     several: bool = True
     sends: list[float] = field(default_factory=list)  # every send so far, in time order
     completed: int = 0
+    # with `waits`: the sends of the requests without their first token yet, in time order,
+    # and each one's send by request id
+    waits: bool = False
+    waiting: list[float] = field(default_factory=list)
+    since: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         rest = max(self.requests - self.warmup, 0)
@@ -77,16 +89,45 @@ class Watch:
         self.limit = {m: b for m in METRICS if (b := self.bounds.get(m)) is not None}
         self.over: dict[str, list[float]] = {m: [] for m in self.limit}  # counted, over
 
-    def sent(self, t: float) -> None:
-        """A request is sent at t (closed loop: as the one it follows completes)."""
+    def sent(self, t: float, rid: int = -1) -> None:
+        """Request `rid` is sent at t (closed loop: as the one it follows completes)."""
         if not self.sends or t >= self.sends[-1]:
             self.sends.append(t)
         else:
             bisect.insort(self.sends, t)
+        if self.waits:
+            self.since[rid] = t
+            bisect.insort(self.waiting, t)
 
     def sent_all(self, times) -> None:
-        """Open loop: every send at once (the trace's arrivals)."""
+        """Open loop: every send at once (the trace's arrivals, request i's at times[i])."""
         self.sends = sorted(float(t) for t in times)
+        if self.waits:
+            self.since = dict(enumerate(float(t) for t in times))
+            self.waiting = list(self.sends)
+
+    def through(self, rid: int) -> None:
+        """Request `rid` has its first token (or was refused, or completed): its TTFT is
+        counted as it completes (`done`)."""
+        t = self.since.pop(rid, None)
+        if t is not None:
+            del self.waiting[bisect.bisect_left(self.waiting, t)]
+
+    def check(self, now: float) -> None:
+        """At loop time `now`, with every first token before it told (`through`: a window
+        tells its first tokens as it starts, and a step takes time): a counted request sent at
+        s and still waiting has a TTFT over now - s."""
+        over = self.over.get("ttft")
+        if over is None or len(self.sends) < max(self.first, 1):
+            return
+        bound = self.limit["ttft"] * (1.0 + EPS) / 1e3
+        # counted: sent after the first `first` sends (ties: bisect_left, as `done` ranks)
+        lo = bisect.bisect_right(self.waiting, self.sends[self.first - 1]) if self.first else 0
+        hi = bisect.bisect_left(self.waiting, now - bound)
+        if hi <= lo or len(over) + hi - lo < self.need:
+            return
+        values = sorted(over + [(now - s) * 1e3 for s in self.waiting[lo:hi]])
+        raise Decided("ttft", values[-self.need], self.completed)
 
     def done(self, send_s: float, ttft_s: float | None, tpot_s: float | None) -> None:
         """A request sent at send_s completed with these TTFT and TPOT (s; None: none)."""
@@ -110,6 +151,7 @@ def completions(watch: Watch, shift: dict[int, float] | None = None
     `watch` counts it, sent at its arrival; with `shift` (a disaggregated run's decode pool:
     request id -> seconds from its send to its hand-over), that much earlier."""
     def done(r: Request, row: tuple) -> None:
+        watch.through(r.id)  # (a first token not told: its TTFT counted once, here)
         s = shift.pop(r.id) if shift is not None else 0.0
         watch.done(r.arrival_s - s, row[_TTFT] + s, row[_TPOT])
     return done

@@ -179,7 +179,8 @@ class Disaggregated:
         pre.dispatch = _PrefillSide(c.routing, c.concurrency, hand)
         dec.dispatch = _DecodeSide(c.routing, None, hand)
         if self.watch is not None:  # sent to the prefill pool, through the decode pool
-            pre.dispatch.watch, hand.shift = self.watch, {}
+            pre.dispatch.watch, hand.shift, hand.watch = self.watch, {}, self.watch
+            self.watch.waits = True  # told of each first token: TTFTs certain as they wait
             dec.finished.watch = decided.completions(self.watch, hand.shift)
         self.sims = (pre, dec)
         started = time.perf_counter()
@@ -349,6 +350,7 @@ class Handover:
         self.ports = Ports()
         self.out: list[tuple[int, object]] = []
         self.shift: dict[int, float] | None = None  # watched: id -> seconds from send to here
+        self.watch: decided.Watch | None = None  # watched: told of each first token
         self.think_min: float | None = None  # _lag: the least think time of a follow-up
 
     def start(self) -> None:
@@ -364,6 +366,8 @@ class Handover:
 
     def prefilled(self, r: Request, t: float, replica: int | None) -> None:
         """r is through the prefill pool at t (on `replica`; None: refused there)."""
+        if self.watch is not None:
+            self.watch.check(self.pre.now)
         d = self.make(r.id)
         if r.state != DONE:  # refused on arrival at the decode pool too, with its reason
             d.reason = r.reason or "refused by the prefill pool"
@@ -381,6 +385,8 @@ class Handover:
 
     def decoded(self, r: Request, t: float) -> None:
         """r is through the decode pool at t (done or refused): its closed loop goes on."""
+        if self.watch is not None:
+            self.watch.check(self.pre.now)
         self.out += [(self.PREFILL, e) for e in self.pre.dispatch.follow(r, t)]
 
     def frontier(self, rep: Replica, decode: bool = False) -> float:
@@ -487,12 +493,21 @@ class _DecodeSide(Dispatcher):
 
     def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
                      blocks: np.ndarray) -> list:
+        watch = self.hand.watch
+        if watch is not None:  # the first tokens of the hand-overs it admits: their TTFTs
+            for sp in window.spans:
+                for r in sp.decode:
+                    if r.first_token_step == sp.first_step:
+                        watch.through(r.id)
+            watch.check(self.hand.pre.now)
         # in time order, then id order: arrivals at equal times go in id order (dispatch.py)
         for t, _, r in sorted(_completed(window, ends)):
             self.hand.decoded(r, t)
         return []
 
     def refused(self, r: Request, t: float) -> list:
+        if self.hand.watch is not None:  # no first token: the run misses outright
+            self.hand.watch.through(r.id)
         self.hand.decoded(r, t)
         return []
 

@@ -239,7 +239,7 @@ class Dispatcher:
 
         r.arrival_s = r.ready_s = max(t, r.ready_s)
         if self.watch is not None:
-            self.watch.sent(r.ready_s)
+            self.watch.sent(r.ready_s, r.id)
         rep = self._replica_of(r.id)
         self.pending[rep].push(r.ready_s)
         if rep is not None:

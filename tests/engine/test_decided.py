@@ -97,3 +97,63 @@ def test_with_mser_only_the_requests_past_the_largest_cut_count():
     assert got.value.metric == "tpot" and got.value.completed == 1250 + watch.need
     single = Watch({"ttft": 500.0, "tpot": None}, 99.0, 2000, 500, mser=True, several=False)
     assert single.first == 2000
+
+
+def _replay_waiting(watch, send, ttft, finish):
+    """As _replay, with each first token told as it comes (send + ttft: `through`) and the
+    watch checked at every event's time, first tokens before the rest at equal times (a
+    window tells its ends as it starts: every first token up to the loop's time is known)."""
+    first = send + ttft
+    events = sorted([(f, 0, i) for i, f in enumerate(first)]
+                    + [(s, 1, i) for i, s in enumerate(send)]
+                    + [(f, 2, i) for i, f in enumerate(finish)])
+    for t, kind, i in events:
+        try:
+            if kind == 0:
+                watch.through(i)
+            elif kind == 1:
+                watch.sent(send[i], i)
+            else:
+                watch.through(i)
+                watch.done(send[i], ttft[i], None)
+            watch.check(t)
+        except Decided as d:
+            return d, t
+    return None, None
+
+
+@pytest.mark.parametrize("mser", [False, True])
+def test_waiting_requests_decide_no_later_and_only_where_the_p99_exceeds(mser):
+    """A request still waiting for its first token at t has a TTFT over t - s: counting those
+    stops a run only where bench's p99 exceeds the bound (for every cut it may choose) and is
+    at least the value reported, never later than counting completions alone, and earlier
+    where requests queue (a run whose TTFTs grow as a queue does)."""
+    rng = np.random.default_rng(11)
+    earlier = 0
+    for trial in range(60):
+        n, warmup = 400, 50
+        send = np.sort(rng.uniform(0, 100, n))
+        send[rng.integers(0, n, 20)] = send[0]  # ties
+        bound_s = 1.0
+        if trial % 2:  # a queue: TTFTs grow with the send
+            ttft = rng.uniform(0, 0.5, n) + rng.uniform(0, 0.08) * np.arange(n) / 4
+        else:
+            share = rng.choice([0.0, 0.005, 0.02, 0.3])
+            ttft = np.where(rng.random(n) < share, rng.uniform(1.01, 3, n),
+                            rng.uniform(0, 0.99, n))
+        finish = send + ttft + rng.uniform(0, 5, n)
+        waits = Watch({"ttft": bound_s * 1e3, "tpot": None}, 99.0, n, warmup, mser, waits=True)
+        d, at = _replay_waiting(waits, send, ttft, finish)
+        plain = Watch({"ttft": bound_s * 1e3, "tpot": None}, 99.0, n, warmup, mser)
+        d0 = _replay(plain, send, ttft, finish)
+        assert (d is None) == (d0 is None), trial  # the same verdict
+        if d is None:
+            continue
+        cuts = range(0, (n - warmup) // 2 + 1, bench.MSER_BATCH) if mser else [0]
+        for cut in cuts:
+            p = np.percentile(_counted(send, ttft, warmup, cut) * 1e3, 99)
+            assert p > bound_s * 1e3 and p >= d.at_least_ms - 1e-9, (trial, cut)
+        stop0 = np.sort(finish)[d0.completed - 1]  # the completion that decided it
+        assert at <= stop0, trial
+        earlier += at < stop0
+    assert earlier >= 10
