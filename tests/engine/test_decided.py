@@ -32,6 +32,30 @@ def _replay(watch, send, values, finish):
     return None
 
 
+N, WARMUP, BOUND_S = 400, 50, 1.0
+
+
+def _random_run(rng, queue: bool = False):
+    """Sends (with ties), TTFTs around the bound (a share over it; with `queue`, growing with
+    the send as a queue's do) and completions after them."""
+    send = np.sort(rng.uniform(0, 100, N))
+    send[rng.integers(0, N, 20)] = send[0]  # ties
+    if queue:
+        ttft = rng.uniform(0, 0.5, N) + rng.uniform(0, 0.08) * np.arange(N) / 4
+    else:
+        share = rng.choice([0.0, 0.005, 0.02, 0.3])
+        ttft = np.where(rng.random(N) < share, rng.uniform(1.01, 3, N), rng.uniform(0, 0.99, N))
+    return send, ttft, send + ttft + rng.uniform(0, 5, N)
+
+
+def _a_miss_for_every_cut(send, ttft, mser: bool, d, trial: int) -> None:
+    """bench's p99 exceeds the bound for each cut MSER may choose, and is at least d's."""
+    cuts = range(0, (N - WARMUP) // 2 + 1, bench.MSER_BATCH) if mser else [0]
+    for cut in cuts:
+        p = np.percentile(_counted(send, ttft, WARMUP, cut) * 1e3, 99)
+        assert p > BOUND_S * 1e3 and p >= d.at_least_ms - 1e-9, (trial, cut)
+
+
 @pytest.mark.parametrize("mser", [False, True])
 def test_a_run_stops_only_where_every_measured_p99_exceeds_the_bound(mser):
     """Random closed-loop-like runs (sends, TTFTs around the bound, completions out of order):
@@ -42,25 +66,16 @@ def test_a_run_stops_only_where_every_measured_p99_exceeds_the_bound(mser):
     rng = np.random.default_rng(7)
     stopped = 0
     for trial in range(60):
-        n, warmup = 400, 50
-        send = np.sort(rng.uniform(0, 100, n))
-        send[rng.integers(0, n, 20)] = send[0]  # ties
-        bound_s = 1.0
-        share = rng.choice([0.0, 0.005, 0.02, 0.3])
-        ttft = np.where(rng.random(n) < share, rng.uniform(1.01, 3, n), rng.uniform(0, 0.99, n))
-        finish = send + ttft + rng.uniform(0, 5, n)
-        watch = Watch({"ttft": bound_s * 1e3, "tpot": None}, 99.0, n, warmup, mser)
+        send, ttft, finish = _random_run(rng)
+        watch = Watch({"ttft": BOUND_S * 1e3, "tpot": None}, 99.0, N, WARMUP, mser)
         d = _replay(watch, send, ttft, finish)
-        cuts = range(0, (n - warmup) // 2 + 1, bench.MSER_BATCH) if mser else [0]
         if d is None:  # never certain: fewer counted values over the bound than decide
             counted = np.searchsorted(np.sort(send), send, side="left") >= watch.first
-            assert np.sum(counted & (ttft * 1e3 > bound_s * 1e3)) < watch.need, trial
+            assert np.sum(counted & (ttft * 1e3 > BOUND_S * 1e3)) < watch.need, trial
             continue
         stopped += 1
-        for cut in cuts:
-            p = np.percentile(_counted(send, ttft, warmup, cut) * 1e3, 99)
-            assert p > bound_s * 1e3 and p >= d.at_least_ms - 1e-9, (trial, cut)
-        assert d.metric == "ttft" and d.completed <= n
+        _a_miss_for_every_cut(send, ttft, mser, d, trial)
+        assert d.metric == "ttft" and d.completed <= N
     assert stopped >= 10  # the heavy misses stop
 
 
@@ -131,28 +146,15 @@ def test_waiting_requests_decide_no_later_and_only_where_the_p99_exceeds(mser):
     rng = np.random.default_rng(11)
     earlier = 0
     for trial in range(60):
-        n, warmup = 400, 50
-        send = np.sort(rng.uniform(0, 100, n))
-        send[rng.integers(0, n, 20)] = send[0]  # ties
-        bound_s = 1.0
-        if trial % 2:  # a queue: TTFTs grow with the send
-            ttft = rng.uniform(0, 0.5, n) + rng.uniform(0, 0.08) * np.arange(n) / 4
-        else:
-            share = rng.choice([0.0, 0.005, 0.02, 0.3])
-            ttft = np.where(rng.random(n) < share, rng.uniform(1.01, 3, n),
-                            rng.uniform(0, 0.99, n))
-        finish = send + ttft + rng.uniform(0, 5, n)
-        waits = Watch({"ttft": bound_s * 1e3, "tpot": None}, 99.0, n, warmup, mser, waits=True)
+        send, ttft, finish = _random_run(rng, queue=bool(trial % 2))
+        waits = Watch({"ttft": BOUND_S * 1e3, "tpot": None}, 99.0, N, WARMUP, mser, waits=True)
         d, at = _replay_waiting(waits, send, ttft, finish)
-        plain = Watch({"ttft": bound_s * 1e3, "tpot": None}, 99.0, n, warmup, mser)
+        plain = Watch({"ttft": BOUND_S * 1e3, "tpot": None}, 99.0, N, WARMUP, mser)
         d0 = _replay(plain, send, ttft, finish)
         assert (d is None) == (d0 is None), trial  # the same verdict
         if d is None:
             continue
-        cuts = range(0, (n - warmup) // 2 + 1, bench.MSER_BATCH) if mser else [0]
-        for cut in cuts:
-            p = np.percentile(_counted(send, ttft, warmup, cut) * 1e3, 99)
-            assert p > bound_s * 1e3 and p >= d.at_least_ms - 1e-9, (trial, cut)
+        _a_miss_for_every_cut(send, ttft, mser, d, trial)
         stop0 = np.sort(finish)[d0.completed - 1]  # the completion that decided it
         assert at <= stop0, trial
         earlier += at < stop0
