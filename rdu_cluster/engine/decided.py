@@ -58,10 +58,11 @@ class Decided(Exception):
 
 @dataclass
 class Watch:
-    """Raises Decided at the first completion after which a bound is certainly missed.
-    `bounds`: ms per metric ('ttft', 'tpot'; None: not watched); `percentile` the pP;
-    `requests` the run's count, `warmup` the first sent left out, `mser` whether the MSER cut
-    follows, `several` whether every request has more than one output token."""
+    """Raises Decided at the first completion (with `waits`, or check) after which a bound is
+    certainly missed. `bounds`: ms per metric ('ttft', 'tpot'; None: not watched); `percentile`
+    the pP; `requests` the run's count, `warmup` the first sent left out, `mser` whether the
+    MSER cut follows, `several` whether every request has more than one output token, `waits`
+    whether the run tells each first token (`through`) and checks the waits (`check`)."""
 
     bounds: dict[str, float | None]
     percentile: float
