@@ -366,8 +366,6 @@ class Handover:
 
     def prefilled(self, r: Request, t: float, replica: int | None) -> None:
         """r is through the prefill pool at t (on `replica`; None: refused there)."""
-        if self.watch is not None:
-            self.watch.check(self.pre.now)
         d = self.make(r.id)
         if r.state != DONE:  # refused on arrival at the decode pool too, with its reason
             d.reason = r.reason or "refused by the prefill pool"
@@ -385,8 +383,6 @@ class Handover:
 
     def decoded(self, r: Request, t: float) -> None:
         """r is through the decode pool at t (done or refused): its closed loop goes on."""
-        if self.watch is not None:
-            self.watch.check(self.pre.now)
         self.out += [(self.PREFILL, e) for e in self.pre.dispatch.follow(r, t)]
 
     def frontier(self, rep: Replica, decode: bool = False) -> float:
@@ -460,6 +456,8 @@ class _PrefillSide(Dispatcher):
                      blocks: np.ndarray) -> list:
         for t, _, r in sorted(_completed(window, ends)):
             self.hand.prefilled(r, t, rep.index)
+        if self.hand.watch is not None:  # the waits, as time passes (a window at a time)
+            self.hand.watch.check(self.hand.pre.now)
         return []
 
     def refused(self, r: Request, t: float) -> list:
