@@ -505,6 +505,36 @@ def test_a_pairs_prefill_search_asks_the_count_its_throughput_saturates_next():
         assert prefill == want
 
 
+@pytest.mark.parametrize("boundary, asked", [(16, [16, 15]), (21, [16, 20]), (19, [16, 20])])
+def test_one_fewer_at_the_steady_count_asks_a_pairs_saturation_count_first(boundary, asked):
+    """capacity._one_fewer: a pair's row at the steady count (21 prefill replicas, found at a
+    shorter count whose start-up transient held the boundary up) asks the count its own run
+    saturates first, 16, where it lies two or more below; that meets and the search goes on
+    from there (16, 15: not 20, a run to its end, first). Where it misses, one fewer is asked
+    as before: the row stands where that misses too, else the search goes on from it."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1500, 25)
+    runs: dict = {}
+
+    def serve(dep, stop=None):  # each deployment served once (settle's runs are cached)
+        if dep.pools not in runs:
+            p, d = (q.replicas for q in dep.pools)
+            ttft, tpot = (800.0 if p >= boundary else 3000.0), (20.0 if d >= 2 else 40.0)
+            runs[dep.pools] = cap.Result(dep, {"bench": {"request_throughput": 100.0}}, ttft,
+                                         tpot, slo.misses(ttft, tpot), [], slo=slo)
+        return runs[dep.pools]
+
+    # 100 requests/s of 0.16 s prefill each saturate 16 prefill replicas
+    pair = cap.Deployment("a->b", (Pool("hgx-h200", "tp2", 21), Pool("sn40l-16", "tp16", 2)),
+                          8, 0.0, (8, 8), (2.0, 1.0), {"prefill_service_s": 0.16})
+    res = cap._one_fewer(serve(pair), serve, 24)
+    prefill = [k[0].replicas for k in runs if k[1].replicas == 2][1:]
+    assert prefill[:len(asked)] == asked
+    assert res.deployment.pools[0].replicas == boundary and res.meets_slo
+    assert res.below > 0
+
+
 def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():
     """In a closed loop a faster decode pool sends prompts faster: at the first prefill pool
     more decode replicas only lengthen TTFT (Llama 3.1 70B, 500 users, H200 tp2 x 20 -> SN40L-16

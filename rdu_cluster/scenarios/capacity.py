@@ -744,13 +744,19 @@ def _larger(a: float | None, b: float | None) -> float | None:
 def _one_fewer(res: Result, serve: Callable[[Deployment], Result], max_nodes: int) -> Result:
     """The boundary's other side at the steady count: one replica fewer of the pool searched
     last (the first) served there too; where it meets at that count, the search goes on there
-    (the runs at the shorter count had found the boundary)."""
+    (the runs at the shorter count had found the boundary). A pair's prefill pool is first
+    asked at the count the row's own run saturates (saturated), where that lies two or more
+    below: the start-up transient of a shorter run can hold the boundary above it (the Llama
+    3.1 70B question's `hgx-h200:tp2 + sn40l-16:tp16` BF16 pair: 21 replicas at 2,000
+    requests, 16 at 16,000, where one fewer, 20, met and ran to its end there first)."""
     n = res.deployment.pools[0].replicas
     if not res.meets_slo or n == 1:
         return res
-    fewer = serve(res.deployment.with_replicas(0, n - 1))
-    if fewer.meets_slo:
-        return search(fewer.deployment, serve, max_nodes)
+    least = saturated(res) if res.deployment.disaggregated else None
+    for k in ([least] if least is not None and least < n - 1 else []) + [n - 1]:
+        fewer = serve(res.deployment.with_replicas(0, k))
+        if fewer.meets_slo:
+            return search(fewer.deployment, serve, max_nodes)
     return replace(res, below=fewer.miss, below_at_least=bool(fewer.decided))
 
 
