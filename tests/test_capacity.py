@@ -528,11 +528,41 @@ def test_one_fewer_at_the_steady_count_asks_a_pairs_saturation_count_first(bound
     # 100 requests/s of 0.16 s prefill each saturate 16 prefill replicas
     pair = cap.Deployment("a->b", (Pool("hgx-h200", "tp2", 21), Pool("sn40l-16", "tp16", 2)),
                           8, 0.0, (8, 8), (2.0, 1.0), {"prefill_service_s": 0.16})
-    res = cap._one_fewer(serve(pair), serve, 24)
+    res = cap._one_fewer(serve(pair), serve, 24, hint=True)
     prefill = [k[0].replicas for k in runs if k[1].replicas == 2][1:]
     assert prefill[:len(asked)] == asked
     assert res.deployment.pools[0].replicas == boundary and res.meets_slo
     assert res.below > 0
+
+
+@pytest.mark.parametrize("tol", [0.05, None])
+def test_settle_asks_the_saturation_count_only_where_the_count_doubled(tol):
+    """capacity.settle: at the search's own count (not doubled: the sessions question, or
+    --steady-tolerance off) the boundary's other side was served already, so the saturation
+    count is not asked again there (on the sessions question it was 5 runs more, each a
+    miss); doubled, it is asked first and, missing, one fewer after it."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1500, 25)
+    asked: list[tuple[int, int]] = []
+
+    def serve(dep, t, on=None):
+        p, d = (q.replicas for q in dep.pools)
+        asked.append((p, t.n_requests(0.0)))
+        ttft, tpot = (800.0 if p >= 21 else 3000.0), (20.0 if d >= 2 else 40.0)
+        bench = {"request_throughput": 100.0, "output_throughput": 1000.0}
+        return cap.Result(dep, {"bench": bench}, ttft, tpot, slo.misses(ttft, tpot), [],
+                          slo=slo)
+
+    # 100 requests/s of 0.1 s prefill each saturate 10 replicas; the search climbs from 12
+    pair = cap.Deployment("a->b", (Pool("hgx-h200", "tp2", 12), Pool("sn40l-16", "tp16", 2)),
+                          8, 0.0, (8, 8), (2.0, 1.0), {"prefill_service_s": 0.1})
+    traffic = cap.Traffic(concurrency=50, rate=None, requests=200, steady_tol=tol)
+    res = cap.settle(pair, serve, traffic, 24)
+    assert res.deployment.pools[0].replicas == 21 and res.below > 0
+    assert (10, 200) not in asked
+    if tol is not None:
+        assert asked[-2:] == [(10, 400), (20, 400)]
 
 
 def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():

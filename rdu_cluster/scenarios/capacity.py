@@ -711,7 +711,10 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
         again = final(res.deployment, stop=None)
         res = again if again.meets_slo or not res.meets_slo else search(
             again.deployment, final, max_nodes)
-    res = _one_fewer(res, final, max_nodes)
+    # a pair's saturation count asked first only where the count doubled: at the search's own
+    # count one fewer was served already (the question's sessions: 5 runs more, each a miss)
+    doubled = t.n_requests(t.rate or 0.0) != traffic.n_requests(traffic.rate or 0.0)
+    res = _one_fewer(res, final, max_nodes, doubled and res.deployment.disaggregated)
     # settled: the last doubling moved the row less than the tolerance (None: not doubled);
     # False is a row still moving after STEADY_DOUBLINGS doublings, printed as such
     settled = None if moved is None else bool(moved <= traffic.steady_tol)
@@ -741,18 +744,20 @@ def _larger(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else max(a, b)
 
 
-def _one_fewer(res: Result, serve: Callable[[Deployment], Result], max_nodes: int) -> Result:
+def _one_fewer(res: Result, serve: Callable[[Deployment], Result], max_nodes: int,
+               hint: bool = False) -> Result:
     """The boundary's other side at the steady count: one replica fewer of the pool searched
     last (the first) served there too; where it meets at that count, the search goes on there
-    (the runs at the shorter count had found the boundary). A pair's prefill pool is first
-    asked at the count the row's own run saturates (saturated), where that lies two or more
-    below: the start-up transient of a shorter run can hold the boundary above it (the Llama
-    3.1 70B question's `hgx-h200:tp2 + sn40l-16:tp16` BF16 pair: 21 replicas at 2,000
-    requests, 16 at 16,000, where one fewer, 20, met and ran to its end there first)."""
+    (the runs at the shorter count had found the boundary). With `hint` (a pair's prefill
+    pool) it is first asked at the count the row's own run saturates (saturated), where that
+    lies two or more below: the start-up transient of a shorter run can hold the boundary
+    above it (the Llama 3.1 70B question's `hgx-h200:tp2 + sn40l-16:tp16` BF16 pair: 21
+    replicas at 2,000 requests, 16 at 16,000, where one fewer, 20, met and ran to its end
+    there first)."""
     n = res.deployment.pools[0].replicas
     if not res.meets_slo or n == 1:
         return res
-    least = saturated(res) if res.deployment.disaggregated else None
+    least = saturated(res) if hint else None
     for k in ([least] if least is not None and least < n - 1 else []) + [n - 1]:
         fewer = serve(res.deployment.with_replicas(0, k))
         if fewer.meets_slo:
