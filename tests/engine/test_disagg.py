@@ -174,18 +174,7 @@ def test_a_decode_replica_waits_for_the_others_only_a_think_time_later(monkeypat
     monkeypatch.setattr(disagg.Handover, "_lag", lambda self: 0.0)  # the others' ends, as before
     _without_least_move(monkeypatch)
     plain, many = run()
-    # every time the same; a window's energy is split over its requests and summed window by
-    # window, so the joules (and their cost) differ in the last bits
-    order = [("replica", "ascending"), ("step", "ascending")]  # rows append window by window
-    for name, key in (("requests", [("request_id", "ascending")]), ("steps", order)):
-        a, b = (getattr(t, name).sort_by(key).to_pydict() for t in (lagged, plain))
-        assert a.keys() == b.keys()
-        for k in a.keys() - {"window"}:
-            if k.startswith(("energy", "cost", "dynamic")) or k.endswith("_j"):
-                assert a[k] == pytest.approx(b[k], rel=1e-12), (name, k)
-            else:
-                assert a[k] == b[k], (name, k)
-    assert lagged.summary["bench"] == plain.summary["bench"]
+    _same_but_windows(lagged, plain)
     assert few < some < many / 5  # 196 and 261 against 2,019
 
 
@@ -264,16 +253,7 @@ def test_a_hand_over_reaches_a_decode_replica_no_earlier_than_its_least_transfer
     with pytest.MonkeyPatch.context() as m:
         _without_least_move(m)
         plain, many = run()[:2]
-    for name in ("requests", "steps"):
-        key = [("request_id", "ascending")] if name == "requests" else [
-            ("replica", "ascending"), ("step", "ascending")]
-        a, b = (getattr(t, name).sort_by(key).to_pydict() for t in (led, plain))
-        for k in a.keys() - {"window"}:
-            if k.startswith(("energy", "cost", "dynamic")) or k.endswith("_j"):
-                assert a[k] == pytest.approx(b[k], rel=1e-12), (name, k)
-            else:
-                assert a[k] == b[k], (name, k)
-    assert led.summary["bench"] == plain.summary["bench"]
+    _same_but_windows(led, plain)
     assert few < many  # 293 against 450
 
 
@@ -286,3 +266,19 @@ def _without_least_move(m: pytest.MonkeyPatch) -> None:
         self.least_move = 0.0
 
     m.setattr(disagg.Handover, "__init__", no_lead)
+
+
+def _same_but_windows(x, y) -> None:
+    """Two runs the same at every time, cut into other windows: a window's energy is split
+    over its requests and summed window by window, so the joules (and their cost) differ in
+    the last bits."""
+    order = [("replica", "ascending"), ("step", "ascending")]  # rows append window by window
+    for name, key in (("requests", [("request_id", "ascending")]), ("steps", order)):
+        a, b = (getattr(t, name).sort_by(key).to_pydict() for t in (x, y))
+        assert a.keys() == b.keys()
+        for k in a.keys() - {"window"}:
+            if k.startswith(("energy", "cost", "dynamic")) or k.endswith("_j"):
+                assert a[k] == pytest.approx(b[k], rel=1e-12), (name, k)
+            else:
+                assert a[k] == b[k], (name, k)
+    assert x.summary["bench"] == y.summary["bench"]
