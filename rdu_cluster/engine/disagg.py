@@ -352,6 +352,7 @@ class Handover:
         self.shift: dict[int, float] | None = None  # watched: id -> seconds from send to here
         self.watch: decided.Watch | None = None  # watched: told of each first token
         self.think_min: float | None = None  # _lag: the least think time of a follow-up
+        self.direct: int | None = 0  # the decode replica refusals go to at once (start)
         # the least time from a prefill's end to its hand-over's arrival (prefilled: the
         # route's latency and the smallest KV's hold of the ports; a wait for them only adds)
         smallest = float(nbytes.min()) if len(nbytes) else 0.0
@@ -363,6 +364,9 @@ class Handover:
         self.dec.dispatch._set_up(self.dec.replicas)
         self.blank = [ReplicaView(q.index, (), 0, q.kv.config.capacity_blocks, q)
                       for q in self.dec.replicas]
+        # the replica refusals go to at once (prefilled): the first, or none where no request
+        # can be refused in either pool
+        self.direct = 0 if any(map(_may_refuse, (self.pre, self.dec))) else None
 
     def take(self) -> list[tuple[int, object]]:
         out, self.out = self.out, []
@@ -393,21 +397,24 @@ class Handover:
         """The earliest time something not yet known could reach `rep` (of the decode pool
         where `decode`): a replica's next window (the end of its current one, or now if it is
         idle with work), or an arrival already on its way, in the prefill pool (for a decode
-        replica but the first, an arrival no earlier than its prefill replica's window ends:
+        replica but the one refusals go to at once, `direct`: the first, or none where no
+        request can be refused, an arrival no earlier than its prefill replica's window ends:
         _prefills_due, and then a hand-over's least time later: least_move, a transfer's
         latency and smallest hold, which cut a 2,000-turn sessions pair's 12,547 windows to
-        10,884); in the decode pool the same, later by the least think time (_lag):
+        10,884, and 10,042 with `direct`); in the decode pool the same, later by the least
+        think time (_lag):
         what a decode replica does reaches a replica only through a completion's follow-up,
         sent that long after it (a window's completions and hand-overs are known as it
         starts: after_window). Without either, 2,000 turns of 500 sessions over five decode
         replicas ran 23,389 decode windows for 25,368 steps (11,340 with the lag, 7,921 with
         both), each replica's cut at the others' window ends and at every turn sent."""
         h = math.inf
-        # to a decode replica but the first, what the prefill pool does arrives after a
-        # hand-over (a request refused there goes to the first at once: prefilled)
-        move = self.least_move if decode and rep.index != 0 else 0.0
+        # to a decode replica refusals do not reach (direct), what the prefill pool does
+        # arrives after a hand-over (a request refused goes on at once: prefilled)
+        handed = decode and rep.index != self.direct
+        move = self.least_move if handed else 0.0
         for sim, later in ((self.pre, move), (self.dec, self._lag() + move)):
-            t = (self._prefills_due() if sim is self.pre and decode and rep.index != 0
+            t = (self._prefills_due() if sim is self.pre and handed
                  else min(p.peek() for p in sim.dispatch.pending.values()))
             for q in sim.replicas:
                 if q is rep:
@@ -421,10 +428,10 @@ class Handover:
 
     def _prefills_due(self) -> float:
         """The earliest a request on its way to the prefill pool could be handed on to a
-        decode replica but the first: not before it arrives, nor before its prefill replica's
+        decode replica but `direct`: not before it arrives, nor before its prefill replica's
         current window ends (a window admits nothing mid-way, and its completions are known
         as it starts). A request refused on arrival goes to decode replica 0 at once
-        (prefilled), which therefore takes the arrivals as they are."""
+        (prefilled), which therefore takes the arrivals as they are where one may be."""
         pending = self.pre.dispatch.pending
         t = pending[None].peek()  # routed on arrival (a stateful policy)
         for q in self.pre.replicas:
@@ -525,6 +532,18 @@ class _DecodeSide(Dispatcher):
 
     def more_arrivals(self, rep: Replica) -> bool:
         return bool(self.pending[rep.index]) or self.hand.prefill_active()
+
+
+def _may_refuse(sim: Simulation) -> bool:
+    """Whether a request of sim's trace could be refused on arrival (Simulation.refusal: a
+    prompt and output past a replica's KV, a prompt past an unchunked token budget; a turn
+    after a refused one is refused in turn, and a pair takes no faults), its replicas alike."""
+    t, kv, lim = sim.trace, sim.replicas[0].kv, sim.config.limits
+    if not len(t):
+        return False
+    if kv.blocks_for(int((t.prompt_len + t.output_len).max())) > kv.config.capacity_blocks:
+        return True
+    return not lim.chunked_prefill and int(t.prompt_len.max()) > lim.token_budget
 
 
 def _completed(window: Window, ends: np.ndarray) -> list[tuple[float, int, Request]]:

@@ -6,8 +6,10 @@ drawn uniformly (balanced routing in expectation: the load-balancing loss's targ
 N * top_k assignments are one multinomial draw over the experts (distinctness of a token's k
 experts is ignored: a few per cent at k/E = 1/4). A group's load is its assignments over the
 mean group's, so the busiest group's load is the straggler factor of the step
-(Shard.expert_load). Draws are keyed by (seed, replica, first step of the span): the same plan
-gives the same loads in any backend, window size or restart.
+(Shard.expert_load). Each step's draw is keyed by (seed, replica, step): the same plan gives the
+same loads in any backend, window or restart, however the steps fall into spans and windows
+(keyed by a span's first step, a span cut at another window's end drew afresh, so a change of
+where windows end, which changes no time of a dense run, moved an expert-parallel one).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ class ExpertLoadSampler:
 
     def loads(self, replica: int, first_step: int, tokens: int, steps: int) -> np.ndarray:
         """(steps, ep) load of each group per step, 1.0 = the mean."""
-        rng = np.random.default_rng([self.seed, replica, first_step])
-        counts = rng.multinomial(tokens * self.top_k, self.p, size=steps)
+        n = tokens * self.top_k
+        counts = np.array([np.random.default_rng([self.seed, replica, step]).multinomial(n, self.p)
+                           for step in range(first_step, first_step + steps)],
+                          dtype=np.int64).reshape(steps, self.experts)
         groups = counts.reshape(steps, self.ep, -1).sum(axis=2)
         return groups / (tokens * self.top_k / self.ep)

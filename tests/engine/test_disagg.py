@@ -257,6 +257,39 @@ def test_a_hand_over_reaches_a_decode_replica_no_earlier_than_its_least_transfer
     assert few < many  # 293 against 450
 
 
+
+def test_a_single_decode_replica_refusals_never_reach_leads_like_the_others():
+    """Handover.direct: where no request can be refused in either pool (Simulation.refusal's
+    checks), no arrival reaches the first decode replica at once either, so it too waits only
+    for its prefill replicas' window ends and a hand-over's least time. An expert-parallel
+    decode replica (its loads drawn step by step: engine/expert_loads.py) runs the same in
+    fewer windows; a prompt past the token budget brings the first replica's cut back."""
+    trace = traces.synthetic(40, float("inf"), "poisson", traces.LengthDist("fixed", 1024),
+                             traces.LengthDist("fixed", 32), seed=2)
+
+    def run(t=trace):
+        d = disagg.Disaggregated(load_model("mixtral-8x7b"),
+                                 disagg.Pool.parse("dgx-h100:tp2:2", "p"),
+                                 disagg.Pool.parse("sn40l-16:tp2ep8:1", "d"),
+                                 load_fabric("ib-ndr"), t, ServeConfig(concurrency=12),
+                                 LocalBackend)
+        tables = d.run()
+        assert d.sims[1].sampler is not None  # the decode replica's loads are drawn
+        return tables, d.sims[1].windows, d.sims[0].dispatch.hand.direct
+
+    led, few, direct = run()
+    assert direct is None and len(led.requests) == 40
+    with pytest.MonkeyPatch.context() as m:
+        _without_least_move(m)
+        m.setattr(disagg, "_may_refuse", lambda sim: True)
+        plain, many, direct = run()
+    assert direct == 0
+    _same_but_windows(led, plain)
+    assert few < many  # 41 against 44
+    longer = replace(trace, prompt_len=trace.prompt_len.copy())
+    longer.prompt_len[-1] = 9000  # past the 8,192-token budget: refused
+    assert run(longer)[2] == 0
+
 def _without_least_move(m: pytest.MonkeyPatch) -> None:
     """Handover.frontier as before the hand-over's least time was counted."""
     init = disagg.Handover.__init__

@@ -168,12 +168,20 @@ def test_a_cut_span_of_drawn_loads_costed_in_rounds_is_the_run_costed_whole(serv
     assert other.backend.steps > 3 * steps
 
 
-def test_the_first_rows_of_a_load_draw_are_the_draw_of_that_many_steps():
-    """What _costed takes of the sampler: a span's first k steps' loads do not depend on how
-    many steps were drawn (numpy draws a multinomial's rows one after another)."""
+def test_a_steps_load_draw_does_not_depend_on_the_span_it_falls_in():
+    """What _costed takes of the sampler (a span's first k steps' loads do not depend on how
+    many steps were drawn), and what a window's end may cut (a span of 64 steps drawn as 17
+    and 47 from the 17th step on draws the same loads): each step's draw is keyed by the step.
+    Another replica, seed or step draws otherwise."""
     from rdu_cluster.engine.expert_loads import ExpertLoadSampler
 
     s = ExpertLoadSampler(256, 8, 32, seed=5)
-    full = s.loads(0, 17, 500, 256)
+    full = s.loads(0, 17, 500, 64)
     for k in (1, 4, 16, 64):
         assert np.array_equal(s.loads(0, 17, 500, k), full[:k])
+    assert np.array_equal(np.concatenate([s.loads(0, 17, 500, 17), s.loads(0, 34, 500, 47)]),
+                          full)
+    for other in (s.loads(1, 17, 500, 1), ExpertLoadSampler(256, 8, 32, 6).loads(0, 17, 500, 1),
+                  s.loads(0, 18, 500, 1)):
+        assert not np.array_equal(other[0], full[0])
+    assert full.shape == (64, 32) and np.allclose(full.mean(axis=1), 1.0)
