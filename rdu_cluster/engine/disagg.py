@@ -44,13 +44,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chip.socket import PREFILL
 from interconnect.contention import max_min_rates
 from interconnect.routes import route, route_latency
 from interconnect.topology import TopologySpec, build_topology
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.config import MAX_SOCKETS, FabricSpec, load_cluster
-from rdu_cluster.engine import bench, decided, energy, loop, metrics, replica_routing, summary
+from rdu_cluster.engine import (
+    bench,
+    decided,
+    energy,
+    lookahead,
+    loop,
+    metrics,
+    replica_routing,
+    summary,
+)
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.dispatch import OWN_COMPLETION, Dispatcher
 from rdu_cluster.engine.events import Arrival
@@ -353,6 +363,7 @@ class Handover:
         self.watch: decided.Watch | None = None  # watched: told of each first token
         self.think_min: float | None = None  # _lag: the least think time of a follow-up
         self.direct: int | None = 0  # the decode replica refusals go to at once (start)
+        self.least_prefill = 0.0  # the least a prefill step that completes a request takes
         # the least time from a prefill's end to its hand-over's arrival (prefilled: the
         # route's latency and the smallest KV's hold of the ports; a wait for them only adds)
         smallest = float(nbytes.min()) if len(nbytes) else 0.0
@@ -367,6 +378,7 @@ class Handover:
         # the replica refusals go to at once (prefilled): the first, or none where no request
         # can be refused in either pool
         self.direct = 0 if any(map(_may_refuse, (self.pre, self.dec))) else None
+        self.least_prefill = _least_prefill(self.pre)
 
     def take(self) -> list[tuple[int, object]]:
         out, self.out = self.out, []
@@ -412,7 +424,8 @@ class Handover:
         # to a decode replica refusals do not reach (direct), what the prefill pool does
         # arrives after a hand-over (a request refused goes on at once: prefilled)
         handed = decode and rep.index != self.direct
-        move = self.least_move if handed else 0.0
+        # and no earlier than a prefill step after a prefill replica's next window starts
+        move = self.least_prefill + self.least_move if handed else 0.0
         for sim, later in ((self.pre, move), (self.dec, self._lag() + move)):
             t = (self._prefills_due() if sim is self.pre and handed
                  else min(p.peek() for p in sim.dispatch.pending.values()))
@@ -470,7 +483,11 @@ class _PrefillSide(Dispatcher):
 
     def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
                      blocks: np.ndarray) -> list:
-        for t, _, r in sorted(_completed(window, ends)):
+        done = sorted(_completed(window, ends))
+        if done and self.hand.least_prefill > 0:
+            _check_least(self.hand.least_prefill, window, ends, self.hand.pre.now,
+                         [r for _, _, r in done])
+        for t, _, r in done:
             self.hand.prefilled(r, t, rep.index)
         if self.hand.watch is not None:  # the waits, as time passes (a window at a time)
             self.hand.watch.check(self.hand.pre.now)
@@ -544,6 +561,50 @@ def _may_refuse(sim: Simulation) -> bool:
     if kv.blocks_for(int((t.prompt_len + t.output_len).max())) > kv.config.capacity_blocks:
         return True
     return not lim.chunked_prefill and int(t.prompt_len.max()) > lim.token_budget
+
+
+def _least_prefill(sim: Simulation) -> float:
+    """A lower bound on a prefill step that completes a request in the prefill pool `sim`:
+    LEAST_PREFILL_SHARE of the least its cost tables give a step of k of the shortest
+    prompts, or of more tokens within the token budget (k = 1 up to the budget's count of
+    them). 0 where a step may complete a request with fewer tokens than its prompt (a prefix
+    cache over the trace's content, chunked prefill) or a replica runs several stages (its
+    step is not one table's)."""
+    t, lim = sim.trace, sim.config.limits
+    if not len(t) or lim.chunked_prefill or len(sim.layouts[0].stages) != 1 or (
+            t.content is not None and any(q.prefix is not None for q in sim.replicas)):
+        return 0.0
+    sockets = sim.replicas[0].sockets
+    tables = (sim.predictor or lookahead.Predictor(
+        {k: sim.setups[k] for k in sockets}, getattr(sim.backend, "memo", None))).shared(sockets)
+    if tables is None:
+        return 0.0
+    shortest = max(int(t.prompt_len.min()), 1)
+    budget = max(lim.token_budget, shortest)
+    shapes = [(k, int(n), 0) for k in range(1, budget // shortest + 1)
+              for n in np.unique(np.linspace(k * shortest, budget, 8).astype(int))]
+    tables.fill_prefill(shapes)
+    least = min(tables.step_times(PREFILL, 0, 0, 1, shape)[0] for shape in shapes)
+    return LEAST_PREFILL_SHARE * least
+
+
+# Half the least a grid of steps costs: a step between the grid's points, or of the same
+# tokens over more sequences (less attention), may cost less than its neighbours, by far less
+# than half on the tables (_check_least stops a run where one does, rather than let it
+# plan past an arrival).
+LEAST_PREFILL_SHARE = 0.5
+
+
+def _check_least(least: float, window: Window, ends: np.ndarray, t0: float,
+                 done: list[Request]) -> None:
+    """Each step of the window that completes a request took at least `least`."""
+    starts = lookahead.starts(t0, ends, window.resumes)
+    first = window.spans[0].first_step
+    for r in done:
+        i = r.done_step - first
+        if ends[i] - starts[i] < least:
+            raise RuntimeError(f"internal error: a prefill step took {ends[i] - starts[i]!r} s,"
+                               f" under the least the pool's frontier assumes, {least!r} s")
 
 
 def _completed(window: Window, ends: np.ndarray) -> list[tuple[float, int, Request]]:

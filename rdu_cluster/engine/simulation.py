@@ -144,6 +144,7 @@ class Simulation:
             self.layouts[r] = lay
             self.recovery.home[r] = tuple(lay.sockets)
             setups.update(build.setups(lay, self.plan))
+        self.setups = setups  # each socket's chip and program (a Predictor's, on demand)
         if self.backend is None:
             self.backend = self._make_backend()
         self.backend.start(setups)

@@ -290,6 +290,41 @@ def test_a_single_decode_replica_refusals_never_reach_leads_like_the_others():
     longer.prompt_len[-1] = 9000  # past the 8,192-token budget: refused
     assert run(longer)[2] == 0
 
+
+def test_a_decode_replica_waits_a_prefill_step_after_a_prefill_replicas_window_ends():
+    """Handover.least_prefill: a prefill replica's next completion is at least a prefill step
+    after its next window starts; without a prefix cache over the prompts' content or chunked
+    prefill, no step completes a request faster than half the least step of its shortest
+    prompt. The run is the same in fewer decode windows; a floor past a step's time stops
+    the run (_check_least) rather than plan past an arrival; where a step may prefill less
+    than a prompt there is none."""
+    trace = traces.synthetic(60, float("inf"), "poisson", traces.LengthDist("fixed", 2048),
+                             traces.LengthDist("fixed", 48), seed=5)
+
+    def run(t=trace, config=None):
+        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp2:3", "p"),
+                                 disagg.Pool.parse("sn40l-16:tp4:2", "d"),
+                                 load_fabric("ib-ndr"), t, config or ServeConfig(concurrency=24),
+                                 LocalBackend)
+        return d.run(), d.sims[1].windows, d.sims[0].dispatch.hand.least_prefill
+
+    led, few, least = run()
+    steps = led.steps.to_pydict()
+    pre = np.asarray(steps["replica"]) < 3
+    assert 0 < least <= 0.5 * min(np.asarray(steps["time_s"])[pre]) + 1e-12
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(disagg, "_least_prefill", lambda sim: 0.0)
+        plain, many = run()[:2]
+    _same_but_windows(led, plain)
+    assert few < many  # 99 against 147
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(disagg, "LEAST_PREFILL_SHARE", 3.0)
+        with pytest.raises(RuntimeError, match="under the least"):
+            run()
+    chunked = ServeConfig(concurrency=24, limits=replace(ServeConfig().limits,
+                                                         chunked_prefill=True))
+    assert run(config=chunked)[2] == 0.0
+
 def _without_least_move(m: pytest.MonkeyPatch) -> None:
     """Handover.frontier as before the hand-over's least time was counted."""
     init = disagg.Handover.__init__
