@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -568,26 +569,58 @@ def _may_refuse(sim: Simulation) -> bool:
 def _least_prefill(sim: Simulation) -> float:
     """A lower bound on a prefill step that completes a request in the prefill pool `sim`:
     LEAST_PREFILL_SHARE of the least its cost tables give a step of k of the shortest
-    prompts, or of more tokens within the token budget (k = 1 up to the budget's count of
-    them). 0 where a step may complete a request with fewer tokens than its prompt (a prefix
-    cache over the trace's content, chunked prefill) or a replica runs several stages (its
-    step is not one table's)."""
+    prompts (with a prefix cache over the trace's content, of the fewest tokens a request
+    could leave uncached: _least_uncached), or of more tokens within the token budget (k = 1
+    up to the budget's count of them). 0 with chunked prefill (a step may complete a prompt's
+    last few tokens) or where a replica runs several stages (its step is not one table's)."""
     t, lim = sim.trace, sim.config.limits
-    if not len(t) or lim.chunked_prefill or len(sim.layouts[0].stages) != 1 or (
-            t.content is not None and any(q.prefix is not None for q in sim.replicas)):
+    if not len(t) or lim.chunked_prefill or len(sim.layouts[0].stages) != 1:
+        return 0.0
+    cached = t.content is not None and any(q.prefix is not None for q in sim.replicas)
+    shortest = _least_uncached(t) if cached else int(t.prompt_len.min())
+    if shortest < 1:
         return 0.0
     sockets = sim.replicas[0].sockets
     tables = (sim.predictor or lookahead.Predictor(
         {k: sim.setups[k] for k in sockets}, getattr(sim.backend, "memo", None))).shared(sockets)
     if tables is None:
         return 0.0
-    shortest = max(int(t.prompt_len.min()), 1)
     budget = max(lim.token_budget, shortest)
     shapes = [(k, int(n), 0) for k in range(1, budget // shortest + 1)
               for n in np.unique(np.linspace(k * shortest, budget, 8).astype(int))]
     tables.fill_prefill(shapes)
     least = min(tables.step_times(PREFILL, 0, 0, 1, shape)[0] for shape in shapes)
     return LEAST_PREFILL_SHARE * least
+
+
+def _least_uncached(t: Trace) -> int:
+    """The fewest prompt tokens a request of `t` could find uncached: its prompt past the
+    longest chunk prefix (Trace.content) that a request other than it and its later turns
+    holds, prompt and output (any of those may have been prefilled first; a later turn, sent
+    after this one completes, cannot)."""
+    keys = [list(itertools.accumulate(c, lambda k, x: hash((k, x)), initial=0))[1:]
+            for c in t.content]
+    holders: dict[int, list[int]] = {}
+    for i, ks in enumerate(keys):
+        for k in ks:
+            holders.setdefault(k, []).append(i)
+    after = t.after
+
+    def later(j: int, i: int) -> bool:  # j follows i in its session (or is i)
+        while j >= 0 and j != i:
+            j = int(after[j]) if after is not None else -1
+        return j == i
+
+    least = None
+    for i, (ks, chunks) in enumerate(zip(keys, t.content)):
+        hit = 0
+        for k, (_, n) in zip(ks, chunks):
+            if not any(not later(j, i) for j in holders[k]):
+                break
+            hit += n
+        left = int(t.prompt_len[i]) - hit
+        least = left if least is None else min(least, left)
+    return max(least or 0, 0)
 
 
 # Half the least a grid of steps costs: a step between the grid's points, or of the same

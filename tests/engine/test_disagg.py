@@ -175,7 +175,7 @@ def test_a_decode_replica_waits_for_the_others_only_a_think_time_later(monkeypat
     _without_least_move(monkeypatch)
     plain, many = run()
     _same_but_windows(lagged, plain)
-    assert few < some < many / 5  # 196 and 261 against 2,019
+    assert few < some < many / 5  # 138 and 174 against 2,019
 
 
 def test_a_turn_the_prefill_pool_refuses_is_a_row_without_a_queue():
@@ -325,8 +325,38 @@ def test_a_decode_replica_waits_a_prefill_step_after_a_prefill_replicas_window_e
                                                          chunked_prefill=True))
     assert run(config=chunked)[2] == 0.0
 
+
+def test_a_turn_leaves_at_least_its_new_message_uncached():
+    """disagg._least_uncached: a session's turn finds its history cached at best (its earlier
+    turns held it, prompt and answer) and the shared system prompt, never its new message; a
+    later turn of its own session, sent after it completes, cannot have cached it. Over the
+    pools, sessions run the same with the prefill step of that message in the decode
+    replicas' wait, in fewer windows."""
+    spec = sessions.SessionSpec(8, 3, 512, user=traces.LengthDist("fixed", 1024),
+                                output=traces.LengthDist("fixed", 24),
+                                think=sessions.ThinkTime("fixed", 0.2))
+    trace = traces.ramped(sessions.sessions(spec, 0), 0.4)
+    assert disagg._least_uncached(trace) == 1024
+    no_system = sessions.sessions(replace(spec, system_tokens=0), 0)
+    assert disagg._least_uncached(no_system) == 1024
+
+    def run():
+        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp2:2", "p"),
+                                 disagg.Pool.parse("sn40l-16:tp4:2", "d"),
+                                 load_fabric("ib-ndr"), trace, ServeConfig(), LocalBackend)
+        return d.run(), d.sims[1].windows, d.sims[0].dispatch.hand.least_prefill
+
+    led, few, least = run()
+    assert least > 0 and led.summary["prefix_cache_hit_rate"] > 0.3
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(disagg, "_least_prefill", lambda sim: 0.0)
+        plain, many = run()[:2]
+    _same_but_windows(led, plain)
+    assert few < many  # 70 against 85
+
 def _without_least_move(m: pytest.MonkeyPatch) -> None:
-    """Handover.frontier as before the hand-over's least time was counted."""
+    """Handover.frontier as before the hand-over's least time (and a prefill step's) was
+    counted."""
     init = disagg.Handover.__init__
 
     def no_lead(self, *args):
@@ -334,6 +364,7 @@ def _without_least_move(m: pytest.MonkeyPatch) -> None:
         self.least_move = 0.0
 
     m.setattr(disagg.Handover, "__init__", no_lead)
+    m.setattr(disagg, "_least_prefill", lambda sim: 0.0)
 
 
 def _same_but_windows(x, y) -> None:
