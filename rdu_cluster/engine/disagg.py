@@ -413,11 +413,11 @@ class Handover:
         replica but the one refusals go to at once, `direct`: the first, or none where no
         request can be refused, an arrival no earlier than its prefill replica's window ends:
         _prefills_due, and then a prefill step and a hand-over's least time later:
-        least_prefill, where no step prefills less than a prompt, and least_move, a
+        least_prefill, without chunked prefill, and least_move, a
         transfer's latency and smallest hold, which cut a 2,000-turn sessions pair's 12,547
-        windows to 10,884, and 10,042 with `direct`; a 2,000-request pair's decode windows
-        from 4,035 to 2,533 with least_prefill); in the decode pool the same, later by the
-        least think time (_lag):
+        windows to 10,884, 10,042 with `direct` and 5,853 with least_prefill; a 2,000-request
+        pair's decode windows from 4,035 to 2,533 with least_prefill); in the decode pool the
+        same, later by the least think time (_lag):
         what a decode replica does reaches a replica only through a completion's follow-up,
         sent that long after it (a window's completions and hand-overs are known as it
         starts: after_window). Without either, 2,000 turns of 500 sessions over five decode
