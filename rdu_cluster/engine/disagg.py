@@ -598,8 +598,9 @@ def _least_uncached(t: Trace) -> int:
     longest chunk prefix (Trace.content) that a request other than it and its later turns
     holds, prompt and output (any of those may have been prefilled first; a later turn, sent
     after this one completes, cannot)."""
+    content = t.content or ()
     keys = [list(itertools.accumulate(c, lambda k, x: hash((k, x)), initial=0))[1:]
-            for c in t.content]
+            for c in content]
     holders: dict[int, list[int]] = {}
     for i, ks in enumerate(keys):
         for k in ks:
@@ -612,7 +613,7 @@ def _least_uncached(t: Trace) -> int:
         return j == i
 
     least = None
-    for i, (ks, chunks) in enumerate(zip(keys, t.content)):
+    for i, (ks, chunks) in enumerate(zip(keys, content)):
         hit = 0
         for k, (_, n) in zip(ks, chunks):
             if not any(not later(j, i) for j in holders[k]):
