@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -570,8 +569,9 @@ def _least_prefill(sim: Simulation) -> float:
     """A lower bound on a prefill step that completes a request in the prefill pool `sim`:
     LEAST_PREFILL_SHARE of the least its cost tables give a step of k of the shortest
     prompts (with a prefix cache over the trace's content, of the fewest tokens a request
-    could leave uncached: _least_uncached), or of more tokens within the token budget (k = 1
-    up to the budget's count of them). 0 with chunked prefill (a step may complete a prompt's
+    could leave uncached: _least_uncached), or of more tokens within the token budget (k = 1,
+    2, 4 ... up to the budget's count of them or --max-batch: a grid of a few evaluations
+    however short the prompts). 0 with chunked prefill (a step may complete a prompt's
     last few tokens) or where a replica runs several stages (its step is not one table's)."""
     t, lim = sim.trace, sim.config.limits
     if not len(t) or lim.chunked_prefill or len(sim.layouts[0].stages) != 1:
@@ -586,7 +586,9 @@ def _least_prefill(sim: Simulation) -> float:
     if tables is None:
         return 0.0
     budget = max(lim.token_budget, shortest)
-    shapes = [(k, int(n), 0) for k in range(1, budget // shortest + 1)
+    most = max(min(budget // shortest, lim.max_batch), 1)  # sequences a step may hold
+    counts = sorted({*(2 ** e for e in range(most.bit_length())), most})  # 1, 2, 4 ... most
+    shapes = [(k, int(n), 0) for k in counts
               for n in np.unique(np.linspace(k * shortest, budget, 8).astype(int))]
     tables.fill_prefill(shapes)
     least = min(tables.step_times(PREFILL, 0, 0, 1, shape)[0] for shape in shapes)
@@ -595,17 +597,19 @@ def _least_prefill(sim: Simulation) -> float:
 
 def _least_uncached(t: Trace) -> int:
     """The fewest prompt tokens a request of `t` could find uncached: its prompt past the
-    longest chunk prefix (Trace.content) that a request other than it and its later turns
-    holds, prompt and output (any of those may have been prefilled first; a later turn, sent
-    after this one completes, cannot)."""
+    longest token prefix (Trace.content) it shares with a request other than it and its
+    later turns, prompt and output (any of those may have been prefilled first; a later
+    turn, sent after this one completes, cannot). Tokens are a chunk's (id, offset), as the
+    prefix cache's blocks hash them (prefix_cache.block_hashes): a chunk of the same id but
+    another length behind the same prefix shares the shorter one's tokens."""
     content = t.content or ()
-    keys = [list(itertools.accumulate(c, lambda k, x: hash((k, x)), initial=0))[1:]
-            for c in content]
-    holders: dict[int, list[int]] = {}
-    for i, ks in enumerate(keys):
-        for k in ks:
-            holders.setdefault(k, []).append(i)
     after = t.after
+    nexts: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (prefix, id) -> (holder, n)
+    for j, chunks in enumerate(content):
+        key = 0
+        for cid, n in chunks:
+            nexts.setdefault((key, cid), []).append((j, n))
+            key = hash((key, cid, n))
 
     def later(j: int, i: int) -> bool:  # j follows i in its session (or is i)
         while j >= 0 and j != i:
@@ -613,19 +617,35 @@ def _least_uncached(t: Trace) -> int:
         return j == i
 
     least = None
-    for i, (ks, chunks) in enumerate(zip(keys, content)):
-        hit = 0
-        for k, (_, n) in zip(ks, chunks):
-            if not any(not later(j, i) for j in holders[k]):
+    for i, chunks in enumerate(content):
+        key, hit = 0, 0
+        own = functools.partial(later, i=i)
+        for cid, n in chunks:
+            held = _held(nexts[(key, cid)], n, own)
+            hit += min(held, n)
+            if held != n:  # a shorter or longer chunk of that id: the tokens part ways
                 break
-            hit += n
+            key = hash((key, cid, n))
         left = int(t.prompt_len[i]) - hit
         least = left if least is None else min(least, left)
     return max(least or 0, 0)
 
 
+def _held(holders: list[tuple[int, int]], n: int, own: Callable[[int], bool]) -> int:
+    """n where a holder not `own` holds the chunk whole (the first such one ends the search:
+    a shared prefix is held by most requests), else the longest part of it one holds (0:
+    none)."""
+    most = 0
+    for j, m in holders:
+        if not own(j):
+            if m == n:
+                return n
+            most = max(most, m)
+    return most
+
+
 # Half the least a grid of steps costs: a step between the grid's points, or of the same
-# tokens over more sequences (less attention), may cost less than its neighbours, by far less
+# tokens over other sequence counts (less attention), may cost less than its neighbours, by far less
 # than half on the tables (_check_least stops a run where one does, rather than let it
 # plan past an arrival).
 LEAST_PREFILL_SHARE = 0.5

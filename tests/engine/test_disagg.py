@@ -339,6 +339,11 @@ def test_a_turn_leaves_at_least_its_new_message_uncached():
     assert disagg._least_uncached(trace) == 1024
     no_system = sessions.sessions(replace(spec, system_tokens=0), 0)
     assert disagg._least_uncached(no_system) == 1024
+    # a chunk of the same id and another length shares the shorter one's tokens (the cache
+    # hashes a chunk's tokens by offset): 200 of request 1's prompt may be cached, 100 not
+    parted = traces.Trace(np.zeros(2), np.array([300, 300]), np.array([1, 1]),
+                          content=(((7, 300),), ((7, 200), (8, 100))))
+    assert disagg._least_uncached(parted) == 100
 
     def run():
         d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp2:2", "p"),
