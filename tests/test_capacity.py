@@ -974,3 +974,25 @@ def test_a_run_stops_only_on_the_bound_it_is_judged_on_and_a_row_runs_to_its_end
     assert stopped.answers(cap.SLO(20.0, None)) and stopped.answers(cap.SLO(29.9, 25.0))
     assert not stopped.answers(cap.SLO(40.0, None)) and not stopped.answers(cap.SLO(None, 25))
     assert cap.Result(one, {}, 30.0, 0.0, 0.5, []).answers(cap.SLO(40.0, None))
+
+def test_a_pairs_row_served_with_twice_the_requests_goes_on_from_its_own_run(monkeypatch):
+    """engine/checkpoint.py: settle serves the row again with twice its requests from where
+    the row's own run kept its state (the requests up to the first past its count), not from
+    the start: the same rows, in fewer runs' worth of windows."""
+    from rdu_cluster.engine.disagg import Disaggregated
+
+    args = ["capacity", "--model", "llama-3.1-8b", "--pair", "dgx-h100:sn40l-8",
+            "--max-nodes", "1", "--shortlist", "1", "--slo", "ttft:2000", "--slo", "tpot:20",
+            "--concurrency", "8", "--prompt-len", "256", "--output-len", "16", "--json"]
+    went_on: list[int] = []
+    real = Disaggregated.continued
+    monkeypatch.setattr(Disaggregated, "continued",
+                        lambda self, t: went_on.append(len(t)) or real(self, t))
+    kept = run(*args)
+    assert kept.exit_code == 0, kept.output
+    row = next(r for r in map(json.loads, kept.stdout.splitlines()) if r["disaggregated"])
+    assert went_on and row["steady"]["requests"] in went_on
+    monkeypatch.setattr(cap, "KEPT_RUNS", 0)
+    went_on.clear()
+    fresh = run(*args)
+    assert not went_on and fresh.stdout == kept.stdout

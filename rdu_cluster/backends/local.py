@@ -15,6 +15,7 @@ named in a command that another holder of its memory is not gets a copy of its o
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -71,6 +72,20 @@ class LocalBackend:
         self.memo: dict[tuple, CostTables] = {}  # (chip, program key) -> tables, shared
         # id(memory) -> (the memory, the sockets holding it)
         self.holders: dict[int, tuple[MemoryTiers, list[int]]] = {}
+
+    def __deepcopy__(self, memo: dict) -> LocalBackend:
+        """A copy whose sockets' memories are copies too (engine/checkpoint.py), `holders`
+        keyed by the copies (the cost tables are shared where `memo` holds them)."""
+        out = LocalBackend.__new__(LocalBackend)
+        memo[id(self)] = out
+        held = self.holders
+        out.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items()
+                             if k != "holders"})
+        out.holders = {}
+        for mem, sockets in held.values():
+            new = copy.deepcopy(mem, memo)
+            out.holders[id(new)] = (new, list(sockets))
+        return out
 
     def start(self, setups: dict[int, SocketSetup]) -> None:
         for index, setup in setups.items():

@@ -53,6 +53,7 @@ from partitioning.plan import Plan as PartitionPlan
 from rdu_cluster.config import MAX_SOCKETS, FabricSpec, load_cluster
 from rdu_cluster.engine import (
     bench,
+    checkpoint,
     decided,
     energy,
     lookahead,
@@ -62,6 +63,7 @@ from rdu_cluster.engine import (
     summary,
 )
 from rdu_cluster.engine import plan as plans
+from rdu_cluster.engine.checkpoint import Checkpoint
 from rdu_cluster.engine.dispatch import OWN_COMPLETION, Dispatcher
 from rdu_cluster.engine.events import Arrival
 from rdu_cluster.engine.replica import Replica, Window
@@ -158,6 +160,7 @@ class Disaggregated:
     progress: Callable[[int, int], None] | None = None
     summary_only: bool = False  # Simulation.summary_only, in both pools
     watch: decided.Watch | None = None  # stop once the verdict is certain (engine/decided.py)
+    keep: bool = False  # keep a checkpoint to serve more requests from (continued)
 
     def __post_init__(self) -> None:
         if self.config.faults or self.config.coe is not None or self.config.speculation:
@@ -170,11 +173,14 @@ class Disaggregated:
         self.clusters = (self.prefill.spec(self.model, self.fabric),
                          self.decode.spec(self.model, self.fabric))
         self.kv_per_token = float(graph.kv_cache_bytes(self.model, 1, 1))
+        self.checkpoint: Checkpoint | None = None
+        self._resume: tuple[list, int] | None = None  # a kept run's event queue and count
 
     def run(self) -> Tables:
         """Both pools in one event loop (loop.run_coupled): the prefill pool sends each
         request on as its prefill ends (Handover), the decode pool's completions send a closed
-        loop's next request to the prefill pool."""
+        loop's next request to the prefill pool. With `keep`, a closed loop of clients keeps
+        the checkpoint (`checkpoint`) from which `continued` serves more requests."""
         t, c = self.trace, self.config
         pre = Simulation(self.model, self.clusters[0], replace(
             t, output_len=np.ones(len(t), dtype=np.int64)), replace(c, plan=self.prefill.plan),
@@ -192,30 +198,107 @@ class Disaggregated:
             pre.dispatch.watch, hand.shift, hand.watch = self.watch, {}, self.watch
             self.watch.waits = True  # told of each first token: TTFTs certain as they wait
             dec.finished.watch = decided.completions(self.watch, hand.shift)
-        self.sims = (pre, dec)
+        self.sims, self.hand = (pre, dec), hand
         started = time.perf_counter()
         try:
             for sim in self.sims:
                 sim.start()
             dec.lookahead = False  # its arrivals are known only as prefills end
             hand.start()
+        except BaseException:
+            self._close()
+            raise
+        return self._loop([(0, e) for e in pre.initial_events()], None, started)
+
+    def kept(self) -> Disaggregated | None:
+        """The run as its checkpoint kept it (with `keep`, a closed loop of clients: None
+        where none was taken, engine/checkpoint.py), to go on with more requests
+        (`continued`)."""
+        cp = self.checkpoint
+        if cp is None or cp.state is None:
+            return None
+        paused, heap, order = cp.state
+        paused._resume = (heap, order)
+        return paused
+
+    def continues(self, trace: Trace) -> bool:
+        """Whether `continued` serves `trace` from this kept run: `trace` its requests and
+        more, none shorter or longer than they are (what the frontier and the hand-over
+        assume: _least_prefill, Handover.least_move)."""
+        t, n = self.trace, len(self.trace)
+        return (self._resume is not None and len(trace) > n and trace.after is None
+                and trace.content is None and trace.model is None and t.model is None
+                and all(np.array_equal(getattr(trace, k)[:n], getattr(t, k))
+                        for k in ("arrival_s", "prompt_len", "output_len"))
+                and all(f(getattr(trace, k)) == f(getattr(t, k)) for f in (np.min, np.max)
+                        for k in ("prompt_len", "output_len")))
+
+    def continued(self, trace: Trace) -> Tables:
+        """The run of `trace` (continues) from this kept run: the tables a run of it from the
+        start gives (engine/checkpoint.py), without a watch; it keeps a checkpoint of its own
+        where this one did (kept). Once: the run goes on from here."""
+        if not self.continues(trace):
+            raise ValueError("continued: this run does not continue to that trace")
+        resume, self._resume = self._resume, None
+        self._extend(trace)
+        return self._loop([], resume, time.perf_counter())
+
+    def _extend(self, t: Trace) -> None:
+        """This (copied) run's trace continued to `t`: the per-request arrays and the closed
+        loop's requests to send; no watch (a longer run is served to its end)."""
+        pre, dec = self.sims
+        hand, n = self.hand, len(t)
+        self.trace, self.watch = t, None
+        pre.trace = pre.build.trace = replace(t, output_len=np.ones(n, dtype=np.int64))
+        dec.trace = dec.build.trace = Trace(np.zeros(n), t.prompt_len, t.output_len,
+                                            source=t.source)
+        sent = np.maximum(t.prompt_len - 1, 0)
+        dec.received, hand.bytes_of = sent, sent * self.kv_per_token
+        grown = np.zeros(n - len(hand.move))
+        hand.move, hand.nbytes = (np.concatenate([a, grown]) for a in (hand.move, hand.nbytes))
+        experts, ready = dec._routing()
+        hand.make = functools.partial(dec._request, experts=experts, ready=ready)
+        experts, ready = pre._routing()
+        pre.dispatch.extend(functools.partial(pre._request, experts=experts, ready=ready), n)
+        pre.dispatch.watch = hand.watch = hand.shift = dec.finished.watch = None
+
+    def _loop(self, events: list, resume: tuple | None, started: float) -> Tables:
+        """Run the loop (from `resume`: an event queue and its count) and build the tables."""
+        pre, dec = self.sims
+        t, c = self.trace, self.config
+        cp = None
+        if (self.keep and c.concurrency is not None and t.after is None
+                and all(getattr(s.backend, "name", "") == "local" for s in self.sims)):
+            cp = pre.dispatch.checkpoint = Checkpoint(len(t) - c.concurrency)
+        try:
             ran = time.perf_counter()
-            end = loop.run_coupled(self.sims, [(0, e) for e in pre.initial_events()],
-                                   hand.take)
+            end = loop.run_coupled(self.sims, events, self.hand.take, cp, self,
+                                   self._shared, resume)
+            self.checkpoint = cp
             for sim in self.sims:
                 sim.backend.sync()
             built = time.perf_counter()
             p_tables, d_tables = pre.tables(end), dec.tables(end)
-            out = self._combine(p_tables, d_tables, np.arange(len(t)), hand.move, hand.nbytes)
+            out = self._combine(p_tables, d_tables, np.arange(len(t)), self.hand.move,
+                                self.hand.nbytes)
             done = time.perf_counter()
         finally:
             closing = time.perf_counter()
-            for sim in self.sims:
-                sim.finished.drop()
-                sim.backend.close()
+            self._close()
         self.wall = {"start_s": ran - started, "run_s": built - ran, "tables_s": done - built,
                      "close_s": time.perf_counter() - closing}
         return out
+
+    def _close(self) -> None:
+        for sim in self.sims:
+            sim.finished.drop()
+            sim.backend.close()
+
+    def _shared(self) -> list:
+        """What a checkpoint's copy shares with the run: the cost tables, the model and the
+        trace (none of which a run changes)."""
+        return [*checkpoint.shared_tables([s.backend for s in self.sims]), self.model,
+                self.trace, *self.clusters, self.config, self.fabric]
 
     def _flows(self, pre: Simulation, dec: Simulation) -> tuple[int, int, float, float]:
         """(senders, receivers, latency, slowest flow's rate) of a replica-to-replica

@@ -48,6 +48,7 @@ from rdu_cluster.engine.requests import DONE, Request
 from workloads.errors import ConfigError
 
 if TYPE_CHECKING:
+    from rdu_cluster.engine.checkpoint import Checkpoint
     from rdu_cluster.engine.decided import Watch
 
 # Closed loop: a replica's own completion may send a request to it. Spans end at completions,
@@ -113,6 +114,7 @@ class Dispatcher:
         self.made: dict[int, Request] = {}  # id -> made for an Arrival event not handled yet
         self.taken: set[int] = set()  # ids taken before their Arrival was handled (`take`)
         self.watch: Watch | None = None  # told of every send (engine/decided.py)
+        self.checkpoint: Checkpoint | None = None  # made due by a send (engine/checkpoint.py)
 
     # -- sending --------------------------------------------------------------------------
     def initial(self, make: Callable[[int], Request], n: int, replicas: list[Replica],
@@ -311,6 +313,36 @@ class Dispatcher:
         clients', or any, with a stateful policy)."""
         return (self.unsent if self.coupled else self.unsent_to.get(rep.index, 0)) > 0
 
+    def plans_hold(self) -> bool:
+        """Whether every replica holding a client still has a request of it to send: then
+        it plans as it would with more requests to come (engine/checkpoint.py)."""
+        if self.route is None or self.concurrency is None:
+            return False
+        clients = np.unique(self.route[: self.concurrency]).tolist()
+        return all(self.unsent_to.get(rep, 0) > 0 for rep in clients)
+
+    def extend(self, make: Callable[[int], Request], n: int) -> None:
+        """A closed loop of `--concurrency` clients continued to `n` requests, none of the new
+        ones sent yet: each follows its client's request before it, to that one's replica
+        (engine/checkpoint.py)."""
+        old = len(self.route) if self.route is not None else 0
+        if self.route is None or self.sessions or n < old:
+            raise ValueError("only a stateless closed loop of clients continues")
+        follows = self._follows(n, None)
+        route = np.empty(n, dtype=np.int64)
+        route[:old] = self.route
+        for lo in range(old, n, self.concurrency or 1):  # each block follows the one before
+            hi = min(n, lo + (self.concurrency or 1))
+            route[lo:hi] = route[follows[lo:hi]]
+        self.route = route
+        for k, v in zip(*np.unique(route[old:], return_counts=True)):
+            self.unsent_to[int(k)] = self.unsent_to.get(int(k), 0) + int(v)
+        self.unsent += n - old
+        sent_later = follows >= 0
+        self.chain = np.flatnonzero(sent_later)[np.argsort(follows[sent_later], kind="stable")]
+        self.chain_key = follows[self.chain]
+        self.make = make
+
     # -- completions ----------------------------------------------------------------------
     def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
                      blocks: np.ndarray) -> list:
@@ -348,6 +380,9 @@ class Dispatcher:
         out = []
         lo, hi = np.searchsorted(self.chain_key, [r.id, r.id + 1])
         for i in self.chain[lo:hi].tolist():
+            cp = self.checkpoint
+            if cp is not None and i >= cp.at and not cp.taken:
+                cp.due, cp.holds = True, self.plans_hold
             nxt = self.make(i)
             self.unsent -= 1
             self.unsent_to[self._replica_of(i)] -= 1

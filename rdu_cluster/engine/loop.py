@@ -9,6 +9,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from rdu_cluster.engine import allocator
+from rdu_cluster.engine.checkpoint import Checkpoint
 from rdu_cluster.engine.events import Event
 
 # The loop makes and drops many small objects (spans, plans, lists) and next to no reference
@@ -77,16 +78,22 @@ def run(sim, events: Iterable[Event]) -> float:
 
 
 def run_coupled(sims: Sequence, events: Iterable[tuple[int, Event]],
-                handed: Callable[[], list[tuple[int, Event]]]) -> float:
+                handed: Callable[[], list[tuple[int, Event]]],
+                checkpoint: Checkpoint | None = None, owner: object = None,
+                shared: Callable[[], list] = list, resume: tuple[list, int] | None = None
+                ) -> float:
     """Simulations that feed each other (engine/disagg.py: a prefill pool and a decode pool)
     run in one time order: an event is (index of its simulation, event); after each one,
     `handed()` gives the events its handler made for another simulation. Ties break as in
-    `run`, then by insertion order across the simulations."""
-    heap: list = []
-    order = itertools.count()
+    `run`, then by insertion order across the simulations. With a `checkpoint`, the state
+    (`owner`, the event queue and its count: what `resume` takes to go on) is copied at the
+    end of the event that makes it due (engine/checkpoint.py; `shared()`: what is not)."""
+    heap, order = resume if resume is not None else ([], 0)
 
     def push(i: int, e: Event) -> None:
-        heapq.heappush(heap, (e.time, e.priority, next(order), i, e))
+        nonlocal order
+        heapq.heappush(heap, (e.time, e.priority, order, i, e))
+        order += 1
 
     for i, e in events:
         push(i, e)
@@ -101,4 +108,6 @@ def run_coupled(sims: Sequence, events: Iterable[tuple[int, Event]],
                 push(i, e)
             for j, e in handed():
                 push(j, e)
+            if checkpoint is not None and checkpoint.due:
+                checkpoint.take((owner, heap, order), shared())
     return now

@@ -15,6 +15,7 @@ spill that never spilled.
 from __future__ import annotations
 
 import math
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 
@@ -49,6 +50,18 @@ class Spill:
 
     def __len__(self) -> int:
         return self.on_disk + self.n
+
+    def __deepcopy__(self, memo: dict) -> Spill:
+        """A copy with a file of its own (engine/checkpoint.py: a run kept to go on): the same
+        values in the same chunks, so its statistics are the original's."""
+        out = Spill(self.limit, self.tmpdir)
+        out.buf, out.n, out.on_disk, out.closed = self.buf.copy(), self.n, self.on_disk, self.closed
+        if self.file is not None:
+            out.file = tempfile.TemporaryFile(dir=self.tmpdir)  # noqa: SIM115
+            self.file.seek(0)
+            shutil.copyfileobj(self.file, out.file)
+        memo[id(self)] = out
+        return out
 
     def extend(self, values: np.ndarray) -> None:
         values = np.asarray(values, dtype=float)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -667,6 +668,15 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
     deciding the verdict (the search going on with all of them if one misses), and the spread
     reported. With the `slo`, the row's interval (_with_ends), its ends searched on the same
     runs."""
+    _kept.clear()  # another candidate's runs: their cost tables would outlive the process's cache
+    try:
+        return _settle(dep, serve, traffic, max_nodes, slo)
+    finally:
+        _kept.clear()
+
+
+def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], Result],
+            traffic: Traffic, max_nodes: int, slo: SLO | None = None) -> Result:
     runs: dict[tuple, Result] = {}
     bounds = None if slo is None else loosest(dep, slo)
 
@@ -902,9 +912,12 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
     args = serve_args(dep, *ref, traffic, slo, rate, fabric, trace)
     try:
         if dep.disaggregated:  # the summary is what is read (Simulation.summary_only)
-            pre, dec = dep.pools
-            s = Disaggregated(model, pre, dec, fabric, trace, config, backend,
-                              summary_only=True, watch=watch).run().summary
+            s = _pair_served(
+                (dep, model.name, ref, replace(traffic, requests=None)), trace, watch is None,
+                lambda keep: Disaggregated(model, dep.pools[0], dep.pools[1], fabric, trace,
+                                           config, backend, summary_only=True, watch=watch,
+                                           keep=keep),
+                traffic.steadies and traffic.concurrency is not None)
         else:
             s = _served(dep.pools[0], model, fabric, trace, config, backend,
                         traffic.ramp_of(dep), watch)
@@ -923,6 +936,36 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
     # served: the percentiles of the rest do not show it, so the deployment misses outright
     miss = math.inf if s["unserved"] else slo.misses(ttft, tpot)
     return Result(dep, s, ttft, tpot, miss, args, slo=slo)
+
+
+# A pair's closed-loop runs kept at their checkpoints (engine/checkpoint.py), the latest few of
+# the candidate settled now (a kept run holds its cost tables, past the process's cache of
+# them: backends/local.py): settle serves a row again with twice its requests, and that run
+# goes on from the row's own run's checkpoint instead of from the start (question 2 of
+# bench_capacity.py: its pairs' doublings took ~100 s of its ~320 s of CPU).
+KEPT_RUNS = 4
+_kept: OrderedDict[tuple, Disaggregated] = OrderedDict()
+
+
+def _pair_served(key: tuple, trace: traces.Trace, whole: bool,
+                 run_of: Callable[[bool], Disaggregated], keep: bool) -> dict:
+    """The summary of a pair's run of `trace` (run_of(keep): its run, keeping its checkpoint
+    or not; `key`: what else it serves): a run served to its end (`whole`) of twice the
+    requests of a kept run of the same key goes on from it (Disaggregated.continued, the same
+    tables); with `keep` (a closed loop of clients whose row may double) the run is kept."""
+    n = len(trace)
+    paused = _kept.pop((*key, n // 2), None) if whole and n % 2 == 0 else None
+    if paused is not None and paused.continues(trace):
+        run, s = paused, paused.continued(trace).summary
+    else:
+        run = run_of(keep)
+        s = run.run().summary
+    kept = run.kept()
+    if kept is not None:
+        _kept[(*key, n)] = kept
+        while len(_kept) > KEPT_RUNS:
+            _kept.popitem(last=False)
+    return s
 
 
 def _served(pool: Pool, model: ModelSpec, fabric: FabricSpec, trace: traces.Trace,

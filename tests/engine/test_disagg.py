@@ -386,3 +386,53 @@ def _same_but_windows(x, y) -> None:
             else:
                 assert a[k] == b[k], (name, k)
     assert x.summary["bench"] == y.summary["bench"]
+
+
+def _clients(n: int, keep: bool = False, lengths=(512, 512)) -> disagg.Disaggregated:
+    """A closed loop of 24 clients over a pair, ramped over 2 s: n requests."""
+    prompt = np.full(n, lengths[0], dtype=np.int64)
+    prompt[-1] = lengths[1]
+    t = traces.Trace(np.zeros(n), prompt, np.full(n, 48, dtype=np.int64))
+    return disagg.Disaggregated(
+        load_model(MODEL), disagg.Pool.parse("dgx-h100:tp8:1", "p"),
+        disagg.Pool.parse("sn40l-16:tp8:2", "d"), load_fabric("ib-ndr"),
+        traces.ramped(t, 2.0, 24), ServeConfig(concurrency=24), LocalBackend, keep=keep)
+
+
+def test_a_kept_run_goes_on_to_more_requests_as_their_run_from_the_start_does():
+    """engine/checkpoint.py: a closed loop of 96 requests keeps its state at the end of the
+    event that sends request 72 (96 less its 24 clients), where it is the run of 192's too;
+    going on from there with 192 requests gives the tables of 192 from the start, bit for
+    bit, and again from its own checkpoint to 384."""
+    first = _clients(96, keep=True)
+    first.run()
+    kept = first.kept()
+    assert kept is not None and first.checkpoint.at == 72
+    for n in (192, 384):
+        longer = _clients(n).trace
+        assert kept.continues(longer)
+        got, fresh = kept.continued(longer), _clients(n).run()
+        for name in ("requests", "steps", "sockets", "links"):
+            assert getattr(got, name).equals(getattr(fresh, name)), (n, name)
+        assert got.summary == fresh.summary
+        assert not kept.continues(_clients(2 * n).trace)  # once: it went on
+        kept = kept.kept()
+    plain = _clients(96)
+    plain.run()
+    assert plain.kept() is None  # not kept unless asked
+
+
+def test_a_kept_run_goes_on_only_to_its_own_requests_and_more():
+    """What the frontier assumes of the trace (its shortest prompt, its largest KV) must hold
+    for the longer one, whose first rows are this run's: else it is served from the start."""
+    first = _clients(96, keep=True)
+    first.run()
+    kept = first.kept()
+    assert kept.continues(_clients(192).trace)
+    assert not kept.continues(_clients(96).trace)  # no more requests
+    assert not kept.continues(_clients(192, lengths=(512, 256)).trace)  # a shorter prompt
+    other = _clients(192).trace
+    other.prompt_len[0] = 511  # not its first rows
+    assert not kept.continues(other)
+    with pytest.raises(ValueError, match="does not continue"):
+        kept.continued(other)

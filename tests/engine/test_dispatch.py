@@ -17,6 +17,22 @@ PLAN = {"plan": "tp4"}  # sn40l-16: 4 replicas
 # Every routing policy's windows against a step-by-step loop: tests/engine/test_policies.py.
 
 
+def test_a_closed_loop_plans_as_a_longer_one_while_each_clients_replica_has_more_to_send():
+    """engine/checkpoint.py: a run is kept for a longer one only while every replica that
+    holds a client still has one of its requests to send (its plans then assume more to
+    come, as the longer run's do); continued, the new requests follow their clients."""
+    d = Dispatcher(concurrency=3)
+    d.route = np.array([0, 1, 0, 0, 1, 0])
+    d.unsent_to, d.unsent = {0: 2, 1: 1}, 3
+    assert d.plans_hold()
+    d.unsent_to[1] = 0
+    assert not d.plans_hold()
+    d.extend(lambda i: None, 10)
+    assert d.route.tolist() == [0, 1, 0] * 3 + [0] and d.unsent == 7
+    assert d.unsent_to == {0: 5, 1: 1}
+    assert d.chain.tolist() == list(range(3, 10)) and d.chain_key.tolist() == list(range(7))
+
+
 def test_least_outstanding_spreads_a_burst_that_round_robin_piles_up(serve):
     """Long requests at ids 0, 4, 8... pile onto replica 0 under round-robin; the
     load-aware policy sends the next request elsewhere."""

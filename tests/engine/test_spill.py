@@ -3,6 +3,7 @@ same values in memory (order statistics bit for bit, moments to ~1e-12), whateve
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -88,6 +89,18 @@ def test_bucket_counts_are_one_bincount():
     s = _spilled(values, 17)
     want = np.bincount(np.floor(values - 2.5).astype(np.int64), minlength=10)
     assert np.array_equal(spill.bucket_counts(s, 2.5, 10), want)
+
+
+def test_a_copy_holds_the_same_chunks_in_a_file_of_its_own():
+    """engine/checkpoint.py copies a run: its spills, the file included, go on apart."""
+    s = _spilled(np.arange(11.0), limit=4, pieces=3)
+    c = copy.deepcopy(s)
+    assert c.file is not s.file and len(c) == len(s) == 11
+    s.extend(np.array([100.0]))
+    c.extend(np.array([-1.0]))
+    got = [np.concatenate(list(x.chunks())) for x in (s, c)]
+    assert got[0].tolist() == [*range(11), 100.0] and got[1].tolist() == [*range(11), -1.0]
+    assert [len(x) for x in s.chunks()] == [len(x) for x in c.chunks()]
 
 
 def test_the_spill_file_has_no_name_and_goes_with_close(tmp_path):
