@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -65,7 +66,7 @@ from rdu_cluster.engine import (
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.checkpoint import Checkpoint
 from rdu_cluster.engine.dispatch import OWN_COMPLETION, Dispatcher
-from rdu_cluster.engine.events import Arrival
+from rdu_cluster.engine.events import Arrival, Event
 from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.replica_routing import ReplicaView
 from rdu_cluster.engine.requests import DONE, UNSERVED, Request
@@ -442,6 +443,9 @@ class Handover:
         self.nbytes = np.zeros(len(nbytes))
         self.ports = Ports()
         self.out: list[tuple[int, object]] = []
+        # prefills through, not dealt yet: (end, id, prefill replica, its decode request, when
+        # it was sent)
+        self.due: list[tuple[float, int, int | None, Request, float]] = []
         self.shift: dict[int, float] | None = None  # watched: id -> seconds from send to here
         self.watch: decided.Watch | None = None  # watched: told of each first token
         self.think_min: float | None = None  # _lag: the least think time of a follow-up
@@ -464,25 +468,42 @@ class Handover:
         self.least_prefill = _least_prefill(self.pre)
 
     def take(self) -> list[tuple[int, object]]:
+        """What the last event sent to the other pool, and the prefills through that are
+        certain to come next in the order of ends (deal): none unknown ends before them."""
         out, self.out = self.out, []
+        if self.due and self.due[0][0] < self._first_unknown_end():
+            out += [(self.DECODE, e) for e in self.deal(self._first_unknown_end(), False)]
         return out
 
     def prefilled(self, r: Request, t: float, replica: int | None) -> None:
-        """r is through the prefill pool at t (on `replica`; None: refused there)."""
+        """r is through the prefill pool at t (on `replica`; None: refused there). Known as
+        its prefill window starts, it is dealt at t (deal)."""
         d = self.make(r.id)
         if r.state != DONE:  # refused on arrival at the decode pool too, with its reason
             d.reason = r.reason or "refused by the prefill pool"
             self.out.append((self.DECODE, self.dec.dispatch.handoff(d, t, 0)))
             return
-        to = self.dec.dispatch.policy.choose(d, self.blank)
-        nbytes = float(self.bytes_of[r.id])
-        hold = nbytes / (self.senders * self.receivers) / self.rate
-        begin = self.ports.book((("prefill", replica), ("decode", to)), t, hold, self.pre.now)
-        arrive = begin + self.latency + hold
-        self.move[r.id], self.nbytes[r.id] = arrive - t, nbytes
-        if self.shift is not None:
-            self.shift[r.id] = arrive - r.arrival_s
-        self.out.append((self.DECODE, self.dec.dispatch.handoff(d, arrive, to)))
+        heapq.heappush(self.due, (t, r.id, replica, d, r.arrival_s))
+        self.out.append((self.DECODE, Dealt(t)))
+
+    def deal(self, until: float, inclusive: bool = True) -> list[Arrival]:
+        """The hand-overs whose prefill ended by `until` (before it, not `inclusive`), in the
+        order of those ends (then of ids), whatever order their prefill windows started in:
+        each to the decode replica dealt round-robin, its KV over the ports from its
+        prefill's end."""
+        out = []
+        while self.due and (self.due[0][0] <= until if inclusive else self.due[0][0] < until):
+            t, rid, replica, d, sent = heapq.heappop(self.due)
+            to = self.dec.dispatch.policy.choose(d, self.blank)
+            nbytes = float(self.bytes_of[rid])
+            hold = nbytes / (self.senders * self.receivers) / self.rate
+            begin = self.ports.book((("prefill", replica), ("decode", to)), t, hold, t)
+            arrive = begin + self.latency + hold
+            self.move[rid], self.nbytes[rid] = arrive - t, nbytes
+            if self.shift is not None:
+                self.shift[rid] = arrive - sent
+            out.append(self.dec.dispatch.handoff(d, arrive, to))
+        return out
 
     def decoded(self, r: Request, t: float) -> None:
         """r is through the decode pool at t (done or refused): its closed loop goes on."""
@@ -511,9 +532,16 @@ class Handover:
         handed = decode and rep.index != self.direct
         # and no earlier than a prefill step after a prefill replica's next window starts
         move = self.least_prefill + self.least_move if handed else 0.0
+        # a prefill through but not dealt yet (deal) reaches a decode replica a hand-over's
+        # least time after its end, at the earliest
+        dealt = self.due[0][0] + self.least_move if self.due else math.inf
+        if decode:
+            h = dealt
         for sim, later in ((self.pre, move), (self.dec, self._lag() + move)):
             t = (self._prefills_due() if sim is self.pre and handed
                  else min(p.peek() for p in sim.dispatch.pending.values()))
+            if sim is self.dec:
+                t = min(t, dealt)
             for q in sim.replicas:
                 if q is rep:
                     continue
@@ -523,6 +551,25 @@ class Handover:
                     t = min(t, sim.now)
             h = min(h, t + later)
         return h
+
+    def _first_unknown_end(self) -> float:
+        """The earliest a prefill not known yet could end: a prefill step (least_prefill)
+        after a prefill replica's next window starts (its current one's end, now where it is
+        idle with work, a request's arrival), that request sent by the prefill pool's closed
+        loop, or the decode pool's: a decode replica's next completion (its window's end)
+        the least think time (_lag) before."""
+        t = math.inf
+        for sim, later in ((self.pre, 0.0), (self.dec, self._lag())):
+            u = min(p.peek() for p in sim.dispatch.pending.values())
+            if sim is self.dec and self.due:  # those not dealt decode after their hand-over
+                u = min(u, self.due[0][0] + self.least_move)
+            for q in sim.replicas:
+                if q.busy:
+                    u = min(u, q.window_end)
+                elif q.running or q.waiting or q.swapped:
+                    u = min(u, sim.now)
+            t = min(t, u + later)
+        return t + self.least_prefill
 
     def _prefills_due(self) -> float:
         """The earliest a request on its way to the prefill pool could be handed on to a
@@ -553,8 +600,21 @@ class Handover:
     def prefill_active(self) -> bool:
         """Whether the prefill pool may still hand a request on."""
         d = self.pre.dispatch
-        return bool(d.unsent) or any(d.pending.values()) or any(
+        return bool(d.unsent or self.due) or any(d.pending.values()) or any(
             q.busy or q.running or q.waiting or q.swapped for q in self.pre.replicas)
+
+
+@dataclass(frozen=True)
+class Dealt(Event):
+    """The prefills through by now are dealt to the decode pool (Handover.deal): an event of
+    the decode pool's, before its windows at the same time start."""
+
+    priority = 0
+
+    def handle(self, sim: Simulation) -> list[Event]:
+        side = sim.dispatch
+        assert isinstance(side, _DecodeSide)
+        return list(side.hand.deal(self.time))
 
 
 class _PrefillSide(Dispatcher):
@@ -654,27 +714,32 @@ def _least_prefill(sim: Simulation) -> float:
     prompts (with a prefix cache over the trace's content, of the fewest tokens a request
     could leave uncached: _least_uncached), or of more tokens within the token budget (k = 1,
     2, 4 ... up to the budget's count of them or --max-batch: a grid of a few evaluations
-    however short the prompts). 0 with chunked prefill (a step may complete a prompt's
-    last few tokens) or where a replica runs several stages (its step is not one table's)."""
+    however short the prompts). A replica of several pipeline stages runs them one after
+    another in a step (engine/step_times.py): the sum of each stage's least. 0 with chunked
+    prefill (a step may complete a prompt's last few tokens), or where a stage's sockets do
+    not share one program's tables."""
     t, lim = sim.trace, sim.config.limits
-    if not len(t) or lim.chunked_prefill or len(sim.layouts[0].stages) != 1:
+    if not len(t) or lim.chunked_prefill:
         return 0.0
     cached = t.content is not None and any(q.prefix is not None for q in sim.replicas)
     shortest = _least_uncached(t) if cached else int(t.prompt_len.min())
     if shortest < 1:
-        return 0.0
-    sockets = sim.replicas[0].sockets
-    tables = (sim.predictor or lookahead.Predictor(
-        {k: sim.setups[k] for k in sockets}, getattr(sim.backend, "memo", None))).shared(sockets)
-    if tables is None:
         return 0.0
     budget = max(lim.token_budget, shortest)
     most = max(min(budget // shortest, lim.max_batch), 1)  # sequences a step may hold
     counts = sorted({*(2 ** e for e in range(most.bit_length())), most})  # 1, 2, 4 ... most
     shapes = [(k, int(n), 0) for k in counts
               for n in np.unique(np.linspace(k * shortest, budget, 8).astype(int))]
-    tables.fill_prefill(shapes)
-    least = min(tables.step_times(PREFILL, 0, 0, 1, shape)[0] for shape in shapes)
+    stages = sim.layouts[0].stages
+    predictor = sim.predictor or lookahead.Predictor(
+        {k: sim.setups[k] for stage in stages for k in stage}, getattr(sim.backend, "memo", None))
+    least = 0.0
+    for stage in stages:
+        tables = predictor.shared(stage)
+        if tables is None:
+            return 0.0
+        tables.fill_prefill(shapes)
+        least += min(tables.step_times(PREFILL, 0, 0, 1, shape)[0] for shape in shapes)
     return LEAST_PREFILL_SHARE * least
 
 
