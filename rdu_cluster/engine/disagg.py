@@ -446,6 +446,9 @@ class Handover:
         # prefills through, not dealt yet: (end, id, prefill replica, its decode request, when
         # it was sent)
         self.due: list[tuple[float, int, int | None, Request, float]] = []
+        self.alarm = math.inf  # the time of the Dealt event that deals the first of them
+        self.known: tuple = (None, -math.inf)  # _known_until's key and value
+        self.last_dealt = (-math.inf, -1)  # the (end, id) dealt last
         self.shift: dict[int, float] | None = None  # watched: id -> seconds from send to here
         self.watch: decided.Watch | None = None  # watched: told of each first token
         self.think_min: float | None = None  # _lag: the least think time of a follow-up
@@ -469,10 +472,14 @@ class Handover:
 
     def take(self) -> list[tuple[int, object]]:
         """What the last event sent to the other pool, and the prefills through that are
-        certain to come next in the order of ends (deal): none unknown ends before them."""
+        certain to come next in the order of ends (deal): none unknown ends before them. The
+        rest are dealt at their ends at the latest (a Dealt event at the first one's)."""
         out, self.out = self.out, []
-        if self.due and self.due[0][0] < self._first_unknown_end():
-            out += [(self.DECODE, e) for e in self.deal(self._first_unknown_end(), False)]
+        if self.due and self.due[0][0] < self._known_until():
+            out += [(self.DECODE, e) for e in self.deal(self._known_until(), False)]
+        if self.due and self.due[0][0] < self.alarm:
+            self.alarm = self.due[0][0]
+            out.append((self.DECODE, Dealt(self.alarm)))
         return out
 
     def prefilled(self, r: Request, t: float, replica: int | None) -> None:
@@ -483,8 +490,10 @@ class Handover:
             d.reason = r.reason or "refused by the prefill pool"
             self.out.append((self.DECODE, self.dec.dispatch.handoff(d, t, 0)))
             return
+        if (t, r.id) < self.last_dealt:  # dealt out of the order of ends: not canonical
+            raise RuntimeError(f"internal error: a prefill ending at {t!r} s is known after one "
+                               f"ending at {self.last_dealt[0]!r} s was dealt")
         heapq.heappush(self.due, (t, r.id, replica, d, r.arrival_s))
-        self.out.append((self.DECODE, Dealt(t)))
 
     def deal(self, until: float, inclusive: bool = True) -> list[Arrival]:
         """The hand-overs whose prefill ended by `until` (before it, not `inclusive`), in the
@@ -492,8 +501,11 @@ class Handover:
         each to the decode replica dealt round-robin, its KV over the ports from its
         prefill's end."""
         out = []
+        if inclusive and until >= self.alarm:  # the Dealt event set for the first end
+            self.alarm = math.inf
         while self.due and (self.due[0][0] <= until if inclusive else self.due[0][0] < until):
             t, rid, replica, d, sent = heapq.heappop(self.due)
+            self.last_dealt = (t, rid)
             to = self.dec.dispatch.policy.choose(d, self.blank)
             nbytes = float(self.bytes_of[rid])
             hold = nbytes / (self.senders * self.receivers) / self.rate
@@ -552,23 +564,40 @@ class Handover:
             h = min(h, t + later)
         return h
 
+    def _known_until(self) -> float:
+        """_first_unknown_end, worked out once a loop time and set of hand-overs not dealt:
+        the events of one instant only move it later (a window started, a request arrived),
+        so the first value stays a lower bound through them."""
+        key = (self.pre.now, len(self.due), self.due[0][0] if self.due else None)
+        if key != self.known[0]:
+            self.known = (key, self._first_unknown_end())
+        return self.known[1]
+
     def _first_unknown_end(self) -> float:
         """The earliest a prefill not known yet could end: a prefill step (least_prefill)
-        after a prefill replica's next window starts (its current one's end, now where it is
-        idle with work, a request's arrival), that request sent by the prefill pool's closed
-        loop, or the decode pool's: a decode replica's next completion (its window's end)
-        the least think time (_lag) before."""
+        after a prefill replica's next window starts with a request to prefill (its current
+        window's end where it holds one, now where it is idle with one, else that request's
+        arrival). A request not sent yet follows a decode completion not known yet, no
+        earlier than a decode replica's next window (a hand-over not dealt yet decodes after
+        it arrives), by the least think time (_lag)."""
+        dec, pending = self.dec, self.pre.dispatch.pending
+        u = min(p.peek() for p in dec.dispatch.pending.values())
+        if self.due:
+            u = min(u, self.due[0][0] + self.least_move)
+        for q in dec.replicas:
+            if q.busy:
+                u = min(u, q.window_end)
+            elif q.running or q.waiting or q.swapped:
+                u = min(u, dec.now)
+        anywhere = min(u + self._lag(), pending[None].peek())
         t = math.inf
-        for sim, later in ((self.pre, 0.0), (self.dec, self._lag())):
-            u = min(p.peek() for p in sim.dispatch.pending.values())
-            if sim is self.dec and self.due:  # those not dealt decode after their hand-over
-                u = min(u, self.due[0][0] + self.least_move)
-            for q in sim.replicas:
-                if q.busy:
-                    u = min(u, q.window_end)
-                elif q.running or q.waiting or q.swapped:
-                    u = min(u, sim.now)
-            t = min(t, u + later)
+        for q in self.pre.replicas:
+            held = bool(q.running or q.waiting or q.swapped)
+            first = min(anywhere, pending[q.index].peek())  # its next request's arrival
+            if q.busy:
+                t = min(t, q.window_end if held else max(q.window_end, first))
+            else:
+                t = min(t, self.pre.now if held else first)
         return t + self.least_prefill
 
     def _prefills_due(self) -> float:

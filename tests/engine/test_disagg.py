@@ -231,6 +231,14 @@ def test_summary_only_leaves_the_summary_as_it_is():
     assert lean.summary == full.summary
 
 
+def _small_pair(trace, prefill: str = "dgx-h100:tp2:3", config=None) -> disagg.Disaggregated:
+    """Three prefill replicas of `prefill` over two decode replicas of sn40l-16:tp4, 24
+    clients (or `config`)."""
+    return disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse(prefill, "p"),
+                                disagg.Pool.parse("sn40l-16:tp4:2", "d"), load_fabric("ib-ndr"),
+                                trace, config or ServeConfig(concurrency=24), LocalBackend)
+
+
 def test_a_hand_over_reaches_a_decode_replica_no_earlier_than_its_least_transfer():
     """Handover.frontier: what the prefill pool does reaches a decode replica but the first
     (which takes the refusals at once) no earlier than the route's latency and the smallest
@@ -240,10 +248,7 @@ def test_a_hand_over_reaches_a_decode_replica_no_earlier_than_its_least_transfer
                              traces.LengthDist("fixed", 48), seed=5)
 
     def run():
-        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp2:3", "p"),
-                                 disagg.Pool.parse("sn40l-16:tp4:2", "d"),
-                                 load_fabric("ib-ndr"), trace, ServeConfig(concurrency=24),
-                                 LocalBackend)
+        d = _small_pair(trace)
         return d.run(), d.sims[1].windows, d.sims[1].dispatch.hand.least_move
 
     led, few, move = run()
@@ -297,15 +302,12 @@ def test_hand_overs_are_dealt_in_the_order_their_prefills_end_however_windows_fa
     of ids, once no prefill unknown yet can end before it. Dealt in the order the prefill
     windows started, a two-stage prefill pool's windows, which the decode pool's frontier
     moves, dealt request 24 to decode replica 3 in one run and 4 in another: the tables
-    differed (a TPOT by 0.03%)."""
+    differed (a TPOT by 0.03%). A prefill known after a later one was dealt stops the run."""
     trace = traces.synthetic(60, float("inf"), "poisson", traces.LengthDist("fixed", 2048),
                              traces.LengthDist("fixed", 48), seed=5)
 
     def run():
-        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp2pp2:3", "p"),
-                                 disagg.Pool.parse("sn40l-16:tp4:2", "d"),
-                                 load_fabric("ib-ndr"), trace, ServeConfig(concurrency=24),
-                                 LocalBackend)
+        d = _small_pair(trace, "dgx-h100:tp2pp2:3")
         return d.run(), d.sims[1].windows
 
     with pytest.MonkeyPatch.context() as m:
@@ -315,6 +317,10 @@ def test_hand_overs_are_dealt_in_the_order_their_prefills_end_however_windows_fa
         plain, many = run()
     assert few < many
     _same_but_windows(led, plain)
+    with pytest.MonkeyPatch.context() as m:  # each dealt as its window starts, as before
+        m.setattr(disagg.Handover, "_first_unknown_end", lambda self: float("inf"))
+        with pytest.raises(RuntimeError, match="known after one"):
+            run()
 
 
 @pytest.mark.parametrize("prefill", ["dgx-h100:tp2:3", "dgx-h100:tp2pp2:3"])
@@ -330,10 +336,7 @@ def test_a_decode_replica_waits_a_prefill_step_after_a_prefill_replicas_window_e
                              traces.LengthDist("fixed", 48), seed=5)
 
     def run(t=trace, config=None):
-        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse(prefill, "p"),
-                                 disagg.Pool.parse("sn40l-16:tp4:2", "d"),
-                                 load_fabric("ib-ndr"), t, config or ServeConfig(concurrency=24),
-                                 LocalBackend)
+        d = _small_pair(t, prefill, config)
         return d.run(), d.sims[1].windows, d.sims[0].dispatch.hand.least_prefill
 
     led, few, least = run()
