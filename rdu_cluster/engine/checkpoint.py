@@ -32,10 +32,10 @@ from chip.socket import CostTables
 class Checkpoint:
     """Made due (`due`) by the dispatcher as it sends request `at` or a later one; taken at the
     end of that event (loop.run_coupled), where the replicas' plans then hold for the longer
-    run (`holds()`: the dispatcher's)."""
+    run (`holds()`: Dispatcher.plans_hold)."""
 
     at: int
-    holds: Callable[[], bool] = lambda: True
+    holds: Callable[[], bool]
     due: bool = False
     taken: bool = False
     state: tuple[Any, list, int] | None = field(default=None, repr=False)  # owner, queue, count

@@ -270,7 +270,8 @@ class Disaggregated:
         cp = None
         if (self.keep and c.concurrency is not None and t.after is None
                 and all(getattr(s.backend, "name", "") == "local" for s in self.sims)):
-            cp = pre.dispatch.checkpoint = Checkpoint(len(t) - c.concurrency)
+            cp = pre.dispatch.checkpoint = Checkpoint(len(t) - c.concurrency,
+                                                      pre.dispatch.plans_hold)
         try:
             ran = time.perf_counter()
             end = loop.run_coupled(self.sims, events, self.hand.take, cp, self,

@@ -134,9 +134,7 @@ class Dispatcher:
             for i in range(n):
                 p = follows[i]
                 self.route[i] = self.policy.choose(make(i), blank) if p < 0 else self.route[p]
-        sent_later = follows >= 0
-        self.chain = np.flatnonzero(sent_later)[np.argsort(follows[sent_later], kind="stable")]
-        self.chain_key = follows[self.chain]
+        sent_later = self._set_chain(follows)
         self.unsent = int(sent_later.sum())
         later = self.route[sent_later] if self.route is not None else np.zeros(0, np.int64)
         self.unsent_to = ({int(k): int(v) for k, v in zip(*np.unique(later, return_counts=True))}
@@ -325,23 +323,29 @@ class Dispatcher:
         """A closed loop of `--concurrency` clients continued to `n` requests, none of the new
         ones sent yet: each follows its client's request before it, to that one's replica
         (engine/checkpoint.py)."""
-        old = len(self.route) if self.route is not None else 0
-        if self.route is None or self.sessions or n < old:
+        c = self.concurrency
+        if self.route is None or c is None or n < len(self.route):
             raise ValueError("only a stateless closed loop of clients continues")
+        old = len(self.route)
         follows = self._follows(n, None)
         route = np.empty(n, dtype=np.int64)
         route[:old] = self.route
-        for lo in range(old, n, self.concurrency or 1):  # each block follows the one before
-            hi = min(n, lo + (self.concurrency or 1))
-            route[lo:hi] = route[follows[lo:hi]]
+        for lo in range(old, n, c):  # each block of C follows the one before
+            route[lo : lo + c] = route[follows[lo : lo + c]]
         self.route = route
         for k, v in zip(*np.unique(route[old:], return_counts=True)):
             self.unsent_to[int(k)] = self.unsent_to.get(int(k), 0) + int(v)
         self.unsent += n - old
+        self._set_chain(follows)
+        self.make = make
+
+    def _set_chain(self, follows: np.ndarray) -> np.ndarray:
+        """The requests sent after another, as ids sorted by the one they follow (chain,
+        chain_key: _next); returns which those are."""
         sent_later = follows >= 0
         self.chain = np.flatnonzero(sent_later)[np.argsort(follows[sent_later], kind="stable")]
         self.chain_key = follows[self.chain]
-        self.make = make
+        return sent_later
 
     # -- completions ----------------------------------------------------------------------
     def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
@@ -382,7 +386,7 @@ class Dispatcher:
         for i in self.chain[lo:hi].tolist():
             cp = self.checkpoint
             if cp is not None and i >= cp.at and not cp.taken:
-                cp.due, cp.holds = True, self.plans_hold
+                cp.due = True
             nxt = self.make(i)
             self.unsent -= 1
             self.unsent_to[self._replica_of(i)] -= 1
