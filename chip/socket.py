@@ -452,11 +452,14 @@ class CostTables:
 
     def windows(self, spans: Spans, loads: list[np.ndarray]) -> list[np.ndarray]:
         """`window` of `spans` under each of `loads` (per step, one socket's expert load each):
-        the decode steps of all the loads in one evaluation of the execution model (its points
-        cost what they cost alone, bit for bit: chip/dataflow.py, chip/tile_array.py), the
+        the decode steps of all the loads, of all the window's spans, in one evaluation of the
+        execution model (at most CHUNK points each: its points cost what they cost alone, bit
+        for bit, whatever their batch and context: chip/dataflow.py, chip/tile_array.py), the
         rest as `window` takes them. The sockets of an expert-parallel group differ only in
-        their loads: 32 evaluations a span became one (or a few, CHUNK points each)."""
-        outs: list[list[np.ndarray]] = [[] for _ in loads]
+        their loads: 32 evaluations a span became one, and a draining window's hundred spans
+        one or two (an adp32ep32 pool's last window of 124 one- and two-step spans took 124)."""
+        outs: list[list[np.ndarray]] = [[None] * len(spans.kind) for _ in loads]
+        points: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []  # (socket, span, ...)
         start = 0
         for i in range(len(spans.kind)):
             n = int(spans.steps[i])
@@ -464,22 +467,32 @@ class CostTables:
             start += n
             if int(spans.kind[i]) != DECODE:
                 for out, ld in zip(outs, part):
-                    out.append(self.span(spans, i, n, ld))
+                    out[i] = self.span(spans, i, n, ld)
                 continue
             b, s0 = int(spans.batch[i]), int(spans.ctx_sum[i])
-            drawn = [k for k, ld in enumerate(part) if np.any(ld != 1.0)]
-            for k in set(range(len(loads))) - set(drawn):
-                outs[k].append(self.decode_span(b, s0, n, None))
+            if not any(np.any(ld != 1.0) for ld in part):
+                for out in outs:
+                    out[i] = self.decode_span(b, s0, n, None)
+                continue
+            # a socket at the mean load in every step is costed with the drawn ones (points
+            # of the same evaluation, bit for bit its table's): on its own it was an
+            # evaluation more (past LARGE_BATCH) or a table fill, in 19% of the decode windows
+            # of an adp32ep32 pool at batch ~480 (a group's count is the mean in ~4% of steps)
             ctx = (s0 + b * np.arange(n, dtype=float)) / b
-            # at most a decode table's points an evaluation (the model's intermediate arrays
-            # of 32 sockets x 500 steps grew a capacity worker past 1.8 GB)
-            each = max(1, CHUNK // n)
-            for lo in range(0, len(drawn), each):
-                group = drawn[lo : lo + each]
-                rows = self._decode_rows(b, np.tile(ctx, len(group)), n * len(group),
-                                         np.concatenate([part[k] for k in group]))
-                for j, k in enumerate(group):
-                    outs[k].append(rows[:, j * n : (j + 1) * n])
+            points += [(k, i, b, ctx, ld) for k, ld in enumerate(part)]
+        # at most a decode table's points an evaluation (the model's intermediate arrays of 32
+        # sockets x 500 steps grew a capacity worker past 1.8 GB)
+        for group in _within(points, CHUNK):
+            batches = {b for _, _, b, _, _ in group}
+            b = (float(batches.pop()) if len(batches) == 1 else
+                 np.concatenate([np.full(len(c), float(b)) for _, _, b, c, _ in group]))
+            rows = self._decode_rows(b, np.concatenate([c for _, _, _, c, _ in group]),
+                                     sum(len(c) for _, _, _, c, _ in group),
+                                     np.concatenate([ld for _, _, _, _, ld in group]))
+            at = 0
+            for k, i, _, c, _ in group:
+                outs[k][i] = rows[:, at : at + len(c)]
+                at += len(c)
         return [np.concatenate(out, axis=1) if out else np.zeros((len(ROWS), 0))
                 for out in outs]
 
@@ -625,6 +638,20 @@ class CostTables:
         rows[SENT_ROW] = np.broadcast_to(np.asarray(sent_bytes(graph), dtype=float), (n,))
         rows[DYNAMIC_ROW] = np.broadcast_to(dynamic_energy_j(cost, self.chip), (n,))
         return rows
+
+
+def _within(points: list[tuple], most: int) -> list[list[tuple]]:
+    """`points` (each a span's steps of one socket: its contexts fourth) in runs of at most
+    `most` steps (a run of one where it alone is longer)."""
+    groups: list[list[tuple]] = []
+    size = most
+    for p in points:
+        if size + len(p[3]) > most:
+            groups.append([])
+            size = 0
+        groups[-1].append(p)
+        size += len(p[3])
+    return groups
 
 
 def _batch(b: Work) -> Work:

@@ -85,6 +85,27 @@ def test_costed_together_is_costed_alone():
         assert np.array_equal(rows, alone)
 
 
+def test_a_windows_drawn_decode_steps_are_one_evaluation_whatever_their_spans():
+    """CostTables.windows: the decode spans of a draining window (a batch that shrinks span
+    by span) under drawn loads, a socket at the mean load among them, are the points of one
+    evaluation (where each span took its own, and the mean-load socket one more), with the
+    rows each socket's load gives alone."""
+    rng = np.random.default_rng(5)
+    batch = np.arange(300, 260, -4)  # past LARGE_BATCH: no tables, every step a point
+    steps = np.array([1, 2] * 5)
+    spans = Spans(kind=np.full(10, DECODE), steps=steps, batch=batch,
+                  ctx_sum=batch * 1500 + 7, pre_seqs=np.zeros(10, dtype=int),
+                  pre_tokens=np.zeros(10, dtype=int), pre_prefix=np.zeros(10, dtype=int))
+    m = int(steps.sum())
+    loads = [rng.uniform(0.8, 1.3, m) for _ in range(5)] + [np.ones(m)]
+    t = _tables()
+    before = t.evaluations
+    together = t.windows(spans, loads)
+    assert t.evaluations - before == 1
+    for ld, rows in zip(loads, together):
+        assert np.array_equal(rows, _tables().window(replace(spans, expert_load=ld)))
+
+
 def test_link_bytes_are_each_windows_sent_bytes_added_in_window_order(serve):
     """engine/record.py adds a window's bytes to its links as one array: the links table must
     be the sockets table's sent bytes added one window at a time, link by link (a full mesh:
