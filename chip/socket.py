@@ -458,7 +458,7 @@ class CostTables:
         rest as `window` takes them. The sockets of an expert-parallel group differ only in
         their loads: 32 evaluations a span became one, and a draining window's hundred spans
         one or two (an adp32ep32 pool's last window of 124 one- and two-step spans took 124)."""
-        outs: list[list[np.ndarray]] = [[None] * len(spans.kind) for _ in loads]
+        outs: list[list[Any]] = [[None] * len(spans.kind) for _ in loads]  # socket, span
         points: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []  # (socket, span, ...)
         start = 0
         for i in range(len(spans.kind)):
@@ -484,9 +484,9 @@ class CostTables:
         # sockets x 500 steps grew a capacity worker past 1.8 GB)
         for group in _within(points, CHUNK):
             batches = {b for _, _, b, _, _ in group}
-            b = (float(batches.pop()) if len(batches) == 1 else
-                 np.concatenate([np.full(len(c), float(b)) for _, _, b, c, _ in group]))
-            rows = self._decode_rows(b, np.concatenate([c for _, _, _, c, _ in group]),
+            batch: Work = (float(batches.pop()) if len(batches) == 1 else np.concatenate(
+                [np.full(len(c), float(b)) for _, _, b, c, _ in group]))
+            rows = self._decode_rows(batch, np.concatenate([c for _, _, _, c, _ in group]),
                                      sum(len(c) for _, _, _, c, _ in group),
                                      np.concatenate([ld for _, _, _, _, ld in group]))
             at = 0
