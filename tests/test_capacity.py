@@ -845,6 +845,25 @@ def test_a_row_still_moving_after_its_doublings_says_it_is_not_settled():
     assert "not settled" in text.output
 
 
+def test_the_analytic_pass_in_processes_gives_one_processs_costs():
+    """--jobs: each plan's replica_cost made in a forked process (`choose`, a closure, is not
+    sent: it would not pickle), the costs of each ask in its order, as one process makes
+    them."""
+    from rdu_cluster.cli import capacity as cli_capacity
+
+    model, fab = load_model("llama-3.1-8b"), load_fabric("ib-ndr")
+    choose = lambda cl, plan: None  # a closure, as the CLI's
+    asks = [(model, c, (), 2, (512.0, 32.0), fab, None, choose, None, ())
+            for c in ("sn40l-16", "dgx-h100")]
+    one, two = cli_capacity._analytic(asks, 1), cli_capacity._analytic(asks, 2)
+    assert [len(cs) for cs in one] == [len(cs) for cs in two] and all(map(len, one))
+    for a, b in zip((c for cs in one for c in cs), (c for cs in two for c in cs)):
+        assert (a.cluster, a.plan, a.prefill_s, a.prefill_each_s, a.kv_batch) == (
+            b.cluster, b.plan, b.prefill_s, b.prefill_each_s, b.kv_batch)
+        assert np.array_equal(a.tpot_s, b.tpot_s) and np.array_equal(a.batches, b.batches)
+    assert [c.plan for c in one[0]] == [c.plan for c in cli_capacity._costs(*asks[0])]
+
+
 def test_pairs_are_verified_first_and_the_rows_keep_the_candidates_order(monkeypatch):
     """The candidates are handed out pairs first (a pair's search costs 5-25x a system's:
     listed last, they set the wall time of --jobs), and the results come back in the

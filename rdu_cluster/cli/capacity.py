@@ -12,7 +12,9 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import click
@@ -175,6 +177,7 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     jobs, costs = [], []
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
+    asked: list[tuple] = []  # each (w, stack)'s systems: _costs' arguments, costed at once
     for w, stack in [(w, s) for w in weights or (None,) for s in stacks or (None,)]:
         model = with_dtypes(load_model(model_ref), w, None)
         choose = lambda cl, plan, model=model, stack=stack: workload.speculation(
@@ -183,10 +186,14 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
         # an RDU system takes no stack: its candidates come once, with the first stack's
         first = stack is None or stack == stacks[0]
         systems = [c for c in clusters if first or _gpu(c)]
-        groups = {(c, on): _costs(model, c, plans, max_nodes, (prompt, gen), fab,
-                                  draft if on else None, choose, stack if _gpu(c) else None,
-                                  overrides)
-                  for c in systems for on in modes}
+        asked.append((w, stack, first, model, {
+            (c, on): (model, c, plans, max_nodes, (prompt, gen), fab, draft if on else None,
+                      choose, stack if _gpu(c) else None, overrides)
+            for c in systems for on in modes}))
+    got = iter(_analytic([a for *_, ask in asked for a in ask.values()],
+                         n_jobs if backend_name == "local" else 1))
+    for w, stack, first, model, ask in asked:
+        groups = {key: next(got) for key in ask}
         costs += [(w, c) for cs in groups.values() for c in cs]
         per = {c: cs for (c, on), cs in groups.items() if not on}
         cands = _shortlist(groups.values(), per, _stack_pairs(pairs, stack, first), traffic,
@@ -346,10 +353,50 @@ def _pairs(pairs, clusters, disaggregated) -> list[tuple[str, str]]:
 
 def _costs(model, cluster, plans, max_nodes, lengths, fab, draft=None, choose=None,
            stack=None, overrides=()) -> list[cap.ReplicaCost]:
-    names = plans or cap.replica_plans(model, cluster, max_nodes)
-    out = [cap.replica_cost(model, cap.Pool(cluster, p, 1, overrides), lengths, fab, draft,
-                            choose, stack) for p in names]
-    return [c for c in out if c is not None]
+    return [c for c in map(_ask, _plans((model, cluster, plans, max_nodes, lengths, fab, draft,
+                                          choose, stack, overrides))) if c is not None]
+
+
+def _plans(args: tuple) -> list[Callable[[], cap.ReplicaCost | None]]:
+    """_costs' arguments as one replica_cost a plan."""
+    model, cluster, plans, max_nodes, lengths, fab, draft, choose, stack, overrides = args
+    return [partial(cap.replica_cost, model, cap.Pool(cluster, p, 1, overrides), lengths, fab,
+                    draft, choose, stack)
+            for p in plans or cap.replica_plans(model, cluster, max_nodes)]
+
+
+def _analytic(asks: list[tuple], n_jobs: int) -> list[list[cap.ReplicaCost]]:
+    """_costs of each of `asks` (its arguments), each plan's in one of --jobs processes where
+    there are more than one: the analytic pass ran in the parent before any candidate was
+    verified (question 1 of benchmarks/bench_capacity.py: 1.3 s, its 29 plans 0.001-0.23 s
+    each). The processes are forked with the costs to make in `_ASKED` (a speculative
+    candidate's `choose` is a closure: it is not sent), and send back ReplicaCost values."""
+    global _ASKED
+    per = [_plans(a) for a in asks]
+    _ASKED = [f for fs in per for f in fs]
+    try:
+        if n_jobs > 1 and len(_ASKED) > 1:
+            ctx = multiprocessing.get_context("fork")
+            with ctx.Pool(min(n_jobs, len(_ASKED)), initializer=signal.signal,
+                          initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
+                got = pool.map(_ask, range(len(_ASKED)), chunksize=1)
+        else:
+            got = [f() for f in _ASKED]
+    finally:
+        _ASKED = []
+    out, at = [], 0
+    for fs in per:
+        out.append([c for c in got[at : at + len(fs)] if c is not None])
+        at += len(fs)
+    return out
+
+
+_ASKED: list[Callable[[], cap.ReplicaCost | None]] = []
+
+
+def _ask(f: int | Callable[[], cap.ReplicaCost | None]) -> cap.ReplicaCost | None:
+    """One replica_cost: `f` itself, or the index of one in _ASKED (a forked process's)."""
+    return (_ASKED[f] if isinstance(f, int) else f)()
 
 
 def _gpu(cluster_ref: str) -> bool:

@@ -9,8 +9,9 @@ and resolves them to times once the steps' times are known.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 WAITING, RUNNING, SWAPPED, DONE, UNSERVED = "waiting", "running", "swapped", "done", "unserved"
 
@@ -61,6 +62,21 @@ class Request:
     def __post_init__(self) -> None:
         if self.ready_s < 0:
             self.ready_s = self.arrival_s
+
+    def __deepcopy__(self, memo: dict) -> Request:
+        """A copy (engine/checkpoint.py) field by field: its lists and dicts its own, its
+        probe the copy's (a bound method of its replica's prefix cache), the rest immutable
+        (a run's kept copy deep-copied each field through copy's generic path: 5% of a pair
+        run's CPU at 4,000 requests)."""
+        out = object.__new__(Request)
+        memo[id(self)] = out
+        for name in _FIELDS:
+            setattr(out, name, getattr(self, name))
+        out.emits = list(self.emits)
+        out.prefix_tokens = dict(self.prefix_tokens)
+        if self.probe is not None:
+            out.probe = copy.deepcopy(self.probe, memo)
+        return out
 
     @property
     def prefilling(self) -> bool:
@@ -128,6 +144,9 @@ class Request:
     def preempt_swap(self) -> None:
         self.state = SWAPPED
         self.swaps += 1
+
+
+_FIELDS = tuple(f.name for f in fields(Request))
 
 
 def decode_lockstep(requests: Sequence[Request], steps: int, first: int) -> list[Request]:

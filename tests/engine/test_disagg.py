@@ -3,7 +3,8 @@ over an inter-node fabric through the interconnect model."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import copy
+from dataclasses import fields, replace
 from typing import ClassVar
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_fabric
 from rdu_cluster.engine import disagg
+from rdu_cluster.engine.requests import Request
 from rdu_cluster.engine.simulation import ServeConfig
 from workloads import graph, sessions, traces
 from workloads.catalog import load_model
@@ -451,6 +453,27 @@ def test_a_kept_run_goes_on_to_more_requests_as_their_run_from_the_start_does():
     plain = _clients(96)
     plain.run()
     assert plain.kept() is None  # not kept unless asked
+
+
+def test_a_requests_copy_has_its_own_lists_and_its_probe_on_the_copied_cache():
+    """Request.__deepcopy__ (a kept run's copy, field by field): a request referenced twice
+    is one copy; its emits and prefix tokens are its own; its probe is bound to the copy of
+    the prefix cache it was bound to; every other field equal."""
+    class Cache:
+        def peek(self, r: Request) -> int:
+            return 7
+
+    cache = Cache()
+    r = Request(1, 0.5, 10, 4, probe=cache.peek)
+    r.emits.append((0, 1, 2))
+    r.prefix_tokens["hbm"] = 3
+    copied_cache, a, b = copy.deepcopy((cache, r, r))
+    assert a is b and a is not r
+    assert a.emits == r.emits and a.emits is not r.emits
+    assert a.prefix_tokens == r.prefix_tokens and a.prefix_tokens is not r.prefix_tokens
+    assert a.probe.__self__ is copied_cache and a.probe(a) == 7
+    assert all(getattr(a, f.name) == getattr(r, f.name) for f in fields(Request)
+               if f.name != "probe")
 
 
 def test_a_kept_run_goes_on_only_to_its_own_requests_and_more():
