@@ -368,7 +368,7 @@ def _plans(args: tuple) -> list[Callable[[], cap.ReplicaCost | None]]:
 def _analytic(asks: list[tuple], n_jobs: int) -> list[list[cap.ReplicaCost]]:
     """_costs of each of `asks` (its arguments), each plan's in one of --jobs processes where
     there are more than one: the analytic pass ran in the parent before any candidate was
-    verified (question 1 of benchmarks/bench_capacity.py: 1.3 s, its 29 plans 0.001-0.23 s
+    verified (question 1 of benchmarks/bench_capacity.py: 1.3 s, its 21 plans 0.001-0.23 s
     each). The processes are forked with the costs to make in `_ASKED` (a speculative
     candidate's `choose` is a closure: it is not sent), and send back ReplicaCost values."""
     global _ASKED
