@@ -1006,7 +1006,7 @@ def test_a_pairs_row_served_with_twice_the_requests_goes_on_from_its_own_run(mon
     went_on: list[int] = []
     real = Disaggregated.continued
     monkeypatch.setattr(Disaggregated, "continued",
-                        lambda self, t: went_on.append(len(t)) or real(self, t))
+                        lambda self, t, w=None: went_on.append(len(t)) or real(self, t, w))
     kept = run(*args)
     assert kept.exit_code == 0, kept.output
     row = next(r for r in map(json.loads, kept.stdout.splitlines()) if r["disaggregated"])

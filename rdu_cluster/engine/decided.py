@@ -55,6 +55,9 @@ class Decided(Exception):
         super().__init__(f"p {metric} at least {at_least_ms:.1f} ms after {completed} requests")
         self.metric, self.at_least_ms, self.completed = metric, at_least_ms, completed
 
+    def __reduce__(self) -> tuple:  # copied (a kept run's pending decision) and pickled whole
+        return Decided, (self.metric, self.at_least_ms, self.completed)
+
 
 @dataclass
 class Watch:
@@ -77,6 +80,10 @@ class Watch:
     waits: bool = False
     waiting: list[float] = field(default_factory=list)
     since: dict[int, float] = field(default_factory=dict)
+    # `defer`: the first decision is kept (`pending`) and the run raises it at the end of its
+    # event (loop.run_coupled), a state a kept run can go on from (engine/checkpoint.py)
+    defer: bool = False
+    pending: Decided | None = None
 
     def __post_init__(self) -> None:
         rest = max(self.requests - self.warmup, 0)
@@ -128,7 +135,7 @@ class Watch:
         if hi <= lo or len(over) + hi - lo < self.need:
             return
         values = sorted(over + [(now - s) * 1e3 for s in self.waiting[lo:hi]])
-        raise Decided("ttft", values[-self.need], self.completed)
+        self._decide(Decided("ttft", values[-self.need], self.completed))
 
     def done(self, send_s: float, ttft_s: float | None, tpot_s: float | None) -> None:
         """A request sent at send_s completed with these TTFT and TPOT (s; None: none)."""
@@ -143,7 +150,27 @@ class Watch:
             if ms > self.limit[metric] * (1.0 + EPS):
                 bisect.insort(over, ms)
                 if len(over) >= self.need:
-                    raise Decided(metric, over[-self.need], self.completed)
+                    self._decide(Decided(metric, over[-self.need], self.completed))
+
+    def _decide(self, d: Decided) -> None:
+        if not self.defer:
+            raise d
+        if self.pending is None:
+            self.pending = d
+
+    def goes_on(self, old: Watch) -> bool:
+        """Whether this watch, of a longer run, takes up `old`'s sends, completions and
+        waits where that run's state is this one's (a kept run going on, engine/checkpoint.py)
+        and decides as it would have from the start: none of those sends is one it counts
+        (so it could not have decided before), with the same bounds and warm-up."""
+        return (len(old.sends) < self.first and old.waits and old.bounds == self.bounds
+                and (old.percentile, old.warmup, old.mser, old.several)
+                == (self.percentile, self.warmup, self.mser, self.several))
+
+    def take_up(self, old: Watch) -> None:
+        """`old`'s sends, completions and waits (goes_on), as its own."""
+        self.sends, self.completed = list(old.sends), old.completed
+        self.waits, self.waiting, self.since = True, list(old.waiting), dict(old.since)
 
 
 def completions(watch: Watch, shift: dict[int, float] | None = None

@@ -195,11 +195,9 @@ class Disaggregated:
         hand = Handover(pre, dec, self._flows(pre, dec), sent * self.kv_per_token)
         pre.dispatch = _PrefillSide(c.routing, c.concurrency, hand)
         dec.dispatch = _DecodeSide(c.routing, None, hand)
-        if self.watch is not None:  # sent to the prefill pool, through the decode pool
-            pre.dispatch.watch, hand.shift, hand.watch = self.watch, {}, self.watch
-            self.watch.waits = True  # told of each first token: TTFTs certain as they wait
-            dec.finished.watch = decided.completions(self.watch, hand.shift)
         self.sims, self.hand = (pre, dec), hand
+        hand.shift = {} if self.watch is not None else None
+        self._watch(self.watch)
         started = time.perf_counter()
         try:
             for sim in self.sims:
@@ -222,11 +220,32 @@ class Disaggregated:
         paused._resume = (heap, order)
         return paused
 
-    def continues(self, trace: Trace) -> bool:
+    def _watch(self, watch: decided.Watch | None) -> None:
+        """The run stops once `watch` is certain of its verdict (None: served to its end): it
+        watches the sends to the prefill pool and the first tokens and completions of the
+        decode pool; with `keep`, it raises at the end of its event (Watch.defer), where the
+        run can be kept."""
+        pre, dec = self.sims
+        hand = self.hand
+        self.watch = pre.dispatch.watch = hand.watch = watch
+        dec.finished.watch = None
+        if watch is not None:
+            watch.waits = True  # told of each first token: TTFTs certain as they wait
+            watch.defer = self.keep
+            dec.finished.watch = decided.completions(watch, hand.shift)
+
+    def _pending(self) -> decided.Decided | None:
+        return None if self.watch is None else self.watch.pending
+
+    def continues(self, trace: Trace, watch: decided.Watch | None = None) -> bool:
         """Whether `continued` serves `trace` from this kept run: `trace` its requests and
         more, none shorter or longer than they are (what the frontier and the hand-over
-        assume: _least_prefill, Handover.least_move)."""
+        assume: _least_prefill, Handover.least_move); with `watch`, a run stopped once its
+        verdict is certain, where this run was watched and `watch` takes it up as it would
+        have watched from the start (Watch.goes_on)."""
         t, n = self.trace, len(self.trace)
+        if watch is not None and (self.watch is None or not watch.goes_on(self.watch)):
+            return False
         return (self._resume is not None and len(trace) > n and trace.after is None
                 and trace.content is None and trace.model is None and t.model is None
                 and all(np.array_equal(getattr(trace, k)[:n], getattr(t, k))
@@ -234,22 +253,29 @@ class Disaggregated:
                 and all(f(getattr(trace, k)) == f(getattr(t, k)) for f in (np.min, np.max)
                         for k in ("prompt_len", "output_len")))
 
-    def continued(self, trace: Trace) -> Tables:
+    def continued(self, trace: Trace, watch: decided.Watch | None = None) -> Tables:
         """The run of `trace` (continues) from this kept run: the tables a run of it from the
-        start gives (engine/checkpoint.py), without a watch; it keeps a checkpoint of its own
-        where this one did (kept). Once: the run goes on from here."""
-        if not self.continues(trace):
+        start gives (engine/checkpoint.py), or with `watch` its verdict where it stops once
+        certain (Decided, as from the start); it keeps a checkpoint of its own where this one
+        did (kept). Once: the run goes on from here."""
+        if not self.continues(trace, watch):
             raise ValueError("continued: this run does not continue to that trace")
         resume, self._resume = self._resume, None
+        old = self.watch
         self._extend(trace)
+        if watch is not None and old is not None:  # (continues: a watched run has one)
+            watch.take_up(old)
+        else:
+            self.hand.shift = None
+        self._watch(watch)
         return self._loop([], resume, time.perf_counter())
 
     def _extend(self, t: Trace) -> None:
         """This (copied) run's trace continued to `t`: the per-request arrays and the closed
-        loop's requests to send; no watch (a longer run is served to its end)."""
+        loop's requests to send."""
         pre, dec = self.sims
         hand, n = self.hand, len(t)
-        self.trace, self.watch = t, None
+        self.trace = t
         pre.trace = pre.build.trace = replace(t, output_len=np.ones(n, dtype=np.int64))
         dec.trace = dec.build.trace = Trace(np.zeros(n), t.prompt_len, t.output_len,
                                             source=t.source)
@@ -261,7 +287,6 @@ class Disaggregated:
         hand.make = functools.partial(dec._request, experts=experts, ready=ready)
         experts, ready = pre._routing()
         pre.dispatch.extend(functools.partial(pre._request, experts=experts, ready=ready), n)
-        pre.dispatch.watch = hand.watch = hand.shift = dec.finished.watch = None
 
     def _loop(self, events: list, resume: tuple | None, started: float) -> Tables:
         """Run the loop (from `resume`: an event queue and its count) and build the tables."""
@@ -274,9 +299,15 @@ class Disaggregated:
                                                       pre.dispatch.plans_hold)
         try:
             ran = time.perf_counter()
-            end = loop.run_coupled(self.sims, events, self.hand.take, cp, self,
-                                   self._shared, resume)
-            self.checkpoint = cp
+            try:
+                end = loop.run_coupled(self.sims, events, self.hand.take, cp, self,
+                                       self._shared, resume,
+                                       None if self.watch is None else self._pending)
+            finally:  # a run stopped as certain (Decided) keeps the copy it took
+                self.checkpoint = cp
+            stop = self._pending()
+            if stop is not None:
+                raise stop
             for sim in self.sims:
                 sim.backend.sync()
             built = time.perf_counter()

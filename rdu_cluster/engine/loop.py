@@ -80,14 +80,17 @@ def run(sim, events: Iterable[Event]) -> float:
 def run_coupled(sims: Sequence, events: Iterable[tuple[int, Event]],
                 handed: Callable[[], list[tuple[int, Event]]],
                 checkpoint: Checkpoint | None = None, owner: object = None,
-                shared: Callable[[], list] = list, resume: tuple[list, int] | None = None
-                ) -> float:
+                shared: Callable[[], list] = list, resume: tuple[list, int] | None = None,
+                pending: Callable[[], Exception | None] | None = None) -> float:
     """Simulations that feed each other (engine/disagg.py: a prefill pool and a decode pool)
     run in one time order: an event is (index of its simulation, event); after each one,
     `handed()` gives the events its handler made for another simulation. Ties break as in
     `run`, then by insertion order across the simulations. With a `checkpoint`, the state
     (`owner`, the event queue and its count: what `resume` takes to go on) is copied at the
-    end of the event that makes it due (engine/checkpoint.py; `shared()`: what is not)."""
+    end of the event that makes it due (engine/checkpoint.py; `shared()`: what is not).
+    `pending()`: a decision the run made in the event (engine/decided.py, Watch.defer), raised
+    at its end; before the state is the longer run's no more, a checkpoint not yet taken is
+    taken there (a run stopped before it is due: the longer run's state too)."""
     heap, order = resume if resume is not None else ([], 0)
 
     def push(i: int, e: Event) -> None:
@@ -110,4 +113,9 @@ def run_coupled(sims: Sequence, events: Iterable[tuple[int, Event]],
                 push(j, e)
             if checkpoint is not None and checkpoint.due:
                 checkpoint.take((owner, heap, order), shared())
+            stop = None if pending is None else pending()
+            if stop is not None:
+                if checkpoint is not None and not checkpoint.taken:
+                    checkpoint.take((owner, heap, order), shared())
+                raise stop
     return now

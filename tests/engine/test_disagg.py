@@ -12,7 +12,7 @@ import pytest
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_fabric
-from rdu_cluster.engine import disagg
+from rdu_cluster.engine import decided, disagg
 from rdu_cluster.engine.requests import Request
 from rdu_cluster.engine.simulation import ServeConfig
 from workloads import graph, sessions, traces
@@ -421,7 +421,8 @@ def _same_but_windows(x, y) -> None:
     assert x.summary["bench"] == y.summary["bench"]
 
 
-def _clients(n: int, keep: bool = False, lengths=(512, 512)) -> disagg.Disaggregated:
+def _clients(n: int, keep: bool = False, lengths=(512, 512),
+             watch: decided.Watch | None = None) -> disagg.Disaggregated:
     """A closed loop of 24 clients over a pair, ramped over 2 s: n requests."""
     prompt = np.full(n, lengths[0], dtype=np.int64)
     prompt[-1] = lengths[1]
@@ -429,7 +430,50 @@ def _clients(n: int, keep: bool = False, lengths=(512, 512)) -> disagg.Disaggreg
     return disagg.Disaggregated(
         load_model(MODEL), disagg.Pool.parse("dgx-h100:tp8:1", "p"),
         disagg.Pool.parse("sn40l-16:tp8:2", "d"), load_fabric("ib-ndr"),
-        traces.ramped(t, 2.0, 24), ServeConfig(concurrency=24), LocalBackend, keep=keep)
+        traces.ramped(t, 2.0, 24), ServeConfig(concurrency=24), LocalBackend, keep=keep,
+        watch=watch)
+
+
+def _watch(n: int, ttft_ms: float, mser: bool = True) -> decided.Watch:
+    """capacity's watch of an n-request run of _clients (24 clients' first left out)."""
+    return decided.Watch({"ttft": ttft_ms, "tpot": 30.0}, 99.0, n, 24, mser=mser)
+
+
+def _stopped(run: disagg.Disaggregated, trace=None, watch=None) -> tuple:
+    with pytest.raises(decided.Decided) as got:
+        run.run() if trace is None else run.continued(trace, watch)
+    return got.value.metric, got.value.at_least_ms, got.value.completed
+
+
+def test_a_run_stopped_as_certain_goes_on_to_more_requests_as_their_stopped_run_does():
+    """A kept run stopped once its watch is certain (a TTFT bound of 1 ms: two counted
+    requests waiting) keeps its checkpoint; a run of twice the requests goes on from it, its
+    own watch taking up the sends, completions and waits, and stops where, and as, it stops
+    from the start. A watch that would have counted those sends (no MSER cut: only the
+    clients' first requests left out) does not go on from it."""
+    first = _clients(96, keep=True, watch=_watch(96, 1.0))
+    assert _stopped(first) == _stopped(_clients(96, watch=_watch(96, 1.0)))
+    kept = first.kept()
+    assert kept is not None and first.checkpoint.taken
+    longer = _clients(192).trace
+    assert not kept.continues(longer, _watch(192, 1.0, mser=False))
+    got = _stopped(kept, longer, _watch(192, 1.0))
+    assert got == _stopped(_clients(192, watch=_watch(192, 1.0)))
+
+
+def test_a_watched_run_that_meets_goes_on_watched_as_from_the_start():
+    """A kept run that met its (loose) bounds goes on to twice the requests under the longer
+    run's watch with the tables of that run watched from the start."""
+    first = _clients(96, keep=True, watch=_watch(96, 60e3))
+    first.run()
+    kept = first.kept()
+    longer = _clients(192).trace
+    w = _watch(192, 60e3)
+    assert kept.continues(longer, w)
+    got, fresh = kept.continued(longer, w), _clients(192, watch=_watch(192, 60e3)).run()
+    for name in ("requests", "steps", "sockets", "links"):
+        assert getattr(got, name).equals(getattr(fresh, name)), name
+    assert got.summary == fresh.summary
 
 
 def test_a_kept_run_goes_on_to_more_requests_as_their_run_from_the_start_does():

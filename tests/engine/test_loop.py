@@ -125,3 +125,42 @@ def test_the_loop_fixes_the_allocators_thresholds_once(monkeypatch):
     monkeypatch.setattr(allocator, "_applied", None)
     monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: _NoMallopt())
     assert allocator.keep_freed_memory() is False
+
+
+@dataclass(frozen=True)
+class _Decides(Event):
+    """Decides (a deferred decision: `decision`) during its event at t = 1, which still makes
+    the next event."""
+
+    seen: list
+    decision: list
+
+    def handle(self, sim) -> list[Event]:
+        from rdu_cluster.engine.decided import Decided
+
+        self.seen.append(self.time)
+        if self.time == 1.0:
+            self.decision.append(Decided("ttft", 5.0, 3))
+        return [_Decides(self.time + 1.0, self.seen, self.decision)] if self.time < 3 else []
+
+
+def test_a_decision_made_in_an_event_stops_the_coupled_loop_at_its_end_with_its_state_kept():
+    """run_coupled: a decision the run made during an event (Watch.defer) is raised once the
+    event is done, and a checkpoint not yet taken is taken there first (the state a longer
+    run shares: engine/checkpoint.py); one already taken is left as it was."""
+    from rdu_cluster.engine.checkpoint import Checkpoint
+    from rdu_cluster.engine.decided import Decided
+
+    for taken_before in (False, True):
+        seen: list = []
+        decision: list = []
+        cp = Checkpoint(10, lambda: True, taken=taken_before)
+        with pytest.raises(Decided) as got:
+            loop.run_coupled([_Sim()], [(0, _Decides(0.0, seen, decision))], list, cp, "owner",
+                             list, pending=lambda d=decision: d[0] if d else None)
+        assert seen == [0.0, 1.0] and got.value.at_least_ms == 5.0
+        if taken_before:
+            assert cp.state is None
+        else:
+            owner, heap, order = cp.state
+            assert owner == "owner" and [e.time for *_, e in heap] == [2.0] and order == 3
