@@ -302,7 +302,8 @@ class Disaggregated:
             try:
                 end = loop.run_coupled(self.sims, events, self.hand.take, cp, self,
                                        self._shared, resume,
-                                       None if self.watch is None else self._pending)
+                                       self._pending if self.watch and self.watch.defer
+                                       else None)
             finally:  # a run stopped as certain (Decided) keeps the copy it took
                 self.checkpoint = cp
             stop = self._pending()
