@@ -353,8 +353,9 @@ def _pairs(pairs, clusters, disaggregated) -> list[tuple[str, str]]:
 
 def _costs(model, cluster, plans, max_nodes, lengths, fab, draft=None, choose=None,
            stack=None, overrides=()) -> list[cap.ReplicaCost]:
-    return [c for c in map(_ask, _plans((model, cluster, plans, max_nodes, lengths, fab, draft,
-                                          choose, stack, overrides))) if c is not None]
+    costs = (f() for f in _plans((model, cluster, plans, max_nodes, lengths, fab, draft,
+                                  choose, stack, overrides)))
+    return [c for c in costs if c is not None]
 
 
 def _plans(args: tuple) -> list[Callable[[], cap.ReplicaCost | None]]:
@@ -375,13 +376,7 @@ def _analytic(asks: list[tuple], n_jobs: int) -> list[list[cap.ReplicaCost]]:
     per = [_plans(a) for a in asks]
     _ASKED = [f for fs in per for f in fs]
     try:
-        if n_jobs > 1 and len(_ASKED) > 1:
-            ctx = multiprocessing.get_context("fork")
-            with ctx.Pool(min(n_jobs, len(_ASKED)), initializer=signal.signal,
-                          initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
-                got = pool.map(_ask, range(len(_ASKED)), chunksize=1)
-        else:
-            got = [f() for f in _ASKED]
+        got = _forked(_ask, list(range(len(_ASKED))), n_jobs)
     finally:
         _ASKED = []
     out, at = [], 0
@@ -394,9 +389,22 @@ def _analytic(asks: list[tuple], n_jobs: int) -> list[list[cap.ReplicaCost]]:
 _ASKED: list[Callable[[], cap.ReplicaCost | None]] = []
 
 
-def _ask(f: int | Callable[[], cap.ReplicaCost | None]) -> cap.ReplicaCost | None:
-    """One replica_cost: `f` itself, or the index of one in _ASKED (a forked process's)."""
-    return (_ASKED[f] if isinstance(f, int) else f)()
+def _ask(i: int) -> cap.ReplicaCost | None:
+    """The i-th replica_cost of _ASKED (in a forked process, the parent's list)."""
+    return _ASKED[i]()
+
+
+def _forked(fn: Callable, items: list, n_jobs: int) -> list:
+    """fn of each item, in order: in min(n_jobs, len(items)) forked processes where that is
+    more than one (the loaded catalog and configs go along), else here. The pool ends its
+    workers with SIGTERM once the map is done: the default action there, not the CLI's
+    handler (an "aborted" KeyboardInterrupt traceback per worker)."""
+    if n_jobs <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(min(n_jobs, len(items)), initializer=signal.signal,
+                  initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
+        return pool.map(fn, items, chunksize=1)
 
 
 def _gpu(cluster_ref: str) -> bool:
@@ -461,17 +469,8 @@ def _verify_all(jobs: list[tuple], backend_name: str, address: str | None,
     profile = calibration.active()
     order = sorted(range(len(jobs)), key=lambda i: not jobs[i][0].disaggregated)
     tasks = [(profile, *jobs[i]) for i in order]
-    if backend_name == "ray":
-        out = _on_ray(tasks, address)
-    elif n_jobs > 1 and len(tasks) > 1:
-        ctx = multiprocessing.get_context("fork")  # the loaded catalog and configs go along
-        # the pool ends its workers with SIGTERM once the map is done: the default action
-        # there, not the CLI's handler (an "aborted" KeyboardInterrupt traceback per worker)
-        with ctx.Pool(min(n_jobs, len(tasks)), initializer=signal.signal,
-                      initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
-            out = pool.map(_task, tasks, chunksize=1)
-    else:
-        out = [_task(t) for t in tasks]
+    out = (_on_ray(tasks, address) if backend_name == "ray"
+           else _forked(_task, tasks, n_jobs))
     got = dict(zip(order, out))
     return [got[i] for i in range(len(jobs))]
 

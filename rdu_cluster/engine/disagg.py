@@ -306,9 +306,6 @@ class Disaggregated:
                                        else None)
             finally:  # a run stopped as certain (Decided) keeps the copy it took
                 self.checkpoint = cp
-            stop = self._pending()
-            if stop is not None:
-                raise stop
             for sim in self.sims:
                 sim.backend.sync()
             built = time.perf_counter()
