@@ -67,7 +67,15 @@ TIME_ROWS = 512
 # evaluation, and not kept: the execution model costs each point alone, bit for bit, whatever
 # the batch and context of the points beside it (tests/engine/test_cost_window.py).
 LARGE_BATCH = 256
+# The batch up to which step_times keeps a decode table's time row as a list: converting it
+# costs about CHUNK float objects (~30 us) and saves ~1 us of numpy per span it times; a
+# table holds CHUNK / b steps, so past ~64 sequences (64 steps a table, spans of a step or
+# two between arrivals) the list is not used enough to pay for itself, and it holds 128 KB.
+TIME_LIST_BATCH = 64
 GROUPED = 64  # spans in a window from which CostTables.window gathers by table, not by span
+# Decode points kept (CostTables._decode_points), from evaluations of at most FEW_POINTS: a
+# few hundred bytes each
+POINTS, FEW_POINTS = 4096, 256
 
 # Span kinds (a span is one row of the arrays in `Spans`).
 DECODE, PREFILL, MIXED = 0, 1, 2
@@ -326,6 +334,8 @@ class CostTables:
         self.extra: dict[tuple[int, int, int], np.ndarray] = {}  # the same, of the draft, router
         # the time rows of those, as Python lists (step_times)
         self.times: dict[tuple, list[float]] = {}
+        # (batch, context sum) -> the rows of a decode step evaluated as a point lately
+        self.points: dict[tuple[int, int], np.ndarray] = {}
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -435,12 +445,17 @@ class CostTables:
         is planned, lookahead.Clock)."""
         if kind == DECODE:
             j = ctx_sum // CHUNK
+            if batch >= LARGE_BATCH and (batch, j) not in self.decode:  # as the window's
+                return self.decode_span(batch, ctx_sum, n, None)[0].tolist()
             if (ctx_sum + batch * (n - 1)) // CHUNK == j:
+                lo = ctx_sum - j * CHUNK
+                if batch > TIME_LIST_BATCH:
+                    return self._decode_chunk(batch, j)[0, lo : lo + batch * (n - 1) + 1 : batch
+                                                        ].tolist()
                 times = self.times.get((batch, j))
                 if times is None:
                     times = _keep(self.times, (batch, j), self._decode_chunk(batch, j)[0]
                                   .tolist(), TIME_ROWS)
-                lo = ctx_sum - j * CHUNK
                 return times[lo : lo + batch * (n - 1) + 1 : batch]
         elif kind == PREFILL:
             times = self.times.get(prefill)
@@ -526,7 +541,20 @@ class CostTables:
 
     def _decode_points(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         """(ROWS, len(b)) decode steps of b[i] sequences at context sum s[i]: the values their
-        tables hold (the same contexts, s / b), CHUNK points an evaluation at most."""
+        tables hold (the same contexts, s / b), CHUNK points an evaluation at most. The points
+        of a few steps are kept a while (POINTS): a span timed as it is planned
+        (lookahead.Clock) is costed again by the sockets, step for step."""
+        if len(b) > FEW_POINTS:
+            return self._evaluate_points(b, s)
+        keys = list(zip(b.tolist(), s.tolist()))
+        new = [i for i, k in enumerate(keys) if k not in self.points]
+        if new:
+            fresh = self._evaluate_points(b[new], s[new]).T.copy()
+            for i, col in zip(new, fresh):
+                _keep(self.points, keys[i], col, POINTS)
+        return np.stack([self.points[k] for k in keys], axis=1)
+
+    def _evaluate_points(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         rows = np.empty((len(ROWS), len(b)))
         for lo in range(0, len(b), CHUNK):
             bb = b[lo : lo + CHUNK].astype(float)

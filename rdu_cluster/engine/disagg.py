@@ -24,7 +24,9 @@ session's next turn, after the think time) to the prefill pool, which holds the 
 (a turn's history is found where it was prefilled; the decode pool receives the whole prompt's
 KV). A replica of either pool plans ahead only to the earliest time something it cannot see
 yet could reach it (Handover.frontier: another replica's next window, in either pool), so
-every arrival is seen at the step boundary it would be in a step-by-step loop. Replica routing
+every arrival is seen at the step boundary it would be in a step-by-step loop; a decode
+replica's window is timed as it is planned up to there (engine/lookahead.py), taking the
+hand-overs known by then as they reach it. Replica routing
 is round-robin in both pools (a stateful policy would need the other pool's state at each
 hand-over). The prefill replica frees the KV when its step ends (the transfer overlapping its
 later steps).
@@ -202,8 +204,10 @@ class Disaggregated:
         try:
             for sim in self.sims:
                 sim.start()
-            dec.lookahead = False  # its arrivals are known only as prefills end
             hand.start()
+            # its arrivals are known only up to the frontier (_DecodeSide.known_until), and
+            # a request refused at its arrival would send the next one at the window's start
+            dec.lookahead = dec.lookahead and hand.direct is None
         except BaseException:
             self._close()
             raise
@@ -594,6 +598,12 @@ class Handover:
             h = min(h, t + later)
         return h
 
+    def back(self, rep: Replica) -> float:
+        """The least time from a completion of decode replica `rep` to an arrival it causes
+        there (frontier's lag and hand-over: math.inf where nothing is left to send)."""
+        handed = rep.index != self.direct
+        return self._lag() + (self.least_prefill + self.least_move if handed else 0.0)
+
     def _known_until(self) -> float:
         """_first_unknown_end, worked out once a loop time and set of hand-overs not dealt:
         the events of one instant only move it later (a window started, a request arrived),
@@ -719,12 +729,47 @@ class _DecodeSide(Dispatcher):
     def __init__(self, policy: str, concurrency: None, hand: Handover):
         super().__init__(policy, concurrency)
         self.hand = hand
+        # replica -> its hand-overs on their way, (time, order handed, request): the order
+        # their Arrival events are handled in, which a window timed as it is planned takes
+        # them in (take)
+        self.held: dict[int, list] = {}
+        self.handed = 0
 
     def handoff(self, r: Request, t: float, replica: int) -> Arrival:
         r.arrival_s = r.ready_s = t
         self.pending[replica].push(t)
         self.replicas[replica].pending += 1
+        heapq.heappush(self.held.setdefault(replica, []), (t, self.handed, r))
+        self.handed += 1
         return Arrival(t, r, replica)
+
+    def arrive(self, r: Request, replica: int | None, t: float) -> Replica:
+        got = heapq.heappop(self.held[replica])[2]
+        if got is not r:
+            raise RuntimeError(f"internal error: hand-over {r.id} arrived before {got.id}")
+        return super().arrive(r, replica, t)
+
+    def take(self, rep: Replica, t: float) -> list[Request]:
+        """The hand-overs that reached `rep` by t, arrived now, ahead of their Arrival events
+        (a window timed as it is planned), which are then passed over (`skip`)."""
+        held, out = self.held.get(rep.index), []
+        while held and held[0][0] <= t:
+            r = heapq.heappop(held)[2]
+            self.pending[rep.index].pop()
+            rep.pending -= 1
+            self.taken.add(r.id)
+            rep.arrived(r)
+            out.append(r)
+        return out
+
+    def known_arrival(self, rep: Replica, now: float) -> float:
+        return self.pending[rep.index].peek()
+
+    def known_until(self, rep: Replica, now: float) -> tuple[float, float]:
+        """Arrivals are known up to the frontier (Handover.frontier); one of the replica's own
+        completions sends its client's next request through the prefill pool to it, no sooner
+        than the frontier's lag and hand-over after it (Handover.back)."""
+        return self.hand.frontier(rep, decode=True), self.hand.back(rep)
 
     def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
                      blocks: np.ndarray) -> list:

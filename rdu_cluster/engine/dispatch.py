@@ -301,6 +301,17 @@ class Dispatcher:
                     h = min(h, now)
         return h
 
+    def known_arrival(self, rep: Replica, now: float) -> float:
+        """The next arrival at `rep` that a window timed as it is planned delivers (Clock):
+        open loop, routed up front, all of them are known."""
+        return self.next_arrival(rep, now)
+
+    def known_until(self, rep: Replica, now: float) -> tuple[float, float]:
+        """How far ahead the arrivals at `rep` are known, and the least time from one of its
+        completions to an arrival it causes there (lookahead.Clock's until and back): open
+        loop, forever and never."""
+        return math.inf, math.inf
+
     def more_arrivals(self, rep: Replica) -> bool:
         if not self.coupled:
             return rep.pending > 0 or self._unsent_for(rep)

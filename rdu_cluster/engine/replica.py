@@ -201,7 +201,10 @@ class Replica:
             if follow is not None:
                 plan, follow = follow, None
             else:
-                plan = self._plan(clock)
+                got = self._plan(clock, bool(spans))
+                if got is None:  # the clock is at its bound: what comes next is not known
+                    break
+                plan = got
             if plan.empty:
                 if spans and clock is not None and clock.idle():
                     continue
@@ -220,7 +223,10 @@ class Replica:
                 break
             planned = span.steps
             n = clock.steps(span, plan.saturated) if timed else planned
+            done = len(self.completed)
             rest = self.advance(span, n)
+            if timed and clock is not None and len(self.completed) > done:
+                clock.completed()
             steps += n
             ops.append(self.next_ops)
             self.next_ops = []
@@ -234,14 +240,10 @@ class Replica:
         ops[-1] = ops[-1] + self._sync_growth()
         return Window(spans, ops, [] if clock is None else clock.resumes)
 
-    def _plan(self, clock: Clock | None) -> StepPlan:
-        caught = clock is not None and not clock.untimed
-        if caught:
-            clock.catch_up()  # the time is known: no plan is made without the arrivals
-        plan = self.scheduler.step(self.view())
-        if clock is not None and not caught and not plan.saturated and clock.catch_up():
-            plan = self.scheduler.step(self.view())  # with the requests just arrived
-        return plan
+    def _plan(self, clock: Clock | None, later: bool = False) -> StepPlan | None:
+        if clock is None:
+            return self.scheduler.step(self.view())
+        return clock.plan(lambda: self.scheduler.step(self.view()), later)
 
     def _follow(self, plan: StepPlan, rest: Sequence[Request], clock: Clock) -> StepPlan | None:
         """The plan after a span that ran to its end, without asking the scheduler: the same

@@ -162,7 +162,8 @@ class Simulation:
 
     def _can_look_ahead(self) -> bool:
         """Whether windows are timed as they are planned (engine/lookahead.py): only where the
-        next arrivals at a replica are known in advance (open loop, routed up front), no span
+        next arrivals at a replica are known in advance (open loop, routed up front; a pair's
+        decode pool, up to its frontier: engine/disagg.py), no span
         draws random numbers as it opens (expert routing, speculation) or switches an expert
         in (CoE), and no fault changes a socket's speed or program."""
         c = self.config

@@ -143,8 +143,10 @@ class WindowExecutor:
                                         (len(sp.prefill), sp.pre_tokens, sp.pre_prefix))
             return time_of([sp]).tolist()
 
-        return lookahead.Clock(t0, time_of, lambda: sim.dispatch.next_arrival(rep, t0),
-                               lambda t: self._deliver(rep, t), step_times)
+        until, back = sim.dispatch.known_until(rep, t0)
+        return lookahead.Clock(t0, time_of, lambda: sim.dispatch.known_arrival(rep, t0),
+                               lambda t: self._deliver(rep, t), step_times, until, back,
+                               self.step_s.get(rep.index))
 
     def _deliver(self, rep: Replica, t: float) -> None:
         """The requests that reach `rep` by t join its queue now, as their arrivals would."""

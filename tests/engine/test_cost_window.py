@@ -14,6 +14,7 @@ from chip.socket import (
     MIXED,
     PREFILL,
     PREFILL_CHUNK,
+    TIME_LIST_BATCH,
     CostTables,
     Spans,
 )
@@ -135,17 +136,36 @@ def test_large_batch_steps_evaluated_as_points_are_their_table_columns(model, cl
 
 
 def test_step_times_are_the_time_row_of_span_rows():
-    """What lookahead.Clock times a span with (a list, no numpy call) is the same floats."""
+    """What lookahead.Clock times a span with (a list, no numpy call) is the same floats, at
+    any batch; a table's time row is kept as a list only up to TIME_LIST_BATCH sequences."""
     t, rng = _tables(), np.random.default_rng(11)
-    for _ in range(200):
+    for _ in range(300):
         kind = int(rng.choice([DECODE, DECODE, PREFILL, MIXED]))
-        b = 0 if kind == PREFILL else int(rng.integers(1, 33))
+        b = 0 if kind == PREFILL else int(rng.choice([rng.integers(1, 33),
+                                                      rng.integers(33, 2 * LARGE_BATCH)]))
         n = int(rng.integers(1, 80)) if kind == DECODE else 1
         ctx = 0 if kind == PREFILL else int(rng.integers(1, 3) * CHUNK - rng.integers(0, 300))
         pre = (0, 0, 0) if kind == DECODE else (int(rng.integers(1, 3)), 512, 64)
         expected = t.span_rows(kind, b, ctx, n, pre)[0].tolist()
         assert t.step_times(kind, b, ctx, n, pre) == expected
         assert t.step_times(kind, b, ctx, n, pre) == expected  # from its memo as well
+    assert all(len(k) == 3 or k[0] <= TIME_LIST_BATCH for k in t.times)
+
+
+def test_a_span_timed_as_points_is_costed_from_them():
+    """At LARGE_BATCH, a span the clock times (step_times: its steps as points, no table) is
+    costed by the window from the points kept (CostTables.points): no evaluation more, the
+    same rows as tables that never saw the span."""
+    t, fresh = _tables(), _tables()
+    b, s0, n = LARGE_BATCH + 8, 3 * CHUNK - 500, 6
+    spans = Spans(kind=np.array([DECODE]), steps=np.array([n]), batch=np.array([b]),
+                  ctx_sum=np.array([s0]), pre_seqs=np.zeros(1, np.int64),
+                  pre_tokens=np.zeros(1, np.int64), pre_prefix=np.zeros(1, np.int64))
+    times = t.step_times(DECODE, b, s0, n, (0, 0, 0))
+    before = t.evaluations
+    rows = t.window(spans)
+    assert t.evaluations == before and not t.decode
+    assert np.array_equal(rows, fresh.window(spans)) and rows[0].tolist() == times
 
 
 def _program_tables(model: str, cluster: str, **replace) -> CostTables:

@@ -4,6 +4,7 @@ over an inter-node fabric through the interconnect model."""
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import fields, replace
 from typing import ClassVar
 
@@ -14,7 +15,7 @@ from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_fabric
 from rdu_cluster.engine import decided, disagg
 from rdu_cluster.engine.requests import Request
-from rdu_cluster.engine.simulation import ServeConfig
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from workloads import graph, sessions, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
@@ -114,11 +115,15 @@ class _Whole(_Counted):
     reruns = False
 
 
-def test_a_decode_span_cut_at_a_hand_over_is_costed_in_rounds_as_the_run_costed_whole():
-    """engine/windows.py WindowExecutor._costed: a decode replica's span is planned to its
-    next completion (hundreds of steps, into the decode tables of later context chunks) and
-    cut at the next hand-over a step or two on; costed first to the cut at its last step time
-    and then in rounds, it runs the same, costing a fraction of the steps."""
+def test_a_decode_span_cut_at_a_hand_over_is_costed_in_rounds_as_the_run_costed_whole(
+        monkeypatch):
+    """engine/windows.py WindowExecutor._costed: where a decode replica's windows are not
+    timed as they are planned (its expert loads drawn step by step, or a request may be
+    refused: _DecodeSide.known_until; here turned off), its span is planned to its next
+    completion (hundreds of steps, into the decode tables of later context chunks) and cut at
+    the next hand-over a step or two on; costed first to the cut at its last step time and
+    then in rounds, it runs the same, costing a fraction of the steps."""
+    monkeypatch.setattr(Simulation, "_can_look_ahead", lambda self: False)
     trace = traces.synthetic(60, float("inf"), "poisson", traces.LengthDist("fixed", 512),
                              traces.LengthDist("uniform", 64, 400), seed=3)
 
@@ -135,6 +140,49 @@ def test_a_decode_span_cut_at_a_hand_over_is_costed_in_rounds_as_the_run_costed_
     assert rounds.summary == whole.summary
     # 1,411 steps costed against 2,589 (many of this small pool's spans end at a completion)
     assert sum(_Counted.costed) < 0.6 * sum(_Whole.costed)
+
+
+@pytest.mark.parametrize("loop", ["clients", "sessions"])
+def test_a_decode_replicas_window_runs_through_the_hand_overs_known_by_then(loop):
+    """_DecodeSide.known_until: a decode replica's window is timed as it is planned
+    (engine/lookahead.py), taking each hand-over as it reaches the replica, up to the frontier
+    (what is not known yet reaches it no sooner) and to the least time after each of its own
+    completions that the request it sends comes back through the prefill pool
+    (Handover.back). A closed loop of clients over one decode replica, and sessions with a
+    think time, run as without it (each window cut at the next hand-over or completion) in
+    fewer windows. Planned past the frontier, or past a completion's return (where the other
+    prefill replicas are idle, nothing else bounds it), the clients' run is not the same."""
+    if loop == "clients":
+        trace = traces.synthetic(80, float("inf"), "poisson", traces.LengthDist("fixed", 2048),
+                                 traces.LengthDist("uniform", 16, 96), seed=5)
+        config, prefill = ServeConfig(concurrency=4), "dgx-h100:tp2:3"
+    else:
+        spec = sessions.SessionSpec(12, 3, 256, user=traces.LengthDist("fixed", 1024),
+                                    output=traces.LengthDist("uniform", 16, 64),
+                                    think=sessions.ThinkTime("fixed", 0.05))
+        trace, config = traces.ramped(sessions.sessions(spec, 0), 0.3), ServeConfig()
+        prefill = "dgx-h100:tp2:2"
+
+    def run():
+        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse(prefill, "p"),
+                                 disagg.Pool.parse("sn40l-16:tp4:1", "d"),
+                                 load_fabric("ib-ndr"), trace, config, LocalBackend)
+        return d.run(), d.sims[1].windows
+
+    timed, few = run()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Simulation, "_can_look_ahead", lambda self: False)
+        cut, many = run()
+    _same_but_windows(timed, cut)
+    assert few < 0.7 * many  # clients 107 against 156, sessions 44 against 75
+    if loop == "sessions":
+        return
+    for bounds in (lambda self, rep, now: (self.hand.frontier(rep, decode=True), math.inf),
+                   lambda self, rep, now: (math.inf, self.hand.back(rep))):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(disagg._DecodeSide, "known_until", bounds)
+            with pytest.raises(AssertionError):
+                _same_but_windows(timed, run()[0])
 
 
 def test_sessions_over_the_pools_hit_the_prefill_pools_prefix_cache():
