@@ -205,9 +205,12 @@ class Disaggregated:
             for sim in self.sims:
                 sim.start()
             hand.start()
-            # its arrivals are known only up to the frontier (_DecodeSide.known_until), and
-            # a request refused at its arrival would send the next one at the window's start
-            dec.lookahead = dec.lookahead and hand.direct is None
+            # each pool's arrivals are known up to its frontier (known_until); a request
+            # refused as it arrives would send the next one at the window's start
+            dec.lookahead = False
+            for sim in self.sims:
+                if hand.direct is None and sim.can_time():
+                    sim.look_ahead()
         except BaseException:
             self._close()
             raise
@@ -491,7 +494,8 @@ class Handover:
         # the least time from a prefill's end to its hand-over's arrival (prefilled: the
         # route's latency and the smallest KV's hold of the ports; a wait for them only adds)
         smallest = float(nbytes.min()) if len(nbytes) else 0.0
-        self.least_move = self.latency + smallest / (self.senders * self.receivers) / self.rate
+        self.least_hold = smallest / (self.senders * self.receivers) / self.rate
+        self.least_move = self.latency + self.least_hold
 
     def start(self) -> None:
         experts, ready = self.dec._routing()
@@ -580,7 +584,7 @@ class Handover:
         move = self.least_prefill + self.least_move if handed else 0.0
         # a prefill through but not dealt yet (deal) reaches a decode replica a hand-over's
         # least time after its end, at the earliest
-        dealt = self.due[0][0] + self.least_move if self.due else math.inf
+        dealt = self._first_dealt()
         if decode:
             h = dealt
         for sim, later in ((self.pre, move), (self.dec, self._lag() + move)):
@@ -598,11 +602,43 @@ class Handover:
             h = min(h, t + later)
         return h
 
+    def _first_dealt(self) -> float:
+        """The earliest a prefill through but not dealt yet reaches the decode pool: its
+        end plus a hand-over's least time, added as `deal` adds them (a bound to the bit)."""
+        return self.due[0][0] + self.latency + self.least_hold if self.due else math.inf
+
     def back(self, rep: Replica) -> float:
         """The least time from a completion of decode replica `rep` to an arrival it causes
         there (frontier's lag and hand-over: math.inf where nothing is left to send)."""
         handed = rep.index != self.direct
         return self._lag() + (self.least_prefill + self.least_move if handed else 0.0)
+
+    def returns(self, rep: Replica) -> float:
+        """The earliest a request not known yet could reach prefill replica `rep` of a closed
+        loop (its clients' and sessions' requests are routed up front): it follows a decode
+        completion not known yet by the least think time (_lag), a completion no earlier
+        than a decode replica's next window, a hand-over's arrival or a prefill (of another
+        prefill replica, a prefill step and a hand-over's least time after its next window
+        starts; this one's own: lookahead.Clock.back)."""
+        dec, pre = self.dec, self.pre
+        t = min(min(p.peek() for p in dec.dispatch.pending.values()), self._first_dealt())
+        for q in dec.replicas:
+            if q.busy:
+                t = min(t, q.window_end)
+            elif q.running or q.waiting or q.swapped:
+                t = min(t, dec.now)
+        pending = pre.dispatch.pending
+        for q in pre.replicas:
+            if q is rep:
+                continue
+            if q.busy:
+                s = q.window_end
+            elif q.running or q.waiting or q.swapped:
+                s = pre.now
+            else:
+                s = pending[q.index].peek()
+            t = min(t, s + self.least_prefill + self.least_move)
+        return t + self._lag()
 
     def _known_until(self) -> float:
         """_first_unknown_end, worked out once a loop time and set of hand-overs not dealt:
@@ -622,8 +658,7 @@ class Handover:
         it arrives), by the least think time (_lag)."""
         dec, pending = self.dec, self.pre.dispatch.pending
         u = min(p.peek() for p in dec.dispatch.pending.values())
-        if self.due:
-            u = min(u, self.due[0][0] + self.least_move)
+        u = min(u, self._first_dealt())
         for q in dec.replicas:
             if q.busy:
                 u = min(u, q.window_end)
@@ -686,7 +721,68 @@ class Dealt(Event):
         return list(side.hand.deal(self.time))
 
 
-class _PrefillSide(Dispatcher):
+class _Held(Dispatcher):
+    """A pool's front end whose replicas' arrivals on their way are held in the order their
+    Arrival events are handled (time, then the order sent), so that a window timed as it is
+    planned (engine/lookahead.py) takes them as they reach its replica (`take`): their events
+    are then passed over (Dispatcher.skip)."""
+
+    def __init__(self, policy: str, concurrency: int | None):
+        super().__init__(policy, concurrency)
+        self.held: dict[int, list] = {}  # replica -> [(time, order sent, request)], a heap
+        self.sends = 0
+        # replica -> (sends before its last window timed as planned, that window's `until`)
+        self.bound: dict[int, tuple[int, float]] = {}
+        self.mark = 0  # sends as the window being planned started (known_until)
+
+    def _hold(self, r: Request, t: float, replica: int | None) -> None:
+        if replica is not None:
+            heapq.heappush(self.held.setdefault(replica, []), (t, self.sends, r))
+            self.sends += 1
+
+    def arrive(self, r: Request, replica: int | None, t: float) -> Replica:
+        if replica is not None and replica in self.held:
+            _, sent, got = heapq.heappop(self.held[replica])
+            if got is not r:
+                raise RuntimeError(f"internal error: request {r.id} arrived before {got.id}")
+            known, until = self.bound.get(replica, (0, -math.inf))
+            if sent >= known and t < until and self.replicas[replica].busy:
+                raise RuntimeError(f"internal error: request {r.id}, not known as its "
+                                   f"replica's window was planned to {until!r} s, arrived "
+                                   f"at {t!r} s")
+        return super().arrive(r, replica, t)
+
+    def timed(self, rep: Replica, until: float) -> None:
+        """rep's window was timed as it was planned, with the arrivals sent so far, to
+        `until`: one sent later that reaches it sooner, while it runs, stops the run."""
+        self.bound[rep.index] = (self.mark, until)
+
+    def known_until(self, rep: Replica, now: float) -> tuple[float, float]:
+        self.mark = self.sends
+        return self._bounds(rep)
+
+    def _bounds(self, rep: Replica) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def take(self, rep: Replica, t: float) -> list[Request]:
+        """The requests on their way to `rep` that reached it by t, arrived now."""
+        if self.mine:  # an open loop's, routed up front (Dispatcher.take)
+            return super().take(rep, t)
+        held, out = self.held.get(rep.index), []
+        while held and held[0][0] <= t:
+            r = heapq.heappop(held)[2]
+            self.pending[rep.index].pop()
+            rep.pending -= 1
+            self.taken.add(r.id)
+            rep.arrived(r)
+            out.append(r)
+        return out
+
+    def known_arrival(self, rep: Replica, now: float) -> float:
+        return self.pending[rep.index].peek()
+
+
+class _PrefillSide(_Held):
     """The prefill pool's front end: as a pool's (open or closed loop), but a request through
     it goes on to the decode pool, and a closed loop's next request follows the decode
     pool's completion (Handover.decoded)."""
@@ -722,50 +818,37 @@ class _PrefillSide(Dispatcher):
         h = super().next_arrival(rep, now)
         return min(h, self.hand.frontier(rep)) if self._unsent_for(rep) else h
 
+    def _send(self, r: Request, t: float) -> Arrival:
+        out = super()._send(r, t)
+        self._hold(r, out.time, out.replica)
+        return out
 
-class _DecodeSide(Dispatcher):
+    def known_arrival(self, rep: Replica, now: float) -> float:
+        return (self.pending[rep.index].peek() if self.route is not None
+                else super().next_arrival(rep, now))  # (an open loop: every arrival known)
+
+    def _bounds(self, rep: Replica) -> tuple[float, float]:
+        """A closed loop's next requests are known up to Handover.returns; open loop, all."""
+        if self.route is None:
+            return math.inf, math.inf
+        return self.hand.returns(rep), self.hand.least_move + self.hand._lag()
+
+
+class _DecodeSide(_Held):
     """The decode pool's front end: requests arrive as the prefill pool hands them on."""
 
     def __init__(self, policy: str, concurrency: None, hand: Handover):
         super().__init__(policy, concurrency)
         self.hand = hand
-        # replica -> its hand-overs on their way, (time, order handed, request): the order
-        # their Arrival events are handled in, which a window timed as it is planned takes
-        # them in (take)
-        self.held: dict[int, list] = {}
-        self.handed = 0
 
     def handoff(self, r: Request, t: float, replica: int) -> Arrival:
         r.arrival_s = r.ready_s = t
         self.pending[replica].push(t)
         self.replicas[replica].pending += 1
-        heapq.heappush(self.held.setdefault(replica, []), (t, self.handed, r))
-        self.handed += 1
+        self._hold(r, t, replica)
         return Arrival(t, r, replica)
 
-    def arrive(self, r: Request, replica: int | None, t: float) -> Replica:
-        got = heapq.heappop(self.held[replica])[2]
-        if got is not r:
-            raise RuntimeError(f"internal error: hand-over {r.id} arrived before {got.id}")
-        return super().arrive(r, replica, t)
-
-    def take(self, rep: Replica, t: float) -> list[Request]:
-        """The hand-overs that reached `rep` by t, arrived now, ahead of their Arrival events
-        (a window timed as it is planned), which are then passed over (`skip`)."""
-        held, out = self.held.get(rep.index), []
-        while held and held[0][0] <= t:
-            r = heapq.heappop(held)[2]
-            self.pending[rep.index].pop()
-            rep.pending -= 1
-            self.taken.add(r.id)
-            rep.arrived(r)
-            out.append(r)
-        return out
-
-    def known_arrival(self, rep: Replica, now: float) -> float:
-        return self.pending[rep.index].peek()
-
-    def known_until(self, rep: Replica, now: float) -> tuple[float, float]:
+    def _bounds(self, rep: Replica) -> tuple[float, float]:
         """Arrivals are known up to the frontier (Handover.frontier); one of the replica's own
         completions sends its client's next request through the prefill pool to it, no sooner
         than the frontier's lag and hand-over after it (Handover.back)."""

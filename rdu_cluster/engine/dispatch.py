@@ -312,6 +312,9 @@ class Dispatcher:
         loop, forever and never."""
         return math.inf, math.inf
 
+    def timed(self, rep: Replica, until: float) -> None:
+        """rep's window was timed as it was planned, to `until` (known_until's, or sooner)."""
+
     def more_arrivals(self, rep: Replica) -> bool:
         if not self.coupled:
             return rep.pending > 0 or self._unsent_for(rep)

@@ -156,20 +156,31 @@ class Simulation:
             moe = self.model.moe
             self.sampler = ExpertLoadSampler(moe.num_experts, moe.top_k, self.plan.ep,
                                           self.config.seed)
-        self.lookahead = self._can_look_ahead()
-        if self.lookahead:
-            self.predictor = lookahead.Predictor(setups, getattr(self.backend, "memo", None))
+        if self._can_look_ahead():
+            self.look_ahead()
 
     def _can_look_ahead(self) -> bool:
         """Whether windows are timed as they are planned (engine/lookahead.py): only where the
         next arrivals at a replica are known in advance (open loop, routed up front; a pair's
-        decode pool, up to its frontier: engine/disagg.py), no span
-        draws random numbers as it opens (expert routing, speculation) or switches an expert
-        in (CoE), and no fault changes a socket's speed or program."""
+        pools, up to their frontiers: engine/disagg.py) and the spans can be timed
+        (`can_time`)."""
         c = self.config
-        return (not self.dispatch.coupled and c.concurrency is None and self.trace.after is None
-                and self.sampler is None and c.speculation is None and c.coe is None
-                and not self.faults)
+        return c.concurrency is None and self.trace.after is None and self.can_time()
+
+    def can_time(self) -> bool:
+        """Whether the engine can time a span as it plans it: routed up front, no span draws
+        random numbers as it opens (expert routing, speculation) or switches an expert in
+        (CoE), and no fault changes a socket's speed or program."""
+        c = self.config
+        return (not self.dispatch.coupled and self.sampler is None and c.speculation is None
+                and c.coe is None and not self.faults)
+
+    def look_ahead(self) -> None:
+        """Time windows as they are planned from now on (started: its sockets set up)."""
+        self.lookahead = True
+        if self.predictor is None:
+            self.predictor = lookahead.Predictor(self.setups,
+                                                 getattr(self.backend, "memo", None))
 
     # -- requests -------------------------------------------------------------------------
     def initial_events(self) -> list[Event]:

@@ -55,6 +55,7 @@ class WindowExecutor:
         last = window.spans[-1]
         if clock is not None:
             _check_prediction(clock.predicted(), ends)
+            sim.dispatch.timed(rep, clock.until)
         if last.cut_at < math.inf:  # the window's only span (Replica.plan_window)
             m = min(last.steps, int(np.searchsorted(ends, last.cut_at, side="left")) + 1)
             rep.advance(last, m)

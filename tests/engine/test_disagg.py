@@ -123,7 +123,7 @@ def test_a_decode_span_cut_at_a_hand_over_is_costed_in_rounds_as_the_run_costed_
     completion (hundreds of steps, into the decode tables of later context chunks) and cut at
     the next hand-over a step or two on; costed first to the cut at its last step time and
     then in rounds, it runs the same, costing a fraction of the steps."""
-    monkeypatch.setattr(Simulation, "_can_look_ahead", lambda self: False)
+    monkeypatch.setattr(Simulation, "can_time", lambda self: False)
     trace = traces.synthetic(60, float("inf"), "poisson", traces.LengthDist("fixed", 512),
                              traces.LengthDist("uniform", 64, 400), seed=3)
 
@@ -143,46 +143,48 @@ def test_a_decode_span_cut_at_a_hand_over_is_costed_in_rounds_as_the_run_costed_
 
 
 @pytest.mark.parametrize("loop", ["clients", "sessions"])
-def test_a_decode_replicas_window_runs_through_the_hand_overs_known_by_then(loop):
-    """_DecodeSide.known_until: a decode replica's window is timed as it is planned
-    (engine/lookahead.py), taking each hand-over as it reaches the replica, up to the frontier
-    (what is not known yet reaches it no sooner) and to the least time after each of its own
-    completions that the request it sends comes back through the prefill pool
-    (Handover.back). A closed loop of clients over one decode replica, and sessions with a
-    think time, run as without it (each window cut at the next hand-over or completion) in
-    fewer windows. Planned past the frontier, or past a completion's return (where the other
-    prefill replicas are idle, nothing else bounds it), the clients' run is not the same."""
+def test_a_pairs_windows_run_through_the_arrivals_known_by_then(loop):
+    """_Held.known_until: each pool's window is timed as it is planned (engine/lookahead.py),
+    taking each arrival as it reaches the replica, up to when what is not known yet could
+    (a decode replica: the frontier; a prefill replica of a closed loop: Handover.returns),
+    and to the least time after each of its own completions that a request it causes comes
+    back (Handover.back; a prefill completion's, a hand-over and a think time). Clients over
+    one decode replica, and sessions with a think time, run as without it (each window cut
+    at the next arrival or completion) in fewer windows of each pool. Planned past either
+    bound, a request not known as a window was planned arrives within it: the run stops."""
     if loop == "clients":
         trace = traces.synthetic(80, float("inf"), "poisson", traces.LengthDist("fixed", 2048),
                                  traces.LengthDist("uniform", 16, 96), seed=5)
-        config, prefill = ServeConfig(concurrency=4), "dgx-h100:tp2:3"
+        config, pools = ServeConfig(concurrency=4), ("dgx-h100:tp2:3", "sn40l-16:tp4:1")
+        side = disagg._DecodeSide
+        wrong = (lambda self, rep: (self.hand.frontier(rep, decode=True), math.inf),
+                 lambda self, rep: (math.inf, self.hand.back(rep)))
     else:
         spec = sessions.SessionSpec(12, 3, 256, user=traces.LengthDist("fixed", 1024),
                                     output=traces.LengthDist("uniform", 16, 64),
-                                    think=sessions.ThinkTime("fixed", 0.05))
+                                    think=sessions.ThinkTime("uniform", 0.05, 0.5))
         trace, config = traces.ramped(sessions.sessions(spec, 0), 0.3), ServeConfig()
-        prefill = "dgx-h100:tp2:2"
+        pools, side = ("dgx-h100:tp2:1", "sn40l-16:tp4:2"), disagg._PrefillSide
+        wrong = (lambda self, rep: (self.hand.returns(rep), math.inf),)
 
     def run():
-        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse(prefill, "p"),
-                                 disagg.Pool.parse("sn40l-16:tp4:1", "d"),
+        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse(pools[0], "p"),
+                                 disagg.Pool.parse(pools[1], "d"),
                                  load_fabric("ib-ndr"), trace, config, LocalBackend)
-        return d.run(), d.sims[1].windows
+        return d.run(), [sim.windows for sim in d.sims]
 
     timed, few = run()
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(Simulation, "_can_look_ahead", lambda self: False)
+        m.setattr(Simulation, "can_time", lambda self: False)
         cut, many = run()
     _same_but_windows(timed, cut)
-    assert few < 0.7 * many  # clients 107 against 156, sessions 44 against 75
-    if loop == "sessions":
-        return
-    for bounds in (lambda self, rep, now: (self.hand.frontier(rep, decode=True), math.inf),
-                   lambda self, rep, now: (math.inf, self.hand.back(rep))):
+    # clients: decode 107 against 156; sessions: prefill 12 against 36, decode 43 against 123
+    assert few[1] < 0.7 * many[1] and (loop == "clients" or few[0] < 0.7 * many[0])
+    for bounds in wrong:
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(disagg._DecodeSide, "known_until", bounds)
-            with pytest.raises(AssertionError):
-                _same_but_windows(timed, run()[0])
+            m.setattr(side, "_bounds", bounds)
+            with pytest.raises(RuntimeError, match="not known as its replica's window"):
+                run()
 
 
 def test_sessions_over_the_pools_hit_the_prefill_pools_prefix_cache():
