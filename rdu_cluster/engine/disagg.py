@@ -488,7 +488,6 @@ class Handover:
         self.last_dealt = (-math.inf, -1)  # the (end, id) dealt last
         self.shift: dict[int, float] | None = None  # watched: id -> seconds from send to here
         self.watch: decided.Watch | None = None  # watched: told of each first token
-        self.think_min: float | None = None  # _lag: the least think time of a follow-up
         self.direct: int | None = 0  # the decode replica refusals go to at once (start)
         self.least_prefill = 0.0  # the least a prefill step that completes a request takes
         # the least time from a prefill's end to its hand-over's arrival (prefilled: the
@@ -505,7 +504,7 @@ class Handover:
                       for q in self.dec.replicas]
         # the replica refusals go to at once (prefilled): the first, or none where no request
         # can be refused in either pool
-        self.direct = 0 if any(map(_may_refuse, (self.pre, self.dec))) else None
+        self.direct = 0 if any(sim.may_refuse() for sim in (self.pre, self.dec)) else None
         self.least_prefill = _least_prefill(self.pre)
 
     def take(self) -> list[tuple[int, object]]:
@@ -693,13 +692,7 @@ class Handover:
         follow-up is sent the follow-up's think time after it (Dispatcher._next; 0 without
         sessions); with nothing left to send, never."""
         d = self.pre.dispatch
-        if not d.unsent:
-            return math.inf
-        if self.think_min is None:
-            think = d.think_s
-            self.think_min = (float(np.min(think[d.chain])) if think is not None
-                              and len(d.chain) else 0.0)
-        return self.think_min
+        return d.least_think if d.unsent else math.inf
 
     def prefill_active(self) -> bool:
         """Whether the prefill pool may still hand a request on."""
@@ -721,68 +714,7 @@ class Dealt(Event):
         return list(side.hand.deal(self.time))
 
 
-class _Held(Dispatcher):
-    """A pool's front end whose replicas' arrivals on their way are held in the order their
-    Arrival events are handled (time, then the order sent), so that a window timed as it is
-    planned (engine/lookahead.py) takes them as they reach its replica (`take`): their events
-    are then passed over (Dispatcher.skip)."""
-
-    def __init__(self, policy: str, concurrency: int | None):
-        super().__init__(policy, concurrency)
-        self.held: dict[int, list] = {}  # replica -> [(time, order sent, request)], a heap
-        self.sends = 0
-        # replica -> (sends before its last window timed as planned, that window's `until`)
-        self.bound: dict[int, tuple[int, float]] = {}
-        self.mark = 0  # sends as the window being planned started (known_until)
-
-    def _hold(self, r: Request, t: float, replica: int | None) -> None:
-        if replica is not None:
-            heapq.heappush(self.held.setdefault(replica, []), (t, self.sends, r))
-            self.sends += 1
-
-    def arrive(self, r: Request, replica: int | None, t: float) -> Replica:
-        if replica is not None and replica in self.held:
-            _, sent, got = heapq.heappop(self.held[replica])
-            if got is not r:
-                raise RuntimeError(f"internal error: request {r.id} arrived before {got.id}")
-            known, until = self.bound.get(replica, (0, -math.inf))
-            if sent >= known and t < until and self.replicas[replica].busy:
-                raise RuntimeError(f"internal error: request {r.id}, not known as its "
-                                   f"replica's window was planned to {until!r} s, arrived "
-                                   f"at {t!r} s")
-        return super().arrive(r, replica, t)
-
-    def timed(self, rep: Replica, until: float) -> None:
-        """rep's window was timed as it was planned, with the arrivals sent so far, to
-        `until`: one sent later that reaches it sooner, while it runs, stops the run."""
-        self.bound[rep.index] = (self.mark, until)
-
-    def known_until(self, rep: Replica, now: float) -> tuple[float, float]:
-        self.mark = self.sends
-        return self._bounds(rep)
-
-    def _bounds(self, rep: Replica) -> tuple[float, float]:
-        raise NotImplementedError
-
-    def take(self, rep: Replica, t: float) -> list[Request]:
-        """The requests on their way to `rep` that reached it by t, arrived now."""
-        if self.mine:  # an open loop's, routed up front (Dispatcher.take)
-            return super().take(rep, t)
-        held, out = self.held.get(rep.index), []
-        while held and held[0][0] <= t:
-            r = heapq.heappop(held)[2]
-            self.pending[rep.index].pop()
-            rep.pending -= 1
-            self.taken.add(r.id)
-            rep.arrived(r)
-            out.append(r)
-        return out
-
-    def known_arrival(self, rep: Replica, now: float) -> float:
-        return self.pending[rep.index].peek()
-
-
-class _PrefillSide(_Held):
+class _PrefillSide(Dispatcher):
     """The prefill pool's front end: as a pool's (open or closed loop), but a request through
     it goes on to the decode pool, and a closed loop's next request follows the decode
     pool's completion (Handover.decoded)."""
@@ -818,15 +750,6 @@ class _PrefillSide(_Held):
         h = super().next_arrival(rep, now)
         return min(h, self.hand.frontier(rep)) if self._unsent_for(rep) else h
 
-    def _send(self, r: Request, t: float) -> Arrival:
-        out = super()._send(r, t)
-        self._hold(r, out.time, out.replica)
-        return out
-
-    def known_arrival(self, rep: Replica, now: float) -> float:
-        return (self.pending[rep.index].peek() if self.route is not None
-                else super().next_arrival(rep, now))  # (an open loop: every arrival known)
-
     def _bounds(self, rep: Replica) -> tuple[float, float]:
         """A closed loop's next requests are known up to Handover.returns; open loop, all."""
         if self.route is None:
@@ -834,7 +757,7 @@ class _PrefillSide(_Held):
         return self.hand.returns(rep), self.hand.least_move + self.hand._lag()
 
 
-class _DecodeSide(_Held):
+class _DecodeSide(Dispatcher):
     """The decode pool's front end: requests arrive as the prefill pool hands them on."""
 
     def __init__(self, policy: str, concurrency: None, hand: Handover):
@@ -881,18 +804,6 @@ class _DecodeSide(_Held):
 
     def more_arrivals(self, rep: Replica) -> bool:
         return bool(self.pending[rep.index]) or self.hand.prefill_active()
-
-
-def _may_refuse(sim: Simulation) -> bool:
-    """Whether a request of sim's trace could be refused on arrival (Simulation.refusal: a
-    prompt and output past a replica's KV, a prompt past an unchunked token budget; a turn
-    after a refused one is refused in turn, and a pair takes no faults), its replicas alike."""
-    t, kv, lim = sim.trace, sim.replicas[0].kv, sim.config.limits
-    if not len(t):
-        return False
-    if kv.blocks_for(int((t.prompt_len + t.output_len).max())) > kv.config.capacity_blocks:
-        return True
-    return not lim.chunked_prefill and int(t.prompt_len.max()) > lim.token_budget
 
 
 def _least_prefill(sim: Simulation) -> float:

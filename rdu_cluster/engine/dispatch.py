@@ -106,6 +106,7 @@ class Dispatcher:
         self.chain = np.zeros(0, dtype=np.int64)
         self.chain_key = np.zeros(0, dtype=np.int64)
         self.think_s: np.ndarray | None = None  # sessions: seconds after the previous turn
+        self.least_think = 0.0  # the least of think_s still to come (_set_chain)
         self.sessions = False
         # open loop (open_loop): arrivals in time order, the next to make, routes up front
         self.order, self.fed, self.route_of = np.zeros(0, dtype=np.int64), 0, None
@@ -113,6 +114,14 @@ class Dispatcher:
         self.mine: dict[int, np.ndarray] = {}  # replica -> its requests in arrival order
         self.made: dict[int, Request] = {}  # id -> made for an Arrival event not handled yet
         self.taken: set[int] = set()  # ids taken before their Arrival was handled (`take`)
+        # replica -> the requests on their way to it as they are sent (a closed loop, a pair's
+        # hand-overs), a heap of (time, order sent, request): the order their Arrival events
+        # are handled in, which a window timed as it is planned takes them in (`take`)
+        self.held: dict[int, list] = {}
+        self.sends = 0
+        # replica -> (sends before its last window timed as planned, that window's `until`)
+        self.bound: dict[int, tuple[int, float]] = {}
+        self.mark = 0  # sends as the window being planned started (known_until)
         self.watch: Watch | None = None  # told of every send (engine/decided.py)
         self.checkpoint: Checkpoint | None = None  # made due by a send (engine/checkpoint.py)
 
@@ -196,10 +205,12 @@ class Dispatcher:
         return r
 
     def take(self, rep: Replica, t: float) -> list[Request]:
-        """Open loop, routed up front: the requests that reach `rep` by t, arrived now, ahead
-        of their Arrival events (a window timed as it is planned: engine/lookahead.py). Their
-        events are passed over: one already made is skipped when handled (`skip`), one not
-        made yet is never made (`feed`)."""
+        """Routed up front: the requests that reach `rep` by t, arrived now, ahead of their
+        Arrival events (a window timed as it is planned: engine/lookahead.py). Their events
+        are passed over: one already made is skipped when handled (`skip`), one not made yet
+        (open loop) is never made (`feed`)."""
+        if not self.mine:  # sent as the run goes (held)
+            return self._take_held(rep, t)
         p, mine, out = self.pending[rep.index], self.mine[rep.index], []
         while p and p.peek() <= t:
             i = int(mine[p.i])
@@ -210,6 +221,34 @@ class Dispatcher:
             rep.arrived(r)
             out.append(r)
         return out
+
+    def _take_held(self, rep: Replica, t: float) -> list[Request]:
+        held, out = self.held.get(rep.index), []
+        while held and held[0][0] <= t:
+            r = heapq.heappop(held)[2]
+            self.pending[rep.index].pop()
+            rep.pending -= 1
+            self.taken.add(r.id)
+            rep.arrived(r)
+            out.append(r)
+        return out
+
+    def _hold(self, r: Request, t: float, replica: int | None) -> None:
+        if replica is not None:
+            heapq.heappush(self.held.setdefault(replica, []), (t, self.sends, r))
+            self.sends += 1
+
+    def _check_held(self, r: Request, replica: int, t: float) -> None:
+        """r, held, arrives at t: the first of its replica's, and, where it was sent after
+        that replica's window now running was planned, not sooner than that window's
+        `until` (what was not known then cannot arrive sooner: known_until)."""
+        _, sent, got = heapq.heappop(self.held[replica])
+        if got is not r:
+            raise RuntimeError(f"internal error: request {r.id} arrived before {got.id}")
+        known, until = self.bound.get(replica, (0, -math.inf))
+        if sent >= known and t < until and self.replicas[replica].busy:
+            raise RuntimeError(f"internal error: request {r.id}, not known as its replica's "
+                               f"window was planned to {until!r} s, arrived at {t!r} s")
 
     def skip(self, r: Request) -> bool:
         """Whether r's Arrival event comes after `take` took it (then it only feeds)."""
@@ -244,10 +283,13 @@ class Dispatcher:
         self.pending[rep].push(r.ready_s)
         if rep is not None:
             self.replicas[rep].pending += 1
+            self._hold(r, r.ready_s, rep)
         return Arrival(r.ready_s, r, rep)
 
     def arrive(self, r: Request, replica: int | None, t: float) -> Replica:
         """A request arrives at t: its replica (routed now unless routed up front)."""
+        if replica is not None and replica in self.held:
+            self._check_held(r, replica, t)
         self.made.pop(r.id, None)
         self.pending[replica].pop()
         if replica is not None:
@@ -302,18 +344,28 @@ class Dispatcher:
         return h
 
     def known_arrival(self, rep: Replica, now: float) -> float:
-        """The next arrival at `rep` that a window timed as it is planned delivers (Clock):
-        open loop, routed up front, all of them are known."""
-        return self.next_arrival(rep, now)
+        """The next arrival at `rep` known now (routed up front), which a window timed as it
+        is planned takes as it comes (lookahead.Clock)."""
+        return self.pending[rep.index].peek()
 
     def known_until(self, rep: Replica, now: float) -> tuple[float, float]:
         """How far ahead the arrivals at `rep` are known, and the least time from one of its
-        completions to an arrival it causes there (lookahead.Clock's until and back): open
-        loop, forever and never."""
-        return math.inf, math.inf
+        completions to an arrival it causes there (lookahead.Clock's until and back)."""
+        self.mark = self.sends
+        return self._bounds(rep)
+
+    def _bounds(self, rep: Replica) -> tuple[float, float]:
+        """Open loop: every arrival known, none caused. A closed loop routed up front: its
+        chains (a client's requests, a session's turns) stay on their first one's replica,
+        so what reaches `rep` not known yet follows one of its own completions, by the
+        least think time still to come."""
+        return math.inf, (self.least_think if self._unsent_for(rep) else math.inf)
 
     def timed(self, rep: Replica, until: float) -> None:
-        """rep's window was timed as it was planned, to `until` (known_until's, or sooner)."""
+        """rep's window was timed as it was planned, with the arrivals sent so far, to
+        `until` (known_until's, or sooner): one sent later that reaches it sooner, while it
+        runs, stops the run (_check_held)."""
+        self.bound[rep.index] = (self.mark, until)
 
     def more_arrivals(self, rep: Replica) -> bool:
         if not self.coupled:
@@ -359,6 +411,10 @@ class Dispatcher:
         sent_later = follows >= 0
         self.chain = np.flatnonzero(sent_later)[np.argsort(follows[sent_later], kind="stable")]
         self.chain_key = follows[self.chain]
+        think = self.think_s
+        # the least time from a completion to the request it sends (0 without sessions)
+        self.least_think = (float(np.min(think[self.chain])) if think is not None
+                            and len(self.chain) else 0.0)
         return sent_later
 
     # -- completions ----------------------------------------------------------------------

@@ -161,11 +161,15 @@ class Simulation:
 
     def _can_look_ahead(self) -> bool:
         """Whether windows are timed as they are planned (engine/lookahead.py): only where the
-        next arrivals at a replica are known in advance (open loop, routed up front; a pair's
+        next arrivals at a replica are known in advance (routed up front: an open loop's all,
+        a closed loop's but those its own completions send, Dispatcher.known_until; a pair's
         pools, up to their frontiers: engine/disagg.py) and the spans can be timed
         (`can_time`)."""
         c = self.config
-        return c.concurrency is None and self.trace.after is None and self.can_time()
+        closed = c.concurrency is not None or self.trace.after is not None
+        # a request refused as it arrives sends its closed loop's next one at once: at the
+        # window's start, where a window takes it as it is planned
+        return self.can_time() and not (closed and self.may_refuse())
 
     def can_time(self) -> bool:
         """Whether the engine can time a span as it plans it: routed up front, no span draws
@@ -293,6 +297,17 @@ class Simulation:
         if not lim.chunked_prefill and r.prompt_len > lim.token_budget:
             return "prompt exceeds the token budget (use --chunked-prefill)"
         return ""
+
+    def may_refuse(self) -> bool:
+        """Whether a request of the trace could be refused as it arrives (`refusal`: a prompt
+        and output past a replica's KV, a prompt past an unchunked token budget; a turn after
+        a refused one is refused in turn), the replicas alike and without faults."""
+        t, kv, lim = self.trace, self.replicas[0].kv, self.config.limits
+        if not len(t):
+            return False
+        if kv.blocks_for(int((t.prompt_len + t.output_len).max())) > kv.config.capacity_blocks:
+            return True
+        return not lim.chunked_prefill and int(t.prompt_len.max()) > lim.token_budget
 
     @property
     def kv_steps(self) -> bool:

@@ -338,7 +338,7 @@ def test_a_single_decode_replica_refusals_never_reach_leads_like_the_others():
     assert direct is None and len(led.requests) == 40
     with pytest.MonkeyPatch.context() as m:
         _without_least_move(m)
-        m.setattr(disagg, "_may_refuse", lambda sim: True)
+        m.setattr(Simulation, "may_refuse", lambda self: True)
         plain, many, direct = run()
     assert direct == 0
     _same_but_windows(led, plain)

@@ -6,19 +6,25 @@ rows."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from rdu_cluster.backends.local import LocalBackend
+from rdu_cluster.config import load_cluster
 from rdu_cluster.engine import replica
+from rdu_cluster.engine.dispatch import Dispatcher
 from rdu_cluster.engine.kv import KVConfig, KVManager
 from rdu_cluster.engine.requests import RUNNING, Request
 from rdu_cluster.engine.schedulers import Limits, View
 from rdu_cluster.engine.schedulers.continuous import Continuous
-from rdu_cluster.engine.simulation import Simulation
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from rdu_cluster.engine.windows import WindowExecutor
-from workloads import traces
+from workloads import sessions, traces
+from workloads.catalog import load_model
 
 
 class Spy:
@@ -380,3 +386,41 @@ def _same_summary(ahead: dict, one: dict) -> None:
             assert np.isclose(ahead[k], v, rtol=1e-12), k
         else:
             assert ahead[k] == v, k
+
+
+@pytest.mark.parametrize("loop", ["clients", "sessions"])
+def test_a_closed_loops_window_runs_through_its_arrivals_to_a_completions_return(loop):
+    """Dispatcher.known_until: a closed loop routed up front keeps each chain (a client's
+    requests, a session's turns) on its first one's replica, so what reaches a replica and is
+    not known yet follows one of its own completions, by the least think time still to come:
+    its window is timed as it is planned through the arrivals known (lookahead.Clock.back).
+    The run is the same as without (each window ending at its first completion) in fewer
+    windows; planned past a completion's return, a request not known as the window was
+    planned arrives within it, and the run stops."""
+    if loop == "sessions":
+        spec = sessions.SessionSpec(16, 3, 256, user=traces.LengthDist("fixed", 1024),
+                                    output=traces.LengthDist("uniform", 16, 96),
+                                    think=sessions.ThinkTime("uniform", 0.05, 0.5))
+        trace, config = traces.ramped(sessions.sessions(spec, 0), 0.3), ServeConfig(plan="tp4")
+    else:
+        trace = traces.synthetic(80, float("inf"), "poisson", traces.LengthDist("fixed", 1024),
+                                 traces.LengthDist("uniform", 16, 96), seed=5)
+        config = ServeConfig(plan="tp4", concurrency=6)
+
+    def run():
+        sim = Simulation(load_model("llama-3.1-8b"), load_cluster("sn40l-16"), trace, config,
+                         LocalBackend())
+        return sim.run(), sim.windows
+
+    (timed, few), mp = run(), pytest.MonkeyPatch()
+    with mp.context() as m:
+        m.setattr(Simulation, "can_time", lambda self: False)
+        cut, many = run()
+    assert timed.requests.drop_columns(["energy_j", "cost_usd"]).equals(
+        cut.requests.drop_columns(["energy_j", "cost_usd"]))
+    assert _by_step(timed.steps).equals(_by_step(cut.steps))
+    assert few < 0.6 * many  # clients 80 against 154, sessions 26 against 119
+    with mp.context() as m:
+        m.setattr(Dispatcher, "_bounds", lambda self, rep: (math.inf, math.inf))
+        with pytest.raises(RuntimeError, match="not known as its replica's window"):
+            run()
