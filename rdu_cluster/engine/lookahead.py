@@ -12,11 +12,12 @@ still cost every span and their times are what the tables record; the engine che
 equal the times it planned with (WindowExecutor.execute, engine/windows.py), so a window is
 exactly what a step-by-step loop would have done.
 
-A pair's decode pool (engine/disagg.py) knows its arrivals only up to a frontier, the earliest
-time a hand-over not known yet could reach the replica: its clock plans no span from that time
-on (`until`), nor from a lag and a hand-over after one of its own completions (`back`: the
-request it sends comes back through the prefill pool). A 2,000-request pair's decode windows
-(dgx-h100:tp2:9 + sn40l-16:tp8:2) went from 2,537 to 688 that way (cut before at every hand-over and completion).
+Where arrivals are known only so far ahead (Dispatcher.known_until: a closed loop routed up
+front, whose own completions send its next requests; a pair's pools, engine/disagg.py, up to
+their frontiers), the clock plans no span from the time up to which they are (`until`) on, nor
+from the least time after one of the replica's own completions that a request it causes can
+reach it (`back`). A 2,000-request pair's decode windows (dgx-h100:tp2:9 + sn40l-16:tp8:2)
+went from 2,537 to 688 that way, cut before at every hand-over and completion.
 
 Saturated spans (the plan stopped at a limit, so an arrival could not change it) are timed only
 when a later plan needs the time, all at once: a saturated run costs nothing more. A replica
