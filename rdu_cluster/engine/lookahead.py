@@ -2,7 +2,7 @@
 
 A replica plans count-based, so without times it must end a window at the first plan that an
 arrival could change (conservative advance): at light load one or two round trips an arrival.
-Where the next arrivals at a replica are known in advance (open loop, routed up front) and
+Where the next arrivals at a replica are known in advance (routed up front: `until` below) and
 nothing a span does draws random numbers, the engine can instead time each span as it plans it,
 with the sockets' own cost tables (`Predictor`: the same `CostTables` the local backend uses,
 pure functions of the program and the step shape, degradation aside), so a window runs through
@@ -142,8 +142,8 @@ class Clock:
 
     def _known(self) -> float:
         """The next arrival known: it changes only when requests are delivered (nothing else
-        adds one while a window is planned: open loop, routed up front, or a pair's decode
-        pool before `until`), so it is asked once per delivery, not once per plan."""
+        adds one while a window is planned: routed up front, and before `until`), so it is
+        asked once per delivery, not once per plan."""
         if self._next is None:
             self._next = self._next_arrival()
         return self._next
