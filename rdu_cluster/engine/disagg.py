@@ -24,11 +24,11 @@ session's next turn, after the think time) to the prefill pool, which holds the 
 (a turn's history is found where it was prefilled; the decode pool receives the whole prompt's
 KV). A replica of either pool plans ahead only to the earliest time something it cannot see
 yet could reach it (Handover.frontier: another replica's next window, in either pool), so
-every arrival is seen at the step boundary it would be in a step-by-step loop; a decode
-replica's window is timed as it is planned up to there (engine/lookahead.py), taking the
-hand-overs known by then as they reach it. Replica routing
-is round-robin in both pools (a stateful policy would need the other pool's state at each
-hand-over). The prefill replica frees the KV when its step ends (the transfer overlapping its
+every arrival is seen at the step boundary it would be in a step-by-step loop; a replica's
+window is timed as it is planned up to there (engine/lookahead.py; a closed loop's prefill
+replica up to Handover.returns), taking the arrivals known by then as they reach it. Replica
+routing is round-robin in both pools (a stateful policy would need the other pool's state at
+each hand-over). The prefill replica frees the KV when its step ends (the transfer overlapping its
 later steps).
 """
 
@@ -606,9 +606,13 @@ class Handover:
         end plus a hand-over's least time, added as `deal` adds them (a bound to the bit)."""
         return self.due[0][0] + self.latency + self.least_hold if self.due else math.inf
 
-    def back(self, rep: Replica) -> float:
-        """The least time from a completion of decode replica `rep` to an arrival it causes
-        there (frontier's lag and hand-over: math.inf where nothing is left to send)."""
+    def back(self, rep: Replica, decode: bool = False) -> float:
+        """The least time from a completion of `rep` (of the decode pool where `decode`) to an
+        arrival it causes there (math.inf where nothing is left to send): a decode
+        replica's, the frontier's lag and prefill and hand-over; a prefill replica's, a
+        hand-over and the lag after it (its decode completion's follow-up)."""
+        if not decode:
+            return self.least_move + self._lag()
         handed = rep.index != self.direct
         return self._lag() + (self.least_prefill + self.least_move if handed else 0.0)
 
@@ -754,7 +758,7 @@ class _PrefillSide(Dispatcher):
         """A closed loop's next requests are known up to Handover.returns; open loop, all."""
         if self.route is None:
             return math.inf, math.inf
-        return self.hand.returns(rep), self.hand.least_move + self.hand._lag()
+        return self.hand.returns(rep), self.hand.back(rep)
 
 
 class _DecodeSide(Dispatcher):
@@ -775,7 +779,7 @@ class _DecodeSide(Dispatcher):
         """Arrivals are known up to the frontier (Handover.frontier); one of the replica's own
         completions sends its client's next request through the prefill pool to it, no sooner
         than the frontier's lag and hand-over after it (Handover.back)."""
-        return self.hand.frontier(rep, decode=True), self.hand.back(rep)
+        return self.hand.frontier(rep, decode=True), self.hand.back(rep, decode=True)
 
     def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
                      blocks: np.ndarray) -> list:
@@ -815,8 +819,8 @@ def _least_prefill(sim: Simulation) -> float:
     however short the prompts); where every prompt has one length and none is cached, the
     least of the steps of k = 1, 2, 3 ... of them, the only ones that complete a request
     (EXACT_PREFILL_SHARE: a 500-client pair's decode windows, cut where a prefill could end,
-    went from 1,658 to 1,069: DeepSeek-V3, hgx-h200:tp8:2 + sn40l-16:tp32:3). A replica of several pipeline stages runs them one after
-    another in a step (engine/step_times.py): the sum of each stage's least. 0 with chunked
+    went from 1,658 to 1,069: DeepSeek-V3, hgx-h200:tp8:2 + sn40l-16:tp32:3). A replica of
+    several pipeline stages runs them one after another in a step (engine/step_times.py): the sum of each stage's least. 0 with chunked
     prefill (a step may complete a prompt's last few tokens), or where a stage's sockets do
     not share one program's tables."""
     t, lim = sim.trace, sim.config.limits

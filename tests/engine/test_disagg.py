@@ -158,7 +158,7 @@ def test_a_pairs_windows_run_through_the_arrivals_known_by_then(loop):
         config, pools = ServeConfig(concurrency=4), ("dgx-h100:tp2:3", "sn40l-16:tp4:1")
         side = disagg._DecodeSide
         wrong = (lambda self, rep: (self.hand.frontier(rep, decode=True), math.inf),
-                 lambda self, rep: (math.inf, self.hand.back(rep)))
+                 lambda self, rep: (math.inf, self.hand.back(rep, decode=True)))
     else:
         spec = sessions.SessionSpec(12, 3, 256, user=traces.LengthDist("fixed", 1024),
                                     output=traces.LengthDist("uniform", 16, 64),
