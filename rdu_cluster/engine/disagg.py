@@ -592,12 +592,8 @@ class Handover:
             if sim is self.dec:
                 t = min(t, dealt)
             for q in sim.replicas:
-                if q is rep:
-                    continue
-                if q.busy:
-                    t = min(t, q.window_end)
-                elif q.running or q.waiting or q.swapped:
-                    t = min(t, sim.now)
+                if q is not rep:
+                    t = min(t, _next_window(q, sim.now))
             h = min(h, t + later)
         return h
 
@@ -623,25 +619,22 @@ class Handover:
         than a decode replica's next window, a hand-over's arrival or a prefill (of another
         prefill replica, a prefill step and a hand-over's least time after its next window
         starts; this one's own: lookahead.Clock.back)."""
-        dec, pre = self.dec, self.pre
-        t = min(min(p.peek() for p in dec.dispatch.pending.values()), self._first_dealt())
-        for q in dec.replicas:
-            if q.busy:
-                t = min(t, q.window_end)
-            elif q.running or q.waiting or q.swapped:
-                t = min(t, dec.now)
+        pre = self.pre
+        t = self._decode_next()
         pending = pre.dispatch.pending
         for q in pre.replicas:
-            if q is rep:
-                continue
-            if q.busy:
-                s = q.window_end
-            elif q.running or q.waiting or q.swapped:
-                s = pre.now
-            else:
-                s = pending[q.index].peek()
-            t = min(t, s + self.least_prefill + self.least_move)
+            if q is not rep:
+                s = _next_window(q, pre.now, pending[q.index].peek())
+                t = min(t, s + self.least_prefill + self.least_move)
         return t + self._lag()
+
+    def _decode_next(self) -> float:
+        """The earliest a decode completion not known yet could come: no sooner than a decode
+        replica's next window (a window's completions are known as it starts), which takes a
+        hand-over no sooner than it arrives or, not dealt yet, could (_first_dealt)."""
+        dec = self.dec
+        t = min(min(p.peek() for p in dec.dispatch.pending.values()), self._first_dealt())
+        return min([t, *(_next_window(q, dec.now) for q in dec.replicas)])
 
     def _known_until(self) -> float:
         """_first_unknown_end, worked out once a loop time and set of hand-overs not dealt:
@@ -659,15 +652,8 @@ class Handover:
         arrival). A request not sent yet follows a decode completion not known yet, no
         earlier than a decode replica's next window (a hand-over not dealt yet decodes after
         it arrives), by the least think time (_lag)."""
-        dec, pending = self.dec, self.pre.dispatch.pending
-        u = min(p.peek() for p in dec.dispatch.pending.values())
-        u = min(u, self._first_dealt())
-        for q in dec.replicas:
-            if q.busy:
-                u = min(u, q.window_end)
-            elif q.running or q.waiting or q.swapped:
-                u = min(u, dec.now)
-        anywhere = min(u + self._lag(), pending[None].peek())
+        pending = self.pre.dispatch.pending
+        anywhere = min(self._decode_next() + self._lag(), pending[None].peek())
         t = math.inf
         for q in self.pre.replicas:
             held = bool(q.running or q.waiting or q.swapped)
@@ -703,6 +689,14 @@ class Handover:
         d = self.pre.dispatch
         return bool(d.unsent or self.due) or any(d.pending.values()) or any(
             q.busy or q.running or q.waiting or q.swapped for q in self.pre.replicas)
+
+
+def _next_window(q: Replica, now: float, idle: float = math.inf) -> float:
+    """The earliest replica q's next window can start: its current one's end, now where it is
+    idle with work, else `idle` (its next arrival, where that is known)."""
+    if q.busy:
+        return q.window_end
+    return now if (q.running or q.waiting or q.swapped) else idle
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,9 @@ import numpy as np
 from chip.socket import CostTables, Spans
 
 SHORT = 64  # steps up to which Clock.steps times a span in Python rather than numpy
-FIRST_STEPS = 8  # steps of an unsaturated span Clock.steps times first
+# Steps of a span cut at a time `h` timed or costed first where the replica has no last step
+# time (then as many as it takes to h), four times more each round (in_rounds)
+FIRST_STEPS = 4
 
 
 def ends(t0: float, durations: np.ndarray, resumes: Sequence[tuple[int, float]] = ()
@@ -58,6 +60,27 @@ def ends(t0: float, durations: np.ndarray, resumes: Sequence[tuple[int, float]] 
         seg[0], seg[1:] = start, durations[i:j]
         out[i:j] = np.cumsum(seg, out=seg)[1:]
     return out
+
+
+def in_rounds(span, t0: float, h: float, dt: float | None, run: Callable[[], Any],
+              end_of: Callable[[Any], float]) -> Any:
+    """run() with the span's steps cut to a first guess (FIRST_STEPS, or as many as a step
+    of `dt` seconds takes from t0 to h, and one), then four times more each round, up to
+    its planned steps, until the last end (`end_of` the result) is at or after h: the first
+    steps of a span cost what they cost as part of it, so only the rounds' sizes change
+    (engine/windows.py WindowExecutor._costed, Clock.steps). The span keeps its steps."""
+    planned = span.steps
+    guess = FIRST_STEPS if not dt else (h - t0) / dt + 1  # (h may lie past any time)
+    k = planned if guess >= planned else max(math.ceil(guess), 1)
+    try:
+        while True:
+            span.steps = k
+            out = run()
+            if k == planned or end_of(out) >= h:
+                return out
+            k = min(planned, 4 * k)
+    finally:
+        span.steps = planned
 
 
 def starts(t0: float, ends: np.ndarray, resumes: Sequence[tuple[int, float]] = ()
@@ -120,11 +143,11 @@ class Clock:
         self.t = t0
         self.dt = dt  # the mean step of the span timed last (steps' guess)
         self.time_of, self._next_arrival, self._deliver = time_of, next_arrival, deliver
-        # Where arrivals are known only so far ahead (a pair's decode pool, engine/disagg.py):
-        # `until`, the time up to which they are (no span is planned from it on but a window's
-        # first: the window ends at the first step boundary at or after it), and `back`, the
-        # least time from one of the replica's own completions to an arrival it causes there
-        # (a closed loop's next request through the prefill pool), which brings `until` in.
+        # Where arrivals are known only so far ahead (Dispatcher.known_until): `until`, the
+        # time up to which they are (no span is planned from it on but a window's first: the
+        # window ends at the first step boundary at or after it), and `back`, the least time
+        # from one of the replica's own completions to an arrival it causes there (a closed
+        # loop's next request), which brings `until` in.
         self.until, self.back = until, back
         self.step_times = step_times or (lambda span: time_of([span]).tolist())
         self._next: float | None = None  # the next arrival, until requests are delivered
@@ -194,29 +217,19 @@ class Clock:
 
     def steps(self, span, saturated: bool) -> int:
         """How many of its steps a span runs: all, for a saturated plan (timed later, if
-        needed); else up to the first step boundary at or after the next arrival, timed
-        FIRST_STEPS first and four times more each round until they pass it (a decode span
-        planned hundreds of steps to its next completion and cut a few steps on filled the
-        tables of every context chunk those steps reach: a pair's decode pool, 40% more
-        evaluations); as many as the mean step of the last span timed (`dt`) takes there
-        first, where there is one."""
+        needed); else up to the first step boundary at or after the next arrival, timed in
+        rounds from the mean step of the span timed last (`dt`: in_rounds; timed to its
+        planned end, a decode span planned hundreds of steps to its next completion and cut a
+        few steps on filled the tables of every context chunk those steps reach: a pair's
+        decode pool, 40% more evaluations)."""
         h = self.next_arrival()
         if saturated or h == math.inf:
             self.untimed.append(span)
             n = span.steps
         else:
-            t0, planned = self.now(), span.steps
-            guess = FIRST_STEPS if not self.dt else math.ceil((h - t0) / self.dt) + 1
-            k = min(planned, max(guess, 1))
-            try:
-                while True:
-                    span.steps = k
-                    e = self._ends_to(span, h)
-                    if k == planned or e[-1] >= h:
-                        break
-                    k = min(planned, 4 * k)
-            finally:
-                span.steps = planned
+            t0 = self.now()
+            e = in_rounds(span, t0, h, self.dt, lambda: self._ends_to(span, h),
+                          lambda out: out[-1])
             n = len(e)
             self.dt = (e[-1] - t0) / n
             self._passed(e)

@@ -16,9 +16,6 @@ import numpy as np
 from rdu_cluster.engine import lookahead
 from rdu_cluster.engine.replica import Replica, Span, Window
 
-# Steps of a cut span costed first where expert loads are drawn (WindowExecutor._costed).
-FIRST_STEPS = 4
-
 if TYPE_CHECKING:
     from rdu_cluster.engine.simulation import Simulation
 
@@ -80,8 +77,8 @@ class WindowExecutor:
         """The sockets' replies, the step times and the steps' ends of the window. A span cut
         at an arrival (the window's only one) is planned to its natural end but runs to the
         first step boundary at or after the cut. Its steps are costed first as far as the cut
-        at the replica's last step time (FIRST_STEPS where it has none), then four times more
-        each round until they pass it: in a pair's decode pool (an arrival about every step)
+        at the replica's last step time, then four times more each round until they pass
+        it (lookahead.in_rounds): in a pair's decode pool (an arrival about every step)
         a window ran 1.2 of the 32 steps it costed where expert loads are drawn (each step
         costed afresh), and a dense span planned 400 steps to its next completion filled the
         decode tables of every context chunk those steps reach. The steps costed are those a
@@ -91,27 +88,23 @@ class WindowExecutor:
         without applying its ops twice (`reruns`)."""
         sim = self.sim
         last = window.spans[-1]
-        planned = last.steps
-        k = planned
+
+        def cost() -> tuple[dict, dict, np.ndarray]:
+            loads, load_max = self._loads(rep, window)
+            res = sim.backend.run(sim.seq, window.ops, window.columns(), loads, rep.sockets)
+            step = sim.step_times.combine(sim.layouts[rep.index], window, res, rep.sockets)
+            step["expert_load_max"] = load_max
+            return res, step, lookahead.ends(t0, step["time_s"], window.resumes)
+
         if last.cut_at < math.inf and getattr(sim.backend, "reruns", False):
-            dt = self.step_s.get(rep.index)
-            guess = FIRST_STEPS if not dt else (last.cut_at - t0) / dt + 1
-            k = planned if guess >= planned else max(1, math.ceil(guess))
-        try:
-            while True:
-                last.steps = k
-                loads, load_max = self._loads(rep, window)
-                res = sim.backend.run(sim.seq, window.ops, window.columns(), loads, rep.sockets)
-                step = sim.step_times.combine(sim.layouts[rep.index], window, res, rep.sockets)
-                step["expert_load_max"] = load_max
-                ends = lookahead.ends(t0, step["time_s"], window.resumes)
-                if k == planned or ends[-1] >= last.cut_at:
-                    if len(step["time_s"]):
-                        self.step_s[rep.index] = float(step["time_s"][-1])
-                    return res, step, ends
-                k = min(planned, 4 * k)
-        finally:
-            last.steps = planned
+            res, step, ends = lookahead.in_rounds(last, t0, last.cut_at,
+                                                  self.step_s.get(rep.index), cost,
+                                                  lambda out: out[2][-1])
+        else:
+            res, step, ends = cost()
+        if len(step["time_s"]):
+            self.step_s[rep.index] = float(step["time_s"][-1])
+        return res, step, ends
 
     def clock(self, rep: Replica, t0: float) -> lookahead.Clock:
         """The window's time as it is planned (engine/lookahead.py): the predicted replies
