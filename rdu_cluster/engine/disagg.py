@@ -67,7 +67,7 @@ from rdu_cluster.engine import (
 )
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.checkpoint import Checkpoint
-from rdu_cluster.engine.dispatch import OWN_COMPLETION, Dispatcher
+from rdu_cluster.engine.dispatch import OWN_COMPLETION, Dispatcher, Pending
 from rdu_cluster.engine.events import Arrival, Event
 from rdu_cluster.engine.replica import Replica, Window
 from rdu_cluster.engine.replica_routing import ReplicaView
@@ -620,12 +620,13 @@ class Handover:
         prefill replica, a prefill step and a hand-over's least time after its next window
         starts; this one's own: lookahead.Clock.back)."""
         pre = self.pre
+        now, pending = pre.now, pre.dispatch.pending
+        prefill, move = self.least_prefill, self.least_move
         t = self._decode_next()
-        pending = pre.dispatch.pending
         for q in pre.replicas:
             if q is not rep:
-                s = _next_window(q, pre.now, pending[q.index].peek())
-                t = min(t, s + self.least_prefill + self.least_move)
+                s = _next_window(q, now, pending[q.index]) + prefill + move
+                t = min(t, s)
         return t + self._lag()
 
     def _decode_next(self) -> float:
@@ -652,16 +653,16 @@ class Handover:
         arrival). A request not sent yet follows a decode completion not known yet, no
         earlier than a decode replica's next window (a hand-over not dealt yet decodes after
         it arrives), by the least think time (_lag)."""
-        pending = self.pre.dispatch.pending
+        pending, now = self.pre.dispatch.pending, self.pre.now
         anywhere = min(self._decode_next() + self._lag(), pending[None].peek())
         t = math.inf
         for q in self.pre.replicas:
-            held = bool(q.running or q.waiting or q.swapped)
-            first = min(anywhere, pending[q.index].peek())  # its next request's arrival
-            if q.busy:
-                t = min(t, q.window_end if held else max(q.window_end, first))
+            if q.running or q.waiting or q.swapped:
+                s = q.window_end if q.busy else now
             else:
-                t = min(t, self.pre.now if held else first)
+                first = min(anywhere, pending[q.index].peek())  # its next request's arrival
+                s = max(q.window_end, first) if q.busy else first
+            t = min(t, s)
         return t + self.least_prefill
 
     def _prefills_due(self) -> float:
@@ -691,12 +692,15 @@ class Handover:
             q.busy or q.running or q.waiting or q.swapped for q in self.pre.replicas)
 
 
-def _next_window(q: Replica, now: float, idle: float = math.inf) -> float:
+def _next_window(q: Replica, now: float, idle: Pending | None = None) -> float:
     """The earliest replica q's next window can start: its current one's end, now where it is
-    idle with work, else `idle` (its next arrival, where that is known)."""
+    idle with work, else its next arrival where `idle` (its arrivals to come) is given (read
+    only then: a prefill replica's every window asks this of each other one)."""
     if q.busy:
         return q.window_end
-    return now if (q.running or q.waiting or q.swapped) else idle
+    if q.running or q.waiting or q.swapped:
+        return now
+    return math.inf if idle is None else idle.peek()
 
 
 @dataclass(frozen=True)

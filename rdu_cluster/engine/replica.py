@@ -292,7 +292,9 @@ class Replica:
         if received:  # their KV came from a prefill replica: they decode, nothing to prefill
             prefill = tuple(p for p in prefill if p[0] not in received)
             if not prefill:  # no prefill step after all: every running sequence decodes
-                decode = [r for r in self.running if not r.prefilling]
+                every = self.lockstep and self.decoding == len(self.running)  # all have runs
+                decode = list(self.running) if every else [r for r in self.running
+                                                          if not r.prefilling]
         if not decode and not prefill:
             return None
         kind = MIXED if decode and prefill else (PREFILL if prefill else DECODE)

@@ -168,6 +168,22 @@ def test_a_span_timed_as_points_is_costed_from_them():
     assert np.array_equal(rows, fresh.window(spans)) and rows[0].tolist() == times
 
 
+def test_points_kept_and_new_in_one_call_survive_the_new_ones_eviction(monkeypatch):
+    """A call whose kept points are the oldest, with new points that evict them as they are
+    kept: each column is still its point's (a KeyError, 'internal error', before)."""
+    from chip import socket
+
+    monkeypatch.setattr(socket, "POINTS", 4)
+    t = _tables()
+    b = np.full(4, 40)
+    old = t._decode_points(b, 40 * np.arange(100, 104))
+    fresh = np.arange(200, 204)
+    got = t._decode_points(np.full(6, 40), 40 * np.r_[100, 101, fresh])
+    alone = _tables()._evaluate_points(np.full(6, 40), 40 * np.r_[100, 101, fresh])
+    assert np.array_equal(got, alone) and np.array_equal(got[:, :2], old[:, :2])
+    assert len(t.points) == 4
+
+
 def _program_tables(model: str, cluster: str, **replace) -> CostTables:
     """CostTables of the first program of `model`'s default plan on `cluster`."""
     import dataclasses

@@ -581,6 +581,25 @@ def test_a_requests_copy_has_its_own_lists_and_its_probe_on_the_copied_cache():
                if f.name != "probe")
 
 
+def test_a_finished_tables_copy_shares_its_rows_and_owns_the_rest():
+    """Finished.__deepcopy__ (a kept run's copy): the rows handed on, tuples of numbers and
+    strings, are the original's objects in a list of its own; what it records next (its
+    requests in flight) is copied as before."""
+    from rdu_cluster.engine.finished import Finished
+    from rdu_cluster.engine.metrics import Recorder
+
+    done = Finished(Recorder())
+    done.rows += [(0, 1.5, "done"), (1, 2.5, "done")]
+    r = Request(2, 0.5, 10, 4)
+    done.arrived(r, 0)
+    a = copy.deepcopy(done)
+    assert a.rows == done.rows and a.rows is not done.rows
+    assert all(x is y for x, y in zip(a.rows, done.rows))
+    a.rows.append((2, 3.5, "done"))
+    assert len(done.rows) == 2
+    assert a.live[2][0] is not r and a.live[2][0].id == 2 and a.rec is not done.rec
+
+
 def test_a_kept_run_goes_on_only_to_its_own_requests_and_more():
     """What the frontier assumes of the trace (its shortest prompt, its largest KV) must hold
     for the longer one, whose first rows are this run's: else it is served from the start."""
