@@ -727,7 +727,7 @@ class _PrefillSide(Dispatcher):
 
     def after_window(self, rep: Replica, window: Window, ends: np.ndarray,
                      blocks: np.ndarray) -> list:
-        done = sorted(_completed(window, ends))
+        done = sorted(_completed(rep, window, ends))
         if done and self.hand.least_prefill > 0:
             _check_least(self.hand.least_prefill, window, ends, self.hand.pre.now,
                          [r for _, _, r in done])
@@ -789,7 +789,7 @@ class _DecodeSide(Dispatcher):
                         watch.through(r.id)
             watch.check(self.hand.pre.now)
         # in time order, then id order: arrivals at equal times go in id order (dispatch.py)
-        for t, _, r in sorted(_completed(window, ends)):
+        for t, _, r in sorted(_completed(rep, window, ends)):
             self.hand.decoded(r, t)
         return []
 
@@ -922,14 +922,13 @@ def _check_least(least: float, window: Window, ends: np.ndarray, t0: float,
                                f" under the least the pool's frontier assumes, {least!r} s")
 
 
-def _completed(window: Window, ends: np.ndarray) -> list[tuple[float, int, Request]]:
-    """(time, id, request) of each request the window completes."""
-    first, out = window.spans[0].first_step, {}
-    for sp in window.spans:
-        for r in [*sp.decode, *(q for q, _ in sp.prefill)]:
-            if r.state == DONE:
-                out[r.id] = (float(ends[r.done_step - first]), r.id, r)
-    return list(out.values())
+def _completed(rep: Replica, window: Window, ends: np.ndarray
+               ) -> list[tuple[float, int, Request]]:
+    """(time, id, request) of each request the window completes: those the replica completed
+    since the engine last took them (Replica.completed: it takes them after the window), not
+    a pass over every span's batch."""
+    first = window.spans[0].first_step
+    return [(float(ends[r.done_step - first]), r.id, r) for r in rep.completed]
 
 
 class Ports:
