@@ -27,6 +27,10 @@ class Ledger:
         if cause not in CAUSES:
             raise ValueError(f"unknown cause {cause!r}")
         t = np.asarray(seconds, dtype=float)
+        if t.ndim == 0 and t == 0:  # adds nothing to a sum: its entries made, in their order
+            self.by_cause.setdefault(cause, 0.0)
+            self.by_class.setdefault(cls, 0.0)
+            return
         self.by_cause[cause] = self.by_cause.get(cause, 0.0) + t
         self.by_class[cls] = self.by_class.get(cls, 0.0) + t
 
@@ -35,20 +39,25 @@ class Ledger:
         (any non-negative weights; where they are all zero the time goes to the first)."""
         self.book(cls, seconds, fractions(shares))
 
-    def book(self, cls: str, seconds: Work, fracs: Mapping[str, np.ndarray]) -> None:
+    def book(self, cls: str, seconds: Work, fracs: Mapping[str, Work]) -> None:
         """Book `seconds` under class `cls`, split over causes by `fractions(shares)` (worked
-        out once where several classes split alike)."""
+        out once where several classes split alike). A cause whose share is none anywhere
+        (fractions' 0.0) is booked nothing, its entries made where they were not: adding 0
+        changes no sum, and the entries keep their order (a decode table's binding resource
+        is the HBM at every point: most of its causes' shares are none)."""
         t = np.asarray(seconds, dtype=float)
         for cause, frac in fracs.items():
-            self.add(cause, cls, t * frac)
+            self.add(cause, cls, 0.0 if frac is NONE else t * frac)
 
     def merge(self, other: Ledger, times: float = 1.0) -> None:
         """Book everything `other` booked (a part of the step costed on its own), `times`
         times."""
-        for cause, t in other.by_cause.items():
-            self.by_cause[cause] = self.by_cause.get(cause, 0.0) + times * t
-        for cls, t in other.by_class.items():
-            self.by_class[cls] = self.by_class.get(cls, 0.0) + times * t
+        for mine, theirs in ((self.by_cause, other.by_cause), (self.by_class, other.by_class)):
+            for key, t in theirs.items():
+                if np.ndim(t) == 0 and t == 0:  # as add: nothing to add, the entry made
+                    mine.setdefault(key, 0.0)
+                else:
+                    mine[key] = mine.get(key, 0.0) + times * t
 
     def total(self) -> np.ndarray:
         return sum(self.by_class.values(), np.zeros(()))
@@ -65,14 +74,21 @@ class Ledger:
         )
 
 
-def fractions(shares: Mapping[str, Work]) -> dict[str, np.ndarray]:
+NONE = 0.0  # fractions' share of a cause with no weight anywhere (Ledger.book books nothing)
+
+
+def fractions(shares: Mapping[str, Work]) -> dict[str, Work]:
     """Each cause's share of `shares` (any non-negative weights; where they are all zero the
-    first cause takes all)."""
+    first cause takes all); NONE (this very object) for a cause but the first whose weight is
+    a scalar 0 (its share is 0 at every point)."""
     weights = {k: np.asarray(v, dtype=float) for k, v in shares.items()}
     total = sum(weights.values(), np.zeros(()))
     first = next(iter(weights))
-    out = {}
+    out: dict[str, Work] = {}
     for cause, w in weights.items():
+        if cause != first and w.ndim == 0 and w == 0:
+            out[cause] = NONE
+            continue
         frac = np.divide(w, total, out=np.zeros(np.broadcast(w, total).shape), where=total > 0)
         out[cause] = np.where(total > 0, frac, 1.0) if cause == first else frac
     return out

@@ -524,12 +524,15 @@ def _book_pipe(ledger: Ledger, ops, res: _Res, r: int):
         by_cls[op.cls.value] = by_cls.get(op.cls.value, 0.0) + np.asarray(demand, dtype=float)
     total = sum(by_cls.values(), np.zeros(()))
     zero = np.zeros(np.shape(t))
+    # a weight 0 at every point is given as a scalar 0: its cause is booked nothing
+    # (breakdown.fractions), where a decode table's points are all HBM-bound without a spill
+    no_spill = np.ndim(res.spill) == 0 and res.spill == 0
     causes = fractions({  # the same split for every class (worked out once)
         "weight_streaming": np.where(hbm_bound, res.weights, zero),
         "kv_streaming": np.where(hbm_bound, res.kv, zero),
-        "activations": np.where(hbm_bound, res.spill, zero),
-        "compute": np.where(comp_bound, 1.0, zero),
-        "communication": np.where(p2p_bound, 1.0, zero),
+        "activations": 0.0 if no_spill else np.where(hbm_bound, res.spill, zero),
+        "compute": 0.0 if all_hbm else np.where(comp_bound, 1.0, zero),
+        "communication": 0.0 if all_hbm else np.where(p2p_bound, 1.0, zero),
     })
     for cls, demand in by_cls.items():
         frac = np.divide(
@@ -550,6 +553,8 @@ def _book_chain(ledger: Ledger, ops, colls, chain: dict, exposed: dict, stall: d
     for cause, seconds in exposed.items():
         if cause == "pipeline_fill":
             each, stalled = r * seconds / n_ops, r * stall[cause] / n_ops  # (the same per op)
+            if not np.any(stalled):  # booked as a scalar 0: nothing added (Ledger.add)
+                stalled = 0.0
             for op in ops:
                 ledger.add(cause, op.cls.value, each)
                 ledger.add("prefetch_stall", op.cls.value, stalled)
