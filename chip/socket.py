@@ -660,12 +660,12 @@ class CostTables:
         cost: StepCost = execution.step_cost(
             graph, self.chip, self.comm_time, self.program.options, self.program.execution_model
         )
-        rows = np.empty((len(ROWS), n))
-        rows[0] = np.broadcast_to(np.asarray(cost.time_s, dtype=float), (n,))
+        rows = np.empty((len(ROWS), n))  # each row a scalar or n points (numpy broadcasts)
+        rows[0] = cost.time_s
         for r, cause in enumerate(CAUSES, start=1):
-            rows[r] = np.broadcast_to(np.asarray(cost.cause(cause), dtype=float), (n,))
-        rows[SENT_ROW] = np.broadcast_to(np.asarray(sent_bytes(graph), dtype=float), (n,))
-        rows[DYNAMIC_ROW] = np.broadcast_to(dynamic_energy_j(cost, self.chip), (n,))
+            rows[r] = cost.cause(cause)
+        rows[SENT_ROW] = sent_bytes(graph)
+        rows[DYNAMIC_ROW] = dynamic_energy_j(cost, self.chip)
         return rows
 
 
