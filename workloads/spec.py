@@ -184,8 +184,24 @@ def with_dtypes(spec: ModelSpec, weights: str | None, kv: str | None,
     return spec.with_precision(p)
 
 
-def layer_runs(layers: tuple[LayerSpec, ...]) -> list[tuple[int, int, LayerSpec]]:
-    """Consecutive identical layers as (first_layer, count, layer): the Blocks of a graph."""
+def layer_runs(layers: tuple[LayerSpec, ...]) -> tuple[tuple[int, int, LayerSpec], ...]:
+    """Consecutive identical layers as (first_layer, count, layer): the Blocks of a graph.
+    Worked out once per layers tuple (the entry keeps it alive): every step's graph asks, and
+    comparing 80 layers took a tenth of building a decode graph."""
+    hit = _RUNS.get(id(layers))
+    if hit is not None and hit[0] is layers:
+        return hit[1]
+    if len(_RUNS) > 4096:
+        _RUNS.clear()
+    runs = _layer_runs(layers)
+    _RUNS[id(layers)] = (layers, runs)
+    return runs
+
+
+_RUNS: dict[int, tuple[tuple, tuple]] = {}
+
+
+def _layer_runs(layers: tuple[LayerSpec, ...]) -> tuple[tuple[int, int, LayerSpec], ...]:
     runs: list[tuple[int, int, LayerSpec]] = []
     for i, layer in enumerate(layers):
         if runs and runs[-1][2] == layer:
@@ -193,7 +209,7 @@ def layer_runs(layers: tuple[LayerSpec, ...]) -> list[tuple[int, int, LayerSpec]
             runs[-1] = (first, count + 1, layer)
         else:
             runs.append((i, 1, layer))
-    return runs
+    return tuple(runs)
 
 
 def check_model(spec: ModelSpec, where: str) -> None:
