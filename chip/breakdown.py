@@ -20,8 +20,8 @@ OVERHEAD = "overhead"
 
 class Ledger:
     def __init__(self) -> None:
-        self.by_cause: dict[str, np.ndarray] = {}
-        self.by_class: dict[str, np.ndarray] = {}
+        self.by_cause: dict[str, Work] = {}
+        self.by_class: dict[str, Work] = {}
 
     def add(self, cause: str, cls: str, seconds: Work) -> None:
         if cause not in CAUSES:
@@ -60,7 +60,7 @@ class Ledger:
                     mine[key] = mine.get(key, 0.0) + times * t
 
     def total(self) -> np.ndarray:
-        return sum(self.by_class.values(), np.zeros(()))
+        return np.asarray(sum(self.by_class.values(), np.zeros(())))
 
     def cost(self, graph: Graph, **fields) -> StepCost:
         weights, kv, flops = graph_totals(graph, ("weight_bytes", "kv_read_bytes", "flops"))

@@ -547,13 +547,12 @@ class CostTables:
         if len(b) > FEW_POINTS:
             return self._evaluate_points(b, s)
         keys = list(zip(b.tolist(), s.tolist()))
-        cols = [self.points.get(k) for k in keys]  # before new points evict any of them
-        new = [i for i, c in enumerate(cols) if c is None]
-        if new:
-            fresh = self._evaluate_points(b[new], s[new]).T.copy()
-            for i, col in zip(new, fresh):
-                cols[i] = _keep(self.points, keys[i], col, POINTS)
-        return np.stack(cols, axis=1)
+        got = {k: self.points[k] for k in keys if k in self.points}  # before new ones evict any
+        new = [i for i, k in enumerate(keys) if k not in got]
+        fresh = self._evaluate_points(b[new], s[new]).T.copy() if new else ()
+        for i, col in zip(new, fresh):
+            got[keys[i]] = _keep(self.points, keys[i], col, POINTS)
+        return np.stack([got[k] for k in keys], axis=1)
 
     def _evaluate_points(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         rows = np.empty((len(ROWS), len(b)))
