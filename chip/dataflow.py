@@ -553,11 +553,13 @@ def _book_chain(ledger: Ledger, ops, colls, chain: dict, exposed: dict, stall: d
     for cause, seconds in exposed.items():
         if cause == "pipeline_fill":
             each, stalled = r * seconds / n_ops, r * stall[cause] / n_ops  # (the same per op)
-            if not np.any(stalled):  # booked as a scalar 0: nothing added (Ledger.add)
-                stalled = 0.0
+            stalls = bool(np.any(stalled))
             for op in ops:
                 ledger.add(cause, op.cls.value, each)
-                ledger.add("prefetch_stall", op.cls.value, stalled)
+                if stalls:
+                    ledger.add("prefetch_stall", op.cls.value, stalled)
+            if ops and not stalls:  # none: its entry made, where the first op's add made it
+                ledger.add("prefetch_stall", ops[0].cls.value, 0.0)
         elif colls:
             ledger.add(cause, OpClass.COLLECTIVE.value, r * seconds)
             ledger.add("prefetch_stall", OpClass.COLLECTIVE.value, r * stall[cause])
