@@ -85,6 +85,17 @@ def fractions(shares: Mapping[str, Work]) -> dict[str, Work]:
     total = sum(weights.values(), np.zeros(()))
     first = next(iter(weights))
     out: dict[str, Work] = {}
+    if total.ndim == 0:  # every weight a scalar (most of a step's kernels): floats, the same
+        # quotients as numpy's (IEEE division), without its calls
+        tot = float(total)
+        for cause, w in weights.items():
+            if cause != first and w == 0:
+                out[cause] = NONE
+            elif tot > 0:
+                out[cause] = float(w) / tot
+            else:
+                out[cause] = 1.0 if cause == first else 0.0
+        return out
     for cause, w in weights.items():
         if cause != first and w.ndim == 0 and w == 0:
             out[cause] = NONE

@@ -376,17 +376,19 @@ def _cost_block(ledger, block: Block, kernels, chip, p: GpuParams, gap, comm_tim
         t = r * np.maximum(t_mem, t_cmp)
         producer = t
         memory_bound = t_mem >= t_cmp
-        zero = np.zeros(np.shape(t))
-        ledger.split(
-            cls,
-            t,
-            {
+        if np.ndim(memory_bound) == 0:  # a kernel of scalars (most of a step's): no selects
+            mb = bool(memory_bound)
+            shares = {"weight_streaming": weights if mb else 0.0, "kv_streaming": kv if mb else 0.0,
+                      "activations": act if mb else 0.0, "compute": 0.0 if mb else 1.0}
+        else:
+            zero = np.zeros(np.shape(t))
+            shares = {
                 "weight_streaming": np.where(memory_bound, weights, zero),
                 "kv_streaming": np.where(memory_bound, kv, zero),
                 "activations": np.where(memory_bound, act, zero),
                 "compute": np.where(memory_bound, zero, 1.0),
-            },
-        )
+            }
+        ledger.split(cls, t, shares)
     if np.any(comm_total > 0):
         ledger.add("communication", OpClass.COLLECTIVE.value, exposed)
 
