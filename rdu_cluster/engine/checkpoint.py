@@ -16,7 +16,9 @@ bit for bit), without the first N - C requests' windows.
 The copy shares what no run changes (the cost tables: a pure function of the chip and program,
 backends/local.py) and copies the rest (copy.deepcopy, with the classes that hold an identity
 or a file copying themselves: LocalBackend, engine/spill.py, and a Request field by field, the
-most numerous object: question 1 of benchmarks/bench_capacity.py, 16 copies 1.04 -> 0.72 s).
+most numerous object: question 1 of benchmarks/bench_capacity.py, 16 copies 1.04 -> 0.72 s;
+a Finished shares its rows handed on, tuples no run changes: question 2's 66 copies 13.4 ->
+1.7 s).
 """
 
 from __future__ import annotations
