@@ -553,12 +553,12 @@ def _book_chain(ledger: Ledger, ops, colls, chain: dict, exposed: dict, stall: d
     for cause, seconds in exposed.items():
         if cause == "pipeline_fill":
             each, stalled = r * seconds / n_ops, r * stall[cause] / n_ops  # (the same per op)
-            stalls = bool(np.any(stalled))
-            for op in ops:
-                ledger.add(cause, op.cls.value, each)
-                if stalls:
+            if np.any(stalled):  # each op's latency and stall, in turn
+                for op in ops:
+                    ledger.add(cause, op.cls.value, each)
                     ledger.add("prefetch_stall", op.cls.value, stalled)
-            if ops and not stalls:  # none: its entry made, where the first op's add made it
+            elif ops:  # no stall: its entry made, where the first op's add made it
+                ledger.add_each(cause, [op.cls.value for op in ops], each)
                 ledger.add("prefetch_stall", ops[0].cls.value, 0.0)
         elif colls:
             ledger.add(cause, OpClass.COLLECTIVE.value, r * seconds)

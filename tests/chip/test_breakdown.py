@@ -50,3 +50,18 @@ def test_a_cause_with_no_weight_has_no_share_and_the_first_takes_all_where_none_
     assert np.array_equal(got["kv_streaming"], np.array([0.0, 2 / 3, 2 / 3]))
     first = fractions({"weight_streaming": 0.0, "compute": 0.0})
     assert first["weight_streaming"] == 1.0 and first["compute"] is NONE
+
+
+def test_add_each_is_add_for_each_class_in_turn():
+    rng = np.random.default_rng(1)
+    for seconds in (rng.uniform(0, 1e-6, 32), 3e-7, 0.0):
+        a, b, before = Ledger(), Ledger(), rng.uniform(0, 1e-6, 32)
+        for ledger in (a, b):
+            ledger.add("compute", "attention", before)
+        classes = ["matmul", "attention", "matmul", "norm"]
+        a.add_each("pipeline_fill", classes, seconds)
+        for cls in classes:
+            b.add("pipeline_fill", cls, seconds)
+        for mine, theirs in ((a.by_cause, b.by_cause), (a.by_class, b.by_class)):
+            assert list(mine) == list(theirs)
+            assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
