@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
 import shlex
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +21,7 @@ import numpy as np
 from chip import serving_stacks
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.plan import validate as validate_plan
+from rdu_cluster import processes
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli import options as o
@@ -370,41 +369,16 @@ def _analytic(asks: list[tuple], n_jobs: int) -> list[list[cap.ReplicaCost]]:
     """_costs of each of `asks` (its arguments), each plan's in one of --jobs processes where
     there are more than one: the analytic pass ran in the parent before any candidate was
     verified (question 1 of benchmarks/bench_capacity.py: 1.3 s, its 21 plans 0.001-0.23 s
-    each). The processes are forked with the costs to make in `_ASKED` (a speculative
-    candidate's `choose` is a closure: it is not sent), and send back ReplicaCost values."""
-    global _ASKED
+    each). The processes are forked with the costs to make (processes.map_forked: a
+    speculative candidate's `choose` is a closure, not sent), and send back ReplicaCost
+    values."""
     per = [_plans(a) for a in asks]
-    _ASKED = [f for fs in per for f in fs]
-    try:
-        got = _forked(_ask, list(range(len(_ASKED))), n_jobs)
-    finally:
-        _ASKED = []
+    got = processes.map_forked(lambda f: f(), [f for fs in per for f in fs], n_jobs)
     out, at = [], 0
     for fs in per:
         out.append([c for c in got[at : at + len(fs)] if c is not None])
         at += len(fs)
     return out
-
-
-_ASKED: list[Callable[[], cap.ReplicaCost | None]] = []
-
-
-def _ask(i: int) -> cap.ReplicaCost | None:
-    """The i-th replica_cost of _ASKED (in a forked process, the parent's list)."""
-    return _ASKED[i]()
-
-
-def _forked(fn: Callable, items: list, n_jobs: int) -> list:
-    """fn of each item, in order: in min(n_jobs, len(items)) forked processes where that is
-    more than one (the loaded catalog and configs go along), else here. The pool ends its
-    workers with SIGTERM once the map is done: the default action there, not the CLI's
-    handler (an "aborted" KeyboardInterrupt traceback per worker)."""
-    if n_jobs <= 1 or len(items) <= 1:
-        return [fn(x) for x in items]
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(min(n_jobs, len(items)), initializer=signal.signal,
-                  initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
-        return pool.map(fn, items, chunksize=1)
 
 
 def _gpu(cluster_ref: str) -> bool:
@@ -470,7 +444,7 @@ def _verify_all(jobs: list[tuple], backend_name: str, address: str | None,
     order = sorted(range(len(jobs)), key=lambda i: not jobs[i][0].disaggregated)
     tasks = [(profile, *jobs[i]) for i in order]
     out = (_on_ray(tasks, address) if backend_name == "ray"
-           else _forked(_task, tasks, n_jobs))
+           else processes.map_forked(_task, tasks, n_jobs))
     got = dict(zip(order, out))
     return [got[i] for i in range(len(jobs))]
 

@@ -28,8 +28,8 @@ every arrival is seen at the step boundary it would be in a step-by-step loop; a
 window is timed as it is planned up to there (engine/lookahead.py; a closed loop's prefill
 replica up to Handover.returns), taking the arrivals known by then as they reach it. Replica
 routing is round-robin in both pools (a stateful policy would need the other pool's state at
-each hand-over). The prefill replica frees the KV when its step ends (the transfer overlapping its
-later steps).
+each hand-over). The prefill replica frees the KV when its step ends (the transfer overlapping
+its later steps).
 """
 
 from __future__ import annotations
@@ -818,9 +818,9 @@ def _least_prefill(sim: Simulation) -> float:
     least of the steps of k = 1, 2, 3 ... of them, the only ones that complete a request
     (EXACT_PREFILL_SHARE: a 500-client pair's decode windows, cut where a prefill could end,
     went from 1,658 to 1,069: DeepSeek-V3, hgx-h200:tp8:2 + sn40l-16:tp32:3). A replica of
-    several pipeline stages runs them one after another in a step (engine/step_times.py): the sum of each stage's least. 0 with chunked
-    prefill (a step may complete a prompt's last few tokens), or where a stage's sockets do
-    not share one program's tables."""
+    several pipeline stages runs them one after another in a step (engine/step_times.py):
+    the sum of each stage's least. 0 with chunked prefill (a step may complete a prompt's
+    last few tokens), or where a stage's sockets do not share one program's tables."""
     t, lim = sim.trace, sim.config.limits
     if not len(t) or lim.chunked_prefill:
         return 0.0

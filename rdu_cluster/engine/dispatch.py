@@ -345,7 +345,7 @@ class Dispatcher:
                     h = min(h, now)
         return h
 
-    def known_arrival(self, rep: Replica, now: float) -> float:
+    def known_arrival(self, rep: Replica) -> float:
         """The next arrival at `rep` known now (routed up front), which a window timed as it
         is planned takes as it comes (lookahead.Clock)."""
         return self.pending[rep.index].peek()

@@ -138,7 +138,7 @@ class WindowExecutor:
             return time_of([sp]).tolist()
 
         until, back = sim.dispatch.known_until(rep, t0)
-        return lookahead.Clock(t0, time_of, lambda: sim.dispatch.known_arrival(rep, t0),
+        return lookahead.Clock(t0, time_of, lambda: sim.dispatch.known_arrival(rep),
                                lambda t: self._deliver(rep, t), step_times, until, back,
                                self.step_s.get(rep.index))
 
