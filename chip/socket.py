@@ -9,12 +9,14 @@ Commands (the same in every backend; see rdu_cluster/backends/messages.py for th
 - `occupancy()`, `checkpoint()`, `restore(state)`, `set_degradation(factor, comm_factor)`.
 
 Decode cost tables. A decode step of batch b at contexts c_1..c_b is costed at the mean context
-sum(c)/b (exact for every term linear in context: KV streaming and attention FLOPs of full
-attention). A span adds b to the context sum each step, so its steps read a table indexed by the
-integer context sum S: row S holds the cost of StepShape.decode(b, S / b). Tables fill lazily in
-chunks of CHUNK consecutive sums, each chunk ONE step_graph + step_cost evaluation over an array
-of CHUNK contexts; a lookup is then a strided slice. The value at S does not depend on which span
-asked first, so results are the same in every backend and after a restart.
+S / b, S = sum(c) (exact for every term linear in context: KV streaming and attention FLOPs of
+full attention), interpolated linearly between the whole-token contexts S // b and S // b + 1
+(exact for the same terms). A span adds one token to every sequence each step, so its steps
+read consecutive whole-token contexts at one interpolation weight, (S % b) / b: a table of a
+batch holds CHUNK + 1 consecutive whole-token contexts, ONE step_graph + step_cost evaluation
+over an array of contexts, and serves CHUNK steps at that batch whatever the context sum a span
+starts from. A lookup is then a slice and one blend. The value at (b, S) does not depend on
+which span asked first, so results are the same in every backend and after a restart.
 
 Per-step rows are ROWS = ("time_s", *CAUSES, "comm_bytes", "dynamic_j"): total time, its
 partition by cause, the bytes this socket sends over its links in the step (not a time), and the
@@ -46,7 +48,10 @@ ROWS = ("time_s", *CAUSES, "comm_bytes", "dynamic_j")
 COMM_ROW = ROWS.index("communication")
 SENT_ROW = ROWS.index("comm_bytes")
 DYNAMIC_ROW = ROWS.index("dynamic_j")
-CHUNK = 4096  # context sums per table chunk: one evaluation covers 4096 / b decode steps
+# Whole-token mean contexts a decode table serves at its batch: CHUNK steps for one evaluation
+# (the contexts of Llama 3.1 70B's 500 four-turn sessions, up to ~10k tokens, at 5 tables a
+# batch; an evaluation of 4,097 points costs ~2.3x one of a point: ~1.4 against 0.6 ms)
+CHUNK = 4096
 # Token counts per prefill table: one evaluation of the execution model costs about as much
 # for 64 token counts as for one (numpy over the counts), and a trace of varied prompt
 # lengths would otherwise pay one evaluation per distinct length (benchmarks/bench_serve.py).
@@ -54,24 +59,20 @@ PREFILL_CHUNK = 64
 # The tables a CostTables keeps, the oldest evicted first (pure caches: an evicted table is
 # rebuilt with the same values). They would otherwise grow with the shapes a run visits, not
 # with its requests in flight: chunked prefill's cached prefixes vary step to step, so its
-# prefill tables (8 KB each) are mostly used once; varied lengths visit many (batch, context
-# chunk) decode tables (512 KB each, and their time rows as lists, 128 KB).
+# prefill tables (8 KB each) are mostly used once; a run visits a decode table (330 KB, and
+# its time row as a list, 130 KB) for each batch it holds and CHUNK contexts its mean spans.
 PREFILL_TABLES = 2048
 DECODE_TABLES = 256
 TIME_ROWS = 512
-# Decode tables are filled (CHUNK points, one evaluation) at batches under this. At batch b a
-# table holds CHUNK / b steps, and a run of thousands of requests at once changes its batch
-# nearly every step: each of its tables served a step or two, at one evaluation each (~3 ms
-# of Python over the graph's blocks, whatever the points). At larger batches the steps no
-# table holds yet are evaluated as they come, a window's together, as the points of one
-# evaluation, and not kept: the execution model costs each point alone, bit for bit, whatever
-# the batch and context of the points beside it (tests/engine/test_cost_window.py).
-LARGE_BATCH = 256
-# The batch up to which step_times keeps a decode table's time row as a list: converting it
-# costs about CHUNK float objects (~30 us) and saves ~1 us of numpy per span it times; a
-# table holds CHUNK / b steps, so past ~64 sequences (64 steps a table, spans of a step or
-# two between arrivals) the list is not used enough to pay for itself, and it holds 128 KB.
-TIME_LIST_BATCH = 64
+# A decode table is filled the second time it is asked for; the first time, its steps are
+# evaluated as points (a window's together, not kept as a table): a run that changes its batch
+# nearly every step (thousands of requests at once, or a closed loop's last window draining
+# its batch a step or two at each batch) reads a step or two of each table, and one table
+# costs ~2.3 point evaluations. The execution model costs each point alone, bit for bit,
+# whatever the batch and context of the points beside it (tests/engine/test_cost_window.py),
+# so a step is the same however it was costed. ASKED: the tables asked for once, forgotten
+# all at once past this many.
+ASKED = 1 << 16
 GROUPED = 64  # spans in a window from which CostTables.window gathers by table, not by span
 # Decode points kept (CostTables._decode_points), from evaluations of at most FEW_POINTS: a
 # few hundred bytes each
@@ -334,8 +335,9 @@ class CostTables:
         self.extra: dict[tuple[int, int, int], np.ndarray] = {}  # the same, of the draft, router
         # the time rows of those, as Python lists (step_times)
         self.times: dict[tuple, list[float]] = {}
-        # (batch, context sum) -> the rows of a decode step evaluated as a point lately
+        # (batch, whole-token context) -> the rows of a decode step evaluated as a point lately
         self.points: dict[tuple[int, int], np.ndarray] = {}
+        self.asked: set[tuple[int, int]] = set()  # decode tables asked for once (ASKED)
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -350,7 +352,7 @@ class CostTables:
             pre = np.flatnonzero(spans.kind != DECODE)
             self.fill_prefill(zip(spans.pre_seqs[pre].tolist(), spans.pre_tokens[pre].tolist(),
                                   spans.pre_prefix[pre].tolist()))
-            if len(spans.kind) >= GROUPED or spans.batch.max(initial=0) >= LARGE_BATCH:
+            if len(spans.kind) >= GROUPED:
                 return self._grouped(spans)
         parts = []
         loads = spans.expert_load
@@ -363,10 +365,10 @@ class CostTables:
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(ROWS), 0))
 
     def _grouped(self, spans: Spans) -> np.ndarray:
-        """`window` for a light-load window of hundreds of short spans (or one at large
-        batches): the decode steps gathered from their tables a (batch, chunk) table at a time
-        (_gather), a mixed step's decode part with them, and the prefill parts a shape at a
-        time, rather than numpy calls a span (the same table entries)."""
+        """`window` for a light-load window of hundreds of short spans: the decode steps
+        gathered from their tables a table at a time (_steps), a mixed step's decode part with
+        them, and the prefill parts a shape at a time, rather than numpy calls a span (the same
+        table entries)."""
         steps = spans.steps.astype(np.int64)
         start = np.cumsum(steps) - steps
         out = np.empty((len(ROWS), int(steps.sum())))
@@ -378,8 +380,7 @@ class CostTables:
             b = np.repeat(spans.batch[d].astype(np.int64), n)
             k = np.arange(len(b)) - np.repeat(np.cumsum(n) - n, n)  # step within its span
             s = np.repeat(spans.ctx_sum[d].astype(np.int64), n) + b * k  # context sum
-            at = np.repeat(start[d], n) + k
-            self._gather(out, at, b, s // CHUNK, s % CHUNK)
+            out[:, np.repeat(start[d], n) + k] = self._steps(b, s)
         p = np.flatnonzero((kind == PREFILL) | mixed)  # one step each
         if len(p):
             shapes = np.stack([spans.pre_seqs[p], spans.pre_tokens[p], spans.pre_prefix[p]], 1)
@@ -396,29 +397,38 @@ class CostTables:
             out[:, start[i] : start[i] + n_i] = self.span(spans, i, n_i, None)
         return out
 
-    def _gather(self, out: np.ndarray, at: np.ndarray, b: np.ndarray, chunk: np.ndarray,
-                col: np.ndarray) -> None:
-        """out[:, at] = the decode table (b, chunk)'s column col, a table at a time; the
-        steps whose table is not filled, at LARGE_BATCH batches or where this window reads
-        under half the steps the table holds at its batch (CHUNK / 2b: a run's last window
-        drains its batch step by step, one or two steps a table, and filled 160 tables a
-        replica for them), as points (_decode_points), not kept."""
-        key = b * (1 << 32) + chunk
+    def _steps(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """(ROWS, len(b)) decode steps of b[i] sequences at context sum s[i]: each between its
+        whole-token contexts (_at), blended as decode_span blends a span's."""
+        c, r = np.divmod(s, b)
+        part = np.flatnonzero(r)
+        rows = self._at(np.concatenate([b, b[part]]), np.concatenate([c, c[part] + 1]))
+        lo = rows[:, : len(b)]
+        hi = lo.copy()
+        hi[:, part] = rows[:, len(b) :]
+        return lo + (hi - lo) * (r / b)
+
+    def _at(self, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """(ROWS, len(b)) decode steps of b[i] sequences at whole-token mean context c[i], a
+        table at a time: from the table where it is held or filled (_table), the rest as the
+        points of one evaluation (_decode_points)."""
+        out = np.empty((len(ROWS), len(b)))
+        key = b * (1 << 32) + c // CHUNK
         order = np.argsort(key, kind="stable")
-        key, at, col = key[order], at[order], col[order]
-        edges = np.flatnonzero(np.diff(key)) + 1
+        edges = np.flatnonzero(np.diff(key[order])) + 1
         points = []
         for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(key)]):
-            kb, kj = divmod(int(key[lo]), 1 << 32)
-            sparse = kb >= LARGE_BATCH or 2 * (hi - lo) * kb < CHUNK
-            if sparse and (kb, kj) not in self.decode:
-                points.append(np.arange(lo, hi))
-                continue
-            out[:, at[lo:hi]] = self._decode_chunk(kb, kj)[:, col[lo:hi]]
+            at = order[lo:hi]
+            kb, kj = divmod(int(key[at[0]]), 1 << 32)
+            table = self._table(kb, kj, c[at])
+            if table is None:
+                points.append(at)
+            else:
+                out[:, at] = table[:, c[at] - kj * CHUNK]
         if points:
             i = np.concatenate(points)
-            kb, kj = np.divmod(key[i], 1 << 32)
-            out[:, at[i]] = self._decode_points(kb, kj * CHUNK + col[i])
+            out[:, i] = self._decode_points(b[i], c[i])
+        return out
 
     def span(self, s: Spans, i: int, n: int, load: np.ndarray | None) -> np.ndarray:
         return self.span_rows(int(s.kind[i]), int(s.batch[i]), int(s.ctx_sum[i]), n,
@@ -444,19 +454,24 @@ class CostTables:
         the span lies in one decode table or is a prefill step (a light-load span timed as it
         is planned, lookahead.Clock)."""
         if kind == DECODE:
-            j = ctx_sum // CHUNK
-            if batch >= LARGE_BATCH and (batch, j) not in self.decode:  # as the window's
-                return self.decode_span(batch, ctx_sum, n, None)[0].tolist()
-            if (ctx_sum + batch * (n - 1)) // CHUNK == j:
-                lo = ctx_sum - j * CHUNK
-                if batch > TIME_LIST_BATCH:
-                    return self._decode_chunk(batch, j)[0, lo : lo + batch * (n - 1) + 1 : batch
-                                                        ].tolist()
+            c0, r = divmod(ctx_sum, batch)
+            m = n + (r > 0)
+            j = c0 // CHUNK
+            if (c0 + m - 1) // CHUNK == j:
                 times = self.times.get((batch, j))
                 if times is None:
-                    times = _keep(self.times, (batch, j), self._decode_chunk(batch, j)[0]
-                                  .tolist(), TIME_ROWS)
-                return times[lo : lo + batch * (n - 1) + 1 : batch]
+                    table = self._table(batch, j, range(c0, c0 + m))
+                    if table is not None:
+                        times = _keep(self.times, (batch, j), table[0].tolist(), TIME_ROWS)
+                if times is not None:
+                    lo = c0 - j * CHUNK
+                    if not r:
+                        return times[lo : lo + n]
+                    w = r / batch
+                    return [x + (y - x) * w for x, y in zip(times[lo : lo + n],
+                                                            times[lo + 1 : lo + m])]
+                return _blend(self._decode_points(np.full(m, batch), np.arange(c0, c0 + m)),
+                              r / batch)[0].tolist()
         elif kind == PREFILL:
             times = self.times.get(prefill)
             if times is None:
@@ -474,7 +489,8 @@ class CostTables:
         their loads: 32 evaluations a span became one, and a draining window's hundred spans
         one or two (an adp32ep32 pool's last window of 124 one- and two-step spans took 124)."""
         outs: list[list[Any]] = [[None] * len(spans.kind) for _ in loads]  # socket, span
-        points: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []  # (socket, span, ...)
+        # (socket, span, batch, contexts, loads, weight): a span's steps on one socket
+        points: list[tuple[int, int, int, np.ndarray, np.ndarray, float]] = []
         start = 0
         for i in range(len(spans.kind)):
             n = int(spans.steps[i])
@@ -491,75 +507,91 @@ class CostTables:
                 continue
             # a socket at the mean load in every step is costed with the drawn ones (points
             # of the same evaluation, bit for bit its table's): on its own it was an
-            # evaluation more (past LARGE_BATCH) or a table fill, in 19% of the decode windows
-            # of an adp32ep32 pool at batch ~480 (a group's count is the mean in ~4% of steps)
-            ctx = (s0 + b * np.arange(n, dtype=float)) / b
-            points += [(k, i, b, ctx, ld) for k, ld in enumerate(part)]
+            # evaluation more or a table fill, in 19% of the decode windows of an adp32ep32
+            # pool at batch ~480 (a group's count is the mean in ~4% of steps)
+            c0, r = divmod(s0, b)
+            points += [(k, i, b, *_loaded(c0, r, n, ld), r / b) for k, ld in enumerate(part)]
         # at most a decode table's points an evaluation (the model's intermediate arrays of 32
         # sockets x 500 steps grew a capacity worker past 1.8 GB)
         for group in _within(points, CHUNK):
-            batches = {b for _, _, b, _, _ in group}
+            batches = {b for _, _, b, _, _, _ in group}
             batch: Work = (float(batches.pop()) if len(batches) == 1 else np.concatenate(
-                [np.full(len(c), float(b)) for _, _, b, c, _ in group]))
-            rows = self._decode_rows(batch, np.concatenate([c for _, _, _, c, _ in group]),
-                                     sum(len(c) for _, _, _, c, _ in group),
-                                     np.concatenate([ld for _, _, _, _, ld in group]))
+                [np.full(len(c), float(b)) for _, _, b, c, _, _ in group]))
+            rows = self._decode_rows(batch, np.concatenate([c for _, _, _, c, _, _ in group]),
+                                     sum(len(c) for _, _, _, c, _, _ in group),
+                                     np.concatenate([ld for _, _, _, _, ld, _ in group]))
             at = 0
-            for k, i, _, c, _ in group:
-                outs[k][i] = rows[:, at : at + len(c)]
+            for k, i, _, c, _, w in group:
+                outs[k][i] = _halves(rows[:, at : at + len(c)], w)
                 at += len(c)
         return [np.concatenate(out, axis=1) if out else np.zeros((len(ROWS), 0))
                 for out in outs]
 
     def decode_span(self, b: int, s0: int, n: int, load: np.ndarray | None) -> np.ndarray:
+        """(ROWS, n) rows of n decode steps of b sequences from context sum s0: step k between
+        the whole-token contexts c0 + k and c0 + k + 1 (c0 = s0 // b), weighted (s0 % b) / b;
+        under per-step expert loads, evaluated as points."""
+        c0, r = divmod(s0, b)
         if load is not None and np.any(load != 1.0):
-            ctx = (s0 + b * np.arange(n, dtype=float)) / b
-            return self._decode_rows(b, ctx, n, load)
-        first, last = s0 // CHUNK, (s0 + b * (n - 1)) // CHUNK
-        if b >= LARGE_BATCH and any((b, j) not in self.decode for j in range(first, last + 1)):
-            return self._decode_points(np.full(n, b), s0 + b * np.arange(n))
-        if first == last:
-            table = self._decode_chunk(b, first)
-            lo = s0 - first * CHUNK
-            return table[:, lo : lo + b * (n - 1) + 1 : b]
-        # The steps within one chunk are consecutive: a strided slice of each chunk's table
-        parts, k = [], 0
-        for j in range(first, last + 1):
-            end = min(n, -(-((j + 1) * CHUNK - s0) // b))  # the first step past chunk j
-            lo = s0 + b * k - j * CHUNK
-            parts.append(self._decode_chunk(b, j)[:, lo : lo + b * (end - k - 1) + 1 : b])
-            k = end
-        return np.concatenate(parts, axis=1)
+            ctx, ld = _loaded(c0, r, n, load)
+            return _halves(self._decode_rows(b, ctx, len(ctx), ld), r / b)
+        m = n + (r > 0)
+        j = c0 // CHUNK
+        table = self.decode.get((b, j)) if (c0 + m - 1) // CHUNK == j else None
+        if table is not None:  # the most frequent: a span within a held table
+            lo = c0 - j * CHUNK
+            return _blend(table[:, lo : lo + m], r / b)
+        return _blend(self._at(np.full(m, b), np.arange(c0, c0 + m)), r / b)
 
-    def _decode_chunk(self, b: int, j: int) -> np.ndarray:
+    def _table(self, b: int, j: int, contexts: np.ndarray | range) -> np.ndarray | None:
+        """Decode table j (whole-token contexts j CHUNK .. (j + 1) CHUNK) of batch b: held,
+        or filled where asked for before (ASKED); None the first time, and where the points
+        kept hold every context asked (a span the clock timed, costed again by the window:
+        not a second ask)."""
+        table = self.decode.get((b, j))
+        if table is not None:
+            return table
+        if len(contexts) <= FEW_POINTS and all((b, c) in self.points for c in (
+                contexts.tolist() if isinstance(contexts, np.ndarray) else contexts)):
+            return None
+        if (b, j) not in self.asked:
+            if len(self.asked) >= ASKED:
+                self.asked.clear()
+            self.asked.add((b, j))
+            return None
+        return self._fill(b, j)
+
+    def _fill(self, b: int, j: int) -> np.ndarray:
+        """Decode table j of batch b, evaluated unless held: CHUNK + 1 whole-token contexts
+        (the last the next table's first: a step's upper neighbour in the same table)."""
         table = self.decode.get((b, j))
         if table is None:
-            ctx = np.arange(j * CHUNK, (j + 1) * CHUNK, dtype=float) / b
-            table = self._decode_rows(b, ctx, CHUNK)
-            _keep(self.decode, (b, j), table, DECODE_TABLES)
+            ctx = np.arange(j * CHUNK, (j + 1) * CHUNK + 1, dtype=float)
+            table = _keep(self.decode, (b, j), self._decode_rows(float(b), ctx, len(ctx)),
+                          DECODE_TABLES)
         return table
 
-    def _decode_points(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
-        """(ROWS, len(b)) decode steps of b[i] sequences at context sum s[i]: the values their
-        tables hold (the same contexts, s / b), CHUNK points an evaluation at most. The points
-        of a few steps are kept a while (POINTS): a span timed as it is planned
-        (lookahead.Clock) is costed again by the sockets, step for step."""
+    def _decode_points(self, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """(ROWS, len(b)) decode steps of b[i] sequences at whole-token mean context c[i]: the
+        values their tables hold, CHUNK points an evaluation at most. The points of a few
+        steps are kept a while (POINTS): a span timed as it is planned (lookahead.Clock) is
+        costed again by the sockets, step for step."""
         if len(b) > FEW_POINTS:
-            return self._evaluate_points(b, s)
-        keys = list(zip(b.tolist(), s.tolist()))
+            return self._evaluate_points(b, c)
+        keys = list(zip(b.tolist(), c.tolist()))
         got = {k: self.points[k] for k in keys if k in self.points}  # before new ones evict any
         new = [i for i, k in enumerate(keys) if k not in got]
-        fresh = self._evaluate_points(b[new], s[new]).T.copy() if new else ()
+        fresh = self._evaluate_points(b[new], c[new]).T.copy() if new else ()
         for i, col in zip(new, fresh):
             got[keys[i]] = _keep(self.points, keys[i], col, POINTS)
         return np.stack([got[k] for k in keys], axis=1)
 
-    def _evaluate_points(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    def _evaluate_points(self, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         rows = np.empty((len(ROWS), len(b)))
         for lo in range(0, len(b), CHUNK):
             bb = b[lo : lo + CHUNK].astype(float)
             rows[:, lo : lo + len(bb)] = self._decode_rows(
-                bb, s[lo : lo + CHUNK].astype(float) / bb, len(bb))
+                bb, c[lo : lo + CHUNK].astype(float), len(bb))
         return rows
 
     def _decode_rows(self, b: Work, ctx: np.ndarray, n: int, load: Work = 1.0) -> np.ndarray:
@@ -680,6 +712,29 @@ def _within(points: list[tuple], most: int) -> list[list[tuple]]:
         groups[-1].append(p)
         size += len(p[3])
     return groups
+
+
+def _blend(rows: np.ndarray, w: float) -> np.ndarray:
+    """Decode steps from the rows of their consecutive whole-token contexts: each step between
+    its context and the next, at weight w (the rows themselves at w = 0)."""
+    return rows if not w else rows[:, :-1] + (rows[:, 1:] - rows[:, :-1]) * w
+
+
+def _loaded(c0: int, r: int, n: int, load: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The contexts and loads to evaluate n decode steps from whole-token context c0 under
+    per-step loads: each step's context, then (r, the context sum's remainder, not 0) each
+    step's next context at the same load."""
+    ctx = c0 + np.arange(n, dtype=float)
+    return (ctx, load) if not r else (np.concatenate([ctx, ctx + 1]),
+                                      np.concatenate([load, load]))
+
+
+def _halves(rows: np.ndarray, w: float) -> np.ndarray:
+    """The steps of `_loaded` points: their first half blended with their second (_blend)."""
+    if not w:
+        return rows
+    n = rows.shape[1] // 2
+    return rows[:, :n] + (rows[:, n:] - rows[:, :n]) * w
 
 
 def _batch(b: Work) -> Work:

@@ -53,9 +53,9 @@ def shared_tables(setup: SocketSetup) -> CostTables:
 
 
 def _nbytes(t: CostTables) -> float:
-    """About the memory `t`'s tables hold (a time row's list: a float object and a pointer
-    an entry)."""
-    arrays = sum(a.nbytes for d in (t.decode, t.prefill, t.extra) for a in d.values())
+    """About the memory `t`'s tables and kept points hold (a time row's list: a float object
+    and a pointer an entry)."""
+    arrays = sum(a.nbytes for d in (t.decode, t.prefill, t.extra, t.points) for a in d.values())
     return arrays + 32.0 * sum(len(v) for v in t.times.values())
 
 

@@ -91,7 +91,7 @@ def test_a_windows_drawn_decode_steps_are_one_evaluation_whatever_their_spans():
     evaluation (where each span took its own, and the mean-load socket one more), with the
     rows each socket's load gives alone."""
     rng = np.random.default_rng(5)
-    batch = np.arange(300, 260, -4)  # past LARGE_BATCH: no tables, every step a point
+    batch = np.arange(300, 260, -4)  # each batch a table asked for once: every step a point
     steps = np.array([1, 2] * 5)
     spans = Spans(kind=np.full(10, DECODE), steps=steps, batch=batch,
                   ctx_sum=batch * 1500 + 7, pre_seqs=np.zeros(10, dtype=int),
@@ -149,7 +149,7 @@ def test_shared_cost_tables_are_reused_and_bounded(monkeypatch):
     assert local.shared_tables(a2) is first  # another run's, the same tables
     # the same model name at other weights: other tables (the program key names the model)
     assert fp8.program.key() == a.program.key() and local.shared_tables(fp8) is not first
-    first.decode_span(8, 0, 4, None)  # fills a decode table
+    first._fill(8, 0)  # a decode table
     assert local._nbytes(first) > 0
     monkeypatch.setattr(local, "SHARED_BYTES", local._nbytes(first) / 2)
     local.shared_tables(b)
