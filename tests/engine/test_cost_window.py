@@ -111,6 +111,19 @@ def test_a_draining_window_costs_its_steps_as_points_and_fills_a_table_asked_for
     assert list(t.decode) == [(8, 1)] and np.array_equal(again, rows[:, -dense:])
 
 
+def test_a_table_beside_a_held_batchs_is_filled_on_its_first_ask():
+    """A batch that stays near a level visits its neighbours: a table asked for the first
+    time is filled where a batch within 4 holds its table of the same contexts; further off,
+    or at other contexts, its steps are points; the same rows either way."""
+    t = _tables()
+    t._fill(100, 0)
+    spans = [(104, 104 * 50 + 1, 3), (109, 109 * 50 + 1, 3), (96, 96 * (CHUNK + 50), 3)]
+    rows = [t.decode_span(b, s0, n, None) for b, s0, n in spans]
+    assert sorted(t.decode) == [(100, 0), (104, 0)]
+    fresh = _tables()
+    assert all(np.array_equal(r, fresh.decode_span(*sp, None)) for r, sp in zip(rows, spans))
+
+
 def test_a_decode_span_is_its_steps_blended_one_by_one_from_the_tables():
     """decode_span slices a table of whole-token contexts and blends each step's two
     neighbours at the span's one weight, including spans over several tables, context sums
