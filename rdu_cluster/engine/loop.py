@@ -23,6 +23,7 @@ from rdu_cluster.engine.events import Event
 # would otherwise be frozen with the live objects and outlive every later run of a sweep (a
 # 54-point serve sweep grew ~20 MB a point; flat with it).
 GC_THRESHOLD = 100_000  # youngest-generation allocations between collections (vs 700)
+_scopes = 0  # frozen() scopes open in this process (and the process it was forked from)
 
 
 @contextlib.contextmanager
@@ -33,14 +34,20 @@ def frozen() -> Iterator[None]:
     validate's rows) freezes once around them: each run otherwise collects the whole process
     at its start, 36 ms a run with capacity's caches about (about 380 of the Llama 3.1 70B
     question's systems' runs)."""
-    if gc.get_freeze_count():
+    global _scopes
+    # gc.get_freeze_count walks the frozen objects: 16 ms a run inside a capacity candidate's
+    # scope (4.2 of the sessions question's ~120 s of profiled CPU), where the count kept
+    # here says as much
+    if _scopes or gc.get_freeze_count():
         yield
         return
     gc.collect()
     gc.freeze()
+    _scopes += 1
     try:
         yield
     finally:
+        _scopes -= 1
         gc.unfreeze()
 
 

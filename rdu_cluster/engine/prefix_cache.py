@@ -59,6 +59,13 @@ HBM = "hbm"
 # against 8 s) and 200 sessions x 30 turns 13x, for hits that differ by under a block a request
 # (at most 15 tokens of a prompt of thousands). 16 is vLLM's KV block, the default.
 MIN_BLOCK_TOKENS = 16
+# block_hashes' memo (chunk id -> the hashes a chunk ends behind a given prefix), one for the
+# process: a chunk's hashes depend on the chunk id, its length and the prefix's state alone,
+# so the runs of one trace (capacity's candidates, its searches' runs) hash each chunk once;
+# 14% of the sessions question's CPU was hashing, each run again. Forgotten all at once past
+# CHAINS_MOST chunks (about 1 KB each for a 2,048-token chunk of 16-token blocks).
+CHAINS_MOST = 50_000
+_CHAINS: dict[int, dict] = {}
 
 
 @dataclass(frozen=True)
@@ -93,9 +100,10 @@ def block_hashes(content: tuple, tokens: int, block_tokens: int, root: int = 0,
     """Hashes of the full blocks among the first `tokens` tokens of `content` ((id, tokens)
     chunks): block k's hash covers block k-1's hash and the (id, start, end) pieces of block k;
     block 0's covers `root` (the model that computed the KV: a CoE expert's index). Tuples of
-    ints hash the same in every process. `memo` (Liveness.chains): chunk id -> the hashes a
-    chunk ends behind a given prefix, kept across calls, so a request whose content extends an
-    earlier one's (a session's next turn) hashes only its new chunks."""
+    ints hash the same in every process. `memo` (_CHAINS): chunk id -> the hashes a chunk
+    ends behind a given prefix, kept across calls, so a request whose content extends an
+    earlier one's (a session's next turn), or the same request in another run, hashes only
+    its new chunks."""
     full = tokens // block_tokens
     out: list[int] = []
     state: tuple = (root, (), 0)  # the last full block's hash, the open block's pieces, fill
@@ -107,6 +115,8 @@ def block_hashes(content: tuple, tokens: int, block_tokens: int, root: int = 0,
         else:
             seen = memo.get(cid)
             if seen is None:
+                if len(memo) >= CHAINS_MOST:
+                    memo.clear()
                 seen = memo[cid] = {}
             got = seen.get((state, n, block_tokens))
             if got is None:
@@ -175,7 +185,6 @@ class Liveness:
     def __init__(self, content: tuple | None):
         self.left: dict[int, int] | None = None  # chunk id -> requests holding it, unfinished
         self.shared: set[int] = set()  # chunk ids more than one request of the trace has
-        self.chains: dict[int, dict] = {}  # block_hashes' memo, for chunks still held
         if content is not None:
             self.left = {}
             for chunks in content:
@@ -213,7 +222,6 @@ class Liveness:
                 self.left[cid] = left
             else:
                 del self.left[cid]
-                self.chains.pop(cid, None)  # no request left hashes it
 
 
 class _Run:
@@ -530,7 +538,7 @@ class PrefixCache:
     def _hashes(self, r: Request, s: _Seq) -> list[int]:
         if s.hashes is None:
             content = r.content or ((own_chunk(r.id), r.prompt_len + r.output_len),)
-            memo = self.live.chains if r.content and self.live is not None else None
+            memo = _CHAINS if r.content and self.live is not None else None
             # KV is the model's: under CoE each expert's blocks are its own
             s.hashes = block_hashes(content, r.prompt_len + r.output_len, self.block_tokens,
                                     root=r.expert + 2, memo=memo)

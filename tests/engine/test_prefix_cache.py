@@ -45,21 +45,25 @@ def test_block_hashes_are_the_chain_of_their_pieces():
 
 
 @pytest.mark.parametrize("block", [16, 48])
-def test_a_turn_hashes_its_new_chunks_behind_the_memo_of_the_last(block):
-    """A trace-wide memo (Liveness.chains) gives the same hashes as hashing each request alone,
-    across sessions, models (roots) and truncation, and forgets a chunk no request holds."""
-    trace = sessions(SPEC, seed=3)
-    live = prefix_cache.Liveness(trace.content)
-    for row, content in enumerate(trace.content):
-        tokens = int(trace.prompt_len[row] + trace.output_len[row]) - row % 3 * 7
-        root = 2 + row % 2
-        assert block_hashes(content, tokens, block, root, memo=live.chains) == \
-            block_hashes(content, tokens, block, root)
-    held = set(live.chains)
-    assert held and held <= set(live.left)
-    for row, content in enumerate(trace.content):
-        live.finish(Request(row, 0.0, 1, 1, content=content))
-    assert not live.chains
+def test_a_turn_hashes_its_new_chunks_behind_the_memo_of_the_last(block, monkeypatch):
+    """The process's memo (_CHAINS) gives the same hashes as hashing each request alone,
+    across sessions, models (roots), truncation and two traces whose chunk ids mean other
+    lengths; past CHAINS_MOST chunks it starts again."""
+    monkeypatch.setattr(prefix_cache, "_CHAINS", {})
+    for seed in (3, 4):
+        trace = sessions(SPEC, seed=seed)
+        for row, content in enumerate(trace.content):
+            tokens = int(trace.prompt_len[row] + trace.output_len[row]) - row % 3 * 7
+            root = 2 + row % 2
+            assert block_hashes(content, tokens, block, root, memo=prefix_cache._CHAINS) == \
+                block_hashes(content, tokens, block, root)
+    held = len(prefix_cache._CHAINS)
+    assert held > 1
+    monkeypatch.setattr(prefix_cache, "CHAINS_MOST", held)
+    content = ((10**9, 100),)  # a chunk not held
+    assert block_hashes(content, 100, block, 2, memo=prefix_cache._CHAINS) == \
+        block_hashes(content, 100, block, 2)
+    assert list(prefix_cache._CHAINS) == [10**9]
 
 
 def test_lru_evicts_in_the_order_blocks_were_added_last():
