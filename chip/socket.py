@@ -49,7 +49,7 @@ COMM_ROW = ROWS.index("communication")
 SENT_ROW = ROWS.index("comm_bytes")
 DYNAMIC_ROW = ROWS.index("dynamic_j")
 # Whole-token mean contexts a decode table serves at its batch: CHUNK steps for one evaluation
-# (the contexts of Llama 3.1 70B's 500 four-turn sessions, up to ~10k tokens, at 5 tables a
+# (the contexts of Llama 3.1 70B's 500 four-turn sessions, up to ~10k tokens, at 3 tables a
 # batch; an evaluation of 4,097 points costs ~2.3x one of a point: ~1.4 against 0.6 ms)
 CHUNK = 4096
 # Token counts per prefill table: one evaluation of the execution model costs about as much
@@ -59,7 +59,7 @@ PREFILL_CHUNK = 64
 # The tables a CostTables keeps, the oldest evicted first (pure caches: an evicted table is
 # rebuilt with the same values). They would otherwise grow with the shapes a run visits, not
 # with its requests in flight: chunked prefill's cached prefixes vary step to step, so its
-# prefill tables (8 KB each) are mostly used once; a run visits a decode table (330 KB, and
+# prefill tables (9 KB each) are mostly used once; a run visits a decode table (590 KB, and
 # its time row as a list, 130 KB) for each batch it holds and CHUNK contexts its mean spans.
 PREFILL_TABLES = 2048
 DECODE_TABLES = 256
