@@ -391,6 +391,31 @@ def link_bytes(
     return out
 
 
+def alone_layout(topology: Topology, groups: Mapping,
+                 concurrent: Mapping) -> tuple[Topology, dict] | None:
+    """`groups` (comm_time_fn's) on a template of just their nodes, renumbered there (a
+    template, groups), where every group of two or more ranks is alone in its reach (no other
+    concurrent group's flows can share its links: _alone) and spans all of those nodes. A
+    collective then costs on the template, without the concurrent groups, what it costs on
+    `topology` among them, bit for bit (schedule delegates to the same template), so layouts
+    alike on clusters of any size give one CommTime. None otherwise."""
+    spn = topology.sockets_per_node
+    nodes = sorted({s // spn for ranks in groups.values() for s in ranks})
+    at = {n: i for i, n in enumerate(nodes)}
+    template = topology.template(len(nodes))
+    out = {}
+    for key, ranks in groups.items():
+        ranks = _ranks(ranks)
+        out[key] = tuple(at[s // spn] * spn + s % spn for s in ranks)
+        if len(ranks) > 1:
+            conc = concurrent.get(key, ())
+            placed = _alone(topology, ranks, conc if type(conc) is Groups
+                            else Groups(_ranks(g) for g in conc))
+            if placed != (template, out[key]):
+                return None
+    return template, out
+
+
 def comm_time_fn(
     topology: Topology,
     groups: Mapping,

@@ -32,7 +32,7 @@ import numpy as np
 from chip import execution, runtime_memory
 from chip.cost import StepCost
 from chip.serving_stacks import stack_of
-from interconnect import build_topology, comm_time_fn
+from interconnect import alone_layout, build_topology, comm_time_fn
 from partitioning.cluster import ClusterSpec
 from partitioning.expert_routing import RoutingModel, expert_load
 from partitioning.footprint import (
@@ -208,13 +208,21 @@ def _topology(spec, sockets: int, per_node: int):
 def plan_comm_time(cluster: ClusterSpec, plan: Plan, socket: int = 0) -> CommTime:
     """Collectives of `socket`'s groups under `plan`, sharing links with the other groups (they
     run the same collective at once). Cached per group layout: plans that share it share the
-    collective costs."""
+    collective costs. Groups alone in their reach are costed on a template of their nodes
+    (interconnect.alone_layout: the same values), so a replica laid out alike on clusters of
+    any size gets one function, and the engine's runs at every replica count one process's
+    cost tables (backends/local.shared_tables: the sessions question of bench_capacity.py
+    filled 4,840 decode tables for 1,372 distinct, one set a replica count)."""
     return _plan_comm(topology_of(cluster), plan, socket)
 
 
 @lru_cache(maxsize=4096)
 def _plan_comm(topology, plan: Plan, socket: int) -> CommTime:
-    return _comm(topology, _frozen(groups_of(plan, socket)), _concurrent(plan))
+    groups, concurrent = groups_of(plan, socket), _concurrent(plan)
+    alone = alone_layout(topology, groups, dict(concurrent))
+    if alone is not None:
+        return _comm(alone[0], _frozen(alone[1]), ())
+    return _comm(topology, _frozen(groups), concurrent)
 
 
 @lru_cache(maxsize=1024)
