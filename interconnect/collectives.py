@@ -393,25 +393,33 @@ def link_bytes(
 
 def alone_layout(topology: Topology, groups: Mapping,
                  concurrent: Mapping) -> tuple[Topology, dict] | None:
-    """`groups` (comm_time_fn's) on a template of just their nodes, renumbered there (a
+    """`groups` (comm_time_fn's) on a template of just their sockets, renumbered there (a
     template, groups), where every group of two or more ranks is alone in its reach (no other
-    concurrent group's flows can share its links: _alone) and spans all of those nodes. A
-    collective then costs on the template, without the concurrent groups, what it costs on
-    `topology` among them, bit for bit (schedule delegates to the same template), so layouts
-    alike on clusters of any size give one CommTime. None otherwise."""
+    concurrent group's flows can share its links: _alone). Within one node whose flows cross
+    only their own two sockets' links (full mesh, switch: every socket of a node alike) the
+    template is a node of just the groups' sockets; across nodes, the groups must span the
+    same nodes, and the template is those nodes. A collective then costs on the template,
+    without the concurrent groups, what it costs on `topology` among them, bit for bit, so
+    layouts alike on clusters of any size (and nodes of any size) give one CommTime. None
+    otherwise."""
     spn = topology.sockets_per_node
-    nodes = sorted({s // spn for ranks in groups.values() for s in ranks})
-    at = {n: i for i, n in enumerate(nodes)}
-    template = topology.template(len(nodes))
+    members = sorted({s for ranks in groups.values() for s in ranks})
+    nodes = sorted({s // spn for s in members})
+    if len(nodes) == 1 and _grain(topology) == 1:
+        at = {s: i for i, s in enumerate(members)}
+        template = topology.node_of_sockets(len(members))
+    else:
+        at = {s: nodes.index(s // spn) * spn + s % spn for s in members}
+        template = topology.template(len(nodes))
     out = {}
     for key, ranks in groups.items():
         ranks = _ranks(ranks)
-        out[key] = tuple(at[s // spn] * spn + s % spn for s in ranks)
+        out[key] = tuple(at[s] for s in ranks)
         if len(ranks) > 1:
             conc = concurrent.get(key, ())
             placed = _alone(topology, ranks, conc if type(conc) is Groups
                             else Groups(_ranks(g) for g in conc))
-            if placed != (template, out[key]):
+            if placed is None or len({s // spn for s in ranks}) != len(nodes):
                 return None
     return template, out
 

@@ -225,6 +225,12 @@ class Topology:
         alike, so it is the template's route with node numbers mapped (`globalize`)."""
         return _template(self.spec, self.sockets_per_node, nodes, self.has_fabric)
 
+    def node_of_sockets(self, sockets: int) -> Topology:
+        """One node of this wiring of `sockets` sockets, no fabric: where a route between two
+        sockets of a node crosses only their own links (full mesh, switch), every socket of a
+        node is alike and a node's size changes none of its routes."""
+        return _template(self.spec, sockets, 1, False)
+
     def globalize(self, local: tuple[int, ...], nodes: tuple[int, ...]) -> tuple[int, ...]:
         """Link ids of a template over len(nodes) nodes -> this topology's, template node j
         being node nodes[j] (sorted, so ties between equal routes break the same way)."""

@@ -208,11 +208,12 @@ def _topology(spec, sockets: int, per_node: int):
 def plan_comm_time(cluster: ClusterSpec, plan: Plan, socket: int = 0) -> CommTime:
     """Collectives of `socket`'s groups under `plan`, sharing links with the other groups (they
     run the same collective at once). Cached per group layout: plans that share it share the
-    collective costs. Groups alone in their reach are costed on a template of their nodes
-    (interconnect.alone_layout: the same values), so a replica laid out alike on clusters of
-    any size gets one function, and the engine's runs at every replica count one process's
-    cost tables (backends/local.shared_tables: the sessions question of bench_capacity.py
-    filled 4,840 decode tables for 1,372 distinct, one set a replica count)."""
+    collective costs. Groups alone in their reach are costed on a template of just their
+    sockets or nodes (interconnect.alone_layout: the same values), so a replica laid out alike
+    on clusters of any size, in nodes of any size, gets one function, and the engine's runs at
+    every replica count one process's cost tables (backends/local.shared_tables: the sessions
+    question of bench_capacity.py filled 4,840 decode tables for 1,372 distinct, a set for
+    each replica count and pool node size; 3,909 with templates of nodes)."""
     return _plan_comm(topology_of(cluster), plan, socket)
 
 

@@ -135,18 +135,22 @@ def test_shared_cost_tables_are_reused_and_bounded(monkeypatch):
     from workloads.catalog import load_model
     from workloads.spec import with_dtypes
 
-    def setup(cluster: str, weights: str = "bf16"):
+    def setup(cluster: str, weights: str = "bf16", plan: str = "tp8"):
         trace = traces.synthetic(1, 1.0, "poisson", traces.LengthDist("fixed", 16),
                                  traces.LengthDist("fixed", 4))
         sim = Simulation(with_dtypes(load_model("llama-3.1-8b"), weights, None),
-                         load_cluster(cluster), trace, ServeConfig(plan="tp8"), LocalBackend())
+                         load_cluster(cluster), trace, ServeConfig(plan=plan), LocalBackend())
         sim.run()
         return next(iter(sim.build.setups(sim.layouts[0], sim.plan).values()))
 
-    a, b, a2, fp8 = setup("sn40l-8"), setup("sn40l-16"), setup("sn40l-8"), setup("sn40l-8", "fp8")
+    a, a2, fp8 = setup("sn40l-8"), setup("sn40l-8"), setup("sn40l-8", "fp8")
+    b = setup("sn40l-16", plan="tp16")
     monkeypatch.setattr(local, "_shared", type(local._shared)())
     first = local.shared_tables(a)
     assert local.shared_tables(a2) is first  # another run's, the same tables
+    # a tp8 group within a node of sn40l-16 (two a node) costs its collectives as one of
+    # sn40l-8 (interconnect.alone_layout): the same tables
+    assert local.shared_tables(setup("sn40l-16")) is first
     # the same model name at other weights: other tables (the program key names the model)
     assert fp8.program.key() == a.program.key() and local.shared_tables(fp8) is not first
     first._fill(8, 0)  # a decode table

@@ -4,6 +4,7 @@ every collective costs what it costs among the concurrent groups of the whole cl
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -60,13 +61,36 @@ def test_every_collective_costs_what_it_costs_among_all_groups(cluster, plan, so
                 assert np.array_equal(new(coll), old(coll)), (key, kind, b)
 
 
+@pytest.mark.parametrize("cluster, plan, per_node, replicas", [
+    ("dgx-h100", Plan(tp=2), 2, 9), ("dgx-h100", Plan(tp=2), 8, 12), ("sn40l-16", Plan(tp=8), 8, 5),
+    ("sn40l-16", Plan(tp=4), 4, 11), ("hgx-h200", Plan(tp=2, ep=2), 4, 5)])
+def test_a_pools_nodes_of_any_size_cost_as_the_cluster_did(cluster, plan, per_node, replicas):
+    """A pool of N replicas is N plan groups in nodes of gcd(N x group, a node's sockets)
+    (disagg.Pool.spec): a group within a node of 2 sockets costs what it costs in one of 8."""
+    c = _nodes(load_cluster(cluster), 2)
+    w = plan.tp * plan.ep
+    c = replace(c, sockets=w * replicas, sockets_per_node=per_node)
+    p = replace(plan, dp=replicas)
+    new, old = plan_comm_time(c, p, 0), _among_all(c, p, 0)
+    for key, ranks in groups_of(p, 0).items():
+        name, size = (key if isinstance(key, tuple) else (key, len(ranks)))
+        for kind in KINDS:
+            for b in BYTES:
+                coll = Collective(kind, b, name, size)
+                assert np.array_equal(new(coll), old(coll)), (key, kind, b)
+
+
 def test_a_replica_alike_on_clusters_of_any_size_gets_one_function():
-    """A tensor-parallel replica within a node: the same function at 5, 6 and 8 nodes (the
-    engine's cost tables key on it); groups that share links with others (a ring within a
-    node whose sockets forward) keep one of their cluster's."""
+    """A tensor-parallel replica within a node: the same function at 5, 6 and 8 nodes, and in
+    nodes of 2 or 8 GPUs (the engine's cost tables key on it); groups that share links with
+    others (a ring within a node whose sockets forward) keep one of their cluster's."""
     base = load_cluster("sn40l-16")
     fns = {plan_comm_time(_nodes(base, n), Plan(tp=8, dp=2 * n)) for n in (5, 6, 8)}
     assert len(fns) == 1
+    h100 = _nodes(load_cluster("dgx-h100"), 3)
+    pools = {plan_comm_time(replace(h100, sockets=2 * n, sockets_per_node=math.gcd(2 * n, 8)),
+                            Plan(tp=2, dp=n)) for n in (9, 11, 12, 16)}
+    assert len(pools) == 1  # nodes of 2 and of 8 GPUs
     ring = load_cluster("sn40l-16-ring")
     shared = {plan_comm_time(_nodes(ring, n), Plan(tp=4, dp=4 * n)) for n in (5, 6)}
     assert len(shared) == 2
