@@ -212,8 +212,9 @@ def plan_comm_time(cluster: ClusterSpec, plan: Plan, socket: int = 0) -> CommTim
     sockets or nodes (interconnect.alone_layout: the same values), so a replica laid out alike
     on clusters of any size, in nodes of any size, gets one function, and the engine's runs at
     every replica count one process's cost tables (backends/local.shared_tables: the sessions
-    question of bench_capacity.py filled 4,840 decode tables for 1,372 distinct, a set for
-    each replica count and pool node size; 3,909 with templates of nodes)."""
+    question of bench_capacity.py, in one process, filled 4,840 decode tables for 1,372
+    distinct, a set for each replica count and pool node size; now 2,858, the rest again
+    where a program's tables left the process's few, SHARED_TABLES)."""
     return _plan_comm(topology_of(cluster), plan, socket)
 
 
