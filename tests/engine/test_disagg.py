@@ -438,6 +438,11 @@ def test_a_turn_leaves_at_least_its_new_message_uncached():
     parted = traces.Trace(np.zeros(2), np.array([300, 300]), np.array([1, 1]),
                           content=(((7, 300),), ((7, 200), (8, 100))))
     assert disagg._least_uncached(parted) == 100
+    # once a trace: the same answer again, and another content is another trace
+    again = traces.Trace(np.zeros(2), np.array([300, 300]), np.array([1, 1]),
+                         content=(((7, 300),), ((7, 200), (8, 100))))
+    other = replace(again, content=(((7, 300),), ((9, 200), (8, 100))))
+    assert disagg._least_uncached(again) == 100 and disagg._least_uncached(other) == 300
 
     def run():
         d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp2:2", "p"),
