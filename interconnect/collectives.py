@@ -253,7 +253,7 @@ def _grain(topology: Topology) -> int:
     """Sockets per key of the sharing search: 1 where a flow crosses only links owned by its
     two end sockets (full mesh, switch; NICs are per socket), else the node (ring and torus
     routes pass other sockets of the node)."""
-    return 1 if topology.spec.kind in ("full_mesh", "switch") else topology.sockets_per_node
+    return 1 if topology.spec.direct else topology.sockets_per_node
 
 
 @lru_cache(maxsize=256)

@@ -45,6 +45,14 @@ class TopologySpec:
     algorithms: tuple[str, ...] = ALGORITHMS  # collective algorithms the library may pick from
     source: str = ""
 
+    @property
+    def direct(self) -> bool:
+        """Whether a route between two sockets of a node crosses only those two sockets' own
+        links (full mesh: their link; switch: their ports), so no other socket's flows share
+        it and a node's size changes none of its routes; a ring's and a torus's routes pass
+        other sockets of the node."""
+        return self.kind in ("full_mesh", "switch")
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "topology") -> TopologySpec:
         required = {"kind", "link_bandwidth_bytes_per_s", "link_latency_s", "source"}

@@ -121,7 +121,22 @@ def test_runs_not_alike_are_refused():
     whole, one, t, config = _case(3, 10, 4, 0.4)
     assert not alike.applies(MODEL, whole, one, t, config, 3, 0.5)  # another ramp
     assert not alike.applies(MODEL, whole, one, t, replace(config, routing="least-kv"), 3, 0.4)
-    # sn40l-16's sockets are a full mesh: eight tp2 replicas fill its node of 16, one alone
-    # would be a node of 2, laid out apart (behind dgx-h100's switch the node's size is moot)
-    whole, one = (Pool("sn40l-16", "tp2", n).spec(MODEL, FABRIC) for n in (8, 1))
-    assert not alike.applies(MODEL, whole, one, t, replace(config, concurrency=10), 8, 0.4)
+    # a ring's routes pass the node's other sockets: four tp4 replicas fill a node of 16,
+    # one alone would be a ring of 4 (in a full mesh or behind a switch the node's size is
+    # moot: test_a_full_mesh_nodes_replicas_are_alike_whatever_the_nodes_size)
+    whole, one = (Pool("sn40l-16-ring", "tp4", n).spec(MODEL, FABRIC) for n in (4, 1))
+    assert not alike.applies(MODEL, whole, one, t, replace(config, concurrency=10), 4, 0.4)
+
+
+def test_a_full_mesh_nodes_replicas_are_alike_whatever_the_nodes_size():
+    """sn40l-16's sockets are a full mesh: two tp8 replicas a node of 16, where one alone is a
+    node of 8; a route crosses only its own two sockets' links, so the replica's collectives
+    cost the same (interconnect.alone_layout) and one replica gives the whole run's figures."""
+    whole, one, t, config = _case(4, 12, 3, 0.4, system=("sn40l-16", "tp8"))
+    assert (whole.sockets_per_node, one.sockets_per_node) == (16, 8)
+    assert alike.applies(MODEL, whole, one, t, config, 4, 0.4)
+    backend = lambda: make_backend("local")
+    full = Simulation(MODEL, whole, t, config, backend()).run().summary
+    fast = alike.run(MODEL, whole, one, t, config, backend, 4, 0.4)
+    assert fast["replicas_simulated"] == 1
+    _same_figures(fast, full)

@@ -75,7 +75,9 @@ def applies(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace
         return False
     # each replica within its own node(s), on the same node network as in the whole cluster
     # (a replica within one node uses no inter-node fabric, which the whole cluster adds; and
-    # behind a non-blocking switch its routes do not depend on how many sockets share it)
+    # in a node whose routes cross only their own sockets' links, a full mesh or a switch,
+    # they do not depend on how many sockets share it: interconnect.alone_layout costs its
+    # collectives on a node of just its sockets either way)
     g, per_node = one.sockets, whole.sockets_per_node
     if g % per_node and per_node % g:
         return False  # a replica across a node boundary
@@ -84,8 +86,8 @@ def applies(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace
         topo = replace(topo, inter_node_bandwidth_bytes_per_s=(
             one.topology.inter_node_bandwidth_bytes_per_s),
             inter_node_latency_s=one.topology.inter_node_latency_s)
-    switched = topo.kind == "switch" and g <= per_node
-    return one.topology == topo and (switched or one.sockets_per_node == per_node)
+    direct = topo.direct and g <= per_node
+    return one.topology == topo and (direct or one.sockets_per_node == per_node)
 
 
 def _clients_alike(trace: Trace, config: ServeConfig, replicas: int, ramp_s: float) -> bool:
