@@ -27,6 +27,7 @@ engine, which knows how long each socket is held (a step's slowest socket, swaps
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from itertools import chain
@@ -339,8 +340,10 @@ class CostTables:
         # (k sequences, cached prefix, token chunk) -> prefill rows of PREFILL_CHUNK token counts
         self.prefill: dict[tuple[int, int, int], np.ndarray] = {}
         self.extra: dict[tuple[int, int, int], np.ndarray] = {}  # the same, of the draft, router
-        # the time rows of those, as Python lists (step_times)
-        self.times: dict[tuple, list[float]] = {}
+        # the time rows of those (step_times): a decode table's as an array('d'), which the
+        # garbage collector does not walk (as lists, 2 million floats a capacity worker held
+        # made each full collection ~90 ms), a prefill step's as a list of its one time
+        self.times: dict[tuple, Any] = {}
         # (batch, whole-token context) -> the rows of a decode step evaluated as a point lately
         self.points: dict[tuple[int, int], np.ndarray] = {}
         self.asked: set[tuple[int, int]] = set()  # decode tables asked for once (ASKED)
@@ -468,11 +471,12 @@ class CostTables:
                 if times is None:
                     table = self._table(batch, j, range(c0, c0 + m))
                     if table is not None:
-                        times = _keep(self.times, (batch, j), table[0].tolist(), TIME_ROWS)
+                        times = _keep(self.times, (batch, j), array("d", table[0].tobytes()),
+                                      TIME_ROWS)
                 if times is not None:
                     lo = c0 - j * CHUNK
                     if not r:
-                        return times[lo : lo + n]
+                        return times[lo : lo + n].tolist()
                     w = r / batch
                     return [x + (y - x) * w for x, y in zip(times[lo : lo + n],
                                                             times[lo + 1 : lo + m])]

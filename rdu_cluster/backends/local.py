@@ -16,6 +16,7 @@ named in a command that another holder of its memory is not gets a copy of its o
 from __future__ import annotations
 
 import copy
+from array import array
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -53,10 +54,11 @@ def shared_tables(setup: SocketSetup) -> CostTables:
 
 
 def _nbytes(t: CostTables) -> float:
-    """About the memory `t`'s tables and kept points hold (a time row's list: a float object
-    and a pointer an entry)."""
+    """About the memory `t`'s tables and kept points hold (a time row: 8 bytes an entry in
+    an array, a float object and a pointer in a list)."""
     arrays = sum(a.nbytes for d in (t.decode, t.prefill, t.extra, t.points) for a in d.values())
-    return arrays + 32.0 * sum(len(v) for v in t.times.values())
+    return arrays + sum((8.0 if isinstance(v, array) else 32.0) * len(v)
+                        for v in t.times.values())
 
 
 class LocalBackend:
