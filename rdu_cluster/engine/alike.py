@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -134,9 +135,11 @@ def _sessions_alike(trace: Trace, config: ServeConfig, replicas: int, ramp_s: fl
     return trace.content is None or _content_alike(trace.content, sessions, turns)
 
 
+@lru_cache(maxsize=8)
 def _content_alike(content: tuple, sessions: int, turns: int) -> bool:
     """Whether each session's chunks are session 0's, its own ids renamed (an id in two
-    sessions is shared and kept)."""
+    sessions is shared and kept). Once a trace: capacity asks it of every run (a pass over
+    each turn's chunks, ~4 ms for 2,000 turns, where hashing the content takes ~0.1)."""
     owner: dict = {}
     for i, chunks in enumerate(content):
         for cid, _ in chunks:
