@@ -61,7 +61,7 @@ PREFILL_CHUNK = 64
 # rebuilt with the same values). They would otherwise grow with the shapes a run visits, not
 # with its requests in flight: chunked prefill's cached prefixes vary step to step, so its
 # prefill tables (9 KB each) are mostly used once; a run visits a decode table (590 KB, and
-# its time row as a list, 130 KB) for each batch it holds and CHUNK contexts its mean spans.
+# its time row as an array, 33 KB) for each batch it holds and CHUNK contexts its mean spans.
 PREFILL_TABLES = 2048
 DECODE_TABLES = 256
 TIME_ROWS = 512
