@@ -22,9 +22,12 @@ the underlying normal, rounded to the nearest integer and clipped to >= 1.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -133,6 +136,29 @@ class LengthDist:
         mu = math.log(self.a) - self.b**2 / 2  # so that the mean is `a`
         draws = np.rint(rng.lognormal(mu, self.b, size=n))
         return np.clip(draws, 1, MAX_LENGTH).astype(np.int64)
+
+
+def per_trace(most: int = 8) -> Callable:
+    """A function of a trace (and hashable arguments) worked out once for the trace's values:
+    its content, the rows each follows and its lengths (not its arrival times). Capacity's
+    runs rebuild one trace for every run; what is read off it alone need not be read again.
+    At most `most` traces kept, forgotten all at once."""
+    def wrap(fn: Callable) -> Callable:
+        memo: dict[tuple, Any] = {}
+
+        @functools.wraps(fn)
+        def cached(t: Trace, *args: Any, **kwargs: Any) -> Any:
+            key = (t.content, None if t.after is None else t.after.tobytes(),
+                   t.prompt_len.tobytes(), t.output_len.tobytes(), args,
+                   tuple(sorted(kwargs.items())))
+            if key not in memo:
+                if len(memo) >= most:
+                    memo.clear()
+                memo[key] = fn(t, *args, **kwargs)
+            return memo[key]
+
+        return cached
+    return wrap
 
 
 def check_span(n: int, rate: float) -> None:

@@ -76,7 +76,7 @@ from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
 from workloads import graph
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
-from workloads.traces import Trace
+from workloads.traces import Trace, per_trace
 
 
 @dataclass(frozen=True)
@@ -850,27 +850,15 @@ def _least_prefill(sim: Simulation) -> float:
     return (EXACT_PREFILL_SHARE if exact else LEAST_PREFILL_SHARE) * least
 
 
+@per_trace()
 def _least_uncached(t: Trace) -> int:
     """The fewest prompt tokens a request of `t` could find uncached: its prompt past the
     longest token prefix (Trace.content) it shares with a request other than it and its
     later turns, prompt and output (any of those may have been prefilled first; a later
     turn, sent after this one completes, cannot). Tokens are a chunk's (id, offset), as the
     prefix cache's blocks hash them (prefix_cache.block_hashes): a chunk of the same id but
-    another length behind the same prefix shares the shorter one's tokens. Worked out once a
-    trace (UNCACHED: capacity's pair runs serve one trace over and over, 35 ms each)."""
-    key = (t.content, None if t.after is None else t.after.tobytes(), t.prompt_len.tobytes())
-    if key not in _UNCACHED:
-        if len(_UNCACHED) >= UNCACHED:
-            _UNCACHED.clear()
-        _UNCACHED[key] = _least_uncached_of(t)
-    return _UNCACHED[key]
-
-
-UNCACHED = 8  # traces whose _least_uncached is kept
-_UNCACHED: dict[tuple, int] = {}
-
-
-def _least_uncached_of(t: Trace) -> int:
+    another length behind the same prefix shares the shorter one's tokens. Once a trace
+    (capacity's pair runs serve one trace over and over, 35 ms each)."""
     content = t.content or ()
     after = t.after
     nexts: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (prefix, id) -> (holder, n)

@@ -126,3 +126,25 @@ def test_mooncake_with_a_byte_order_mark_is_read(tmp_path):
     path.write_text('\ufeff{"timestamp": 0, "input_length": 10, "output_length": 2, '
                     '"hash_ids": [7]}\n', encoding="utf-8")
     assert list(traces.read_trace(path).output_len) == [2]
+
+
+def test_per_trace_works_a_function_out_once_for_a_traces_values():
+    """traces.per_trace: the same values rebuilt (another Trace object) are not asked again;
+    other content, other lengths or another argument are; past `most` traces it starts
+    again."""
+    from workloads.traces import Trace, per_trace
+
+    calls = []
+
+    @per_trace(most=2)
+    def total(t: Trace, scale: int = 1) -> int:
+        calls.append(1)
+        return int(t.prompt_len.sum()) * scale
+
+    def make(content=((1, 10),), prompt=10) -> Trace:
+        return Trace(np.zeros(1), np.array([prompt]), np.array([1]), content=(content,))
+
+    assert total(make()) == 10 and total(make()) == 10 and len(calls) == 1
+    assert total(make(prompt=12)) == 12 and total(make(), scale=2) == 20 and len(calls) == 3
+    assert total(make(content=((2, 10),))) == 10 and len(calls) == 4  # other content
+    assert total(make()) == 10 and len(calls) == 5  # forgotten past two traces
