@@ -415,7 +415,7 @@ class CostTables:
         lo = rows[:, : len(b)]
         hi = lo.copy()
         hi[:, part] = rows[:, len(b) :]
-        return lo + (hi - lo) * (r / b)
+        return _lerp(lo, hi, r / b)
 
     def _at(self, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         """(ROWS, len(b)) decode steps of b[i] sequences at whole-token mean context c[i], a
@@ -477,7 +477,7 @@ class CostTables:
                     lo = c0 - j * CHUNK
                     if not r:
                         return times[lo : lo + n].tolist()
-                    w = r / batch
+                    w = r / batch  # _lerp over floats, without numpy calls
                     return [x + (y - x) * w for x, y in zip(times[lo : lo + n],
                                                             times[lo + 1 : lo + m])]
                 return _blend(self._decode_points(np.full(m, batch), np.arange(c0, c0 + m)),
@@ -725,10 +725,17 @@ def _within(points: list[tuple], most: int) -> list[list[tuple]]:
     return groups
 
 
+def _lerp(lo: Any, hi: Any, w: Any) -> Any:
+    """A decode step between the rows of its whole-token context and the next, at weight w:
+    the one formula every path blends with (step_times writes it over floats), so a step is
+    the same floats however it was costed."""
+    return lo + (hi - lo) * w
+
+
 def _blend(rows: np.ndarray, w: float) -> np.ndarray:
     """Decode steps from the rows of their consecutive whole-token contexts: each step between
     its context and the next, at weight w (the rows themselves at w = 0)."""
-    return rows if not w else rows[:, :-1] + (rows[:, 1:] - rows[:, :-1]) * w
+    return rows if not w else _lerp(rows[:, :-1], rows[:, 1:], w)
 
 
 def _loaded(c0: int, r: int, n: int, load: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -745,7 +752,7 @@ def _halves(rows: np.ndarray, w: float) -> np.ndarray:
     if not w:
         return rows
     n = rows.shape[1] // 2
-    return rows[:, :n] + (rows[:, n:] - rows[:, :n]) * w
+    return _lerp(rows[:, :n], rows[:, n:], w)
 
 
 def _batch(b: Work) -> Work:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 import numpy as np
 
@@ -41,7 +40,7 @@ from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine import summary as summaries
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from workloads.spec import ModelSpec
-from workloads.traces import Trace
+from workloads.traces import Trace, per_trace
 
 
 @dataclass(frozen=True)
@@ -132,14 +131,15 @@ def _sessions_alike(trace: Trace, config: ServeConfig, replicas: int, ramp_s: fl
             and (trace.think_s is None or same(trace.think_s))
             and np.array_equal(trace.arrival_s, starts)):
         return False
-    return trace.content is None or _content_alike(trace.content, sessions, turns)
+    return trace.content is None or _content_alike(trace, sessions, turns)
 
 
-@lru_cache(maxsize=8)
-def _content_alike(content: tuple, sessions: int, turns: int) -> bool:
+@per_trace()
+def _content_alike(trace: Trace, sessions: int, turns: int) -> bool:
     """Whether each session's chunks are session 0's, its own ids renamed (an id in two
     sessions is shared and kept). Once a trace: capacity asks it of every run (a pass over
-    each turn's chunks, ~4 ms for 2,000 turns, where hashing the content takes ~0.1)."""
+    each turn's chunks, ~4 ms for 2,000 turns)."""
+    content = trace.content or ()
     owner: dict = {}
     for i, chunks in enumerate(content):
         for cid, _ in chunks:
