@@ -21,7 +21,8 @@ them), except where a tie at one instant decides a count that capacity does not 
 completion and the send it causes, which a shifted time may order the other way: vLLM's
 max_concurrent_requests, and the steady window's request_throughput where a request
 completes at the window's last send; the output throughput counts chunk times, shifted
-alike, so its ties hold); `rdu-cluster serve` of the same arguments runs the whole.
+alike, so its ties hold), and but for the ITL statistics, which a summary-only run does not
+keep (None); `rdu-cluster serve` of the same arguments runs the whole.
 
 Used by capacity's verification (scenarios/capacity.verify), where a candidate of 20 replicas
 was 20 replicas simulated alike, run after run.
@@ -185,7 +186,7 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
                 sub = _rows(trace, m, arrival_s=arrival)
                 sub_config = replace(config, concurrency=kind.clients)
             sim = Simulation(model, one, sub, sub_config, backend)
-            sim.keep_measured = True  # its chunk times and ITLs, read by _merge
+            sim.keep_measured = True  # its chunk times, read by _merge
             sim.summary_only = True
             sims.append(sim)
             s = sim.run().summary
@@ -201,7 +202,6 @@ def run(model: ModelSpec, whole: ClusterSpec, one: ClusterSpec, trace: Trace,
         merged = _merge(parts)
         stats = bench.summary(merged, end, config.metrics)
         merged.chunk_s.close()
-        merged.itl_s.close()
     finally:
         for sim in sims:
             sim.finished.drop()
@@ -223,7 +223,7 @@ def _merge(parts: list[tuple[bench.Measured, list[float]]]) -> bench.Measured:
     """Every replica's requests: each kind's, once per replica of that kind, its send and
     chunk times shifted by that replica's start."""
     cols: dict[str, list] = {k: [] for k in ("send", "ttft", "e2el", "out", "prompt", "n")}
-    chunk_s, itl_s = spill.Spill(), spill.Spill()
+    chunk_s = spill.Spill()
     for m, shifts in parts:
         for x in shifts:
             cols["send"].append(m.send_s + x)
@@ -234,11 +234,9 @@ def _merge(parts: list[tuple[bench.Measured, list[float]]]) -> bench.Measured:
             cols["n"].append(m.chunks)
             for c in m.chunk_s.chunks():
                 chunk_s.extend(c + x)
-            for c in m.itl_s.chunks():
-                itl_s.extend(c)
     cat = lambda k: np.concatenate(cols[k])
     return bench.Measured(cat("send"), cat("ttft"), cat("e2el"), cat("out"), cat("prompt"),
-                          itl_s, chunk_s, cat("n"))
+                          None, chunk_s, cat("n"))  # summary-only runs: no ITLs
 
 
 __all__ = ["Kind", "applies", "kinds", "run"]

@@ -113,7 +113,7 @@ class Measured:
     e2el_s: np.ndarray
     output_len: np.ndarray
     prompt_len: np.ndarray
-    itl_s: spill.Spill
+    itl_s: spill.Spill | None  # None: not kept (a summary-only run), its statistics None
     chunk_s: spill.Spill
     chunks: np.ndarray | None = None  # chunks of each request (its ITLs: one fewer)
 
@@ -125,7 +125,8 @@ class Measured:
         counts = self.chunks
         m = Measured(self.send_s[keep], self.ttft_s[keep], self.e2el_s[keep],
                      self.output_len[keep], self.prompt_len[keep],
-                     spill.select(self.itl_s, np.maximum(counts - 1, 0), keep),
+                     None if self.itl_s is None
+                     else spill.select(self.itl_s, np.maximum(counts - 1, 0), keep),
                      spill.select(self.chunk_s, counts, keep), counts[keep])
         return m, float(m.send_s.min()) if keep.any() else 0.0
 
@@ -225,14 +226,17 @@ def _good(m: Measured, tpot: np.ndarray, spec: MetricSpec) -> int:
     return int(ok.sum())
 
 
-def _stats(name: str, values_s: np.ndarray | spill.Spill,
+def _stats(name: str, values_s: np.ndarray | spill.Spill | None,
            percentiles: Sequence[float]) -> dict:
     """Mean, median, std and percentiles in ms: numpy's figures on the values in memory, the
-    same selected out of core where they spilled (engine/spill.py)."""
+    same selected out of core where they spilled (engine/spill.py); None where the values
+    were not kept."""
+    keys = ("mean", "median", "std", *(f"p{p_word(p)}" for p in percentiles))
+    if values_s is None:
+        return {f"{k}_{name}_ms": None for k in keys}
     v = values_s if isinstance(values_s, spill.Spill) else spill.Spill.of(values_s)
     if not len(v):  # vLLM: np.mean(values or 0), and so on for each statistic
-        return {f"{k}_{name}_ms": 0.0 for k in
-                ("mean", "median", "std", *(f"p{p_word(p)}" for p in percentiles))}
+        return {f"{k}_{name}_ms": 0.0 for k in keys}
     mean, std = spill.moments(v, 1e3)
     median, got = spill.quantiles(v, percentiles, 1e3)
     out = {f"mean_{name}_ms": mean, f"median_{name}_ms": median, f"std_{name}_ms": std}

@@ -138,6 +138,7 @@ class Simulation:
         if self.summary_only:
             self.rec.split = {}  # the requests' energy_j and cost_usd: null
             self.rec.fields = metrics.LEAN_STEP_COLUMNS
+            self.finished.itl_s = None  # its summary's ITL statistics: None (bench.summary)
         layouts = [build.with_router(lay) for lay in build.layouts()]
         setups = {}
         for r, lay in enumerate(layouts):
