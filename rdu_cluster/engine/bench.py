@@ -114,8 +114,15 @@ class Measured:
     output_len: np.ndarray
     prompt_len: np.ndarray
     itl_s: spill.Spill | None  # None: not kept (a summary-only run), its statistics None
-    chunk_s: spill.Spill
+    chunk_s: spill.Spill | None  # None: a lean run's after its warm-up (no figure reads it)
     chunks: np.ndarray | None = None  # chunks of each request (its ITLs: one fewer)
+
+    @property
+    def lean(self) -> bool:
+        """A summary-only run's (Simulation.summary_only): its ITLs are not kept and its peak
+        figures not taken (None), which its readers (capacity's verdict, validate's
+        throughput) do not read (the ITLs were 9% of the sessions question's CPU)."""
+        return self.itl_s is None
 
     def after_warmup(self, n: int) -> tuple[Measured, float]:
         """Without the first n requests sent (ties in request order): the rest, and when the
@@ -123,11 +130,11 @@ class Measured:
         keep = np.ones(len(self.send_s), dtype=bool)
         keep[np.argsort(self.send_s, kind="stable")[:n]] = False
         counts = self.chunks
+        lean = self.lean
         m = Measured(self.send_s[keep], self.ttft_s[keep], self.e2el_s[keep],
                      self.output_len[keep], self.prompt_len[keep],
-                     None if self.itl_s is None
-                     else spill.select(self.itl_s, np.maximum(counts - 1, 0), keep),
-                     spill.select(self.chunk_s, counts, keep), counts[keep])
+                     None if lean else spill.select(self.itl_s, np.maximum(counts - 1, 0), keep),
+                     None if lean else spill.select(self.chunk_s, counts, keep), counts[keep])
         return m, float(m.send_s.min()) if keep.any() else 0.0
 
 
@@ -163,6 +170,7 @@ def summary(m: Measured, duration: float, spec: MetricSpec) -> dict:
     return res
 
 
+PEAKS = ("max_output_tokens_per_s", "max_concurrent_requests")  # vLLM's peak figures
 MSER_BATCH = 5  # MSER-5: the rule over means of 5 successive observations (White et al. 2000)
 
 
@@ -248,6 +256,8 @@ def _stats(name: str, values_s: np.ndarray | spill.Spill | None,
 def _peaks(m: Measured) -> dict:
     """vLLM's peak figures: chunks per one-second bucket from the first send, and the most
     requests in flight at one instant (each in flight over [send, completion))."""
+    if m.lean:
+        return dict.fromkeys(PEAKS)
     if not len(m.send_s):
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     t0 = float(m.send_s.min())

@@ -13,7 +13,7 @@ import pytest
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_fabric
-from rdu_cluster.engine import decided, disagg
+from rdu_cluster.engine import bench, decided, disagg
 from rdu_cluster.engine.requests import Request
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from workloads import graph, sessions, traces
@@ -267,8 +267,8 @@ def test_ports_book_the_first_free_interval():
 def test_summary_only_leaves_the_summary_as_it_is():
     """summary_only (capacity's verification): the sockets and links tables are left empty,
     the requests' energy and cost null, no steps table is built (only the columns the
-    summary reads are kept) and no ITLs kept (their statistics None); the summary and every
-    other figure are the same."""
+    summary reads are kept) and neither ITLs nor peak figures are taken (None); the summary
+    and every other figure are the same."""
     _, full = _run(n=12)
     trace = traces.synthetic(12, 8.0, "poisson", traces.LengthDist("uniform", 64, 2048),
                              traces.LengthDist("uniform", 2, 64), seed=7)
@@ -281,8 +281,8 @@ def test_summary_only_leaves_the_summary_as_it_is():
     assert set(lean.requests.column("energy_j").to_pylist()) == {None}
     assert lean.requests.drop_columns(energy).equals(full.requests.drop_columns(energy))
     assert lean.steps is None and full.steps.num_rows > 0
-    itl = {k for k in full.summary["bench"] if "_itl_" in k}
-    assert len(itl) == 6 and all(lean.summary["bench"][k] is None for k in itl)  # and p50
+    itl = {k for k in full.summary["bench"] if "_itl_" in k} | set(bench.PEAKS)
+    assert len(itl) == 8 and all(lean.summary["bench"][k] is None for k in itl)  # ITL: p50 too
     assert all(full.summary["bench"][k] > 0 for k in itl)
     same = lambda s: {**s, "bench": {k: v for k, v in s["bench"].items() if k not in itl}}
     assert same(lean.summary) == same(full.summary)
