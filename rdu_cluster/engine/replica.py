@@ -174,6 +174,7 @@ class Replica:
         self.busy = False
         self.down_until = 0.0
         self.synced: dict[int, int] = {}  # request id -> KV blocks the sockets hold for it
+        self.grows_regions = True  # the sockets' KV regions follow each growth (_sync_growth)
         self.next_ops: list = []  # region ops for the start of the next window
         self.completed: list[Request] = []  # completed since the engine last took them
 
@@ -486,20 +487,17 @@ class Replica:
         ops.append(["move", f"kv/{r.id}", "hbm"])
 
     def _sync_growth(self) -> list:
-        """Resize the sockets' KV regions to the blocks now held (once a window)."""
-        out = []
+        """Resize the sockets' KV regions to the blocks now held, once a window (without
+        grows_regions only the blocks held: engine/simulation.py summary_only)."""
+        out: list = []
         bb, bt = self.kv.config.block_bytes, self.kv.config.block_tokens
-        held, synced = self.kv.held, self.synced
+        held, synced, grows = self.kv.held, self.synced, self.grows_regions
         for r in self.running:  # KVManager.record, inline: once a window per running request
             rid = r.id
-            blocks = held.get(rid)
-            if blocks is None:
-                blocks = 0
-            else:
-                need = -(-r.cached // bt)
-                if need > blocks:
-                    blocks = held[rid] = need
-            if synced.get(rid) != blocks:
+            blocks, need = held.get(rid, 0), -(-r.cached // bt)
+            if need > blocks and rid in held:
+                blocks = held[rid] = need
+            if grows and synced.get(rid) != blocks:
                 out.append(["resize", f"kv/{rid}", blocks * bb])
                 synced[rid] = blocks
         return out
