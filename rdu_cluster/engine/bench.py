@@ -114,7 +114,7 @@ class Measured:
     output_len: np.ndarray
     prompt_len: np.ndarray
     itl_s: spill.Spill | None  # None: not kept (a summary-only run), its statistics None
-    chunk_s: spill.Spill | None  # None: a lean run's after its warm-up (no figure reads it)
+    chunk_s: spill.Spill  # a lean run's after its warm-up: empty (no figure reads it)
     chunks: np.ndarray | None = None  # chunks of each request (its ITLs: one fewer)
 
     @property
@@ -130,11 +130,12 @@ class Measured:
         keep = np.ones(len(self.send_s), dtype=bool)
         keep[np.argsort(self.send_s, kind="stable")[:n]] = False
         counts = self.chunks
-        lean = self.lean
+        itl = self.itl_s
         m = Measured(self.send_s[keep], self.ttft_s[keep], self.e2el_s[keep],
                      self.output_len[keep], self.prompt_len[keep],
-                     None if lean else spill.select(self.itl_s, np.maximum(counts - 1, 0), keep),
-                     None if lean else spill.select(self.chunk_s, counts, keep), counts[keep])
+                     None if itl is None else spill.select(itl, np.maximum(counts - 1, 0), keep),
+                     spill.Spill() if itl is None else spill.select(self.chunk_s, counts, keep),
+                     counts[keep])
         return m, float(m.send_s.min()) if keep.any() else 0.0
 
 
