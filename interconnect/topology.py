@@ -236,8 +236,12 @@ class Topology:
     def node_of_sockets(self, sockets: int) -> Topology:
         """One node of this wiring of `sockets` sockets, no fabric: where a route between two
         sockets of a node crosses only their own links (full mesh, switch), every socket of a
-        node is alike and a node's size changes none of its routes."""
-        return _template(self.spec, sockets, 1, False)
+        node is alike and a node's size changes none of its routes. Its spec without the
+        fabric's figures, which it has no link to read (a pair's pool of several nodes is
+        given the pair's fabric: its replicas' tables were a set apart from the same
+        replica's alone, 3 of a capacity worker's 11)."""
+        spec = replace(self.spec, inter_node_bandwidth_bytes_per_s=0.0, inter_node_latency_s=0.0)
+        return _template(spec, sockets, 1, False)
 
     def globalize(self, local: tuple[int, ...], nodes: tuple[int, ...]) -> tuple[int, ...]:
         """Link ids of a template over len(nodes) nodes -> this topology's, template node j

@@ -81,9 +81,10 @@ def test_a_pools_nodes_of_any_size_cost_as_the_cluster_did(cluster, plan, per_no
 
 
 def test_a_replica_alike_on_clusters_of_any_size_gets_one_function():
-    """A tensor-parallel replica within a node: the same function at 5, 6 and 8 nodes, and in
-    nodes of 2 or 8 GPUs (the engine's cost tables key on it); groups that share links with
-    others (a ring within a node whose sockets forward) keep one of their cluster's."""
+    """A tensor-parallel replica within a node: the same function at 5, 6 and 8 nodes, alone
+    without a fabric, and in nodes of 2 or 8 GPUs (the engine's cost tables key on it);
+    groups that share links with others (a ring within a node whose sockets forward) keep one
+    of their cluster's."""
     base = load_cluster("sn40l-16")
     fns = {plan_comm_time(_nodes(base, n), Plan(tp=8, dp=2 * n)) for n in (5, 6, 8)}
     assert len(fns) == 1
@@ -91,6 +92,10 @@ def test_a_replica_alike_on_clusters_of_any_size_gets_one_function():
     pools = {plan_comm_time(replace(h100, sockets=2 * n, sockets_per_node=math.gcd(2 * n, 8)),
                             Plan(tp=2, dp=n)) for n in (9, 11, 12, 16)}
     assert len(pools) == 1  # nodes of 2 and of 8 GPUs
+    # a pool of several nodes is given a fabric (disagg.Pool.spec), a replica alone none: a
+    # node's template has no fabric to read, so the two share one function
+    alone = replace(base, sockets=8, sockets_per_node=8)
+    assert plan_comm_time(alone, Plan(tp=8)) in fns
     ring = load_cluster("sn40l-16-ring")
     shared = {plan_comm_time(_nodes(ring, n), Plan(tp=4, dp=4 * n)) for n in (5, 6)}
     assert len(shared) == 2
