@@ -238,8 +238,8 @@ class Topology:
         sockets of a node crosses only their own links (full mesh, switch), every socket of a
         node is alike and a node's size changes none of its routes. Its spec without the
         fabric's figures, which it has no link to read (a pair's pool of several nodes is
-        given the pair's fabric: its replicas' tables were a set apart from the same
-        replica's alone, 3 of a capacity worker's 11)."""
+        given the pair's fabric: its replicas' cost tables were a set apart from the same
+        replica's alone, 2 of the 14 sets a capacity worker of the sessions question made)."""
         spec = replace(self.spec, inter_node_bandwidth_bytes_per_s=0.0, inter_node_latency_s=0.0)
         return _template(spec, sockets, 1, False)
 
