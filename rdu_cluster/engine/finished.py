@@ -42,7 +42,7 @@ class Finished:
         # 8 bytes a token each, the run's largest figure: out of memory past spill.SPILL_VALUES
         self.chunk_s = spill.Spill()
         # None: a summary-only run's (Simulation.start), whose readers take no ITL statistic
-        # (capacity's verdict, validate's throughput): 3.6% of the sessions question's CPU
+        # (bench.Measured.lean)
         self.itl_s: spill.Spill | None = spill.Spill()
         self.chunks = array.array("q")  # chunks of each completed request, in id order
         self.admitted = 0  # prompt tokens admitted (prefix_cache.summary's totals)

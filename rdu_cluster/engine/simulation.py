@@ -115,7 +115,7 @@ class Simulation:
         self.replicas: list[Replica] = []
         # the requests table, a row as each request is through (engine/finished.py)
         self.finished = Finished(self.rec)
-        self.keep_measured = False  # keep the ITLs past run() (a disaggregated run reads them)
+        self.keep_measured = False  # keep the chunk times past run() (alike's merge reads them)
         # the summary is all that is read (capacity's verification): the sockets and links
         # tables are left empty, the requests' energy and cost not split, of the steps only
         # the columns the summary reads are kept (no steps table), no ITL nor peak figure
