@@ -262,7 +262,7 @@ class Simulation:
             ok = True
         finally:
             closing = time.perf_counter()
-            if not (ok and self.keep_measured):  # the ITLs' spill file goes with the run
+            if not (ok and self.keep_measured):  # the spill files go with the run
                 self.finished.drop()
             if self.backend is not None:
                 self.backend.close()
