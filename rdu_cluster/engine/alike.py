@@ -18,11 +18,11 @@ every session is the same turn by turn and holds the same content but for its ow
 the trace's first N // n (or one more), started n ramp / N apart (_sessions_alike). They
 equal the whole run's to the rounding of the shifted times (tests/test_alike.py compares
 them), except where a tie at one instant decides a count that capacity does not read (a
-completion and the send it causes, which a shifted time may order the other way: vLLM's
-max_concurrent_requests, and the steady window's request_throughput where a request
-completes at the window's last send; the output throughput counts chunk times, shifted
-alike, so its ties hold), and but for the ITL statistics, which a summary-only run does not
-keep (None); `rdu-cluster serve` of the same arguments runs the whole.
+completion and the send it causes, which a shifted time may order the other way: the steady
+window's request_throughput where a request completes at the window's last send; the output
+throughput counts chunk times, shifted alike, so its ties hold). Its ITL statistics and
+vLLM's peak figures are None: a summary-only run takes neither (bench.Measured.lean).
+`rdu-cluster serve` of the same arguments runs the whole.
 
 Used by capacity's verification (scenarios/capacity.verify), where a candidate of 20 replicas
 was 20 replicas simulated alike, run after run.

@@ -653,15 +653,17 @@ class Handover:
         arrival). A request not sent yet follows a decode completion not known yet, no
         earlier than a decode replica's next window (a hand-over not dealt yet decodes after
         it arrives), by the least think time (_lag)."""
-        pending, now, reps = self.pre.dispatch.pending, self.pre.now, self.pre.replicas
-        worked = [q for q in reps if q.running or q.waiting or q.swapped]
+        pending, now = self.pre.dispatch.pending, self.pre.now
+        worked: list[Replica] = []
+        idle: list[Replica] = []
+        for q in self.pre.replicas:
+            (worked if q.running or q.waiting or q.swapped else idle).append(q)
         t = min([q.window_end if q.busy else now for q in worked], default=math.inf)
-        if len(worked) < len(reps):
+        if idle:
             # one without work starts at max(b, min(anywhere, its own next arrival)), b its
             # window's end (busy) or -inf: min(max(b, its own), max(b, anywhere)), so that
             # over them anywhere is asked once, beside the least b (to the bit: min and max
             # only choose; lists, not a min() a replica: ~2% of a sessions pair's settle)
-            idle = [q for q in reps if not (q.running or q.waiting or q.swapped)]
             own = [max(q.window_end, pending[q.index].peek()) if q.busy
                    else pending[q.index].peek() for q in idle]
             least = min([q.window_end if q.busy else -math.inf for q in idle])
