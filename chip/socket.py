@@ -62,8 +62,12 @@ PREFILL_CHUNK = 64
 # with its requests in flight: chunked prefill's cached prefixes vary step to step, so its
 # prefill tables (9 KB each) are mostly used once; a run visits a decode table (590 KB, and
 # its time row as an array, 33 KB) for each batch it holds and CHUNK contexts its mean spans.
+# A closed loop's decode pool holds every batch up to its max batch in turn (320 in the Llama
+# 3.1 70B question of bench_capacity.py): 256 tables refilled 1,642 of its 3,410 fills (8.9 s
+# of its ~90 s of CPU); 512 keep a program's at up to ~300 MB (local.SHARED_BYTES bounds the
+# rest of the process's).
 PREFILL_TABLES = 2048
-DECODE_TABLES = 256
+DECODE_TABLES = 512
 TIME_ROWS = 512
 # A decode table is filled the second time it is asked for, or the first where a table of a
 # batch within 4 of its own is held at the same contexts (a run whose batch stays near a level

@@ -29,8 +29,8 @@ from rdu_cluster.backends import SocketSetup
 # process share them: a capacity search serves the same replica tens of times (its runs at each
 # request count, its replicas alike), each run otherwise costing its steps anew. Kept: the
 # most recently used, at most SHARED_TABLES, and those past the newest only while they hold
-# under SHARED_BYTES (a CostTables bounds its own tables, at up to ~190 MB: kept eight, a
-# capacity worker grew to 2.3 GB).
+# under SHARED_BYTES (a CostTables bounds its own tables, at up to ~340 MB: with ~190 MB each,
+# kept eight, a capacity worker grew to 2.3 GB).
 SHARED_TABLES = 4
 SHARED_BYTES = 256e6
 _shared: OrderedDict[tuple, CostTables] = OrderedDict()
