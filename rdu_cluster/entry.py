@@ -37,7 +37,7 @@ def run() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def interrupted(e: BaseException) -> bool:
+def interrupted(e: BaseException | None) -> bool:
     """Whether `e` is a Ctrl-C or SIGTERM (KeyboardInterrupt), or an error it caused: raised
     in a class body's __set_name__ (numpy's, while it imports) it comes out as a RuntimeError
     with the interrupt as its cause, which is an interruption all the same, not a failure."""

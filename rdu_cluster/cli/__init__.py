@@ -11,7 +11,9 @@ import signal
 import sys
 import traceback
 from collections.abc import Iterator, MutableMapping
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -37,7 +39,7 @@ class Main(click.Group):
         name = next((a for a in argv if a in self.commands), None)
         return f" (see 'rdu-cluster {name} --help')" if name else ""
 
-    def main(self, *args, **kwargs):  # type: ignore[override]
+    def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
         argv = list(args[0] if args else kwargs.get("args") or sys.argv[1:])
         debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
@@ -153,8 +155,9 @@ class LazyCommands(MutableMapping):
         module's source when the command is not loaded yet."""
         if name in self.loaded:
             return self.loaded[name].get_short_help_str(limit)
-        path = importlib.util.find_spec(self.modules[name]).origin
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+        # a module of this package: found, and a source file
+        spec = cast(ModuleSpec, importlib.util.find_spec(self.modules[name]))
+        tree = ast.parse(Path(cast(str, spec.origin)).read_text(encoding="utf-8"))
         doc = next((ast.get_docstring(f) for f in tree.body
                     if isinstance(f, ast.FunctionDef) and f.name == name), None)
         return click.Command(name, help=doc).get_short_help_str(limit)

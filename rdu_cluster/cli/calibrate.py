@@ -79,7 +79,8 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     if model is not None:
         atomic.atomic_write(uncertainty.model_path(path), uncertainty.model_text(model).encode())
     rows = [[g_d.key, ",".join(g_d.chips), f"{result.values[(g_d.key, *g_d.chips)]:.4g}",
-             f"{fit.prior(g_d):.4g}", f"[{g_d.range[0]:.3g}, {g_d.range[1]:.3g}]", len(g.rows)]
+             f"{fit.prior(g_d):.4g}",
+             f"[{calibration.bounds(g_d)[0]:.3g}, {calibration.bounds(g_d)[1]:.3g}]", len(g.rows)]
             for g in result.groups for g_d in g.params]
     click.echo(text_table(["parameter", "chips", "fitted", "first principles", "range", "rows"],
                           rows))

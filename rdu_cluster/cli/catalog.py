@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -61,7 +62,7 @@ def _b(n: float) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per cluster.")
 def clusters(as_json: bool) -> None:
     """List the bundled clusters: chip, sockets, per-socket HBM and peak compute."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in cluster_configs.bundled("clusters"):
         c = load_cluster(name)
         rows.append(

@@ -24,7 +24,7 @@ from rdu_cluster.cli.options import (
     session_options,
     speculative_options,
 )
-from rdu_cluster.config import DEFAULT_FABRIC, MAX_SOCKETS, load_cluster, load_fabric
+from rdu_cluster.config import DEFAULT_FABRIC, MAX_SOCKETS, FabricSpec, load_cluster, load_fabric
 from rdu_cluster.engine import bench, disagg, evictions, replica_routing, schedulers
 from rdu_cluster.engine.faults import Fault
 from rdu_cluster.engine.prefix_cache import MODES, PrefixConfig
@@ -235,6 +235,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
         backend = lambda: make_backend(  # started once the inputs are checked
             backend_name, **({"address": address} if backend_name == "ray" else {}))
+        sim: disagg.Disaggregated | Simulation
         if pools:
             sim = disagg.Disaggregated(model, *pools, trace, config, backend,
                                        progress=bar.set_done)
@@ -408,7 +409,7 @@ def _check_unused(ctx: click.Context, trace_path: str | None, n_sessions: int | 
 
 
 def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Context,
-           overrides: dict):
+           overrides: dict) -> tuple[disagg.Pool, disagg.Pool, FabricSpec] | None:
     """(prefill Pool, decode Pool, FabricSpec), or None for aggregated serving."""
     if prefill is None and decode is None:
         return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -84,8 +85,9 @@ def _head(t: traces.Trace, n: int) -> traces.Trace:
     if t.after is not None and (t.after[:n] >= n).any():
         raise ConfigError("--requests: cuts a session of the trace")
     cut = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
-    return traces.Trace(**{k: (v[:n] if v is not None and not isinstance(v, str) else v)
-                           for k, v in cut.items()})
+    head: dict[str, Any] = {k: (v[:n] if v is not None and not isinstance(v, str) else v)
+                            for k, v in cut.items()}
+    return traces.Trace(**head)
 
 
 def _check_rate(rate: float) -> None:

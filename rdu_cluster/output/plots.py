@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +59,7 @@ class Plot:
     name: str
     title: str
     needs: tuple[str, ...]
-    draw: Callable[[Cols], tuple[object | None, str]]
+    draw: Callable[[Cols], tuple[Any, str]]  # a plotly Figure (untyped) or None
 
 
 def require_plotly():

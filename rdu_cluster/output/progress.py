@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Self, TextIO
+from typing import Any, Self, TextIO
 
 LOG_EVERY_S = 5.0  # seconds between lines when the stream is not a terminal
 TTY_FORMAT = ("{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} "
@@ -49,7 +49,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.done = 0
-        self.bar = None
+        self.bar: Any = None  # a tqdm (untyped), made at start()
         self.t0 = time.time()
 
     def start(self) -> None:

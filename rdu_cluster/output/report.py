@@ -14,7 +14,7 @@ from workloads.dtypes import Precision
 from workloads.spec import ModelSpec
 
 
-def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def text_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     line = lambda cells: "  ".join(
         str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +28,7 @@ class Dataset:
     kind: str  # a sweep kind (simulate, plan, serve, ...) or "run" (one serve folder)
     title: str
     meta: list[tuple[str, object]]
-    cols: dict[str, np.ndarray]
+    cols: plots.Cols
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def rows(data: Dataset) -> int:
 
 
 # (header, column, reduce, format) of the summary table per kind; a missing column shows "-".
-_SUMMARY = {
+_SUMMARY: dict[str, list[tuple[Any, ...]]] = {
     "serve": [("best output tokens/s", "throughput_tokens_per_s", np.max, "{:,.0f}"),
               ("lowest TTFT p50 ms", "ttft_p50_s", np.min, "{:.1f}", 1e3),
               ("lowest TPOT p50 ms", "tpot_p50_s", np.min, "{:.2f}", 1e3),

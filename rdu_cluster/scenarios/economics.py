@@ -10,7 +10,7 @@ that step emits for all sequences of the batch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -100,9 +100,11 @@ def _spec_energy(sest, chip) -> Work | None:
     total_sockets = sest.sockets_per_replica
     verify = power.step_energy_j(sest.verify, chip, tp) + idle * (total_sockets - tp) * np.asarray(
         sest.verify.time_s, dtype=float)
-    draft = 0.0
+    draft: Work = 0.0
     for c in sest.draft_steps:
         t = np.asarray(c.time_s, dtype=float)
-        draft = draft + power.step_energy_j(c, chip, d_tp) + idle * (total_sockets - d_tp) * t
+        # not None: the chip has a [power] table (it has an idle power)
+        draft = (draft + cast(Work, power.step_energy_j(c, chip, d_tp))
+                 + idle * (total_sockets - d_tp) * t)
     transfer = idle * total_sockets * np.asarray(sest.transfer_s, dtype=float)
     return verify + draft + transfer

@@ -189,7 +189,7 @@ def report(fps: list[Footprint]) -> str:
                  f"latency target: {target}")
     header = ["system", "placement", "nodes", "TTFT ms (miss)", "HBM per node GB",
               "capacity tier per node GB", "experts in HBM per node", ""]
-    rows = []
+    rows: list[list[str | None]] = []
     for fp in fps:
         chosen = fp.chosen
         for p in fp.placements:

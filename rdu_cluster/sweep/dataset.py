@@ -30,8 +30,9 @@ import re
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,8 +72,9 @@ def code_version() -> str:
     or cluster TOML, so a sweep resumed across one mixed rows of both; the digest makes it a
     different version (refused on resume, _check_same)."""
     h = hashlib.sha256()
+    base: str | Path  # a search location, then the folder it names
     for pkg in CODE_PACKAGES:
-        spec = importlib.util.find_spec(pkg)
+        spec = cast(ModuleSpec, importlib.util.find_spec(pkg))  # our own packages: installed
         for base in spec.submodule_search_locations or ():
             base = Path(base)
             for f in sorted(base.rglob("*")):

@@ -20,7 +20,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +49,9 @@ from workloads.checks import MAX_BATCH
 from workloads.errors import ConfigError
 from workloads.spec import check_context
 from workloads.traces import MAX_LENGTH, MAX_REQUESTS
+
+if TYPE_CHECKING:
+    from rdu_cluster.engine.disagg import Pool
 
 VECTOR = ("batch", "prompt_len", "gen_len")
 # The cluster-config override fields (OVERRIDE_SCALARS, OVERRIDE_PREFIXES): a point's value goes
@@ -190,7 +193,9 @@ def make_options(chip, values: tuple[tuple[str, bool], ...], stack: str | None =
         return base if stack else None
     if base is not None:
         changed = ", ".join(f"{k}={v}" for k, v in sorted(mine.items()))
-        return dataclasses.replace(base, **mine, stack=f"{base.stack} ({changed})")
+        # mypy matches **mine to every field, the str `stack` too; mine holds bool toggles only
+        return dataclasses.replace(base, **mine,  # type: ignore[arg-type]
+                                   stack=f"{base.stack} ({changed})")
     cls = option_classes().get(chip.kind)
     if cls is None:
         raise ConfigError(
@@ -202,7 +207,8 @@ def make_options(chip, values: tuple[tuple[str, bool], ...], stack: str | None =
 def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     """Load every distinct cluster and model once, so that a bad name or override fails before
     anything runs, naming where in the spec it came from."""
-    clusters, models, engines = set(), set(), {}
+    clusters, models = set(), set()
+    engines: dict[tuple[str, tuple], Point] = {}  # (execution model, cluster key) -> a point
     for p in points:
         key = (p.fields["cluster"], cluster_overrides(p.fields),
                p.fields.get("calibration") or "default")
@@ -329,7 +335,8 @@ def _run_group(points: list[Point]) -> tuple[pa.Table | None, dict[str, str]]:
     model = cached_model(f["model"], f.get("weights"), f.get("kv_dtype"))
     options = make_options(cluster.chip, option_values(f), f.get("stack"))
     engine = f.get("execution_model")
-    arr = {k: np.array([p.fields[k] for p in points], dtype=float) for k in VECTOR}
+    arr: dict[str, Any] = {k: np.array([p.fields[k] for p in points], dtype=float)
+                           for k in VECTOR}  # Any: mypy matches **arr to all of Scenario's
     try:
         plan = f["plan"] if "plan" in f else tensor_plan(cluster, f.get("tp"))
         est = estimate(Scenario(model, cluster, plan, options=options, **arr), check=False,
@@ -678,14 +685,14 @@ def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
 POOLS = ("prefill_pool", "decode_pool")
 
 
-def _pools(f: Mapping[str, Any]) -> tuple | None:
+def _pools(f: Mapping[str, Any]) -> tuple[Pool, Pool] | None:
     """The point's (prefill, decode) pools; None: aggregated serving."""
     from rdu_cluster.engine import disagg
 
     given = [disagg.Pool.parse(f[k], "--" + k.replace("_", "-")) for k in POOLS if k in f]
     if len(given) == 1:
         raise ConfigError("give both prefill_pool and decode_pool (or neither: aggregated)")
-    return tuple(given) or None
+    return cast("tuple[Pool, Pool] | None", tuple(given) or None)  # both or neither (above)
 
 
 def _shape(sim) -> dict:
@@ -832,7 +839,7 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     from rdu_cluster.engine.prefix_cache import PrefixConfig
 
     check_simulate(points, origin)
-    checks: dict[tuple, tuple[str, str, Any]] = {}  # key -> (field, context, load)
+    checks: dict[tuple, tuple[str | None, str, Any]] = {}  # key -> (field, context, load)
     for p in points:
         f = p.fields
         _check_workload(f, origin)

@@ -40,7 +40,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
@@ -273,7 +273,7 @@ class _Ctx:
             )
         return _normalize(found, value, f"{self.source}: {where}")
 
-    def unknown(self, where: str) -> None:
+    def unknown(self, where: str) -> NoReturn:
         r = self.runner
         raise ConfigError(
             f"{self.source}: {where}: unknown field; accepted: {accepted(r.fields, r.namespaces)}"

@@ -21,7 +21,7 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import cluster_configs
 from chip import kernel_efficiency
@@ -59,6 +59,12 @@ class Profile:
     meta: Mapping[str, Any] = field(default_factory=dict)
     rows: frozenset[str] = frozenset()  # the ids of the rows it was fitted to (validate's check)
     path: str = ""  # the file it was read from (its uncertainty model lies beside it)
+
+
+def bounds(d: Declaration) -> tuple[float, float]:
+    """An unknown parameter's declared range: _declared refuses one without (calibrate fits
+    only unknown parameters)."""
+    return cast("tuple[float, float]", d.range)
 
 
 def declarations() -> list[Declaration]:
@@ -133,7 +139,8 @@ def _parse(raw: dict[str, Any], path: Path) -> Profile:
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: name: expected a non-empty string, got {checks.show(name)}")
-    fitted = {(d.key, d.chips): d.range for d in declarations() if d.status == "unknown" and d.chips}
+    fitted = {(d.key, d.chips): bounds(d) for d in declarations()
+              if d.status == "unknown" and d.chips}
     declared: dict[str, list[tuple[str, ...]]] = {}  # key -> the chip tuples it is declared for
     for key, chips in fitted:
         declared.setdefault(key, []).append(chips)

@@ -143,7 +143,7 @@ def prior(d: Declaration) -> float:
             execution = load_chip(d.chips[0]).execution
             v = (kernel_efficiency.first_principles(execution, d.key)
                  if kernel_efficiency.is_stack_key(d.key) else float(execution[d.key]))
-    lo, hi = d.range
+    lo, hi = calibration.bounds(d)
     return min(max(v, lo), hi)
 
 
@@ -225,8 +225,8 @@ def fit_group(group: Group, sim: Simulator, exclude: str | None = None,
     fixed = {_pid(d): prior(d) for d in group.params if d not in free}
     if not free:  # also when no row is left: every parameter's rows are among the group's
         return fixed
-    lo = np.log([d.range[0] for d in free])
-    hi = np.log([d.range[1] for d in free])
+    lo = np.log([calibration.bounds(d)[0] for d in free])
+    hi = np.log([calibration.bounds(d)[1] for d in free])
     x0 = (lo + hi) / 2 if start is None else np.log([start[_pid(d)] for d in free])
 
     def values(x) -> dict:
@@ -253,7 +253,8 @@ def responses(
         sim.chips.setdefault(r["id"], chips[r["id"]])
 
     def responding(d: Declaration) -> set[str]:
-        far = d.range[0] if base[_pid(d)] ** 2 > d.range[0] * d.range[1] else d.range[1]
+        low, high = calibration.bounds(d)
+        far = low if base[_pid(d)] ** 2 > low * high else high
         step = {**base, _pid(d): far}
         ids = [r["id"] for r in cal if chips[r["id"]] & set(d.chips)]
         return {i for i in ids if abs(math.log(sim(i, step) / sim(i, base))) > 1e-6}
@@ -360,7 +361,7 @@ def profile_text(
                 *([f"family = {_q(d.family)}"] if d.family else []),
                 f"value = {result.values[_pid(d)]:.6g}",
                 f"first_principles = {prior(d):.6g}",
-                f"range = [{d.range[0]:.6g}, {d.range[1]:.6g}]",
+                f"range = [{calibration.bounds(d)[0]:.6g}, {calibration.bounds(d)[1]:.6g}]",
                 f"basis = {_q(d.basis)}",
                 f"rows = [{', '.join(_q(r) for r in g.rows)}]",
             ]

@@ -115,9 +115,9 @@ def _check_refs(rows: list[dict[str, Any]], where: str) -> None:
     """Every model and cluster a row names loads (each distinct one once): a row that cannot
     run is refused with the file, not met halfway through a run (or never, by `calibrate`,
     which runs only its calibrate rows)."""
-    loaders = {"model": catalog.load_model, "draft": catalog.load_model,
-               "models": catalog.load_model,
-               "cluster": load_cluster, "baseline_cluster": load_cluster}
+    loaders: dict[str, Callable[[str], object]] = {
+        "model": catalog.load_model, "draft": catalog.load_model, "models": catalog.load_model,
+        "cluster": load_cluster, "baseline_cluster": load_cluster}
     seen: set[tuple[str, str]] = set()
     for i, row in enumerate(rows):
         for key, load in loaders.items():
@@ -168,9 +168,9 @@ def check_row(row: Any, where: str) -> None:
     for key, hi in _COUNTS.items():
         if key in row:
             checks.integer(row[key], f"{where}.{key}", 1, hi)
-    for key, hi in _AMOUNTS.items():
+    for key, most in _AMOUNTS.items():
         if key in row:
-            checks.number(row[key], f"{where}.{key}", 1.0, hi)
+            checks.number(row[key], f"{where}.{key}", 1.0, most)
     if "kv_fraction" in row:
         checks.number(row["kv_fraction"], f"{where}.kv_fraction", 0.0, 1.0, lo_open=True)
     if row.get("metric") == "serve_output_tokens_per_s" and (missing := [
@@ -612,7 +612,7 @@ def _judge(case: dict[str, Any], sim: float) -> Result:
 def _judge_set(case: dict[str, Any], values: dict[str, float]) -> Result:
     pub = case["value"]
     if case["kind"] == "argmax":
-        best = max(values, key=values.get)
+        best = max(values, key=values.__getitem__)
         return _result(case, best, None, best == pub, "categorical", values)
     lo, hi = min(values.values()), max(values.values())
     err_lo, err_hi = (lo - pub[0]) / pub[0], (hi - pub[1]) / pub[1]

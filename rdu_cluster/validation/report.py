@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -175,10 +175,11 @@ def _check_not_fitted(rows: list[dict[str, Any]], profile: calibration.Profile |
     that marks a calibrate row `check` summarised in-sample errors as out-of-sample)."""
     fitted = profile.rows if profile is not None else frozenset()
     for r in rows:
-        if r["role"] == "check" and r["id"] in fitted:
+        if r["role"] == "check" and r["id"] in fitted:  # so there is a profile
             raise ConfigError(f"{where}: row {r['id']}: role 'check', but calibration profile "
-                              f"{profile.name} was fitted to it; accepted: role 'calibrate' "
-                              "for a row the profile was fitted to, or --calibration none")
+                              f"{cast(calibration.Profile, profile).name} was fitted to it; "
+                              "accepted: role 'calibrate' for a row the profile was fitted to, "
+                              "or --calibration none")
 
 
 def loo_cell(report: Report, rid: str) -> str:

@@ -26,7 +26,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
@@ -284,7 +284,7 @@ def columns(values: Mapping[str, Any], *, chip, stack: str | None, batch: Any,
     there is none. Vectorized over `batch` (a sweep's points)."""
     small = np.asarray(batch, dtype=float) <= SMALL_BATCH
     out: dict[str, Any] = {}
-    notes = {}
+    notes: dict[str, tuple[Band, Band]] = {}
     for key, kind in FIGURES.items():
         if key not in values:
             continue
@@ -312,21 +312,20 @@ _SERVING_KEY = re.compile(r"(request|output|total_token)_throughput|(mean|median
 
 def serving_columns(summary: Mapping[str, Any], *, chip, stack: str | None,
                     level: float = LEVEL, why_not: str = "",
-                    keys: Sequence[str] | None = None) -> dict[str, Any]:
+                    keys: Collection[str] | None = None) -> dict[str, Any]:
     """`<key>_low`, `<key>_high` for each figure of a serving summary (serve --json, its
     summary.json: vllm bench serve's names; or the `keys` given) and `interval_note`;
     `why_not`: the run has none, and why (the bounds null)."""
     out: dict[str, Any] = {}
-    notes: dict[str, str] = {}
+    notes: dict[str, Band] = {}
     for key, v in summary.items():
         wanted = key in keys if keys is not None else _SERVING_KEY.fullmatch(key)
         if not (wanted and isinstance(v, (int, float)) and not isinstance(v, bool)):
             continue
         b = Band(None, why_not) if why_not else band(metric=key, chip=chip, stack=stack,
                                                       regime="serving", level=level)
-        ok = b.bounds is not None
-        out[f"{key}_low"], out[f"{key}_high"] = (v * b.bounds[0], v * b.bounds[1]) if ok else (
-            None, None)
+        out[f"{key}_low"], out[f"{key}_high"] = ((v * b.bounds[0], v * b.bounds[1])
+                                                 if b.bounds is not None else (None, None))
         notes.setdefault("first token" if first_token(key) else "speeds and times", b)
     out["interval_note"] = _note({k: (b, b) for k, b in notes.items()}, True, level)
     return out
