@@ -17,8 +17,9 @@ import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
-from chip.socket import CommTime, Program
+from chip.socket import CommTime, Program, Spans
 from chip.spec import ChipSpec
 from workloads.errors import ConfigError
 
@@ -33,6 +34,22 @@ class SocketSetup:
     node: int = 0
     weights: tuple = ()  # region ops that load the weights at start: ["alloc", ...]
     kv_scale: float = 1.0  # the socket's KV bytes per byte of the replica's KV ops (Socket)
+
+
+class Backend(Protocol):
+    """The calls every backend answers (above): local.LocalBackend, ray_backend.RayBackend."""
+
+    def start(self, setups: dict[int, SocketSetup]) -> None: ...
+
+    def run(self, seq: int, ops: list, spans: Spans, loads: dict | None, sockets) -> dict: ...
+
+    def sync(self) -> None: ...
+
+    def reprogram(self, index: int, setup: SocketSetup) -> None: ...
+
+    def set_fault(self, index: int, degradation: float, comm: float, failed: bool) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def probe_address(address: str | None, timeout_s: float = 2.0, named: str | None = None) -> None:
@@ -113,7 +130,7 @@ def _check_token(address: str | None, named: str) -> None:
             ensure_token_if_auth_enabled,
         )
         from ray._private.services import canonicalize_bootstrap_address
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # not in its .pyi
         from ray.exceptions import AuthenticationError
     except ImportError:  # a Ray without token authentication: nothing to check
         return

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import click
 import numpy as np
@@ -43,7 +44,7 @@ from workloads import checks, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.spec import with_dtypes
-from workloads.speculative import parse_acceptance, parse_tree
+from workloads.speculative import Speculation, parse_acceptance, parse_tree
 
 # Each shortlisted deployment is one or more serving-engine runs (seconds each): 100 per system
 # is already more than an interactive search waits for, and far more than candidates differ.
@@ -233,9 +234,11 @@ def _traffic(concurrency, rate, prompt_len, output_len, requests, seed, prefix_c
         args = ["--sessions", str(n_sessions), "--turns", str(turns), "--system-prompt",
                 str(system_prompt), "--think-time", think_time, "--prompt-len", prompt_len,
                 "--output-len", output_len, *(["--rate", repr(rate)] if rate else [])]
+        # a sessions trace: each turn has the one it follows and its think time
+        after, think_s = cast(np.ndarray, t.after), cast(np.ndarray, t.think_s)
         return replace(base, concurrency=n_sessions, rate=None, trace=t, ramp=rate is None,
-                       workload_args=tuple(args), think_s=float(t.think_s[t.after >= 0].mean())
-                       if (t.after >= 0).any() else 0.0)
+                       workload_args=tuple(args), think_s=float(think_s[after >= 0].mean())
+                       if (after >= 0).any() else 0.0)
     if trace_path is not None:
         if concurrency is not None:
             raise ConfigError("--concurrency: not with --trace (a trace is replayed open loop, "
@@ -492,12 +495,13 @@ def _verified(dep, model, model_ref, w, traffic, slo, fab, max_nodes):
 
 def _record(r: cap.Result, slo: cap.SLO) -> dict:
     d, s, b = r.deployment, r.summary, r.summary["bench"]
+    spec = cast(Speculation, d.speculation)  # read only with a draft, which comes with it
     return {
         "system": d.label, "weights": _weights(r), "stack": d.stack, "sockets": d.sockets,
         "nodes": d.nodes,
         "plan": " + ".join(str(p) for p in d.pools)
-        + (f" +{d.draft} k{d.speculation.k}" if d.draft else ""),
-        "speculative": ({"draft": d.draft, "k": d.speculation.k} if d.draft else None),
+        + (f" +{d.draft} k{spec.k}" if d.draft else ""),
+        "speculative": ({"draft": d.draft, "k": spec.k} if d.draft else None),
         "disaggregated": d.disaggregated, "max_batch": d.max_batch,
         "tokens_per_s_per_user": 1e3 / b["mean_tpot_ms"] if b["mean_tpot_ms"] else None,
         "tokens_per_s_per_socket": b["output_throughput"] / d.sockets,

@@ -79,8 +79,9 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     placement = Placement(weights="auto", kv_cache="auto") if spill else Placement()
     routing_model = parse_routing(routing, seed)
     options = serving_stacks.options_for(cluster.chip, stack_name, system=cluster.name)
-    scenario = Scenario(spec, cluster, None, batch, context, gen_len, options, routing_model,
-                        placement)
+    # plan None: tp over every socket (Scenario.__post_init__; its field is typed as after)
+    scenario = Scenario(spec, cluster, None,  # type: ignore[arg-type]
+                        batch, context, gen_len, options, routing_model, placement)
     if plan_text:  # one plan: refused, if it does not fit, with the message every command gives
         one = evaluate_plan(scenario.but(plan=Plan.parse(plan_text)), prefill=False)
         result = SearchResult((one,), (), 1)

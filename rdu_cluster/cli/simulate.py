@@ -199,8 +199,9 @@ def simulate(
     routing_model = parse_routing(routing or "uniform", 0)
     for cluster in clusters:
         options = _options(cluster, stack_name, clusters)
-        scenario = Scenario(spec, cluster, None, batch, prompt_len, gen_len, options,
-                            routing_model)
+        # plan None: tp over every socket (Scenario.__post_init__; its field is typed as after)
+        scenario = Scenario(spec, cluster, None,  # type: ignore[arg-type]
+                            batch, prompt_len, gen_len, options, routing_model)
         est = estimate(scenario.but(plan=_plan(scenario, tp, plan_text, objective)))
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)

@@ -41,6 +41,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -129,7 +130,7 @@ class Measured:
         first of them was sent."""
         keep = np.ones(len(self.send_s), dtype=bool)
         keep[np.argsort(self.send_s, kind="stable")[:n]] = False
-        counts = self.chunks
+        counts = cast(np.ndarray, self.chunks)  # every run's Measured has them (summary.py)
         itl = self.itl_s
         m = Measured(self.send_s[keep], self.ttft_s[keep], self.e2el_s[keep],
                      self.output_len[keep], self.prompt_len[keep],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from workloads.traces import Trace
 
 if TYPE_CHECKING:
     from rdu_cluster.engine.simulation import ServeConfig
+    from workloads.speculative import Speculation
 
 
 class Build:
@@ -52,7 +53,9 @@ class Build:
         traces.check_fits(trace, model.max_context, model.name)
         self.plan = plans.PlanSpec.parse(config.plan, cluster, model)
         self.faults = [Fault.parse(f, cluster) for f in config.faults]
-        self.draft = resolve_draft(config.draft, model) if config.speculation else None
+        # speculation comes with its draft (ServeConfig)
+        self.draft = (resolve_draft(cast(str, config.draft), model) if config.speculation
+                      else None)
         if config.speculation and (self.plan.pp > 1 or self.plan.adp > 1):
             raise ConfigError("--draft: speculative decoding needs a plan without pipeline stages "
                               "or attention data parallelism (adp)")
@@ -69,16 +72,16 @@ class Build:
     def layouts(self) -> list[plans.ReplicaLayout]:
         c = self.config
         if self.draft is not None and c.draft_placement == "separate":
-            return plans.separate_draft_layouts(
+            return plans.separate_draft_layouts(  # a draft: only with speculation (__init__)
                 self.model, self.draft, self.cluster, self.plan, c.draft_sockets,
-                c.speculation, c.options, c.execution_model)
+                cast("Speculation", c.speculation), c.options, c.execution_model)
         return [self.with_draft(lay) for lay in plans.layouts(
             self.model, self.cluster, self.plan, c.options, c.execution_model)]
 
     def with_draft(self, lay: plans.ReplicaLayout) -> plans.ReplicaLayout:
         if self.draft is None:
             return lay
-        spec = self.config.speculation
+        spec = cast("Speculation", self.config.speculation)  # a draft: only with speculation
         progs = {s: replace(p, draft=self.draft, spec_k=spec.k, spec_tree=spec.branching)
                  for s, p in lay.programs.items()}
         return replace(lay, programs=progs)
@@ -117,7 +120,7 @@ class Build:
         return Replica(index, list(lay.sockets), schedulers.get(c.scheduler, c.limits), kv, parts)
 
     def _coe_memory(self) -> coe.Memory:
-        sc = self.config.coe
+        sc = cast(coe.CoEScenario, self.config.coe)  # asked for only with CoE (__init__)
         ctx = int(np.max(self.trace.prompt_len + self.trace.output_len, initial=1))
         mem = coe.memory(sc, self.cluster, self.config.limits.max_batch, ctx, self.plan.tp)
         if not mem.fits_tier:
@@ -130,7 +133,8 @@ class Build:
         mem = self.coe_memory
         if mem is None:
             return None
-        return coe.ExpertResidency(mem.slots, self.config.coe.policy, mem.tier_name)
+        sc = cast(coe.CoEScenario, self.config.coe)  # coe_memory: only with CoE (__init__)
+        return coe.ExpertResidency(mem.slots, sc.policy, mem.tier_name)
 
     def setups(self, lay: plans.ReplicaLayout, plan: plans.PlanSpec) -> dict[int, SocketSetup]:
         # The engine's tp is the stage width, ep a split of it (partitioning's tp x ep); a

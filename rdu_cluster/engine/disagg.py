@@ -479,7 +479,7 @@ class Handover:
         self.move = np.zeros(len(nbytes))  # seconds from prefill end to decode arrival
         self.nbytes = np.zeros(len(nbytes))
         self.ports = Ports()
-        self.out: list[tuple[int, object]] = []
+        self.out: list[tuple[int, Event]] = []
         # prefills through, not dealt yet: (end, id, prefill replica, its decode request, when
         # it was sent)
         self.due: list[tuple[float, int, int | None, Request, float]] = []
@@ -507,7 +507,7 @@ class Handover:
         self.direct = 0 if any(sim.may_refuse() for sim in (self.pre, self.dec)) else None
         self.least_prefill = _least_prefill(self.pre)
 
-    def take(self) -> list[tuple[int, object]]:
+    def take(self) -> list[tuple[int, Event]]:
         """What the last event sent to the other pool, and the prefills through that are
         certain to come next in the order of ends (deal): none unknown ends before them. The
         rest are dealt at their ends at the latest (a Dealt event at the first one's)."""

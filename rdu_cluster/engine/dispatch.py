@@ -88,6 +88,8 @@ class Pending:
 
 
 class Dispatcher:
+    route_of: np.ndarray | None  # open loop, routed up front: request -> replica (open_loop)
+
     def __init__(self, policy: str = replica_routing.DEFAULT, concurrency: int | None = None):
         if concurrency is not None and concurrency < 1:
             raise ConfigError(f"--concurrency: must be a positive number of clients, got "

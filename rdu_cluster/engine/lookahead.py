@@ -31,11 +31,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from chip.socket import CostTables, Spans
+
+if TYPE_CHECKING:
+    from rdu_cluster.engine.replica import Span
 
 SHORT = 64  # steps up to which Clock.steps times a span in Python rather than numpy
 # Steps of a span cut at a time `h` timed or costed first where the replica has no last step
@@ -118,6 +121,7 @@ class Predictor:
     def replies(self, sockets: Sequence[int], spans: Spans) -> dict[int, tuple]:
         """{socket: (rows, moves, occupancy)} as a backend's `run` returns them, without region
         moves (a window the engine times has none: Replica.plan_window) or occupancies."""
+        done: dict[int, np.ndarray]  # id(cost table) -> its rows: each table's window() once
         out, done = {}, {}
         moves = np.zeros(len(spans.kind))
         for s in sockets:
@@ -138,7 +142,7 @@ class Clock:
 
     def __init__(self, t0: float, time_of: Callable[[list], np.ndarray],
                  next_arrival: Callable[[], float], deliver: Callable[[float], None],
-                 step_times: Callable[[object], list[float]] | None = None,
+                 step_times: Callable[[Span], list[float]] | None = None,
                  until: float = math.inf, back: float = math.inf, dt: float | None = None):
         self.t = t0
         self.dt = dt  # the mean step of the span timed last (steps' guess)

@@ -13,6 +13,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -161,8 +162,9 @@ class SocketRows:
     it is ready, so only the unread ones are held."""
 
     def __init__(self) -> None:
-        self.cols = {f.name: array("q" if pa.types.is_integer(f.type) else "d")
-                     for f in SOCKETS}
+        # int ("q") or float ("d") columns, as the schema types them
+        self.cols: dict[str, array[Any]] = {
+            f.name: array("q" if pa.types.is_integer(f.type) else "d") for f in SOCKETS}
         self.null = {name: array("b") for name in SOCKET_NULLABLE}
         self.pending: deque = deque()  # (row, occupancy) not read yet
         self.taken = 0  # rows handed on (take): row numbers count them

@@ -13,6 +13,7 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -137,7 +138,7 @@ def separate_draft_layouts(model: ModelSpec, draft: ModelSpec, cluster: ClusterS
     by the target's tp x pp sockets; the sockets left over stay idle. `speculation` gives the
     programs their k (or tree)."""
     group = check_draft_sockets(cluster, plan, draft_sockets)
-    spec = {"spec_k": speculation.k, "spec_tree": speculation.branching}
+    spec: dict[str, Any] = {"spec_k": speculation.k, "spec_tree": speculation.branching}
     out = []
     for r in range(cluster.sockets // group):
         d = tuple(range(r * group, r * group + draft_sockets))

@@ -198,7 +198,10 @@ class Liveness:
 
     def dead_from(self, r: Request, block_tokens: int) -> int | None:
         """r's first block no request yet to finish can find (None: none)."""
-        return self._first(r, block_tokens, lambda cid: cid not in self.left)
+        # _first calls `pick` only past its test that self.left is a dict (mypy does not
+        # carry that narrowing into the lambda)
+        return self._first(r, block_tokens,
+                           lambda cid: cid not in self.left)  # type: ignore[operator]
 
     def _first(self, r: Request, block_tokens: int, pick) -> int | None:
         if not r.content:  # its own chunk (own_chunk): no other request has it

@@ -158,7 +158,7 @@ class WindowRecorder:
 
 
 
-def _sends(stage: list[int], mesh: bool) -> list[tuple[int, list[int], float]]:
+def _sends(stage: tuple[int, ...], mesh: bool) -> list[tuple[int, list[int], float]]:
     """(socket, the sockets its bytes go to, the share each takes) for a stage of two or
     more: on a full mesh, every other socket of the stage, evenly; else the next one, all."""
     if mesh:

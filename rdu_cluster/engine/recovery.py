@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from chip.memory import MemoryTiers
-from rdu_cluster.backends import SocketSetup
+from rdu_cluster.backends import Backend, SocketSetup
 from rdu_cluster.engine import energy, metrics
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine.events import Event
@@ -64,8 +64,8 @@ class Recovery:
         d = self.degradation.setdefault(s, [1.0, 1.0])
         d[0] = compute if compute is not None else d[0]
         d[1] = max(d[1], comm) if comm is not None else d[1]
-        if s not in self.failed:
-            self.sim.backend.set_fault(s, d[0], d[1], False)
+        if s not in self.failed:  # a fault comes as the run runs: its backend started
+            cast(Backend, self.sim.backend).set_fault(s, d[0], d[1], False)
 
     def work_end(self) -> float:
         """When the run's work ended: its last step (a recovery row's reload included) or its
@@ -82,7 +82,7 @@ class Recovery:
                        and g.kind == "failed")]:
             if x not in self.failed:
                 self.failed.add(x)
-                self.sim.backend.set_fault(x, 1.0, 1.0, True)
+                cast(Backend, self.sim.backend).set_fault(x, 1.0, 1.0, True)  # started
         out = []
         for rep in self.sim.replicas:
             if s in rep.sockets:
@@ -105,11 +105,12 @@ class Recovery:
                                                  sim.config.execution_model,
                                                  sockets=healthy[: new.group])[0])
         setups = sim.build.setups(lay, new)
+        backend = cast(Backend, sim.backend)  # a fault comes as the run runs: started
         for s, setup in setups.items():
-            sim.backend.reprogram(s, setup)
+            backend.reprogram(s, setup)
             d = self.degradation.get(s)
             if d:
-                sim.backend.set_fault(s, d[0], d[1], False)
+                backend.set_fault(s, d[0], d[1], False)
         sim.layouts[rep.index] = lay
         rep.sockets, rep.kv = list(lay.sockets), sim.build.kv(lay)
         out = []

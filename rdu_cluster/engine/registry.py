@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Protocol, TypeVar
 
 from workloads.errors import ConfigError
+
+
+class Named(Protocol):
+    name: str  # what the policy is registered as (the option's value)
+
+
+_Policy = TypeVar("_Policy", bound="type[Named]")
 
 
 class Registry:
@@ -18,7 +26,7 @@ class Registry:
         self.classes: dict[str, type] = {}
         self._loaded = False
 
-    def register(self, cls: type) -> type:
+    def register(self, cls: _Policy) -> _Policy:
         self.classes[cls.name] = cls
         return cls
 

@@ -143,6 +143,8 @@ class ReplicaParts:
 
 
 class Replica:
+    refused: str  # why it refuses all: set where a failure leaves no plan (engine/recovery.py)
+
     def __init__(self, index: int, sockets: list[int], scheduler: Scheduler, kv: KVManager,
                  parts: ReplicaParts):
         self.index = index
@@ -194,6 +196,7 @@ class Replica:
         arrival within the window. Only a span whose region moves the clock cannot time (KV
         swapped out or in: their seconds come from the sockets' memory) falls back to the
         conservative rule, and ends the window."""
+        spans: list[Span]
         spans, ops = [], [self.next_ops]
         self.next_ops = []
         steps = 0
@@ -368,7 +371,7 @@ class Replica:
             if self.prefix is not None and not r.prefilling:
                 self.prefix.computed(r, r.cached)
         if not span.decode:  # a prefill step
-            done = ()
+            done: Sequence[Request] = ()
         elif span.tokens is None:
             done = (decode_lockstep(span.decode, steps, span.first_step) if self.lockstep
                     else decode_batch(span.decode, steps, span.first_step, self.index, d0))

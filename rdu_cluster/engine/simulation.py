@@ -23,11 +23,13 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
 from chip.socket import DECODE, MIXED, PREFILL, ROWS
 from partitioning.cluster import ClusterSpec
+from rdu_cluster.backends import Backend
 from rdu_cluster.backends.messages import Router
 from rdu_cluster.engine import (
     bench,
@@ -56,7 +58,7 @@ from rdu_cluster.engine.step_times import StepTimes
 from rdu_cluster.engine.summary import Tables
 from rdu_cluster.engine.windows import WindowExecutor
 from rdu_cluster.scenarios import coe
-from workloads.spec import ModelSpec
+from workloads.spec import ModelSpec, MoESpec
 from workloads.speculative import Speculation
 from workloads.traces import Trace
 
@@ -95,8 +97,8 @@ class Simulation:
         self.build = Build(model, cluster, trace, config)
         self.model, self.cluster, self.trace, self.config = model, cluster, trace, config
         made = hasattr(backend, "start")
-        self.backend = backend if made else None
-        self._make_backend = None if made else backend
+        self.backend: Backend | None = backend if made else None
+        self._make_backend: Callable[[], Backend] | None = None if made else backend
         self.progress = progress
         self.hooks: list[Callable[[Simulation, int], None]] = []
         # Called after each window with what it ran (output/timeline.py records the run):
@@ -124,7 +126,7 @@ class Simulation:
         # and again before a swap moves it; the resizes were 8% of the Llama 3.1 70B
         # question's CPU in bench_capacity.py; start)
         self.summary_only = False
-        self.sampler = None
+        self.sampler: ExpertLoadSampler | None = None
         self.dispatch = Dispatcher(config.routing, config.concurrency)
         self.spawned: list[Event] = []  # events a window's completions cause (closed loop)
         self.received: np.ndarray | None = None  # per request: KV tokens it arrives with
@@ -150,8 +152,8 @@ class Simulation:
             self.recovery.home[r] = tuple(lay.sockets)
             setups.update(build.setups(lay, self.plan))
         self.setups = setups  # each socket's chip and program (a Predictor's, on demand)
-        if self.backend is None:
-            self.backend = self._make_backend()
+        if self.backend is None:  # __init__ was given the function that makes it
+            self.backend = cast("Callable[[], Backend]", self._make_backend)()
         self.backend.start(setups)
         for r, lay in enumerate(layouts):
             self.replicas.append(build.replica(r, lay))
@@ -159,7 +161,7 @@ class Simulation:
             self.replicas[-1].expecting = functools.partial(self.dispatch.more_arrivals,
                                                             self.replicas[-1])
         if self.plan.ep > 1:
-            moe = self.model.moe
+            moe = cast(MoESpec, self.model.moe)  # ep > 1: an MoE model (PlanSpec.check)
             self.sampler = ExpertLoadSampler(moe.num_experts, moe.top_k, self.plan.ep,
                                           self.config.seed)
         if self._can_look_ahead():
@@ -255,7 +257,8 @@ class Simulation:
                 end = self.recovery.work_end()
             for index in list(self.recovery.reloads):
                 self.recovery.record_reload(index, math.inf)
-            self.backend.sync()  # results the backend still owes (Ray: the followers' replies)
+            # results the backend (started above) still owes (Ray: the followers' replies)
+            cast(Backend, self.backend).sync()
             ran = time.perf_counter()
             tables = self.tables(end)
             built = time.perf_counter()

@@ -14,6 +14,7 @@ spill that never spilled.
 
 from __future__ import annotations
 
+import io
 import math
 import shutil
 import tempfile
@@ -37,7 +38,7 @@ class Spill:
         self.tmpdir = tmpdir
         self.buf = np.empty(min(64, self.limit))
         self.n = 0  # values in buf
-        self.file = None
+        self.file: io.BufferedRandom | None = None
         self.on_disk = 0  # values in the file
         self.closed = False
 
@@ -96,7 +97,8 @@ class Spill:
             # held across the run, closed by close() (or with the object): no `with` fits
             self.file = tempfile.TemporaryFile(dir=self.tmpdir)  # noqa: SIM115
         self.file.seek(0, 2)
-        self.file.write(memoryview(self.buf[: self.n]).cast("B"))
+        # ndarray is a buffer, but numpy's stubs say so (__buffer__) only for Python >= 3.12
+        self.file.write(memoryview(self.buf[: self.n]).cast("B"))  # type: ignore[arg-type]
         self.on_disk += self.n
         self.n = 0
 
@@ -109,7 +111,7 @@ class Spill:
             left = self.on_disk
             while left:
                 chunk = np.empty(min(left, self.limit))
-                self.file.readinto(memoryview(chunk).cast("B"))
+                self.file.readinto(memoryview(chunk).cast("B"))  # type: ignore[arg-type]
                 left -= len(chunk)
                 yield chunk
         if self.n or not self.on_disk:

@@ -34,6 +34,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import numpy as np
 
@@ -194,7 +195,7 @@ class Traffic:
         """Requests left out of the statistics as warm-up: a closed loop's first request of
         each client or session (the ramp: serve --warmup-requests)."""
         closed = self.concurrency and (self.trace is None or self.sessions)
-        return self.concurrency if closed else 0
+        return cast(int, self.concurrency) if closed else 0  # closed: it has a concurrency
 
     @property
     def steadies(self) -> bool:
@@ -217,7 +218,9 @@ def uncached_tokens(trace: traces.Trace, outputs: bool = True) -> int:
     every plan: 49 times, ~10 ms each, for the sessions question)."""
     seen: set[int] = set()
     total = 0
-    for i, chunks in enumerate(trace.content):
+    # asked only of a trace with content (Traffic.prefill_share)
+    content = cast("tuple[tuple[tuple[int, int], ...], ...]", trace.content)
+    for i, chunks in enumerate(content):
         keys = list(itertools.accumulate(chunks, lambda k, c: hash((k, c)), initial=0))[1:]
         hit = sum(n for _, n in itertools.takewhile(
             lambda kc: kc[0] in seen, zip(keys, (c[1] for c in chunks))))
@@ -322,7 +325,9 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
         if p.pp != 1 or p.ep != 1 or p.adp != 1:
             return None
         try:
-            spec, memo = choose(cl, plan), {}
+            memo: dict
+            # a draft comes with its `choose` (the docstring)
+            spec, memo = cast("Callable[[ClusterSpec, str], Speculation]", choose)(cl, plan), {}
             ests = [speculative.speculative_estimate(
                 base.but(plan=tensor_plan(cl, p.tp), batch=int(b)), spec, draft, memo=memo)
                 for b in batches]
@@ -408,8 +413,8 @@ class Deployment:
         """Sockets are priced by the socket-hour (a deployment need not fill its last node)."""
         if None in self.socket_prices:
             return None
-        return sum(u * p.replicas * group_sockets(p.plan)
-                   for u, p in zip(self.socket_prices, self.pools))
+        prices = cast("tuple[float, ...]", self.socket_prices)  # none is None (above)
+        return sum(u * p.replicas * group_sockets(p.plan) for u, p in zip(prices, self.pools))
 
     @property
     def pool_nodes(self) -> list[int]:
@@ -461,6 +466,7 @@ def _load(cost: ReplicaCost, prefill: float, traffic: Traffic, n: int, gen: floa
     """(fits, E2E, TPOT with prefill stalls, prefill utilization) of n replicas. A user who
     thinks between requests (sessions) is in the batch e2e / (e2e + think) of the time."""
     tpot, last, rho = cost.tpot_at(1), math.nan, 0.0
+    rate = cast(float, traffic.rate)  # read only where there is no concurrency: an open loop
     # fixed point: the batch and the prefill share depend on E2E, E2E on the TPOT they give.
     # Until E2E settles: cut at four rounds it could oscillate (a short E2E, so many prefills
     # that the TPOT stretches, so a long E2E ...) and pass one replica on a TPOT and an E2E of
@@ -472,11 +478,11 @@ def _load(cost: ReplicaCost, prefill: float, traffic: Traffic, n: int, gen: floa
             return True, e2e, tpot, rho
         last = e2e
         cycle = e2e + traffic.think_s
-        users = traffic.concurrency * e2e / cycle if traffic.concurrency else traffic.rate * e2e
+        users = traffic.concurrency * e2e / cycle if traffic.concurrency else rate * e2e
         batch = users / n
         if batch > b_max:
             return False, e2e, math.inf, 1.0
-        lam = (traffic.concurrency / cycle) if traffic.concurrency else traffic.rate
+        lam = (traffic.concurrency / cycle) if traffic.concurrency else rate
         rho = lam / n * prefill
         if rho >= 1:
             return False, e2e, math.inf, rho
@@ -501,20 +507,21 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
     share = traffic.prefill_share(outputs=False)
     prefill = pre.prefill_s * share
     users = traffic.concurrency
+    rate = cast(float, traffic.rate)  # read only where there are no users: an open loop
     for n_d in range(1, max_nodes * dec.sockets_per_node // dec.group + 1):
         tpot = dec.tpot_at(1)
         for _ in range(4):  # fixed point: the batch depends on E2E (a user thinks out of it)
             e2e = prefill + move + gen * tpot
             if not math.isfinite(e2e):
                 break
-            batch = (users * e2e / (e2e + traffic.think_s) if users else traffic.rate * e2e) / n_d
+            batch = (users * e2e / (e2e + traffic.think_s) if users else rate * e2e) / n_d
             tpot = dec.tpot_at(max(1.0, batch))
         if math.isfinite(tpot) and batch <= b_max and (bound is None or tpot <= bound):
             break
     else:
         return None
     e2e = prefill + move + gen * tpot
-    lam = users / (e2e + traffic.think_s) if users else traffic.rate
+    lam = users / (e2e + traffic.think_s) if users else rate
     service = pre.prefill_service_s * share  # a loaded pool batches prompts
     n_p = max(1, math.ceil(lam * service / PREFILL_RHO_MAX))
     if n_p * pre.group > max_nodes * pre.sockets_per_node:
@@ -714,7 +721,7 @@ def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], 
         moved = _moved(res, again, slo)
         res = (again if again.meets_slo == res.meets_slo
                else search(again.deployment, at(t), max_nodes))
-        if moved <= traffic.steady_tol:
+        if moved <= cast(float, traffic.steady_tol):  # doubled: steadies, so a tolerance
             break
     seeds = [t.seed + k for k in range(SEEDS)] if t.drawn else [t.seed]
     # the runs at the search's first count (traffic's), and at the steady one (t's)
@@ -729,7 +736,7 @@ def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], 
     res = _one_fewer(res, final, max_nodes, doubled and res.deployment.disaggregated)
     # settled: the last doubling moved the row less than the tolerance (None: not doubled);
     # False is a row still moving after STEADY_DOUBLINGS doublings, printed as such
-    settled = None if moved is None else bool(moved <= traffic.steady_tol)
+    settled = None if moved is None else bool(moved <= cast(float, traffic.steady_tol))
     res = replace(res, steady={
         "requests": t.n_requests(t.rate or 0.0),
         "warmup_requests": res.summary.get("bench", {}).get("warmup_requests", t.warmup),
@@ -842,12 +849,13 @@ def _with_ends(res: Result, serve: Callable[[Deployment], Result], slo: SLO,
     ends = [b.slo(slo, end) for end in (0, 1)]
     if None in ends or (b.throughput is None):
         return replace(res, interval={"basis": b.basis})
-    out: dict = {"basis": b.basis, "robust": res.meets_slo and judged(res, ends[1]) <= 0}
+    high = cast(SLO, ends[1])  # neither end is None (above)
+    out: dict = {"basis": b.basis, "robust": res.meets_slo and judged(res, high) <= 0}
     for end, name in ((0, "low"), (1, "high")):
         start = res.deployment if first is None else search(
             res.deployment, first, max_nodes, ends[end]).deployment
         found = search(start, serve, max_nodes, ends[end])
-        ok = judged(found, ends[end]) <= 0
+        ok = judged(found, cast(SLO, ends[end])) <= 0
         thr = found.summary["bench"]["output_throughput"] * b.throughput[1 - end]
         price = found.deployment.price_per_hour
         out[f"nodes_{name}"] = found.deployment.nodes if ok else None
@@ -907,7 +915,9 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
                                       else traffic.concurrency),
                          prefix=PrefixConfig(traffic.prefix_cache),
                          speculation=dep.speculation, draft=dep.draft,
-                         options=serving_stacks.stack(dep.stack) if _all_gpu(dep) else None)
+                         # _all_gpu: a stack is named
+                         options=(serving_stacks.stack(cast(str, dep.stack)) if _all_gpu(dep)
+                                  else None))
     watch = None if stop is None else decided.Watch(
         {"ttft": stop.ttft_ms, "tpot": stop.tpot_ms}, pct, len(trace), traffic.warmup,
         traffic.steadies, bool((trace.output_len > 1).all()))
@@ -999,13 +1009,14 @@ def token_budget(trace: traces.Trace) -> int:
 
 def _trace(dep: Deployment, traffic: Traffic, rate: float | None) -> traces.Trace:
     if traffic.sessions:  # their closed loops, started over the ramp unless --rate starts them
-        return traces.ramped(traffic.trace, traffic.ramp_of(dep))
+        return traces.ramped(cast(traces.Trace, traffic.trace), traffic.ramp_of(dep))
     if traffic.trace is not None:
         return traffic.trace  # replayed as it is (its own arrivals)
     p, o = traffic.dists()
     n = traffic.n_requests(rate or 0.0)
     if traffic.concurrency is None:
-        return traces.synthetic(n, rate, "poisson", p, o, seed=traffic.seed)
+        # without a concurrency: an open loop at its rate
+        return traces.synthetic(n, cast(float, rate), "poisson", p, o, seed=traffic.seed)
     t = traces.synthetic(n, math.inf, "poisson", p, o, seed=traffic.seed)
     return traces.ramped(t, traffic.ramp_of(dep), traffic.concurrency)
 
@@ -1052,12 +1063,13 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
         args += ["--warmup-mser"]
     if traffic.prefix_cache is not None:
         args += ["--prefix-cache", traffic.prefix_cache]
-    if _all_gpu(dep):
-        args += ["--stack", dep.stack]
+    if _all_gpu(dep):  # a stack is named
+        args += ["--stack", cast(str, dep.stack)]
     if dep.draft is None:
         return args
     # k given: serve's own choice of k is made at its --max-batch, not the k verified
-    return args + ["--draft", dep.draft, "--spec-k", str(dep.speculation.k), *traffic.spec_args]
+    spec = cast(Speculation, dep.speculation)  # a draft comes with its speculation
+    return args + ["--draft", dep.draft, "--spec-k", str(spec.k), *traffic.spec_args]
 
 
 def _all_gpu(dep: Deployment) -> bool:

@@ -421,8 +421,11 @@ def case_estimate(case: dict[str, Any], cluster_key: str = "cluster") -> SpecEst
         from chip.serving_stacks import stack
 
         options = stack(stack_name)
-    scenario = Scenario(target, load_cluster(case[cluster_key]), None, case.get("batch", 1),
-                        case.get("prompt_len", 1024), case.get("gen_len", 128), options)
+    # plan None: tp over every socket (Scenario.__post_init__; its field is typed as after)
+    scenario = Scenario(target, load_cluster(case[cluster_key]),
+                        None,  # type: ignore[arg-type]
+                        case.get("batch", 1), case.get("prompt_len", 1024),
+                        case.get("gen_len", 128), options)
     placement = case.get("placement", "shared")
     if "spec_k" in case:
         return speculative_estimate(scenario, Speculation(case["spec_k"], acceptance), draft,

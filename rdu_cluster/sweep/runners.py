@@ -462,8 +462,10 @@ def run_plan(points: Sequence[Point], seed: int) -> RunOutput:
         who = {"point_id": p.id, "cluster": cluster.name, "model": model.name}
         try:
             check_context(model, f["prompt_len"], f["gen_len"], "prompt_len")
-            scenario = Scenario(model, cluster, None, f["batch"], f["prompt_len"], f["gen_len"],
-                                options, parse_routing(f["routing"], seed), placement)
+            # plan None: tp over every socket (Scenario.__post_init__; its field is typed as after)
+            scenario = Scenario(model, cluster, None,  # type: ignore[arg-type]
+                                f["batch"], f["prompt_len"], f["gen_len"], options,
+                                parse_routing(f["routing"], seed), placement)
             result = search_plans(scenario, f["objective"])
         except ConfigError as e:
             bad[p.id] = str(e)

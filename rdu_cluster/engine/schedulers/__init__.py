@@ -96,6 +96,7 @@ class StepPlan:
 
 class Scheduler(Protocol):
     name: str
+    limits: Limits  # the engine reads its preemption (a swap moves KV between tiers)
     # Optional (False when absent): every decode step the policy plans decodes every running
     # sequence that is not prefilling. The engine then keeps a sequence's streamed chunks as
     # one run from when it starts decoding (Request.decoding_since), not one a span.

@@ -11,7 +11,13 @@ no new prompt is admitted in that step. Swapped sequences come back before new o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from rdu_cluster.engine.schedulers import Limits, StepPlan, View, register
+
+if TYPE_CHECKING:
+    from rdu_cluster.engine.requests import Request
 
 
 @register
@@ -36,8 +42,9 @@ class Continuous:
             return self._chunked(view, running, free)
         return self._prefill_first(view, running, free)
 
-    def _prefill_first(self, view: View, running: list, free: int) -> StepPlan:
+    def _prefill_first(self, view: View, running: Sequence[Request], free: int) -> StepPlan:
         room = self.limits.max_batch - len(running)
+        admit: list[Request]
         budget, admit, saturated = self.limits.token_budget, [], True
         for r in _queue(view, room):
             need = view.kv.blocks_for(r.prompt_len + r.generated)
@@ -59,10 +66,10 @@ class Continuous:
         stands = not (view.waiting or view.swapped) and len(decode) == len(running)
         return StepPlan(decode=decode, saturated=saturated, stands=stands)
 
-    def _chunked(self, view: View, running: list, free: int) -> StepPlan:
+    def _chunked(self, view: View, running: Sequence[Request], free: int) -> StepPlan:
         decode = _decoding(running)
         budget = self.limits.token_budget - len(decode)
-        prefill = []
+        prefill: list[tuple[Request, int]] = []
         if len(decode) < len(running):  # some still prefill (else no pass over them all)
             for r in running:  # r.prefilling read inline: this runs every step
                 if budget <= 0:
@@ -72,6 +79,7 @@ class Continuous:
                     prefill.append((r, chunk))
                     budget -= chunk
         room = self.limits.max_batch - len(running)
+        admit: list[Request]
         admit, saturated = [], True
         for r in _queue(view, room):
             need = view.kv.blocks_for(r.prompt_len + r.generated)
@@ -92,13 +100,14 @@ def _queue(view: View, room: int):
     return view.waiting if room > 0 else ()
 
 
-def _decoding(running: list) -> tuple:
+def _decoding(running: Sequence[Request]) -> tuple[Request, ...]:
     return tuple([r for r in running if r.cached >= r.target])  # not prefilling
 
 
-def _fit_decodes(view: View) -> tuple[list, tuple, int]:
+def _fit_decodes(view: View) -> tuple[Sequence[Request], tuple[Request, ...], int]:
     """Preempt the newest running sequences until one decode step of the rest fits; the free
     blocks left after that step (read only to admit or swap in)."""
+    preempt: list[Request]
     kv, preempt = view.kv, []
     free = kv.free
     if free >= len(view.running) * kv.blocks_for(view.lookahead) and not view.waiting \
@@ -137,8 +146,9 @@ def _growth(running: list, kv, lookahead: int) -> int:
                 for r in running if r.cached >= r.target])
 
 
-def _swap_in(view: View, running: list, free: int, max_batch: int) -> tuple:
-    out = []
+def _swap_in(view: View, running: Sequence[Request], free: int,
+             max_batch: int) -> tuple[Request, ...]:
+    out: list[Request] = []
     for r in view.swapped:
         need = view.kv.blocks_for(r.cached + min(view.lookahead, r.remaining_output))
         if len(running) + len(out) >= max_batch or need > free:

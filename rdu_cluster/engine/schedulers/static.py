@@ -5,8 +5,13 @@ baseline continuous batching is measured against; a plug-in in one file."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rdu_cluster.engine.schedulers import Limits, StepPlan, View, register
 from workloads.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rdu_cluster.engine.requests import Request
 
 
 @register
@@ -28,6 +33,7 @@ class Static:
     def step(self, view: View) -> StepPlan:
         if view.running:
             return StepPlan(decode=tuple(view.running), saturated=True)
+        admit: list[Request]
         budget, free, admit = self.limits.token_budget, view.kv.free, []
         saturated = True
         for r in view.waiting:
