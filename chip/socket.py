@@ -64,8 +64,8 @@ PREFILL_CHUNK = 64
 # its time row as an array, 33 KB) for each batch it holds and CHUNK contexts its mean spans.
 # A closed loop's decode pool holds every batch up to its max batch in turn (320 in the Llama
 # 3.1 70B question of bench_capacity.py): 256 tables refilled 1,642 of its 3,410 fills (8.9 s
-# of its ~90 s of CPU); 512 keep a program's at up to ~300 MB (local.SHARED_BYTES bounds the
-# rest of the process's).
+# of its ~90 s of CPU); 512 hold a program's decode tables at up to ~300 MB
+# (local.SHARED_BYTES bounds the rest of the process's).
 PREFILL_TABLES = 2048
 DECODE_TABLES = 512
 TIME_ROWS = 512
