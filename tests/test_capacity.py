@@ -565,6 +565,40 @@ def test_settle_asks_the_saturation_count_only_where_the_count_doubled(tol):
         assert asked[-2:] == [(10, 400), (20, 400)]
 
 
+@pytest.mark.parametrize("steady_from, requests, moved", [(800, 1600, 0.0), (None, 1600, 0.211)])
+def test_a_row_one_fewer_found_at_the_doubled_count_is_doubled_on_its_own(
+        steady_from, requests, moved):
+    """capacity.settle: the row whose doubling settled (21 prefill replicas, its p99 TTFT the
+    same at 200 and 400 requests) is not the row one fewer finds at 400 (10 replicas, at its
+    prefill pool's saturation, whose p99 TTFT still falls as the run lengthens: 2,350 ms at
+    200 requests, 1,475 ms at 400). The row's `moved_on_doubling` and `settled` are its own,
+    and it is doubled on while it moves and the doublings last: settled at 1,600 requests
+    where its TTFT stops falling at 800, else not settled there (moved 21% from 800: no SLO
+    given, so each figure moves against itself). Before, the row read 'settled' at 400
+    requests on the other row's move."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1500, 25)
+
+    def serve(dep, t, on=None):
+        p, n = dep.pools[0].replicas, t.n_requests(0.0)
+        ttft = (800.0 if p >= 21 else 3000.0 if p < 10
+                else 600.0 + 350_000.0 / min(n, steady_from or n))
+        bench = {"request_throughput": 100.0, "output_throughput": 1000.0}
+        return cap.Result(dep, {"bench": bench}, ttft, 20.0, slo.misses(ttft, 20.0), [],
+                          slo=slo)
+
+    # 100 requests/s of 0.1 s prefill each saturate 10 replicas; the search climbs from 12
+    pair = cap.Deployment("a->b", (Pool("hgx-h200", "tp2", 12), Pool("sn40l-16", "tp16", 2)),
+                          8, 0.0, (8, 8), (2.0, 1.0), {"prefill_service_s": 0.1})
+    traffic = cap.Traffic(concurrency=50, rate=None, requests=200, steady_tol=0.05)
+    res = cap.settle(pair, serve, traffic, 24)
+    st = res.steady
+    assert res.deployment.pools[0].replicas == 10 and res.meets_slo and res.below > 0
+    assert st["requests"] == requests and st["settled"] == (steady_from is not None)
+    assert st["moved_on_doubling"] == pytest.approx(moved, abs=1e-3)
+
+
 def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():
     """In a closed loop a faster decode pool sends prompts faster: at the first prefill pool
     more decode replicas only lengthen TTFT (Llama 3.1 70B, 500 users, H200 tp2 x 20 -> SN40L-16

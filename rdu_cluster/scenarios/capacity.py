@@ -16,7 +16,8 @@ at a TTFT / TPOT bound, found in two passes (as AIConfigurator and Vidur's confi
    or engine/disagg.py) and the SLO percentile of TTFT and TPOT is measured (engine/bench.py),
    each client's first request left out as warm-up. `search` bisects to the boundary: the
    fewest replicas that meet, one fewer verified to miss, within --max-nodes. `settle` then
-   serves the boundary row with twice the requests until it moves less than STEADY_TOL, with
+   serves the boundary row with twice the requests until it moves less than STEADY_TOL (its
+   own move: a row found at the longer count is measured on its own run at half it), with
    SEEDS seeds where lengths are drawn, and searches the interval's ends (_with_ends: the SLO's
    bounds over the uncertainty model's factors, on the same runs). A search's run stops once
    it certainly misses the bound it is judged on (engine/decided.py: most runs miss), and is
@@ -672,8 +673,9 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
     for synthetic traffic (a trace or the sessions are the question's own workload), the
     boundary row is served with twice the requests until its pP TTFT, pP TPOT and output
     throughput move less than STEADY_TOL (_moved: a pP under its bound on the bound's scale),
-    the search going on at the longer count wherever the
-    verdict changed; lengths drawn from a distribution are served with SEEDS seeds, the worst
+    the search going on at the longer count wherever the verdict changed, and one fewer
+    asked there; a row found at that count is measured on its own run at half it, and doubled
+    on while it moves and STEADY_DOUBLINGS last; lengths drawn from a distribution are served with SEEDS seeds, the worst
     deciding the verdict (the search going on with all of them if one misses), and the spread
     reported. With the `slo`, the row's interval (_with_ends), its ends searched on the same
     runs."""
@@ -712,31 +714,48 @@ def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], 
             return _worst([cached(d, replace(tr, seed=k), stop) for k in seeds])
         return serve_at
 
+    def own(row: Result, t: Traffic) -> float:
+        """The row's move over its own last doubling: its deployment's run at half t's
+        count against the row (a row found at t, by a verdict that changed there or one
+        fewer that met, was not the one doubled)."""
+        half = replace(t, requests=t.n_requests(t.rate or 0.0) // 2)
+        return _moved(cached(row.deployment, half, None), row, slo)
+
     res = search(dep, at(traffic), max_nodes)
     moved, t = None, traffic
-    doublings = STEADY_DOUBLINGS if traffic.steadies else 0
-    for _ in range(doublings):
-        t = replace(t, requests=2 * t.n_requests(t.rate or 0.0))
-        again = cached(res.deployment, t, None)
-        moved = _moved(res, again, slo)
-        res = (again if again.meets_slo == res.meets_slo
-               else search(again.deployment, at(t), max_nodes))
-        if moved <= cast(float, traffic.steady_tol):  # doubled: steadies, so a tolerance
+    left = STEADY_DOUBLINGS if traffic.steadies else 0
+    tol = cast(float, traffic.steady_tol)  # (doubled only where it steadies: a tolerance)
+    while True:
+        while left and (moved is None or moved > tol):
+            t, left = replace(t, requests=2 * t.n_requests(t.rate or 0.0)), left - 1
+            again = cached(res.deployment, t, None)
+            res = (again if again.meets_slo == res.meets_slo
+                   else search(again.deployment, at(t), max_nodes))
+            moved = own(res, t)
+        seeds = [t.seed + k for k in range(SEEDS)] if t.drawn else [t.seed]
+        # the runs at the search's first count (traffic's), and at the steady one (t's)
+        final = at(t, seeds)
+        if len(seeds) > 1:
+            again = final(res.deployment, stop=None)
+            res = again if again.meets_slo or not res.meets_slo else search(
+                again.deployment, final, max_nodes)
+        # a pair's saturation count asked first only where the count doubled: at the search's
+        # own count one fewer was served already (the question's sessions: 5 runs more, each a
+        # miss)
+        doubled = t.n_requests(t.rate or 0.0) != traffic.n_requests(traffic.rate or 0.0)
+        row = _one_fewer(res, final, max_nodes, doubled and res.deployment.disaggregated)
+        changed, res = row.deployment != res.deployment, row
+        if not (changed and doubled):
             break
-    seeds = [t.seed + k for k in range(SEEDS)] if t.drawn else [t.seed]
-    # the runs at the search's first count (traffic's), and at the steady one (t's)
-    final = at(t, seeds)
-    if len(seeds) > 1:
-        again = final(res.deployment, stop=None)
-        res = again if again.meets_slo or not res.meets_slo else search(
-            again.deployment, final, max_nodes)
-    # a pair's saturation count asked first only where the count doubled: at the search's own
-    # count one fewer was served already (the question's sessions: 5 runs more, each a miss)
-    doubled = t.n_requests(t.rate or 0.0) != traffic.n_requests(traffic.rate or 0.0)
-    res = _one_fewer(res, final, max_nodes, doubled and res.deployment.disaggregated)
-    # settled: the last doubling moved the row less than the tolerance (None: not doubled);
-    # False is a row still moving after STEADY_DOUBLINGS doublings, printed as such
-    settled = None if moved is None else bool(moved <= cast(float, traffic.steady_tol))
+        # one fewer met at the steady count: the new row's own doubling, and more while it
+        # moves and the doublings last (a row at its prefill pool's saturation moved 15-35%
+        # from half its count where the row it replaced had settled)
+        moved = own(res, t)
+        if moved <= tol or not left:
+            break
+    # settled: the row's own last doubling moved it less than the tolerance (None: not
+    # doubled); False is a row still moving after STEADY_DOUBLINGS doublings, printed as such
+    settled = None if moved is None else bool(moved <= tol)
     res = replace(res, steady={
         "requests": t.n_requests(t.rate or 0.0),
         "warmup_requests": res.summary.get("bench", {}).get("warmup_requests", t.warmup),
