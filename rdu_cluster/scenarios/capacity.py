@@ -675,10 +675,10 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
     throughput move less than STEADY_TOL (_moved: a pP under its bound on the bound's scale),
     the search going on at the longer count wherever the verdict changed, and one fewer
     asked there; a row found at that count is measured on its own run at half it, and doubled
-    on while it moves and STEADY_DOUBLINGS last; lengths drawn from a distribution are served with SEEDS seeds, the worst
-    deciding the verdict (the search going on with all of them if one misses), and the spread
-    reported. With the `slo`, the row's interval (_with_ends), its ends searched on the same
-    runs."""
+    on while it moves and STEADY_DOUBLINGS last; lengths drawn from a distribution are
+    served with SEEDS seeds, the worst deciding the verdict (the search going on with all of
+    them if one misses), and the spread reported. With the `slo`, the row's interval
+    (_with_ends), its ends searched on the same runs."""
     _kept.clear()  # another candidate's runs: their cost tables would outlive the process's cache
     try:
         return _settle(dep, serve, traffic, max_nodes, slo)
