@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from rdu_cluster.cli import main, workload
 from rdu_cluster.config import load_fabric
 from rdu_cluster.scenarios import capacity as cap
+from rdu_cluster.scenarios.boundary import boundary
+from rdu_cluster.scenarios.capacity import intervals, steady, verification
 from workloads import sessions
 from workloads.catalog import load_model, model_config
 from workloads.errors import ConfigError
@@ -336,7 +338,7 @@ def test_bisection_finds_the_boundary_of_a_monotone_verdict(top):
                 assert 1 <= n <= top
                 return n >= threshold
 
-            n = cap.boundary(meets, start, top)
+            n = boundary(meets, start, top)
             assert len(asked) == len(set(asked))
             if threshold > top:
                 assert n is None and top in asked
@@ -361,7 +363,7 @@ def test_a_margin_on_a_line_in_one_over_n_finds_the_boundary_in_a_few_asks():
             return tpot(n) / bound - 1
 
         want = next((n for n in range(1, 101) if tpot(n) <= bound), None)
-        assert cap.boundary(miss, start, 100) == want
+        assert boundary(miss, start, 100) == want
         assert len(asked) == len(set(asked)) and (want is None or want - 1 in asked
                                                    or want == 1)
         assert len(asked) <= 6, (bound, start, asked)
@@ -386,7 +388,7 @@ def test_the_line_never_loses_the_boundary_of_a_monotone_margin(seed):
             m = float(margin[n - 1])
             return m <= 0 if bare[n - 1] else m
 
-        got = cap.boundary(miss, start, top)
+        got = boundary(miss, start, top)
         want = next((n for n in range(1, top + 1) if margin[n - 1] <= 0), None)
         assert got == want and len(asked) == len(set(asked))
         if want is not None:
@@ -412,7 +414,7 @@ def test_a_saturation_hint_finds_a_queueing_boundary_from_above_in_three_asks():
             asked.append(n)
             return ttft(n) / bound - 1 if math.isfinite(ttft(n)) else False
 
-        assert cap.boundary(miss, 20, 48, least) == want == 16
+        assert boundary(miss, 20, 48, least) == want == 16
         assert want - 1 in asked and len(asked) == len(set(asked))
         assert asked == ([20, 16, 15] if least else [20, 19, 15, 17, 16])
 
@@ -433,7 +435,7 @@ def test_a_wrong_saturation_hint_never_loses_the_boundary(seed):
             asked.append(n)
             return n >= want
 
-        got = cap.boundary(meets, start, top, lambda n: int(hints[n]))
+        got = boundary(meets, start, top, lambda n: int(hints[n]))
         assert got == (want if want <= top else None) and len(asked) == len(set(asked))
         if got is not None:
             assert got == 1 or got - 1 in asked
@@ -507,7 +509,7 @@ def test_a_pairs_prefill_search_asks_the_count_its_throughput_saturates_next():
 
 @pytest.mark.parametrize("boundary, asked", [(16, [16, 15]), (21, [16, 20]), (19, [16, 20])])
 def test_one_fewer_at_the_steady_count_asks_a_pairs_saturation_count_first(boundary, asked):
-    """capacity._one_fewer: a pair's row at the steady count (21 prefill replicas, found at a
+    """steady._one_fewer: a pair's row at the steady count (21 prefill replicas, found at a
     shorter count whose start-up transient held the boundary up) asks the count its own run
     saturates first, 16, where it lies two or more below; that meets and the search goes on
     from there (16, 15: not 20, a run to its end, first). Where it misses, one fewer is asked
@@ -528,7 +530,7 @@ def test_one_fewer_at_the_steady_count_asks_a_pairs_saturation_count_first(bound
     # 100 requests/s of 0.16 s prefill each saturate 16 prefill replicas
     pair = cap.Deployment("a->b", (Pool("hgx-h200", "tp2", 21), Pool("sn40l-16", "tp16", 2)),
                           8, 0.0, (8, 8), (2.0, 1.0), {"prefill_service_s": 0.16})
-    res = cap._one_fewer(serve(pair), serve, 24, hint=True)
+    res = steady._one_fewer(serve(pair), serve, 24, hint=True)
     prefill = [k[0].replicas for k in runs if k[1].replicas == 2][1:]
     assert prefill[:len(asked)] == asked
     assert res.deployment.pools[0].replicas == boundary and res.meets_slo
@@ -537,7 +539,7 @@ def test_one_fewer_at_the_steady_count_asks_a_pairs_saturation_count_first(bound
 
 @pytest.mark.parametrize("tol", [0.05, None])
 def test_settle_asks_the_saturation_count_only_where_the_count_doubled(tol):
-    """capacity.settle: at the search's own count (not doubled: the sessions question, or
+    """steady.settle: at the search's own count (not doubled: the sessions question, or
     --steady-tolerance off) the boundary's other side was served already, so the saturation
     count is not asked again there (on the sessions question it was 5 runs more, each a
     miss); doubled, it is asked first and, missing, one fewer after it."""
@@ -568,7 +570,7 @@ def test_settle_asks_the_saturation_count_only_where_the_count_doubled(tol):
 @pytest.mark.parametrize("steady_from, requests, moved", [(800, 1600, 0.0), (None, 1600, 0.211)])
 def test_a_row_one_fewer_found_at_the_doubled_count_is_doubled_on_its_own(
         steady_from, requests, moved):
-    """capacity.settle: the row whose doubling settled (21 prefill replicas, its p99 TTFT the
+    """steady.settle: the row whose doubling settled (21 prefill replicas, its p99 TTFT the
     same at 200 and 400 requests) is not the row one fewer finds at 400 (10 replicas, at its
     prefill pool's saturation, whose p99 TTFT still falls as the run lengthens: 2,350 ms at
     200 requests, 1,475 ms at 400). The row's `moved_on_doubling` and `settled` are its own,
@@ -671,9 +673,9 @@ def test_a_deployment_that_refuses_requests_does_not_meet_the_slo(monkeypatch):
     cli = importlib.import_module("rdu_cluster.cli.capacity")
     summary = {"unserved": 30, "requests": 60,
                "bench": {"completed": 30, "p99_ttft_ms": 300.0, "p99_tpot_ms": 11.0}}
-    monkeypatch.setattr(cap, "Simulation", lambda *a, **k: SimpleNamespace(
+    monkeypatch.setattr(verification, "Simulation", lambda *a, **k: SimpleNamespace(
         run=lambda: SimpleNamespace(summary=summary)))
-    monkeypatch.setattr(cap, "serve_args", lambda *a: [])
+    monkeypatch.setattr(verification, "serve_args", lambda *a: [])
     dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp2", 2),), 24, 0.0, (8,), (1.0,))
     traffic = cap.Traffic(concurrency=None, rate=4.0, requests=60)
     slo = cap.SLO.parse(["ttft:2000", "tpot:20"], 99.0)
@@ -739,21 +741,21 @@ def test_interval_ends_are_the_boundary_at_the_simulators_ends(monkeypatch):
                           slo.misses(10.0, 60.0 / n), [])
 
     slo = cap.SLO(None, 20.0)
-    monkeypatch.setattr(cap, "bands", lambda dep, slo: cap.Bands(None, (0.6, 1.5), (0.5, 2.0),
+    monkeypatch.setattr(intervals, "bands", lambda dep, slo: cap.Bands(None, (0.6, 1.5), (0.5, 2.0),
                                                                   "test bands"))
     dep = cap.Deployment("sn40l-8", (Pool("sn40l-8", "tp8", 4),), 8, 0.0, (8,), (1.0,))
     res = cap.search(dep, serve, 16)
     assert res.deployment.pools[0].replicas == 3
-    out = cap._with_ends(res, serve, slo, 16).interval
+    out = cap.with_ends(res, serve, slo, 16).interval
     assert (out["nodes_low"], out["nodes_high"], out["robust"]) == (2, 5, False)
     assert out["usd_per_million_tokens_low"] == pytest.approx(16 * 1e6 / 3600 / 2000)
     assert out["usd_per_million_tokens_high"] == pytest.approx(40 * 1e6 / 3600 / 500)
-    monkeypatch.setattr(cap, "bands", lambda dep, slo: cap.Bands(None, None, None, "none here"))
-    assert cap._with_ends(res, serve, slo, 16).interval == {"basis": "none here"}
+    monkeypatch.setattr(intervals, "bands", lambda dep, slo: cap.Bands(None, None, None, "none here"))
+    assert cap.with_ends(res, serve, slo, 16).interval == {"basis": "none here"}
 
 
 def test_a_doublings_move_is_the_p99s_against_their_bound_and_the_throughput_against_itself():
-    """The steady-state check's move (cap._moved): a p99 far under its bound is measured on
+    """The steady-state check's move (steady._moved): a p99 far under its bound is measured on
     the bound's scale (279 -> 255 ms TTFT under 1,500 ms: 1.6%, not 8.6%), a p99 at or over
     its bound and the throughput on their own (a TPOT 24 -> 26 ms under 25 ms: 8%); no SLO:
     every figure on its own scale, as before."""
@@ -761,19 +763,19 @@ def test_a_doublings_move_is_the_p99s_against_their_bound_and_the_throughput_aga
                                              ttft, tpot, 0.0, [])
     slo = cap.SLO(1500.0, 25.0)
     far = (run(279.0, 23.29, 1000.0), run(255.0, 23.29, 1000.0))
-    assert cap._moved(*far, slo) == pytest.approx(24 / 1500)
-    assert cap._moved(*far) == pytest.approx(24 / 279)
-    assert cap._moved(run(279.0, 24.0, 1000.0), run(279.0, 26.0, 1000.0), slo) == \
+    assert steady._moved(*far, slo) == pytest.approx(24 / 1500)
+    assert steady._moved(*far) == pytest.approx(24 / 279)
+    assert steady._moved(run(279.0, 24.0, 1000.0), run(279.0, 26.0, 1000.0), slo) == \
         pytest.approx(2 / 25)
-    assert cap._moved(run(3000.0, 20.0, 1000.0), run(3300.0, 20.0, 1000.0), slo) == \
+    assert steady._moved(run(3000.0, 20.0, 1000.0), run(3300.0, 20.0, 1000.0), slo) == \
         pytest.approx(0.1)  # over its bound: its own value's scale
-    assert cap._moved(run(279.0, 20.0, 1000.0), run(279.0, 20.0, 900.0), slo) == \
+    assert steady._moved(run(279.0, 20.0, 1000.0), run(279.0, 20.0, 900.0), slo) == \
         pytest.approx(0.1)  # the throughput: $/Mtok moves with it
-    assert cap._moved(run(279.0, 20.0, 1000.0), run(math.inf, 20.0, 1000.0), slo) == math.inf
+    assert steady._moved(run(279.0, 20.0, 1000.0), run(math.inf, 20.0, 1000.0), slo) == math.inf
 
 
 def test_a_capacity_row_has_its_interval_and_robust(monkeypatch):
-    monkeypatch.setattr(cap, "bands", lambda dep, slo: cap.Bands((0.9, 1.1), (0.9, 1.1),
+    monkeypatch.setattr(intervals, "bands", lambda dep, slo: cap.Bands((0.9, 1.1), (0.9, 1.1),
                                                                   (0.9, 1.1), "test bands"))
     r = run(*RANKED)
     assert r.exit_code == 0, r.output
@@ -1045,7 +1047,7 @@ def test_a_pairs_row_served_with_twice_the_requests_goes_on_from_its_own_run(mon
     assert kept.exit_code == 0, kept.output
     row = next(r for r in map(json.loads, kept.stdout.splitlines()) if r["disaggregated"])
     assert went_on and row["steady"]["requests"] in went_on
-    monkeypatch.setattr(cap, "KEPT_RUNS", 0)
+    monkeypatch.setattr(verification, "KEPT_RUNS", 0)
     went_on.clear()
     fresh = run(*args)
     assert not went_on and fresh.stdout == kept.stdout

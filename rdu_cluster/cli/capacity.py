@@ -518,7 +518,7 @@ def _record(r: cap.Result, slo: cap.SLO) -> dict:
         # true where that run stopped once certain to miss (engine/decided.py): at least that
         "miss_one_fewer_at_least": r.below_at_least,
         "ramp_up_s": _ramp_arg(r.serve_args),
-        # the interval (cap._with_ends): null bounds and the reason outside every regime
+        # the interval (cap.with_ends): null bounds and the reason outside every regime
         **{k: r.interval.get(k) for k in ("nodes_low", "nodes_high", "plan_low", "plan_high",
                                           "usd_per_million_tokens_low",
                                           "usd_per_million_tokens_high", "robust")},

@@ -24,7 +24,7 @@ throughput counts chunk times, shifted alike, so its ties hold). Its ITL statist
 vLLM's peak figures are None: a summary-only run takes neither (bench.Measured.lean).
 `rdu-cluster serve` of the same arguments runs the whole.
 
-Used by capacity's verification (scenarios/capacity.verify), where a candidate of 20 replicas
+Used by capacity's verification (scenarios/capacity/verification.py), where a candidate of 20 replicas
 was 20 replicas simulated alike, run after run.
 """
 

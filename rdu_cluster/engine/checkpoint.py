@@ -1,9 +1,10 @@
 """A closed-loop run kept where it can go on as a run of more requests.
 
 Capacity's verification serves a row again with twice the requests until its figures settle
-(scenarios/capacity.settle). A closed loop of N requests and one of 2N over the same clients
-are the same run until the first request past the N-th is sent: request i follows i - C (C
-clients), so the two part ways at the first completion of a request numbered N - C or more.
+(scenarios/capacity/steady.py: settle). A closed loop of N requests and one of 2N over the
+same clients are the same run until the first request past the N-th is sent: request i
+follows i - C (C clients), so the two part ways at the first completion of a request numbered
+N - C or more.
 Every request up to then is one of the first N, sent at the same time in both, and a replica
 plans the same windows in both while each of its clients has a request still to send (what it
 may assume: engine/dispatch.py, which this checks as it keeps the state). So the state at the

@@ -16,7 +16,7 @@ or an infinite margin (requests refused), gives no line: the steps then double o
 the start until the verdict changes, then bisect (about 2 log2 of the distance asks).
 
 A queueing pool's count that meets may also say where the load it carries saturates the pool
-(`least`: a pair's prefill pool at the request throughput the run measured, capacity.search).
+(`least`: a pair's prefill pool at the request throughput the run measured, scenarios/capacity/search.py).
 Searching down from such a count, the next ask is that count, not a step, and where it meets
 the count below it: a count below saturation queues without bound, and its run stops early
 as certain to miss (cheap), while each count asked on the way down meets and runs to its end

@@ -1,0 +1,296 @@
+"""Pass 1, analytic: from the step costs of partitioning.estimate, per system and replica plan,
+the largest batch whose decode step keeps TPOT within the bound (and whose KV fits), one
+prompt's prefill time, and for each deployment size (whole nodes) the load it would see: with N
+closed-loop users (or a rate, through Little's law) each replica runs about N / n sequences and
+prefills its share of the arrivals, lambda = N / E2E. In an aggregated replica prefill steps
+stall the decodes, so the decode share of time is 1 - rho (rho = lambda / n x prefill time) and
+the TPOT seen is TPOT(batch) / (1 - rho): its arrivals come fewer than one a decode step, so each
+prompt prefills alone. The smallest deployment that passes is the system's candidate. A
+disaggregated pair sizes its decode pool from the TPOT bound alone and its prefill pool to keep
+rho <= PREFILL_RHO_MAX, rho counted at a prompt's share of a full prefill step (the pool's queue
+fills its steps to the token budget)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import cast
+
+import numpy as np
+
+from chip import serving_stacks
+from partitioning.estimate import Estimate, estimate
+from partitioning.evaluate import footprint
+from partitioning.plan import Plan as PartitionPlan
+from partitioning.scenario import Scenario, tensor_plan
+from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
+from rdu_cluster.engine.disagg import Pool, transfer_time
+from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.scenarios import speculative
+from rdu_cluster.scenarios.capacity.deployment import Deployment
+from rdu_cluster.scenarios.capacity.slo import SLO
+from rdu_cluster.scenarios.capacity.traffic import Traffic
+from workloads import graph
+from workloads.errors import ConfigError
+from workloads.spec import ModelSpec
+from workloads.speculative import Speculation
+
+BATCHES = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512])
+PREFILL_RHO_MAX = 0.8  # a prefill pool's utilization cap: queueing grows as 1/(1-rho) (M/D/1)
+FIXED_POINT_ROUNDS = 50  # _load: rounds for E2E to settle within 0.1%
+MAX_BATCH_CAP = 512  # the engine's --max-batch ceiling tried here (vLLM's max_num_seqs is 256-1024)
+
+
+@dataclass(frozen=True)
+class ReplicaCost:
+    """Analytic costs of one replica of `plan` on `cluster`: TPOT at each batch of BATCHES up
+    to the KV limit, one prompt's prefill, and the KV limit itself. `prefill_each_s`: a
+    prompt's share of a full prefill step, as many prompts as the token budget holds in one
+    pass (the engine batches queued prompts so; a sparse MoE model reads more of its experts'
+    weights once for them all: DeepSeek-V3 FP8 on hgx-h200 tp8, 36 ms for one 1,024-token
+    prompt, 18 ms each for eight): what a loaded prefill pool spends on each prompt. None: the
+    prompt's own prefill (speculative candidates)."""
+
+    cluster: str
+    plan: str
+    group: int
+    batches: np.ndarray
+    tpot_s: np.ndarray
+    prefill_s: float
+    kv_batch: int
+    price_per_socket_hour: float | None
+    sockets_per_node: int
+    draft: str | None = None  # speculative decoding: the draft model and its speculation
+    speculation: Speculation | None = None
+    stack: str | None = None  # the GPU serving stack (chip/serving_stacks.py); None off a GPU
+    overrides: tuple = ()  # --set on the cluster (Pool.overrides)
+    prefill_each_s: float | None = None
+
+    @property
+    def prefill_service_s(self) -> float:
+        """The prefill time a loaded prefill pool spends on each prompt (its utilization's
+        unit)."""
+        return self.prefill_s if self.prefill_each_s is None else self.prefill_each_s
+
+    def pool(self, replicas: int) -> Pool:
+        return Pool(self.cluster, self.plan, replicas, self.overrides)
+
+    def max_batch(self, tpot_bound_s: float | None) -> int:
+        ok = self.batches if tpot_bound_s is None else self.batches[self.tpot_s <= tpot_bound_s]
+        return int(min(ok.max(), self.kv_batch, MAX_BATCH_CAP)) if len(ok) else 0
+
+    def tpot_at(self, batch: float) -> float:
+        """TPOT at `batch`, linear between the evaluated batches (a decode step's cost is
+        close to linear in batch between them: weights once, KV and FLOPs per sequence); inf
+        beyond the KV capacity or the largest batch evaluated."""
+        if batch > self.kv_batch or batch > self.batches[-1]:
+            return math.inf
+        return float(np.interp(batch, self.batches, self.tpot_s))
+
+
+def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
+                 fabric: FabricSpec, draft: str | None = None,
+                 choose: Callable[[ClusterSpec, str], Speculation] | None = None,
+                 stack: str | None = None) -> ReplicaCost | None:
+    """The costs of one replica (`replica`: its cluster, plan and --set overrides; its count
+    is ignored). None when the plan does not fit the chip (weights, or no room for one
+    sequence's KV). `lengths`: the mean (prompt, output) lengths; `stack`: the GPU serving
+    stack (default: the default stack; chip/serving_stacks.py). With `draft`: speculative
+    decoding, `choose` giving the speculation on the replica's cluster and plan; TPOT is then
+    the speculative step over the tokens it emits (scenarios/speculative.py), on
+    tensor-parallel plans only (the draft shares the target's sockets)."""
+    cluster_ref, plan, overrides = replica.cluster, replica.plan, replica.overrides
+    try:
+        cl = replace(replica, replicas=1).spec(model, fabric)
+    except ConfigError:
+        return None
+    options = serving_stacks.options_for(cl.chip, stack, system=cluster_ref)
+    prompt, gen = lengths
+    g = cl.sockets
+    hbm = cl.chip.hbm.capacity_bytes
+    p = PartitionPlan.parse(plan)
+    # The one footprint (partitioning.evaluate.footprint): weights, the activation workspace
+    # and what the runtime reserves (chip/runtime_memory.py) per socket, and one sequence's KV
+    # cache with heads replicated where tp exceeds them: a plan an engine would not start is no
+    # candidate; the engine sizes its KV blocks from what the same regions leave.
+    try:
+        base = Scenario(model, cl, p, 1, int(prompt), int(gen), options)
+        fps, why = footprint(base, check=False)
+    except ConfigError:
+        return None
+    if why:
+        return None
+    resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
+                   + fp.regions.get(("reserved", "hbm"), 0.0) for fp in fps)
+    per_seq = max(fp.region("kv_cache") for fp in fps)
+    # Attention data-parallel groups each hold the KV of their own sequences
+    kv_batch = p.adp * int((hbm - resident) // per_seq) if hbm > resident else 0
+    batches = BATCHES[BATCHES <= kv_batch]
+    if not len(batches):
+        return None
+    at = lambda b: estimate(base.but(batch=b))
+    named = serving_stacks.stack_of(cl.chip, options)
+    if draft is not None:
+        if p.pp != 1 or p.ep != 1 or p.adp != 1:
+            return None
+        try:
+            memo: dict
+            # a draft comes with its `choose` (the docstring)
+            spec, memo = cast("Callable[[ClusterSpec, str], Speculation]", choose)(cl, plan), {}
+            ests = [speculative.speculative_estimate(
+                base.but(plan=tensor_plan(cl, p.tp), batch=int(b)), spec, draft, memo=memo)
+                for b in batches]
+            tpot = np.array([float(e.tpot_s) for e in ests])
+            prefill = float(ests[0].ttft_s)  # batch 1 (BATCHES[0]): the draft's prefill too
+        except ConfigError:
+            return None
+        price = cl.cost.get("socket_hour_usd") if cl.cost else None
+        return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
+                           load_cluster(cluster_ref, dict(overrides)).sockets_per_node,
+                           draft, spec, named, overrides)
+    try:
+        if p.pp == 1 and p.ep == 1:  # tensor parallel: one vectorized call over the batches
+            est = at(batches)
+            tpot = np.asarray(est.tpot_s, dtype=float)
+            prefill = float(np.asarray(est.ttft_s).ravel()[0])  # one prompt's forward pass
+        else:
+            tpot = np.array([float(at(int(b)).tpot_s) for b in batches])
+            prefill = float(at(1).ttft_s)
+    except ConfigError:
+        return None
+    price = cl.cost.get("socket_hour_usd") if cl.cost else None
+    return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
+                       load_cluster(cluster_ref, dict(overrides)).sockets_per_node,
+                       stack=named, overrides=overrides,
+                       prefill_each_s=_prefill_each(at, prompt, kv_batch, prefill))
+
+
+def _prefill_each(at: Callable[[int], Estimate], prompt: float, kv_batch: int,
+                  alone: float) -> float:
+    """A prompt's share of a prefill step of as many prompts as serve's token budget holds
+    (the engine's prefill-first and chunked schedulers fill a step so when prompts queue);
+    `alone` (one prompt's) where one fills the budget or more would not fit."""
+    k = min(Limits().token_budget // max(int(prompt), 1), kv_batch)
+    if k <= 1:
+        return alone
+    try:
+        return min(float(np.asarray(at(k).ttft_s).ravel()[0]) / k, alone)
+    except ConfigError:
+        return alone
+
+
+def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[str]:
+    """Tensor-parallel plans over a quarter of a node up to two nodes, and tp x pp over two
+    nodes (a node per stage): the replica shapes a serving deployment uses; for an MoE model
+    also attention data parallelism with experts over a node and over two (adp8ep8,
+    adp16ep16 on 8-GPU nodes: how engines serve DeepSeek-style models) where the experts
+    divide. Wider replicas cost more analytic time (pipeline plans go through the partitioner
+    per batch) and rarely win for serving; give them with --plan."""
+    spn = load_cluster(cluster_ref).sockets_per_node
+    out = [f"tp{g}" for g in (spn // 4, spn // 2, spn) if g >= 1]
+    if max_nodes >= 2:
+        out += [f"tp{spn * 2}", f"tp{spn}pp2"]
+    if model.moe is not None:
+        out += [f"adp{g}ep{g}" for g in (spn, 2 * spn)[: 1 + (max_nodes >= 2)]
+                if g > 1 and model.moe.num_experts % g == 0]
+    return list(dict.fromkeys(out))
+
+
+def aggregated(cost: ReplicaCost, traffic: Traffic, slo: SLO, max_nodes: int,
+               prompt: float, gen: float) -> Deployment | None:
+    """The fewest replicas of `cost`'s plan that pass the analytic test (sockets are priced
+    by the socket-hour, so a deployment need not fill its last node)."""
+    bound = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
+    b_max = cost.max_batch(bound)
+    prefill = cost.prefill_s * traffic.prefill_share()
+    if not b_max or (slo.ttft_ms is not None and prefill > slo.ttft_ms / 1e3):
+        return None
+    for n in range(1, max_nodes * cost.sockets_per_node // cost.group + 1):
+        ok, e2e, tpot_eff, rho = _load(cost, prefill, traffic, n, gen, b_max)
+        if ok and (bound is None or tpot_eff <= bound):
+            return Deployment(cost.cluster, (cost.pool(n),), b_max,
+                              _short(e2e + traffic.think_s), (cost.sockets_per_node,),
+                              (cost.price_per_socket_hour,),
+                              {"tpot_s": tpot_eff, "rho": rho, "e2e_s": e2e}, cost.draft,
+                              cost.speculation, cost.stack)
+    return None
+
+
+def _load(cost: ReplicaCost, prefill: float, traffic: Traffic, n: int, gen: float,
+          b_max: int) -> tuple[bool, float, float, float]:
+    """(fits, E2E, TPOT with prefill stalls, prefill utilization) of n replicas. A user who
+    thinks between requests (sessions) is in the batch e2e / (e2e + think) of the time."""
+    tpot, last, rho = cost.tpot_at(1), math.nan, 0.0
+    rate = cast(float, traffic.rate)  # read only where there is no concurrency: an open loop
+    # fixed point: the batch and the prefill share depend on E2E, E2E on the TPOT they give.
+    # Until E2E settles: cut at four rounds it could oscillate (a short E2E, so many prefills
+    # that the TPOT stretches, so a long E2E ...) and pass one replica on a TPOT and an E2E of
+    # different rounds (E2E 2.86 s for a 0.15 s cycle: the ramp ten cycles long). A load that
+    # does not settle is taken as not carried.
+    for _ in range(FIXED_POINT_ROUNDS):
+        e2e = prefill + (gen - 1) * tpot
+        if abs(e2e - last) <= 1e-3 * e2e:
+            return True, e2e, tpot, rho
+        last = e2e
+        cycle = e2e + traffic.think_s
+        users = traffic.concurrency * e2e / cycle if traffic.concurrency else rate * e2e
+        batch = users / n
+        if batch > b_max:
+            return False, e2e, math.inf, 1.0
+        lam = (traffic.concurrency / cycle) if traffic.concurrency else rate
+        rho = lam / n * prefill
+        if rho >= 1:
+            return False, e2e, math.inf, rho
+        tpot = cost.tpot_at(max(1.0, batch)) / (1 - rho)
+    return False, e2e, math.inf, rho
+
+
+def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO,
+                  max_nodes: int, lengths: tuple[float, float], model: ModelSpec,
+                  fabric: FabricSpec) -> Deployment | None:
+    """The fewest decode replicas of `dec` and prefill replicas of `pre` that carry `traffic`
+    within `slo` (analytically: the verification serves it); `lengths`: the mean (prompt,
+    output) lengths, as replica_cost takes them."""
+    prompt, gen = lengths
+    bound = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
+    b_max = dec.max_batch(bound)
+    if not b_max or (slo.ttft_ms is not None and pre.prefill_s > slo.ttft_ms / 1e3):
+        return None
+    move = float(transfer_time(fabric, pre.group, dec.group,
+                               np.array([prompt * float(graph.kv_cache_bytes(model, 1, 1))]))[0])
+    # the prefix cache is the prefill pool's, without the answers (decoded elsewhere)
+    share = traffic.prefill_share(outputs=False)
+    prefill = pre.prefill_s * share
+    users = traffic.concurrency
+    rate = cast(float, traffic.rate)  # read only where there are no users: an open loop
+    for n_d in range(1, max_nodes * dec.sockets_per_node // dec.group + 1):
+        tpot = dec.tpot_at(1)
+        for _ in range(4):  # fixed point: the batch depends on E2E (a user thinks out of it)
+            e2e = prefill + move + gen * tpot
+            if not math.isfinite(e2e):
+                break
+            batch = (users * e2e / (e2e + traffic.think_s) if users else rate * e2e) / n_d
+            tpot = dec.tpot_at(max(1.0, batch))
+        if math.isfinite(tpot) and batch <= b_max and (bound is None or tpot <= bound):
+            break
+    else:
+        return None
+    e2e = prefill + move + gen * tpot
+    lam = users / (e2e + traffic.think_s) if users else rate
+    service = pre.prefill_service_s * share  # a loaded pool batches prompts
+    n_p = max(1, math.ceil(lam * service / PREFILL_RHO_MAX))
+    if n_p * pre.group > max_nodes * pre.sockets_per_node:
+        return None
+    return Deployment(f"{pre.cluster}->{dec.cluster}", (pre.pool(n_p), dec.pool(n_d)), b_max,
+                      _short(e2e + traffic.think_s),
+                      (pre.sockets_per_node, dec.sockets_per_node),
+                      (pre.price_per_socket_hour, dec.price_per_socket_hour),
+                      {"tpot_s": tpot, "rho": lam / n_p * service, "e2e_s": e2e,
+                       "kv_transfer_s": move, "prefill_service_s": service},
+                      stack=dec.stack or pre.stack)
+
+
+def _short(x: float) -> float:
+    """6 significant figures: the value serve_args prints is the value verified."""
+    return float(f"{x:.6g}")

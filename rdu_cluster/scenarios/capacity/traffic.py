@@ -1,0 +1,147 @@
+"""The traffic a capacity question serves (closed-loop users or an open-loop rate over
+synthetic lengths, a trace replayed as it is, multi-turn sessions) and the requests that verify
+it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from workloads import traces
+
+if TYPE_CHECKING:
+    from rdu_cluster.scenarios.capacity.deployment import Deployment
+
+
+# Steady state (steady.py): a closed loop is verified with STEADY_START requests per user, the
+# first of each left out (warm-up); the boundary row is served again with twice the requests
+# until its pP TTFT, pP TPOT and output throughput move less than STEADY_TOL (a pP on the scale
+# of its bound where it lies under it: steady._moved).
+STEADY_START = 4
+STEADY_TOL = 0.05
+
+
+@dataclass(frozen=True)
+class Traffic:
+    concurrency: int | None
+    rate: float | None
+    prompt: str = "1024"
+    output: str = "256"
+    requests: int | None = None  # default: 2 per user (closed loop) or 2 x rate x 30 s
+    seed: int = 0
+    prefix_cache: str | None = None  # serve --prefix-cache (None: its default)
+    # A fixed workload (a trace file, or the multi-turn sessions) replayed as it is, and the
+    # serve arguments that rebuild it; None: synthetic requests of `prompt` / `output`.
+    trace: traces.Trace | None = None
+    workload_args: tuple[str, ...] = ()
+    think_s: float = 0.0  # sessions: mean seconds a user thinks between turns
+    # closed loops (clients, sessions) start over one estimated cycle (E2E and think time:
+    # Deployment.ramp_s) instead of all at 0, or over ramp_s seconds where given (--ramp-up);
+    # False: sessions a --rate starts
+    ramp: bool = True
+    ramp_s: float | None = None
+    steady_tol: float | None = STEADY_TOL  # None: no doubling check (--steady-tolerance off)
+    spec_args: tuple[str, ...] = ()  # the --acceptance / --tree given with --draft
+
+    @property
+    def sessions(self) -> bool:
+        return self.trace is not None and self.trace.after is not None
+
+    def ramp_of(self, dep: Deployment) -> float:
+        """Seconds over which the closed loops start (0: together, or a --rate starts them)."""
+        if not self.ramps:
+            return 0.0
+        return dep.ramp_s if self.ramp_s is None else self.ramp_s
+
+    @property
+    def ramps(self) -> bool:
+        """Whether the closed loops start over the ramp (not a --rate's session starts)."""
+        return self.ramp and self.concurrency is not None and (self.trace is None
+                                                               or self.sessions)
+
+    def prefill_share(self, outputs: bool = True) -> float:
+        """The share of prompt tokens prefilled (not served from the prefix cache): those past
+        the longest prefix an earlier request of the trace holds (a session's turns reach the
+        replica of its first: engine/dispatch.py), its output held with it or not (a pair's
+        prefill pool serves each prompt for one token: the answer it never computed is
+        prefilled with the next turn). Every cached prefix kept: a lower bound on the work,
+        which verification checks (the sessions question's H100 tp2 x 11 -> SN40L-16 pair:
+        0.348 without outputs, a hit rate of 65.1% served). 1 without a cache or content."""
+        if self.prefix_cache == "off" or self.trace is None or self.trace.content is None:
+            return 1.0
+        return uncached_tokens(self.trace, outputs) / float(self.trace.prompt_len.sum())
+
+    @property
+    def one_token(self) -> bool:
+        """Every request has one output token, so none has a TPOT (a fixed or uniform length,
+        or a lognormal of sigma 0, that rounds to 1; a trace's own lengths)."""
+        if self.trace is not None:
+            return bool((self.trace.output_len <= 1).all())
+        d = self.dists()[1]
+        top = d.b if d.kind == "uniform" else d.a if d.kind == "fixed" or d.b == 0 else math.inf
+        return top < 1.5  # the largest length drawn rounds to 1
+
+    def dists(self) -> tuple[traces.LengthDist, traces.LengthDist]:
+        return (traces.LengthDist.parse(self.prompt, "--prompt-len"),
+                traces.LengthDist.parse(self.output, "--output-len"))
+
+    def mean_lengths(self) -> tuple[float, float]:
+        if self.trace is not None:
+            return float(self.trace.prompt_len.mean()), float(self.trace.output_len.mean())
+        p, o = self.dists()
+        draw = lambda d: float(np.mean(d.sample(np.random.default_rng(0), 4096)))
+        return draw(p), draw(o)
+
+    def n_requests(self, rate: float) -> int:
+        if self.trace is not None:
+            return len(self.trace)
+        if self.requests:
+            return self.requests
+        if self.concurrency:
+            return STEADY_START * self.concurrency
+        return max(50, int(rate * 30))
+
+    @property
+    def warmup(self) -> int:
+        """Requests left out of the statistics as warm-up: a closed loop's first request of
+        each client or session (the ramp: serve --warmup-requests)."""
+        closed = self.concurrency and (self.trace is None or self.sessions)
+        return cast(int, self.concurrency) if closed else 0  # closed: it has a concurrency
+
+    @property
+    def steadies(self) -> bool:
+        """Whether the runs are taken to steady state: synthetic traffic (not a trace or the
+        sessions, the question's own workload) checked by doubling, measured with the initial
+        transient left out (MetricSpec.mser)."""
+        return self.trace is None and bool(self.steady_tol)
+
+    @property
+    def drawn(self) -> bool:
+        """Whether its lengths are drawn (a distribution), so that seeds differ."""
+        return self.trace is None and any(d.kind != "fixed" for d in self.dists())
+
+
+@traces.per_trace()
+def uncached_tokens(trace: traces.Trace, outputs: bool = True) -> int:
+    """Prompt tokens of `trace` past the longest chunk prefix an earlier request held: its
+    prompt and, with `outputs`, its output (a turn's answer is cached with it, as vLLM's
+    prefix cache keeps it where it was decoded). Once a trace (the analytic pass asks it of
+    every plan: 49 times, ~10 ms each, for the sessions question)."""
+    seen: set[int] = set()
+    total = 0
+    # asked only of a trace with content (Traffic.prefill_share)
+    content = cast("tuple[tuple[tuple[int, int], ...], ...]", trace.content)
+    for i, chunks in enumerate(content):
+        keys = list(itertools.accumulate(chunks, lambda k, c: hash((k, c)), initial=0))[1:]
+        hit = sum(n for _, n in itertools.takewhile(
+            lambda kc: kc[0] in seen, zip(keys, (c[1] for c in chunks))))
+        prompt = int(trace.prompt_len[i])
+        total += max(prompt - hit, 0)
+        held = prompt + (int(trace.output_len[i]) if outputs else 0)
+        ends = itertools.accumulate(n for _, n in chunks)
+        seen.update(k for k, end in zip(keys, ends) if end <= held)
+    return total
