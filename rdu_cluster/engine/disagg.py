@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +54,7 @@ from interconnect.routes import route, route_latency
 from interconnect.topology import TopologySpec, build_topology
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan as PartitionPlan
+from rdu_cluster.backends import Backend
 from rdu_cluster.config import MAX_SOCKETS, FabricSpec, load_cluster
 from rdu_cluster.engine import (
     bench,
@@ -313,8 +315,8 @@ class Disaggregated:
                                        else None)
             finally:  # a run stopped as certain (Decided) keeps the copy it took
                 self.checkpoint = cp
-            for sim in self.sims:
-                sim.backend.sync()
+            for sim in self.sims:  # each pool is made with its backend (run)
+                cast(Backend, sim.backend).sync()
             built = time.perf_counter()
             p_tables, d_tables = pre.tables(end), dec.tables(end)
             out = self._combine(p_tables, d_tables, np.arange(len(t)), self.hand.move,
@@ -330,7 +332,7 @@ class Disaggregated:
     def _close(self) -> None:
         for sim in self.sims:
             sim.finished.drop()
-            sim.backend.close()
+            cast(Backend, sim.backend).close()
 
     def _shared(self) -> list:
         """What a checkpoint's copy shares with the run: the cost tables, the model and the
@@ -349,8 +351,9 @@ class Disaggregated:
     def _combine(self, p: Tables, d: Tables, idx, move, nbytes) -> Tables:
         pre, dec = self.sims
         n_rep = len(pre.replicas)
-        req = _requests(p.requests.to_pydict(), d.requests.to_pydict(), idx, move, nbytes,
-                        n_rep)
+        # a disaggregated run is not streamed (no sink): each pool has its requests table
+        req = _requests(cast(pa.Table, p.requests).to_pydict(),
+                        cast(pa.Table, d.requests).to_pydict(), idx, move, nbytes, n_rep)
         meta = dict(dec.metadata(), cluster=f"{self.clusters[0].name}+{self.clusters[1].name}",
                     plan=f"prefill {self.prefill}, decode {self.decode}, fabric "
                     f"{self.fabric.name}", prefill_replicas=n_rep)
@@ -525,7 +528,8 @@ class Handover:
         d = self.make(r.id)
         if r.state != DONE:  # refused on arrival at the decode pool too, with its reason
             d.reason = r.reason or "refused by the prefill pool"
-            self.out.append((self.DECODE, self.dec.dispatch.handoff(d, t, 0)))
+            side = cast(_DecodeSide, self.dec.dispatch)  # as Disaggregated.run sets it
+            self.out.append((self.DECODE, side.handoff(d, t, 0)))
             return
         if (t, r.id) < self.last_dealt:  # dealt out of the order of ends: not canonical
             raise RuntimeError(f"internal error: a prefill ending at {t!r} s is known after one "
@@ -551,12 +555,13 @@ class Handover:
             self.move[rid], self.nbytes[rid] = arrive - t, nbytes
             if self.shift is not None:
                 self.shift[rid] = arrive - sent
-            out.append(self.dec.dispatch.handoff(d, arrive, to))
+            out.append(cast(_DecodeSide, self.dec.dispatch).handoff(d, arrive, to))
         return out
 
     def decoded(self, r: Request, t: float) -> None:
         """r is through the decode pool at t (done or refused): its closed loop goes on."""
-        self.out += [(self.PREFILL, e) for e in self.pre.dispatch.follow(r, t)]
+        side = cast(_PrefillSide, self.pre.dispatch)  # as Disaggregated.run sets it
+        self.out += [(self.PREFILL, e) for e in side.follow(r, t)]
 
     def frontier(self, rep: Replica, decode: bool = False) -> float:
         """The earliest time something not yet known could reach `rep` (of the decode pool

@@ -37,7 +37,7 @@ import heapq
 import math
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -204,7 +204,7 @@ class Dispatcher:
         return []
 
     def _make(self, i: int) -> Request:
-        r = self.make(i)
+        r = cast("Callable[[int], Request]", self.make)(i)  # open loop: set by open_loop
         r.arrival_s = r.ready_s = max(r.arrival_s, r.ready_s)
         return r
 
@@ -326,8 +326,10 @@ class Dispatcher:
 
     def _kv_at(self, rep: Replica, t: float) -> int:
         ends, blocks = self.last.get(rep.index, (np.zeros(0), np.zeros(0)))
+        # only a stateful policy's views ask, and with one the windows keep their blocks
+        # (Simulation.kv_steps)
         if len(ends) and t < ends[-1]:
-            return int(blocks[int(np.searchsorted(ends, t, side="left"))])
+            return int(cast(np.ndarray, blocks)[int(np.searchsorted(ends, t, side="left"))])
         return rep.kv.used
 
     # -- what a replica may assume --------------------------------------------------------
@@ -461,7 +463,7 @@ class Dispatcher:
             cp = self.checkpoint
             if cp is not None and i >= cp.at and not cp.taken:
                 cp.due = True
-            nxt = self.make(i)
+            nxt = cast("Callable[[int], Request]", self.make)(i)  # closed loop: set by initial
             self.unsent -= 1
             self.unsent_to[self._replica_of(i)] -= 1
             if self.sessions and r.state != DONE:  # it needed this turn's answer

@@ -13,7 +13,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -183,7 +183,7 @@ class SocketRows:
         -> bytes a socket (read once the backend has filled it in)."""
         k, first = len(occupancies), len(self)
         for name, col in self.cols.items():
-            v = cols.get(name)
+            v: Any = cols.get(name)  # Any: mypy cannot see that `many` implies not None
             many = v is not None and not np.isscalar(v)
             if name in self.null:
                 self.null[name].extend([v is None] * k)
@@ -288,7 +288,8 @@ class Recorder:
 
     def send(self, name: str, tbl: pa.Table) -> None:
         self.sent.add(name)
-        self.sink(name, tbl)
+        # only a streaming run sends (finish, flush_steps, flush_sockets): it has a sink
+        cast("Callable[[str, pa.Table], None]", self.sink)(name, tbl)
 
     def flush_steps(self) -> None:
         """Hand the steps held to the sink (one chunk), keeping the summary's columns."""

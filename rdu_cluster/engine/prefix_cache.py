@@ -42,6 +42,7 @@ that can still be found, not the trace, and a decode step costs it nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -753,6 +754,7 @@ def build(config: PrefixConfig, mode: str, chip, kv, lower: str | None,
     block_bytes = bt * kv.config.bytes_per_token
     if mode != "tiered":
         return PrefixCache(bt, kv.config.block_tokens, None, 0, 0.0, config.eviction, live)
+    lower = cast(str, lower)  # PrefixConfig.resolved gives "tiered" only with a lower tier
     free = chip.tier(lower).capacity_bytes - lower_reserved
     return PrefixCache(bt, kv.config.block_tokens, lower, max(0, int(free // block_bytes)),
                        MemoryTiers.of(chip).copy_time(block_bytes, lower, HBM),

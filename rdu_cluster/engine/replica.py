@@ -226,7 +226,7 @@ class Replica:
                 ops.append([])
                 break
             planned = span.steps
-            n = clock.steps(span, plan.saturated) if timed else planned
+            n = clock.steps(span, plan.saturated) if timed and clock is not None else planned
             done = len(self.completed)
             rest = self.advance(span, n)
             if timed and clock is not None and len(self.completed) > done:

@@ -10,6 +10,7 @@ is planned with (its lookahead clock): the two must agree to the bit.
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class StepTimes:
         (t0, c0), (t1, c1) = per_stage
         time[side] = np.maximum(t0, t1)[side]
         causes[:, side] = np.where((t0 >= t1)[None, :], c0, c1)[:, side]
-        spec = self.speculation
+        spec = cast(Speculation, self.speculation)  # a draft stage exists only with it
         out = Message(stages[0][0], stages[1][0], "drafts",
                       seqs * spec.verify_tokens() * TOKEN_ID_BYTES)
         back = Message(stages[1][0], stages[0][0], "verdict", seqs * 2 * TOKEN_ID_BYTES)

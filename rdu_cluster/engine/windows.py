@@ -9,7 +9,7 @@ the sockets' times must then equal the planned ones, or the run stops with an in
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -17,6 +17,8 @@ from rdu_cluster.engine import lookahead
 from rdu_cluster.engine.replica import Replica, Span, Window
 
 if TYPE_CHECKING:
+    from chip.socket import CostTables
+    from rdu_cluster.backends import Backend
     from rdu_cluster.engine.simulation import Simulation
 
 
@@ -88,10 +90,11 @@ class WindowExecutor:
         without applying its ops twice (`reruns`)."""
         sim = self.sim
         last = window.spans[-1]
+        backend = cast("Backend", sim.backend)  # started with the run (Simulation.start)
 
         def cost() -> tuple[dict, dict, np.ndarray]:
             loads, load_max = self._loads(rep, window)
-            res = sim.backend.run(sim.seq, window.ops, window.columns(), loads, rep.sockets)
+            res = backend.run(sim.seq, window.ops, window.columns(), loads, rep.sockets)
             step = sim.step_times.combine(sim.layouts[rep.index], window, res, rep.sockets)
             step["expert_load_max"] = load_max
             return res, step, lookahead.ends(t0, step["time_s"], window.resumes)
@@ -113,22 +116,23 @@ class WindowExecutor:
         lay = sim.layouts[rep.index]
         # One stage of sockets that run one program: the step time is that program's, as
         # StepTimes.combine finds it (every socket equal, nothing to add but moves and copies).
-        alone = sim.predictor.shared(rep.sockets) if len(lay.stages) == 1 else None
+        predictor = cast(lookahead.Predictor, sim.predictor)  # made by look_ahead, with the clock
+        alone = predictor.shared(rep.sockets) if len(lay.stages) == 1 else None
 
-        def row(sp: Span) -> np.ndarray:
-            return alone.span_rows(sp.kind, len(sp.decode), sp.ctx_sum, sp.steps,
-                                   (len(sp.prefill), sp.pre_tokens,
-                                    sp.pre_prefix))[0]
+        def row(tables: CostTables, sp: Span) -> np.ndarray:
+            return tables.span_rows(sp.kind, len(sp.decode), sp.ctx_sum, sp.steps,
+                                    (len(sp.prefill), sp.pre_tokens,
+                                     sp.pre_prefix))[0]
 
         def time_of(spans: list) -> np.ndarray:
             if alone is not None and not any(sp.prefix_copy_s for sp in spans):
                 if len(spans) == 1:
-                    return row(spans[0])
+                    return row(alone, spans[0])
                 alone.fill_prefill((len(sp.prefill), sp.pre_tokens, sp.pre_prefix)
                                    for sp in spans if sp.prefill)  # at once, as window() does
-                return np.concatenate([row(sp) for sp in spans])
+                return np.concatenate([row(alone, sp) for sp in spans])
             w = Window(spans, [])
-            replies = sim.predictor.replies(rep.sockets, w.columns())
+            replies = predictor.replies(rep.sockets, w.columns())
             return sim.step_times.combine(lay, w, replies, rep.sockets)["time_s"]
 
         def step_times(sp: Span) -> list[float]:

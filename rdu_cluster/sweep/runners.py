@@ -19,7 +19,7 @@ import importlib
 import math
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -282,7 +282,8 @@ def _check_divides(points: Sequence[Point], origin: Mapping[str, str]) -> None:
     for p in points:
         f = p.fields
         field = "tp" if "tp" in f else "plan" if "plan" in f else None
-        key = (field, f.get(field), f["cluster"], cluster_overrides(f), f.get("calibration"))
+        key = (field, None if field is None else f.get(field), f["cluster"],
+               cluster_overrides(f), f.get("calibration"))
         if field is None or key in seen:
             continue
         seen.add(key)
@@ -909,9 +910,11 @@ def _pool_checks(f: Mapping[str, Any], model, chip, origin: Mapping[str, str],
     one = np.ones(1, dtype=np.int64)
     stand_in = Trace(np.zeros(1), one, one, after=-one if "sessions" in f else None)
     config = _serve_config(f, chip, 0)
+    # the stand-in is only checked (Disaggregated.__post_init__), never run: it needs no backend
+    no_backend = cast("Callable[[], object]", None)
     checks.setdefault(("disagg", "sessions" in f, config.concurrency, config.faults), (
         None, "", lambda: disagg.Disaggregated(model, *pools, load_fabric(f["fabric"]),
-                                               stand_in, config, None)))
+                                               stand_in, config, no_backend)))
 
 
 def _pool_plan(pool, model, fabric: str) -> None:
