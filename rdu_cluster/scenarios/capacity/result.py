@@ -22,7 +22,8 @@ class Result:
     below_at_least: bool = False  # that run stopped once certain to miss: a lower bound
     slo: SLO | None = None  # the SLO `miss` is on (a pool's part is judged on it: search)
     steady: dict = field(default_factory=dict)  # how the steady state was checked (settle)
-    interval: dict = field(default_factory=dict)  # nodes and $/Mtok ends, robust (intervals.with_ends)
+    # nodes and $/Mtok ends, robust (intervals.with_ends)
+    interval: dict = field(default_factory=dict)
     # a run stopped once certain to miss (engine/decided.py): metric -> its pP at least (ms);
     # its other figures are lower bounds (0 where nothing is known) and its summary holds
     # nothing else: only a verdict, never a row

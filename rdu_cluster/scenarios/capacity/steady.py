@@ -44,53 +44,21 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
 
 def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], Result],
             traffic: Traffic, max_nodes: int, slo: SLO | None = None) -> Result:
-    runs: dict[tuple, Result] = {}
-    bounds = None if slo is None else intervals.loosest(dep, slo)
-
-    def cached(d: Deployment, t: Traffic, stop: tuple | None = (None, None)) -> Result:
-        """Each deployment and traffic served once: to its end (stop None), or stopped once
-        certain to miss `stop` = (an SLO, None: the loosest any judge of the row's own runs
-        uses, the SLO's and its interval's optimistic end's; a part of it, None: both
-        bounds). An interval end's search stops its runs on its own bounds: the pessimistic
-        end's runs, above the row, are judged on nothing else."""
-        key = (d.pools, t.n_requests(t.rate or 0.0), t.seed)
-        if key not in runs or (stop is None and runs[key].decided):
-            judged, part = stop or (None, None)
-            whole: SLO | None = None if stop is None else judged or bounds
-            on = None if whole is None else (part and whole.part(part)) or whole
-            runs[key] = serve(d, t, on)
-        return runs[key]
-
-    def at(tr: Traffic, seeds: Sequence[int] = ()) -> Callable[..., Result]:
-        """search's serve at tr's count: its seed, or the worst of `seeds` (drawn lengths);
-        `stop` as `cached`'s."""
-        def serve_at(d: Deployment, stop: tuple | None = (None, None)) -> Result:
-            if len(seeds) <= 1:
-                return cached(d, tr, stop)
-            return _worst([cached(d, replace(tr, seed=k), stop) for k in seeds])
-        return serve_at
-
-    def own(row: Result, t: Traffic) -> float:
-        """The row's move over its own last doubling: its deployment's run at half t's
-        count against the row (a row found at t, by a verdict that changed there or one
-        fewer that met, was not the one doubled)."""
-        half = replace(t, requests=t.n_requests(t.rate or 0.0) // 2)
-        return _moved(cached(row.deployment, half, None), row, slo)
-
-    res = search(dep, at(traffic), max_nodes)
+    runs = _Runs(serve, slo, None if slo is None else intervals.loosest(dep, slo))
+    res = search(dep, runs.at(traffic), max_nodes)
     moved, t = None, traffic
     left = STEADY_DOUBLINGS if traffic.steadies else 0
     tol = cast(float, traffic.steady_tol)  # (doubled only where it steadies: a tolerance)
     while True:
         while left and (moved is None or moved > tol):
-            t, left = replace(t, requests=2 * t.n_requests(t.rate or 0.0)), left - 1
-            again = cached(res.deployment, t, None)
+            t, left = replace(t, requests=2 * _count(t)), left - 1
+            again = runs.get(res.deployment, t, None)
             res = (again if again.meets_slo == res.meets_slo
-                   else search(again.deployment, at(t), max_nodes))
-            moved = own(res, t)
+                   else search(again.deployment, runs.at(t), max_nodes))
+            moved = runs.own(res, t)
         seeds = [t.seed + k for k in range(SEEDS)] if t.drawn else [t.seed]
         # the runs at the search's first count (traffic's), and at the steady one (t's)
-        final = at(t, seeds)
+        final = runs.at(t, seeds)
         if len(seeds) > 1:
             again = final(res.deployment, stop=None)
             res = again if again.meets_slo or not res.meets_slo else search(
@@ -98,7 +66,7 @@ def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], 
         # a pair's saturation count asked first only where the count doubled: at the search's
         # own count one fewer was served already (the question's sessions: 5 runs more, each a
         # miss)
-        doubled = t.n_requests(t.rate or 0.0) != traffic.n_requests(traffic.rate or 0.0)
+        doubled = _count(t) != _count(traffic)
         row = _one_fewer(res, final, max_nodes, doubled and res.deployment.disaggregated)
         changed, res = row.deployment != res.deployment, row
         if not (changed and doubled):
@@ -106,18 +74,71 @@ def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], 
         # one fewer met at the steady count: the new row's own doubling, and more while it
         # moves and the doublings last (a row at its prefill pool's saturation moved 15-35%
         # from half its count where the row it replaced had settled)
-        moved = own(res, t)
+        moved = runs.own(res, t)
         if moved <= tol or not left:
             break
-    # settled: the row's own last doubling moved it less than the tolerance (None: not
-    # doubled); False is a row still moving after STEADY_DOUBLINGS doublings, printed as such
-    settled = None if moved is None else bool(moved <= tol)
-    res = replace(res, steady={
-        "requests": t.n_requests(t.rate or 0.0),
+    res = _with_steady(res, t, moved, traffic.steady_tol, seeds)
+    if slo is None:
+        return res
+    return intervals.with_ends(res, final, slo, max_nodes, runs.at(traffic, seeds))
+
+
+def _count(t: Traffic) -> int:
+    return t.n_requests(t.rate or 0.0)
+
+
+class _Runs:
+    """The runs of one candidate's settle, each deployment, request count and seed served once
+    (`serve`); `slo`: the row's (its moves are on its bounds' scale); `bounds`: the loosest any
+    judge of the row's own runs uses (intervals.loosest), which a run stops on by default."""
+
+    def __init__(self, serve: Callable[[Deployment, Traffic, SLO | None], Result],
+                 slo: SLO | None, bounds: SLO | None) -> None:
+        self.serve, self.slo, self.bounds = serve, slo, bounds
+        self.runs: dict[tuple, Result] = {}
+
+    def get(self, d: Deployment, t: Traffic, stop: tuple | None = (None, None)) -> Result:
+        """d served at t: to its end (stop None), or stopped once certain to miss `stop` = (an
+        SLO, None: `bounds`; a part of it, None: both bounds). An interval end's search stops
+        its runs on its own bounds: the pessimistic end's runs, above the row, are judged on
+        nothing else."""
+        key = (d.pools, _count(t), t.seed)
+        runs = self.runs
+        if key not in runs or (stop is None and runs[key].decided):
+            judged, part = stop or (None, None)
+            whole: SLO | None = None if stop is None else judged or self.bounds
+            on = None if whole is None else (part and whole.part(part)) or whole
+            runs[key] = self.serve(d, t, on)
+        return runs[key]
+
+    def at(self, tr: Traffic, seeds: Sequence[int] = ()) -> Callable[..., Result]:
+        """search's serve at tr's count: its seed, or the worst of `seeds` (drawn lengths);
+        `stop` as get's."""
+        def serve_at(d: Deployment, stop: tuple | None = (None, None)) -> Result:
+            if len(seeds) <= 1:
+                return self.get(d, tr, stop)
+            return _worst([self.get(d, replace(tr, seed=k), stop) for k in seeds])
+        return serve_at
+
+    def own(self, row: Result, t: Traffic) -> float:
+        """The row's move over its own last doubling: its deployment's run at half t's count
+        against the row (a row found at t, by a verdict that changed there or one fewer that
+        met, was not the one doubled)."""
+        half = replace(t, requests=_count(t) // 2)
+        return _moved(self.get(row.deployment, half, None), row, self.slo)
+
+
+def _with_steady(res: Result, t: Traffic, moved: float | None, tol: float | None,
+                 seeds: list[int]) -> Result:
+    """The row with how its steady state was checked. settled: the row's own last doubling
+    moved it less than the tolerance (None: not doubled); False is a row still moving after
+    STEADY_DOUBLINGS doublings, printed as such."""
+    settled = None if moved is None else bool(moved <= cast(float, tol))
+    return replace(res, steady={
+        "requests": _count(t),
         "warmup_requests": res.summary.get("bench", {}).get("warmup_requests", t.warmup),
-        "moved_on_doubling": moved, "tolerance": traffic.steady_tol, "settled": settled,
-        "seeds": seeds, **res.steady})
-    return intervals.with_ends(res, final, slo, max_nodes, at(traffic, seeds)) if slo is not None else res
+        "moved_on_doubling": moved, "tolerance": tol, "settled": settled, "seeds": seeds,
+        **res.steady})
 
 
 def _one_fewer(res: Result, serve: Callable[[Deployment], Result], max_nodes: int,
