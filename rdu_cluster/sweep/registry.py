@@ -2,7 +2,8 @@
 
 A runner turns a list of points of its kind into result rows. It runs on a worker (in-process or
 a Ray task), so it must depend only on the points and the seed. Adding a kind is one `Runner` and
-one `register` call; `simulate` is built in (rdu_cluster.sweep.runners).
+one `register` call; the built-in kinds (simulate, plan, serve) are the modules of
+rdu_cluster.sweep.runners, a kind a module.
 """
 
 from __future__ import annotations

@@ -253,15 +253,15 @@ def test_serve_and_serve_sweeps_take_the_engines_defaults():
     from rdu_cluster.cli.serve import serve
     from rdu_cluster.engine.prefix_cache import PrefixConfig
     from rdu_cluster.engine.simulation import ServeConfig
-    from rdu_cluster.sweep import runners
+    from rdu_cluster.sweep.runners import serve as serve_runner
     from workloads import sessions, traces
 
     engine = ServeConfig()
-    fields = runners.serve_fields()
+    fields = serve_runner.serve_fields()
     point = {n: f.default for n, f in fields.items() if f.default is not None}
     from rdu_cluster.config import load_cluster
 
-    config = runners._serve_config(point, load_cluster("sn40l-8").chip, 0)
+    config = serve_runner._serve_config(point, load_cluster("sn40l-8").chip, 0)
     assert (config.limits, config.scheduler, config.kv_memory_fraction, config.routing,
             config.prefix) == (engine.limits, engine.scheduler, engine.kv_memory_fraction,
                                engine.routing, PrefixConfig())
