@@ -13,8 +13,8 @@ equal the times it planned with (WindowExecutor.execute, engine/windows.py), so 
 exactly what a step-by-step loop would have done.
 
 Where arrivals are known only so far ahead (Dispatcher.known_until: a closed loop routed up
-front, whose own completions send its next requests; a pair's pools, engine/disagg.py, up to
-their frontiers), the clock plans no span from the time up to which they are (`until`) on, nor
+front, whose own completions send its next requests; a pair's pools, engine/disagg/handover.py,
+up to their frontiers), the clock plans no span from the time up to which they are (`until`) on, nor
 from the least time after one of the replica's own completions that a request it causes can
 reach it (`back`). A 2,000-request pair's decode windows (dgx-h100:tp2:9 + sn40l-16:tp8:2)
 went from 2,537 to 688 that way, cut before at every hand-over and completion.

@@ -89,7 +89,7 @@ def run_coupled(sims: Sequence, events: Iterable[tuple[int, Event]],
                 checkpoint: Checkpoint | None = None, owner: object = None,
                 shared: Callable[[], list] = list, resume: tuple[list, int] | None = None,
                 pending: Callable[[], Exception | None] | None = None) -> float:
-    """Simulations that feed each other (engine/disagg.py: a prefill pool and a decode pool)
+    """Simulations that feed each other (engine/disagg/: a prefill pool and a decode pool)
     run in one time order: an event is (index of its simulation, event); after each one,
     `handed()` gives the events its handler made for another simulation. Ties break as in
     `run`, then by insertion order across the simulations. With a `checkpoint`, the state

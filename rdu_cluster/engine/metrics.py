@@ -39,7 +39,7 @@ REQUESTS = pa.schema([
     ("reason", pa.string()), ("expert", pa.int64()), ("switch_wait_s", pa.float64()),
     ("energy_j", pa.float64()), ("cost_usd", pa.float64()),
     # the replica that ran its prefill (itself when aggregated) and the KV hand-over to the
-    # decode replica (0 when aggregated): engine/disagg.py
+    # decode replica (0 when aggregated): engine/disagg/tables.py
     ("prefill_replica", pa.int64()), ("kv_transfer_s", pa.float64()),
     ("kv_transfer_bytes", pa.float64()),
     ("session", pa.int64()), ("prefix_hbm_tokens", pa.int64()),

@@ -171,7 +171,7 @@ class Simulation:
         """Whether windows are timed as they are planned (engine/lookahead.py): only where the
         next arrivals at a replica are known in advance (routed up front: an open loop's all,
         a closed loop's but those its own completions send, Dispatcher.known_until; a pair's
-        pools, up to their frontiers: engine/disagg.py) and the spans can be timed
+        pools, up to their frontiers: engine/disagg/handover.py) and the spans can be timed
         (`can_time`)."""
         c = self.config
         closed = c.concurrency is not None or self.trace.after is not None
@@ -217,7 +217,7 @@ class Simulation:
                     t.model[i] if t.model else self.model.name, expert=int(experts[i]),
                     ready_s=float(ready[i]), content=t.content[i] if t.content else (),
                     session=int(t.session[i]) if t.session is not None else -1)
-        if self.received is not None:  # disaggregated decode (engine/disagg.py)
+        if self.received is not None:  # disaggregated decode (engine/disagg/)
             r.received = int(self.received[i])
         return r
 

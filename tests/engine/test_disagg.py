@@ -14,6 +14,9 @@ import pytest
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_fabric
 from rdu_cluster.engine import bench, decided, disagg
+from rdu_cluster.engine.disagg import prefill_bound
+from rdu_cluster.engine.disagg.handover import DecodeSide, Handover, PrefillSide
+from rdu_cluster.engine.disagg.ports import Ports
 from rdu_cluster.engine.requests import Request
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from workloads import graph, sessions, traces
@@ -119,7 +122,7 @@ def test_a_decode_span_cut_at_a_hand_over_is_costed_in_rounds_as_the_run_costed_
         monkeypatch):
     """engine/windows.py WindowExecutor._costed: where a decode replica's windows are not
     timed as they are planned (its expert loads drawn step by step, or a request may be
-    refused: _DecodeSide.known_until; here turned off), its span is planned to its next
+    refused: DecodeSide.known_until; here turned off), its span is planned to its next
     completion (hundreds of steps, into the decode tables of later context chunks) and cut at
     the next hand-over a step or two on; costed first to the cut at its last step time and
     then in rounds, it runs the same, costing a fraction of the steps."""
@@ -156,7 +159,7 @@ def test_a_pairs_windows_run_through_the_arrivals_known_by_then(loop):
         trace = traces.synthetic(80, float("inf"), "poisson", traces.LengthDist("fixed", 2048),
                                  traces.LengthDist("uniform", 16, 96), seed=5)
         config, pools = ServeConfig(concurrency=4), ("dgx-h100:tp2:3", "sn40l-16:tp4:1")
-        side = disagg._DecodeSide
+        side = DecodeSide
         wrong = (lambda self, rep: (self.hand.frontier(rep, decode=True), math.inf),
                  lambda self, rep: (math.inf, self.hand.back(rep, decode=True)))
     else:
@@ -164,7 +167,7 @@ def test_a_pairs_windows_run_through_the_arrivals_known_by_then(loop):
                                     output=traces.LengthDist("uniform", 16, 64),
                                     think=sessions.ThinkTime("uniform", 0.05, 0.5))
         trace, config = traces.ramped(sessions.sessions(spec, 0), 0.3), ServeConfig()
-        pools, side = ("dgx-h100:tp2:1", "sn40l-16:tp4:2"), disagg._PrefillSide
+        pools, side = ("dgx-h100:tp2:1", "sn40l-16:tp4:2"), PrefillSide
         wrong = (lambda self, rep: (self.hand.returns(rep), math.inf),)
 
     def run():
@@ -221,9 +224,9 @@ def test_a_decode_replica_waits_for_the_others_only_a_think_time_later(monkeypat
 
     lagged, few = run()
     everything = lambda self: min(p.peek() for p in self.pre.dispatch.pending.values())
-    monkeypatch.setattr(disagg.Handover, "_prefills_due", everything)  # every turn sent
+    monkeypatch.setattr(Handover, "_prefills_due", everything)  # every turn sent
     _, some = run()
-    monkeypatch.setattr(disagg.Handover, "_lag", lambda self: 0.0)  # the others' ends, as before
+    monkeypatch.setattr(Handover, "_lag", lambda self: 0.0)  # the others' ends, as before
     _without_least_move(monkeypatch)
     plain, many = run()
     _same_but_windows(lagged, plain)
@@ -256,7 +259,7 @@ def test_hand_overs_contend_for_the_ports():
 
 
 def test_ports_book_the_first_free_interval():
-    ports = disagg.Ports()
+    ports = Ports()
     assert ports.book(("a", "x"), 0.0, 1.0, 0.0) == 0.0
     assert ports.book(("a", "y"), 0.5, 1.0, 0.0) == 1.0  # waits for a
     assert ports.book(("b", "x"), 0.2, 1.0, 0.0) == 1.0  # waits for x
@@ -368,14 +371,14 @@ def test_hand_overs_are_dealt_in_the_order_their_prefills_end_however_windows_fa
         return d.run(), d.sims[1].windows
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(disagg, "_least_prefill", lambda sim: 0.0)  # the hand-over's lead alone
+        m.setattr(prefill_bound, "least_prefill", lambda sim: 0.0)  # the hand-over's lead alone
         led, few = run()
         _without_least_move(m)
         plain, many = run()
     assert few < many
     _same_but_windows(led, plain)
     with pytest.MonkeyPatch.context() as m:  # each dealt as its window starts, as before
-        m.setattr(disagg.Handover, "_first_unknown_end", lambda self: float("inf"))
+        m.setattr(Handover, "_first_unknown_end", lambda self: float("inf"))
         with pytest.raises(RuntimeError, match="known after one"):
             run()
 
@@ -390,7 +393,7 @@ def test_a_decode_replica_waits_a_prefill_step_after_a_prefill_replicas_window_e
     prompt (over pipeline stages, which a step runs one after another, the sum of each
     stage's), and where every prompt has one length, than the least of the steps of k of them
     (the only ones that can: EXACT_PREFILL_SHARE of it). The run is the same in fewer decode
-    windows; a floor past a step's time stops the run (_check_least) rather than plan past an
+    windows; a floor past a step's time stops the run (check_least) rather than plan past an
     arrival; where a step may prefill less than a prompt there is none."""
     length = (traces.LengthDist("fixed", 2048) if prompts == "fixed"
               else traces.LengthDist("uniform", 1024, 3072))
@@ -405,19 +408,20 @@ def test_a_decode_replica_waits_a_prefill_step_after_a_prefill_replicas_window_e
     steps = led.steps.to_pydict()
     pre = np.asarray(steps["replica"]) < 3
     shortest = min(np.asarray(steps["time_s"])[pre])
-    share = disagg.EXACT_PREFILL_SHARE if prompts == "fixed" else disagg.LEAST_PREFILL_SHARE
+    share = (prefill_bound.EXACT_PREFILL_SHARE if prompts == "fixed"
+             else prefill_bound.LEAST_PREFILL_SHARE)
     assert 0 < least <= share * shortest + 1e-12
     if prompts == "fixed" and "pp" not in prefill:  # the least step the run took is one of
         assert least == pytest.approx(shortest, rel=2e-6)  # the steps it knew of (a pipeline's
         # step adds the hand-off between its stages)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(disagg, "_least_prefill", lambda sim: 0.0)
+        m.setattr(prefill_bound, "least_prefill", lambda sim: 0.0)
         plain, many = run()[:2]
     _same_but_windows(led, plain)
     assert few < many  # tp2 22 against 112 (fixed), 76 against 216; tp2pp2 22, 155; 77, 273
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(disagg, "LEAST_PREFILL_SHARE", 3.0)
-        m.setattr(disagg, "EXACT_PREFILL_SHARE", 3.0)
+        m.setattr(prefill_bound, "LEAST_PREFILL_SHARE", 3.0)
+        m.setattr(prefill_bound, "EXACT_PREFILL_SHARE", 3.0)
         with pytest.raises(RuntimeError, match="under the least"):
             run()
     chunked = ServeConfig(concurrency=24, limits=replace(ServeConfig().limits,
@@ -426,28 +430,29 @@ def test_a_decode_replica_waits_a_prefill_step_after_a_prefill_replicas_window_e
 
 
 def test_a_turn_leaves_at_least_its_new_message_uncached():
-    """disagg._least_uncached: a session's turn finds its history cached at best (its earlier
-    turns held it, prompt and answer) and the shared system prompt, never its new message; a
-    later turn of its own session, sent after it completes, cannot have cached it. Over the
-    pools, sessions run the same with the prefill step of that message in the decode
+    """prefill_bound._least_uncached: a session's turn finds its history cached at best (its
+    earlier turns held it, prompt and answer) and the shared system prompt, never its new
+    message; a later turn of its own session, sent after it completes, cannot have cached it.
+    Over the pools, sessions run the same with the prefill step of that message in the decode
     replicas' wait, in fewer windows."""
     spec = sessions.SessionSpec(8, 3, 512, user=traces.LengthDist("fixed", 1024),
                                 output=traces.LengthDist("fixed", 24),
                                 think=sessions.ThinkTime("fixed", 0.2))
     trace = traces.ramped(sessions.sessions(spec, 0), 0.4)
-    assert disagg._least_uncached(trace) == 1024
+    assert prefill_bound._least_uncached(trace) == 1024
     no_system = sessions.sessions(replace(spec, system_tokens=0), 0)
-    assert disagg._least_uncached(no_system) == 1024
+    assert prefill_bound._least_uncached(no_system) == 1024
     # a chunk of the same id and another length shares the shorter one's tokens (the cache
     # hashes a chunk's tokens by offset): 200 of request 1's prompt may be cached, 100 not
     parted = traces.Trace(np.zeros(2), np.array([300, 300]), np.array([1, 1]),
                           content=(((7, 300),), ((7, 200), (8, 100))))
-    assert disagg._least_uncached(parted) == 100
+    assert prefill_bound._least_uncached(parted) == 100
     # once a trace: the same answer again, and another content is another trace
     again = traces.Trace(np.zeros(2), np.array([300, 300]), np.array([1, 1]),
                          content=(((7, 300),), ((7, 200), (8, 100))))
     other = replace(again, content=(((7, 300),), ((9, 200), (8, 100))))
-    assert disagg._least_uncached(again) == 100 and disagg._least_uncached(other) == 300
+    assert (prefill_bound._least_uncached(again) == 100
+            and prefill_bound._least_uncached(other) == 300)
 
     def run():
         d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp2:2", "p"),
@@ -458,7 +463,7 @@ def test_a_turn_leaves_at_least_its_new_message_uncached():
     led, few, least = run()
     assert least > 0 and led.summary["prefix_cache_hit_rate"] > 0.3
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(disagg, "_least_prefill", lambda sim: 0.0)
+        m.setattr(prefill_bound, "least_prefill", lambda sim: 0.0)
         plain, many = run()[:2]
     _same_but_windows(led, plain)
     assert few < many  # 70 against 85
@@ -466,14 +471,14 @@ def test_a_turn_leaves_at_least_its_new_message_uncached():
 def _without_least_move(m: pytest.MonkeyPatch) -> None:
     """Handover.frontier as before the hand-over's least time (and a prefill step's) was
     counted."""
-    init = disagg.Handover.__init__
+    init = Handover.__init__
 
     def no_lead(self, *args):
         init(self, *args)
         self.least_move = 0.0
 
-    m.setattr(disagg.Handover, "__init__", no_lead)
-    m.setattr(disagg, "_least_prefill", lambda sim: 0.0)
+    m.setattr(Handover, "__init__", no_lead)
+    m.setattr(prefill_bound, "least_prefill", lambda sim: 0.0)
 
 
 def _same_but_windows(x, y) -> None:

@@ -5,7 +5,7 @@ at a TTFT / TPOT bound, found in two passes (as AIConfigurator and Vidur's confi
    step keeps TPOT within the bound, one prompt's prefill, and the fewest replicas whose load
    passes; a pair of pools sizes its decode pool on TPOT and its prefill pool on utilization.
 2. Verification: each short-listed deployment is served by the engine (verification.py:
-   engine/simulation.py or engine/disagg.py) and the SLO percentile of TTFT and TPOT is
+   engine/simulation.py or engine/disagg/) and the SLO percentile of TTFT and TPOT is
    measured (engine/bench.py), each client's first request left out as warm-up. `search`
    bisects to the boundary: the fewest replicas that meet, one fewer verified to miss, within
    --max-nodes. `settle` (steady.py) then serves the boundary row with twice the requests
@@ -18,7 +18,7 @@ at a TTFT / TPOT bound, found in two passes (as AIConfigurator and Vidur's confi
 
 Closed loops (clients, sessions) start over a ramp of one estimated cycle (E2E and think time)
 so that they do not all prefill at once; pairs of pools are verified as aggregated deployments
-are (engine/disagg.py runs both pools in one event loop).
+are (engine/disagg/ runs both pools in one event loop).
 
 A module per concept, each importing only those before it here: slo (the bound), traffic (what
 is served, and how many requests verify it), deployment (pools of replicas and their price),

@@ -1,4 +1,4 @@
-"""Pass 2: a deployment served on the serving engine (engine/simulation.py, or engine/disagg.py
+"""Pass 2: a deployment served on the serving engine (engine/simulation.py, or engine/disagg/
 for a pair of pools), judged on the SLO (engine/bench.py), stopped once certain to miss where
 asked (engine/decided.py); and the `rdu-cluster serve` arguments that reproduce the run."""
 
