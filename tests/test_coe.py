@@ -179,7 +179,7 @@ def test_router_runs_on_the_sockets_in_the_admitting_prefill_step(clusters):
     sockets), not added to the request's arrival."""
     import dataclasses
 
-    from chip.socket import CostTables
+    from chip.cost_tables import CostTables
     from rdu_cluster.engine import plan as plans
 
     c = clusters["sn40l-8"]

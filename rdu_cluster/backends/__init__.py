@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from chip.socket import CommTime, Program, Spans
+from chip.cost_tables import CommTime, Spans
+from chip.program import Program
 from chip.spec import ChipSpec
 from workloads.errors import ConfigError
 

@@ -20,12 +20,13 @@ from array import array
 from collections import OrderedDict
 from dataclasses import replace
 
+from chip.cost_tables import CostTables, Spans
 from chip.memory import MemoryTiers
-from chip.socket import CostTables, Socket, Spans
+from chip.socket import Socket
 from rdu_cluster.backends import SocketSetup
 
 # Cost tables are a pure function of the chip, the program and its collectives' times (each
-# table holds the same values however it was filled: chip/socket.py), so the backends of one
+# table holds the same values however it was filled: chip/cost_tables.py), so the backends of one
 # process share them: a capacity search serves the same replica tens of times (its runs at each
 # request count, its replicas alike), each run otherwise costing its steps anew. Kept: the
 # most recently used, at most SHARED_TABLES, and those past the newest only while they hold

@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from chip.socket import Spans
+from chip.cost_tables import Spans
 from interconnect.routes import route, route_latency
 from partitioning.cluster import ClusterSpec
 from partitioning.evaluate import topology_of

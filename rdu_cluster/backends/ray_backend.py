@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from chip.socket import Socket, Spans
+from chip.cost_tables import Spans
+from chip.socket import Socket
 from rdu_cluster.backends import SocketSetup, join_ray
 from rdu_cluster.backends import messages as wire
 from workloads.errors import ConfigError

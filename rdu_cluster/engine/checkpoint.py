@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chip.socket import CostTables
+from chip.cost_tables import CostTables
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Energy and cost columns of the serving tables.
 
 Basis: the chip's power model (chip/power.py). Each socket reports its dynamic energy per step
-(joules above idle draw, the `dynamic_j` row of chip/socket.py). Every socket of a replica draws
-idle power for the whole of each of the replica's steps, including the KV swaps and CoE expert
+(joules above idle draw, the `dynamic_j` row of chip/cost_tables.py). Every socket of a replica
+draws idle power for the whole of each of the replica's steps, including the KV swaps and CoE expert
 copies that the step's time holds (their energy beyond idle is not modelled), and for a
 recovery's weight reload. The summary adds the idle draw of every socket of the cluster over
 the makespan whenever it is in no step (between steps, on no replica, failed). Cost: the
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chip import power
-from chip.socket import DYNAMIC_ROW
+from chip.cost_tables import DYNAMIC_ROW
 from partitioning.cluster import ClusterSpec
 from rdu_cluster.engine.replica import Span
 from rdu_cluster.scenarios import economics

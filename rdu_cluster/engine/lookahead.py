@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chip.socket import CostTables, Spans
+from chip.cost_tables import CostTables, Spans
 
 if TYPE_CHECKING:
     from rdu_cluster.engine.replica import Span

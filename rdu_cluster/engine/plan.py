@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from chip.socket import Program
+from chip.program import Program
 from partitioning.cluster import ClusterSpec
 from partitioning.plan import Plan, validate
 from partitioning.program import stage_layers

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chip.cost import CAUSES
-from chip.socket import SENT_ROW
+from chip.cost_tables import SENT_ROW
 from rdu_cluster.engine import energy
 from rdu_cluster.engine.replica import Replica, Window
 

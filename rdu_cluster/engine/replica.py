@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from chip.socket import DECODE, MIXED, PREFILL, Spans
+from chip.cost_tables import DECODE, MIXED, PREFILL, Spans
 from rdu_cluster.engine.kv import KVManager
 from rdu_cluster.engine.lockstep import Lockstep
 from rdu_cluster.engine.lookahead import Clock

@@ -2,8 +2,8 @@
 replicas, runs the event loop and assembles the tables.
 
 Layers: entities (requests.py, replica.py), policies (schedulers/), the time predictor (the
-sockets' cost tables, chip/socket.py, over the chip's execution model), the event loop (loop.py,
-events.py) and metrics (metrics.py). Which request goes to which replica, and when closed
+sockets' cost tables, chip/cost_tables.py, over the chip's execution model), the event loop
+(loop.py, events.py) and metrics (metrics.py). Which request goes to which replica, and when closed
 loops (clients, sessions) send the next one: engine/dispatch.py. Prefix caching:
 engine/prefix_cache.py, one cache per replica.
 
@@ -27,7 +27,7 @@ from typing import cast
 
 import numpy as np
 
-from chip.socket import DECODE, MIXED, PREFILL, ROWS
+from chip.cost_tables import DECODE, MIXED, PREFILL, ROWS
 from partitioning.cluster import ClusterSpec
 from rdu_cluster.backends import Backend
 from rdu_cluster.backends.messages import Router

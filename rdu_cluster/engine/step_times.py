@@ -15,7 +15,7 @@ from typing import cast
 import numpy as np
 
 from chip.cost import CAUSES
-from chip.socket import COMM_ROW, PREFILL
+from chip.cost_tables import COMM_ROW, PREFILL
 from rdu_cluster.backends.messages import Message, Router
 from rdu_cluster.engine import plan as plans
 from rdu_cluster.engine import prefix_cache

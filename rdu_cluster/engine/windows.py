@@ -17,7 +17,7 @@ from rdu_cluster.engine import lookahead
 from rdu_cluster.engine.replica import Replica, Span, Window
 
 if TYPE_CHECKING:
-    from chip.socket import CostTables
+    from chip.cost_tables import CostTables
     from rdu_cluster.backends import Backend
     from rdu_cluster.engine.simulation import Simulation
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chip.socket import DECODE, MIXED, PREFILL, SENT_ROW
+from chip.cost_tables import DECODE, MIXED, PREFILL, SENT_ROW
 from rdu_cluster.engine.record import PHASE_NAMES
 from rdu_cluster.output import atomic
 

@@ -16,7 +16,7 @@ Two uses:
   region copy the engine issues to every socket (`ExpertResidency.switch_ops`, victim by the
   replacement policy), and the `coe` scheduler (engine/schedulers/coe.py) batches one expert's
   requests at a time. The router runs on the sockets, in the prefill step that admits a request
-  (chip.socket.CostTables._router_rows).
+  (chip.cost_tables.CostTables._router_rows).
 
 Expert popularity: uniform, Zipf with exponent s (p_i ~ 1 / i^s, expert 0 the most popular), or
 the trace's `model` column. Replacement policies: LRU, and LFU (least accesses so far, ties to the

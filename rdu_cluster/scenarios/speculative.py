@@ -156,7 +156,7 @@ class SpecEstimate:
     @property
     def ttft_s(self) -> Work:
         """The prompt's prefill with the draft's, as the serving engine runs them: a shared
-        draft prefills after the target on its sockets (chip/socket.py _extra_rows), a separate
+        draft prefills after the target on its sockets (chip/cost_tables.py _extra_rows), a separate
         one beside it on its own, the slower holding the step (simulation._draft_then_verify)."""
         return self.prefill_cause(None)
 

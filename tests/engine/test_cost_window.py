@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chip.socket import (
+from chip.cost_tables import (
     CHUNK,
     DECODE,
     GROUPED,
@@ -228,9 +228,9 @@ def test_a_span_timed_as_points_is_costed_from_them():
 def test_points_kept_and_new_in_one_call_survive_the_new_ones_eviction(monkeypatch):
     """A call whose kept points are the oldest, with new points that evict them as they are
     kept: each column is still its point's (a KeyError, 'internal error', before)."""
-    from chip import socket
+    from chip import cost_tables
 
-    monkeypatch.setattr(socket, "POINTS", 4)
+    monkeypatch.setattr(cost_tables, "POINTS", 4)
     t = _tables()
     b = np.full(4, 40)
     old = t._decode_points(b, 40 * np.arange(100, 104))
@@ -306,12 +306,12 @@ def test_prefill_lengths_within_a_chunk_cost_one_evaluation_and_old_tables_go_fi
     """A trace of varied prompt lengths pays one evaluation a chunk, not one a length; the
     tables are capped (PREFILL_TABLES, DECODE_TABLES, TIME_ROWS: oldest first) and an evicted
     one is rebuilt the same."""
-    from chip import socket
+    from chip import cost_tables
 
     t = _program_tables("llama-3.1-8b", "sn40l-8")
     first = {n: t.prefill_step(1, n, 0, None).copy() for n in range(PREFILL_CHUNK, 2 * PREFILL_CHUNK)}
     assert t.evaluations == 1
-    monkeypatch.setattr(socket, "PREFILL_TABLES", 3)
+    monkeypatch.setattr(cost_tables, "PREFILL_TABLES", 3)
     for j in range(2, 6):
         t.prefill_step(1, j * PREFILL_CHUNK, 0, None)
     assert len(t.prefill) == 3 and (1, 0, 1) not in t.prefill
@@ -319,8 +319,8 @@ def test_prefill_lengths_within_a_chunk_cost_one_evaluation_and_old_tables_go_fi
     assert t.evaluations == 6
     with pytest.raises(ValueError, match="at least one token"):
         t.prefill_step(1, 0, 0, None)
-    monkeypatch.setattr(socket, "DECODE_TABLES", 2)  # the decode tables and time rows too
-    monkeypatch.setattr(socket, "TIME_ROWS", 2)
+    monkeypatch.setattr(cost_tables, "DECODE_TABLES", 2)  # the decode tables and time rows too
+    monkeypatch.setattr(cost_tables, "TIME_ROWS", 2)
     kept = {b: _filled(t, b, 100 * b, 5).decode_span(b, 100 * b, 5, None).copy()
             for b in (1, 2, 3)}
     assert sorted(t.decode) == [(2, 0), (3, 0)]

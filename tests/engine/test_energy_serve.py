@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from chip import execution
+from chip.cost_tables import DYNAMIC_ROW, ROWS, CostTables
 from chip.power import idle_power_w, power_spec, socket_power_w
-from chip.socket import DYNAMIC_ROW, ROWS, CostTables
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from chip.socket import CHUNK, DECODE, PREFILL, Spans
+from chip.cost_tables import CHUNK, DECODE, PREFILL, Spans
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.engine.schedulers import Limits
 from tests.engine.test_cost_window import _tables

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chip.socket import Spans
+from chip.cost_tables import Spans
 from rdu_cluster.backends import messages as wire
 from rdu_cluster.config import load_cluster
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from chip.socket import PREFILL
+from chip.cost_tables import PREFILL
 from rdu_cluster.engine import lookahead
 from rdu_cluster.engine.replica import Window
 from rdu_cluster.engine.requests import Request
