@@ -252,7 +252,7 @@ def prefix_memory(n: int) -> None:
         tracemalloc.start()
         sim, _, _ = one(LocalBackend(), trace, model, cluster)
         snap = tracemalloc.take_snapshot().filter_traces(
-            [tracemalloc.Filter(True, "*/engine/prefix_cache.py"),
+            [tracemalloc.Filter(True, "*/engine/prefix_cache/*"),
              tracemalloc.Filter(True, "*/engine/evictions/*")])
         tracemalloc.stop()
         held[k] = sum(s.size for s in snap.statistics("filename"))

@@ -45,7 +45,7 @@ class Finished:
         # (bench.Measured.lean)
         self.itl_s: spill.Spill | None = spill.Spill()
         self.chunks = array.array("q")  # chunks of each completed request, in id order
-        self.admitted = 0  # prompt tokens admitted (prefix_cache.summary's totals)
+        self.admitted = 0  # prompt tokens admitted (prefix_cache.cache.summary's totals)
         self.swaps = 0  # swap preemptions of the requests recorded (the summary's)
         self.prefix_tokens: dict[str, int] = {}
         self.prefix_copy_s = 0  # summed in id order, as a sum over the requests would be

@@ -52,7 +52,7 @@ class Request:
     received: int | None = None
     content: tuple = ()  # (content id, tokens) chunks of prompt + output (traces.Trace.content)
     session: int = -1
-    # Prefix caching (engine/prefix_cache.py): cached tokens it would find now (set by its
+    # Prefix caching (engine/prefix_cache/): cached tokens it would find now (set by its
     # replica), tokens found per tier over its admissions, their copy seconds, tokens admitted.
     probe: Callable[[Request], int] | None = field(default=None, repr=False)
     prefix_tokens: dict = field(default_factory=dict)

@@ -5,7 +5,7 @@ Layers: entities (requests.py, replica.py), policies (schedulers/), the time pre
 sockets' cost tables, chip/cost_tables.py, over the chip's execution model), the event loop
 (loop.py, events.py) and metrics (metrics.py). Which request goes to which replica, and when closed
 loops (clients, sessions) send the next one: engine/dispatch.py. Prefix caching:
-engine/prefix_cache.py, one cache per replica.
+engine/prefix_cache/, one cache per replica.
 
 The Simulation holds the run's state and sends each concern to its part:
 - set-up (engine/build.py): the replicas' layouts, socket programs, memory and KV cache;
@@ -85,7 +85,7 @@ class ServeConfig:
     metrics: bench.MetricSpec = field(default_factory=bench.MetricSpec)  # vLLM's statistics
     routing: str = replica_routing.DEFAULT  # replica routing policy (engine/replica_routing/)
     concurrency: int | None = None  # closed loop: clients (vLLM --max-concurrency); None: open
-    prefix: PrefixConfig = field(default_factory=PrefixConfig)  # engine/prefix_cache.py
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)  # engine/prefix_cache/
 
 
 class Simulation:

@@ -1,4 +1,4 @@
-"""The per-block prefix cache that engine/prefix_cache.py replaced (one entry and one LRU key per
+"""The per-block prefix cache that engine/prefix_cache/ replaced (one entry and one LRU key per
 block, a Python loop per block), kept as the reference model the tests compare the run-based cache
 against: same lookups, claims, tiers and evictions, operation by operation and table by table."""
 

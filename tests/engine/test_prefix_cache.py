@@ -1,4 +1,4 @@
-"""Prefix caching across tiers (engine/prefix_cache.py) and closed-loop sessions through the
+"""Prefix caching across tiers (engine/prefix_cache/) and closed-loop sessions through the
 engine (engine/dispatch.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,14 @@ import pytest
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
-from rdu_cluster.engine import evictions, prefix_cache, replica
-from rdu_cluster.engine.prefix_cache import PrefixCache, PrefixConfig, block_hashes, exposed
+from rdu_cluster.engine import evictions, replica
+from rdu_cluster.engine.prefix_cache import (
+    PrefixCache,
+    PrefixConfig,
+    block_hashes,
+    exposed,
+    hashing,
+)
 from rdu_cluster.engine.requests import DONE, Request
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
@@ -46,24 +52,24 @@ def test_block_hashes_are_the_chain_of_their_pieces():
 
 @pytest.mark.parametrize("block", [16, 48])
 def test_a_turn_hashes_its_new_chunks_behind_the_memo_of_the_last(block, monkeypatch):
-    """The process's memo (_CHAINS) gives the same hashes as hashing each request alone,
+    """The process's memo (hashing.CHAINS) gives the same hashes as hashing each request alone,
     across sessions, models (roots), truncation and two traces whose chunk ids mean other
     lengths; past CHAINS_MOST chunks it starts again."""
-    monkeypatch.setattr(prefix_cache, "_CHAINS", {})
+    monkeypatch.setattr(hashing, "CHAINS", {})
     for seed in (3, 4):
         trace = sessions(SPEC, seed=seed)
         for row, content in enumerate(trace.content):
             tokens = int(trace.prompt_len[row] + trace.output_len[row]) - row % 3 * 7
             root = 2 + row % 2
-            assert block_hashes(content, tokens, block, root, memo=prefix_cache._CHAINS) == \
+            assert block_hashes(content, tokens, block, root, memo=hashing.CHAINS) == \
                 block_hashes(content, tokens, block, root)
-    held = len(prefix_cache._CHAINS)
+    held = len(hashing.CHAINS)
     assert held > 1
-    monkeypatch.setattr(prefix_cache, "CHAINS_MOST", held)
+    monkeypatch.setattr(hashing, "CHAINS_MOST", held)
     content = ((10**9, 100),)  # a chunk not held
-    assert block_hashes(content, 100, block, 2, memo=prefix_cache._CHAINS) == \
+    assert block_hashes(content, 100, block, 2, memo=hashing.CHAINS) == \
         block_hashes(content, 100, block, 2)
-    assert list(prefix_cache._CHAINS) == [10**9]
+    assert list(hashing.CHAINS) == [10**9]
 
 
 def test_lru_evicts_in_the_order_blocks_were_added_last():

@@ -1,4 +1,4 @@
-"""The prefix cache's per-request bookkeeping (engine/prefix_cache.py: a running request's own
+"""The prefix cache's per-request bookkeeping (engine/prefix_cache/: a running request's own
 blocks as a count, blocks no request can find again as one count per run of the eviction order)
 against the per-block cache it replaced (prefix_reference.ReferenceCache): the same lookups,
 claims, tiers and evictions operation by operation, the same tables end to end, and no residue
@@ -14,8 +14,9 @@ import pytest
 
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
-from rdu_cluster.engine import evictions, prefix_cache
+from rdu_cluster.engine import evictions
 from rdu_cluster.engine.prefix_cache import Liveness, PrefixCache, PrefixConfig
+from rdu_cluster.engine.prefix_cache import cache as cache_module
 from rdu_cluster.engine.requests import DONE, RUNNING, WAITING, Request
 from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
@@ -118,7 +119,7 @@ def test_every_operation_matches_the_per_block_cache(seed, lower_blocks, evictio
 
 def _run(trace, model, cluster, monkeypatch=None, **config):
     if monkeypatch is not None:  # the per-block cache in the engine
-        monkeypatch.setattr(prefix_cache, "PrefixCache", lambda *a: ReferenceCache(*a[:6]))
+        monkeypatch.setattr(cache_module, "PrefixCache", lambda *a: ReferenceCache(*a[:6]))
     sim = Simulation(load_model(model), load_cluster(cluster), trace, ServeConfig(**config),
                      LocalBackend())
     tables = sim.run()

@@ -66,7 +66,7 @@ def _least_uncached(t: Trace) -> int:
     longest token prefix (Trace.content) it shares with a request other than it and its
     later turns, prompt and output (any of those may have been prefilled first; a later
     turn, sent after this one completes, cannot). Tokens are a chunk's (id, offset), as the
-    prefix cache's blocks hash them (prefix_cache.block_hashes): a chunk of the same id but
+    prefix cache's blocks hash them (prefix_cache.hashing.block_hashes): a chunk of the same id but
     another length behind the same prefix shares the shorter one's tokens. Once a trace
     (capacity's pair runs serve one trace over and over, 35 ms each)."""
     content = t.content or ()

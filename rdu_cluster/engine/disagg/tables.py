@@ -83,7 +83,7 @@ def _summary(run: Disaggregated, req: dict, p: Tables, d: Tables, idx) -> dict:
 
 
 PREFIX_KEYS = ("prefix_cache", "prefix_cache_hit_rate", "prefix_cache_hit_rate_by_tier",
-               "prefix_copy_s")  # engine/prefix_cache.summary
+               "prefix_copy_s")  # engine/prefix_cache/cache.summary
 
 
 def _requests(p: dict, d: dict, idx, move, nbytes, n_rep: int) -> dict:

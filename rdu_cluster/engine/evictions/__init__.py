@@ -20,8 +20,8 @@ the work a loop in the policy, not a chain of calls per block.
   added, oldest first (LRU, FIFO; not MRU), and the policy keeps nothing for a key that is not
   evictable. The cache
   then stands one key for a run of blocks next to each other in the order: findable blocks of
-  one chain (prefix_cache._Run, evicted deepest first) or blocks no request can find any more
-  (prefix_cache._Dead, a count). A key's blocks may leave it without a call: a victim partly
+  one chain (prefix_cache.tree.Run, evicted deepest first) or blocks no request can find any more
+  (prefix_cache.tiers.Dead, a count). A key's blocks may leave it without a call: a victim partly
   evicted keeps the rest of its blocks and stays the victim, and a request that uses a run's
   shallower blocks takes them out of it, the rest keeping its place; dead blocks added next
   join the dead run added last. That is the order of one key per block, and the cache demotes
