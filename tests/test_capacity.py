@@ -670,7 +670,7 @@ def test_a_deployment_that_refuses_requests_does_not_meet_the_slo(monkeypatch):
 
     from rdu_cluster.engine.disagg import Pool
 
-    cli = importlib.import_module("rdu_cluster.cli.capacity")
+    output = importlib.import_module("rdu_cluster.output.capacity")
     summary = {"unserved": 30, "requests": 60,
                "bench": {"completed": 30, "p99_ttft_ms": 300.0, "p99_tpot_ms": 11.0}}
     monkeypatch.setattr(verification, "Simulation", lambda *a, **k: SimpleNamespace(
@@ -683,7 +683,7 @@ def test_a_deployment_that_refuses_requests_does_not_meet_the_slo(monkeypatch):
     r = cap.verify(dep, model, ("llama-3.1-8b", None), traffic, slo, load_fabric("ib-ndr"),
                    lambda: None)
     assert not r.meets_slo and r.ttft_ms == 300.0
-    assert cli._misses(r) == "refuses 30 of 60 requests"
+    assert output._misses(r) == "refuses 30 of 60 requests"
     summary["unserved"] = 0
     assert cap.verify(dep, model, ("llama-3.1-8b", None), traffic, slo, load_fabric("ib-ndr"),
                       lambda: None).meets_slo
@@ -885,27 +885,27 @@ def test_the_analytic_pass_in_processes_gives_one_processs_costs():
     """--jobs: each plan's replica_cost made in a forked process (`choose`, a closure, is not
     sent: it would not pickle), the costs of each ask in its order, as one process makes
     them."""
-    from rdu_cluster.cli import capacity as cli_capacity
+    from rdu_cluster.scenarios.capacity import candidates
 
     model, fab = load_model("llama-3.1-8b"), load_fabric("ib-ndr")
     choose = lambda cl, plan: None  # a closure, as the CLI's
     asks = [(model, c, (), 2, (512.0, 32.0), fab, None, choose, None, ())
             for c in ("sn40l-16", "dgx-h100")]
-    one, two = cli_capacity._analytic(asks, 1), cli_capacity._analytic(asks, 2)
+    one, two = candidates.analytic(asks, 1), candidates.analytic(asks, 2)
     assert [len(cs) for cs in one] == [len(cs) for cs in two] and all(map(len, one))
     for a, b in zip((c for cs in one for c in cs), (c for cs in two for c in cs)):
         assert (a.cluster, a.plan, a.prefill_s, a.prefill_each_s, a.kv_batch) == (
             b.cluster, b.plan, b.prefill_s, b.prefill_each_s, b.kv_batch)
         assert np.array_equal(a.tpot_s, b.tpot_s) and np.array_equal(a.batches, b.batches)
-    assert [c.plan for c in one[0]] == [c.plan for c in cli_capacity._costs(*asks[0])]
+    assert [c.plan for c in one[0]] == [c.plan for c in candidates._costs(asks[0])]
 
 
 def test_pairs_are_verified_first_and_the_rows_keep_the_candidates_order(monkeypatch):
     """The candidates are handed out pairs first (a pair's search costs 5-25x a system's:
     listed last, they set the wall time of --jobs), and the results come back in the
     candidates' order whichever ran first."""
-    from rdu_cluster.cli import capacity as cli_capacity
     from rdu_cluster.engine.disagg import Pool
+    from rdu_cluster.scenarios.capacity import candidates
 
     ran = []
 
@@ -913,14 +913,14 @@ def test_pairs_are_verified_first_and_the_rows_keep_the_candidates_order(monkeyp
         ran.append(dep.label)
         return dep.label
 
-    monkeypatch.setattr(cli_capacity, "_verified", verified)
+    monkeypatch.setattr(candidates, "_verified", verified)
     one = lambda label: cap.Deployment(label, (Pool("sn40l-8", "tp2", 1),), 8, 0.0, (8,), (1.0,))
     pair = lambda label: cap.Deployment(label, (Pool("dgx-h100", "tp8", 1),
                                                 Pool("sn40l-8", "tp2", 1)), 8, 0.0, (8, 8),
                                         (2.0, 1.0))
     deps = [one("a"), one("b"), pair("p"), one("c"), pair("q")]
     jobs = [(d, None, "m", None, None, None, None, 4) for d in deps]
-    assert cli_capacity._verify_all(jobs, "local", None, 1) == ["a", "b", "p", "c", "q"]
+    assert candidates.verify_all(jobs, "local", None, 1) == ["a", "b", "p", "c", "q"]
     assert ran == ["p", "q", "a", "b", "c"]
 
 

@@ -1,18 +1,17 @@
 """`rdu-cluster capacity`: the cheapest deployments that serve a traffic within a latency SLO
-(rdu_cluster/scenarios/capacity.py): an analytic pre-filter, then serving-engine runs of the
-short list. Exit code 1 when nothing meets the SLO (the closest is shown, with its miss)."""
+(rdu_cluster/scenarios/capacity/): an analytic pre-filter, then serving-engine runs of the
+short list. Exit code 1 when nothing meets the SLO (the closest is shown, with its miss).
+
+The command parses and checks its options, builds the candidates and verifies them
+(scenarios/capacity/candidates.py), and shows the rows (output/capacity.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import shlex
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -22,9 +21,7 @@ import numpy as np
 from chip import serving_stacks
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.plan import validate as validate_plan
-from rdu_cluster import processes
 from rdu_cluster.backends import BACKENDS
-from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli import workload
 from rdu_cluster.cli.options import (
@@ -34,17 +31,17 @@ from rdu_cluster.cli.options import (
     speculative_options,
 )
 from rdu_cluster.config import MAX_SOCKETS, cli_overrides, load_cluster, load_fabric
-from rdu_cluster.engine import loop
 from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.output import atomic
+from rdu_cluster.output import capacity as output
 from rdu_cluster.scenarios import capacity as cap
 from rdu_cluster.scenarios import speculative
-from rdu_cluster.validation import calibration
+from rdu_cluster.scenarios.capacity import candidates
 from workloads import checks, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
 from workloads.spec import with_dtypes
-from workloads.speculative import Speculation, parse_acceptance, parse_tree
+from workloads.speculative import parse_acceptance, parse_tree
 
 # Each shortlisted deployment is one or more serving-engine runs (seconds each): 100 per system
 # is already more than an interactive search waits for, and far more than candidates differ.
@@ -174,10 +171,26 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree,
            overrides)
     _check_stacks(stacks, clusters)
-    jobs, costs = [], []
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
-    asked: list[tuple] = []  # each (w, stack)'s systems: _costs' arguments, costed at once
+    costs, jobs = _shortlisted(model_ref, weights, stacks, clusters, plans, pairs, max_nodes,
+                               traffic, slo, (prompt, gen), fab, modes,
+                               (draft, spec_k, acceptance, tree), overrides, shortlist,
+                               n_jobs if backend_name == "local" else 1)
+    results = cap.ranked([r for r in candidates.verify_all(jobs, backend_name, address, n_jobs)
+                          if r is not None])
+    _render(results, costs, slo, traffic, time.perf_counter() - started, as_json, plot_path)
+
+
+def _shortlisted(model_ref, weights, stacks, clusters, plans, pairs, max_nodes, traffic, slo,
+                 lengths, fab, modes, spec, overrides, shortlist, n_jobs) -> tuple[list, list]:
+    """The candidates of each weight dtype and --stack: their systems' replica costs in one
+    analytic pass (candidates.analytic, in n_jobs processes), then each one's shortlist.
+    Returns the costs (each with its dtype: what --plot draws) and the verification jobs."""
+    draft, spec_k, acceptance, tree = spec
+    prompt, gen = lengths
+    jobs, costs = [], []
+    asked: list[tuple] = []  # each (w, stack)'s systems, costed at once (candidates.analytic)
     for w, stack in [(w, s) for w in weights or (None,) for s in stacks or (None,)]:
         model = with_dtypes(load_model(model_ref), w, None)
         choose = lambda cl, plan, model=model, stack=stack: workload.speculation(
@@ -185,35 +198,38 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
             serving_stacks.options_for(cl.chip, stack if cl.chip.kind == "gpu" else None))
         # an RDU system takes no stack: its candidates come once, with the first stack's
         first = stack is None or stack == stacks[0]
-        systems = [c for c in clusters if first or _gpu(c)]
+        systems = [c for c in clusters if first or candidates.gpu(c)]
         asked.append((w, stack, first, model, {
             (c, on): (model, c, plans, max_nodes, (prompt, gen), fab, draft if on else None,
-                      choose, stack if _gpu(c) else None, overrides)
+                      choose, stack if candidates.gpu(c) else None, overrides)
             for c in systems for on in modes}))
-    got = iter(_analytic([a for *_, ask in asked for a in ask.values()],
-                         n_jobs if backend_name == "local" else 1))
+    got = iter(candidates.analytic([a for *_, ask in asked for a in ask.values()], n_jobs))
     for w, stack, first, model, ask in asked:
         groups = {key: next(got) for key in ask}
         costs += [(w, c) for cs in groups.values() for c in cs]
         per = {c: cs for (c, on), cs in groups.items() if not on}
-        cands = _shortlist(groups.values(), per, _stack_pairs(pairs, stack, first), traffic,
-                           slo, max_nodes, prompt, gen, model, fab, shortlist,
-                           (stack, overrides))
+        cands = candidates.shortlist(groups.values(), per,
+                                     candidates.stack_pairs(pairs, stack, first), model,
+                                     (traffic, slo, max_nodes, (prompt, gen), fab), shortlist,
+                                     (stack, overrides))
         jobs += [(dep, model, model_ref, w, traffic, slo, fab, max_nodes) for dep in cands]
-    results = cap.ranked([r for r in _verify_all(jobs, backend_name, address, n_jobs)
-                          if r is not None])
-    wall = time.perf_counter() - started
+    return costs, jobs
+
+
+def _render(results, costs, slo, traffic, wall, as_json, plot_path) -> None:
+    """--plot's page, then the rows (JSON lines or the table); where none meets the SLO, the
+    closest, and exit code 1."""
     if plot_path:
-        _plot(costs, Path(plot_path))
+        output.plot(costs, Path(plot_path))
     if as_json:
         for r in results:
-            click.echo(json.dumps(_record(r, slo)))
+            click.echo(json.dumps(output.record(r, slo)))
     else:
-        click.echo(_table(results, slo, traffic, wall))
+        click.echo(output.table(results, slo, traffic, wall))
     if not any(r.meets_slo for r in results):
         # With --json on stderr, so stdout stays JSON lines; without it a run whose candidates
         # all failed the pre-filter printed no row and no word, and exited 1.
-        click.echo(_closest(results, slo), err=as_json)
+        click.echo(output.closest(results, slo), err=as_json)
         sys.exit(1)
 
 
@@ -353,320 +369,11 @@ def _pairs(pairs, clusters, disaggregated) -> list[tuple[str, str]]:
     return out
 
 
-def _costs(model, cluster, plans, max_nodes, lengths, fab, draft=None, choose=None,
-           stack=None, overrides=()) -> list[cap.ReplicaCost]:
-    costs = (f() for f in _plans((model, cluster, plans, max_nodes, lengths, fab, draft,
-                                  choose, stack, overrides)))
-    return [c for c in costs if c is not None]
-
-
-def _plans(args: tuple) -> list[Callable[[], cap.ReplicaCost | None]]:
-    """_costs' arguments as one replica_cost a plan."""
-    model, cluster, plans, max_nodes, lengths, fab, draft, choose, stack, overrides = args
-    return [partial(cap.replica_cost, model, cap.Pool(cluster, p, 1, overrides), lengths, fab,
-                    draft, choose, stack)
-            for p in plans or cap.replica_plans(model, cluster, max_nodes)]
-
-
-def _analytic(asks: list[tuple], n_jobs: int) -> list[list[cap.ReplicaCost]]:
-    """_costs of each of `asks` (its arguments), each plan's in one of --jobs processes where
-    there are more than one: the analytic pass ran in the parent before any candidate was
-    verified (question 1 of benchmarks/bench_capacity.py: 1.3 s, its 21 plans 0.001-0.23 s
-    each). The processes are forked with the costs to make (processes.map_forked: a
-    speculative candidate's `choose` is a closure, not sent), and send back ReplicaCost
-    values."""
-    per = [_plans(a) for a in asks]
-    got = processes.map_forked(lambda f: f(), [f for fs in per for f in fs], n_jobs)
-    out, at = [], 0
-    for fs in per:
-        out.append([c for c in got[at : at + len(fs)] if c is not None])
-        at += len(fs)
-    return out
-
-
-def _gpu(cluster_ref: str) -> bool:
-    return load_cluster(cluster_ref).chip.kind == "gpu"
-
-
 def _check_stacks(stacks: tuple[str, ...], clusters: tuple[str, ...]) -> None:
     """Each --stack known; --stack with no GPU among the systems refused (none would run it)."""
     for name in stacks:
         serving_stacks.stack(name)
-    if stacks and not any(_gpu(c) for c in clusters):
+    if stacks and not any(candidates.gpu(c) for c in clusters):
         first = load_cluster(clusters[0])
         serving_stacks.options_for(first.chip, stacks[0], system=first.name)  # refuses
 
-
-def _stack_pairs(pairs, stack: str | None, first: bool) -> list[tuple[str, str]]:
-    """The pairs a stack is tried on: RDU-only pairs once (with the first stack); a pair with
-    an RDU pool under the default stack only (its GPU pool is then served with no --stack)."""
-    gpu = lambda p, d: (_gpu(p), _gpu(d))
-    return [(p, d) for p, d in pairs
-            if (first or any(gpu(p, d)))
-            and (all(gpu(p, d)) or stack in (None, serving_stacks.DEFAULT_STACK))]
-
-
-def _shortlist(groups, per, pairs, traffic, slo, max_nodes, prompt, gen, model, fab, k,
-               system=(None, ())):
-    """The `k` cheapest analytic candidates of each system (with and without speculation) and
-    of each pair (without); `system`: the GPU stack and the --set overrides."""
-    stack, overrides = system
-    out = []
-    for costs in groups:
-        deps = [cap.aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
-        out += _cheapest([d for d in deps if d is not None], k)
-    for p, d in pairs:
-        pre = per.get(p) or _costs(model, p, (), max_nodes, (prompt, gen), fab,
-                                   stack=stack if _gpu(p) else None, overrides=overrides)
-        dec = per.get(d) or _costs(model, d, (), max_nodes, (prompt, gen), fab,
-                                   stack=stack if _gpu(d) else None, overrides=overrides)
-        if not pre or not dec:
-            continue
-        prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
-        deps = [cap.disaggregated(prefill, c, traffic, slo, max_nodes, (prompt, gen), model, fab)
-                for c in dec]
-        out += _cheapest([x for x in deps if x is not None], k)
-    return out
-
-
-def _cheapest(deps, k):
-    key = lambda d: (d.price_per_hour if d.price_per_hour is not None else math.inf, d.sockets)
-    return sorted(deps, key=key)[:k]
-
-
-def _verify_all(jobs: list[tuple], backend_name: str, address: str | None,
-                n_jobs: int) -> list:
-    """Each candidate verified (_verified) in this process, in --jobs processes, or as a Ray
-    task (--backend ray: each task serves on the local engine backend); results in the
-    candidates' order, so every way gives the same table. The pairs are handed out first
-    (longest first: a pair's run decodes every user's tokens in one or two replicas, a
-    step a window, where a system's alike replicas serve one replica's share; its searches
-    took 5-25x a system's CPU on the three capacity questions), so that no worker is left
-    with a pair when the others are done: listed last, they set the wall time."""
-    profile = calibration.active()
-    order = sorted(range(len(jobs)), key=lambda i: not jobs[i][0].disaggregated)
-    tasks = [(profile, *jobs[i]) for i in order]
-    out = (_on_ray(tasks, address) if backend_name == "ray"
-           else processes.map_forked(_task, tasks, n_jobs))
-    got = dict(zip(order, out))
-    return [got[i] for i in range(len(jobs))]
-
-
-def _task(task: tuple):
-    """One candidate, under the calibration profile it was planned with."""
-    profile, *job = task
-    with calibration.use(profile), loop.frozen():  # a collection a candidate, not a run
-        return _verified(*job)
-
-
-def _on_ray(tasks: list[tuple], address: str | None) -> list:
-    """The candidates as Ray tasks: on the cluster at --address (or $RAY_ADDRESS, which `ray
-    job submit` sets), else an instance of its own, stopped at the end; an instance already
-    running in this process is used as it is."""
-    import ray
-
-    from rdu_cluster.backends import join_ray
-
-    owned = not ray.is_initialized()
-    if owned:
-        addr = address or os.environ.get("RAY_ADDRESS")
-        kw = {"log_to_driver": False, "configure_logging": False}
-        join_ray(addr or "local", from_env=addr is not None and not address,
-                 **(kw if addr else {**kw, "include_dashboard": False}))
-    try:
-        remote = ray.remote(num_cpus=1)(_task)
-        return ray.get([remote.remote(t) for t in tasks])
-    finally:
-        if owned:
-            ray.shutdown()
-
-
-def _verified(dep, model, model_ref, w, traffic, slo, fab, max_nodes):
-    """The deployment at the SLO's boundary at steady state, with its interval (cap.settle:
-    the fewest replicas that meet, one fewer verified to miss, by bisection within
-    --max-nodes), served on the local engine backend."""
-    serve = lambda d, t, stop=None: cap.verify(d, model, (model_ref, w), t, slo, fab,
-                                               lambda: make_backend("local"), stop)
-    try:
-        return cap.settle(dep, serve, traffic, max_nodes, slo)
-    except ConfigError:  # the engine refuses it (weights do not fit at its plan)
-        return None
-
-
-def _record(r: cap.Result, slo: cap.SLO) -> dict:
-    d, s, b = r.deployment, r.summary, r.summary["bench"]
-    spec = cast(Speculation, d.speculation)  # read only with a draft, which comes with it
-    return {
-        "system": d.label, "weights": _weights(r), "stack": d.stack, "sockets": d.sockets,
-        "nodes": d.nodes,
-        "plan": " + ".join(str(p) for p in d.pools)
-        + (f" +{d.draft} k{spec.k}" if d.draft else ""),
-        "speculative": ({"draft": d.draft, "k": spec.k} if d.draft else None),
-        "disaggregated": d.disaggregated, "max_batch": d.max_batch,
-        "tokens_per_s_per_user": 1e3 / b["mean_tpot_ms"] if b["mean_tpot_ms"] else None,
-        "tokens_per_s_per_socket": b["output_throughput"] / d.sockets,
-        # the sockets' price over the tokens they stream at steady state (bench's steady
-        # window: --warmup-requests)
-        "usd_per_million_tokens": (d.price_per_hour * 1e6 / 3600 / b["output_throughput"]
-                                   if d.price_per_hour and b["output_throughput"] else None),
-        "joules_per_token": s.get("joules_per_token"),
-        "usd_per_hour": d.price_per_hour,
-        f"p{_pw(slo)}_ttft_ms": _finite(r.ttft_ms), f"p{_pw(slo)}_tpot_ms": _finite(r.tpot_ms),
-        "meets_slo": r.meets_slo, "miss": _finite(r.miss), "unserved": r.summary["unserved"],
-        # the boundary: one replica fewer (of the pool searched last) misses by this much
-        "miss_one_fewer": None if r.below is None else _finite(r.below),
-        # true where that run stopped once certain to miss (engine/decided.py): at least that
-        "miss_one_fewer_at_least": r.below_at_least,
-        "ramp_up_s": _ramp_arg(r.serve_args),
-        # the interval (cap.with_ends): null bounds and the reason outside every regime
-        **{k: r.interval.get(k) for k in ("nodes_low", "nodes_high", "plan_low", "plan_high",
-                                          "usd_per_million_tokens_low",
-                                          "usd_per_million_tokens_high", "robust")},
-        "interval_note": r.interval.get("basis"),
-        "steady": _steady(r.steady, slo),
-        "verified": ("sessions (a closed loop each)" if "--sessions" in r.serve_args
-                     else "trace replayed" if "--trace" in r.serve_args
-                     else "closed loop" if r.serve_args.count("--concurrency") else "open loop"),
-        "serve_args": r.serve_args,
-        "calibration": calibration.label([load_cluster(p.cluster) for p in d.pools]),
-    }
-
-
-def _steady(st: dict, slo: cap.SLO) -> dict:
-    """How the row's steady state was checked, with the seeds' spread (pP as the row's)."""
-    pw = _pw(slo)
-    names = {"ttft_ms_range": f"p{pw}_ttft_ms_range", "tpot_ms_range": f"p{pw}_tpot_ms_range"}
-    return {names.get(k, k): v for k, v in st.items() if k != "runs"}
-
-
-def _ramp_arg(args: list[str]) -> float:
-    return float(args[args.index("--ramp-up") + 1]) if "--ramp-up" in args else 0.0
-
-
-def _finite(v: float) -> float | None:
-    """null for a run that served no request (inf internally, to rank last): JSON has no
-    Infinity."""
-    return v if math.isfinite(v) else None
-
-
-def _weights(r: cap.Result) -> str | None:
-    args = r.serve_args
-    return args[args.index("--weights") + 1] if "--weights" in args else None
-
-
-def _pw(slo: cap.SLO) -> str:
-    from rdu_cluster.engine.bench import p_word
-
-    return p_word(slo.percentile)
-
-
-def _table(results, slo, traffic, wall) -> str:
-    pw = _pw(slo)
-    load = (f"{traffic.concurrency} users" if traffic.concurrency else f"{traffic.rate:g} req/s")
-    if traffic.workload_args:
-        load = f"{shlex.join(traffic.workload_args)} ({load})"
-    bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo.ttft_ms),
-                                                         ("TPOT", slo.tpot_ms)) if v)
-    head = (f"{'#':>2} {'system':<24} {'sockets':>7} {'nodes':>11} {'plan':<34} {'batch':>5} "
-            f"{'tok/s/user':>10} {'tok/s/sock':>10} {'$/Mtok':>19} {'J/tok':>6} "
-            f"{f'p{pw} TTFT':>10} {f'p{pw} TPOT':>10}  SLO")
-    title = (f"capacity: {load}, {bounds} at p{pw}; {len(results)} deployments verified "
-             f"by the serving engine in {wall:.1f} s")
-    lines = [title]
-    if traffic.ramps:
-        lines.append("closed loops start one after another over "
-                     + ("one estimated cycle (E2E and think time) of each deployment"
-                        if traffic.ramp_s is None else f"{traffic.ramp_s:g} s")
-                     + " (--ramp-up; serve_args carry it); each row is the fewest replicas "
-                     "that meet, one fewer verified to miss (bisection within --max-nodes)")
-    notes = {r.interval.get("basis") for r in results} - {None}
-    lines.append("nodes and $/Mtok: (low-high) where the uncertainty model covers the row "
-                 "(each end the boundary searched again at the simulator's optimistic and "
-                 "pessimistic ends); robust: meets at the pessimistic end; "
-                 + " | ".join(sorted(notes)) if notes else "")
-    records = [_record(r, slo) for r in results]
-    labels = sorted({rec["calibration"] for rec in records})
-    lines += [*([f"calibration: {'; '.join(labels)}"] if labels else []), head]
-    for i, (r, rec) in enumerate(zip(results, records), 1):
-        lines.append(
-            f"{i:>2} {' '.join(x for x in (rec['system'], rec['weights'], rec['stack']) if x):<24} "
-            f"{rec['sockets']:>7} {_span(rec['nodes'], rec['nodes_low'], rec['nodes_high'], 'd'):>11} "
-            f"{rec['plan']:<34} {rec['max_batch']:>5} "
-            f"{_f(rec['tokens_per_s_per_user'], '.1f'):>10} "
-            f"{_f(rec['tokens_per_s_per_socket'], '.1f'):>10} "
-            f"{_span(rec['usd_per_million_tokens'], rec['usd_per_million_tokens_low'], rec['usd_per_million_tokens_high'], '.2f'):>19} "
-            f"{_f(rec['joules_per_token'], '.2f'):>6} {r.ttft_ms:>10.1f} {r.tpot_ms:>10.2f}  "
-            f"{'meets' if r.meets_slo else _misses(r)}{_robust(rec['robust'])}"
-            f"{', not settled' if r.steady.get('settled') is False else ''}")
-    lines.append("serve_args (rdu-cluster serve ...):")
-    lines += [f"{i:>2} {shlex.join(r.serve_args)}" for i, r in enumerate(results, 1)]
-    return "\n".join(lines)
-
-
-def _span(v, lo, hi, fmt: str) -> str:
-    """`v (lo-hi)`, or `v` where the interval is unknown (or an end past --max-nodes: ?)."""
-    if v is None:
-        return "-"
-    if lo is None and hi is None:
-        return format(v, fmt)
-    end = lambda x: "?" if x is None else format(x, fmt)
-    return f"{format(v, fmt)} ({end(lo)}-{end(hi)})"
-
-
-def _robust(robust) -> str:
-    return "" if robust is None else ", robust" if robust else ", not robust"
-
-
-def _f(v, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
-def _closest(results, slo) -> str:
-    if not results:
-        return "nothing meets the SLO: no candidate passed the analytic pre-filter (raise " \
-               "--max-nodes, add --cluster or relax --slo)"
-    best = min(results, key=lambda r: r.miss)
-    return (f"nothing meets the SLO; closest: {best.deployment.label} "
-            f"{' + '.join(str(p) for p in best.deployment.pools)}, p{_pw(slo)} TTFT "
-            f"{best.ttft_ms:.1f} ms, TPOT {best.tpot_ms:.2f} ms: {_misses(best)}")
-
-
-def _misses(r: cap.Result) -> str:
-    s = r.summary
-    if s["unserved"] and s["bench"]["completed"]:
-        return f"refuses {s['unserved']} of {s['requests']} requests"
-    return f"misses by {r.miss:.0%}" if math.isfinite(r.miss) else "serves no request"
-
-
-def _plot(costs, path: Path) -> None:
-    """Each system's analytic front as an interactive page (Plotly, as `report` draws): a
-    replica of each plan at each batch (tokens/s per user = 1 / TPOT, per socket = batch /
-    TPOT / sockets), faint points, the front as a line, plan and batch on hover."""
-    from rdu_cluster.output.plots import pareto_front, require_plotly
-
-    go = require_plotly()
-    if not costs:
-        raise ConfigError("--plot: no plan fits, nothing to plot")
-    if not path.parent.exists():
-        raise ConfigError(f"--plot {path}: folder {path.parent} does not exist")
-    systems: dict[str, list] = {}
-    for w, c in costs:
-        pts = systems.setdefault(" ".join(x for x in (c.cluster, w, c.stack) if x), [[], [], []])
-        pts[0] += list(c.batches / c.tpot_s / c.group)
-        pts[1] += list(1 / c.tpot_s)
-        pts[2] += [f"{c.plan}, batch {b}" for b in c.batches]
-    fig = go.Figure()
-    for name, (x, y, text) in systems.items():
-        x, y, text = np.array(x), np.array(y), np.array(text)
-        front = pareto_front(x, y)
-        fig.add_trace(go.Scatter(x=x, y=y, text=text, mode="markers", opacity=0.3,
-                                 name=f"{name} (all)", legendgroup=name))
-        fig.add_trace(go.Scatter(x=x[front], y=y[front], text=text[front],
-                                 mode="lines+markers", name=name, legendgroup=name))
-    fig.update_layout(title="Pareto front per system (analytic step costs)",
-                      xaxis={"type": "log", "title": "tokens/s per socket"},
-                      yaxis={"type": "log", "title": "tokens/s per user"},
-                      template="plotly_white")
-    # plotly.js embedded (as `report` does), so the page renders offline: no CDN
-    atomic.atomic_write(path, fig.to_html(include_plotlyjs=True, full_html=True).encode(),
-                         "--plot")

@@ -23,7 +23,9 @@ are (engine/disagg/ runs both pools in one event loop).
 A module per concept, each importing only those before it here: slo (the bound), traffic (what
 is served, and how many requests verify it), deployment (pools of replicas and their price),
 sizing (pass 1), result (a verified run, its verdict, the ranking), search (the boundary),
-intervals (the uncertainty model's ends), verification (an engine run), steady (settle).
+intervals (the uncertainty model's ends), verification (an engine run), steady (settle),
+candidates (the command's: the analytic pass over processes, the shortlist, the verification
+over processes or Ray; imported as a module, not re-exported here).
 """
 
 from rdu_cluster.engine.disagg import Pool

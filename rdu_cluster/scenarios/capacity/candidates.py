@@ -1,0 +1,163 @@
+"""`capacity`'s candidates, from the analytic pass to the verified rows (cli/capacity.py
+parses the options and calls these): each system's replica costs, one replica_cost a plan
+(`analytic`, in --jobs forked processes where there are more than one), the cheapest
+candidates of each system and pair (`shortlist`; `stack_pairs`: the pairs a serving stack is
+tried on), and each candidate verified at the SLO's boundary (`verify_all`: in this process,
+in --jobs processes, or each as a Ray task)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from functools import partial
+
+from chip import serving_stacks
+from rdu_cluster import processes
+from rdu_cluster.backends import make as make_backend
+from rdu_cluster.config import load_cluster
+from rdu_cluster.engine import loop
+from rdu_cluster.engine.disagg import Pool
+from rdu_cluster.scenarios.capacity.sizing import (
+    ReplicaCost,
+    aggregated,
+    disaggregated,
+    replica_cost,
+    replica_plans,
+)
+from rdu_cluster.scenarios.capacity.steady import settle
+from rdu_cluster.scenarios.capacity.verification import verify
+from rdu_cluster.validation import calibration
+from workloads.errors import ConfigError
+
+
+def _costs(args: tuple) -> list[ReplicaCost]:
+    """A system's replica costs, its plans' in this process; `args`: (model, cluster, plans,
+    max_nodes, lengths, fab, draft, choose, stack, overrides)."""
+    costs = (f() for f in _plans(args))
+    return [c for c in costs if c is not None]
+
+
+def _plans(args: tuple) -> list[Callable[[], ReplicaCost | None]]:
+    """_costs' arguments as one replica_cost a plan."""
+    model, cluster, plans, max_nodes, lengths, fab, draft, choose, stack, overrides = args
+    return [partial(replica_cost, model, Pool(cluster, p, 1, overrides), lengths, fab,
+                    draft, choose, stack)
+            for p in plans or replica_plans(model, cluster, max_nodes)]
+
+
+def analytic(asks: list[tuple], n_jobs: int) -> list[list[ReplicaCost]]:
+    """_costs of each of `asks` (its arguments), each plan's in one of --jobs processes where
+    there are more than one: the analytic pass ran in the parent before any candidate was
+    verified (question 1 of benchmarks/bench_capacity.py: 1.3 s, its 21 plans 0.001-0.23 s
+    each). The processes are forked with the costs to make (processes.map_forked: a
+    speculative candidate's `choose` is a closure, not sent), and send back ReplicaCost
+    values."""
+    per = [_plans(a) for a in asks]
+    got = processes.map_forked(lambda f: f(), [f for fs in per for f in fs], n_jobs)
+    out, at = [], 0
+    for fs in per:
+        out.append([c for c in got[at : at + len(fs)] if c is not None])
+        at += len(fs)
+    return out
+
+
+def gpu(cluster_ref: str) -> bool:
+    return load_cluster(cluster_ref).chip.kind == "gpu"
+
+
+def stack_pairs(pairs, stack: str | None, first: bool) -> list[tuple[str, str]]:
+    """The pairs a stack is tried on: RDU-only pairs once (with the first stack); a pair with
+    an RDU pool under the default stack only (its GPU pool is then served with no --stack)."""
+    gpus = lambda p, d: (gpu(p), gpu(d))
+    return [(p, d) for p, d in pairs
+            if (first or any(gpus(p, d)))
+            and (all(gpus(p, d)) or stack in (None, serving_stacks.DEFAULT_STACK))]
+
+
+def shortlist(groups, per, pairs, model, question, k, system=(None, ())):
+    """The `k` cheapest analytic candidates of each system (with and without speculation) and
+    of each pair (without); `question`: (traffic, slo, max_nodes, (prompt, gen), fab), what
+    every candidate is sized for; `system`: the GPU stack and the --set overrides."""
+    traffic, slo, max_nodes, (prompt, gen), fab = question
+    stack, overrides = system
+    out = []
+    for costs in groups:
+        deps = [aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
+        out += _cheapest([d for d in deps if d is not None], k)
+    for p, d in pairs:
+        pre = per.get(p) or _costs((model, p, (), max_nodes, (prompt, gen), fab, None, None,
+                                    stack if gpu(p) else None, overrides))
+        dec = per.get(d) or _costs((model, d, (), max_nodes, (prompt, gen), fab, None, None,
+                                    stack if gpu(d) else None, overrides))
+        if not pre or not dec:
+            continue
+        prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
+        deps = [disaggregated(prefill, c, traffic, slo, max_nodes, (prompt, gen), model, fab)
+                for c in dec]
+        out += _cheapest([x for x in deps if x is not None], k)
+    return out
+
+
+def _cheapest(deps, k):
+    key = lambda d: (d.price_per_hour if d.price_per_hour is not None else math.inf, d.sockets)
+    return sorted(deps, key=key)[:k]
+
+
+def verify_all(jobs: list[tuple], backend_name: str, address: str | None,
+               n_jobs: int) -> list:
+    """Each candidate verified (_verified) in this process, in --jobs processes, or as a Ray
+    task (--backend ray: each task serves on the local engine backend); results in the
+    candidates' order, so every way gives the same table. The pairs are handed out first
+    (longest first: a pair's run decodes every user's tokens in one or two replicas, a
+    step a window, where a system's alike replicas serve one replica's share; its searches
+    took 5-25x a system's CPU on the three capacity questions), so that no worker is left
+    with a pair when the others are done: listed last, they set the wall time."""
+    profile = calibration.active()
+    order = sorted(range(len(jobs)), key=lambda i: not jobs[i][0].disaggregated)
+    tasks = [(profile, *jobs[i]) for i in order]
+    out = (_on_ray(tasks, address) if backend_name == "ray"
+           else processes.map_forked(_task, tasks, n_jobs))
+    got = dict(zip(order, out))
+    return [got[i] for i in range(len(jobs))]
+
+
+def _task(task: tuple):
+    """One candidate, under the calibration profile it was planned with."""
+    profile, *job = task
+    with calibration.use(profile), loop.frozen():  # a collection a candidate, not a run
+        return _verified(*job)
+
+
+def _on_ray(tasks: list[tuple], address: str | None) -> list:
+    """The candidates as Ray tasks: on the cluster at --address (or $RAY_ADDRESS, which `ray
+    job submit` sets), else an instance of its own, stopped at the end; an instance already
+    running in this process is used as it is."""
+    import ray
+
+    from rdu_cluster.backends import join_ray
+
+    owned = not ray.is_initialized()
+    if owned:
+        addr = address or os.environ.get("RAY_ADDRESS")
+        kw = {"log_to_driver": False, "configure_logging": False}
+        join_ray(addr or "local", from_env=addr is not None and not address,
+                 **(kw if addr else {**kw, "include_dashboard": False}))
+    try:
+        remote = ray.remote(num_cpus=1)(_task)
+        return ray.get([remote.remote(t) for t in tasks])
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _verified(dep, model, model_ref, w, traffic, slo, fab, max_nodes):
+    """The deployment at the SLO's boundary at steady state, with its interval (settle:
+    the fewest replicas that meet, one fewer verified to miss, by bisection within
+    --max-nodes), served on the local engine backend."""
+    serve = lambda d, t, stop=None: verify(d, model, (model_ref, w), t, slo, fab,
+                                           lambda: make_backend("local"), stop)
+    try:
+        return settle(dep, serve, traffic, max_nodes, slo)
+    except ConfigError:  # the engine refuses it (weights do not fit at its plan)
+        return None
