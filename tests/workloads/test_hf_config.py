@@ -22,8 +22,8 @@ FLAT = {"llama4_text": "llama-4-maverick", "gemma3_text": "gemma-3-27b"}
 
 
 def test_every_importer_has_a_catalog_file():
-    """A model family is an importer (workloads/hf_config.py) and a catalog file that names a
-    model of it (workloads/catalog/NAME.json, with its published parameter counts)."""
+    """A model family is an importer (a module of workloads/hf_config/) and a catalog file that
+    names a model of it (workloads/catalog/NAME.json, with its published parameter counts)."""
     missing = set(IMPORTERS) - {"minimax"} - set(FLAT) - set(BY_TYPE)
     assert not missing, f"model_type without a catalog file in workloads/catalog/: {missing}"
     assert set(BY_TYPE) <= set(IMPORTERS)

@@ -1,6 +1,6 @@
-"""The starcoder2 family (workloads/hf_config.py `_starcoder2`, catalog starcoder2-15b.json):
-biases on every linear layer, LayerNorm with a bias, a two-matrix GELU MLP, a sliding window on
-every layer, tied embeddings by Starcoder2Config's default."""
+"""The starcoder2 family (workloads/hf_config/dense.py `_starcoder2`, catalog
+starcoder2-15b.json): biases on every linear layer, LayerNorm with a bias, a two-matrix GELU MLP,
+a sliding window on every layer, tied embeddings by Starcoder2Config's default."""
 
 from __future__ import annotations
 
