@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from rdu_cluster.cli import main
 from rdu_cluster.output import plots
 from rdu_cluster.output import report_page as report_cli
+from rdu_cluster.output.plots.common import axis_scale
 
 pytest.importorskip("plotly")
 
@@ -219,12 +220,12 @@ def test_a_colour_names_one_cluster_across_every_panel(draw):
 def test_log_axes_are_labelled_at_each_decade_with_their_unit(lo, hi, unit):
     """A log axis carries a label at each decade, written in full with its unit (a DeepSeek
     Pareto axis read "5" for 500 between 1-2-5 ticks), and at least two of them."""
-    axis = plots._scale(np.geomspace(lo, hi, 7), unit=unit)
+    axis = axis_scale(np.geomspace(lo, hi, 7), unit=unit)
     assert axis["type"] == "log" and axis["dtick"] == 1
     assert axis["ticksuffix"] == f" {unit}"
     first, last = axis.get("range", [np.floor(np.log10(lo)), np.ceil(np.log10(hi))])
     assert last - first >= 1 and first <= np.log10(lo) and last >= np.log10(hi)
-    assert plots._scale(np.geomspace(lo, hi, 7), log=True)["ticksuffix"] == ""
+    assert axis_scale(np.geomspace(lo, hi, 7), log=True)["ticksuffix"] == ""
 
 
 def test_socket_busy_fraction_measures_busy_time():

@@ -177,8 +177,8 @@ def _summary(data: Dataset) -> str:
     e = html.escape
     head = ["cluster", "model", "rows", *(s[0] for s in spec)]
     rows = []
-    for cluster in plots._unique(cols["cluster"]):
-        for model in plots._unique(cols["model"]):
+    for cluster in plots.unique(cols["cluster"]):
+        for model in plots.unique(cols["model"]):
             m = (cols["cluster"] == cluster) & (cols["model"] == model)
             if m.any():
                 rows.append([cluster, model, f"{int(m.sum()):,}", *(_cell(cols, s, m)
