@@ -12,7 +12,7 @@ from partitioning import sensitivity as sens
 from partitioning.scenario import Scenario
 from rdu_cluster.cli import options as o
 from rdu_cluster.cli.options import calibration_option, hardware_options
-from rdu_cluster.cli.simulate import _plan
+from rdu_cluster.cli.simulate import plan_of
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import atomic
 from rdu_cluster.output.report import overrides_line, text_table
@@ -51,7 +51,7 @@ def sensitivity(model_ref: str, cluster_ref: str, plan_text: str | None, batch: 
     check_context(spec, prompt_len, gen_len, "--prompt-len/--gen-len")
     cluster = load_cluster(cluster_ref, overrides)
     scenario = Scenario(spec, cluster, batch=batch, prompt_len=prompt_len, gen_len=gen_len)
-    plan = _plan(scenario, None, plan_text, "latency")
+    plan = plan_of(scenario, None, plan_text, "latency")
     rows = sens.hardware_sensitivity(scenario.but(plan=plan))
     head = {"model": spec.name, "cluster": cluster.name, "plan": plan.name, "batch": batch,
             "prompt_len": prompt_len, "gen_len": gen_len, "calibration": cluster.chip.calibration}

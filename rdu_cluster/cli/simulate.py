@@ -202,7 +202,7 @@ def simulate(
         # plan None: tp over every socket (Scenario.__post_init__; its field is typed as after)
         scenario = Scenario(spec, cluster, None,  # type: ignore[arg-type]
                             batch, prompt_len, gen_len, options, routing_model)
-        est = estimate(scenario.but(plan=_plan(scenario, tp, plan_text, objective)))
+        est = estimate(scenario.but(plan=plan_of(scenario, tp, plan_text, objective)))
         estimates.append(est)
         rows += results.records(est, cluster.chip.name, cluster.chip.execution_model, cluster)
     _write(rows, out_path, as_json)
@@ -234,7 +234,7 @@ def _options(cluster, stack_name: str | None, clusters: list):
                                       else stack_name, system=cluster.name)
 
 
-def _plan(scenario: Scenario, tp: int | None, plan_text: str | None, objective: str) -> Plan:
+def plan_of(scenario: Scenario, tp: int | None, plan_text: str | None, objective: str) -> Plan:
     """--tp, --plan, or the best plan for --objective (searched at the execution model's
     defaults and uniform routing, as it always was)."""
     if tp:

@@ -140,13 +140,13 @@ def summary(rates: Rates, totals: dict, cluster_sockets: int, makespan_s: float,
             else rates.socket_hour_usd * cluster_sockets * makespan_s / HOUR_S)
     return {
         "energy_j": energy,
-        "power_w": _ratio(energy, makespan_s),
-        "joules_per_token": _ratio(energy, tokens),
+        "power_w": ratio(energy, makespan_s),
+        "joules_per_token": ratio(energy, tokens),
         "cost_usd": cost,
-        "cost_per_million_tokens_usd": _ratio(None if cost is None else cost * 1e6, tokens),
+        "cost_per_million_tokens_usd": ratio(None if cost is None else cost * 1e6, tokens),
     }
 
 
-def _ratio(value: float | None, by: float) -> float | None:
+def ratio(value: float | None, by: float) -> float | None:
     """value / by; None when value is unknown or by is 0 (no time, no tokens)."""
     return None if value is None or not by else value / by

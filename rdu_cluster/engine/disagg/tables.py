@@ -64,9 +64,9 @@ def _summary(run: Disaggregated, req: dict, p: Tables, d: Tables, idx) -> dict:
         "windows": p.summary["windows"] + d.summary["windows"],
         "preemptions": int(sum(req["preemptions"])), "swaps": int(sum(req["swaps"])),
         "energy_j": total["energy_j"], "cost_usd": total["cost_usd"],
-        "power_w": energy._ratio(total["energy_j"], end),
-        "joules_per_token": energy._ratio(total["energy_j"], tokens),
-        "cost_per_million_tokens_usd": energy._ratio(
+        "power_w": energy.ratio(total["energy_j"], end),
+        "joules_per_token": energy.ratio(total["energy_j"], tokens),
+        "cost_per_million_tokens_usd": energy.ratio(
             None if total["cost_usd"] is None else total["cost_usd"] * 1e6, tokens),
         "overloaded": p.summary["overloaded"] or d.summary["overloaded"],
         "kv_transfer_ms": metrics.percentiles([m * 1e3 for m in moves]),
