@@ -107,63 +107,71 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
         return None
     options = serving_stacks.options_for(cl.chip, stack, system=cluster_ref)
     prompt, gen = lengths
-    g = cl.sockets
-    hbm = cl.chip.hbm.capacity_bytes
     p = PartitionPlan.parse(plan)
-    # The one footprint (partitioning.evaluate.footprint): weights, the activation workspace
-    # and what the runtime reserves (chip/runtime_memory.py) per socket, and one sequence's KV
-    # cache with heads replicated where tp exceeds them: a plan an engine would not start is no
-    # candidate; the engine sizes its KV blocks from what the same regions leave.
     try:
         base = Scenario(model, cl, p, 1, int(prompt), int(gen), options)
-        fps, why = footprint(base, check=False)
+        kv_batch = _kv_batch(base, p)
     except ConfigError:
         return None
-    if why:
-        return None
-    resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
-                   + fp.regions.get(("reserved", "hbm"), 0.0) for fp in fps)
-    per_seq = max(fp.region("kv_cache") for fp in fps)
-    # Attention data-parallel groups each hold the KV of their own sequences
-    kv_batch = p.adp * int((hbm - resident) // per_seq) if hbm > resident else 0
     batches = BATCHES[BATCHES <= kv_batch]
     if not len(batches):
         return None
     at = lambda b: estimate(base.but(batch=b))
-    named = serving_stacks.stack_of(cl.chip, options)
-    if draft is not None:
-        if p.pp != 1 or p.ep != 1 or p.adp != 1:
-            return None
-        try:
-            memo: dict
-            # a draft comes with its `choose` (the docstring)
-            spec, memo = cast("Callable[[ClusterSpec, str], Speculation]", choose)(cl, plan), {}
-            ests = [speculative.speculative_estimate(
-                base.but(plan=tensor_plan(cl, p.tp), batch=int(b)), spec, draft, memo=memo)
-                for b in batches]
-            tpot = np.array([float(e.tpot_s) for e in ests])
-            prefill = float(ests[0].ttft_s)  # batch 1 (BATCHES[0]): the draft's prefill too
-        except ConfigError:
-            return None
-        price = cl.cost.get("socket_hour_usd") if cl.cost else None
-        return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
-                           load_cluster(cluster_ref, dict(overrides)).sockets_per_node,
-                           draft, spec, named, overrides)
+    spec = None
     try:
-        if p.pp == 1 and p.ep == 1:  # tensor parallel: one vectorized call over the batches
-            est = at(batches)
-            tpot = np.asarray(est.tpot_s, dtype=float)
-            prefill = float(np.asarray(est.ttft_s).ravel()[0])  # one prompt's forward pass
+        if draft is not None:
+            if p.pp != 1 or p.ep != 1 or p.adp != 1:
+                return None
+            # a draft comes with its `choose` (the docstring)
+            spec = cast("Callable[[ClusterSpec, str], Speculation]", choose)(cl, plan)
+            tpot, prefill = _speculative_times(base, p, batches, spec, draft)
         else:
-            tpot = np.array([float(at(int(b)).tpot_s) for b in batches])
-            prefill = float(at(1).ttft_s)
+            tpot, prefill = _times(at, p, batches)
     except ConfigError:
         return None
     price = cl.cost.get("socket_hour_usd") if cl.cost else None
-    return ReplicaCost(cluster_ref, plan, g, batches, tpot, prefill, kv_batch, price,
-                       load_cluster(cluster_ref, dict(overrides)).sockets_per_node,
-                       stack=named, overrides=overrides,
-                       prefill_each_s=_prefill_each(at, prompt, kv_batch, prefill))
+    return ReplicaCost(cluster_ref, plan, cl.sockets, batches, tpot, prefill, kv_batch, price,
+                       load_cluster(cluster_ref, dict(overrides)).sockets_per_node, draft,
+                       spec, serving_stacks.stack_of(cl.chip, options), overrides,
+                       None if draft is not None else _prefill_each(at, prompt, kv_batch,
+                                                                   prefill))
+
+
+def _kv_batch(base: Scenario, p: PartitionPlan) -> int:
+    """The most sequences whose KV a replica holds (0 where the plan does not fit). The one
+    footprint (partitioning.evaluate.footprint): weights, the activation workspace and what
+    the runtime reserves (chip/runtime_memory.py) per socket, and one sequence's KV cache with
+    heads replicated where tp exceeds them: a plan an engine would not start is no candidate;
+    the engine sizes its KV blocks from what the same regions leave."""
+    fps, why = footprint(base, check=False)
+    if why:
+        return 0
+    hbm = base.cluster.chip.hbm.capacity_bytes
+    resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
+                   + fp.regions.get(("reserved", "hbm"), 0.0) for fp in fps)
+    per_seq = max(fp.region("kv_cache") for fp in fps)
+    # Attention data-parallel groups each hold the KV of their own sequences
+    return p.adp * int((hbm - resident) // per_seq) if hbm > resident else 0
+
+
+def _times(at: Callable, p: PartitionPlan, batches: np.ndarray) -> tuple[np.ndarray, float]:
+    """TPOT at each of `batches` and one prompt's prefill."""
+    if p.pp == 1 and p.ep == 1:  # tensor parallel: one vectorized call over the batches
+        est = at(batches)
+        return (np.asarray(est.tpot_s, dtype=float),
+                float(np.asarray(est.ttft_s).ravel()[0]))  # one prompt's forward pass
+    return np.array([float(at(int(b)).tpot_s) for b in batches]), float(at(1).ttft_s)
+
+
+def _speculative_times(base: Scenario, p: PartitionPlan, batches: np.ndarray,
+                       spec: Speculation, draft: str) -> tuple[np.ndarray, float]:
+    """_times of the speculative step (scenarios/speculative.py) over the tokens it emits."""
+    memo: dict = {}
+    ests = [speculative.speculative_estimate(
+        base.but(plan=tensor_plan(base.cluster, p.tp), batch=int(b)), spec, draft, memo=memo)
+        for b in batches]
+    # batch 1 (BATCHES[0]): the draft's prefill too
+    return np.array([float(e.tpot_s) for e in ests]), float(ests[0].ttft_s)
 
 
 def _prefill_each(at: Callable[[int], Estimate], prompt: float, kv_batch: int,
