@@ -82,6 +82,18 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     # plan None: tp over every socket (Scenario.__post_init__; its field is typed as after)
     scenario = Scenario(spec, cluster, None,  # type: ignore[arg-type]
                         batch, context, gen_len, options, routing_model, placement)
+    result = _ranked(scenario, plan_text, objective)
+    rows = [plan_row(e, cluster.chip) | {"calibration": cluster.chip.calibration}
+            for e in result.ranked[:top]]
+    if as_json:
+        click.echo("\n".join(json.dumps(r) for r in rows))
+    else:
+        _print_table(scenario, result, rows, objective, spill, overrides)
+
+
+def _ranked(scenario: Scenario, plan_text: str | None, objective: str) -> SearchResult:
+    """--plan's one plan, or every plan the search ranks by the objective; none fitting is
+    refused (with the widest plan's reason)."""
     if plan_text:  # one plan: refused, if it does not fit, with the message every command gives
         one = evaluate_plan(scenario.but(plan=Plan.parse(plan_text)), prefill=False)
         result = SearchResult((one,), (), 1)
@@ -90,17 +102,21 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     if not result.ranked:
         worst = result.rejected[-1][1] if result.rejected else "no valid plan"
         raise PlanDoesNotFit(f"no plan of {result.evaluated} fits; the widest: {worst}")
-    rows = [plan_row(e, cluster.chip) | {"calibration": cluster.chip.calibration}
-            for e in result.ranked[:top]]
-    if as_json:
-        click.echo("\n".join(json.dumps(r) for r in rows))
-        return
+    return result
+
+
+def _print_table(scenario: Scenario, result: SearchResult, rows: list[dict], objective: str,
+                 spill: bool, overrides: dict) -> None:
+    """The text report: --set's overrides, what was searched, the rows as a table and what
+    their intervals rest on."""
+    spec, cluster = scenario.spec, scenario.cluster
     if overrides:
         click.echo(overrides_line(overrides))
     click.echo(
         f"{spec.name}, weights {spec.quantization or weights_text(spec.precision)}, on "
-        f"{cluster.name}: batch {batch}, "
-        f"context {context}, gen {gen_len}, objective {objective}; {result.evaluated} plans, "
+        f"{cluster.name}: batch {scenario.batch}, "
+        f"context {scenario.prompt_len}, gen {scenario.gen_len}, objective {objective}; "
+        f"{result.evaluated} plans, "
         f"{len(result.ranked)} fit{', spill to DDR allowed' if spill else ''}"
         f"{'; stack ' + result.ranked[0].stack if result.ranked[0].stack else ''}"
         f"; calibration {cluster.chip.calibration}"

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from chip import serving_stacks
+from partitioning.cluster import ClusterSpec
 from rdu_cluster.backends import BACKENDS
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.cli import options as o
@@ -38,7 +39,7 @@ from rdu_cluster.validation import calibration, uncertainty
 from workloads import checks, traces
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
-from workloads.spec import with_dtypes
+from workloads.spec import ModelSpec, with_dtypes
 
 TABLES = ("requests", "steps", "sockets", "links")
 SUMMARY = "summary.json"
@@ -179,80 +180,181 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
         ("--coe-router", coe_router), ("--cluster", cluster_ref), ("--fabric", fabric)])
     if concurrency is not None and rate is None and trace_path is None:
         rate = math.inf  # closed loop: every request is ready, the clients pace them
-    if n_sessions is not None or turns is not None:
-        trace = workload.session_trace(trace_path, n_requests, n_sessions, turns, rate, arrival,
-                                       prompt_len, output_len, system_prompt, think_time, seed)
-    else:
-        trace = workload.trace(trace_path, n_requests, rate, arrival, burstiness, prompt_len,
-                               output_len, seed)
-    trace = _ramped(trace, concurrency, ramp_up, rate)
-    # vLLM's syntax: --goodput "ttft:500 tpot:50" (an empty one names no bound: refused)
-    bench_spec = bench.MetricSpec.parse(metric_percentiles,
-                                        [g for item in goodput for g in item.split() or [item]])
-    if warmup_requests >= len(trace):
-        raise ConfigError(f"--warmup-requests: {warmup_requests} leaves none of the "
-                          f"{len(trace)} requests measured")
-    bench_spec = dataclasses.replace(bench_spec, warmup=warmup_requests, mser=warmup_mser)
+    work = _Workload(trace_path, n_requests, n_sessions, turns, rate, arrival, burstiness,
+                     prompt_len, output_len, system_prompt, think_time, seed)
+    trace = _ramped(work.trace(), concurrency, ramp_up, rate)
+    bench_spec = _metrics(metric_percentiles, goodput, warmup_requests, warmup_mser, len(trace))
     model_ref, scheduler = _coe_defaults(ctx, coe_experts, model_ref, scheduler)
     model = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     cluster = _cluster(cluster_ref, overrides, replicas, plan, model, fabric)
-    limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
-    scenario = (None if coe_experts is None else coe.CoEScenario.copies(
-        coe_experts, model.name, coe_router, popularity=coe.Popularity.parse(coe_distribution),
-        hbm_slots=coe_hbm_slots, policy=coe_policy))
+    scenario = _coe(coe_experts, model, coe_router, coe_distribution, coe_policy, coe_hbm_slots)
     pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
-    options, stack = _stack(stack_name, [pools[0], pools[1]] if pools else [], cluster, model)
-    speculation = workload.speculation(model, cluster, trace, draft, spec_k, acceptance,
-                                       max_batch, tree, placement, draft_sockets, plan, options)
-    if scenario is not None and speculation is not None:
-        raise ConfigError("--draft: not with --coe-experts")
+    deployed = _Deployment.of(model, cluster, pools, stack_name)
+    limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
-                         kv_memory_fraction=kv_fraction, faults=tuple(faults),
-                         speculation=speculation, draft=draft, coe=scenario,
-                         draft_placement=placement, draft_sockets=draft_sockets,
+                         kv_memory_fraction=kv_fraction, faults=tuple(faults), coe=scenario,
+                         draft=draft, draft_placement=placement, draft_sockets=draft_sockets,
                          metrics=bench_spec, routing=routing, concurrency=concurrency,
                          prefix=PrefixConfig(prefix_cache, prefix_block, prefix_eviction),
-                         options=options)
-    schedulers.get(scheduler, limits)  # bad names and limits fail before anything starts
-    if not (prefill_pool or decode_pool):  # before a backend starts (Ray takes seconds)
-        for text in faults:
-            Fault.parse(text, cluster)
-    if backend_name == "local" and address:
-        raise ConfigError("--address: only with --backend ray")
+                         options=deployed.options)
+    config = _with_speculation(config, deployed, trace, spec_k, acceptance, tree)
+    _check_start(config, deployed, backend_name, address)
     stream = atomic.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet
-    timeline = _timeline(timeline_path, out_dir)
-    if timeline is not None and pools:
-        raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
-    name = f"{pools[0]} -> {pools[1]} over {pools[2].name}" if pools else cluster.name
-    context = {"model": model.name, "cluster": name, "plan": plan, "stack": stack,
-               "backend": backend_name,
-               "routing": routing, "num_prompts": len(trace), "request_rate": rate,
-               "burstiness": _vllm_burstiness(trace_path, arrival, burstiness),
-               "max_concurrency": concurrency,
-               "calibration": calibration.label(
-                   [load_cluster(p.cluster) for p in pools[:2]] if pools else [cluster])}
+    timeline = _timeline(timeline_path, out_dir, pools)
+    context = _context(deployed, config, work, backend_name, trace)
     started = time.perf_counter()
     with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
-        backend = lambda: make_backend(  # started once the inputs are checked
-            backend_name, **({"address": address} if backend_name == "ray" else {}))
-        sim: disagg.Disaggregated | Simulation
-        if pools:
-            sim = disagg.Disaggregated(model, *pools, trace, config, backend,
-                                       progress=bar.set_done)
-        else:
-            sim = Simulation(model, cluster, trace, config, backend, progress=bar.set_done)
+        sim = _simulation(deployed, trace, config, backend_name, address, bar.set_done)
         tables, doc, events = _run(sim, stream, timeline, context, streamed=not pools)
     if timeline is not None:
         click.echo(f"timeline: {timeline_path} ({events:,} trace events; open in "
                    "ui.perfetto.dev)", err=True)
-    wall = dict(sim.wall, total_s=time.perf_counter() - started)
+    _print(tables, doc, dict(sim.wall, total_s=time.perf_counter() - started), context, as_json)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Workload:
+    """The trace's options: a trace file, the synthetic requests or the multi-turn sessions
+    (rate: --rate, or inf for --concurrency's closed loop without one)."""
+
+    trace_path: str | None
+    n_requests: int | None
+    n_sessions: int | None
+    turns: int | None
+    rate: float | None
+    arrival: str
+    burstiness: float
+    prompt_len: str
+    output_len: str
+    system_prompt: int
+    think_time: str
+    seed: int
+
+    def trace(self) -> traces.Trace:
+        """--sessions/--turns' sessions, else --trace's file or the synthetic --requests."""
+        if self.n_sessions is not None or self.turns is not None:
+            return workload.session_trace(
+                self.trace_path, self.n_requests, self.n_sessions, self.turns, self.rate,
+                self.arrival, self.prompt_len, self.output_len, self.system_prompt,
+                self.think_time, self.seed)
+        return workload.trace(self.trace_path, self.n_requests, self.rate, self.arrival,
+                              self.burstiness, self.prompt_len, self.output_len, self.seed)
+
+
+def _metrics(percentiles: str, goodput: tuple[str, ...], warmup: int, mser: bool,
+             n: int) -> bench.MetricSpec:
+    """The summary's statistics (--metric-percentiles, --goodput) and the warm-up left out of
+    them (--warmup-requests of the trace's n requests, --warmup-mser)."""
+    # vLLM's syntax: --goodput "ttft:500 tpot:50" (an empty one names no bound: refused)
+    spec = bench.MetricSpec.parse(percentiles,
+                                  [g for item in goodput for g in item.split() or [item]])
+    if warmup >= n:
+        raise ConfigError(f"--warmup-requests: {warmup} leaves none of the {n} requests "
+                          "measured")
+    return dataclasses.replace(spec, warmup=warmup, mser=mser)
+
+
+def _coe(experts: int | None, model: ModelSpec, router: str, distribution: str, policy: str,
+         hbm_slots: int | None) -> coe.CoEScenario | None:
+    """--coe-experts copies of the model behind --coe-router; None without --coe-experts."""
+    if experts is None:
+        return None
+    return coe.CoEScenario.copies(experts, model.name, router,
+                                  popularity=coe.Popularity.parse(distribution),
+                                  hbm_slots=hbm_slots, policy=policy)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Deployment:
+    """What serves the trace: the model on the cluster, or on the prefill and decode pools
+    (pools: with the fabric between them), and the execution options and stack it runs."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    pools: tuple[disagg.Pool, disagg.Pool, FabricSpec] | None
+    options: object
+    stack: str | None
+
+    @classmethod
+    def of(cls, model: ModelSpec, cluster: ClusterSpec,
+           pools: tuple[disagg.Pool, disagg.Pool, FabricSpec] | None,
+           stack_name: str | None) -> _Deployment:
+        options, stack = _stack(stack_name, [pools[0], pools[1]] if pools else [], cluster, model)
+        return cls(model, cluster, pools, options, stack)
+
+    @property
+    def name(self) -> str:
+        """The deployment as the summary names it (its `cluster`)."""
+        pools = self.pools
+        return f"{pools[0]} -> {pools[1]} over {pools[2].name}" if pools else self.cluster.name
+
+
+def _with_speculation(config: ServeConfig, deployed: _Deployment, trace: traces.Trace,
+                      spec_k: int | None, acceptance: str | None,
+                      tree: str | None) -> ServeConfig:
+    """The config with --draft's speculation (workload.speculation: k by default the fastest
+    for the trace's lengths, --max-batch, the placement and the deployment's execution
+    options); not beside a CoE."""
+    speculation = workload.speculation(
+        deployed.model, deployed.cluster, trace, config.draft, spec_k, acceptance,
+        config.limits.max_batch, tree, config.draft_placement, config.draft_sockets,
+        config.plan, deployed.options)
+    if config.coe is not None and speculation is not None:
+        raise ConfigError("--draft: not with --coe-experts")
+    return dataclasses.replace(config, speculation=speculation)
+
+
+def _check_start(config: ServeConfig, deployed: _Deployment, backend_name: str,
+                 address: str | None) -> None:
+    """The scheduler and its limits, the faults and --address: a bad one refused before the
+    run starts."""
+    # bad names and limits fail before anything starts
+    schedulers.get(config.scheduler, config.limits)
+    if not deployed.pools:  # before a backend starts (Ray takes seconds)
+        for text in config.faults:
+            Fault.parse(text, deployed.cluster)
+    if backend_name == "local" and address:
+        raise ConfigError("--address: only with --backend ray")
+
+
+def _context(deployed: _Deployment, config: ServeConfig, work: _Workload, backend_name: str,
+             trace: traces.Trace) -> dict:
+    """The run's context in its summary (bench_json): what ran, where and on what traffic."""
+    pools = deployed.pools
+    return {"model": deployed.model.name, "cluster": deployed.name, "plan": config.plan,
+            "stack": deployed.stack, "backend": backend_name,
+            "routing": config.routing, "num_prompts": len(trace), "request_rate": work.rate,
+            "burstiness": _vllm_burstiness(work.trace_path, work.arrival, work.burstiness),
+            "max_concurrency": config.concurrency,
+            "calibration": calibration.label(
+                [load_cluster(p.cluster) for p in pools[:2]] if pools else [deployed.cluster])}
+
+
+def _simulation(deployed: _Deployment, trace: traces.Trace, config: ServeConfig,
+                backend_name: str, address: str | None,
+                progress) -> disagg.Disaggregated | Simulation:
+    """The run of the trace on the deployment: on its pools when disaggregated."""
+    backend = lambda: make_backend(  # started once the inputs are checked
+        backend_name, **({"address": address} if backend_name == "ray" else {}))
+    if deployed.pools:
+        return disagg.Disaggregated(deployed.model, *deployed.pools, trace, config, backend,
+                                    progress=progress)
+    return Simulation(deployed.model, deployed.cluster, trace, config, backend,
+                      progress=progress)
+
+
+def _print(tables: Tables, doc: dict, wall: dict, context: dict, as_json: bool) -> None:
+    """The summary on stdout, as one JSON object (bench_json's) or as text; an overloaded
+    run's warning on stderr before it."""
     if tables.summary["overloaded"]:
         click.echo(OVERLOAD_WARNING, err=True)
     if as_json:
         click.echo(json.dumps(doc))
     else:
-        click.echo(format_summary(tables, wall, backend_name, model.name,
-                                  name + (f", stack {stack}" if stack else ""), doc))
+        stack = context["stack"]
+        click.echo(format_summary(tables, wall, context["backend"], context["model"],
+                                  context["cluster"] + (f", stack {stack}" if stack else ""),
+                                  doc))
         click.echo(f"  calibration: {context['calibration']}")
 
 
@@ -426,7 +528,8 @@ def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Cont
 
 
 
-def _timeline(path: str | None, out_dir: str) -> Timeline | None:
+def _timeline(path: str | None, out_dir: str, pools: tuple | None) -> Timeline | None:
+    """--timeline's file, checked (a disaggregated run makes no timeline); None without one."""
     if path is None:
         return None
     target = Path(path)
@@ -436,6 +539,8 @@ def _timeline(path: str | None, out_dir: str) -> Timeline | None:
         raise ConfigError(f"--timeline {target}: the --out folder or in it (a run replaces the "
                           "folder whole); give a file beside it")
     atomic.check_destination(target, "--timeline")
+    if pools:
+        raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
     return Timeline(target)
 
 
