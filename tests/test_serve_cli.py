@@ -111,6 +111,39 @@ def test_serve_reads_a_trace_file(tmp_path):
     assert "2/2 requests served" in r.output
 
 
+def test_goodput_takes_its_bounds_as_vllm_does(tmp_path):
+    """`vllm bench serve --goodput ttft:1000 tpot:50` (argparse nargs="+"): the words after
+    the option's value are more of its values, as one quoted word or the option repeated; a
+    word that is no bound is refused as one (o.SpreadValues)."""
+    docs = []
+    for i, goodput in enumerate((["ttft:1000", "tpot:0.01"], ["ttft:1000 tpot:0.01"],
+                                 ["ttft:1000", "--goodput", "tpot:0.01"],
+                                 ["ttft:1000", "tpot:0.01", "--json"])):
+        r = run(*ARGS, "--goodput", *goodput, *([] if "--json" in goodput else ["--json"]),
+                "--out", str(tmp_path / f"o{i}"))
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        docs.append((doc["request_goodput"], doc["request_throughput"]))
+    assert docs[0][0] == 0.0 < docs[0][1]  # the TPOT bound is met by none: both bounds read
+    assert len(set(docs)) == 1
+    r = run(*ARGS, "--goodput", "ttft:1000", "tpot", "--out", str(tmp_path / "bad"))
+    assert r.exit_code == 2 and "--goodput: 'tpot'" in r.output
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("args, spread", [
+    (["--goodput", "a:1", "b:2", "--json"], ["--goodput", "a:1", "--goodput", "b:2", "--json"]),
+    (["--goodput=a:1", "b:2"], ["--goodput=a:1", "--goodput", "b:2"]),
+    (["--json", "--goodput", "a:1"], ["--json", "--goodput", "a:1"]),
+    (["--goodput", "a:1", "--", "b:2"], ["--goodput", "a:1", "--", "b:2"]),
+    (["--model", "x", "y"], ["--model", "x", "y"]),  # another option's word: click refuses it
+])
+def test_spread_values(args, spread):
+    from rdu_cluster.cli.options import spread_values
+
+    assert spread_values(args, ("--goodput",)) == spread
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--scheduler", "fifo"], "--scheduler: unknown 'fifo'"),
     (["--rate", "0"], "Invalid value for '--rate': '0': expected a positive finite number or inf"),

@@ -13,7 +13,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -112,6 +112,41 @@ SOCKETS_HELP = (
     "Scale the cluster to N sockets: fewer than a node shrinks the node; more adds whole nodes "
     "joined through the inter-node fabric (topology.inter_node_*)."
 )
+
+
+class SpreadValues(click.Command):
+    """A command whose options in `spread` take several values as vLLM's argparse options of
+    nargs="+" do: `--goodput ttft:500 tpot:50` as `vllm bench serve` takes it (click's option
+    takes one value: the second was an "unexpected extra argument"). The words after such an
+    option's value, up to the next option, are more values of it; the command itself takes no
+    argument, so no word of its own is taken."""
+
+    spread: tuple[str, ...] = ("--goodput",)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread_values(args, self.spread))
+
+
+def spread_values(args: list[str], names: tuple[str, ...]) -> list[str]:
+    """`args` with each word after a value of an option in `names` (up to the next word that
+    starts with "-", or "--") given that option again: ["--goodput", "ttft:500", "tpot:50"] ->
+    ["--goodput", "ttft:500", "--goodput", "tpot:50"]."""
+    out: list[str] = []
+    name, state = None, 0  # the option being spread; 1: its value next, 2: its values given
+    for i, a in enumerate(args):
+        if a == "--":
+            return out + args[i:]
+        if state == 2 and not a.startswith("-"):
+            out += [cast(str, name), a]
+            continue
+        if state == 1:
+            out.append(a)
+            state = 2
+            continue
+        out.append(a)
+        key = a.split("=", 1)[0]
+        name, state = (key, 2 if "=" in a else 1) if key in names else (None, 0)
+    return out
 
 
 def hardware_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -46,7 +46,7 @@ SUMMARY = "summary.json"
 OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier serve left in --out
 
 
-@click.command()
+@click.command(cls=o.SpreadValues)
 @calibration_option
 @click.option("--model", "model_ref", default="llama-3.1-70b", show_default=True,
               help="Catalog name or path to a HuggingFace config.json.")
@@ -133,7 +133,8 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               help="Percentiles of TTFT, TPOT, ITL and E2EL in the summary (vLLM's option).")
 @click.option("--goodput", multiple=True,
               help="KEY:MS bounds (ttft, tpot, e2el; vLLM's --goodput): request_goodput counts "
-              "the requests meeting all of them. Repeatable, or space-separated.")
+              "the requests meeting all of them. As vLLM takes them (--goodput ttft:500 "
+              "tpot:50), repeated, or in one quoted word.")
 @click.option("--warmup-requests", default=0, show_default=True, type=click.IntRange(0),
               help="The first N requests sent are warm-up (a closed loop's ramp): left out of "
               "every statistic, the duration from the first one measured (as vllm bench serve "
@@ -245,7 +246,8 @@ def _metrics(percentiles: str, goodput: tuple[str, ...], warmup: int, mser: bool
              n: int) -> bench.MetricSpec:
     """The summary's statistics (--metric-percentiles, --goodput) and the warm-up left out of
     them (--warmup-requests of the trace's n requests, --warmup-mser)."""
-    # vLLM's syntax: --goodput "ttft:500 tpot:50" (an empty one names no bound: refused)
+    # one word may hold several bounds: --goodput "ttft:500 tpot:50" (o.SpreadValues takes
+    # vLLM's --goodput ttft:500 tpot:50 as two); an empty one names no bound: refused
     spec = bench.MetricSpec.parse(percentiles,
                                   [g for item in goodput for g in item.split() or [item]])
     if warmup >= n:
