@@ -8,6 +8,15 @@ block holding what is left of the prompt; the output is a chunk of the request's
 
 The Azure LLM inference trace (TIMESTAMP, ContextTokens, GeneratedTokens) is a CSV that
 traces.read_trace reads through its column aliases (date-times become seconds after the first).
+
+BurstGPT (HPMLL/BurstGPT, the trace vLLM's benchmarks read as `--dataset-name burstgpt`): a CSV
+`Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type` (BurstGPT_3 adds
+`Session ID,Elapsed time`), Timestamp in seconds, replayed from the first request's (as the
+Azure trace's date-times). Its `Model` is the
+service that answered (ChatGPT, GPT-4), not a model to serve: not read, every row is served on
+the run's model (filter a file first for one service's rows). A failed request has 0 response
+tokens (the authors' `BurstGPT_without_fails_*.csv` leave those rows out): left out here too,
+their count in the trace's source.
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ from workloads.files import parse_json
 from workloads.traces import MAX_LENGTH, Trace
 
 MOONCAKE_BLOCK_TOKENS = 512  # FAST25-release/README.md: "The block size is 512 tokens."
+# BurstGPT's columns read (its README and header), as traces.read_trace's keys
+BURSTGPT = {"arrival_s": "timestamp", "prompt_len": "request tokens",
+            "output_len": "response tokens"}
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
@@ -80,3 +92,25 @@ def _chunks(ids: list[int], prompt: int, out: int, row: int) -> tuple[tuple[int,
     b = MOONCAKE_BLOCK_TOKENS
     chunks = [(h, min(b, prompt - k * b)) for k, h in enumerate(ids)]
     return (*chunks, (own_chunk(row), out))
+
+
+def burstgpt(table):
+    """A BurstGPT CSV's rows (traces.read_trace's table) without its failed requests, the
+    columns read under traces.read_trace's keys, and what was left out ("" where nothing);
+    None where the table is not in that format (its three columns, case-insensitive)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = {c.lower(): c for c in table.column_names}
+    if not all(name in cols for name in BURSTGPT.values()):
+        return None
+    found = {key: cols[name] for key, name in BURSTGPT.items()} | {"model": None}
+    out = table.column(found["output_len"])
+    if not (pa.types.is_integer(out.type) or pa.types.is_floating(out.type)):
+        return table, found, ""  # refused by the reader as any such column
+    failed = pc.fill_null(pc.equal(out, 0), False)
+    n = pc.sum(failed).as_py() or 0
+    if not n:
+        return table, found, ""
+    return (table.filter(pc.invert(failed)), found,
+            f" (BurstGPT: {n:,} failed requests, 0 response tokens, left out)")

@@ -204,8 +204,9 @@ def _stack(*options: Callable[[Callable[..., Any]], Callable[..., Any]]):
 
 TRACE_HELP = (
     "Trace file (.csv, .parquet, .arrow): arrival_s, prompt_len, output_len[, model]; the Azure "
-    "LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens); a Mooncake .jsonl "
-    "(timestamp ms, input_length, output_length, hash_ids)."
+    "LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens); a BurstGPT CSV (Timestamp "
+    "s, Request tokens, Response tokens: failed requests left out, its Model not read); a "
+    "Mooncake .jsonl (timestamp ms, input_length, output_length, hash_ids)."
 )
 
 # The multi-turn workload (workloads/sessions.py), as serve and capacity take it.

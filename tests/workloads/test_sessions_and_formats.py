@@ -1,5 +1,6 @@
-"""Multi-turn sessions (workloads/sessions.py) and the Mooncake / Azure trace formats
-(workloads/trace_formats.py, traces.read_trace) on the shipped excerpts (tests/data/traces)."""
+"""Multi-turn sessions (workloads/sessions.py) and the Mooncake / Azure / BurstGPT trace formats
+(workloads/trace_formats.py, traces.read_trace) on the shipped excerpts (tests/data/traces) and,
+for BurstGPT, rows made in its published format."""
 
 from __future__ import annotations
 
@@ -84,6 +85,50 @@ def test_bad_mooncake_lines_are_one_line_errors(tmp_path, line, fragment):
     with pytest.raises(ConfigError) as e:
         traces.read_trace(path)
     assert fragment in str(e.value) and ":1:" in str(e.value) and "\n" not in str(e.value)
+
+
+# BurstGPT's published header (HPMLL/BurstGPT; its data files are Git LFS objects this project
+# could not read, so the rows are made up in its format: workloads/trace_formats.py)
+BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+
+
+def test_a_burstgpt_csv_is_read_its_failed_requests_left_out(tmp_path):
+    """BurstGPT: Timestamp seconds (replayed from the first request's), Request tokens the
+    prompt, Response tokens the output; a failed request (0 response tokens) left out, as the
+    authors' without_fails files do, and counted in the source; Model (the service that
+    answered) not read as a model to serve."""
+    path = tmp_path / "burst.csv"
+    path.write_text(BURSTGPT_HEADER + "5,ChatGPT,472,18,490,Conversation log\n"
+                    "118,GPT-4,417,276,693,Conversation log\n"
+                    "45,ChatGPT,1087,230,1317,Conversation log\n"
+                    "120,GPT-4,300,0,300,API log\n")
+    t = traces.read_trace(path)
+    assert list(t.arrival_s) == [0.0, 40.0, 113.0] and t.model is None
+    assert list(t.prompt_len) == [472, 1087, 417] and list(t.output_len) == [18, 230, 276]
+    assert t.source.endswith("(BurstGPT: 1 failed requests, 0 response tokens, left out)")
+    clean = tmp_path / "clean.csv"
+    clean.write_text(BURSTGPT_HEADER + "7.5,GPT-4,10,2,12,API log\n")
+    assert traces.read_trace(clean).source == str(clean)
+
+
+@pytest.mark.parametrize("row, fragment", [
+    ("5,GPT-4,0,18,18,API log", "'Request tokens'"),  # an empty prompt: refused, not left out
+    ("5,GPT-4,10,-1,9,API log", "'Response tokens'"),
+    ("-5,GPT-4,10,3,13,API log", "'Timestamp'"),
+])
+def test_a_bad_burstgpt_row_is_a_one_line_error(tmp_path, row, fragment):
+    path = tmp_path / "burst.csv"
+    path.write_text(BURSTGPT_HEADER + row + "\n")
+    with pytest.raises(ConfigError) as e:
+        traces.read_trace(path)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_burstgpt_file_of_failures_only_is_refused(tmp_path):
+    path = tmp_path / "burst.csv"
+    path.write_text(BURSTGPT_HEADER + "5,GPT-4,300,0,300,API log\n")
+    with pytest.raises(ConfigError, match="0 requests; accepted 1"):
+        traces.read_trace(path)
 
 
 def test_a_numeric_timestamp_column_is_refused(tmp_path):
