@@ -28,7 +28,7 @@ import numpy as np
 from workloads.checks import MAX_SECONDS, show
 from workloads.errors import ConfigError
 from workloads.files import parse_json
-from workloads.traces import MAX_LENGTH, Trace
+from workloads.traces import FILE_ROW, MAX_LENGTH, Trace
 
 MOONCAKE_BLOCK_TOKENS = 512  # FAST25-release/README.md: "The block size is 512 tokens."
 # BurstGPT's columns read (its README and header), as traces.read_trace's keys
@@ -112,5 +112,6 @@ def burstgpt(table):
     n = pc.sum(failed).as_py() or 0
     if not n:
         return table, found, ""
-    return (table.filter(pc.invert(failed)), found,
+    rows = pa.array(np.arange(table.num_rows))
+    return (table.append_column(FILE_ROW, rows).filter(pc.invert(failed)), found,
             f" (BurstGPT: {n:,} failed requests, 0 response tokens, left out)")

@@ -45,6 +45,8 @@ LENGTHS = ("fixed", "uniform", "lognormal")
 MAX_LENGTH = 2**24
 MAX_REQUESTS = 10**7
 
+# The column a reader that leaves rows out adds: each row's index in the file (errors name it)
+FILE_ROW = "rdu_cluster.file_row"
 # Accepted column names in trace files (first one is canonical).
 COLUMNS = {
     "arrival_s": ("arrival_s", "arrival_time_s", "arrival_time", "arrival", "timestamp_s",
@@ -366,7 +368,9 @@ def _refuse_row(table, column: str, where: str, bad: np.ndarray, accepted: str) 
     value = table.column(column)[i].as_py()
     text = ("null (empty, NA or NaN)" if value is None else value.isoformat(" ")
             if hasattr(value, "isoformat") else show(value))
-    raise ConfigError(f"--trace {where}: row {i + 1:,}, column {column!r}: {text}; expected "
+    # the file's row where rows were left out (a BurstGPT trace's failed requests)
+    row = table.column(FILE_ROW)[i].as_py() if FILE_ROW in table.column_names else i
+    raise ConfigError(f"--trace {where}: row {row + 1:,}, column {column!r}: {text}; expected "
                       f"{accepted}")
 
 

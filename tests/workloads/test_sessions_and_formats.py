@@ -124,6 +124,14 @@ def test_a_bad_burstgpt_row_is_a_one_line_error(tmp_path, row, fragment):
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_bad_burstgpt_row_is_named_by_its_row_in_the_file(tmp_path):
+    """A failed request left out before it does not shift the row an error names."""
+    path = tmp_path / "burst.csv"
+    path.write_text(BURSTGPT_HEADER + "5,GPT-4,300,0,300,API log\n6,GPT-4,0,5,5,API log\n")
+    with pytest.raises(ConfigError, match="row 2, column 'Request tokens': 0;"):
+        traces.read_trace(path)
+
+
 def test_a_burstgpt_file_of_failures_only_is_refused(tmp_path):
     path = tmp_path / "burst.csv"
     path.write_text(BURSTGPT_HEADER + "5,GPT-4,300,0,300,API log\n")
