@@ -101,7 +101,9 @@ def ranked():
 def test_capacity_ranks_verified_rows_and_their_serve_args_reproduce_them(ranked, tmp_path):
     r = ranked
     assert r.exit_code == 0, r.output
-    rows = [json.loads(line) for line in r.output.splitlines()]
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    # the candidates verified, of those short-listed, on stderr (stdout: JSON lines only)
+    assert re.search(r"^capacity: (\d+)/\1 candidates \(100%\) .*ETA", r.stderr, re.MULTILINE)
     assert rows and rows[0]["meets_slo"] and {row["system"] for row in rows} == {
         "sn40l-8", "dgx-h100"}
     prices = [row["usd_per_hour"] for row in rows if row["meets_slo"]]
@@ -131,6 +133,12 @@ def test_nothing_meets_the_slo_shows_the_closest_and_exits_1():
     r = run(*BASE, "--slo", "tpot:0.5", "--slo", "ttft:1")
     assert r.exit_code == 1
     assert "nothing meets the SLO" in r.output
+
+
+def test_no_progress_silences_the_progress_line_and_changes_no_row(ranked):
+    quiet = run(*RANKED, "--no-progress")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    assert "capacity:" in ranked.stderr and quiet.stdout == ranked.stdout
 
 
 def test_json_says_on_stderr_why_nothing_meets_the_slo():
@@ -172,7 +180,7 @@ def test_slo_parse():
 def test_serve_args_carry_a_non_default_calibration():
     r = run(BASE[0], "--calibration", "none", *BASE[1:], "--slo", "tpot:10", "--json")
     assert r.exit_code == 0, r.output
-    row = json.loads(r.output.splitlines()[0])
+    row = json.loads(r.stdout.splitlines()[0])
     i = row["serve_args"].index("--calibration")
     assert row["serve_args"][i + 1] == "none"
 
@@ -199,7 +207,7 @@ def test_trace_traffic_is_replayed_rescaled_to_the_rate(tmp_path):
     r = run(*setting(SMALL, "--slo", "ttft:10000"), "--trace", path, "--requests", "30",
             "--rate", "4")
     assert r.exit_code == 0, r.output
-    row = json.loads(r.output.splitlines()[0])
+    row = json.loads(r.stdout.splitlines()[0])
     args = row["serve_args"]
     assert args[args.index("--trace") + 1] == path and row["verified"] == "trace replayed"
     assert args[args.index("--requests") + 1] == "30" and "--concurrency" not in args
@@ -221,7 +229,7 @@ def test_sessions_traffic_with_the_prefix_cache(tmp_path):
     r = run(*SMALL, "--sessions", "4", "--turns", "3", "--think-time", "1", "--prompt-len",
             "128", "--output-len", "32", "--prefix-cache", "hbm")
     assert r.exit_code == 0, r.output
-    row = json.loads(r.output.splitlines()[0])
+    row = json.loads(r.stdout.splitlines()[0])
     args = row["serve_args"]
     assert args[args.index("--sessions") + 1] == "4" and "--prefix-cache" in args
     assert row["verified"] == "sessions (a closed loop each)"
@@ -247,7 +255,7 @@ def test_speculative_axis_both(tmp_path):
             "--requests", "16", "--speculative", "both", "--draft", "llama-3.2-1b",
             "--spec-k", "3", "--acceptance", "0.7")
     assert r.exit_code == 0, r.output
-    rows = [json.loads(line) for line in r.output.splitlines()]
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
     spec = [row for row in rows if row["speculative"]]
     assert spec and any(row["speculative"] is None for row in rows)
     assert spec[0]["speculative"] == {"draft": "llama-3.2-1b", "k": 3}
@@ -842,6 +850,8 @@ def test_candidates_on_ray_tasks_or_processes_give_the_local_table(ray_session, 
         other = run(*RANKED, *extra)
         assert other.exit_code == 0, other.output
         assert other.stdout == local.stdout, extra
+        # each candidate counted as its task ends (ray.wait) or its process hands it back
+        assert re.search(r"^capacity: (\d+)/\1 candidates", other.stderr, re.MULTILINE), extra
 
 
 @pytest.mark.slow

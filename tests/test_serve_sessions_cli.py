@@ -120,7 +120,7 @@ def test_capacity_carries_the_prefix_cache_into_serve_args():
             "--prompt-len", "256", "--output-len", "16", "--slo", "tpot:50", "--shortlist", "1",
             "--prefix-cache", "off", "--json")
     assert r.exit_code == 0, r.output
-    row = json.loads(r.output.splitlines()[0])
+    row = json.loads(r.stdout.splitlines()[0])
     i = row["serve_args"].index("--prefix-cache")
     assert row["serve_args"][i + 1] == "off"
 

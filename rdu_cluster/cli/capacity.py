@@ -34,6 +34,7 @@ from rdu_cluster.config import MAX_SOCKETS, cli_overrides, load_cluster, load_fa
 from rdu_cluster.engine.prefix_cache import MODES
 from rdu_cluster.output import atomic
 from rdu_cluster.output import capacity as output
+from rdu_cluster.output.progress import Progress
 from rdu_cluster.scenarios import capacity as cap
 from rdu_cluster.scenarios import speculative
 from rdu_cluster.scenarios.capacity import candidates
@@ -123,6 +124,8 @@ MAX_SHORTLIST = 100
               help="Sensitivity: " + o.SET_HELP + " Applied to every cluster considered (and "
               "carried in serve_args).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@click.option("--no-progress", is_flag=True,
+              help="No progress on stderr (candidates verified, of those short-listed).")
 @click.option("--plot", "plot_path", default=None,
               help="Write the Pareto front (tokens/s per user vs per socket) per system: an "
               "interactive .html page (Plotly).")
@@ -131,7 +134,7 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
              seed, prefix_cache, backend_name, as_json, plot_path, trace_path, n_sessions,
              turns, system_prompt, think_time, spec_mode, draft, spec_k, tree, placement,
              draft_sockets, acceptance, stacks, ramp_up, steady_tol, assignments, address,
-             n_jobs) -> None:
+             n_jobs, no_progress) -> None:
     """Find the cheapest deployments that meet a latency SLO for a traffic."""
     started = time.perf_counter()
     # a dtype given twice is one candidate (as a --cluster or --plan given twice is)
@@ -177,8 +180,9 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
                                traffic, slo, (prompt, gen), fab, modes,
                                (draft, spec_k, acceptance, tree), overrides, shortlist,
                                n_jobs if backend_name == "local" else 1)
-    results = cap.ranked([r for r in candidates.verify_all(jobs, backend_name, address, n_jobs)
-                          if r is not None])
+    with Progress(len(jobs), "candidates", "capacity", enabled=not no_progress) as bar:
+        got = candidates.verify_all(jobs, backend_name, address, n_jobs, bar.update)
+    results = cap.ranked([r for r in got if r is not None])
     _render(results, costs, slo, traffic, time.perf_counter() - started, as_json, plot_path)
 
 

@@ -105,19 +105,21 @@ def _cheapest(deps, k):
 
 
 def verify_all(jobs: list[tuple], backend_name: str, address: str | None,
-               n_jobs: int) -> list:
+               n_jobs: int, done: Callable[[], None] | None = None) -> list:
     """Each candidate verified (_verified) in this process, in --jobs processes, or as a Ray
     task (--backend ray: each task serves on the local engine backend); results in the
-    candidates' order, so every way gives the same table. The pairs are handed out first
-    (longest first: a pair's run decodes every user's tokens in one or two replicas, a
-    step a window, where a system's alike replicas serve one replica's share; its searches
-    took 5-25x a system's CPU on the three capacity questions), so that no worker is left
-    with a pair when the others are done: listed last, they set the wall time."""
+    candidates' order, so every way gives the same table; `done()` as each one ends. The
+    pairs are handed out first (longest first: a pair's run decodes every user's tokens in
+    one or two replicas, a step a window, where a system's alike replicas serve one replica's
+    share; its searches took 5-25x a system's CPU on the three capacity questions), so that
+    no worker is left with a pair when the others are done: listed last, they set the wall
+    time."""
     profile = calibration.active()
     order = sorted(range(len(jobs)), key=lambda i: not jobs[i][0].disaggregated)
     tasks = [(profile, *jobs[i]) for i in order]
-    out = (_on_ray(tasks, address) if backend_name == "ray"
-           else processes.map_forked(_task, tasks, n_jobs))
+    out = (_on_ray(tasks, address, done) if backend_name == "ray"
+           else processes.map_forked(_task, tasks, n_jobs,
+                                     done=None if done is None else lambda i, r: done()))
     got = dict(zip(order, out))
     return [got[i] for i in range(len(jobs))]
 
@@ -129,7 +131,8 @@ def _task(task: tuple):
         return _verified(*job)
 
 
-def _on_ray(tasks: list[tuple], address: str | None) -> list:
+def _on_ray(tasks: list[tuple], address: str | None,
+            done: Callable[[], None] | None = None) -> list:
     """The candidates as Ray tasks: on the cluster at --address (or $RAY_ADDRESS, which `ray
     job submit` sets), else an instance of its own, stopped at the end; an instance already
     running in this process is used as it is."""
@@ -145,7 +148,12 @@ def _on_ray(tasks: list[tuple], address: str | None) -> list:
                  **(kw if addr else {**kw, "include_dashboard": False}))
     try:
         remote = ray.remote(num_cpus=1)(_task)
-        return ray.get([remote.remote(t) for t in tasks])
+        refs = [remote.remote(t) for t in tasks]
+        waiting = list(refs)
+        while waiting and done is not None:  # each as it ends, for the progress line
+            _, waiting = ray.wait(waiting, num_returns=1)
+            done()
+        return ray.get(refs)
     finally:
         if owned:
             ray.shutdown()
