@@ -47,7 +47,8 @@ CLUSTERS = ("sn40l-16", "dgx-h100", "hgx-h200")
 PAIRS = ("dgx-h100:sn40l-16", "hgx-h200:sn40l-16")
 SLO = ("--slo", "ttft:1500", "--slo", "tpot:25")
 PAIR_ARGS = tuple(a for p in PAIRS for a in ("--pair", p))
-COMMON = (*[a for c in CLUSTERS for a in ("--cluster", c)], *SLO, "--max-nodes", "24", "--json")
+COMMON = (*[a for c in CLUSTERS for a in ("--cluster", c)], *SLO, "--max-nodes", "24", "--json",
+          "--no-progress")  # (stderr is printed after the rows: its errors, not a progress line)
 JOBS = ("--jobs", "2")  # the two cores (capacity verifies candidates in two processes)
 QUESTIONS = {
     "deepseek-v3": ("--model", "deepseek-v3", "--weights", "fp8", "--concurrency", "500",
