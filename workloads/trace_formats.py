@@ -12,16 +12,17 @@ traces.read_trace reads through its column aliases (date-times become seconds af
 BurstGPT (HPMLL/BurstGPT, the trace vLLM's benchmarks read as `--dataset-name burstgpt`): a CSV
 `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type` (BurstGPT_3 adds
 `Session ID,Elapsed time`), Timestamp in seconds, replayed from the first request's (as the
-Azure trace's date-times). Its `Model` is the
-service that answered (ChatGPT, GPT-4), not a model to serve: not read, every row is served on
-the run's model (filter a file first for one service's rows). A failed request has 0 response
-tokens (the authors' `BurstGPT_without_fails_*.csv` leave those rows out): left out here too,
-their count in the trace's source.
+Azure trace's date-times). Its `Model` is the service that answered (ChatGPT, GPT-4), not a
+model to serve: not read, every row is served on the run's model (filter a file first for one
+service's rows). A failed request has 0 response tokens (the authors'
+`BurstGPT_without_fails_*.csv` leave those rows out): left out here too, their count in the
+trace's source.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ def _chunks(ids: list[int], prompt: int, out: int, row: int) -> tuple[tuple[int,
     return (*chunks, (own_chunk(row), out))
 
 
-def burstgpt(table):
+def burstgpt(table: Any) -> tuple[Any, dict[str, str | None], str] | None:
     """A BurstGPT CSV's rows (traces.read_trace's table) without its failed requests, the
     columns read under traces.read_trace's keys, and what was left out ("" where nothing);
     None where the table is not in that format (its three columns, case-insensitive)."""
