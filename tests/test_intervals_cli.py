@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import cast
 
 import pyarrow as pa
 import pytest
@@ -88,3 +89,47 @@ def test_serve_json_bands_every_throughput_and_latency_figure(tmp_path):
     assert "std_ttft_ms_low" not in doc and "completed_low" not in doc
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["p99_tpot_ms_high"] == doc["p99_tpot_ms_high"]
+
+
+def _pair_serve(tmp_path, decode: str) -> dict:
+    r = CliRunner().invoke(main, ["serve", "--model", "llama-3.1-8b", "--prefill-pool",
+                                  "dgx-h100:tp1:1", "--decode-pool", decode, "--requests", "40",
+                                  "--rate", "4", "--json", "--no-progress",
+                                  "--out", str(tmp_path / decode)])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_serve_pair_bands_each_figure_by_the_pool_that_sets_it(tmp_path):
+    """A disaggregated run's first-token figures take the prefill pool's band, its per-token
+    figures and throughputs the decode pool's (as capacity's pair rows: intervals.bands), and
+    a figure of both pools (E2E, energy, price) none, saying so."""
+    gpu = _pair_serve(tmp_path, "hgx-h200:tp1:1")
+    def serving(key: str, chip: str) -> u.Band:  # under the profile serve ran with
+        with calibration.use(calibration.load(calibration.DEFAULT)):
+            return u.band(metric=key, chip=chip, stack="sglang", regime="serving")
+
+    for key, chip in (("p99_ttft_ms", "h100-sxm"), ("mean_tpot_ms", "h200-sxm"),
+                      ("p99_itl_ms", "h200-sxm"), ("output_throughput", "h200-sxm")):
+        lo, hi = cast(tuple, serving(key, chip).bounds)
+        assert (gpu[f"{key}_low"], gpu[f"{key}_high"]) == (gpu[key] * lo, gpu[key] * hi), key
+    assert serving("p99_ttft_ms", "h100-sxm").bounds != serving("p99_ttft_ms", "h200-sxm").bounds
+    for key in ("mean_e2el_ms", "joules_per_token", "cost_per_million_tokens_usd"):
+        assert gpu[f"{key}_low"] is None and gpu[f"{key}_high"] is None, key
+    assert "E2E, energy and price (both pools): none" in gpu["interval_note"]
+    rdu = _pair_serve(tmp_path, "sn40l-16:tp4:1")  # no held-out RDU serving rows
+    lo, hi = cast(tuple, serving("p99_ttft_ms", "h100-sxm").bounds)
+    assert (rdu["p99_ttft_ms_low"], rdu["p99_ttft_ms_high"]) == (rdu["p99_ttft_ms"] * lo,
+                                                                  rdu["p99_ttft_ms"] * hi)
+    assert rdu["p99_tpot_ms_low"] is None and rdu["output_throughput_high"] is None
+    assert ("per token and throughput (decode pool): none, outside every measured regime"
+            in rdu["interval_note"])
+
+
+def test_pool_of_names_the_pool_that_sets_each_serving_figure():
+    assert [u.pool_of(k) for k in ("p99_ttft_ms", "mean_tpot_ms", "median_itl_ms",
+                                   "output_throughput", "request_throughput",
+                                   "total_token_throughput", "mean_e2el_ms",
+                                   "joules_per_token", "cost_per_million_tokens_usd")] == [
+        u.PREFILL_POOL, u.DECODE_POOL, u.DECODE_POOL, u.DECODE_POOL, u.DECODE_POOL,
+        u.DECODE_POOL, None, None, None]

@@ -433,10 +433,11 @@ def _run(sim, stream: atomic.TableFolder, timeline: Timeline | None, context: di
 
 def _intervals(sim, doc: dict) -> dict:
     """The summary's figures with their intervals (rdu_cluster/validation/uncertainty.py): a
-    disaggregated run, two chips in one figure, has none."""
+    disaggregated run's from the pool that sets each (uncertainty.pool_of)."""
     if hasattr(sim, "clusters"):
-        return uncertainty.serving_columns(doc, chip=None, stack=None, why_not=(
-            "a disaggregated run's figures mix two pools; no interval model for them"))
+        return uncertainty.serving_columns(doc, chip=None, stack=None,
+                                           pools=uncertainty.pools_of(sim.clusters,
+                                                                      sim.config.options))
     return uncertainty.serving_columns(doc, chip=sim.cluster.chip, stack=doc.get("stack"))
 
 

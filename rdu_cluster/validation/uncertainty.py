@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from chip import serving_stacks
 from rdu_cluster.validation import calibration
 
 LEVEL = 0.8
@@ -310,23 +311,61 @@ _SERVING_KEY = re.compile(r"(request|output|total_token)_throughput|(mean|median
                           r"(ttft|tpot|itl|e2el)_ms|joules_per_token|cost_per_million_tokens_usd")
 
 
+# A disaggregated run's pools, prefill first: the pool whose chip a serving figure's band is
+# taken from (pool_of), as capacity's rows take theirs (scenarios/capacity/intervals.py).
+PREFILL_POOL, DECODE_POOL = 0, 1
+_POOL_KINDS = ("first token (prefill pool)", "per token and throughput (decode pool)")
+MIXED = ("a figure of both pools of a disaggregated run (E2E latency, energy, price): no "
+         "interval model for it")
+
+
+def pool_of(metric: str) -> int | None:
+    """The pool of a prefill -> decode pair that sets a serving figure: the first-token
+    figures the prefill pool's (it prefills each prompt for its first token), the per-token
+    figures and the throughputs the decode pool's (it emits the output tokens); None for a
+    figure of both (E2E latency, energy and price per token), which gets no interval."""
+    m = metric.lower()
+    if first_token(m):
+        return PREFILL_POOL
+    if any(t in m for t in ("tpot", "itl", "throughput")):
+        return DECODE_POOL
+    return None
+
+
+def pools_of(clusters: Sequence[Any], options: Any) -> list[tuple[Any, str | None]]:
+    """A disaggregated run's pools as serving_columns takes them: each one's chip and the
+    serving stack it ran with `options` (None off a GPU), prefill first."""
+    return [(c.chip, serving_stacks.stack_of(c.chip, options)) for c in clusters]
+
+
 def serving_columns(summary: Mapping[str, Any], *, chip, stack: str | None,
                     level: float = LEVEL, why_not: str = "",
-                    keys: Collection[str] | None = None) -> dict[str, Any]:
+                    keys: Collection[str] | None = None,
+                    pools: Sequence[tuple[Any, str | None]] | None = None) -> dict[str, Any]:
     """`<key>_low`, `<key>_high` for each figure of a serving summary (serve --json, its
     summary.json: vllm bench serve's names; or the `keys` given) and `interval_note`;
-    `why_not`: the run has none, and why (the bounds null)."""
+    `why_not`: the run has none, and why (the bounds null). `pools`: a disaggregated run's
+    (chip, stack) of each pool, prefill first (`chip` and `stack` unused): a figure takes the
+    band of the pool that sets it (pool_of), none where both do."""
     out: dict[str, Any] = {}
     notes: dict[str, Band] = {}
     for key, v in summary.items():
         wanted = key in keys if keys is not None else _SERVING_KEY.fullmatch(key)
         if not (wanted and isinstance(v, (int, float)) and not isinstance(v, bool)):
             continue
-        b = Band(None, why_not) if why_not else band(metric=key, chip=chip, stack=stack,
-                                                      regime="serving", level=level)
+        kind = "first token" if first_token(key) else "speeds and times"
+        if why_not:
+            b = Band(None, why_not)
+        elif pools is None:
+            b = band(metric=key, chip=chip, stack=stack, regime="serving", level=level)
+        else:
+            i = pool_of(key)
+            kind = "E2E, energy and price (both pools)" if i is None else _POOL_KINDS[i]
+            b = Band(None, MIXED) if i is None else band(
+                metric=key, chip=pools[i][0], stack=pools[i][1], regime="serving", level=level)
         out[f"{key}_low"], out[f"{key}_high"] = ((v * b.bounds[0], v * b.bounds[1])
                                                  if b.bounds is not None else (None, None))
-        notes.setdefault("first token" if first_token(key) else "speeds and times", b)
+        notes.setdefault(kind, b)
     out["interval_note"] = _note({k: (b, b) for k, b in notes.items()}, True, level)
     return out
 

@@ -197,6 +197,11 @@ decode_pool = ["sn40l-8:tp4:1", "sn40l-8:tp8:1"]
     df = pq.read_table(tmp_path / "out").to_pandas()
     assert (df.kv_transfer_p50_s > 0).all() and (df.requests_served == 8).all()
     assert set(df.cluster) == {"dgx-h100+sn40l-8"} and sorted(df.sockets) == [8, 12]
+    # each figure's interval from the pool that sets it: the H100 prefill pool's TTFT has
+    # one, the SN40L decode pool's TPOT none (no held-out RDU serving rows), E2E none (both)
+    assert (df.ttft_p99_s_low < df.ttft_p99_s).all() and (df.ttft_p99_s < df.ttft_p99_s_high).all()
+    assert df.tpot_p99_s_low.isna().all() and df.e2e_p99_s_high.isna().all()
+    assert df.interval_note.str.contains("first token \\(prefill pool\\): serving taken").all()
     closed = load_spec(write(tmp_path, SMALL + "concurrency = 2\n"))
     s = run_sweep(closed, expand(closed).points, tmp_path / "o2", LocalExecutor(),
                   progress=False)

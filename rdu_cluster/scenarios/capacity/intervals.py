@@ -41,19 +41,23 @@ class Bands:
 def bands(dep: Deployment, slo: SLO, level: float = 0.8) -> Bands:
     """The row's interval factors from the uncertainty model of the active calibration
     (rdu_cluster/validation/uncertainty.py: held-out errors of the serving regime, or its
-    parts)."""
+    parts), a pair's each from the pool that sets it (uncertainty.pool_of: TTFT the prefill
+    pool's, TPOT and the throughput the decode pool's)."""
     try:
         from rdu_cluster.validation import uncertainty
     except ImportError:  # a build without the uncertainty model
         return Bands(None, None, None, "no uncertainty model (rdu_cluster.validation."
                      "uncertainty)")
     pw = bench.p_word(slo.percentile)
-    chip = lambda pool: load_cluster(pool.cluster, dict(pool.overrides)).chip
-    got = {key: uncertainty.band(metric=metric, chip=chip(pool), stack=None,
+
+    def chip(metric: str):  # a pair's figure: the pool that sets it (uncertainty.pool_of)
+        pool = dep.pools[min(cast(int, uncertainty.pool_of(metric)), len(dep.pools) - 1)]
+        return load_cluster(pool.cluster, dict(pool.overrides)).chip
+
+    got = {key: uncertainty.band(metric=metric, chip=chip(metric), stack=None,
                                  regime="serving", level=level)
-           for key, metric, pool in (("ttft", f"p{pw}_ttft_ms", dep.pools[0]),
-                                     ("tpot", f"p{pw}_tpot_ms", dep.pools[-1]),
-                                     ("throughput", "output_throughput", dep.pools[-1]))}
+           for key, metric in (("ttft", f"p{pw}_ttft_ms"), ("tpot", f"p{pw}_tpot_ms"),
+                               ("throughput", "output_throughput"))}
     basis = "; ".join(dict.fromkeys(f"{k}: {b.basis}" for k, b in got.items()))
     return Bands(got["ttft"].bounds, got["tpot"].bounds, got["throughput"].bounds,
                  f"{level:.0%} intervals; {basis}")

@@ -301,17 +301,18 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
 
 
 def _serve_intervals(row: Mapping[str, Any], sim, cluster, config) -> dict[str, Any]:
-    """The point's SERVE_BANDED figures' intervals (none for two pools: a disaggregated run)."""
+    """The point's SERVE_BANDED figures' intervals (a disaggregated run's from the pool that
+    sets each: uncertainty.pool_of)."""
     from chip import serving_stacks
     from rdu_cluster.validation import uncertainty
 
     figures = {k: row[k] for k in SERVE_BANDED
                if isinstance(row.get(k), (int, float)) and not math.isnan(row[k])}
-    why = ("a disaggregated run's figures mix two pools; no interval model for them"
-           if hasattr(sim, "clusters") else "")
+    pools = (uncertainty.pools_of(sim.clusters, config.options) if hasattr(sim, "clusters")
+             else None)
     stack = serving_stacks.stack_of(cluster.chip, config.options)
-    return uncertainty.serving_columns(figures, chip=cluster.chip, stack=stack, why_not=why,
-                                       keys=figures)
+    return uncertainty.serving_columns(figures, chip=cluster.chip, stack=stack, keys=figures,
+                                       pools=pools)
 
 
 def _check_workload(f: Mapping[str, Any], origin: Mapping[str, str]) -> None:
