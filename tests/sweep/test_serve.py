@@ -197,6 +197,7 @@ decode_pool = ["sn40l-8:tp4:1", "sn40l-8:tp8:1"]
     df = pq.read_table(tmp_path / "out").to_pandas()
     assert (df.kv_transfer_p50_s > 0).all() and (df.requests_served == 8).all()
     assert set(df.cluster) == {"dgx-h100+sn40l-8"} and sorted(df.sockets) == [8, 12]
+    assert set(df["stack"]) == {"sglang"}  # the H100 pool's (the point's cluster: sn40l-8)
     # each figure's interval from the pool that sets it: the H100 prefill pool's TTFT has
     # one, the SN40L decode pool's TPOT none (no held-out RDU serving rows), E2E none (both)
     assert (df.ttft_p99_s_low < df.ttft_p99_s).all() and (df.ttft_p99_s < df.ttft_p99_s_high).all()

@@ -248,7 +248,6 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
     """Each point is one Simulation on a fresh local backend: deterministic given the point and
     the seed (a point's `seed` field, else the sweep's). A point the engine refuses (the weights
     do not fit at its plan) is infeasible, with the engine's message."""
-    from chip import serving_stacks
     from rdu_cluster.engine import metrics
     from rdu_cluster.engine.requests import DONE
 
@@ -274,7 +273,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
                                    if ok])
         b = s["bench"]
         row = {"point_id": p.id, "model": model.name, "seed": config.seed, **_shape(sim),
-               "stack": serving_stacks.stack_of(cluster.chip, config.options),
+               "stack": _stack(sim, cluster, config.options),
                "request_throughput": b["request_throughput"],
                "mean_itl_ms": b["mean_itl_ms"], "p99_itl_ms": b.get("p99_itl_ms"),
                "max_concurrent_requests": b["max_concurrent_requests"],
@@ -298,6 +297,17 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
             row.update(_serve_intervals(row, sim, cluster, config))
         rows.append(row)
     return RunOutput(pa.Table.from_pylist(rows, schema=SERVE_SCHEMA) if rows else None, bad)
+
+
+def _stack(sim, cluster, options) -> str | None:
+    """The serving stack the run served with: a disaggregated run's GPU pools' (an RDU pool
+    takes none; `cluster`, the point's own, is neither pool), as serve's summary names it."""
+    from chip import serving_stacks
+    from rdu_cluster.validation import uncertainty
+
+    if hasattr(sim, "clusters"):
+        return next((s for _, s in uncertainty.pools_of(sim.clusters, options) if s), None)
+    return serving_stacks.stack_of(cluster.chip, options)
 
 
 def _serve_intervals(row: Mapping[str, Any], sim, cluster, config) -> dict[str, Any]:
