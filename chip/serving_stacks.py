@@ -24,6 +24,7 @@ fields, so that every path that names the stack carries them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -111,6 +112,23 @@ def options_for(chip: ChipSpec, name: str | None, where: str = "--stack",
                 f"{chip.name} sockets ({chip.execution_model}), which take none")
         return None
     return profile
+
+
+def pool_options(chips: Sequence[tuple[ChipSpec, str]], name: str | None,
+                 where: str = "--stack") -> list[GpuOptions | None]:
+    """Each pool's options under stack `name` (default: default_stack) of a disaggregated
+    deployment, `chips`: each pool's chip and name, prefill first. The stack runs the GPU pools;
+    a pool of another chip takes none (it runs its own execution model). A stack named where no
+    pool is a GPU is refused, as options_for refuses it."""
+    if name is not None and all(c.kind != "gpu" for c, _ in chips):
+        options_for(chips[0][0], name, where, chips[0][1])  # refuses
+    return [options_for(c, pool_stack(c, name), where, s) for c, s in chips]
+
+
+def pool_stack(chip: ChipSpec, name: str | None) -> str | None:
+    """The stack a pool of a disaggregated deployment takes of the deployment's `name`: the
+    stack on a GPU pool; none on another chip (pool_options)."""
+    return name if chip.kind == "gpu" else None
 
 
 def stack_of(chip: ChipSpec, options: Any) -> str | None:

@@ -163,3 +163,73 @@ def test_capacity_ranks_each_stack_and_serves_it_as_it_was_verified():
         assert args[args.index("--stack") + 1] == name
     refused(run("capacity", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--stack", "vllm",
                 "--concurrency", "4", "--slo", "tpot:50"), "--stack: 'vllm' is a GPU")
+
+
+PAIR = ["serve", "--model", "llama-3.2-1b", "--requests", "6", "--rate", "20", "--prompt-len",
+        "512", "--output-len", "16", "--json", "--no-progress"]
+
+
+def test_a_mixed_pair_runs_the_named_stack_on_its_gpu_pool(tmp_path):
+    """A GPU pool beside an RDU pool runs --stack (serving_stacks.pool_options), the RDU pool
+    its own execution model; a pair with no GPU pool refuses a stack, as a cluster does."""
+    docs = {}
+    for s in ("vllm", "eager", None):
+        r = run(*PAIR, "--prefill-pool", "dgx-h100:tp1:1", "--decode-pool", "sn40l-8:tp4:1",
+                "--out", str(tmp_path / str(s)), *(["--stack", s] if s else []))
+        assert r.exit_code == 0, r.output
+        docs[s] = json.loads(r.stdout)
+    assert [d["stack"] for d in docs.values()] == ["vllm", "eager", stacks.DEFAULT_STACK]
+    # the stack times the H100 pool's prefill; the SN40L pool's decode is the same under each
+    assert docs["eager"]["mean_ttft_ms"] != docs["vllm"]["mean_ttft_ms"]
+    # (to the rounding of sums over steps that start at other times)
+    assert docs["eager"]["mean_tpot_ms"] == pytest.approx(docs["vllm"]["mean_tpot_ms"],
+                                                          rel=1e-12)
+    default = run(*PAIR, "--prefill-pool", "dgx-h100:tp1:1", "--decode-pool", "sn40l-8:tp4:1",
+                  "--out", str(tmp_path / "named"), "--stack", stacks.DEFAULT_STACK)
+    assert json.loads(default.stdout)["mean_ttft_ms"] == docs[None]["mean_ttft_ms"]
+    refused(run(*PAIR, "--prefill-pool", "sn40l-8:tp4:1", "--decode-pool", "sn40l-8:tp4:1",
+                "--stack", "vllm", "--out", str(tmp_path / "rdu")),
+            "--stack: 'vllm' is a GPU serving stack; sn40l-8:tp4:1 runs sn40l sockets")
+    assert not (tmp_path / "rdu").exists()
+
+
+def test_a_sweep_pair_point_takes_its_stack_on_the_gpu_pool(tmp_path):
+    """The point's cluster (an RDU one here) is neither pool: its stack is checked and run on
+    the pools."""
+    body = SWEEP.format(kind="serve", extra=(
+        'requests = 4\nrate = 20.0\nprompt_len = "512"\noutput_len = "8"\n'
+        'prefill_pool = "dgx-h100:tp1:1"\ndecode_pool = "sn40l-8:tp4:1"')).replace(
+        'cluster = "dgx-h100"\n', 'cluster = "sn40l-8"\n', 1).replace(
+        '{ cluster = "dgx-h100" }', '{ seed = 0 }')
+    spec = load_spec(write(tmp_path, body))
+    rows = run_serve(expand(spec).points, spec.seed).table.to_pylist()
+    assert [r["stack"] for r in rows] == ["eager", "tensorrt-llm", stacks.DEFAULT_STACK]
+    assert rows[0]["ttft_p50_s"] != rows[1]["ttft_p50_s"]
+    assert rows[0]["feasible"] and rows[0]["tpot_p50_s"] == pytest.approx(
+        rows[1]["tpot_p50_s"], rel=1e-12)
+
+
+@pytest.mark.slow  # seconds: end to end
+def test_capacity_verifies_a_mixed_pair_under_each_stack(tmp_path):
+    """A pair with a GPU pool is a candidate under each --stack (its RDU pool takes none); its
+    serve_args name the stack, and serve reproduces the row from them."""
+    r = run("capacity", "--model", "llama-3.2-1b", "--cluster", "sn40l-8", "--pair",
+            "dgx-h100:sn40l-8", "--stack", "vllm", "--stack", "eager", "--concurrency", "4",
+            "--requests", "8", "--prompt-len", "512", "--output-len", "16", "--slo",
+            "tpot:50", "--shortlist", "1", "--json", "--no-progress")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    pairs = {row["stack"]: row for row in rows if row["disaggregated"]}
+    assert sorted(pairs) == ["eager", "vllm"]
+    # the pair's systems keep their rows: each GPU one under each stack, an RDU one once
+    assert sorted((row["system"], str(row["stack"])) for row in rows
+                  if not row["disaggregated"]) == [("dgx-h100", "eager"), ("dgx-h100", "vllm"),
+                                                   ("sn40l-8", "None")]
+    row = pairs["vllm"]
+    args = row["serve_args"]
+    assert args[args.index("--stack") + 1] == "vllm"
+    again = run("serve", *args, "--json", "--no-progress", "--out", str(tmp_path / "again"))
+    assert again.exit_code == 0, again.output
+    doc = json.loads(again.stdout)
+    assert doc["stack"] == "vllm" and doc["output_throughput"] == pytest.approx(
+        row["tokens_per_s_per_socket"] * row["sockets"], rel=1e-9)

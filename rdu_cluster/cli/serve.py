@@ -9,6 +9,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -197,7 +198,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
                          draft=draft, draft_placement=placement, draft_sockets=draft_sockets,
                          metrics=bench_spec, routing=routing, concurrency=concurrency,
                          prefix=PrefixConfig(prefix_cache, prefix_block, prefix_eviction),
-                         options=deployed.options)
+                         options=None if pools else deployed.options)
     config = _with_speculation(config, deployed, trace, spec_k, acceptance, tree)
     _check_start(config, deployed, backend_name, address)
     stream = atomic.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet
@@ -274,7 +275,7 @@ class _Deployment:
     model: ModelSpec
     cluster: ClusterSpec
     pools: tuple[disagg.Pool, disagg.Pool, FabricSpec] | None
-    options: object
+    options: Any  # the run's execution options; with pools, each pool's (prefill, decode)
     stack: str | None
 
     @classmethod
@@ -300,7 +301,7 @@ def _with_speculation(config: ServeConfig, deployed: _Deployment, trace: traces.
     speculation = workload.speculation(
         deployed.model, deployed.cluster, trace, config.draft, spec_k, acceptance,
         config.limits.max_batch, tree, config.draft_placement, config.draft_sockets,
-        config.plan, deployed.options)
+        config.plan, config.options)  # (pools: none here; the pair refuses a draft)
     if config.coe is not None and speculation is not None:
         raise ConfigError("--draft: not with --coe-experts")
     return dataclasses.replace(config, speculation=speculation)
@@ -340,7 +341,8 @@ def _simulation(deployed: _Deployment, trace: traces.Trace, config: ServeConfig,
         backend_name, **({"address": address} if backend_name == "ray" else {}))
     if deployed.pools:
         return disagg.Disaggregated(deployed.model, *deployed.pools, trace, config, backend,
-                                    progress=progress)
+                                    progress=progress,
+                                    options=deployed.options)
     return Simulation(deployed.model, deployed.cluster, trace, config, backend,
                       progress=progress)
 
@@ -362,13 +364,15 @@ def _print(tables: Tables, doc: dict, wall: dict, context: dict, as_json: bool) 
 
 def _stack(name: str | None, pools: list, cluster, model) -> tuple:
     """(execution options, stack name) of the run: --stack (or the default) on a GPU cluster;
-    with pools, on each pool's chip (a named stack wants GPUs in both; without one a GPU pool
-    beside an RDU pool runs the default stack, which the summary's stack names)."""
-    chips = ([(load_cluster(p.cluster).chip, str(p)) for p in pools]
-             or [(cluster.chip, cluster.name)])
-    options = [serving_stacks.options_for(c, name, system=s) for c, s in chips]
-    stacks = {serving_stacks.stack_of(c, o) for (c, _), o in zip(chips, options)} - {None}
-    return (options[0] if name else None), (stacks.pop() if stacks else None)
+    with pools, each pool's (serving_stacks.pool_options: the stack on a GPU pool, an RDU
+    pool's own beside it), which the summary's stack names."""
+    if not pools:
+        options = serving_stacks.options_for(cluster.chip, name, system=cluster.name)
+        return (options if name else None), serving_stacks.stack_of(cluster.chip, options)
+    chips = [(load_cluster(p.cluster).chip, str(p)) for p in pools]
+    per_pool = serving_stacks.pool_options(chips, name)
+    stacks = {serving_stacks.stack_of(c, o) for (c, _), o in zip(chips, per_pool)} - {None}
+    return tuple(per_pool), (stacks.pop() if stacks else None)
 
 
 def _coe_defaults(ctx: click.Context, coe_experts: int | None, model_ref: str,
@@ -437,7 +441,7 @@ def _intervals(sim, doc: dict) -> dict:
     if hasattr(sim, "clusters"):
         return uncertainty.serving_columns(doc, chip=None, stack=None,
                                            pools=uncertainty.pools_of(sim.clusters,
-                                                                      sim.config.options))
+                                                                      sim.pool_options))
     return uncertainty.serving_columns(doc, chip=sim.cluster.chip, stack=doc.get("stack"))
 
 

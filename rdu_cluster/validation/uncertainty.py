@@ -332,10 +332,10 @@ def pool_of(metric: str) -> int | None:
     return None
 
 
-def pools_of(clusters: Sequence[Any], options: Any) -> list[tuple[Any, str | None]]:
+def pools_of(clusters: Sequence[Any], options: Sequence[Any]) -> list[tuple[Any, str | None]]:
     """A disaggregated run's pools as serving_columns takes them: each one's chip and the
-    serving stack it ran with `options` (None off a GPU), prefill first."""
-    return [(c.chip, serving_stacks.stack_of(c.chip, options)) for c in clusters]
+    serving stack it ran with its `options` (None off a GPU), prefill first."""
+    return [(c.chip, serving_stacks.stack_of(c.chip, o)) for c, o in zip(clusters, options)]
 
 
 def serving_columns(summary: Mapping[str, Any], *, chip, stack: str | None,

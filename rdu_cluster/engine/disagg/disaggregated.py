@@ -9,7 +9,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -40,6 +40,9 @@ class Disaggregated:
     summary_only: bool = False  # Simulation.summary_only, in both pools
     watch: decided.Watch | None = None  # stop once the verdict is certain (engine/decided.py)
     keep: bool = False  # keep a checkpoint to serve more requests from (continued)
+    # each pool's execution options (prefill, decode: a GPU pool's serving stack beside an RDU
+    # pool's own, serving_stacks.pool_options); None: config.options in both
+    options: tuple[Any, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.config.faults or self.config.coe is not None or self.config.speculation:
@@ -55,6 +58,11 @@ class Disaggregated:
         self.checkpoint: Checkpoint | None = None
         self._resume: tuple[list, int] | None = None  # a kept run's event queue and count
 
+    @property
+    def pool_options(self) -> tuple[Any, Any]:
+        """The execution options each pool runs with, prefill first."""
+        return self.options or (self.config.options, self.config.options)
+
     def run(self) -> Tables:
         """Both pools in one event loop (loop.run_coupled): the prefill pool sends each
         request on as its prefill ends (Handover), the decode pool's completions send a closed
@@ -62,11 +70,13 @@ class Disaggregated:
         the checkpoint (`checkpoint`) from which `continued` serves more requests."""
         t, c = self.trace, self.config
         pre = Simulation(self.model, self.clusters[0], replace(
-            t, output_len=np.ones(len(t), dtype=np.int64)), replace(c, plan=self.prefill.plan),
+            t, output_len=np.ones(len(t), dtype=np.int64)), replace(
+                c, plan=self.prefill.plan, options=self.pool_options[0]),
             self.backend())
         dec = Simulation(self.model, self.clusters[1], Trace(
             np.zeros(len(t)), t.prompt_len, t.output_len, source=t.source),
-            replace(c, plan=self.decode.plan, concurrency=None), self.backend(), self.progress)
+            replace(c, plan=self.decode.plan, concurrency=None, options=self.pool_options[1]),
+            self.backend(), self.progress)
         pre.summary_only = dec.summary_only = self.summary_only
         sent = np.maximum(t.prompt_len - 1, 0)  # the decode side recomputes the last
         dec.received = sent

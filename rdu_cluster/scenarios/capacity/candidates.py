@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable
 from functools import partial
 
-from chip import serving_stacks
 from rdu_cluster import processes
 from rdu_cluster.backends import make as make_backend
 from rdu_cluster.config import load_cluster
@@ -67,12 +66,10 @@ def gpu(cluster_ref: str) -> bool:
 
 
 def stack_pairs(pairs, stack: str | None, first: bool) -> list[tuple[str, str]]:
-    """The pairs a stack is tried on: RDU-only pairs once (with the first stack); a pair with
-    an RDU pool under the default stack only (its GPU pool is then served with no --stack)."""
-    gpus = lambda p, d: (gpu(p), gpu(d))
-    return [(p, d) for p, d in pairs
-            if (first or any(gpus(p, d)))
-            and (all(gpus(p, d)) or stack in (None, serving_stacks.DEFAULT_STACK))]
+    """The pairs a stack is tried on: a pair with a GPU pool under each (its GPU pools run it,
+    an RDU pool its own execution model: serving_stacks.pool_options); RDU-only pairs once
+    (with the first stack)."""
+    return [(p, d) for p, d in pairs if first or gpu(p) or gpu(d)]
 
 
 def shortlist(groups, per, pairs, model, question, k, system=(None, ())):

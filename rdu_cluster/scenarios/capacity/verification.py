@@ -8,7 +8,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 from chip import serving_stacks
 from rdu_cluster.config import FabricSpec, load_cluster
@@ -48,9 +48,9 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
                                       else traffic.concurrency),
                          prefix=PrefixConfig(traffic.prefix_cache),
                          speculation=dep.speculation, draft=dep.draft,
-                         # _all_gpu: a stack is named
-                         options=(serving_stacks.stack(cast(str, dep.stack)) if _all_gpu(dep)
-                                  else None))
+                         # a pair's pools take theirs each (pool_options)
+                         options=(None if dep.disaggregated or not _on_gpu(dep)
+                                  else serving_stacks.stack(cast(str, dep.stack))))
     watch = None if stop is None else decided.Watch(
         {"ttft": stop.ttft_ms, "tpot": stop.tpot_ms}, pct, len(trace), traffic.warmup,
         traffic.steadies, bool((trace.output_len > 1).all()))
@@ -61,7 +61,7 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
                 (dep, model.name, ref, replace(traffic, requests=None)), trace, watch,
                 lambda keep: Disaggregated(model, dep.pools[0], dep.pools[1], fabric, trace,
                                            config, backend, summary_only=True, watch=watch,
-                                           keep=keep),
+                                           keep=keep, options=pool_options(dep)),
                 traffic.steadies and traffic.concurrency is not None)
         else:
             s = _served(dep.pools[0], model, fabric, trace, config, backend,
@@ -202,7 +202,7 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
         args += ["--warmup-mser"]
     if traffic.prefix_cache is not None:
         args += ["--prefix-cache", traffic.prefix_cache]
-    if _all_gpu(dep):  # a stack is named
+    if _on_gpu(dep):  # a stack is named
         args += ["--stack", cast(str, dep.stack)]
     if dep.draft is None:
         return args
@@ -211,8 +211,14 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
     return args + ["--draft", dep.draft, "--spec-k", str(spec.k), *traffic.spec_args]
 
 
-def _all_gpu(dep: Deployment) -> bool:
-    """Every pool on GPUs: the deployment's stack is then named to serve (a pool of RDU
-    sockets beside a GPU pool takes no --stack; its GPU pool runs the default one)."""
-    return dep.stack is not None and all(load_cluster(p.cluster).chip.kind == "gpu"
+def _on_gpu(dep: Deployment) -> bool:
+    """A pool on GPUs: the deployment's stack is then named to serve (a pool of RDU sockets
+    beside it runs its own execution model: serving_stacks.pool_options)."""
+    return dep.stack is not None and any(load_cluster(p.cluster).chip.kind == "gpu"
                                          for p in dep.pools)
+
+
+def pool_options(dep: Deployment) -> tuple[Any, Any]:
+    """A pair's execution options, each pool's: the deployment's stack on a GPU pool."""
+    chips = [(load_cluster(p.cluster, dict(p.overrides)).chip, str(p)) for p in dep.pools]
+    return cast("tuple[Any, Any]", tuple(serving_stacks.pool_options(chips, dep.stack)))

@@ -14,7 +14,7 @@ import functools
 import importlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -220,21 +220,42 @@ def check_simulate(points: Sequence[Point], origin: Mapping[str, str]) -> None:
 
 
 def _check_stacks(points: Sequence[Point], origin: Mapping[str, str]) -> None:
-    """A stack that is no stack, or named for a chip that takes none, as `--stack` refuses it."""
+    """A stack that is no stack, or named for a chip that takes none, as `--stack` refuses it
+    (a serve point's pools: where neither is a GPU, serving_stacks.pool_options)."""
     from chip import serving_stacks
 
     seen = set()
     for p in points:
         name = p.fields.get("stack")
-        key = (name, p.fields["cluster"], cluster_overrides(p.fields))
+        pools = tuple(p.fields.get(k) for k in ("prefill_pool", "decode_pool"))
+        key = (name, p.fields["cluster"], cluster_overrides(p.fields), pools)
         if name is None or key in seen:
             continue
         seen.add(key)
-        cluster = point_cluster(p.fields)
         try:
-            serving_stacks.options_for(cluster.chip, name, system=cluster.name)
+            if all(pools):
+                chips = pool_chips(cast("tuple[str, str]", pools))  # both given
+                if chips:
+                    serving_stacks.pool_options(chips, name)
+            else:
+                cluster = point_cluster(p.fields)
+                serving_stacks.options_for(cluster.chip, name, system=cluster.name)
         except ConfigError as e:
             raise ConfigError(f"{origin.get('stack', 'base')}.stack: {unflag(str(e))}") from None
+
+
+def pool_chips(pools: Sequence[str]) -> list[tuple[Any, str]]:
+    """Each pool's chip and name (CLUSTER:PLAN:REPLICAS), prefill first; none where a pool
+    does not load (the serve runner's pool checks name it)."""
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.engine.disagg import Pool
+
+    try:
+        parsed = [Pool.parse(p, "--prefill-pool") for p in pools]
+        return [(load_cluster(q.cluster, dict(q.overrides)).chip, p)
+                for q, p in zip(parsed, pools)]
+    except ConfigError:
+        return []
 
 
 def _blame(load, fields: Sequence[str], origin: Mapping[str, str]) -> None:

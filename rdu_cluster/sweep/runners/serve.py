@@ -40,6 +40,7 @@ from rdu_cluster.sweep.runners.common import (
     option_values,
     point_cluster,
     point_profile,
+    pool_chips,
     simulate_fields,
     simulate_namespaces,
     unflag,
@@ -177,7 +178,9 @@ def _serve_config(f: Mapping[str, Any], chip, seed: int):
     return ServeConfig(plan=f.get("plan"), scheduler=f["scheduler"], limits=limits,
                        seed=_seed(f, seed), kv_memory_fraction=f.get("kv_fraction"),
                        execution_model=f.get("execution_model"),
-                       options=make_options(chip, option_values(f), f.get("stack")),
+                       # a pair's pools take theirs each (_pool_options)
+                       options=(None if _pools(f) else
+                                make_options(chip, option_values(f), f.get("stack"))),
                        faults=(f["fault"],) if "fault" in f else (),
                        concurrency=f.get("concurrency"), routing=f["routing"],
                        prefix=PrefixConfig(f.get("prefix_cache"), f.get("prefix_block"),
@@ -195,7 +198,18 @@ def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
     if pools is None:
         return Simulation(model, cluster, trace, config, make_backend("local"))
     return disagg.Disaggregated(model, *pools, load_fabric(f["fabric"]), trace, config,
-                                lambda: make_backend("local"))
+                                lambda: make_backend("local"), options=_pool_options(f))
+
+
+def _pool_options(f: Mapping[str, Any]) -> tuple[Any, Any]:
+    """A disaggregated point's execution options, each pool's on its own chip: the point's
+    stack on a GPU pool (serving_stacks.pool_stack), its toggles where they are its chip's."""
+    from chip import serving_stacks
+
+    (c0, _), (c1, _) = pool_chips([f["prefill_pool"], f["decode_pool"]])
+    return cast("tuple[Any, Any]", tuple(
+        make_options(c, option_values(f), serving_stacks.pool_stack(c, f.get("stack")))
+        for c in (c0, c1)))
 
 
 POOLS = ("prefill_pool", "decode_pool")
@@ -306,7 +320,8 @@ def _stack(sim, cluster, options) -> str | None:
     from rdu_cluster.validation import uncertainty
 
     if hasattr(sim, "clusters"):
-        return next((s for _, s in uncertainty.pools_of(sim.clusters, options) if s), None)
+        return next((s for _, s in uncertainty.pools_of(sim.clusters, sim.pool_options) if s),
+                    None)
     return serving_stacks.stack_of(cluster.chip, options)
 
 
@@ -318,7 +333,7 @@ def _serve_intervals(row: Mapping[str, Any], sim, cluster, config) -> dict[str, 
 
     figures = {k: row[k] for k in SERVE_BANDED
                if isinstance(row.get(k), (int, float)) and not math.isnan(row[k])}
-    pools = (uncertainty.pools_of(sim.clusters, config.options) if hasattr(sim, "clusters")
+    pools = (uncertainty.pools_of(sim.clusters, sim.pool_options) if hasattr(sim, "clusters")
              else None)
     stack = serving_stacks.stack_of(cluster.chip, config.options)
     return uncertainty.serving_columns(figures, chip=cluster.chip, stack=stack, keys=figures,
