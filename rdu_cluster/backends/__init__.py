@@ -8,6 +8,8 @@ Both answer the same calls with the same values, bit for bit:
 - sync(): wait for every reply still owed (the run's time includes it);
 - reprogram(index, setup): a socket gets a new program (a plan routed around a failure);
 - set_fault(index, degradation, comm_degradation, failed); close().
+A backend's `run_sockets` (None: its own) is the sockets of the whole run where several
+backends hold them (a disaggregated run: one a pool), for a backend that shares out a machine.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class SocketSetup:
 
 class Backend(Protocol):
     """The calls every backend answers (above): local.LocalBackend, ray_backend.RayBackend."""
+
+    run_sockets: int | None
 
     def start(self, setups: dict[int, SocketSetup]) -> None: ...
 

@@ -71,6 +71,7 @@ class LocalBackend:
     reruns = True
 
     def __init__(self) -> None:
+        self.run_sockets: int | None = None  # (nothing to share out: the sockets are objects)
         self.sockets: dict[int, Socket] = {}
         self.memo: dict[tuple, CostTables] = {}  # (chip, program key) -> tables, shared
         # id(memory) -> (the memory, the sockets holding it)

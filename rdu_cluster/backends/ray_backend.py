@@ -4,7 +4,8 @@
   spread over the Ray nodes (SPREAD: best effort, so a laptop and a 16-node cluster both place).
   Each actor asks for cpus_per_actor = min(1, smallest Ray node's CPUs / sockets per node,
   all CPUs / sockets): 16 actors share a 2-core machine (0.125 CPU each) and take a whole CPU
-  each where there are enough. Actors are named "<run>/node<N>/socket<II>[#incarnation]".
+  each where there are enough. A disaggregated run's pools each hold a backend: the sockets
+  are the run's (`run_sockets`), so that the second pool's actors find CPUs left to them. Actors are named "<run>/node<N>/socket<II>[#incarnation]".
 - Protocol: every command and result is msgpack bytes (backends/messages.py). A window's
   command goes to every socket of the replica. Sockets whose cost is provably equal (the
   symmetric sockets of a tensor-parallel group) are costed by one, the leader, which the driver
@@ -132,6 +133,9 @@ class RayBackend:
         self.log: dict[int, list[tuple[int, bytes]]] = {}  # commands since the checkpoint
         self.restarts = 0
         self.replayed = 0  # commands replayed by restarted actors
+        # the sockets of the whole run, where other backends hold some (a disaggregated run:
+        # a backend a pool): the CPUs are shared out over all of them (_cpus_per_actor)
+        self.run_sockets: int | None = None
         self.faults: dict[int, tuple] = {}
         self.queued: dict[int, list[tuple]] = {}  # socket -> [(seq, command, PendingOccupancy)]
         self.inflight: dict[int, list[tuple]] = {}  # socket -> [(queued batch, ref)]
@@ -165,7 +169,8 @@ class RayBackend:
 
         nodes = sorted({s.node for s in self.setups.values()})
         per_node = max(sum(1 for s in self.setups.values() if s.node == n) for n in nodes)
-        self.cpus = _cpus_per_actor(self.ray, len(self.setups), per_node)
+        self.cpus = _cpus_per_actor(self.ray, max(len(self.setups), self.run_sockets or 0),
+                                    per_node)
         bundles = [{"CPU": self.cpus * per_node} for _ in nodes]
         self.pg = placement_group(bundles, strategy="SPREAD")
         ready = self.ray.wait([self.pg.ready()], timeout=60)[0]

@@ -629,3 +629,46 @@ def test_a_kept_run_goes_on_only_to_its_own_requests_and_more():
     assert not kept.continues(other)
     with pytest.raises(ValueError, match="does not continue"):
         kept.continued(other)
+
+
+def test_each_pools_backend_knows_the_runs_sockets_and_the_first_closes_last():
+    """A backend a pool: one that shares out a machine (Ray's CPUs) shares it over both pools'
+    sockets (run_sockets), and the prefill pool's backend, made first (the one that may have
+    started the Ray instance both pools' actors live in), is closed last."""
+    made, closed = [], []
+
+    class Recorded(LocalBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+        def close(self) -> None:
+            closed.append(made.index(self))
+            super().close()
+
+    trace = traces.synthetic(4, 8.0, "poisson", traces.LengthDist("fixed", 128, 128),
+                             traces.LengthDist("fixed", 8, 8), seed=7)
+    d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp1:1", "p"),
+                             disagg.Pool.parse("sn40l-8:tp4:1", "d"), load_fabric("ib-ndr"),
+                             trace, ServeConfig(), Recorded)
+    d.run()
+    assert [b.run_sockets for b in made] == [5, 5] and closed == [1, 0]
+
+
+@pytest.mark.slow  # seconds: Ray actors
+def test_a_pair_on_ray_gives_the_local_tables(ray_session):
+    """Both pools' actors placed on a 2-CPU Ray instance (1 + 4 sockets: a CPU share each over
+    the five; each pool alone would take 1 and then ask 2 of the one left)."""
+    from rdu_cluster.backends.ray_backend import RayBackend
+
+    trace = traces.synthetic(12, 8.0, "poisson", traces.LengthDist("uniform", 64, 512),
+                             traces.LengthDist("uniform", 2, 32), seed=7)
+    tables = {}
+    for name, backend in (("local", LocalBackend), ("ray", RayBackend)):
+        d = disagg.Disaggregated(load_model("llama-3.2-1b"),
+                                 disagg.Pool.parse("dgx-h100:tp1:1", "p"),
+                                 disagg.Pool.parse("sn40l-8:tp4:1", "d"), load_fabric("ib-ndr"),
+                                 trace, ServeConfig(), backend)
+        tables[name] = d.run()
+    for part in ("requests", "steps"):
+        assert getattr(tables["ray"], part).equals(getattr(tables["local"], part)), part

@@ -63,6 +63,12 @@ class Disaggregated:
         """The execution options each pool runs with, prefill first."""
         return self.options or (self.config.options, self.config.options)
 
+    def _pool_backend(self) -> Backend:
+        """A pool's backend: a machine it shares out is the run's, both pools' sockets."""
+        b = cast(Backend, self.backend())
+        b.run_sockets = sum(c.sockets for c in self.clusters)
+        return b
+
     def run(self) -> Tables:
         """Both pools in one event loop (loop.run_coupled): the prefill pool sends each
         request on as its prefill ends (Handover), the decode pool's completions send a closed
@@ -72,11 +78,11 @@ class Disaggregated:
         pre = Simulation(self.model, self.clusters[0], replace(
             t, output_len=np.ones(len(t), dtype=np.int64)), replace(
                 c, plan=self.prefill.plan, options=self.pool_options[0]),
-            self.backend())
+            self._pool_backend())
         dec = Simulation(self.model, self.clusters[1], Trace(
             np.zeros(len(t)), t.prompt_len, t.output_len, source=t.source),
             replace(c, plan=self.decode.plan, concurrency=None, options=self.pool_options[1]),
-            self.backend(), self.progress)
+            self._pool_backend(), self.progress)
         pre.summary_only = dec.summary_only = self.summary_only
         sent = np.maximum(t.prompt_len - 1, 0)  # the decode side recomputes the last
         dec.received = sent
@@ -214,7 +220,9 @@ class Disaggregated:
         return out
 
     def _close(self) -> None:
-        for sim in self.sims:
+        # the decode pool's backend first: the prefill pool's, made first, may own the Ray
+        # instance both pools' actors live in (RayBackend: the one that started it stops it)
+        for sim in reversed(self.sims):
             sim.finished.drop()
             cast(Backend, sim.backend).close()
 
