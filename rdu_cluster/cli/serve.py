@@ -202,7 +202,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     config = _with_speculation(config, deployed, trace, spec_k, acceptance, tree)
     _check_start(config, deployed, backend_name, address)
     stream = atomic.TableFolder(out_dir, OWNED)  # --out checked; nothing made yet
-    timeline = _timeline(timeline_path, out_dir, pools)
+    timeline = _timeline(timeline_path, out_dir)
     context = _context(deployed, config, work, backend_name, trace)
     started = time.perf_counter()
     with Progress(len(trace), "requests", "serve", enabled=not no_progress) as bar:
@@ -535,8 +535,8 @@ def _pools(prefill: str | None, decode: str | None, fabric: str, ctx: click.Cont
 
 
 
-def _timeline(path: str | None, out_dir: str, pools: tuple | None) -> Timeline | None:
-    """--timeline's file, checked (a disaggregated run makes no timeline); None without one."""
+def _timeline(path: str | None, out_dir: str) -> Timeline | None:
+    """--timeline's file, checked; None without one."""
     if path is None:
         return None
     target = Path(path)
@@ -546,8 +546,6 @@ def _timeline(path: str | None, out_dir: str, pools: tuple | None) -> Timeline |
         raise ConfigError(f"--timeline {target}: the --out folder or in it (a run replaces the "
                           "folder whole); give a file beside it")
     atomic.check_destination(target, "--timeline")
-    if pools:
-        raise ConfigError("--timeline: not with --prefill-pool/--decode-pool")
     return Timeline(target)
 
 

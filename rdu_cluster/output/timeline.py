@@ -12,9 +12,14 @@ link of a stage (a new point where it moves by 1%), and a slice for each message
 verdicts). A replica's steps run one after another, so the slices of a socket's step add up to
 the step's time in the steps table less the messages between stages (on the link tracks).
 
+A disaggregated run (--prefill-pool/--decode-pool) draws both pools, each socket's process
+named by its pool ("prefill socket 3 (replica 1, node 0)"), and each KV hand-over as a slice on
+the fabric track of its prefill and decode replicas ("KV hand-over", from the first free
+interval of their ports to the KV's arrival: latency and transfer; its request and bytes).
+
 Built by an observer the Simulation calls after each window (Simulation.observers), from the
 per-socket results and the per-step times the engine already computed, and after each recovery
-row (weights reloaded after a failure). The events are written to the file as they are made
+row (weights reloaded after a failure); a pair's Handover calls it at each hand-over. The events are written to the file as they are made
 (a hidden temporary file beside it, output/atomic.StreamedFile), so memory does not grow with
 the run; the file appears whole at commit(), after the run's tables.
 """
@@ -36,18 +41,32 @@ LINK_PID = 100_000  # link processes after the sockets'
 COUNTER_STEP = 0.01  # a link counter gets a new point when its rate moves by this fraction
 
 
+POOL_PID = 10_000  # a disaggregated run's decode pool's sockets: pid POOL_PID + socket
+
+
 class Timeline:
     def __init__(self, path: str | Path) -> None:
         self.file = atomic.StreamedFile(path, "--timeline")
         self.count = 0  # events written
-        self.sockets: dict[int, tuple[int, int]] = {}  # socket -> (replica, node), last seen
-        self.links: dict[tuple[int, int], int] = {}  # (src, dst) -> pid
+        # pid -> (name prefix, socket, replica, node), last seen
+        self.sockets: dict[int, tuple[str, int, int, int]] = {}
+        self.links: dict[tuple[int, int], int] = {}  # (src pid, dst pid) -> pid
+        self.pools: dict[int, tuple[str, int]] = {}  # id(sim) -> (pool name, pid offset)
+        self.fabric: dict[tuple[int, int], int] = {}  # (prefill, decode replica) -> pid
+        self.base = 0  # the pid offset of the pool whose window is being drawn
+
+    def pool(self, sim, name: str, index: int) -> None:
+        """`sim` is pool `index` (0 prefill, 1 decode) of a disaggregated run: its sockets'
+        processes are named by `name`, their pids POOL_PID x index past the socket's."""
+        self.pools[id(sim)] = (name, POOL_PID * index)
 
     # -- the observer -----------------------------------------------------------------------
     def window(self, sim, rep, window, res: dict, step: dict, t0: float, m: int) -> None:
         lay = sim.layouts[rep.index]
+        name, base = self.pools.get(id(sim), ("", 0))
         for s in lay.sockets:
-            self.sockets[s] = (rep.index, sim.cluster.node_of(s))
+            self.sockets[base + s] = (name, s, rep.index, sim.cluster.node_of(s))
+        self.base = base
         dur = step["time_s"]
         starts = step["start_s"]
         kinds = window.per_step(lambda sp: sp.kind)[:m]
@@ -117,11 +136,22 @@ class Timeline:
         self.count += 1
 
     def _slice(self, s: int, name: str, cat: str, start: float, seconds: float, args) -> None:
-        self._emit({"name": name, "cat": cat, "ph": "X", "pid": s, "tid": 0,
+        self._emit({"name": name, "cat": cat, "ph": "X", "pid": self.base + s, "tid": 0,
                             "ts": start * US, "dur": seconds * US, "args": args})
 
     def _link(self, a: int, b: int) -> int:
-        return self.links.setdefault((a, b), LINK_PID + len(self.links))
+        key = (self.base + a, self.base + b)
+        return self.links.setdefault(key, LINK_PID + len(self.links) + len(self.fabric))
+
+    def handover(self, rid: int, prefill: int, decode: int, begin: float, arrive: float,
+                 nbytes: float) -> None:
+        """A KV hand-over on the fabric from prefill replica `prefill` to decode replica
+        `decode`: from its ports' first free interval (`begin`) to the KV's arrival."""
+        pid = self.fabric.setdefault((prefill, decode),
+                                     LINK_PID + len(self.links) + len(self.fabric))
+        self._emit({"name": "KV hand-over", "cat": "message", "ph": "X", "pid": pid, "tid": 0,
+                    "ts": begin * US, "dur": (arrive - begin) * US,
+                    "args": {"request": rid, "bytes": nbytes}})
 
     def _link_slice(self, a: int, b: int, name: str, start: float, seconds: float,
                     args) -> None:
@@ -131,6 +161,7 @@ class Timeline:
     def recovery(self, sim, index: int, start: float, seconds: float) -> None:
         """A recovery row (weights reloaded after a failure, engine/recovery.py) on the sockets
         replica `index` was re-planned onto."""
+        self.base = self.pools.get(id(sim), ("", 0))[1]
         for s in sorted(sim.replicas[index].sockets):
             self._slice(s, "weight reload (recovery)", "recovery", start, seconds,
                         {"replica": index})
@@ -139,10 +170,16 @@ class Timeline:
         """The process names and the trace's close, written; returns the events in it (the
         file appears at commit)."""
         meta = []
-        for s, (rep, node) in sorted(self.sockets.items()):
-            meta += _names(s, f"socket {s} (replica {rep}, node {node})", s, "steps")
+        for pid, (pool, s, rep, node) in sorted(self.sockets.items()):
+            name = f"{pool} socket".lstrip() + f" {s} (replica {rep}, node {node})"
+            meta += _names(pid, name, pid, "steps")
         for (a, b), pid in sorted(self.links.items(), key=lambda kv: kv[1]):
-            meta += _names(pid, f"link {a}->{b}", pid, "messages")
+            pool = next((n for n, base in self.pools.values() if base == a - a % POOL_PID), "")
+            meta += _names(pid, f"{pool} link".lstrip() + f" {a % POOL_PID}->{b % POOL_PID}",
+                           pid, "messages")
+        for (p, d), pid in sorted(self.fabric.items(), key=lambda kv: kv[1]):
+            meta += _names(pid, f"fabric: prefill replica {p} -> decode replica {d}", pid,
+                           "KV hand-overs")
         for event in meta:
             self._emit(event)
         tail = {"displayTimeUnit": "ms",

@@ -154,3 +154,31 @@ def test_a_run_that_fails_leaves_out_and_the_timeline_as_they_were(tmp_path, mon
     assert r.exit_code == 1 and "MemoryError" in r.stderr
     assert {p.name: p.stat().st_mtime_ns for p in [*out.iterdir(), path]} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run.json"]
+
+
+def test_a_pair_draws_both_pools_and_each_kv_hand_over(tmp_path):
+    """--prefill-pool/--decode-pool: each pool's sockets named by their pool, their slices
+    adding up to their replica's steps; a fabric track per (prefill, decode) replica pair with
+    a slice per hand-over, from its ports' free interval to the KV's arrival."""
+    out, path = tmp_path / "out", tmp_path / "run.json"
+    r = CliRunner().invoke(main, [*BASE, "--prefill-pool", "dgx-h100:tp2:2", "--decode-pool",
+                                  "sn40l-8:tp4:2", "--out", str(out), "--timeline", str(path)])
+    assert r.exit_code == 0, r.output + (r.stderr or "")
+    by_pid, names = _slices(json.loads(path.read_text()))
+    steps = pq.read_table(out / "steps.parquet").to_pandas()
+    requests = pq.read_table(out / "requests.parquet").to_pandas()
+    want = dict(zip(zip(steps.replica, steps.step), steps.time_s))
+    for pool, first, sockets in (("prefill", 0, 4), ("decode", 2, 8)):  # decode replicas 2, 3
+        tracks = {p: n for p, n in names.items() if n.startswith(f"{pool} socket ")}
+        assert len(tracks) == sockets
+        for pid in tracks:
+            for (rep, step), t in _per_step(by_pid[pid]).items():
+                assert t == pytest.approx(want[(first + rep, step)], rel=1e-9)
+    fabric = [p for p, n in names.items() if n.startswith("fabric: prefill replica ")]
+    hand = sorted((e for p in fabric for e in by_pid[p]), key=lambda e: e["args"]["request"])
+    assert [e["args"]["request"] for e in hand] == sorted(requests.request_id)
+    moved = requests.set_index("request_id")
+    for e in hand:
+        row = moved.loc[e["args"]["request"]]
+        assert e["args"]["bytes"] == row.kv_transfer_bytes
+        assert 0 < e["dur"] / 1e6 <= row.kv_transfer_s * (1 + 1e-9)  # a wait for ports before

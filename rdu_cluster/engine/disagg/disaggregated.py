@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
@@ -43,6 +43,9 @@ class Disaggregated:
     # each pool's execution options (prefill, decode: a GPU pool's serving stack beside an RDU
     # pool's own, serving_stacks.pool_options); None: config.options in both
     options: tuple[Any, Any] | None = None
+    # each pool's Simulation.observers (a timeline: output/timeline.py); one with `pool(sim,
+    # name, index)` is told which pool each is, one with `handover(...)` each KV hand-over
+    observers: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.config.faults or self.config.coe is not None or self.config.speculation:
@@ -90,6 +93,12 @@ class Disaggregated:
         pre.dispatch = PrefillSide(c.routing, c.concurrency, hand)
         dec.dispatch = DecodeSide(c.routing, None, hand)
         self.sims, self.hand = (pre, dec), hand
+        for i, (sim, name) in enumerate(((pre, "prefill"), (dec, "decode"))):
+            sim.observers += self.observers
+            for obs in self.observers:
+                if hasattr(obs, "pool"):
+                    obs.pool(sim, name, i)
+        hand.observers = [o for o in self.observers if hasattr(o, "handover")]
         hand.shift = {} if self.watch is not None else None
         self._watch(self.watch)
         started = time.perf_counter()

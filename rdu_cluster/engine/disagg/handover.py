@@ -51,6 +51,9 @@ class Handover:
         self.shift: dict[int, float] | None = None  # watched: id -> seconds from send to here
         self.watch: decided.Watch | None = None  # watched: told of each first token
         self.direct: int | None = 0  # the decode replica refusals go to at once (start)
+        # told of each hand-over: handover(id, prefill replica, decode replica, its ports'
+        # first free time, its arrival, bytes) (a timeline: output/timeline.py)
+        self.observers: list = []
         self.least_prefill = 0.0  # the least a prefill step that completes a request takes
         # the least time from a prefill's end to its hand-over's arrival (prefilled: the
         # route's latency and the smallest KV's hold of the ports; a wait for them only adds)
@@ -112,6 +115,8 @@ class Handover:
             begin = self.ports.book((("prefill", replica), ("decode", to)), t, hold, t)
             arrive = begin + self.latency + hold
             self.move[rid], self.nbytes[rid] = arrive - t, nbytes
+            for obs in self.observers:
+                obs.handover(rid, replica, to, begin, arrive, nbytes)
             if self.shift is not None:
                 self.shift[rid] = arrive - sent
             out.append(cast(DecodeSide, self.dec.dispatch).handoff(d, arrive, to))
