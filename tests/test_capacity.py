@@ -1061,3 +1061,29 @@ def test_a_pairs_row_served_with_twice_the_requests_goes_on_from_its_own_run(mon
     went_on.clear()
     fresh = run(*args)
     assert not went_on and fresh.stdout == kept.stdout
+
+
+@pytest.mark.parametrize("pool", ["sn40l-16:adp32ep32:1", "sn40l-16:tp16pp2:1",
+                                  "hgx-h200:tp8pp2:1", "dgx-h100:adp16ep16:1"])
+def test_a_replicas_tpot_table_is_one_estimate_a_batch_in_one_call(pool):
+    """sizing._times estimates every batch in one vectorized call on any plan: the same floats
+    as an estimate a batch, on expert-parallel and pipeline plans too."""
+    from dataclasses import replace
+
+    from chip import serving_stacks
+    from partitioning.estimate import estimate
+    from partitioning.plan import Plan
+    from partitioning.scenario import Scenario
+    from rdu_cluster.engine.disagg import Pool
+    from rdu_cluster.scenarios.capacity import sizing
+
+    model = with_dtypes(load_model("deepseek-v3"), "fp8", None)
+    p = Pool.parse(pool, "--pool")
+    cl = replace(p, replicas=1).spec(model, load_fabric("ib-ndr"))
+    plan = Plan.parse(p.plan)
+    base = Scenario(model, cl, plan, 1, 1024, 256, serving_stacks.options_for(cl.chip, None))
+    batches = sizing.BATCHES[sizing.BATCHES <= sizing._kv_batch(base, plan)][:8]
+    at = lambda b: estimate(base.but(batch=b))
+    tpot, prefill = sizing._times(at, batches)
+    assert tpot.tolist() == [float(at(int(b)).tpot_s) for b in batches]
+    assert prefill == float(at(1).ttft_s) and batches[0] == 1

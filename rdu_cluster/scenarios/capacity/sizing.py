@@ -126,7 +126,7 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
             spec = cast("Callable[[ClusterSpec, str], Speculation]", choose)(cl, plan)
             tpot, prefill = _speculative_times(base, p, batches, spec, draft)
         else:
-            tpot, prefill = _times(at, p, batches)
+            tpot, prefill = _times(at, batches)
     except ConfigError:
         return None
     price = cl.cost.get("socket_hour_usd") if cl.cost else None
@@ -154,13 +154,15 @@ def _kv_batch(base: Scenario, p: PartitionPlan) -> int:
     return p.adp * int((hbm - resident) // per_seq) if hbm > resident else 0
 
 
-def _times(at: Callable, p: PartitionPlan, batches: np.ndarray) -> tuple[np.ndarray, float]:
-    """TPOT at each of `batches` and one prompt's prefill."""
-    if p.pp == 1 and p.ep == 1:  # tensor parallel: one vectorized call over the batches
-        est = at(batches)
-        return (np.asarray(est.tpot_s, dtype=float),
-                float(np.asarray(est.ttft_s).ravel()[0]))  # one prompt's forward pass
-    return np.array([float(at(int(b)).tpot_s) for b in batches]), float(at(1).ttft_s)
+def _times(at: Callable, batches: np.ndarray) -> tuple[np.ndarray, float]:
+    """TPOT at each of `batches` and one prompt's prefill (batches[0] is 1): one vectorized
+    estimate over the batches, whatever the plan (a point of it costs what it costs alone: the
+    same floats as an estimate a batch, on the 119 pipeline and expert-parallel plans of eleven
+    models' capacity candidates, at a tenth of the time; the expert-parallel ones had taken
+    most of question 1's analytic pass in benchmarks/bench_capacity.py)."""
+    est = at(batches)
+    return (np.asarray(est.tpot_s, dtype=float),
+            float(np.asarray(est.ttft_s).ravel()[0]))  # one prompt's forward pass
 
 
 def _speculative_times(base: Scenario, p: PartitionPlan, batches: np.ndarray,
