@@ -636,7 +636,8 @@ def _sensitivity_cases() -> None:
                   ["--plan", "tp3"], ["--plan", "tp32"], ["--plot", "{d}/t.png"],
                   ["--plot", "{d}/missing/t.html"], ["--set", "chip.tiers.sram.capacity_bytes=-1"],
                   ["--set", "chip.execution.pmus=0.5"], ["--prompt-len", "1000000000"],
-                  ["--calibration", "no-such"]):
+                  ["--calibration", "no-such"], ["--weights", "fp7"], ["--kv-dtype", "x"],
+                  ["--stack", "vllm"], ["--cluster", "dgx-h100", "--stack", "no-such"]):
         add("sensitivity", "cli_value", *SENS, *extra, label=" ".join(extra))
 
 

@@ -233,3 +233,20 @@ def test_capacity_verifies_a_mixed_pair_under_each_stack(tmp_path):
     doc = json.loads(again.stdout)
     assert doc["stack"] == "vllm" and doc["output_throughput"] == pytest.approx(
         row["tokens_per_s_per_socket"] * row["sockets"], rel=1e-9)
+
+
+def test_sensitivity_runs_the_stack_and_the_dtypes_it_is_given():
+    """sensitivity takes --stack (a GPU's; refused on an RDU cluster), --weights and
+    --kv-dtype, as simulate does, and its records say which."""
+    rows = {}
+    for extra in (["--stack", "vllm"], ["--stack", "eager"], ["--weights", "fp8"]):
+        r = run("sensitivity", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--json",
+                *extra)
+        assert r.exit_code == 0, r.output
+        rows[extra[1]] = {x["key"]: x for x in map(json.loads, r.stdout.splitlines())}
+    hbm = "chip.tiers.hbm.bandwidth_bytes_per_s"
+    assert [rows[k][hbm]["stack"] for k in rows] == ["vllm", "eager", stacks.DEFAULT_STACK]
+    assert rows["fp8"][hbm]["weights"] == "fp8" and rows["vllm"][hbm]["weights"] == "bf16"
+    assert rows["vllm"][hbm]["elasticity_tpot_s"] != rows["eager"][hbm]["elasticity_tpot_s"]
+    refused(run("sensitivity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--stack",
+                "vllm"), "--stack: 'vllm' is a GPU serving stack; sn40l-8 runs sn40l sockets")

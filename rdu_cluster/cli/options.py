@@ -209,6 +209,14 @@ TRACE_HELP = (
     "Mooncake .jsonl (timestamp ms, input_length, output_length, hash_ids)."
 )
 
+# The dtypes a model is costed at (workloads.spec.with_dtypes), as simulate, serve and
+# sensitivity take them.
+dtype_options = _stack(
+    click.option("--weights", "weights_dtype", default=None,
+                 help="Weight dtype (bf16, fp8, int4, mxfp4) [default: the model's]."),
+    click.option("--kv-dtype", default=None, help="KV-cache dtype [default: the model's]."),
+)
+
 # The multi-turn workload (workloads/sessions.py), as serve and capacity take it.
 session_options = _stack(
     click.option("--sessions", "n_sessions", default=None, type=REQUESTS,

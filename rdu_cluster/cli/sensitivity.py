@@ -8,6 +8,7 @@ import json
 
 import click
 
+from chip import serving_stacks
 from partitioning import sensitivity as sens
 from partitioning.scenario import Scenario
 from rdu_cluster.cli import options as o
@@ -15,9 +16,9 @@ from rdu_cluster.cli.options import calibration_option, hardware_options
 from rdu_cluster.cli.simulate import plan_of
 from rdu_cluster.config import load_cluster
 from rdu_cluster.output import atomic
-from rdu_cluster.output.report import overrides_line, text_table
+from rdu_cluster.output.report import overrides_line, text_table, weights_text
 from workloads.catalog import load_model
-from workloads.spec import check_context
+from workloads.spec import check_context, with_dtypes
 
 
 @click.command()
@@ -31,13 +32,18 @@ from workloads.spec import check_context
 @click.option("--batch", default=1, show_default=True, type=o.BATCH)
 @click.option("--prompt-len", default=1024, show_default=True, type=o.LENGTH)
 @click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
+@o.dtype_options
+@click.option("--stack", "stack_name", default=None,
+              help=f"A GPU cluster's serving stack ({', '.join(serving_stacks.STACKS)}) "
+                   f"[default: {serving_stacks.DEFAULT_STACK}]; an RDU cluster takes none.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per hardware figure.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.html",
               help="Write a tornado chart (a self-contained HTML page, no scripts).")
 @hardware_options
 def sensitivity(model_ref: str, cluster_ref: str, plan_text: str | None, batch: int,
-                prompt_len: int, gen_len: int, as_json: bool, plot_path: str | None,
-                overrides: dict) -> None:
+                prompt_len: int, gen_len: int, weights_dtype: str | None,
+                kv_dtype: str | None, stack_name: str | None, as_json: bool,
+                plot_path: str | None, overrides: dict) -> None:
     """Elasticity of TPOT, TTFT and tokens/s to each hardware figure (peak FLOP/s, SRAM, HBM and
     DDR bandwidth and capacity, link bandwidth and latency, PCU / PMU counts): each figure scaled
     by 1/1.25 and 1.25, d ln(metric) / d ln(figure), ranked by |TPOT elasticity|, with the decode
@@ -47,17 +53,24 @@ def sensitivity(model_ref: str, cluster_ref: str, plan_text: str | None, batch: 
             raise click.BadParameter(f"{plot_path}: expected a .html file name",
                                      param_hint="--plot")
         atomic.check_destination(plot_path, "--plot")
-    spec = load_model(model_ref)
+    spec = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     check_context(spec, prompt_len, gen_len, "--prompt-len/--gen-len")
     cluster = load_cluster(cluster_ref, overrides)
-    scenario = Scenario(spec, cluster, batch=batch, prompt_len=prompt_len, gen_len=gen_len)
+    options = serving_stacks.options_for(cluster.chip, stack_name, system=cluster.name)
+    stack = serving_stacks.stack_of(cluster.chip, options)
+    scenario = Scenario(spec, cluster, batch=batch, prompt_len=prompt_len, gen_len=gen_len,
+                        options=options)
     plan = plan_of(scenario, None, plan_text, "latency")
     rows = sens.hardware_sensitivity(scenario.but(plan=plan))
+    weights = spec.quantization or weights_text(spec.precision)
     head = {"model": spec.name, "cluster": cluster.name, "plan": plan.name, "batch": batch,
-            "prompt_len": prompt_len, "gen_len": gen_len, "calibration": cluster.chip.calibration}
+            "prompt_len": prompt_len, "gen_len": gen_len, "weights": weights,
+            "kv_dtype": spec.precision.kv_cache.value, "stack": stack,
+            "calibration": cluster.chip.calibration}
     records = [head | _record(i + 1, r) for i, r in enumerate(rows)]
-    title = (f"{spec.name} on {cluster.name}, plan {plan.name}, batch {batch}, prompt "
-             f"{prompt_len}, gen {gen_len} (calibration: {cluster.chip.calibration})")
+    title = (f"{spec.name} on {cluster.name}" + (f", stack {stack}" if stack else "")
+             + f", plan {plan.name}, weights {weights}, batch {batch}, prompt {prompt_len}, "
+             f"gen {gen_len} (calibration: {cluster.chip.calibration})")
     if plot_path is not None:
         atomic.atomic_write(plot_path, tornado_html(title, rows).encode(), "--plot")
     if as_json:

@@ -127,9 +127,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               "finishes (vLLM's --max-concurrency); with --rate, no request before its arrival.")
 @click.option("--routing", default=replica_routing.DEFAULT, show_default=True,
               help=f"Replica routing policy: {', '.join(replica_routing.names())}.")
-@click.option("--weights", "weights_dtype", default=None,
-              help="Weight dtype (bf16, fp8, int4, mxfp4) [default: the model's].")
-@click.option("--kv-dtype", default=None, help="KV-cache dtype [default: the model's].")
+@o.dtype_options
 @click.option("--metric-percentiles", default=bench.PERCENTILES_TEXT, show_default=True,
               help="Percentiles of TTFT, TPOT, ITL and E2EL in the summary (vLLM's option).")
 @click.option("--goodput", multiple=True,

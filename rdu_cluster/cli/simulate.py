@@ -63,13 +63,7 @@ DEFAULT_CLUSTERS = ("sn40l-16", "dgx-h100")
     show_default=True,
     help="How the default plan is chosen (not with --plan or --tp).",
 )
-@click.option(
-    "--weights",
-    "weights_dtype",
-    default=None,
-    help="Weight dtype (bf16, fp8, int4, mxfp4) [default: the model's].",
-)
-@click.option("--kv-dtype", default=None, help="KV-cache dtype [default: the model's].")
+@o.dtype_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per result line.")
 @click.option("--out", "out_path", default=None, help="Write the results (.parquet or .arrow).")
 @click.option(
