@@ -462,7 +462,7 @@ def _cli_cases() -> None:
         ["--routing", "zipf:inf"], ["--routing", "powerlaw"], ["--seed", "-1"],
         ["--seed", "1" + "0" * 30], ["--top", "-1"], ["--objective", "cheapest"],
         ["--context", "0"], ["--context", "1e30"], ["--batch", "0"], ["--weights", "fp3"],
-        ["--gen-len", "nan"],
+        ["--gen-len", "nan"], ["--kv-dtype", "int1"],
     ]
     for extra in plan:
         add("plan", "cli_value", *PLAN, *extra, label=" ".join(extra))

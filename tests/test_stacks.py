@@ -250,3 +250,23 @@ def test_sensitivity_runs_the_stack_and_the_dtypes_it_is_given():
     assert rows["vllm"][hbm]["elasticity_tpot_s"] != rows["eager"][hbm]["elasticity_tpot_s"]
     refused(run("sensitivity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--stack",
                 "vllm"), "--stack: 'vllm' is a GPU serving stack; sn40l-8 runs sn40l sockets")
+
+
+def test_plan_takes_the_kv_dtype_and_with_dtypes_keeps_the_state_dtype():
+    """plan's --weights/--kv-dtype are simulate's (cli/options.dtype_options, with_dtypes): an
+    FP8 KV cache holds half the bytes a token; a precision's recurrent-state dtype survives a
+    weights or KV change."""
+    from workloads import graph
+    from workloads.dtypes import DType, Precision
+    from workloads.spec import with_dtypes
+
+    hbm = {}
+    for dtype in ("bf16", "fp8"):
+        r = run("plan", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--plan", "tp1",
+                "--context", "8192", "--gen-len", "256", "--kv-dtype", dtype, "--json")
+        assert r.exit_code == 0, r.output
+        hbm[dtype] = json.loads(r.stdout)["hbm_used_bytes"]
+    spec = load_model("llama-3.1-8b")
+    assert hbm["bf16"] - hbm["fp8"] == float(graph.kv_cache_bytes(spec, 1, 8192 + 256)) / 2
+    spec = spec.with_precision(Precision(state=DType.FP32))
+    assert with_dtypes(spec, "fp8", "fp8").precision.state is DType.FP32

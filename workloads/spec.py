@@ -178,9 +178,9 @@ def with_dtypes(spec: ModelSpec, weights: str | None, kv: str | None,
     `kv`; None keeps the model's own. `where` and `kv_where` name the fields in an error."""
     p = spec.precision
     if weights:
-        p = Precision(DType.parse(weights, where), p.kv_cache, p.activations, None)
+        p = replace(p, weights=DType.parse(weights, where), expert_weights=None)
     if kv:
-        p = Precision(p.weights, DType.parse(kv, kv_where), p.activations, p.expert_weights)
+        p = replace(p, kv_cache=DType.parse(kv, kv_where))
     return spec.with_precision(p)
 
 

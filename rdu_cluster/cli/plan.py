@@ -19,9 +19,8 @@ from rdu_cluster.config import load_cluster
 from rdu_cluster.output.report import banded, overrides_line, text_table, weights_text
 from rdu_cluster.validation import uncertainty
 from workloads.catalog import load_model
-from workloads.dtypes import DType, Precision
 from workloads.errors import ConfigError
-from workloads.spec import check_context
+from workloads.spec import check_context, with_dtypes
 
 CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the model says fewer
 
@@ -40,7 +39,7 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
 @click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 10**6),
               help="Plans to print (not with --plan).")
-@click.option("--weights", "weights_dtype", default=None, help="Weight dtype (bf16, fp8, ...).")
+@o.dtype_options
 @click.option("--spill", is_flag=True, help="Let weights, then KV cache, spill to DDR.")
 @click.option("--routing", default="uniform", show_default=True,
               help="Expert routing: uniform, zipf:S (popularity ~ 1/rank^S), or identical "
@@ -53,13 +52,13 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
               help=f"GPU clusters: the serving stack ({', '.join(serving_stacks.STACKS)}) "
                    f"[default: {serving_stacks.DEFAULT_STACK}]; an RDU cluster takes none.")
 @hardware_options
-def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype, spill,
-         routing, seed, as_json, plan_text, stack_name, overrides) -> None:
+def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype,
+         kv_dtype, spill, routing, seed, as_json, plan_text, stack_name, overrides) -> None:
     """Enumerate and rank the plans (tp, pp, ep, dp, per-block degrees) of MODEL on CLUSTER."""
     if plan_text and (unused := o.given(click.get_current_context(), "objective", "top")):
         raise ConfigError(f"{'/'.join(unused)}: not with --plan (it evaluates that one plan: "
                           "there is no search to rank)")
-    spec = load_model(model_ref)
+    spec = with_dtypes(load_model(model_ref), weights_dtype, kv_dtype)
     where = "--context"
     if context is None:  # a model of a shorter context (llama-2: 4,096) plans at its own
         where, context = "--gen-len", CONTEXT
@@ -71,10 +70,6 @@ def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weight
     if not spec.is_moe and (unused := o.given(click.get_current_context(), "routing", "seed")):
         raise ConfigError(f"{'/'.join(unused)}: {spec.name} has no routed experts (expert "
                           "routing applies to MoE models only)")
-    if weights_dtype:
-        p = spec.precision
-        spec = spec.with_precision(Precision(DType.parse(weights_dtype, "--weights"),
-                                             p.kv_cache, p.activations, None, p.state))
     cluster = load_cluster(cluster_ref, overrides)
     placement = Placement(weights="auto", kv_cache="auto") if spill else Placement()
     routing_model = parse_routing(routing, seed)
@@ -113,7 +108,8 @@ def _print_table(scenario: Scenario, result: SearchResult, rows: list[dict], obj
     if overrides:
         click.echo(overrides_line(overrides))
     click.echo(
-        f"{spec.name}, weights {spec.quantization or weights_text(spec.precision)}, on "
+        f"{spec.name}, weights {spec.quantization or weights_text(spec.precision)}, KV cache "
+        f"{spec.precision.kv_cache.value}, on "
         f"{cluster.name}: batch {scenario.batch}, "
         f"context {scenario.prompt_len}, gen {scenario.gen_len}, objective {objective}; "
         f"{result.evaluated} plans, "
