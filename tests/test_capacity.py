@@ -1087,3 +1087,26 @@ def test_a_replicas_tpot_table_is_one_estimate_a_batch_in_one_call(pool):
     tpot, prefill = sizing._times(at, batches)
     assert tpot.tolist() == [float(at(int(b)).tpot_s) for b in batches]
     assert prefill == float(at(1).ttft_s) and batches[0] == 1
+
+
+@pytest.mark.slow  # seconds: end to end
+def test_kv_dtype_is_every_candidates_and_its_serve_args_reproduce_the_row(tmp_path):
+    """--kv-dtype fp8 (vLLM's --kv-cache-dtype fp8): every candidate's KV cache in FP8, the rows
+    saying so (kv_dtype), their serve_args carrying it, and serve giving the row's run again;
+    a KV dtype that is none refused in one line."""
+    rows = {}
+    for kv in ("fp8", None):
+        r = run(*TINY, "--cluster", "dgx-h100", "--json", "--no-progress",
+                *(["--kv-dtype", kv] if kv else []))
+        assert r.exit_code == 0, r.output
+        rows[kv] = json.loads(r.stdout.splitlines()[0])
+    row = rows["fp8"]
+    args = row["serve_args"]
+    assert row["kv_dtype"] == "fp8" and args[args.index("--kv-dtype") + 1] == "fp8"
+    assert rows[None]["kv_dtype"] is None and "--kv-dtype" not in rows[None]["serve_args"]
+    again = run("serve", *args, "--json", "--no-progress", "--out", str(tmp_path / "again"))
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["output_throughput"] == pytest.approx(
+        row["tokens_per_s_per_socket"] * row["sockets"], rel=1e-9)
+    bad = run(*TINY, "--kv-dtype", "fp7")
+    assert bad.exit_code == 2 and "--kv-dtype: unknown dtype 'fp7'" in bad.output, bad.output

@@ -54,6 +54,8 @@ MAX_SHORTLIST = 100
 @click.option("--model", "model_ref", required=True, help="Catalog name or config.json path.")
 @click.option("--weights", "weights", multiple=True,
               help="Weight dtype(s) to try (fp8, bf16, ...) [default: the model's]; repeatable.")
+@click.option("--kv-dtype", default=None,
+              help="KV-cache dtype of every candidate (fp8, ...) [default: the model's].")
 @click.option("--stack", "stacks", multiple=True,
               help="GPU systems: the serving stack(s) to try (" + ", ".join(serving_stacks.STACKS)
               + f") [default: {serving_stacks.DEFAULT_STACK}]; repeatable. RDU systems take "
@@ -129,7 +131,7 @@ MAX_SHORTLIST = 100
 @click.option("--plot", "plot_path", default=None,
               help="Write the Pareto front (tokens/s per user vs per socket) per system: an "
               "interactive .html page (Plotly).")
-def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, prompt_len,
+def capacity(model_ref, weights, kv_dtype, clusters, plans, max_nodes, concurrency, rate, prompt_len,
              output_len, requests, slos, slo_percentile, disaggregated, pairs, fabric, shortlist,
              seed, prefix_cache, backend_name, as_json, plot_path, trace_path, n_sessions,
              turns, system_prompt, think_time, spec_mode, draft, spec_k, tree, placement,
@@ -171,12 +173,13 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     overrides = tuple(sorted(cli_overrides(assignments).items()))
     if any(k == "sockets" for k, _ in overrides):
         raise ConfigError("--set sockets: not with capacity (the search sets the sockets)")
-    _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree,
-           overrides)
+    _check((model_ref, kv_dtype), weights, clusters, plans, fab, traffic, draft, acceptance,
+           tree, overrides)
     _check_stacks(stacks, clusters)
     if backend_name == "local" and address:
         raise ConfigError("--address: only with --backend ray")
-    costs, jobs = _shortlisted(model_ref, weights, stacks, clusters, plans, pairs, max_nodes,
+    costs, jobs = _shortlisted((model_ref, kv_dtype), weights, stacks, clusters, plans, pairs,
+                               max_nodes,
                                traffic, slo, (prompt, gen), fab, modes,
                                (draft, spec_k, acceptance, tree), overrides, shortlist,
                                n_jobs if backend_name == "local" else 1)
@@ -186,17 +189,19 @@ def capacity(model_ref, weights, clusters, plans, max_nodes, concurrency, rate, 
     _render(results, costs, slo, traffic, time.perf_counter() - started, as_json, plot_path)
 
 
-def _shortlisted(model_ref, weights, stacks, clusters, plans, pairs, max_nodes, traffic, slo,
+def _shortlisted(model_kv, weights, stacks, clusters, plans, pairs, max_nodes, traffic, slo,
                  lengths, fab, modes, spec, overrides, shortlist, n_jobs) -> tuple[list, list]:
     """The candidates of each weight dtype and --stack: their systems' replica costs in one
     analytic pass (candidates.analytic, in n_jobs processes), then each one's shortlist.
-    Returns the costs (each with its dtype: what --plot draws) and the verification jobs."""
+    `model_kv`: --model and --kv-dtype. Returns the costs (each with its dtype: what --plot
+    draws) and the verification jobs."""
+    model_ref, kv_dtype = model_kv
     draft, spec_k, acceptance, tree = spec
     prompt, gen = lengths
     jobs, costs = [], []
     asked: list[tuple] = []  # each (w, stack)'s systems, costed at once (candidates.analytic)
     for w, stack in [(w, s) for w in weights or (None,) for s in stacks or (None,)]:
-        model = with_dtypes(load_model(model_ref), w, None)
+        model = with_dtypes(load_model(model_ref), w, kv_dtype)
         choose = lambda cl, plan, model=model, stack=stack: workload.speculation(
             model, cl, _sample(traffic), draft, spec_k, acceptance, 1, tree, "shared", 1, plan,
             serving_stacks.options_for(cl.chip, stack if cl.chip.kind == "gpu" else None))
@@ -306,7 +311,7 @@ def _ramp(text: str, traffic: cap.Traffic) -> float | None:
     return value
 
 
-def _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance, tree,
+def _check(model_kv, weights, clusters, plans, fab, traffic, draft, acceptance, tree,
            overrides=()) -> None:
     """Refuse up front what the search would otherwise skip in silence (a candidate the engine
     refuses is dropped, so a bad option would read as "nothing meets the SLO"): a draft that
@@ -315,7 +320,8 @@ def _check(model_ref, weights, clusters, plans, fab, traffic, draft, acceptance,
     cluster's sockets; memory is the search's to judge)."""
     for c in clusters:
         load_cluster(c, dict(overrides))  # a key or value --set gets wrong: one line, here
-    model = load_model(model_ref)
+    model_ref, kv_dtype = model_kv
+    model = with_dtypes(load_model(model_ref), None, kv_dtype)
     for w in weights:
         with_dtypes(model, w, None)
     workload.check_draft(draft, model, _sample(traffic))

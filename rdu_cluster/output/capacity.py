@@ -24,7 +24,8 @@ def record(r: cap.Result, slo: cap.SLO) -> dict:
     d, s, b = r.deployment, r.summary, r.summary["bench"]
     spec = cast(Speculation, d.speculation)  # read only with a draft, which comes with it
     return {
-        "system": d.label, "weights": _weights(r), "stack": d.stack, "sockets": d.sockets,
+        "system": d.label, "weights": _weights(r), "kv_dtype": _arg(r, "--kv-dtype"),
+        "stack": d.stack, "sockets": d.sockets,
         "nodes": d.nodes,
         "plan": " + ".join(str(p) for p in d.pools)
         + (f" +{d.draft} k{spec.k}" if d.draft else ""),
@@ -77,8 +78,13 @@ def _finite(v: float) -> float | None:
 
 
 def _weights(r: cap.Result) -> str | None:
+    return _arg(r, "--weights")
+
+
+def _arg(r: cap.Result, flag: str) -> str | None:
+    """The value of `flag` in the row's serve_args (None: not given, the model's own)."""
     args = r.serve_args
-    return args[args.index("--weights") + 1] if "--weights" in args else None
+    return args[args.index(flag) + 1] if flag in args else None
 
 
 def _pw(slo: cap.SLO) -> str:

@@ -23,6 +23,7 @@ from rdu_cluster.scenarios.capacity.slo import SLO
 from rdu_cluster.scenarios.capacity.traffic import Traffic
 from rdu_cluster.validation import calibration
 from workloads import traces
+from workloads.catalog import load_model
 from workloads.spec import ModelSpec
 from workloads.speculative import Speculation
 
@@ -54,7 +55,7 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
     watch = None if stop is None else decided.Watch(
         {"ttft": stop.ttft_ms, "tpot": stop.tpot_ms}, pct, len(trace), traffic.warmup,
         traffic.steadies, bool((trace.output_len > 1).all()))
-    args = serve_args(dep, *ref, traffic, slo, rate, fabric, trace)
+    args = serve_args(dep, (*ref, _kv_arg(model, ref[0])), traffic, slo, rate, fabric, trace)
     try:
         if dep.disaggregated:  # the summary is what is read (Simulation.summary_only)
             s = _pair_served(
@@ -160,10 +161,13 @@ def _trace(dep: Deployment, traffic: Traffic, rate: float | None) -> traces.Trac
     return traces.ramped(t, traffic.ramp_of(dep), traffic.concurrency)
 
 
-def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Traffic,
+def serve_args(dep: Deployment, model: tuple[str, str | None, str | None], traffic: Traffic,
                slo: SLO, rate: float | None, fabric: FabricSpec, trace: traces.Trace) -> list:
-    """`rdu-cluster serve` arguments that reproduce the verified run."""
-    args = ["--model", model_ref, *(["--weights", weights] if weights else [])]
+    """`rdu-cluster serve` arguments that reproduce the verified run; `model`: the model as
+    --model names it, its --weights and --kv-dtype (None: the model's own)."""
+    model_ref, weights, kv = model
+    args = ["--model", model_ref, *(["--weights", weights] if weights else []),
+            *(["--kv-dtype", kv] if kv else [])]
     profile = calibration.active()  # the profile load_cluster applied (serve's --calibration)
     if profile is None or profile.name != calibration.DEFAULT:
         args += ["--calibration", "none" if profile is None else profile.name]
@@ -209,6 +213,12 @@ def serve_args(dep: Deployment, model_ref: str, weights: str | None, traffic: Tr
     # k given: serve's own choice of k is made at its --max-batch, not the k verified
     spec = cast(Speculation, dep.speculation)  # a draft comes with its speculation
     return args + ["--draft", dep.draft, "--spec-k", str(spec.k), *traffic.spec_args]
+
+
+def _kv_arg(model: ModelSpec, model_ref: str) -> str | None:
+    """The KV-cache dtype the run was costed at, where it is not the model's own (--kv-dtype)."""
+    kv = model.precision.kv_cache
+    return None if kv == load_model(model_ref).precision.kv_cache else kv.value
 
 
 def _on_gpu(dep: Deployment) -> bool:
