@@ -102,3 +102,20 @@ def test_json_says_why_a_system_has_no_placement():
     row = json.loads(r.output)
     assert row["placement"] is None
     assert row["infeasible_reason"] == "no placement meets the target"
+
+
+def test_expert_dtypes_set_the_bytes_each_expert_takes():
+    """--weights / --kv-dtype are each expert's (as simulate's): FP8 experts take half the
+    capacity tier's bytes; the records name the dtypes; a dtype that is none is refused."""
+    got = {}
+    for w in ("bf16", "fp8"):
+        r = CliRunner().invoke(main, ["footprint", "--experts", "150", "--expert-model",
+                                      "llama-3.1-8b", "--cluster", "sn40l-8", "--weights", w,
+                                      "--json"])
+        assert r.exit_code == 0, r.output
+        got[w] = json.loads(r.stdout)
+    assert [got[w]["weights"] for w in got] == ["bf16", "fp8"]
+    assert got["fp8"]["tier_bytes_per_node"]["experts"] == got["bf16"]["tier_bytes_per_node"][
+        "experts"] / 2
+    bad = CliRunner().invoke(main, ["footprint", "--experts", "4", "--kv-dtype", "fp9"])
+    assert bad.exit_code == 2 and "--kv-dtype: unknown dtype 'fp9'" in bad.output

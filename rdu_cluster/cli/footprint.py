@@ -12,6 +12,8 @@ from rdu_cluster.config import load_cluster
 from rdu_cluster.scenarios.coe import DEFAULT_EXPERT, DEFAULT_ROUTER
 from rdu_cluster.scenarios.hosting import footprint as compute
 from rdu_cluster.scenarios.hosting import report
+from workloads.catalog import load_model
+from workloads.spec import with_dtypes
 
 DEFAULT_CLUSTERS = ("sn40l-8", "dgx-h100", "dgx-a100")
 
@@ -30,13 +32,15 @@ DEFAULT_CLUSTERS = ("sn40l-8", "dgx-h100", "dgx-a100")
 @click.option("--batch", default=1, show_default=True, type=o.BATCH, help="KV reserve: sequences.")
 @click.option("--prompt-len", default=512, show_default=True, type=o.LENGTH)
 @click.option("--gen-len", default=20, show_default=True, type=o.LENGTH)
+@o.dtype_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per system.")
 def footprint(n, expert_model, cluster_refs, latency_target, router, batch, prompt_len, gen_len,
-              as_json) -> None:
-    """How many nodes each system needs to host N experts at the latency target."""
+              weights_dtype, kv_dtype, as_json) -> None:
+    """How many nodes each system needs to host N experts at the latency target (--weights
+    and --kv-dtype: each expert's)."""
+    expert = with_dtypes(load_model(expert_model), weights_dtype, kv_dtype)
     fps = [
-        compute(n, expert_model, load_cluster(c), latency_target, router, batch, prompt_len,
-                gen_len)
+        compute(n, expert, load_cluster(c), latency_target, router, batch, prompt_len, gen_len)
         for c in (cluster_refs or DEFAULT_CLUSTERS)
     ]
     if as_json:
@@ -46,6 +50,7 @@ def footprint(n, expert_model, cluster_refs, latency_target, router, batch, prom
                 "cluster": fp.cluster,
                 "experts": fp.experts,
                 "expert_model": fp.expert_model,
+                "weights": fp.dtypes[0], "kv_dtype": fp.dtypes[1],
                 "placement": chosen.name if chosen else None,
                 "nodes": chosen.nodes if chosen else None,
                 "ttft_s": chosen.ttft_s if chosen else None,

@@ -28,7 +28,7 @@ from rdu_cluster.scenarios.coe import DEFAULT_ROUTER, capacity_tier, switch_time
 from workloads import graph as graphs
 from workloads.catalog import load_model
 from workloads.errors import ConfigError
-from workloads.spec import check_context
+from workloads.spec import ModelSpec, check_context
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class Footprint:
     sockets_per_node: int
     latency_target_s: float | None
     placements: tuple[Placement, ...]
+    dtypes: tuple[str, str] = ("bf16", "bf16")  # each expert's weights and KV cache
 
     @property
     def chosen(self) -> Placement | None:
@@ -76,7 +77,7 @@ class Footprint:
 
 def footprint(
     experts: int,
-    expert_model: str,
+    expert_model: str | ModelSpec,
     cluster: ClusterSpec,
     latency_target_s: float | None = None,
     router: str = DEFAULT_ROUTER,
@@ -89,7 +90,9 @@ def footprint(
     if latency_target_s is not None and latency_target_s <= 0:
         raise ConfigError(f"--latency-target: must be positive, got {latency_target_s}")
     node = _node(cluster)
-    spec, r_spec = load_model(expert_model), load_model(router)
+    # an expert given as a spec: its dtypes set (footprint --weights / --kv-dtype)
+    spec = load_model(expert_model) if isinstance(expert_model, str) else expert_model
+    r_spec = load_model(router)
     for m, flag in ((spec, "--expert-model"), (r_spec, "--router")):
         check_context(m, prompt_len, gen_len, f"{flag} {m.name}: --prompt-len")
     e_bytes = graphs.weight_bytes(spec)
@@ -103,7 +106,8 @@ def footprint(
     tiered = _tiered(experts, e_bytes, held, node, prefill + switch)
     in_hbm = _all_in_hbm(experts, e_bytes, held, node, prefill)
     return Footprint(cluster.name, cluster.chip.name, experts, spec.name, e_bytes,
-                     node.sockets, latency_target_s, (tiered, in_hbm))
+                     node.sockets, latency_target_s, (tiered, in_hbm),
+                     (spec.precision.weights.value, spec.precision.kv_cache.value))
 
 
 def _node(cluster: ClusterSpec) -> ClusterSpec:
@@ -184,7 +188,8 @@ def report(fps: list[Footprint]) -> str:
     target = (f"{first.latency_target_s * 1e3:g} ms time to first token"
               if first.latency_target_s else "none")
     lines.append(f"{first.experts} experts of {first.expert_model} "
-                 f"({first.expert_bytes / 1e9:.2f} GB each, "
+                 f"(weights {first.dtypes[0]}, KV cache {first.dtypes[1]}; "
+                 f"{first.expert_bytes / 1e9:.2f} GB each, "
                  f"{first.experts * first.expert_bytes / 1e12:.2f} TB in all); "
                  f"latency target: {target}")
     header = ["system", "placement", "nodes", "TTFT ms (miss)", "HBM per node GB",
