@@ -270,3 +270,12 @@ def test_plan_takes_the_kv_dtype_and_with_dtypes_keeps_the_state_dtype():
     assert hbm["bf16"] - hbm["fp8"] == float(graph.kv_cache_bytes(spec, 1, 8192 + 256)) / 2
     spec = spec.with_precision(Precision(state=DType.FP32))
     assert with_dtypes(spec, "fp8", "fp8").precision.state is DType.FP32
+
+
+def test_plan_takes_the_prompt_length_as_the_other_commands_name_it():
+    got = [run("plan", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", flag, "1024", "--top",
+               "1", "--json") for flag in ("--context", "--prompt-len")]
+    assert all(r.exit_code == 0 for r in got) and got[0].stdout == got[1].stdout
+    assert json.loads(got[1].stdout)["tokens_per_s_per_request"] != json.loads(run(
+        "plan", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--prompt-len", "4096",
+        "--top", "1", "--json").stdout)["tokens_per_s_per_request"]

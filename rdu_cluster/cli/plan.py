@@ -33,9 +33,9 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
               type=click.Choice(["latency", "throughput", "sockets"]),
               help="How the plans are ranked (not with --plan).")
 @click.option("--batch", default=1, show_default=True, type=o.BATCH, help="Sequences per replica.")
-@click.option("--context", default=None, type=o.LENGTH,
-              help=f"Prompt tokens [default: {CONTEXT:,}, or the model's context less --gen-len "
-                   "where that is shorter].")
+@click.option("--context", "--prompt-len", "context", default=None, type=o.LENGTH,
+              help=f"Prompt tokens (--prompt-len, as the other commands name it) [default: "
+                   f"{CONTEXT:,}, or the model's context less --gen-len where that is shorter].")
 @click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 10**6),
               help="Plans to print (not with --plan).")
