@@ -5,7 +5,8 @@
   Each actor asks for cpus_per_actor = min(1, smallest Ray node's CPUs / sockets per node,
   all CPUs / sockets): 16 actors share a 2-core machine (0.125 CPU each) and take a whole CPU
   each where there are enough. A disaggregated run's pools each hold a backend: the sockets
-  are the run's (`run_sockets`), so that the second pool's actors find CPUs left to them. Actors are named "<run>/node<N>/socket<II>[#incarnation]".
+  are the run's (`run_sockets`), so that the second pool's actors find CPUs left to them.
+  Actors are named "<run>/node<N>/socket<II>[#incarnation]".
 - Protocol: every command and result is msgpack bytes (backends/messages.py). A window's
   command goes to every socket of the replica. Sockets whose cost is provably equal (the
   symmetric sockets of a tensor-parallel group) are costed by one, the leader, which the driver

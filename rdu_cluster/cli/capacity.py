@@ -131,12 +131,12 @@ MAX_SHORTLIST = 100
 @click.option("--plot", "plot_path", default=None,
               help="Write the Pareto front (tokens/s per user vs per socket) per system: an "
               "interactive .html page (Plotly).")
-def capacity(model_ref, weights, kv_dtype, clusters, plans, max_nodes, concurrency, rate, prompt_len,
-             output_len, requests, slos, slo_percentile, disaggregated, pairs, fabric, shortlist,
-             seed, prefix_cache, backend_name, as_json, plot_path, trace_path, n_sessions,
-             turns, system_prompt, think_time, spec_mode, draft, spec_k, tree, placement,
-             draft_sockets, acceptance, stacks, ramp_up, steady_tol, assignments, address,
-             n_jobs, no_progress) -> None:
+def capacity(model_ref, weights, kv_dtype, clusters, plans, max_nodes, concurrency, rate,
+             prompt_len, output_len, requests, slos, slo_percentile, disaggregated, pairs,
+             fabric, shortlist, seed, prefix_cache, backend_name, as_json, plot_path,
+             trace_path, n_sessions, turns, system_prompt, think_time, spec_mode, draft, spec_k,
+             tree, placement, draft_sockets, acceptance, stacks, ramp_up, steady_tol,
+             assignments, address, n_jobs, no_progress) -> None:
     """Find the cheapest deployments that meet a latency SLO for a traffic."""
     started = time.perf_counter()
     # a dtype given twice is one candidate (as a --cluster or --plan given twice is)

@@ -19,9 +19,10 @@ interval of their ports to the KV's arrival: latency and transfer; its request a
 
 Built by an observer the Simulation calls after each window (Simulation.observers), from the
 per-socket results and the per-step times the engine already computed, and after each recovery
-row (weights reloaded after a failure); a pair's Handover calls it at each hand-over. The events are written to the file as they are made
-(a hidden temporary file beside it, output/atomic.StreamedFile), so memory does not grow with
-the run; the file appears whole at commit(), after the run's tables.
+row (weights reloaded after a failure); a pair's Handover calls it at each hand-over. The
+events are written to the file as they are made (a hidden temporary file beside it,
+output/atomic.StreamedFile), so memory does not grow with the run; the file appears whole at
+commit(), after the run's tables.
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ from rdu_cluster.output import atomic
 
 US = 1e6  # trace-event times are microseconds
 COPIES = (("kv_swap_s", "KV swap copy"), ("switch_s", "expert copy (CoE switch)"))
-LINK_PID = 100_000  # link processes after the sockets'
+# a disaggregated run's decode pool's sockets: pid POOL_PID + socket (past MAX_SOCKETS)
+POOL_PID = 20_000
+LINK_PID = 100_000  # link processes after the sockets' (both pools')
 COUNTER_STEP = 0.01  # a link counter gets a new point when its rate moves by this fraction
-
-
-POOL_PID = 10_000  # a disaggregated run's decode pool's sockets: pid POOL_PID + socket
 
 
 class Timeline:
