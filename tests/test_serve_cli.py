@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -453,3 +454,20 @@ def test_summary_burstiness_is_vllms_gamma_shape(tmp_path):
             "--trace", str(trace), "--json", "--no-progress", "--out", str(tmp_path / "t"))
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["burstiness"] is None
+
+
+def test_a_pairs_draft_k_is_chosen_on_its_decode_pool(tmp_path):
+    """serve --prefill-pool/--decode-pool --draft: k (not given) is the fastest on the decode
+    pool's cluster and plan, where the drafts and verification run, as an aggregated run there
+    chooses it."""
+    common = ["serve", "--model", "llama-3.1-8b", "--requests", "8", "--rate", "4",
+              "--draft", "llama-3.2-1b", "--no-progress"]
+    lines = {}
+    for name, where in (("pair", ["--prefill-pool", "dgx-h100:tp1:1", "--decode-pool",
+                                  "sn40l-8:tp4:1"]),
+                        ("alone", ["--cluster", "sn40l-8", "--plan", "tp4"])):
+        r = CliRunner().invoke(main, [*common, *where, "--out", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        lines[name] = next(x for x in r.stdout.splitlines() if "speculative:" in x)
+    k = lambda line: re.search(r"k=(\d+)", line).group(1)
+    assert k(lines["pair"]) == k(lines["alone"])

@@ -296,10 +296,15 @@ def _with_speculation(config: ServeConfig, deployed: _Deployment, trace: traces.
     """The config with --draft's speculation (workload.speculation: k by default the fastest
     for the trace's lengths, --max-batch, the placement and the deployment's execution
     options); not beside a CoE."""
+    cluster, plan, options = deployed.cluster, config.plan, config.options
+    if deployed.pools:  # the decode pool drafts and verifies: k is chosen on it
+        pool = deployed.pools[1]
+        cluster, plan = pool.spec(deployed.model, deployed.pools[2]), pool.plan
+        options = deployed.options[1]
     speculation = workload.speculation(
-        deployed.model, deployed.cluster, trace, config.draft, spec_k, acceptance,
-        config.limits.max_batch, tree, config.draft_placement, config.draft_sockets,
-        config.plan, config.options)  # (pools: none here; the pair refuses a draft)
+        deployed.model, cluster, trace, config.draft, spec_k, acceptance,
+        config.limits.max_batch, tree, config.draft_placement, config.draft_sockets, plan,
+        options)
     if config.coe is not None and speculation is not None:
         raise ConfigError("--draft: not with --coe-experts")
     return dataclasses.replace(config, speculation=speculation)

@@ -672,3 +672,35 @@ def test_a_pair_on_ray_gives_the_local_tables(ray_session):
         tables[name] = d.run()
     for part in ("requests", "steps"):
         assert getattr(tables["ray"], part).equals(getattr(tables["local"], part)), part
+
+
+def test_a_pair_decodes_speculatively_with_the_drafts_kv_handed_over_too():
+    """--draft with pools (shared placement): the prefill pool prefills the prompt in the target
+    and the draft, each request's hand-over carries both KV caches, and the decode pool drafts
+    and verifies (its TPOT that of speculative steps); a separate draft is refused."""
+    from workloads.speculative import Speculation, parse_acceptance
+
+    trace = traces.synthetic(16, 4.0, "poisson", traces.LengthDist("fixed", 512, 512),
+                             traces.LengthDist("fixed", 64, 64), seed=7)
+    spec = Speculation(4, parse_acceptance("0.8"))
+    runs = {}
+    for name, config in (("plain", ServeConfig()),
+                         ("draft", ServeConfig(speculation=spec, draft="llama-3.2-1b"))):
+        d = disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp1:1", "p"),
+                                 disagg.Pool.parse("sn40l-8:tp4:1", "d"), load_fabric("ib-ndr"),
+                                 trace, config, LocalBackend)
+        runs[name] = d.run()
+    per_token = {m: float(graph.kv_cache_bytes(load_model(m), 1, 1))
+                 for m in (MODEL, "llama-3.2-1b")}
+    sent = 511  # the prompt less its last token (the decode side recomputes it)
+    plain, draft = (np.asarray(runs[n].requests.column("kv_transfer_bytes")) for n in runs)
+    assert (plain == sent * per_token[MODEL]).all()
+    assert (draft == sent * (per_token[MODEL] + per_token["llama-3.2-1b"])).all()
+    tpot = {n: runs[n].summary["bench"]["mean_tpot_ms"] for n in runs}
+    assert tpot["draft"] < tpot["plain"] / 1.5  # k = 4 at 0.8: ~2.7 tokens a verify step
+    with pytest.raises(ConfigError, match="--draft-placement separate: not with --prefill-pool"):
+        disagg.Disaggregated(load_model(MODEL), disagg.Pool.parse("dgx-h100:tp1:1", "p"),
+                             disagg.Pool.parse("sn40l-8:tp4:2", "d"), load_fabric("ib-ndr"),
+                             trace, ServeConfig(speculation=spec, draft="llama-3.2-1b",
+                                                draft_placement="separate", draft_sockets=4),
+                             LocalBackend)

@@ -21,6 +21,7 @@ from rdu_cluster.engine.disagg.handover import DecodeSide, Handover, PrefillSide
 from rdu_cluster.engine.disagg.pools import Pool, kv_flows
 from rdu_cluster.engine.disagg.tables import combine
 from rdu_cluster.engine.simulation import ServeConfig, Simulation, Tables
+from rdu_cluster.scenarios.speculative import resolve_draft
 from workloads import graph
 from workloads.errors import ConfigError
 from workloads.spec import ModelSpec
@@ -48,16 +49,25 @@ class Disaggregated:
     observers: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.config.faults or self.config.coe is not None or self.config.speculation:
-            raise ConfigError("--prefill-pool/--decode-pool: not with --fault, --coe-experts "
-                              "or --draft")
+        c = self.config
+        if c.faults or c.coe is not None:
+            raise ConfigError("--prefill-pool/--decode-pool: not with --fault or --coe-experts")
+        if c.speculation is not None and c.draft_placement != "shared":
+            raise ConfigError(f"--draft-placement {c.draft_placement}: not with --prefill-pool/"
+                              "--decode-pool (the draft shares each pool's sockets)")
         if replica_routing.get(self.config.routing).stateful:
             raise ConfigError(f"--routing {self.config.routing}: not with --prefill-pool/"
                               "--decode-pool (each pool deals its requests round-robin: a "
                               "request's decode replica is chosen as its prefill ends)")
         self.clusters = (self.prefill.spec(self.model, self.fabric),
                          self.decode.spec(self.model, self.fabric))
-        self.kv_per_token = float(graph.kv_cache_bytes(self.model, 1, 1))
+        # a token's KV handed over: the target's, and with a draft its own (the prefill pool
+        # prefills the prompt in both, as SGLang's and vLLM's disaggregated speculative
+        # decoding do; the decode pool drafts and verifies)
+        draft = (resolve_draft(cast(str, c.draft), self.model) if c.speculation is not None
+                 else None)
+        self.kv_per_token = float(graph.kv_cache_bytes(self.model, 1, 1)) + (
+            0.0 if draft is None else float(graph.kv_cache_bytes(draft, 1, 1)))
         self.checkpoint: Checkpoint | None = None
         self._resume: tuple[list, int] | None = None  # a kept run's event queue and count
 
