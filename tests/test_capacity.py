@@ -1110,3 +1110,26 @@ def test_kv_dtype_is_every_candidates_and_its_serve_args_reproduce_the_row(tmp_p
         row["tokens_per_s_per_socket"] * row["sockets"], rel=1e-9)
     bad = run(*TINY, "--kv-dtype", "fp7")
     assert bad.exit_code == 2 and "--kv-dtype: unknown dtype 'fp7'" in bad.output, bad.output
+
+
+@pytest.mark.slow  # seconds: end to end
+def test_a_pair_is_a_speculative_candidate_too_and_its_serve_args_reproduce_it(tmp_path):
+    """--speculative both with --pair: the pair decodes speculatively in its decode pool as a
+    candidate of its own (the draft on the decode pool's sockets, as a system's), its
+    serve_args carrying --draft and k, and serve giving the row's run again."""
+    r = run("capacity", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--pair",
+            "dgx-h100:sn40l-8", "--concurrency", "16", "--prompt-len", "512", "--output-len",
+            "32", "--slo", "tpot:10", "--max-nodes", "2", "--shortlist", "1",
+            "--steady-tolerance", "off", "--draft", "llama-3.2-1b", "--speculative", "both",
+            "--json", "--no-progress")
+    assert r.exit_code == 0, r.output
+    pairs = [row for row in map(json.loads, r.stdout.splitlines()) if row["disaggregated"]]
+    spec = [row for row in pairs if row["speculative"]]
+    assert spec and len(spec) < len(pairs)  # with and without the draft
+    row = spec[0]
+    args = row["serve_args"]
+    assert args[args.index("--draft") + 1] == "llama-3.2-1b" and "--spec-k" in args
+    again = run("serve", *args, "--json", "--no-progress", "--out", str(tmp_path / "again"))
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["output_throughput"] == pytest.approx(
+        row["tokens_per_s_per_socket"] * row["sockets"], rel=1e-9)

@@ -205,20 +205,21 @@ def _shortlisted(model_kv, weights, stacks, clusters, plans, pairs, max_nodes, t
         choose = lambda cl, plan, model=model, stack=stack: workload.speculation(
             model, cl, _sample(traffic), draft, spec_k, acceptance, 1, tree, "shared", 1, plan,
             serving_stacks.options_for(cl.chip, stack if cl.chip.kind == "gpu" else None))
-        # an RDU system takes no stack: its candidates come once, with the first stack's
+        # an RDU system takes no stack: its candidates come once, with the first stack's (a
+        # pair's decode pool on it is costed under every stack the pair is tried on: "pool")
         first = stack is None or stack == stacks[0]
         systems = [c for c in clusters if first or candidates.gpu(c)]
+        pools = {d for _, d in candidates.stack_pairs(pairs, stack, first)} - set(systems)
         asked.append((w, stack, first, model, {
-            (c, on): (model, c, plans, max_nodes, (prompt, gen), fab, draft if on else None,
-                      choose, stack if candidates.gpu(c) else None, overrides)
-            for c in systems for on in modes}))
+            (c, on, *(["pool"] if c in pools else [])): (
+                model, c, plans, max_nodes, (prompt, gen), fab, draft if on else None, choose,
+                stack if candidates.gpu(c) else None, overrides)
+            for c in [*systems, *sorted(pools)] for on in modes}))
     got = iter(candidates.analytic([a for *_, ask in asked for a in ask.values()], n_jobs))
     for w, stack, first, model, ask in asked:
         groups = {key: next(got) for key in ask}
-        costs += [(w, c) for cs in groups.values() for c in cs]
-        per = {c: cs for (c, on), cs in groups.items() if not on}
-        cands = candidates.shortlist(groups.values(), per,
-                                     candidates.stack_pairs(pairs, stack, first), model,
+        costs += [(w, c) for key, cs in groups.items() if len(key) == 2 for c in cs]
+        cands = candidates.shortlist(groups, candidates.stack_pairs(pairs, stack, first), model,
                                      (traffic, slo, max_nodes, (prompt, gen), fab), shortlist,
                                      (stack, overrides))
         jobs += [(dep, model, model_ref, w, traffic, slo, fab, max_nodes) for dep in cands]

@@ -72,27 +72,34 @@ def stack_pairs(pairs, stack: str | None, first: bool) -> list[tuple[str, str]]:
     return [(p, d) for p, d in pairs if first or gpu(p) or gpu(d)]
 
 
-def shortlist(groups, per, pairs, model, question, k, system=(None, ())):
-    """The `k` cheapest analytic candidates of each system (with and without speculation) and
-    of each pair (without); `question`: (traffic, slo, max_nodes, (prompt, gen), fab), what
+def shortlist(groups, pairs, model, question, k, system=(None, ())):
+    """The `k` cheapest analytic candidates of each system and of each pair, with and without
+    speculation as --speculative asks: `groups` maps (cluster, speculative) to a system's
+    replica costs, and (cluster, speculative, "pool") to those of a pair's decode pool that is
+    no system here. A pair decodes speculatively in its decode pool (its prefill pool sized
+    without the draft's prefill, its hand-over without the draft's KV: the engine's
+    verification adds both). `question`: (traffic, slo, max_nodes, (prompt, gen), fab), what
     every candidate is sized for; `system`: the GPU stack and the --set overrides."""
     traffic, slo, max_nodes, (prompt, gen), fab = question
     stack, overrides = system
     out = []
-    for costs in groups:
-        deps = [aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
-        out += _cheapest([d for d in deps if d is not None], k)
+    for key, costs in groups.items():
+        if len(key) == 2:
+            deps = [aggregated(c, traffic, slo, max_nodes, prompt, gen) for c in costs]
+            out += _cheapest([d for d in deps if d is not None], k)
+    modes = sorted({key[1] for key in groups})
     for p, d in pairs:
-        pre = per.get(p) or _costs((model, p, (), max_nodes, (prompt, gen), fab, None, None,
-                                    stack if gpu(p) else None, overrides))
-        dec = per.get(d) or _costs((model, d, (), max_nodes, (prompt, gen), fab, None, None,
-                                    stack if gpu(d) else None, overrides))
-        if not pre or not dec:
-            continue
-        prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
-        deps = [disaggregated(prefill, c, traffic, slo, max_nodes, (prompt, gen), model, fab)
-                for c in dec]
-        out += _cheapest([x for x in deps if x is not None], k)
+        pre = groups.get((p, False)) or _costs(
+            (model, p, (), max_nodes, (prompt, gen), fab, None, None,
+             stack if gpu(p) else None, overrides))
+        for on in modes:
+            dec = groups.get((d, on)) or groups.get((d, on, "pool"))
+            if not pre or not dec:
+                continue
+            prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
+            deps = [disaggregated(prefill, c, traffic, slo, max_nodes, (prompt, gen), model,
+                                  fab) for c in dec]
+            out += _cheapest([x for x in deps if x is not None], k)
     return out
 
 

@@ -298,7 +298,7 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                       (pre.price_per_socket_hour, dec.price_per_socket_hour),
                       {"tpot_s": tpot, "rho": lam / n_p * service, "e2e_s": e2e,
                        "kv_transfer_s": move, "prefill_service_s": service},
-                      stack=dec.stack or pre.stack)
+                      dec.draft, dec.speculation, stack=dec.stack or pre.stack)
 
 
 def _short(x: float) -> float:
