@@ -261,7 +261,9 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                   fabric: FabricSpec) -> Deployment | None:
     """The fewest decode replicas of `dec` and prefill replicas of `pre` that carry `traffic`
     within `slo` (analytically: the verification serves it); `lengths`: the mean (prompt,
-    output) lengths, as replica_cost takes them."""
+    output) lengths, as replica_cost takes them. A speculative `dec` (its draft) makes the
+    deployment draft in its decode pool (the prefill and the hand-over sized for the target
+    alone)."""
     prompt, gen = lengths
     bound = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
     b_max = dec.max_batch(bound)
