@@ -1133,3 +1133,19 @@ def test_a_pair_is_a_speculative_candidate_too_and_its_serve_args_reproduce_it(t
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["output_throughput"] == pytest.approx(
         row["tokens_per_s_per_socket"] * row["sockets"], rel=1e-9)
+
+
+def test_a_closed_loops_load_is_judged_at_the_batch_its_users_form():
+    """sizing._load: 64 users on replicas whose TPOT is 1.8 ms at batch 1 and 12.5 ms at 64
+    (a speculative decode): from batch one the first E2E (0.26 s) made the prompts arrive at 8x
+    what one replica prefills, and every replica count was refused; judged at the batch the
+    users form, two replicas carry it (prefill utilization 0.43)."""
+    from rdu_cluster.scenarios.capacity import sizing
+
+    cost = sizing.ReplicaCost("sn40l-16", "tp16", 16, np.array([1, 32, 64]),
+                              np.array([0.0018, 0.0113, 0.0125]), 0.0344, 256, 4.9, 16)
+    traffic = cap.Traffic(concurrency=64, rate=None, prompt="1024", output="128")
+    assert [sizing._load(cost, cost.prefill_s, traffic, n, 128, 256)[0]
+            for n in (1, 2, 3)] == [False, True, True]
+    _, e2e, tpot, rho = sizing._load(cost, cost.prefill_s, traffic, 2, 128, 256)
+    assert 0 < rho < 1 and e2e == pytest.approx(cost.prefill_s + 127 * tpot, rel=1e-3)
