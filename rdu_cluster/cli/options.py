@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import click
 
+from chip import serving_stacks
 from rdu_cluster.config import MAX_SOCKETS, cli_overrides
 from rdu_cluster.validation import calibration
 from workloads import sessions
@@ -216,6 +217,13 @@ dtype_options = _stack(
                  help="Weight dtype (bf16, fp8, int4, mxfp4) [default: the model's]."),
     click.option("--kv-dtype", default=None, help="KV-cache dtype [default: the model's]."),
 )
+
+# A GPU cluster's serving stack, as plan, serve and sensitivity take it (simulate's, for
+# several clusters, and capacity's, repeatable, say more).
+stack_option = click.option(
+    "--stack", "stack_name", default=None,
+    help=f"GPU clusters: the serving stack ({', '.join(serving_stacks.STACKS)}) [default: "
+         f"{serving_stacks.DEFAULT_STACK}]; an RDU cluster takes none.")
 
 # The multi-turn workload (workloads/sessions.py), as serve and capacity take it.
 session_options = _stack(

@@ -48,9 +48,7 @@ CONTEXT = 8192  # prompt tokens a plan is sized for, unless --context or the mod
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per plan.")
 @click.option("--plan", "plan_text", default=None,
               help="Evaluate this plan only (tp16, tp4pp2, ...) instead of searching.")
-@click.option("--stack", "stack_name", default=None,
-              help=f"GPU clusters: the serving stack ({', '.join(serving_stacks.STACKS)}) "
-                   f"[default: {serving_stacks.DEFAULT_STACK}]; an RDU cluster takes none.")
+@o.stack_option
 @hardware_options
 def plan(model_ref, cluster_ref, objective, batch, context, gen_len, top, weights_dtype,
          kv_dtype, spill, routing, seed, as_json, plan_text, stack_name, overrides) -> None:

@@ -33,9 +33,7 @@ from workloads.spec import check_context, with_dtypes
 @click.option("--prompt-len", default=1024, show_default=True, type=o.LENGTH)
 @click.option("--gen-len", default=256, show_default=True, type=o.LENGTH)
 @o.dtype_options
-@click.option("--stack", "stack_name", default=None,
-              help=f"A GPU cluster's serving stack ({', '.join(serving_stacks.STACKS)}) "
-                   f"[default: {serving_stacks.DEFAULT_STACK}]; an RDU cluster takes none.")
+@o.stack_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per hardware figure.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.html",
               help="Write a tornado chart (a self-contained HTML page, no scripts).")

@@ -159,9 +159,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               help="Disaggregated serving: CLUSTER:PLAN:M decode replicas (with --prefill-pool).")
 @click.option("--fabric", default=DEFAULT_FABRIC, show_default=True,
               help="Inter-node fabric for the KV hand-over (cluster_configs/fabrics/).")
-@click.option("--stack", "stack_name", default=None,
-              help=f"GPU clusters: the serving stack ({', '.join(serving_stacks.STACKS)}) "
-                   f"[default: {serving_stacks.DEFAULT_STACK}]; an RDU cluster takes none.")
+@o.stack_option
 @hardware_options
 def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, burstiness,
           prompt_len, output_len, seed, scheduler, max_batch, token_budget, chunked_prefill,
