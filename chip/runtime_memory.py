@@ -22,7 +22,10 @@ fit; it then sizes its KV pool from what is left. What it reserves, per socket:
   serving run's --kv-fraction may set one).
 The activation workspace is the footprint's own region (partitioning/footprint.py): the largest
 op working set of a forward pass over `token_budget` tokens (an engine profiles or plans it at
-its batched-token budget; the RDU runtime at one prompt).
+its batched-token budget; the RDU runtime at one prompt). `max_running` is the most requests the
+engine runs at once, the count its request pools and buffers are sized for (SGLang's request
+pool, vLLM's max_num_seqs, TensorRT-LLM's max_batch_size): a serving run's --max-batch where
+none is given (rdu_cluster/engine/schedulers: max_batch_for).
 
 Figures the engines publish are cited where they are defined; the rest are declared with a range
 and its basis (`RANGES`): no measurement set fixes them, so nothing fits them.
@@ -85,6 +88,7 @@ class RuntimeMemory:
     image_bytes: float = 0.0  # RDU program and configuration images (HBM)
     sram_bytes: float = 0.0  # RDU PMU buffers the runtime keeps (SRAM)
     token_budget: int | None = None  # activations at this many tokens (None: one prompt)
+    max_running: int | None = None  # requests run at once (None: no engine default, an RDU)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -193,7 +197,25 @@ def vllm_token_budget(capacity: float, chip_name: str) -> int:
     """vLLM's default max_num_batched_tokens for its OpenAI server (vllm/engine/arg_utils.py,
     EngineArgs.get_batch_defaults): 8192 on a GPU of 70 GiB or more that is not an A100, 2048
     otherwise."""
-    return 8192 if capacity >= 70 * GiB and "a100" not in chip_name else 2048
+    return 8192 if _vllm_large(capacity, chip_name) else 2048
+
+
+def vllm_max_num_seqs(capacity: float, chip_name: str) -> int:
+    """vLLM's default max_num_seqs for its OpenAI server, by the same rule as its token budget
+    (EngineArgs.get_batch_defaults): 1024 on a GPU of 70 GiB or more that is not an A100, 256
+    otherwise."""
+    return 1024 if _vllm_large(capacity, chip_name) else 256
+
+
+def _vllm_large(capacity: float, chip_name: str) -> bool:
+    return capacity >= 70 * GiB and "a100" not in chip_name
+
+
+# SGLang's request pool (python/sglang/srt/model_executor/model_runner.py, init_memory_pool):
+# min(max(KV tokens / context length x 512, 2048), 4096) requests. Its cap is taken: the KV
+# cache admits fewer than the formula wherever a request averages context / 512 tokens or more
+# (256 on a 128K-context model), so the two part only for shorter requests.
+SGLANG_MAX_RUNNING = 4096
 
 
 _CONTEXT, _COMM, _GRAPHS = (declared(k) for k in ("cuda_context", "comm_buffers", "cuda_graphs"))
@@ -204,28 +226,35 @@ VLLM = RuntimeMemory(
     source="vLLM CacheConfig.gpu_memory_utilization = 0.9 (docs.vllm.ai v0.10.2 "
     "api/vllm/config/cache; later releases' docs read 0.92); the worker sizes the KV cache as "
     "fraction x total - weights - activation peak - non-torch memory (its start-up log, "
-    "vllm-project/vllm issue #12330); max_num_batched_tokens 8192 (vllm_token_budget)")
+    "vllm-project/vllm issue #12330); max_num_batched_tokens 8192 (vllm_token_budget) and "
+    "max_num_seqs 1024 (vllm_max_num_seqs) on an H100 or H200")
 SGLANG = RuntimeMemory(
     "sglang", "static", None, _CONTEXT, _COMM, token_budget=None,
+    max_running=SGLANG_MAX_RUNNING,
     source="SGLang mem_fraction_static, default derived from GPU memory and TP "
     "(server_args.py _handle_gpu_memory_settings, sgl-project/sglang 469c63e): 80 GiB TP8 "
     "0.819, 141 GiB TP8 0.897; KV pool = memory free after loading - (1 - fraction) x total "
-    "(model_runner.profile_max_num_token)")
+    "(model_runner.profile_max_num_token); at most 4096 requests (SGLANG_MAX_RUNNING)")
 TENSORRT_LLM = RuntimeMemory(
     "tensorrt-llm", "free", 0.9, _CONTEXT, _COMM, _GRAPHS, token_budget=8192,
+    max_running=2048,
     source="TensorRT-LLM KvCacheConfig.free_gpu_memory_fraction = 0.9 of the memory free "
     "after the engine loads (nvidia.github.io/TensorRT-LLM llm-api KvCacheConfig; 'How to Change "
     "KV Cache Behavior'); activation workspace planned at build time for max_num_tokens 8192 "
-    "(TensorRT-LLM reference/memory.md)")
+    "(TensorRT-LLM reference/memory.md); max_batch_size 2048 (BuildConfig, "
+    "tensorrt_llm/builder.py; trtllm-build's default since NVIDIA/TensorRT-LLM#2253)")
 TENSORRT_LLM_STATIC = replace(
     TENSORRT_LLM, runtime="tensorrt-llm-0.11", fraction=None, graph_bytes=0.0,
+    max_running=256,
     source="TensorRT-LLM as NVIDIA's v0.6 performance tables ran it (gptSessionBenchmark: static "
     "batching, the KV cache allocated for the batch at its lengths, no fraction held back) and "
     "Argonne's 0.11 runs (no CUDA graphs; their ModelRunnerCpp's paged cache takes 0.9 of what "
-    "is left, which their batches of 1-64 at 1-2K tokens fit either way)")
-EAGER = replace(VLLM, runtime="eager", graph_bytes=0.0,
+    "is left, which their batches of 1-64 at 1-2K tokens fit either way); max_batch_size 256, "
+    "trtllm-build's default before NVIDIA/TensorRT-LLM#2253 (2024-09) set it to 2048")
+EAGER = replace(VLLM, runtime="eager", graph_bytes=0.0, max_running=128,
                 source="a PyTorch loop as vLLM runs it without CUDA graphs (enforce_eager): "
-                "vLLM's fraction and rule")
+                "vLLM's fraction and rule; 128 requests at once, the batch_size_cap of Vidur's "
+                "replica schedulers (microsoft/vidur vidur/config/config.py), which runs it")
 SN40L = RuntimeMemory(
     "sn40l-runtime", "free", None, image_bytes=declared("rdu_program_images"),
     source="the program images (declared, RANGES); the PMU buffers are the layer map's "
@@ -281,6 +310,8 @@ def _of(chip: Any, options: Any) -> RuntimeMemory:
     rm = for_stack(name)
     if rm.rule == "total" and rm.token_budget is not None:
         rm = replace(rm, token_budget=vllm_token_budget(chip.hbm.capacity_bytes, chip.name))
+    if rm.rule == "total" and rm.max_running is None:
+        rm = replace(rm, max_running=vllm_max_num_seqs(chip.hbm.capacity_bytes, chip.name))
     if rm.rule == "static":
         rm = replace(rm, token_budget=sglang_chunk(chip.hbm.capacity_bytes))
     return rm

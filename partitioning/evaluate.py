@@ -309,6 +309,26 @@ def footprint(scenario: Scenario, check: bool = True) -> tuple[tuple[Footprint, 
     return _fit(s, build_programs(s.spec, s.plan), check)
 
 
+def kv_batch(scenario: Scenario) -> int:
+    """The most sequences whose KV a replica of the scenario's plan holds at its lengths (0
+    where the plan does not fit): what the weights, the activation workspace and the runtime's
+    reservation (chip/runtime_memory.py) leave on the fullest socket, over one sequence's KV
+    cache (heads replicated where tp exceeds them), as the engine sizes its KV blocks from the
+    same regions; attention data-parallel groups each hold their own sequences'."""
+    fps, why = footprint(scenario, check=False)
+    if np.any(np.asarray(why) != ""):
+        return 0
+    hbm = scenario.cluster.chip.hbm.capacity_bytes
+    resident = max(_scalar(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
+                           + fp.regions.get(("reserved", "hbm"), 0.0)) for fp in fps)
+    per_seq = max(_scalar(fp.region("kv_cache")) / _scalar(scenario.batch) for fp in fps)
+    return scenario.plan.adp * int((hbm - resident) // per_seq) if hbm > resident else 0
+
+
+def _scalar(x: Any) -> float:
+    return float(np.max(x))
+
+
 def _checked(s: Scenario) -> Scenario:
     """The scenario with its lengths positive and as floats, its plan valid for its model."""
     _check_positive(batch=s.batch, prompt_len=s.prompt_len, gen_len=s.gen_len)

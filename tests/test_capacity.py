@@ -1071,6 +1071,7 @@ def test_a_replicas_tpot_table_is_one_estimate_a_batch_in_one_call(pool):
     from dataclasses import replace
 
     from chip import serving_stacks
+    from partitioning import evaluate
     from partitioning.estimate import estimate
     from partitioning.plan import Plan
     from partitioning.scenario import Scenario
@@ -1082,7 +1083,7 @@ def test_a_replicas_tpot_table_is_one_estimate_a_batch_in_one_call(pool):
     cl = replace(p, replicas=1).spec(model, load_fabric("ib-ndr"))
     plan = Plan.parse(p.plan)
     base = Scenario(model, cl, plan, 1, 1024, 256, serving_stacks.options_for(cl.chip, None))
-    batches = sizing.BATCHES[sizing.BATCHES <= sizing._kv_batch(base, plan)][:8]
+    batches = sizing.BATCHES[sizing.BATCHES <= evaluate.kv_batch(base)][:8]
     at = lambda b: estimate(base.but(batch=b))
     tpot, prefill = sizing._times(at, batches)
     assert tpot.tolist() == [float(at(int(b)).tpot_s) for b in batches]

@@ -110,7 +110,7 @@ def test_serve_runs_the_stack_and_its_summary_says_which(tmp_path):
     assert json.loads(rdu.stdout)["stack"] is None
     text = run(*SERVE[:-2], "--cluster", "dgx-h100", "--out", str(tmp_path / "t"), "--stack",
                "eager").stdout.splitlines()[0]
-    assert text.startswith("llama-3.2-1b on dgx-h100, stack eager ("), text
+    assert text.startswith("llama-3.2-1b on dgx-h100, stack eager, max batch 128 ("), text
 
 
 SWEEP = """
@@ -279,3 +279,46 @@ def test_plan_takes_the_prompt_length_as_the_other_commands_name_it():
     assert json.loads(got[1].stdout)["tokens_per_s_per_request"] != json.loads(run(
         "plan", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--prompt-len", "4096",
         "--top", "1", "--json").stdout)["tokens_per_s_per_request"]
+
+
+def test_a_gpu_runs_its_stacks_cap_where_no_max_batch_is_given(tmp_path):
+    """serve without --max-batch runs as many sequences at once as the engine it names would
+    (schedulers.max_batch_for: SGLang's request pool, vLLM's max_num_seqs by its GPU rule); an
+    RDU, and a CoE run (its runtime is [MICRO24]'s), the engine's 32; a pair, its decode pool's.
+    The JSON says which; a serve sweep's point that sets none runs and records the same."""
+    from rdu_cluster.config import load_cluster
+    from rdu_cluster.sweep.runners import serve as serve_runner
+
+    def cap(*extra: str, args=SERVE) -> int:
+        r = run(*args, "--out", str(tmp_path / f"run{len(list(tmp_path.iterdir()))}"), *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["max_batch"]
+
+    assert cap("--cluster", "dgx-h100") == 4096
+    assert cap("--cluster", "dgx-h100", "--stack", "vllm") == 1024
+    assert cap("--cluster", "dgx-a100", "--stack", "vllm") == 256
+    assert cap("--cluster", "sn40l-8") == 32
+    assert cap("--cluster", "dgx-h100", "--max-batch", "8") == 8
+    assert cap("--cluster", "dgx-h100", "--coe-experts", "2") == 32
+    pair = [a for a in SERVE if a not in ("--plan", "tp1")]
+    assert cap("--prefill-pool", "dgx-h100:tp1:1", "--decode-pool", "sn40l-8:tp2:1",
+               args=pair) == 32
+    assert cap("--prefill-pool", "sn40l-8:tp2:1", "--decode-pool", "dgx-h100:tp1:1",
+               args=pair) == 4096
+    h100 = load_cluster("dgx-h100").chip
+    assert serve_runner._max_batch({}, h100, None) == 4096
+    assert serve_runner._max_batch({"max_batch": 8}, h100, None) == 8
+    assert serve_runner._max_batch({"prefill_pool": "sn40l-8:tp2:1",
+                                    "decode_pool": "dgx-h100:tp1:1"}, h100, None) == 4096
+
+
+def test_a_draft_on_a_gpus_default_cap_chooses_k_where_the_kv_cache_holds_the_batch(tmp_path):
+    """k is chosen at the most sequences the run can hold: a stack's cap of thousands is the
+    engine's, not the memory's (Llama 3.1 8B + Llama 3.2 1B on one H100 was refused 'does not
+    fit' at 4,096 sequences)."""
+    args = [a if a != "llama-3.2-1b" else "llama-3.1-8b" for a in SERVE]
+    r = run(*args, "--cluster", "dgx-h100", "--draft", "llama-3.2-1b", "--out",
+            str(tmp_path / "spec"))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["max_batch"] == 4096 and doc["completed"] == 6

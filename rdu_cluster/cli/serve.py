@@ -85,8 +85,11 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--seed", default=0, show_default=True, type=o.SEED)
 @click.option("--scheduler", default=schedulers.DEFAULT, show_default=True,
               help=f"Scheduler policy: {', '.join(schedulers.names())}.")
-@click.option("--max-batch", default=schedulers.Limits.max_batch, show_default=True,
-              type=o.BATCH)
+@click.option("--max-batch", default=None, type=o.BATCH,
+              help="Sequences a replica runs at once [default: a GPU's stack's own cap: "
+              "sglang 4096, vllm 1024 on an H100/H200 (else 256), tensorrt-llm 2048, eager 128; "
+              f"an RDU or a CoE run {schedulers.Limits.max_batch}; with pools, the decode "
+              "pool's].")
 @click.option("--token-budget", default=schedulers.Limits.token_budget, show_default=True,
               type=o.TOKENS)
 @click.option("--chunked-prefill", is_flag=True)
@@ -188,7 +191,8 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     scenario = _coe(coe_experts, model, coe_router, coe_distribution, coe_policy, coe_hbm_slots)
     pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
     deployed = _Deployment.of(model, cluster, pools, stack_name)
-    limits = schedulers.Limits(max_batch, token_budget, chunked_prefill, preemption)
+    limits = schedulers.Limits(deployed.max_batch(max_batch, scenario is not None),
+                               token_budget, chunked_prefill, preemption)
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
                          kv_memory_fraction=kv_fraction, faults=tuple(faults), coe=scenario,
                          draft=draft, draft_placement=placement, draft_sockets=draft_sockets,
@@ -281,6 +285,19 @@ class _Deployment:
         options, stack = _stack(stack_name, [pools[0], pools[1]] if pools else [], cluster, model)
         return cls(model, cluster, pools, options, stack)
 
+    def max_batch(self, given: int | None, coe: bool = False) -> int:
+        """--max-batch, or the sequences its (decode) replicas' engine runs at once by default
+        (schedulers.max_batch_for: a GPU stack's cap); a CoE run's, Limits.max_batch (its
+        runtime is [MICRO24]'s expert switching, not a serving stack's)."""
+        if given is not None:
+            return given
+        if coe:
+            return schedulers.Limits.max_batch
+        if self.pools:
+            _, dec, fabric = self.pools
+            return schedulers.max_batch_for(dec.spec(self.model, fabric).chip, self.options[1])
+        return schedulers.max_batch_for(self.cluster.chip, self.options)
+
     @property
     def name(self) -> str:
         """The deployment as the summary names it (its `cluster`)."""
@@ -329,7 +346,7 @@ def _context(deployed: _Deployment, config: ServeConfig, work: _Workload, backen
             "stack": deployed.stack, "backend": backend_name,
             "routing": config.routing, "num_prompts": len(trace), "request_rate": work.rate,
             "burstiness": _vllm_burstiness(work.trace_path, work.arrival, work.burstiness),
-            "max_concurrency": config.concurrency,
+            "max_concurrency": config.concurrency, "max_batch": config.limits.max_batch,
             "calibration": calibration.label(
                 [load_cluster(p.cluster) for p in pools[:2]] if pools else [deployed.cluster])}
 
@@ -358,8 +375,8 @@ def _print(tables: Tables, doc: dict, wall: dict, context: dict, as_json: bool) 
     else:
         stack = context["stack"]
         click.echo(format_summary(tables, wall, context["backend"], context["model"],
-                                  context["cluster"] + (f", stack {stack}" if stack else ""),
-                                  doc))
+                                  context["cluster"] + (f", stack {stack}" if stack else "")
+                                  + f", max batch {context['max_batch']}", doc))
         click.echo(f"  calibration: {context['calibration']}")
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from partitioning import evaluate
+from partitioning.footprint import PlanDoesNotFit
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.engine.plan import PlanSpec, check_draft_sockets
 from rdu_cluster.scenarios import speculative
@@ -115,8 +117,9 @@ def session_trace(path, n_requests, n, turns, rate, arrival, prompt_len, output_
 def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tree, placement,
                 draft_sockets, plan, options=None) -> Speculation | None:
     """--draft/--spec-k/--acceptance/--tree as simulate parses them; k by default: the fastest
-    per request in 1..16 (a tree: up to its depth) at the trace's mean lengths, --max-batch and
-    the placement, on the plan's tp, with the run's execution `options` (speculative.best_k)."""
+    per request in 1..16 (a tree: up to its depth) at the trace's mean lengths, the batch the
+    run can reach (--max-batch, or what the KV cache holds beside the draft) and the
+    placement, on the plan's tp, with the run's execution `options` (speculative.best_k)."""
     if draft is None:
         given = [n for n, v in (("--spec-k", spec_k), ("--acceptance", acceptance),
                                 ("--tree", tree)) if v is not None]
@@ -136,13 +139,22 @@ def speculation(model, cluster, trace, draft, spec_k, acceptance, max_batch, tre
             raise ConfigError(f"--spec-k: must be positive, got {spec_k}")
         return Speculation(spec_k, acc, branching)
     tp = PlanSpec.parse(plan, cluster, model).tp
-    scenario = Scenario(model, cluster, tensor_plan(cluster, tp), max_batch,
+    scenario = Scenario(model, cluster, tensor_plan(cluster, tp), 1,
                         float(trace.prompt_len.mean()), float(trace.output_len.mean()), options)
-    best = speculative.best_k(scenario, acc, draft,
-                              ks=range(1, (len(branching) if branching else 16) + 1),
-                              branching=branching, placement=placement,
-                              draft_sockets=draft_sockets)
-    return best.speculation
+    # at the most sequences the run can hold: --max-batch, or fewer where the KV cache holds
+    # fewer (a GPU stack's default cap, thousands, is the engine's, not the memory's); halved
+    # while the draft's weights and KV beside them do not fit
+    batch = max(1, min(max_batch, evaluate.kv_batch(scenario)))
+    while True:
+        try:
+            return speculative.best_k(scenario.but(batch=batch), acc, draft,
+                                      ks=range(1, (len(branching) if branching else 16) + 1),
+                                      branching=branching, placement=placement,
+                                      draft_sockets=draft_sockets).speculation
+        except PlanDoesNotFit:
+            if batch == 1:
+                raise
+            batch = max(1, batch // 2)
 
 
 def check_draft(draft: str | None, model, trace: traces.Trace) -> None:

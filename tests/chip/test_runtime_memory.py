@@ -175,3 +175,23 @@ def test_every_command_refuses_naming_the_reservation(args, tmp_path, monkeypatc
     # the default stack's runtime (chip/serving_stacks.py DEFAULT_STACK)
     assert r.exit_code == 2 and len(lines) == 1 and "reserved by " in lines[0], r.output
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_each_stack_runs_as_many_requests_at_once_as_its_engine_defaults_to():
+    """max_running: the engine's own cap on running requests where none is given (SGLang's
+    request pool, vLLM's max_num_seqs by its GPU rule, TensorRT-LLM's max_batch_size before
+    and after NVIDIA/TensorRT-LLM#2253, Vidur's batch_size_cap); a release takes its family's;
+    an RDU's runtime publishes none, so a run takes the engine's Limits.max_batch."""
+    from rdu_cluster.engine import schedulers
+
+    h100, a100, h200, rdu = (load_cluster(c).chip for c in
+                             ("dgx-h100", "dgx-a100", "hgx-h200", "sn40l-8"))
+    cap = lambda chip, name: rm.of(chip, stack(name)).max_running
+    assert {n: cap(h100, n) for n in STACKS} == {
+        "sglang": 4096, "sglang-0.5.10": 4096, "vllm": 1024, "tensorrt-llm": 2048,
+        "tensorrt-llm-1.3": 2048, "tensorrt-llm-0.11": 256, "eager": 128}
+    assert cap(a100, "vllm") == 256 and cap(h200, "vllm") == 1024  # vLLM: not an A100, >= 70 GiB
+    assert rm.of(rdu).max_running is None
+    assert schedulers.max_batch_for(rdu) == schedulers.Limits.max_batch == 32
+    assert schedulers.max_batch_for(h100) == 4096  # no options: the default stack's
+    assert schedulers.max_batch_for(h100, stack("vllm")) == 1024

@@ -66,7 +66,7 @@ def test_layout_metadata_and_readers(tmp_path):
     meta = pq.read_schema(part).metadata
     assert meta[b"rdu_cluster.spec_hash"] == spec.hash.encode()
     assert meta[b"rdu_cluster.seed"] == b"7"
-    assert meta[b"rdu_cluster.dataset_schema_version"] == b"5"
+    assert meta[b"rdu_cluster.dataset_schema_version"] == b"6"
     assert b"rdu_cluster.code_version" in meta
     tbl = pq.read_table(out)  # pyarrow, as it is
     assert tbl.num_rows == 192 and {"cluster", "model", "x", "y", "cluster_ref"} <= set(

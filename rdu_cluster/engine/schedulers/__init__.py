@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from chip import runtime_memory
 from rdu_cluster.engine.kv import KVManager
 from rdu_cluster.engine.registry import Registry
 from rdu_cluster.engine.requests import Request
@@ -32,9 +33,10 @@ DEFAULT = "continuous"  # the policy a run gets unless it names one
 
 @dataclass(frozen=True)
 class Limits:
-    """max_batch: sequences in a step. token_budget: new tokens in a step (prefill tokens plus
-    one per decode); 8192 holds 8 prompts of 1,024 (vLLM's default is model-dependent, 2,048 to
-    8,192). chunked_prefill: split prompts to fill the budget beside decodes (Sarathi-Serve /
+    """max_batch: sequences in a step (32 where no engine gives one: an RDU, whose runtime
+    publishes no serving default; a GPU runs its stack's, max_batch_for). token_budget: new
+    tokens in a step (prefill tokens plus one per decode); 8192 holds 8 prompts of 1,024
+    (vLLM's default is model-dependent, 2,048 to 8,192). chunked_prefill: split prompts to fill the budget beside decodes (Sarathi-Serve /
     vLLM --enable-chunked-prefill). preemption: what a request pushed out of the KV cache loses:
     "recompute" (its KV, rebuilt by a new prefill) or "swap" (KV copied to DDR / host and back)."""
 
@@ -52,6 +54,13 @@ class Limits:
             raise ConfigError(
                 f"--preemption: unknown {self.preemption!r}; accepted: {', '.join(PREEMPTION)}"
             )
+
+
+def max_batch_for(chip: Any, options: Any = None) -> int:
+    """The sequences a replica of `chip` runs at once where --max-batch is not given: the GPU
+    stack's own cap (chip/runtime_memory.py max_running: SGLang's request pool, vLLM's
+    max_num_seqs, TensorRT-LLM's max_batch_size), else Limits.max_batch."""
+    return runtime_memory.of(chip, options).max_running or Limits.max_batch
 
 
 # View and StepPlan are values no one mutates, but not frozen: at light load the engine builds

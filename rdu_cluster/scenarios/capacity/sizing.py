@@ -20,8 +20,8 @@ from typing import cast
 import numpy as np
 
 from chip import serving_stacks
+from partitioning import evaluate
 from partitioning.estimate import Estimate, estimate
-from partitioning.evaluate import footprint
 from partitioning.plan import Plan as PartitionPlan
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
@@ -110,7 +110,7 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
     p = PartitionPlan.parse(plan)
     try:
         base = Scenario(model, cl, p, 1, int(prompt), int(gen), options)
-        kv_batch = _kv_batch(base, p)
+        kv_batch = evaluate.kv_batch(base)
     except ConfigError:
         return None
     batches = BATCHES[BATCHES <= kv_batch]
@@ -135,23 +135,6 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
                        spec, serving_stacks.stack_of(cl.chip, options), overrides,
                        None if draft is not None else _prefill_each(at, prompt, kv_batch,
                                                                    prefill))
-
-
-def _kv_batch(base: Scenario, p: PartitionPlan) -> int:
-    """The most sequences whose KV a replica holds (0 where the plan does not fit). The one
-    footprint (partitioning.evaluate.footprint): weights, the activation workspace and what
-    the runtime reserves (chip/runtime_memory.py) per socket, and one sequence's KV cache with
-    heads replicated where tp exceeds them: a plan an engine would not start is no candidate;
-    the engine sizes its KV blocks from what the same regions leave."""
-    fps, why = footprint(base, check=False)
-    if why:
-        return 0
-    hbm = base.cluster.chip.hbm.capacity_bytes
-    resident = max(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
-                   + fp.regions.get(("reserved", "hbm"), 0.0) for fp in fps)
-    per_seq = max(fp.region("kv_cache") for fp in fps)
-    # Attention data-parallel groups each hold the KV of their own sequences
-    return p.adp * int((hbm - resident) // per_seq) if hbm > resident else 0
 
 
 def _times(at: Callable, batches: np.ndarray) -> tuple[np.ndarray, float]:

@@ -89,8 +89,10 @@ def serve_fields() -> dict[str, FieldDef]:
                  column="output_len_dist"),
         FieldDef("seed", nonnegative_int, i64, doc="trace and routing seed [sweep.seed]"),
         FieldDef("scheduler", text, s, default=schedulers.DEFAULT, column="scheduler"),
-        FieldDef("max_batch", int_in(1, MAX_BATCH), i64, default=Limits.max_batch,
-                 column="max_batch"),
+        # its column is the run's (the stack's cap where unset: run_serve's rows)
+        FieldDef("max_batch", int_in(1, MAX_BATCH), i64,
+                 doc="sequences a replica runs at once [a GPU's stack's cap; an RDU "
+                 f"{Limits.max_batch}; with pools, the decode pool's]"),
         FieldDef("token_budget", int_in(1, MAX_BATCH * 64), i64, default=Limits.token_budget,
                  column="token_budget"),
         FieldDef("chunked_prefill", boolean, b, default=Limits.chunked_prefill,
@@ -143,7 +145,8 @@ SERVE_BANDED = ("throughput_tokens_per_s", "request_throughput",
 SERVE_SCHEMA = pa.schema(
     [("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
      ("stack", pa.string()), ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()),
-     ("ep", pa.int64()), ("pp", pa.int64()), ("replicas", pa.int64()), ("requests", pa.int64()),
+     ("ep", pa.int64()), ("pp", pa.int64()), ("replicas", pa.int64()),
+     ("max_batch", pa.int64()), ("requests", pa.int64()),
      ("requests_served", pa.int64()), ("requests_unserved", pa.int64()),
      ("preemptions", pa.int64()), ("swaps", pa.int64()), ("output_tokens", pa.int64()),
      ("makespan_s", pa.float64()), ("throughput_tokens_per_s", pa.float64()),
@@ -173,18 +176,32 @@ def _serve_config(f: Mapping[str, Any], chip, seed: int):
     from rdu_cluster.engine.prefix_cache import PrefixConfig
     from rdu_cluster.engine.simulation import ServeConfig
 
-    limits = schedulers.Limits(f["max_batch"], f["token_budget"], f["chunked_prefill"],
-                               f["preemption"])
+    options = None if _pools(f) else make_options(chip, option_values(f), f.get("stack"))
+    limits = schedulers.Limits(_max_batch(f, chip, options), f["token_budget"],
+                               f["chunked_prefill"], f["preemption"])
     return ServeConfig(plan=f.get("plan"), scheduler=f["scheduler"], limits=limits,
                        seed=_seed(f, seed), kv_memory_fraction=f.get("kv_fraction"),
                        execution_model=f.get("execution_model"),
-                       # a pair's pools take theirs each (_pool_options)
-                       options=(None if _pools(f) else
-                                make_options(chip, option_values(f), f.get("stack"))),
+                       options=options,  # a pair's pools take theirs each (_pool_options)
                        faults=(f["fault"],) if "fault" in f else (),
                        concurrency=f.get("concurrency"), routing=f["routing"],
                        prefix=PrefixConfig(f.get("prefix_cache"), f.get("prefix_block"),
                                            f.get("prefix_eviction", evictions.DEFAULT)))
+
+
+def _max_batch(f: Mapping[str, Any], chip, options) -> int:
+    """The point's max_batch, else its replicas' engine's (schedulers.max_batch_for: a GPU
+    stack's cap), a pair's decode pool's, as serve takes it."""
+    from rdu_cluster.engine import schedulers
+
+    if "max_batch" in f:
+        return f["max_batch"]
+    if _pools(f):
+        chips = pool_chips([f["prefill_pool"], f["decode_pool"]])
+        if not chips:  # a pool that does not load: the checks name it (check_serve)
+            return schedulers.Limits.max_batch
+        return schedulers.max_batch_for(chips[1][0], _pool_options(f)[1])
+    return schedulers.max_batch_for(chip, options)
 
 
 def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
@@ -287,6 +304,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
                                    if ok])
         b = s["bench"]
         row = {"point_id": p.id, "model": model.name, "seed": config.seed, **_shape(sim),
+               "max_batch": config.limits.max_batch,
                "stack": _stack(sim, cluster, config.options),
                "request_throughput": b["request_throughput"],
                "mean_itl_ms": b["mean_itl_ms"], "p99_itl_ms": b.get("p99_itl_ms"),
@@ -388,8 +406,8 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
                 ("plan", f["plan"], f["cluster"], over, model.name),
                 ("plan", f"{f['plan']!r} on {cluster.name} with {model.name}: ",
                  functools.partial(plans.PlanSpec.parse, f["plan"], cluster, model)))
-        limits = schedulers.Limits(f["max_batch"], f["token_budget"], f["chunked_prefill"],
-                                   f["preemption"])
+        limits = schedulers.Limits(f.get("max_batch", Limits.max_batch), f["token_budget"],
+                                   f["chunked_prefill"], f["preemption"])
         checks.setdefault(("scheduler", f["scheduler"], limits),
                           (None, "", functools.partial(schedulers.get, f["scheduler"],
                                                        limits)))  # the field its flag names
