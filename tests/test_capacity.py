@@ -202,10 +202,10 @@ def reserved(row, tmp_path):
 
 def test_trace_traffic_is_replayed_rescaled_to_the_rate(tmp_path):
     path = "tests/data/traces/mooncake_conversation_200.jsonl"
-    # the excerpt's long prompts (up to 87,169 tokens, prefilled whole) take seconds to first
-    # token on one node
-    r = run(*setting(SMALL, "--slo", "ttft:10000"), "--trace", path, "--requests", "30",
-            "--rate", "4")
+    # the excerpt's long prompts (up to 87,169 tokens, each prefilled alone) take seconds to
+    # first token on one node, and the decodes wait for them
+    slo = [{"ttft:2000": "ttft:10000", "tpot:20": "tpot:200"}.get(a, a) for a in SMALL]
+    r = run(*slo, "--trace", path, "--requests", "30", "--rate", "4")
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout.splitlines()[0])
     args = row["serve_args"]
@@ -656,15 +656,16 @@ def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():
     assert cap.SLO(None, 20).part("tpot") is None and cap.SLO(1000, None).part("ttft") is None
 
 
-def test_prompts_past_serves_token_budget_are_verified_with_a_budget_that_holds_them(tmp_path):
-    """Verification served at serve's 8,192-token budget, which refuses a longer prompt
-    unchunked: every candidate for 16,384-token prompts read 'serves no request' (exit 1)."""
+def test_prompts_past_serves_token_budget_are_served_and_verified(tmp_path):
+    """Serve's 8,192-token budget refused a longer prompt unchunked: every candidate for
+    16,384-token prompts read 'serves no request' (exit 1), then verification raised its budget
+    to the longest prompt. The engine now prefills such a prompt alone, as the engines do
+    (schedulers/continuous.py), and capacity serves at serve's own budget."""
     args = setting(setting(TINY, "--prompt-len", "16384"), "--slo", "tpot:100")
     r = run(*args, "--max-nodes", "1", "--shortlist", "1", "--requests", "4", "--json")
     assert r.exit_code == 0, r.output
     best = json.loads(r.stdout.splitlines()[0])
-    assert best["meets_slo"] and "--token-budget" in best["serve_args"]
-    assert best["serve_args"][best["serve_args"].index("--token-budget") + 1] == "16384"
+    assert best["meets_slo"] and "--token-budget" not in best["serve_args"]
     again = run("serve", *best["serve_args"], "--json", "--out", str(tmp_path / "out"))
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["p99_tpot_ms"] == pytest.approx(best["p99_tpot_ms"])

@@ -302,21 +302,16 @@ class Simulation:
             return rep.refused
         if rep.kv.blocks_for(r.prompt_len + r.output_len) > rep.kv.config.capacity_blocks:
             return "needs more KV cache than the replica holds"
-        lim = self.config.limits
-        if not lim.chunked_prefill and r.prompt_len > lim.token_budget:
-            return "prompt exceeds the token budget (use --chunked-prefill)"
         return ""
 
     def may_refuse(self) -> bool:
         """Whether a request of the trace could be refused as it arrives (`refusal`: a prompt
-        and output past a replica's KV, a prompt past an unchunked token budget; a turn after
-        a refused one is refused in turn), the replicas alike and without faults."""
-        t, kv, lim = self.trace, self.replicas[0].kv, self.config.limits
+        and output past a replica's KV; a turn after a refused one is refused in turn), the
+        replicas alike and without faults."""
+        t, kv = self.trace, self.replicas[0].kv
         if not len(t):
             return False
-        if kv.blocks_for(int((t.prompt_len + t.output_len).max())) > kv.config.capacity_blocks:
-            return True
-        return not lim.chunked_prefill and int(t.prompt_len.max()) > lim.token_budget
+        return kv.blocks_for(int((t.prompt_len + t.output_len).max())) > kv.config.capacity_blocks
 
     @property
     def kv_steps(self) -> bool:

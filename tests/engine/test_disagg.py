@@ -3,6 +3,7 @@ over an inter-node fabric through the interconnect model."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import fields, replace
@@ -233,17 +234,28 @@ def test_a_decode_replica_waits_for_the_others_only_a_think_time_later(monkeypat
     assert few < some < many / 5  # 138 and 174 against 2,019
 
 
+@contextlib.contextmanager
+def _kv_of(blocks: int):
+    """Every replica's KV cache held to `blocks` blocks (engine/build.py Build._kv_blocks)."""
+    from rdu_cluster.engine import build
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(build.Build, "_kv_blocks", lambda self, prog, bt, activations: blocks)
+        yield
+
+
 def test_a_turn_the_prefill_pool_refuses_is_a_row_without_a_queue():
-    """A session whose second turn's prompt is past the prefill pool's token budget: that
-    turn is refused there (and the next with it), and its row has no queue time (it raised a
-    TypeError combining the pools' rows)."""
+    """A session whose second turn's prompt and answer are past the prefill replica's KV
+    cache (6,000 tokens; the first turn's 4,360 fit): that turn is refused there (and the next
+    with it), and its row has no queue time (it raised a TypeError combining the pools' rows)."""
     spec = sessions.SessionSpec(2, 3, 256, user=traces.LengthDist("fixed", 4096),
                                 output=traces.LengthDist("fixed", 8),
                                 think=sessions.ThinkTime("fixed", 0.2))
-    r = _closed(sessions.sessions(spec, 0)).requests.to_pydict()
+    with _kv_of(6000 // 16):
+        r = _closed(sessions.sessions(spec, 0)).requests.to_pydict()
     assert r["state"] == ["done", "unserved", "unserved"] * 2
     assert r["queue_s"][1] is None and r["queue_s"][0] is not None
-    assert "token budget" in r["reason"][1]
+    assert "KV cache" in r["reason"][1]
 
 
 def test_hand_overs_contend_for_the_ports():
@@ -328,7 +340,7 @@ def test_a_single_decode_replica_refusals_never_reach_leads_like_the_others():
     checks), no arrival reaches the first decode replica at once either, so it too waits only
     for its prefill replicas' window ends and a hand-over's least time. An expert-parallel
     decode replica (its loads drawn step by step: engine/expert_loads.py) runs the same in
-    fewer windows; a prompt past the token budget brings the first replica's cut back."""
+    fewer windows; a prompt past a replica's KV cache brings the first replica's cut back."""
     trace = traces.synthetic(40, float("inf"), "poisson", traces.LengthDist("fixed", 1024),
                              traces.LengthDist("fixed", 32), seed=2)
 
@@ -352,8 +364,9 @@ def test_a_single_decode_replica_refusals_never_reach_leads_like_the_others():
     _same_but_windows(led, plain)
     assert few < many  # 33 against 37
     longer = replace(trace, prompt_len=trace.prompt_len.copy())
-    longer.prompt_len[-1] = 9000  # past the 8,192-token budget: refused
-    assert run(longer)[2] == 0
+    longer.prompt_len[-1] = 9000  # past a KV cache of 8,192 tokens: refused
+    with _kv_of(8192 // 16):
+        assert run(longer)[2] == 0
 
 
 def test_hand_overs_are_dealt_in_the_order_their_prefills_end_however_windows_fall():

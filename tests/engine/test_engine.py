@@ -111,10 +111,24 @@ def test_kv_pressure_preempts_and_still_serves_everything(serve, mode):
     assert max(cols(t.steps)["kv_used_bytes"]) <= 0.02 * 80e9
 
 
+def test_a_prompt_past_the_token_budget_is_prefilled_alone(serve):
+    """Without chunked prefill, a prompt longer than the token budget (8,192) goes alone in a
+    step of its whole length, as SGLang (budget-sized prefill-only steps back to back) and vLLM
+    V0 (its budget raised to the context) serve it: it was refused ('prompt exceeds the token
+    budget'), so a 9,000-token trace served nothing. Shorter prompts still share a step."""
+    _, t = serve(n=5, rate=1000.0, prompt=traces.LengthDist("fixed", 9000))
+    r, s = cols(t.requests), cols(t.steps)
+    assert set(r["state"]) == {"done"}
+    assert sorted(n for n in s["prefill_tokens"] if n) == [9000] * 5
+    _, t = serve(n=5, rate=1000.0, prompt=traces.LengthDist("fixed", 4000))
+    assert sorted(n for n in cols(t.steps)["prefill_tokens"] if n) == [4000, 8000, 8000]
+
+
 def test_requests_that_can_never_fit_are_reported_unserved(serve):
-    _, t = serve(n=5, prompt=traces.LengthDist("fixed", 9000))
+    _, t = serve(n=5, cluster="sn40l-8", prompt=traces.LengthDist("fixed", 120_000),
+                 limits=Limits(max_batch=1, token_budget=8192), kv_memory_fraction=0.01)
     r = cols(t.requests)
-    assert set(r["state"]) == {"unserved"} and "token budget" in r["reason"][0]
+    assert set(r["state"]) == {"unserved"} and "KV cache" in r["reason"][0]
 
 
 def test_moe_expert_load_stragglers_show_in_the_steps_table(serve):

@@ -234,12 +234,16 @@ def test_mooncake_hashes_share_the_system_block():
     assert sum(1 for n in r["prefix_hbm_tokens"] if n >= 512) >= 20
 
 
-def test_an_unserved_turn_takes_its_session_with_it():
+def test_an_unserved_turn_takes_its_session_with_it(monkeypatch):
+    from rdu_cluster.engine import build
+
     spec = SessionSpec(2, 3, 100, traces.LengthDist("fixed", 4000),
                        traces.LengthDist("fixed", 10), ThinkTime())
+    monkeypatch.setattr(build.Build, "_kv_blocks", lambda self, prog, bt, act: 10240 // 16)
     _, t = run(trace=sessions(spec), limits=Limits(token_budget=8192))
     r = cols(t.requests)
-    # turn 3's prompt is 100 + 3 x 4000 + 2 x 10 > 8192 tokens: refused, not waited for
+    # turn 3's prompt and answer, 100 + 3 x 4000 + 3 x 10 tokens, are past a KV cache of
+    # 10,240: refused, not waited for
     assert r["state"] == ["done", "done", "unserved"] * 2
 
 

@@ -2,7 +2,8 @@
 
 Without chunked prefill (vLLM V0's default): a step either prefills newly admitted prompts
 whole (FCFS, within max_batch, the token budget and free KV blocks) or decodes every running
-sequence; prefills go first. With chunked prefill (Sarathi-Serve): every step decodes all running
+sequence; prefills go first. A prompt longer than the whole budget is prefilled alone, in one
+step (over_budget: as an engine serves it, not refused). With chunked prefill (Sarathi-Serve): every step decodes all running
 sequences and fills the rest of the token budget with prompt chunks, continuing prompts first.
 KV blocks for the whole prompt are taken at admission; when the decodes of a step need more
 blocks than are free, the most recently admitted sequences are preempted (vLLM's policy), and
@@ -49,7 +50,9 @@ class Continuous:
         for r in _queue(view, room):
             need = view.kv.blocks_for(r.prompt_len + r.generated)
             tokens = r.uncached  # a cached prefix is not prefilled again
-            if len(admit) == room or tokens > budget or need > free:
+            # a prompt past the whole budget goes alone, in a step of its own (why: above
+            # _queue)
+            if len(admit) == room or (tokens > budget and admit) or need > free:
                 break
             admit.append(r)
             budget, free = budget - tokens, free - need
@@ -94,6 +97,14 @@ class Continuous:
         return StepPlan(
             prefill=tuple(prefill), decode=decode, admit=tuple(admit), saturated=saturated
         )
+
+
+# A prompt longer than the token budget, without chunked prefill, is prefilled alone in a step
+# of its whole length: SGLang (the default stack) splits it into budget-sized prefill-only
+# steps run back to back (chunked_prefill_size, no decodes mixed in by default), and vLLM V0
+# without chunking raises its budget to the model's context (EngineArgs: max_num_batched_tokens
+# = max_model_len): the same work, and the decodes wait for it in both. It was refused
+# ("prompt exceeds the token budget"), so a 16K-token prompt served nothing by default.
 
 
 def _queue(view: View, room: int):

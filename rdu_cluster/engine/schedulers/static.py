@@ -20,8 +20,7 @@ class Static:
     lockstep = True  # its decode steps decode every running sequence not prefilling
 
     def __init__(self, limits: Limits):
-        # limits it cannot honour are refused, not ignored: a prompt past the token budget was
-        # neither chunked nor refused (--chunked-prefill lifts the refusal), left waiting
+        # limits it cannot honour are refused, not ignored
         if limits.chunked_prefill:
             raise ConfigError("--chunked-prefill: not with --scheduler static (a static batch "
                               "prefills each prompt whole, in one step)")
@@ -39,7 +38,9 @@ class Static:
         for r in view.waiting:
             tokens = r.uncached
             need = view.kv.blocks_for(r.prompt_len + r.output_len)
-            if len(admit) == self.limits.max_batch or tokens > budget or need > free:
+            # a prompt past the whole budget goes alone (why: continuous.py, above _queue)
+            if len(admit) == self.limits.max_batch or (tokens > budget and admit) \
+                    or need > free:
                 break
             admit.append(r)
             budget, free = budget - tokens, free - need

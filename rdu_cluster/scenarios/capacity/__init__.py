@@ -51,12 +51,12 @@ from rdu_cluster.scenarios.capacity.traffic import (
     Traffic,
     uncached_tokens,
 )
-from rdu_cluster.scenarios.capacity.verification import serve_args, token_budget, verify
+from rdu_cluster.scenarios.capacity.verification import serve_args, verify
 
 __all__ = [
     "BATCHES", "MAX_BATCH_CAP", "PAIR_PASSES", "PREFILL_RHO_MAX", "SEEDS", "SLO",
     "STEADY_DOUBLINGS", "STEADY_START", "STEADY_TOL", "Bands", "Deployment", "Pool",
     "ReplicaCost", "Result", "Traffic", "aggregated", "bands", "disaggregated", "judged",
     "loosest", "ranked", "replica_cost", "replica_plans", "saturated", "search", "serve_args",
-    "settle", "token_budget", "uncached_tokens", "verify", "with_ends",
+    "settle", "uncached_tokens", "verify", "with_ends",
 ]

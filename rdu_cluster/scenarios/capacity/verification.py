@@ -42,7 +42,7 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
         traffic.warmup, traffic.steadies)
     rate = traffic.rate
     trace = _trace(dep, traffic, rate)
-    limits = Limits(max_batch=dep.max_batch, token_budget=token_budget(trace))
+    limits = Limits(max_batch=dep.max_batch)
     config = ServeConfig(plan=dep.pools[0].plan, limits=limits,
                          seed=traffic.seed, metrics=spec,
                          concurrency=(None if traffic.trace is not None
@@ -139,14 +139,6 @@ def _served(pool: Pool, model: ModelSpec, fabric: FabricSpec, trace: traces.Trac
     return sim.run().summary
 
 
-def token_budget(trace: traces.Trace) -> int:
-    """serve's token budget, or the longest prompt where that is longer: the engine refuses a
-    prompt over the budget unchunked, and the pre-filter prefills one prompt at a time (a
-    32,768-token prompt was verified as 'serves no request')."""
-    default = Limits().token_budget
-    return max(default, int(trace.prompt_len.max())) if len(trace) else default
-
-
 def _trace(dep: Deployment, traffic: Traffic, rate: float | None) -> traces.Trace:
     if traffic.sessions:  # their closed loops, started over the ramp unless --rate starts them
         return traces.ramped(cast(traces.Trace, traffic.trace), traffic.ramp_of(dep))
@@ -196,8 +188,6 @@ def serve_args(dep: Deployment, model: tuple[str, str | None, str | None], traff
         args += ["--concurrency", str(traffic.concurrency), *ramp]
     else:
         args += ["--rate", repr(rate)]
-    if (budget := token_budget(trace)) != Limits().token_budget:
-        args += ["--token-budget", str(budget)]
     args += ["--metric-percentiles", f"50,{bench.p_word(slo.percentile)}", "--goodput",
              slo.goodput_args()]
     if traffic.warmup:
