@@ -1151,3 +1151,34 @@ def test_a_closed_loops_load_is_judged_at_the_batch_its_users_form():
             for n in (1, 2, 3)] == [False, True, True]
     _, e2e, tpot, rho = sizing._load(cost, cost.prefill_s, traffic, 2, 128, 256)
     assert 0 < rho < 1 and e2e == pytest.approx(cost.prefill_s + 127 * tpot, rel=1e-3)
+
+
+def test_a_candidate_is_verified_at_its_engines_token_budget(tmp_path):
+    """As serve takes it from the row's serve_args (no --token-budget in them): the stack's
+    own, vLLM's 2,048 on an A100 (8,192 on an H100), a pair's prefill pool's; the pre-filter
+    fills a prefill step to the same budget."""
+    from chip import serving_stacks as stacks
+    from rdu_cluster.engine.disagg import Pool
+    from rdu_cluster.engine.schedulers import Limits
+
+    def budget(label, pools, stack):
+        dep = cap.Deployment(label, tuple(Pool.parse(p, "--pool") for p in pools), 24, 0.0,
+                             (8,) * len(pools), (1.0,) * len(pools), stack=stack)
+        return verification._token_budget(dep, None if stack is None or len(pools) > 1
+                                          else stacks.stack(stack))
+
+    assert budget("dgx-a100", ["dgx-a100:tp1:1"], "vllm") == 2048
+    assert budget("dgx-h100", ["dgx-h100:tp1:1"], "vllm") == 8192
+    assert budget("sn40l-8", ["sn40l-8:tp2:1"], None) == Limits.token_budget
+    assert budget("dgx-a100->sn40l-8", ["dgx-a100:tp1:1", "sn40l-8:tp2:1"], "vllm") == 2048
+    r = run("capacity", "--model", "llama-3.2-1b", "--cluster", "dgx-a100", "--stack", "vllm",
+            "--slo", "tpot:50", "--prompt-len", "3000", "--output-len", "8", "--rate", "2",
+            "--max-nodes", "1", "--shortlist", "1", "--requests", "12", "--json",
+            "--steady-tolerance", "off")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout.splitlines()[0])
+    assert "--token-budget" not in row["serve_args"]
+    again = run("serve", *row["serve_args"], "--json", "--out", str(tmp_path / "out"))
+    assert again.exit_code == 0, again.output
+    doc = json.loads(again.stdout)
+    assert doc["token_budget"] == 2048 and doc["p99_tpot_ms"] == pytest.approx(row["p99_tpot_ms"])

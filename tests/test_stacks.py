@@ -285,14 +285,16 @@ def test_a_gpu_runs_its_stacks_cap_where_no_max_batch_is_given(tmp_path):
     """serve without --max-batch runs as many sequences at once as the engine it names would
     (schedulers.max_batch_for: SGLang's request pool, vLLM's max_num_seqs by its GPU rule); an
     RDU, and a CoE run (its runtime is [MICRO24]'s), the engine's 32; a pair, its decode pool's.
-    The JSON says which; a serve sweep's point that sets none runs and records the same."""
+    Without --token-budget, a step takes the stack's own budget (token_budget_for), a pair's
+    prefill pool's. The JSON says which; a serve sweep's point that sets none runs and records
+    the same."""
     from rdu_cluster.config import load_cluster
     from rdu_cluster.sweep.runners import serve as serve_runner
 
-    def cap(*extra: str, args=SERVE) -> int:
+    def cap(*extra: str, args=SERVE, key="max_batch") -> int:
         r = run(*args, "--out", str(tmp_path / f"run{len(list(tmp_path.iterdir()))}"), *extra)
         assert r.exit_code == 0, r.output
-        return json.loads(r.stdout)["max_batch"]
+        return json.loads(r.stdout)[key]
 
     assert cap("--cluster", "dgx-h100") == 4096
     assert cap("--cluster", "dgx-h100", "--stack", "vllm") == 1024
@@ -305,7 +307,18 @@ def test_a_gpu_runs_its_stacks_cap_where_no_max_batch_is_given(tmp_path):
                args=pair) == 32
     assert cap("--prefill-pool", "sn40l-8:tp2:1", "--decode-pool", "dgx-h100:tp1:1",
                args=pair) == 4096
+    # and the tokens a step takes: the stack's own (vLLM: 2,048 off an H100/H200), the
+    # prefill pool's in a pair
+    budget = lambda *extra, args=SERVE: cap(*extra, args=args, key="token_budget")
+    assert budget("--cluster", "dgx-h100") == 8192 and budget("--cluster", "sn40l-8") == 8192
+    assert budget("--cluster", "dgx-a100", "--stack", "vllm") == 2048
+    assert budget("--cluster", "dgx-a100", "--stack", "vllm", "--token-budget", "512") == 512
+    assert budget("--prefill-pool", "dgx-a100:tp1:1", "--decode-pool", "sn40l-8:tp2:1",
+                  "--stack", "vllm", args=pair) == 2048
     h100 = load_cluster("dgx-h100").chip
+    a100 = load_cluster("dgx-a100").chip
+    assert serve_runner._token_budget({}, a100, stacks.stack("vllm")) == 2048
+    assert serve_runner._token_budget({"token_budget": 512}, a100, None) == 512
     assert serve_runner._max_batch({}, h100, None) == 4096
     assert serve_runner._max_batch({"max_batch": 8}, h100, None) == 8
     assert serve_runner._max_batch({"prefill_pool": "sn40l-8:tp2:1",

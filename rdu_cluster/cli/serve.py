@@ -90,8 +90,11 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               "sglang 4096, vllm 1024 on an H100/H200 (else 256), tensorrt-llm 2048, eager 128; "
               f"an RDU or a CoE run {schedulers.Limits.max_batch}; with pools, the decode "
               "pool's].")
-@click.option("--token-budget", default=schedulers.Limits.token_budget, show_default=True,
-              type=o.TOKENS)
+@click.option("--token-budget", default=None, type=o.TOKENS,
+              help="New tokens a step takes [default: a GPU's stack's own: sglang's "
+              "chunked_prefill_size (8192 on an H100/H200), vllm's max_num_batched_tokens (8192 "
+              f"on an H100/H200, else 2048), tensorrt-llm 8192; an RDU "
+              f"{schedulers.Limits.token_budget}; with pools, the prefill pool's].")
 @click.option("--chunked-prefill", is_flag=True)
 @click.option("--preemption", type=click.Choice(schedulers.PREEMPTION),
               default=schedulers.Limits.preemption,
@@ -192,7 +195,7 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
     deployed = _Deployment.of(model, cluster, pools, stack_name)
     limits = schedulers.Limits(deployed.max_batch(max_batch, scenario is not None),
-                               token_budget, chunked_prefill, preemption)
+                               deployed.token_budget(token_budget), chunked_prefill, preemption)
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
                          kv_memory_fraction=kv_fraction, faults=tuple(faults), coe=scenario,
                          draft=draft, draft_placement=placement, draft_sockets=draft_sockets,
@@ -298,6 +301,17 @@ class _Deployment:
             return schedulers.max_batch_for(dec.spec(self.model, fabric).chip, self.options[1])
         return schedulers.max_batch_for(self.cluster.chip, self.options)
 
+    def token_budget(self, given: int | None) -> int:
+        """--token-budget, or the new tokens a step of its (prefill) replicas' engine takes by
+        default (schedulers.token_budget_for: a GPU stack's own)."""
+        if given is not None:
+            return given
+        if self.pools:
+            pre, _, fabric = self.pools
+            return schedulers.token_budget_for(pre.spec(self.model, fabric).chip,
+                                               self.options[0])
+        return schedulers.token_budget_for(self.cluster.chip, self.options)
+
     @property
     def name(self) -> str:
         """The deployment as the summary names it (its `cluster`)."""
@@ -347,6 +361,7 @@ def _context(deployed: _Deployment, config: ServeConfig, work: _Workload, backen
             "routing": config.routing, "num_prompts": len(trace), "request_rate": work.rate,
             "burstiness": _vllm_burstiness(work.trace_path, work.arrival, work.burstiness),
             "max_concurrency": config.concurrency, "max_batch": config.limits.max_batch,
+            "token_budget": config.limits.token_budget,
             "calibration": calibration.label(
                 [load_cluster(p.cluster) for p in pools[:2]] if pools else [deployed.cluster])}
 

@@ -35,8 +35,8 @@ DEFAULT = "continuous"  # the policy a run gets unless it names one
 class Limits:
     """max_batch: sequences in a step (32 where no engine gives one: an RDU, whose runtime
     publishes no serving default; a GPU runs its stack's, max_batch_for). token_budget: new
-    tokens in a step (prefill tokens plus one per decode); 8192 holds 8 prompts of 1,024
-    (vLLM's default is model-dependent, 2,048 to 8,192). chunked_prefill: split prompts to fill the budget beside decodes (Sarathi-Serve /
+    tokens in a step (prefill tokens plus one per decode); 8192 holds 8 prompts of 1,024 (an
+    RDU's; a GPU runs its stack's, token_budget_for: 2,048 to 16,384 by stack and GPU). chunked_prefill: split prompts to fill the budget beside decodes (Sarathi-Serve /
     vLLM --enable-chunked-prefill). preemption: what a request pushed out of the KV cache loses:
     "recompute" (its KV, rebuilt by a new prefill) or "swap" (KV copied to DDR / host and back)."""
 
@@ -54,6 +54,14 @@ class Limits:
             raise ConfigError(
                 f"--preemption: unknown {self.preemption!r}; accepted: {', '.join(PREEMPTION)}"
             )
+
+
+def token_budget_for(chip: Any, options: Any = None) -> int:
+    """The new tokens a step of a replica of `chip` takes where --token-budget is not given:
+    the GPU stack's own (chip/runtime_memory.py token_budget: SGLang's chunked_prefill_size
+    by GPU memory, vLLM's max_num_batched_tokens by its GPU rule, TensorRT-LLM's
+    max_num_tokens), else Limits.token_budget."""
+    return runtime_memory.of(chip, options).token_budget or Limits.token_budget
 
 
 def max_batch_for(chip: Any, options: Any = None) -> int:

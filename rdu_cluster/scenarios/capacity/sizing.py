@@ -26,7 +26,7 @@ from partitioning.plan import Plan as PartitionPlan
 from partitioning.scenario import Scenario, tensor_plan
 from rdu_cluster.config import ClusterSpec, FabricSpec, load_cluster
 from rdu_cluster.engine.disagg import Pool, transfer_time
-from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.schedulers import token_budget_for
 from rdu_cluster.scenarios import speculative
 from rdu_cluster.scenarios.capacity.deployment import Deployment
 from rdu_cluster.scenarios.capacity.slo import SLO
@@ -133,8 +133,8 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
     return ReplicaCost(cluster_ref, plan, cl.sockets, batches, tpot, prefill, kv_batch, price,
                        load_cluster(cluster_ref, dict(overrides)).sockets_per_node, draft,
                        spec, serving_stacks.stack_of(cl.chip, options), overrides,
-                       None if draft is not None else _prefill_each(at, prompt, kv_batch,
-                                                                   prefill))
+                       None if draft is not None else _prefill_each(
+                           at, prompt, kv_batch, prefill, token_budget_for(cl.chip, options)))
 
 
 def _times(at: Callable, batches: np.ndarray) -> tuple[np.ndarray, float]:
@@ -160,11 +160,12 @@ def _speculative_times(base: Scenario, p: PartitionPlan, batches: np.ndarray,
 
 
 def _prefill_each(at: Callable[[int], Estimate], prompt: float, kv_batch: int,
-                  alone: float) -> float:
+                  alone: float, budget: int) -> float:
     """A prompt's share of a prefill step of as many prompts as serve's token budget holds
-    (the engine's prefill-first and chunked schedulers fill a step so when prompts queue);
-    `alone` (one prompt's) where one fills the budget or more would not fit."""
-    k = min(Limits().token_budget // max(int(prompt), 1), kv_batch)
+    (`budget`: the engine's, token_budget_for; its prefill-first and chunked schedulers fill
+    a step so when prompts queue); `alone` (one prompt's) where one fills the budget or more
+    would not fit."""
+    k = min(budget // max(int(prompt), 1), kv_batch)
     if k <= 1:
         return alone
     try:

@@ -15,7 +15,7 @@ from rdu_cluster.config import FabricSpec, load_cluster
 from rdu_cluster.engine import alike, bench, decided
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets
 from rdu_cluster.engine.prefix_cache import PrefixConfig
-from rdu_cluster.engine.schedulers import Limits
+from rdu_cluster.engine.schedulers import Limits, token_budget_for
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from rdu_cluster.scenarios.capacity.deployment import Deployment
 from rdu_cluster.scenarios.capacity.result import Result
@@ -42,16 +42,16 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
         traffic.warmup, traffic.steadies)
     rate = traffic.rate
     trace = _trace(dep, traffic, rate)
-    limits = Limits(max_batch=dep.max_batch)
+    options = (None if dep.disaggregated or not _on_gpu(dep)
+               else serving_stacks.stack(cast(str, dep.stack)))
+    limits = Limits(max_batch=dep.max_batch, token_budget=_token_budget(dep, options))
     config = ServeConfig(plan=dep.pools[0].plan, limits=limits,
                          seed=traffic.seed, metrics=spec,
                          concurrency=(None if traffic.trace is not None
                                       else traffic.concurrency),
                          prefix=PrefixConfig(traffic.prefix_cache),
                          speculation=dep.speculation, draft=dep.draft,
-                         # a pair's pools take theirs each (pool_options)
-                         options=(None if dep.disaggregated or not _on_gpu(dep)
-                                  else serving_stacks.stack(cast(str, dep.stack))))
+                         options=options)  # a pair's pools take theirs each (pool_options)
     watch = None if stop is None else decided.Watch(
         {"ttft": stop.ttft_ms, "tpot": stop.tpot_ms}, pct, len(trace), traffic.warmup,
         traffic.steadies, bool((trace.output_len > 1).all()))
@@ -209,6 +209,14 @@ def _kv_arg(model: ModelSpec, model_ref: str) -> str | None:
     """The KV-cache dtype the run was costed at, where it is not the model's own (--kv-dtype)."""
     kv = model.precision.kv_cache
     return None if kv == load_model(model_ref).precision.kv_cache else kv.value
+
+
+def _token_budget(dep: Deployment, options: Any) -> int:
+    """The new tokens a step takes, as serve takes it from the row's serve_args: its (prefill)
+    pool's engine's own (schedulers.token_budget_for)."""
+    pool = dep.pools[0]
+    chip = load_cluster(pool.cluster, dict(pool.overrides)).chip
+    return token_budget_for(chip, pool_options(dep)[0] if dep.disaggregated else options)
 
 
 def _on_gpu(dep: Deployment) -> bool:

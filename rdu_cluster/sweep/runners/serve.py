@@ -93,8 +93,9 @@ def serve_fields() -> dict[str, FieldDef]:
         FieldDef("max_batch", int_in(1, MAX_BATCH), i64,
                  doc="sequences a replica runs at once [a GPU's stack's cap; an RDU "
                  f"{Limits.max_batch}; with pools, the decode pool's]"),
-        FieldDef("token_budget", int_in(1, MAX_BATCH * 64), i64, default=Limits.token_budget,
-                 column="token_budget"),
+        FieldDef("token_budget", int_in(1, MAX_BATCH * 64), i64,
+                 doc="new tokens a step takes [a GPU's stack's own; an RDU "
+                 f"{Limits.token_budget}; with pools, the prefill pool's]"),
         FieldDef("chunked_prefill", boolean, b, default=Limits.chunked_prefill,
                  column="chunked_prefill"),
         FieldDef("preemption", choice(*schedulers.PREEMPTION), s, default=Limits.preemption,
@@ -146,7 +147,7 @@ SERVE_SCHEMA = pa.schema(
     [("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
      ("stack", pa.string()), ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()),
      ("ep", pa.int64()), ("pp", pa.int64()), ("replicas", pa.int64()),
-     ("max_batch", pa.int64()), ("requests", pa.int64()),
+     ("max_batch", pa.int64()), ("token_budget", pa.int64()), ("requests", pa.int64()),
      ("requests_served", pa.int64()), ("requests_unserved", pa.int64()),
      ("preemptions", pa.int64()), ("swaps", pa.int64()), ("output_tokens", pa.int64()),
      ("makespan_s", pa.float64()), ("throughput_tokens_per_s", pa.float64()),
@@ -177,7 +178,7 @@ def _serve_config(f: Mapping[str, Any], chip, seed: int):
     from rdu_cluster.engine.simulation import ServeConfig
 
     options = None if _pools(f) else make_options(chip, option_values(f), f.get("stack"))
-    limits = schedulers.Limits(_max_batch(f, chip, options), f["token_budget"],
+    limits = schedulers.Limits(_max_batch(f, chip, options), _token_budget(f, chip, options),
                                f["chunked_prefill"], f["preemption"])
     return ServeConfig(plan=f.get("plan"), scheduler=f["scheduler"], limits=limits,
                        seed=_seed(f, seed), kv_memory_fraction=f.get("kv_fraction"),
@@ -202,6 +203,21 @@ def _max_batch(f: Mapping[str, Any], chip, options) -> int:
             return schedulers.Limits.max_batch
         return schedulers.max_batch_for(chips[1][0], _pool_options(f)[1])
     return schedulers.max_batch_for(chip, options)
+
+
+def _token_budget(f: Mapping[str, Any], chip, options) -> int:
+    """The point's token_budget, else its replicas' engine's (schedulers.token_budget_for: a
+    GPU stack's own), a pair's prefill pool's, as serve takes it."""
+    from rdu_cluster.engine import schedulers
+
+    if "token_budget" in f:
+        return f["token_budget"]
+    if _pools(f):
+        chips = pool_chips([f["prefill_pool"], f["decode_pool"]])
+        if not chips:  # a pool that does not load: the checks name it (check_serve)
+            return schedulers.Limits.token_budget
+        return schedulers.token_budget_for(chips[0][0], _pool_options(f)[0])
+    return schedulers.token_budget_for(chip, options)
 
 
 def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
@@ -305,6 +321,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
         b = s["bench"]
         row = {"point_id": p.id, "model": model.name, "seed": config.seed, **_shape(sim),
                "max_batch": config.limits.max_batch,
+               "token_budget": config.limits.token_budget,
                "stack": _stack(sim, cluster, config.options),
                "request_throughput": b["request_throughput"],
                "mean_itl_ms": b["mean_itl_ms"], "p99_itl_ms": b.get("p99_itl_ms"),
@@ -406,7 +423,8 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
                 ("plan", f["plan"], f["cluster"], over, model.name),
                 ("plan", f"{f['plan']!r} on {cluster.name} with {model.name}: ",
                  functools.partial(plans.PlanSpec.parse, f["plan"], cluster, model)))
-        limits = schedulers.Limits(f.get("max_batch", Limits.max_batch), f["token_budget"],
+        limits = schedulers.Limits(f.get("max_batch", Limits.max_batch),
+                                   f.get("token_budget", Limits.token_budget),
                                    f["chunked_prefill"], f["preemption"])
         checks.setdefault(("scheduler", f["scheduler"], limits),
                           (None, "", functools.partial(schedulers.get, f["scheduler"],
