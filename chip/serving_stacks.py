@@ -77,6 +77,22 @@ STACKS.update({v: replace(STACKS[base], stack=v, **changes)
                for v, (base, changes) in VERSIONS.items()})
 
 
+# Stacks whose scheduler chunks prefills beside the decodes by default (the serving engine's
+# --chunked-prefill where none is given: rdu_cluster/engine/schedulers chunked_prefill_for), a
+# release as its family: vLLM, always in V1 (vLLM docs, "Optimization and Tuning": chunked
+# prefill is always enabled by default in V1) and in V0 from 0.5 for a model whose context
+# exceeds 32K tokens; Sarathi-Serve (`eager`), whose point is its chunked, stall-free batching.
+# SGLang chunks a long prompt into prefill-only steps (no decodes mixed in unless
+# --enable-mixed-chunk) and TensorRT-LLM leaves chunked context off: neither mixes.
+CHUNKED_PREFILL = frozenset({"vllm", "eager"})
+
+
+def chunks_prefill(options: Any) -> bool:
+    """Whether the stack `options` name mixes prefill chunks into decode steps by default."""
+    name = getattr(options, "stack", "") or ""
+    return (VERSIONS[name][0] if name in VERSIONS else name) in CHUNKED_PREFILL
+
+
 # The stack a GPU runs when none is named. SGLang: a current engine whose defaults are public
 # (python/sglang/srt/server_args.py: disable_cuda_graph, disable_custom_all_reduce and
 # disable_overlap_schedule all False; FlashInfer / FA3 decode attention, which split the context

@@ -1164,8 +1164,8 @@ def test_a_candidate_is_verified_at_its_engines_token_budget(tmp_path):
     def budget(label, pools, stack):
         dep = cap.Deployment(label, tuple(Pool.parse(p, "--pool") for p in pools), 24, 0.0,
                              (8,) * len(pools), (1.0,) * len(pools), stack=stack)
-        return verification._token_budget(dep, None if stack is None or len(pools) > 1
-                                          else stacks.stack(stack))
+        return verification._scheduling(dep, None if stack is None or len(pools) > 1
+                                         else stacks.stack(stack))[0]
 
     assert budget("dgx-a100", ["dgx-a100:tp1:1"], "vllm") == 2048
     assert budget("dgx-h100", ["dgx-h100:tp1:1"], "vllm") == 8192

@@ -110,7 +110,8 @@ def test_serve_runs_the_stack_and_its_summary_says_which(tmp_path):
     assert json.loads(rdu.stdout)["stack"] is None
     text = run(*SERVE[:-2], "--cluster", "dgx-h100", "--out", str(tmp_path / "t"), "--stack",
                "eager").stdout.splitlines()[0]
-    assert text.startswith("llama-3.2-1b on dgx-h100, stack eager, max batch 128 ("), text
+    assert text.startswith(
+        "llama-3.2-1b on dgx-h100, stack eager, max batch 128, chunked prefill ("), text
 
 
 SWEEP = """
@@ -285,9 +286,10 @@ def test_a_gpu_runs_its_stacks_cap_where_no_max_batch_is_given(tmp_path):
     """serve without --max-batch runs as many sequences at once as the engine it names would
     (schedulers.max_batch_for: SGLang's request pool, vLLM's max_num_seqs by its GPU rule); an
     RDU, and a CoE run (its runtime is [MICRO24]'s), the engine's 32; a pair, its decode pool's.
-    Without --token-budget, a step takes the stack's own budget (token_budget_for), a pair's
-    prefill pool's. The JSON says which; a serve sweep's point that sets none runs and records
-    the same."""
+    Without --token-budget, a step takes the stack's own budget (token_budget_for), and
+    without --chunked-prefill prompts are chunked where the stack's scheduler chunks them
+    (vLLM, Sarathi-Serve), a pair's prefill pool's. The JSON says which; a serve sweep's point
+    that sets none runs and records the same."""
     from rdu_cluster.config import load_cluster
     from rdu_cluster.sweep.runners import serve as serve_runner
 
@@ -315,6 +317,19 @@ def test_a_gpu_runs_its_stacks_cap_where_no_max_batch_is_given(tmp_path):
     assert budget("--cluster", "dgx-a100", "--stack", "vllm", "--token-budget", "512") == 512
     assert budget("--prefill-pool", "dgx-a100:tp1:1", "--decode-pool", "sn40l-8:tp2:1",
                   "--stack", "vllm", args=pair) == 2048
+    # and whether prompts are chunked beside the decodes: as the stack's scheduler does
+    chunked = lambda *extra, args=SERVE: cap(*extra, args=args, key="chunked_prefill")
+    assert chunked("--cluster", "dgx-h100", "--stack", "vllm") is True
+    assert chunked("--cluster", "dgx-h100") is False and chunked("--cluster", "sn40l-8") is False
+    assert chunked("--cluster", "dgx-h100", "--stack", "vllm", "--no-chunked-prefill") is False
+    assert chunked("--cluster", "dgx-h100", "--stack", "vllm", "--scheduler", "static") is False
+    assert chunked("--prefill-pool", "dgx-a100:tp1:1", "--decode-pool", "sn40l-8:tp2:1",
+                   "--stack", "vllm", args=pair) is True
+    assert [n for n in stacks.STACKS if stacks.chunks_prefill(stacks.stack(n))] == [
+        "vllm", "eager"]
+    assert serve_runner._chunked({"scheduler": "continuous"}, stacks.stack("vllm"))
+    assert not serve_runner._chunked({"scheduler": "continuous", "chunked_prefill": False},
+                                     stacks.stack("vllm"))
     h100 = load_cluster("dgx-h100").chip
     a100 = load_cluster("dgx-a100").chip
     assert serve_runner._token_budget({}, a100, stacks.stack("vllm")) == 2048

@@ -95,7 +95,10 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
               "chunked_prefill_size (8192 on an H100/H200), vllm's max_num_batched_tokens (8192 "
               f"on an H100/H200, else 2048), tensorrt-llm 8192; an RDU "
               f"{schedulers.Limits.token_budget}; with pools, the prefill pool's].")
-@click.option("--chunked-prefill", is_flag=True)
+@click.option("--chunked-prefill/--no-chunked-prefill", default=None,
+              help="Prompt chunks batched beside the decodes (Sarathi-Serve) [default: as the "
+              "GPU stack's scheduler: vllm and eager chunk, sglang and tensorrt-llm do not; an "
+              "RDU or a CoE run not; with pools, the prefill pool's].")
 @click.option("--preemption", type=click.Choice(schedulers.PREEMPTION),
               default=schedulers.Limits.preemption,
               show_default=True)
@@ -194,8 +197,9 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     scenario = _coe(coe_experts, model, coe_router, coe_distribution, coe_policy, coe_hbm_slots)
     pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
     deployed = _Deployment.of(model, cluster, pools, stack_name)
-    limits = schedulers.Limits(deployed.max_batch(max_batch, scenario is not None),
-                               deployed.token_budget(token_budget), chunked_prefill, preemption)
+    limits = schedulers.Limits(
+        deployed.max_batch(max_batch, scenario is not None), deployed.token_budget(token_budget),
+        deployed.chunked_prefill(chunked_prefill, scheduler, scenario is not None), preemption)
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
                          kv_memory_fraction=kv_fraction, faults=tuple(faults), coe=scenario,
                          draft=draft, draft_placement=placement, draft_sockets=draft_sockets,
@@ -301,6 +305,14 @@ class _Deployment:
             return schedulers.max_batch_for(dec.spec(self.model, fabric).chip, self.options[1])
         return schedulers.max_batch_for(self.cluster.chip, self.options)
 
+    def chunked_prefill(self, given: bool | None, scheduler: str, coe: bool = False) -> bool:
+        """--chunked-prefill, or whether its (prefill) replicas' engine chunks prompts beside
+        the decodes by default (schedulers.chunked_prefill_for); a CoE run's, not."""
+        if given is not None:
+            return given
+        options = self.options[0] if self.pools else self.options
+        return not coe and schedulers.chunked_prefill_for(options, scheduler)
+
     def token_budget(self, given: int | None) -> int:
         """--token-budget, or the new tokens a step of its (prefill) replicas' engine takes by
         default (schedulers.token_budget_for: a GPU stack's own)."""
@@ -362,6 +374,7 @@ def _context(deployed: _Deployment, config: ServeConfig, work: _Workload, backen
             "burstiness": _vllm_burstiness(work.trace_path, work.arrival, work.burstiness),
             "max_concurrency": config.concurrency, "max_batch": config.limits.max_batch,
             "token_budget": config.limits.token_budget,
+            "chunked_prefill": config.limits.chunked_prefill,
             "calibration": calibration.label(
                 [load_cluster(p.cluster) for p in pools[:2]] if pools else [deployed.cluster])}
 
@@ -391,7 +404,9 @@ def _print(tables: Tables, doc: dict, wall: dict, context: dict, as_json: bool) 
         stack = context["stack"]
         click.echo(format_summary(tables, wall, context["backend"], context["model"],
                                   context["cluster"] + (f", stack {stack}" if stack else "")
-                                  + f", max batch {context['max_batch']}", doc))
+                                  + f", max batch {context['max_batch']}"
+                                  + (", chunked prefill" if context["chunked_prefill"] else ""),
+                                  doc))
         click.echo(f"  calibration: {context['calibration']}")
 
 

@@ -277,6 +277,7 @@ def test_serve_and_serve_sweeps_take_the_engines_defaults():
     # test_a_gpu_runs_its_stacks_cap_where_no_max_batch_is_given)
     assert cli["max_batch"] is None and "max_batch" not in point
     assert cli["token_budget"] is None and "token_budget" not in point
+    assert cli["chunked_prefill"] is None and "chunked_prefill" not in point
     expected = {
         "scheduler": engine.scheduler, "preemption": engine.limits.preemption,
         "kv_fraction": engine.kv_memory_fraction, "routing": engine.routing,
@@ -287,6 +288,6 @@ def test_serve_and_serve_sweeps_take_the_engines_defaults():
     assert {k: cli[k] for k in expected} == expected
     assert {k: point[k] for k in expected if k in point} == {
         k: v for k, v in expected.items() if k in point}
-    assert not engine.limits.chunked_prefill and point["chunked_prefill"] is False  # a flag
+    assert not engine.limits.chunked_prefill  # an RDU's, and every stack's but vllm's, eager's
     assert sessions.SessionSpec(1, 1).think == sessions.ThinkTime.parse(sessions.THINK_TIME)
     assert fields["fabric"].default == {p.name: p.default for p in serve.params}["fabric"]

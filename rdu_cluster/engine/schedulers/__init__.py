@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from chip import runtime_memory
+from chip import runtime_memory, serving_stacks
 from rdu_cluster.engine.kv import KVManager
 from rdu_cluster.engine.registry import Registry
 from rdu_cluster.engine.requests import Request
@@ -54,6 +54,15 @@ class Limits:
             raise ConfigError(
                 f"--preemption: unknown {self.preemption!r}; accepted: {', '.join(PREEMPTION)}"
             )
+
+
+def chunked_prefill_for(options: Any, scheduler: str) -> bool:
+    """Whether prompts are chunked beside the decodes where --chunked-prefill is not given:
+    as the GPU stack's scheduler does by default (serving_stacks.chunks_prefill: vLLM,
+    Sarathi-Serve), where the policy takes chunks (`chunks`; static batching prefills each
+    prompt whole); an RDU and the other stacks, not."""
+    return serving_stacks.chunks_prefill(options) and getattr(REGISTRY.cls(scheduler),
+                                                               "chunks", True)
 
 
 def token_budget_for(chip: Any, options: Any = None) -> int:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 class Static:
     name = "static"
     lockstep = True  # its decode steps decode every running sequence not prefilling
+    chunks = False  # each prompt whole, in one step (chunked_prefill_for)
 
     def __init__(self, limits: Limits):
         # limits it cannot honour are refused, not ignored

@@ -15,7 +15,12 @@ from rdu_cluster.config import FabricSpec, load_cluster
 from rdu_cluster.engine import alike, bench, decided
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets
 from rdu_cluster.engine.prefix_cache import PrefixConfig
-from rdu_cluster.engine.schedulers import Limits, token_budget_for
+from rdu_cluster.engine.schedulers import (
+    DEFAULT,
+    Limits,
+    chunked_prefill_for,
+    token_budget_for,
+)
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from rdu_cluster.scenarios.capacity.deployment import Deployment
 from rdu_cluster.scenarios.capacity.result import Result
@@ -44,7 +49,7 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
     trace = _trace(dep, traffic, rate)
     options = (None if dep.disaggregated or not _on_gpu(dep)
                else serving_stacks.stack(cast(str, dep.stack)))
-    limits = Limits(max_batch=dep.max_batch, token_budget=_token_budget(dep, options))
+    limits = Limits(dep.max_batch, *_scheduling(dep, options))
     config = ServeConfig(plan=dep.pools[0].plan, limits=limits,
                          seed=traffic.seed, metrics=spec,
                          concurrency=(None if traffic.trace is not None
@@ -211,12 +216,14 @@ def _kv_arg(model: ModelSpec, model_ref: str) -> str | None:
     return None if kv == load_model(model_ref).precision.kv_cache else kv.value
 
 
-def _token_budget(dep: Deployment, options: Any) -> int:
-    """The new tokens a step takes, as serve takes it from the row's serve_args: its (prefill)
-    pool's engine's own (schedulers.token_budget_for)."""
+def _scheduling(dep: Deployment, options: Any) -> tuple[int, bool]:
+    """The new tokens a step takes and whether prompts are chunked beside the decodes, as serve
+    takes them from the row's serve_args: its (prefill) pool's engine's own
+    (schedulers.token_budget_for, chunked_prefill_for)."""
     pool = dep.pools[0]
     chip = load_cluster(pool.cluster, dict(pool.overrides)).chip
-    return token_budget_for(chip, pool_options(dep)[0] if dep.disaggregated else options)
+    options = pool_options(dep)[0] if dep.disaggregated else options
+    return token_budget_for(chip, options), chunked_prefill_for(options, DEFAULT)
 
 
 def _on_gpu(dep: Deployment) -> bool:

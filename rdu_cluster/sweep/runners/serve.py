@@ -96,8 +96,9 @@ def serve_fields() -> dict[str, FieldDef]:
         FieldDef("token_budget", int_in(1, MAX_BATCH * 64), i64,
                  doc="new tokens a step takes [a GPU's stack's own; an RDU "
                  f"{Limits.token_budget}; with pools, the prefill pool's]"),
-        FieldDef("chunked_prefill", boolean, b, default=Limits.chunked_prefill,
-                 column="chunked_prefill"),
+        FieldDef("chunked_prefill", boolean, b,
+                 doc="prompt chunks beside the decodes [as the GPU stack's scheduler: vllm, "
+                 "eager; an RDU not; with pools, the prefill pool's]"),
         FieldDef("preemption", choice(*schedulers.PREEMPTION), s, default=Limits.preemption,
                  column="preemption"),
         FieldDef("kv_fraction", fraction, f64, column="kv_fraction",
@@ -147,7 +148,8 @@ SERVE_SCHEMA = pa.schema(
     [("point_id", pa.string()), ("cluster", pa.string()), ("model", pa.string()),
      ("stack", pa.string()), ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()),
      ("ep", pa.int64()), ("pp", pa.int64()), ("replicas", pa.int64()),
-     ("max_batch", pa.int64()), ("token_budget", pa.int64()), ("requests", pa.int64()),
+     ("max_batch", pa.int64()), ("token_budget", pa.int64()),
+     ("chunked_prefill", pa.bool_()), ("requests", pa.int64()),
      ("requests_served", pa.int64()), ("requests_unserved", pa.int64()),
      ("preemptions", pa.int64()), ("swaps", pa.int64()), ("output_tokens", pa.int64()),
      ("makespan_s", pa.float64()), ("throughput_tokens_per_s", pa.float64()),
@@ -179,7 +181,7 @@ def _serve_config(f: Mapping[str, Any], chip, seed: int):
 
     options = None if _pools(f) else make_options(chip, option_values(f), f.get("stack"))
     limits = schedulers.Limits(_max_batch(f, chip, options), _token_budget(f, chip, options),
-                               f["chunked_prefill"], f["preemption"])
+                               _chunked(f, options), f["preemption"])
     return ServeConfig(plan=f.get("plan"), scheduler=f["scheduler"], limits=limits,
                        seed=_seed(f, seed), kv_memory_fraction=f.get("kv_fraction"),
                        execution_model=f.get("execution_model"),
@@ -193,8 +195,6 @@ def _serve_config(f: Mapping[str, Any], chip, seed: int):
 def _max_batch(f: Mapping[str, Any], chip, options) -> int:
     """The point's max_batch, else its replicas' engine's (schedulers.max_batch_for: a GPU
     stack's cap), a pair's decode pool's, as serve takes it."""
-    from rdu_cluster.engine import schedulers
-
     if "max_batch" in f:
         return f["max_batch"]
     if _pools(f):
@@ -205,11 +205,21 @@ def _max_batch(f: Mapping[str, Any], chip, options) -> int:
     return schedulers.max_batch_for(chip, options)
 
 
+def _chunked(f: Mapping[str, Any], options) -> bool:
+    """The point's chunked_prefill, else its (prefill) replicas' engine's default
+    (schedulers.chunked_prefill_for), as serve takes it."""
+    if "chunked_prefill" in f:
+        return f["chunked_prefill"]
+    if _pools(f):
+        if not pool_chips([f["prefill_pool"], f["decode_pool"]]):
+            return False  # a pool that does not load: the checks name it (check_serve)
+        options = _pool_options(f)[0]
+    return schedulers.chunked_prefill_for(options, f["scheduler"])
+
+
 def _token_budget(f: Mapping[str, Any], chip, options) -> int:
     """The point's token_budget, else its replicas' engine's (schedulers.token_budget_for: a
     GPU stack's own), a pair's prefill pool's, as serve takes it."""
-    from rdu_cluster.engine import schedulers
-
     if "token_budget" in f:
         return f["token_budget"]
     if _pools(f):
@@ -322,6 +332,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
         row = {"point_id": p.id, "model": model.name, "seed": config.seed, **_shape(sim),
                "max_batch": config.limits.max_batch,
                "token_budget": config.limits.token_budget,
+               "chunked_prefill": config.limits.chunked_prefill,
                "stack": _stack(sim, cluster, config.options),
                "request_throughput": b["request_throughput"],
                "mean_itl_ms": b["mean_itl_ms"], "p99_itl_ms": b.get("p99_itl_ms"),
@@ -425,7 +436,8 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
                  functools.partial(plans.PlanSpec.parse, f["plan"], cluster, model)))
         limits = schedulers.Limits(f.get("max_batch", Limits.max_batch),
                                    f.get("token_budget", Limits.token_budget),
-                                   f["chunked_prefill"], f["preemption"])
+                                   f.get("chunked_prefill", Limits.chunked_prefill),
+                                   f["preemption"])
         checks.setdefault(("scheduler", f["scheduler"], limits),
                           (None, "", functools.partial(schedulers.get, f["scheduler"],
                                                        limits)))  # the field its flag names
