@@ -93,6 +93,17 @@ def chunks_prefill(options: Any) -> bool:
     return (VERSIONS[name][0] if name in VERSIONS else name) in CHUNKED_PREFILL
 
 
+def spills_prefix_cache(chip: ChipSpec) -> bool:
+    """Whether the runtime serving `chip` keeps its prefix cache in the tier below HBM too by
+    default (the serving engine's --prefix-cache where none is given). An RDU's does: its DDR
+    holds prompt caches beside other models (seed 002). No GPU stack does: SGLang's radix
+    cache stays in GPU memory unless --enable-hierarchical-cache (HiCache, off by default:
+    server_args.py), vLLM's automatic prefix caching offloads to the CPU only through a KV
+    connector it is given (LMCache, OffloadingConnector), TensorRT-LLM's block reuse only to a
+    host_cache_size it is given (KvCacheConfig: 0 by default)."""
+    return chip.kind != "gpu"
+
+
 # The stack a GPU runs when none is named. SGLang: a current engine whose defaults are public
 # (python/sglang/srt/server_args.py: disable_cuda_graph, disable_custom_all_reduce and
 # disable_overlap_schedule all False; FlashInfer / FA3 decode attention, which split the context

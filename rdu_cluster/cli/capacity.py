@@ -106,7 +106,7 @@ MAX_SHORTLIST = 100
               help="Deployments per system verified by the serving engine.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1))
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
-              help="As serve --prefix-cache [default: tiered where the chip has a lower tier].")
+              help="As serve --prefix-cache [default: tiered on an RDU, hbm on a GPU].")
 @click.option("--speculative", "spec_mode", default=None,
               type=click.Choice(("off", "on", "both")),
               help="Speculative decoding as a candidate axis (with --draft) [default: on with "

@@ -67,7 +67,7 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @session_options
 @click.option("--prefix-cache", default=None, type=click.Choice(MODES),
               help="Prefix caching: off, in HBM, or tiered (spilled to DDR / host memory) "
-              "[default: tiered where the chip has a tier below HBM].")
+              "[default: tiered on an RDU (its DDR), hbm on a GPU, as its stacks run].")
 @click.option("--prefix-block", default=None, type=click.IntRange(max=traces.MAX_LENGTH),
               help="Tokens per prefix-cache block, 16 or more [default: the KV block, 16].")
 @click.option("--prefix-eviction", default=evictions.DEFAULT, show_default=True,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from chip import runtime_memory
+from chip import runtime_memory, serving_stacks
 from chip.runtime_memory import RuntimeMemory
 from partitioning.cluster import ClusterSpec
 from partitioning.evaluate import footprint, plan_comm_time, tp_comm_time
@@ -66,7 +66,8 @@ class Build:
         self.coe_memory = self._coe_memory() if config.coe else None
         self._fps: dict = {}  # plan -> (footprints, reason), once asked for (footprint)
         config.prefix.check()
-        self.prefix_mode = config.prefix.resolved(self.lower_tier())
+        self.prefix_mode = config.prefix.resolved(
+            self.lower_tier(), serving_stacks.spills_prefix_cache(cluster.chip))
         self.prefix_live = prefix_cache.Liveness(trace.content)  # shared by the replicas
 
     def layouts(self) -> list[plans.ReplicaLayout]:

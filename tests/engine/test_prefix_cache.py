@@ -215,11 +215,21 @@ def test_a_small_hbm_spills_to_ddr_and_the_steps_show_the_copy():
     assert sum(cols(hbm.requests)["prefix_ddr_tokens"]) == 0
 
 
-def test_a_gpu_spills_to_host_memory():
-    _, t = run(None, model="llama-3.1-70b", cluster="dgx-h100", kv_memory_fraction=0.002,
-               limits=Limits(max_batch=8))
+def test_a_gpu_spills_to_host_memory_where_asked():
+    """Under --prefix-cache tiered a GPU spills to host memory; by default it keeps its prefix
+    cache in HBM, as SGLang (HiCache off), vLLM (no KV connector) and TensorRT-LLM
+    (host_cache_size 0) do, where an RDU spills to its DDR (serving_stacks.spills_prefix_cache;
+    the GPU default was tiered, as the RDU's)."""
+    small = {"model": "llama-3.1-70b", "kv_memory_fraction": 0.002,
+             "limits": Limits(max_batch=8)}
+    _, t = run("tiered", cluster="dgx-h100", **small)
     assert t.summary["prefix_cache"] == "tiered"
     assert sum(cols(t.requests)["prefix_host_tokens"]) > 0
+    _, t = run(None, cluster="dgx-h100", **small)
+    assert t.summary["prefix_cache"] == "hbm"
+    assert sum(cols(t.requests)["prefix_host_tokens"]) == 0
+    _, t = run(None, cluster="sn40l-16", **small)
+    assert t.summary["prefix_cache"] == "tiered" and sum(cols(t.requests)["prefix_ddr_tokens"])
 
 
 def test_mooncake_hashes_share_the_system_block():

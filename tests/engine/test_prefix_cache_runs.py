@@ -150,7 +150,8 @@ RUNS = {
                                  {"kv_memory_fraction": 0.002, "limits": Limits(max_batch=8)},
                                  (15280, 5264, 0)),
     "sessions, host memory": (lambda: sessions(SPEC, seed=5), "llama-3.1-70b", "dgx-h100",
-                              {"kv_memory_fraction": 0.002, "limits": Limits(max_batch=8)},
+                              {"kv_memory_fraction": 0.002, "limits": Limits(max_batch=8),
+                               "prefix": PrefixConfig("tiered")},  # a GPU's default: hbm
                               (15216, 0, 5840)),
     "sessions, preemptions": (lambda: sessions(SPEC, seed=5), "llama-3.1-70b", "sn40l-16",
                               {"kv_memory_fraction": 0.001}, (15136, 8016, 0)),

@@ -21,7 +21,9 @@ MIN_BLOCK_TOKENS = 16
 
 @dataclass(frozen=True)
 class PrefixConfig:
-    mode: str | None = None  # None: tiered where the chip has a lower tier, else hbm
+    # None: tiered where the runtime spills its prefix cache to a lower tier by default (an
+    # RDU's DDR), else hbm (serving_stacks.spills_prefix_cache)
+    mode: str | None = None
     block_tokens: int | None = None  # None: the KV cache's block (vLLM hashes KV blocks)
     eviction: str = evictions.DEFAULT
 
@@ -37,10 +39,11 @@ class PrefixConfig:
                               "cache to size)")
         evictions.get(self.eviction)
 
-    def resolved(self, lower: str | None) -> str:
-        """The mode on a chip whose lower tier is `lower` (None: it has none)."""
+    def resolved(self, lower: str | None, spills: bool = True) -> str:
+        """The mode on a chip whose lower tier is `lower` (None: it has none), whose runtime
+        spills its prefix cache there by default where `spills`."""
         if self.mode is None:
-            return "tiered" if lower else HBM
+            return "tiered" if lower and spills else HBM
         if self.mode == "tiered" and not lower:
             raise ConfigError("--prefix-cache tiered: the chip has no tier below HBM")
         return self.mode

@@ -126,7 +126,7 @@ def serve_fields() -> dict[str, FieldDef]:
                  doc="with sessions: S, exponential:MEAN or uniform:LO:HI seconds "
                  f"[{sessions.THINK_TIME}]"),
         FieldDef("prefix_cache", choice(*prefix_cache.MODES), s, column="prefix_cache",
-                 doc="off, hbm or tiered [tiered where the chip has a tier below HBM]"),
+                 doc="off, hbm or tiered [tiered on an RDU, hbm on a GPU, as serve]"),
         FieldDef("prefix_block", positive_int, i64, column="prefix_block",
                  doc="tokens per prefix-cache block [the KV block]"),
         FieldDef("prefix_eviction", text, s, column="prefix_eviction",
