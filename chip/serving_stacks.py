@@ -87,10 +87,33 @@ STACKS.update({v: replace(STACKS[base], stack=v, **changes)
 CHUNKED_PREFILL = frozenset({"vllm", "eager"})
 
 
+# A stack's scheduling policy where it differs from the engine's default (continuous batching
+# as vLLM and SGLang run it), a release as its family: TensorRT-LLM's capacity scheduler
+# admits only what can run to completion without eviction (GUARANTEED_NO_EVICT, its default:
+# TensorRT-LLM docs, "Useful Runtime Options"; SchedulerConfig.capacity_scheduler_policy).
+SCHEDULERS = {"tensorrt-llm": "guaranteed-no-evict"}
+
+
+def scheduler_of(options: Any) -> str | None:
+    """The scheduling policy the stack `options` name runs by default (None: the engine's)."""
+    return SCHEDULERS.get(_family(getattr(options, "stack", "") or ""))
+
+
+def _family(name: str) -> str:
+    """A stack's family: a release's base (VERSIONS), or the profile a name extends
+    ("tensorrt-llm-0.11" -> "tensorrt-llm")."""
+    if name in VERSIONS:
+        return VERSIONS[name][0]
+    return max((b for b in FAMILIES if name == b or name.startswith(b + "-")), key=len,
+               default=name)
+
+
+FAMILIES = ("tensorrt-llm", "vllm", "sglang", "eager")
+
+
 def chunks_prefill(options: Any) -> bool:
     """Whether the stack `options` name mixes prefill chunks into decode steps by default."""
-    name = getattr(options, "stack", "") or ""
-    return (VERSIONS[name][0] if name in VERSIONS else name) in CHUNKED_PREFILL
+    return _family(getattr(options, "stack", "") or "") in CHUNKED_PREFILL
 
 
 def spills_prefix_cache(chip: ChipSpec) -> bool:

@@ -1159,13 +1159,13 @@ def test_a_candidate_is_verified_at_its_engines_token_budget(tmp_path):
     fills a prefill step to the same budget."""
     from chip import serving_stacks as stacks
     from rdu_cluster.engine.disagg import Pool
-    from rdu_cluster.engine.schedulers import Limits
+    from rdu_cluster.engine.schedulers import Limits, engine_defaults
 
     def budget(label, pools, stack):
         dep = cap.Deployment(label, tuple(Pool.parse(p, "--pool") for p in pools), 24, 0.0,
                              (8,) * len(pools), (1.0,) * len(pools), stack=stack)
-        return verification._scheduling(dep, None if stack is None or len(pools) > 1
-                                         else stacks.stack(stack))[0]
+        options = None if stack is None or len(pools) > 1 else stacks.stack(stack)
+        return engine_defaults(*verification._engines(dep, options))[1].token_budget
 
     assert budget("dgx-a100", ["dgx-a100:tp1:1"], "vllm") == 2048
     assert budget("dgx-h100", ["dgx-h100:tp1:1"], "vllm") == 8192

@@ -14,6 +14,7 @@ from partitioning.estimate import estimate
 from partitioning.scenario import Scenario
 from rdu_cluster.cli import main
 from rdu_cluster.config import load_cluster
+from rdu_cluster.engine.schedulers import Limits
 from rdu_cluster.sweep import expand, load_spec
 from rdu_cluster.sweep.runners import run_plan, run_serve, run_simulate
 from tests.sweep.helpers import write
@@ -327,17 +328,29 @@ def test_a_gpu_runs_its_stacks_cap_where_no_max_batch_is_given(tmp_path):
                    "--stack", "vllm", args=pair) is True
     assert [n for n in stacks.STACKS if stacks.chunks_prefill(stacks.stack(n))] == [
         "vllm", "eager"]
-    assert serve_runner._chunked({"scheduler": "continuous"}, stacks.stack("vllm"))
-    assert not serve_runner._chunked({"scheduler": "continuous", "chunked_prefill": False},
-                                     stacks.stack("vllm"))
+    # and the scheduling policy: TensorRT-LLM's own (GUARANTEED_NO_EVICT), else continuous
+    policy = lambda *extra, args=SERVE: cap(*extra, args=args, key="scheduler")
+    assert policy("--cluster", "dgx-h100", "--stack", "tensorrt-llm") == "guaranteed-no-evict"
+    assert policy("--cluster", "dgx-h100", "--stack", "tensorrt-llm-1.3") == (
+        "guaranteed-no-evict")
+    assert policy("--cluster", "dgx-h100") == "continuous" == policy("--cluster", "sn40l-8")
+    assert policy("--cluster", "dgx-h100", "--stack", "tensorrt-llm", "--scheduler",
+                  "continuous") == "continuous"
     h100 = load_cluster("dgx-h100").chip
     a100 = load_cluster("dgx-a100").chip
-    assert serve_runner._token_budget({}, a100, stacks.stack("vllm")) == 2048
-    assert serve_runner._token_budget({"token_budget": 512}, a100, None) == 512
-    assert serve_runner._max_batch({}, h100, None) == 4096
-    assert serve_runner._max_batch({"max_batch": 8}, h100, None) == 8
-    assert serve_runner._max_batch({"prefill_pool": "sn40l-8:tp2:1",
-                                    "decode_pool": "dgx-h100:tp1:1"}, h100, None) == 4096
+
+    def point(chip, **f):  # a serve sweep point's scheduler and limits
+        return serve_runner._serve_config({"preemption": "recompute", "routing":
+                                           "round-robin", **f}, chip, 0)
+
+    assert point(h100).limits == Limits(4096, 8192, False)
+    assert point(a100, stack="vllm").limits == Limits(256, 2048, True)
+    assert point(h100, max_batch=8, token_budget=512, chunked_prefill=False).limits == Limits(
+        8, 512, False)
+    pool = {"prefill_pool": "sn40l-8:tp2:1", "decode_pool": "dgx-h100:tp1:1"}
+    assert point(h100, **pool).limits == Limits(4096, 8192, False)
+    assert point(h100, stack="tensorrt-llm").scheduler == "guaranteed-no-evict"
+    assert point(h100).scheduler == "continuous"
 
 
 def test_a_draft_on_a_gpus_default_cap_chooses_k_where_the_kv_cache_holds_the_batch(tmp_path):

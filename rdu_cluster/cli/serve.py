@@ -83,8 +83,10 @@ OWNED = (*(f"{name}.parquet" for name in TABLES), SUMMARY)  # what an earlier se
 @click.option("--output-len", default=traces.OUTPUT_LEN, show_default=True,
               help="As --prompt-len.")
 @click.option("--seed", default=0, show_default=True, type=o.SEED)
-@click.option("--scheduler", default=schedulers.DEFAULT, show_default=True,
-              help=f"Scheduler policy: {', '.join(schedulers.names())}.")
+@click.option("--scheduler", default=None,
+              help=f"Scheduler policy: {', '.join(schedulers.names())} [default: the GPU "
+              "stack's own: guaranteed-no-evict under tensorrt-llm, else "
+              f"{schedulers.DEFAULT}; with pools, the decode pool's; coe with --coe-experts].")
 @click.option("--max-batch", default=None, type=o.BATCH,
               help="Sequences a replica runs at once [default: a GPU's stack's own cap: "
               "sglang 4096, vllm 1024 on an H100/H200 (else 256), tensorrt-llm 2048, eager 128; "
@@ -197,9 +199,10 @@ def serve(model_ref, cluster_ref, plan, trace_path, n_requests, rate, arrival, b
     scenario = _coe(coe_experts, model, coe_router, coe_distribution, coe_policy, coe_hbm_slots)
     pools = _pools(prefill_pool, decode_pool, fabric, ctx, overrides)
     deployed = _Deployment.of(model, cluster, pools, stack_name)
-    limits = schedulers.Limits(
-        deployed.max_batch(max_batch, scenario is not None), deployed.token_budget(token_budget),
-        deployed.chunked_prefill(chunked_prefill, scheduler, scenario is not None), preemption)
+    scheduler, limits = schedulers.engine_defaults(
+        *deployed.engines(), scheduler=scheduler, max_batch=max_batch,
+        token_budget=token_budget, chunked_prefill=chunked_prefill, preemption=preemption,
+        coe=scenario is not None)
     config = ServeConfig(plan=plan, scheduler=scheduler, limits=limits, seed=seed,
                          kv_memory_fraction=kv_fraction, faults=tuple(faults), coe=scenario,
                          draft=draft, draft_placement=placement, draft_sockets=draft_sockets,
@@ -292,37 +295,14 @@ class _Deployment:
         options, stack = _stack(stack_name, [pools[0], pools[1]] if pools else [], cluster, model)
         return cls(model, cluster, pools, options, stack)
 
-    def max_batch(self, given: int | None, coe: bool = False) -> int:
-        """--max-batch, or the sequences its (decode) replicas' engine runs at once by default
-        (schedulers.max_batch_for: a GPU stack's cap); a CoE run's, Limits.max_batch (its
-        runtime is [MICRO24]'s expert switching, not a serving stack's)."""
-        if given is not None:
-            return given
-        if coe:
-            return schedulers.Limits.max_batch
-        if self.pools:
-            _, dec, fabric = self.pools
-            return schedulers.max_batch_for(dec.spec(self.model, fabric).chip, self.options[1])
-        return schedulers.max_batch_for(self.cluster.chip, self.options)
-
-    def chunked_prefill(self, given: bool | None, scheduler: str, coe: bool = False) -> bool:
-        """--chunked-prefill, or whether its (prefill) replicas' engine chunks prompts beside
-        the decodes by default (schedulers.chunked_prefill_for); a CoE run's, not."""
-        if given is not None:
-            return given
-        options = self.options[0] if self.pools else self.options
-        return not coe and schedulers.chunked_prefill_for(options, scheduler)
-
-    def token_budget(self, given: int | None) -> int:
-        """--token-budget, or the new tokens a step of its (prefill) replicas' engine takes by
-        default (schedulers.token_budget_for: a GPU stack's own)."""
-        if given is not None:
-            return given
-        if self.pools:
-            pre, _, fabric = self.pools
-            return schedulers.token_budget_for(pre.spec(self.model, fabric).chip,
-                                               self.options[0])
-        return schedulers.token_budget_for(self.cluster.chip, self.options)
+    def engines(self) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+        """The (chip, execution options) of the replicas that prefill and of those that decode:
+        the cluster's twice, or each pool's (schedulers.engine_defaults)."""
+        if not self.pools:
+            return (self.cluster.chip, self.options), (self.cluster.chip, self.options)
+        pre, dec, fabric = self.pools
+        return ((pre.spec(self.model, fabric).chip, self.options[0]),
+                (dec.spec(self.model, fabric).chip, self.options[1]))
 
     @property
     def name(self) -> str:
@@ -374,7 +354,7 @@ def _context(deployed: _Deployment, config: ServeConfig, work: _Workload, backen
             "burstiness": _vllm_burstiness(work.trace_path, work.arrival, work.burstiness),
             "max_concurrency": config.concurrency, "max_batch": config.limits.max_batch,
             "token_budget": config.limits.token_budget,
-            "chunked_prefill": config.limits.chunked_prefill,
+            "chunked_prefill": config.limits.chunked_prefill, "scheduler": config.scheduler,
             "calibration": calibration.label(
                 [load_cluster(p.cluster) for p in pools[:2]] if pools else [deployed.cluster])}
 
@@ -424,7 +404,7 @@ def _stack(name: str | None, pools: list, cluster, model) -> tuple:
 
 
 def _coe_defaults(ctx: click.Context, coe_experts: int | None, model_ref: str,
-                  scheduler: str) -> tuple[str, str]:
+                  scheduler: str | None) -> tuple[str, str | None]:
     """A CoE run's model and scheduler where not given ([MICRO24]'s experts, the coe policy);
     the --coe-* options refused without --coe-experts."""
     if coe_experts is None:

@@ -49,8 +49,8 @@ from workloads.files import parse_json, read_text
 # 2: serve rows carry the engine's energy and cost columns; 3: a point that does not fit is a
 # row (feasible = false, infeasible_reason) in every kind; 4: simulate rows carry each figure's
 # interval (<figure>_low, <figure>_high) and interval_note; 5: calibration and
-# decode/prefill_prefetch_stall_s columns; 6: a serve row's max_batch, token_budget and
-# chunked_prefill are the run's (its engine's where the point sets none: a GPU stack's)
+# decode/prefill_prefetch_stall_s columns; 6: a serve row's scheduler, max_batch, token_budget
+# and chunked_prefill are the run's (its engine's where the point sets none: a GPU stack's)
 DATASET_SCHEMA_VERSION = "6"
 SWEEP_FILE = "sweep.json"  # in meta_dir(OUT), as the two below
 LOCK_FILE = "lock"

@@ -356,9 +356,10 @@ def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:
     `requests` of the row's lengths all queued at once on one replica (`tp` GPUs of the row's
     cluster under its `plan`, default tensor parallel), served by the engine with in-flight
     batching and chunked prefill under the row's `max_batch`, `token_budget` and `kv_fraction`
-    (the KV cache's share of what the weights leave)."""
+    (the KV cache's share of what the weights leave), and its stack's scheduling policy
+    (schedulers.scheduler_for: TensorRT-LLM's guaranteed-no-evict)."""
     from rdu_cluster.backends import make as make_backend
-    from rdu_cluster.engine.schedulers import Limits
+    from rdu_cluster.engine.schedulers import Limits, scheduler_for
     from rdu_cluster.engine.simulation import ServeConfig, Simulation
     from workloads import traces
 
@@ -367,9 +368,10 @@ def _serve_output_tokens_per_s(case: dict[str, Any]) -> float:
     trace = traces.synthetic(case["requests"], float("inf"), "fixed",
                              fixed("fixed", case["prompt_len"]), fixed("fixed", case["gen_len"]))
     # `plan`: the replica's plan in the partitioner's syntax over its `tp` GPUs (adp8ep8)
+    options = _row_options(case)
     config = ServeConfig(plan=case.get("plan", f"tp{tp}"), kv_memory_fraction=case["kv_fraction"],
                          limits=Limits(case["max_batch"], case["token_budget"], True),
-                         options=_row_options(case))
+                         scheduler=scheduler_for(options), options=options)
     sim = Simulation(_spec(case), _cluster(case["cluster"], {"sockets": tp}), trace, config,
                      make_backend("local"))
     sim.summary_only = True  # its summary's throughput is all a row reads (no tables kept)

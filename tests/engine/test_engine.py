@@ -340,3 +340,18 @@ def test_a_request_left_neither_served_nor_refused_fails_the_run(serve, monkeypa
     with pytest.raises(RuntimeError, match=r"5 requests neither completed nor refused .*"
                                            r"request 0 was waiting"):
         serve(model="llama-3.2-1b", cluster="sn40l-8", n=5, rate=50.0, scheduler="stall-test")
+
+
+def test_guaranteed_no_evict_reserves_the_output_and_never_preempts(serve):
+    """TensorRT-LLM's default capacity policy: a request starts only where the KV of its prompt
+    and whole output fits, reserved at admission, so none is preempted; the continuous policy
+    (vLLM's) admits on the prompt and preempts the newest when the decodes run out of blocks.
+    Under a KV cache too small for every request's output, the one preempts and the other
+    runs fewer at once."""
+    small = {"n": 40, "rate": 1000.0, "output": traces.LengthDist("fixed", 2000),
+             "kv_memory_fraction": 0.002, "limits": Limits(max_batch=64)}
+    _, vllm = serve(**small)
+    _, trt = serve(scheduler="guaranteed-no-evict", **small)
+    assert vllm.summary["preemptions"] > 0 and trt.summary["preemptions"] == 0
+    assert set(cols(trt.requests)["state"]) == {"done"}
+    assert max(cols(trt.steps)["batch"]) < max(cols(vllm.steps)["batch"])

@@ -272,14 +272,15 @@ def test_serve_and_serve_sweeps_take_the_engines_defaults():
             config.prefix) == (engine.limits, engine.scheduler, engine.kv_memory_fraction,
                                engine.routing, PrefixConfig())
     cli = {p.name: p.default for p in serve.params}
-    # the most sequences a replica runs and the tokens a step takes: unset in both, the
-    # engine's for the chip and stack (schedulers.max_batch_for, token_budget_for:
+    # the policy, the most sequences a replica runs, the tokens a step takes and the chunking:
+    # unset in both, the engine's for the chip and stack (schedulers.engine_defaults:
     # test_a_gpu_runs_its_stacks_cap_where_no_max_batch_is_given)
     assert cli["max_batch"] is None and "max_batch" not in point
     assert cli["token_budget"] is None and "token_budget" not in point
     assert cli["chunked_prefill"] is None and "chunked_prefill" not in point
+    assert cli["scheduler"] is None and "scheduler" not in point  # scheduler_for's
     expected = {
-        "scheduler": engine.scheduler, "preemption": engine.limits.preemption,
+        "preemption": engine.limits.preemption,
         "kv_fraction": engine.kv_memory_fraction, "routing": engine.routing,
         "prefix_eviction": PrefixConfig().eviction, "arrival": traces.ARRIVAL,
         "burstiness": traces.BURSTINESS, "prompt_len": traces.PROMPT_LEN,

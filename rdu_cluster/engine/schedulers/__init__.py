@@ -56,6 +56,12 @@ class Limits:
             )
 
 
+def scheduler_for(options: Any) -> str:
+    """The scheduling policy where --scheduler is not given: the GPU stack's own where it
+    differs (serving_stacks.scheduler_of: TensorRT-LLM's guaranteed-no-evict), else DEFAULT."""
+    return serving_stacks.scheduler_of(options) or DEFAULT
+
+
 def chunked_prefill_for(options: Any, scheduler: str) -> bool:
     """Whether prompts are chunked beside the decodes where --chunked-prefill is not given:
     as the GPU stack's scheduler does by default (serving_stacks.chunks_prefill: vLLM,
@@ -78,6 +84,27 @@ def max_batch_for(chip: Any, options: Any = None) -> int:
     stack's own cap (chip/runtime_memory.py max_running: SGLang's request pool, vLLM's
     max_num_seqs, TensorRT-LLM's max_batch_size), else Limits.max_batch."""
     return runtime_memory.of(chip, options).max_running or Limits.max_batch
+
+
+def engine_defaults(prefill: tuple[Any, Any], decode: tuple[Any, Any] | None = None, *,
+                    scheduler: str | None = None, max_batch: int | None = None,
+                    token_budget: int | None = None, chunked_prefill: bool | None = None,
+                    preemption: str = Limits.preemption, coe: bool = False
+                    ) -> tuple[str, Limits]:
+    """The scheduling policy and limits a run takes: each one given, else its engine's own on
+    the (chip, execution options) of the replicas that prefill (`prefill`: the token budget,
+    chunking) and decode (`decode`, default `prefill`: the policy, the requests at once), as a
+    serving engine a practitioner starts runs them (scheduler_for, max_batch_for,
+    token_budget_for, chunked_prefill_for). A CoE run (`coe`) runs [MICRO24]'s runtime: the
+    coe policy, Limits.max_batch, no chunking."""
+    decode = decode or prefill
+    policy = scheduler or ("coe" if coe else scheduler_for(decode[1]))
+    if max_batch is None:
+        max_batch = Limits.max_batch if coe else max_batch_for(*decode)
+    if chunked_prefill is None:
+        chunked_prefill = not coe and chunked_prefill_for(prefill[1], policy)
+    budget = token_budget if token_budget is not None else token_budget_for(*prefill)
+    return policy, Limits(max_batch, budget, chunked_prefill, preemption)
 
 
 # View and StepPlan are values no one mutates, but not frozen: at light load the engine builds

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 class Continuous:
     name = "continuous"
     lockstep = True  # its decode steps decode every running sequence not prefilling
+    # admission reserves the KV of the whole output too (no growth, so no preemption):
+    # engine/schedulers/no_evict.py
+    reserve = False
 
     def __init__(self, limits: Limits):
         self.limits = limits
@@ -48,7 +51,7 @@ class Continuous:
         admit: list[Request]
         budget, admit, saturated = self.limits.token_budget, [], True
         for r in _queue(view, room):
-            need = view.kv.blocks_for(r.prompt_len + r.generated)
+            need = view.kv.blocks_for(self._tokens(r))
             tokens = r.uncached  # a cached prefix is not prefilled again
             # a prompt past the whole budget goes alone, in a step of its own (why: above
             # _queue)
@@ -60,7 +63,8 @@ class Continuous:
             saturated = len(admit) == room or not view.more_arrivals
         if admit:
             prefill = tuple((r, r.uncached) for r in admit)
-            return StepPlan(prefill=prefill, admit=tuple(admit), saturated=saturated)
+            return StepPlan(prefill=prefill, admit=tuple(admit), saturated=saturated,
+                            reserve_output=self.reserve)
         room_left = len(running) < self.limits.max_batch
         saturated = bool(view.waiting) or not room_left or not view.more_arrivals
         decode = _decoding(running)
@@ -85,7 +89,7 @@ class Continuous:
         admit: list[Request]
         admit, saturated = [], True
         for r in _queue(view, room):
-            need = view.kv.blocks_for(r.prompt_len + r.generated)
+            need = view.kv.blocks_for(self._tokens(r))
             if len(admit) == room or budget <= 0 or need > free:
                 break
             chunk = min(r.uncached, budget)
@@ -94,9 +98,13 @@ class Continuous:
             budget, free = budget - chunk, free - need
         else:
             saturated = len(admit) == room or budget <= 0 or not view.more_arrivals
-        return StepPlan(
-            prefill=tuple(prefill), decode=decode, admit=tuple(admit), saturated=saturated
-        )
+        return StepPlan(prefill=tuple(prefill), decode=decode, admit=tuple(admit),
+                        saturated=saturated, reserve_output=self.reserve)
+
+    def _tokens(self, r: Request) -> int:
+        """The tokens whose KV admitting r takes: its prompt and what it generated (its
+        output to come too where the policy reserves it)."""
+        return r.prompt_len + (r.output_len if self.reserve else r.generated)
 
 
 # A prompt longer than the token budget, without chunked prefill, is prefilled alone in a step

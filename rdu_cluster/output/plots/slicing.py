@@ -58,7 +58,7 @@ def axis_columns(cols: Cols) -> list[str]:
     from rdu_cluster.sweep.runners import SERVE_SCHEMA
 
     inputs = {"batch", "prompt_len", "gen_len", "cluster", "model", "max_batch",
-              "token_budget", "chunked_prefill"}
+              "token_budget", "chunked_prefill", "scheduler"}
     outputs = ({f.name for f in schema()} | {f.name for f in SERVE_SCHEMA}) - inputs
     variant = set(np.ravel(cols.get("variant_axes", [])).tolist())  # with_variants
     names = [n for n in cols if n not in outputs and n not in _NOT_AXES and "." not in n

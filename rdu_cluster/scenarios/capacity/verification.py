@@ -15,12 +15,7 @@ from rdu_cluster.config import FabricSpec, load_cluster
 from rdu_cluster.engine import alike, bench, decided
 from rdu_cluster.engine.disagg import Disaggregated, Pool, group_sockets
 from rdu_cluster.engine.prefix_cache import PrefixConfig
-from rdu_cluster.engine.schedulers import (
-    DEFAULT,
-    Limits,
-    chunked_prefill_for,
-    token_budget_for,
-)
+from rdu_cluster.engine.schedulers import engine_defaults
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
 from rdu_cluster.scenarios.capacity.deployment import Deployment
 from rdu_cluster.scenarios.capacity.result import Result
@@ -49,8 +44,8 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
     trace = _trace(dep, traffic, rate)
     options = (None if dep.disaggregated or not _on_gpu(dep)
                else serving_stacks.stack(cast(str, dep.stack)))
-    limits = Limits(dep.max_batch, *_scheduling(dep, options))
-    config = ServeConfig(plan=dep.pools[0].plan, limits=limits,
+    scheduler, limits = engine_defaults(*_engines(dep, options), max_batch=dep.max_batch)
+    config = ServeConfig(plan=dep.pools[0].plan, scheduler=scheduler, limits=limits,
                          seed=traffic.seed, metrics=spec,
                          concurrency=(None if traffic.trace is not None
                                       else traffic.concurrency),
@@ -216,14 +211,14 @@ def _kv_arg(model: ModelSpec, model_ref: str) -> str | None:
     return None if kv == load_model(model_ref).precision.kv_cache else kv.value
 
 
-def _scheduling(dep: Deployment, options: Any) -> tuple[int, bool]:
-    """The new tokens a step takes and whether prompts are chunked beside the decodes, as serve
-    takes them from the row's serve_args: its (prefill) pool's engine's own
-    (schedulers.token_budget_for, chunked_prefill_for)."""
-    pool = dep.pools[0]
-    chip = load_cluster(pool.cluster, dict(pool.overrides)).chip
-    options = pool_options(dep)[0] if dep.disaggregated else options
-    return token_budget_for(chip, options), chunked_prefill_for(options, DEFAULT)
+def _engines(dep: Deployment, options: Any) -> tuple[tuple[Any, Any], ...]:
+    """The (chip, execution options) of the replicas that prefill and of those that decode
+    (schedulers.engine_defaults: the policy, token budget and chunking serve takes from the
+    row's serve_args, which carry none of them)."""
+    chips = [load_cluster(p.cluster, dict(p.overrides)).chip for p in dep.pools]
+    if not dep.disaggregated:
+        return (chips[0], options), (chips[0], options)
+    return tuple(zip(chips, pool_options(dep)))
 
 
 def _on_gpu(dep: Deployment) -> bool:

@@ -88,7 +88,9 @@ def serve_fields() -> dict[str, FieldDef]:
         FieldDef("output_len", length_dist, s, default=traces.OUTPUT_LEN,
                  column="output_len_dist"),
         FieldDef("seed", nonnegative_int, i64, doc="trace and routing seed [sweep.seed]"),
-        FieldDef("scheduler", text, s, default=schedulers.DEFAULT, column="scheduler"),
+        FieldDef("scheduler", text, s,
+                 doc="a registered policy [the GPU stack's own: guaranteed-no-evict under "
+                 f"tensorrt-llm, else {schedulers.DEFAULT}; its column is the run's]"),
         # its column is the run's (the stack's cap where unset: run_serve's rows)
         FieldDef("max_batch", int_in(1, MAX_BATCH), i64,
                  doc="sequences a replica runs at once [a GPU's stack's cap; an RDU "
@@ -149,7 +151,7 @@ SERVE_SCHEMA = pa.schema(
      ("stack", pa.string()), ("seed", pa.int64()), ("sockets", pa.int64()), ("tp", pa.int64()),
      ("ep", pa.int64()), ("pp", pa.int64()), ("replicas", pa.int64()),
      ("max_batch", pa.int64()), ("token_budget", pa.int64()),
-     ("chunked_prefill", pa.bool_()), ("requests", pa.int64()),
+     ("chunked_prefill", pa.bool_()), ("scheduler", pa.string()), ("requests", pa.int64()),
      ("requests_served", pa.int64()), ("requests_unserved", pa.int64()),
      ("preemptions", pa.int64()), ("swaps", pa.int64()), ("output_tokens", pa.int64()),
      ("makespan_s", pa.float64()), ("throughput_tokens_per_s", pa.float64()),
@@ -180,9 +182,11 @@ def _serve_config(f: Mapping[str, Any], chip, seed: int):
     from rdu_cluster.engine.simulation import ServeConfig
 
     options = None if _pools(f) else make_options(chip, option_values(f), f.get("stack"))
-    limits = schedulers.Limits(_max_batch(f, chip, options), _token_budget(f, chip, options),
-                               _chunked(f, options), f["preemption"])
-    return ServeConfig(plan=f.get("plan"), scheduler=f["scheduler"], limits=limits,
+    scheduler, limits = schedulers.engine_defaults(
+        *_engines(f, chip, options), scheduler=f.get("scheduler"),
+        max_batch=f.get("max_batch"), token_budget=f.get("token_budget"),
+        chunked_prefill=f.get("chunked_prefill"), preemption=f["preemption"])
+    return ServeConfig(plan=f.get("plan"), scheduler=scheduler, limits=limits,
                        seed=_seed(f, seed), kv_memory_fraction=f.get("kv_fraction"),
                        execution_model=f.get("execution_model"),
                        options=options,  # a pair's pools take theirs each (_pool_options)
@@ -192,42 +196,14 @@ def _serve_config(f: Mapping[str, Any], chip, seed: int):
                                            f.get("prefix_eviction", evictions.DEFAULT)))
 
 
-def _max_batch(f: Mapping[str, Any], chip, options) -> int:
-    """The point's max_batch, else its replicas' engine's (schedulers.max_batch_for: a GPU
-    stack's cap), a pair's decode pool's, as serve takes it."""
-    if "max_batch" in f:
-        return f["max_batch"]
-    if _pools(f):
-        chips = pool_chips([f["prefill_pool"], f["decode_pool"]])
-        if not chips:  # a pool that does not load: the checks name it (check_serve)
-            return schedulers.Limits.max_batch
-        return schedulers.max_batch_for(chips[1][0], _pool_options(f)[1])
-    return schedulers.max_batch_for(chip, options)
-
-
-def _chunked(f: Mapping[str, Any], options) -> bool:
-    """The point's chunked_prefill, else its (prefill) replicas' engine's default
-    (schedulers.chunked_prefill_for), as serve takes it."""
-    if "chunked_prefill" in f:
-        return f["chunked_prefill"]
-    if _pools(f):
-        if not pool_chips([f["prefill_pool"], f["decode_pool"]]):
-            return False  # a pool that does not load: the checks name it (check_serve)
-        options = _pool_options(f)[0]
-    return schedulers.chunked_prefill_for(options, f["scheduler"])
-
-
-def _token_budget(f: Mapping[str, Any], chip, options) -> int:
-    """The point's token_budget, else its replicas' engine's (schedulers.token_budget_for: a
-    GPU stack's own), a pair's prefill pool's, as serve takes it."""
-    if "token_budget" in f:
-        return f["token_budget"]
-    if _pools(f):
-        chips = pool_chips([f["prefill_pool"], f["decode_pool"]])
-        if not chips:  # a pool that does not load: the checks name it (check_serve)
-            return schedulers.Limits.token_budget
-        return schedulers.token_budget_for(chips[0][0], _pool_options(f)[0])
-    return schedulers.token_budget_for(chip, options)
+def _engines(f: Mapping[str, Any], chip, options) -> tuple[tuple[Any, Any], ...]:
+    """The (chip, execution options) of the replicas that prefill and of those that decode
+    (schedulers.engine_defaults), as serve takes them: the point's cluster's, or each pool's
+    (its own chip's where a pool does not load: the checks name it, check_serve)."""
+    chips = pool_chips([f["prefill_pool"], f["decode_pool"]]) if _pools(f) else []
+    if not chips:
+        return (chip, options), (chip, options)
+    return tuple(zip((c for c, _ in chips), _pool_options(f)))
 
 
 def _serve_sim(f: Mapping[str, Any], model, cluster, trace, config):
@@ -332,7 +308,7 @@ def run_serve(points: Sequence[Point], seed: int) -> RunOutput:
         row = {"point_id": p.id, "model": model.name, "seed": config.seed, **_shape(sim),
                "max_batch": config.limits.max_batch,
                "token_budget": config.limits.token_budget,
-               "chunked_prefill": config.limits.chunked_prefill,
+               "chunked_prefill": config.limits.chunked_prefill, "scheduler": config.scheduler,
                "stack": _stack(sim, cluster, config.options),
                "request_throughput": b["request_throughput"],
                "mean_itl_ms": b["mean_itl_ms"], "p99_itl_ms": b.get("p99_itl_ms"),
@@ -438,8 +414,9 @@ def check_serve(points: Sequence[Point], origin: Mapping[str, str]) -> None:
                                    f.get("token_budget", Limits.token_budget),
                                    f.get("chunked_prefill", Limits.chunked_prefill),
                                    f["preemption"])
-        checks.setdefault(("scheduler", f["scheduler"], limits),
-                          (None, "", functools.partial(schedulers.get, f["scheduler"],
+        name = f.get("scheduler", schedulers.DEFAULT)
+        checks.setdefault(("scheduler", name, limits),
+                          (None, "", functools.partial(schedulers.get, name,
                                                        limits)))  # the field its flag names
         if "fault" in f:
             checks.setdefault(("fault", f["fault"], cluster.name, cluster.sockets),
