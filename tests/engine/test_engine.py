@@ -355,3 +355,19 @@ def test_guaranteed_no_evict_reserves_the_output_and_never_preempts(serve):
     assert vllm.summary["preemptions"] > 0 and trt.summary["preemptions"] == 0
     assert set(cols(trt.requests)["state"]) == {"done"}
     assert max(cols(trt.steps)["batch"]) < max(cols(vllm.steps)["batch"])
+
+
+def test_guaranteed_no_evict_batches_whole_prompts_beside_the_decodes(serve):
+    """TensorRT-LLM's in-flight batching without chunked context: a step decodes every running
+    sequence and prefills whole prompts beside them, as far as the token budget holds them
+    (never a part of one); vLLM V0's and SGLang's step (the continuous policy) prefills or
+    decodes."""
+    args = {"n": 30, "rate": 40.0, "prompt": traces.LengthDist("fixed", 3000),
+            "output": traces.LengthDist("fixed", 64)}
+    _, trt = serve(scheduler="guaranteed-no-evict", **args)
+    _, vllm = serve(**args)
+    mixed = lambda t: [(p, d) for p, d in zip(cols(t.steps)["prefill_tokens"],
+                                              cols(t.steps)["decode_tokens"]) if p and d]
+    assert mixed(trt) and not mixed(vllm)
+    assert {p % 3000 for p, _ in mixed(trt)} == {0}  # whole prompts
+    assert all(p + d <= 8192 for p, d in mixed(trt))  # within the token budget

@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 class Continuous:
     name = "continuous"
     lockstep = True  # its decode steps decode every running sequence not prefilling
-    # admission reserves the KV of the whole output too (no growth, so no preemption):
+    # admission reserves the KV of the whole output too (no growth, so no preemption), and a
+    # step without chunked prefill mixes whole prompts beside the decodes (in-flight batching):
     # engine/schedulers/no_evict.py
     reserve = False
+    mixes = False
 
     def __init__(self, limits: Limits):
         self.limits = limits
@@ -42,7 +44,7 @@ class Continuous:
             if swap_in or running:
                 # swapped sequences come back before any new one
                 return StepPlan(decode=_decoding(running), swap_in=swap_in, saturated=True)
-        if self.limits.chunked_prefill:
+        if self.limits.chunked_prefill or self.mixes:
             return self._chunked(view, running, free)
         return self._prefill_first(view, running, free)
 
@@ -88,11 +90,13 @@ class Continuous:
         room = self.limits.max_batch - len(running)
         admit: list[Request]
         admit, saturated = [], True
+        split = self.limits.chunked_prefill  # else (mixes) whole prompts, the budget's room
         for r in _queue(view, room):
             need = view.kv.blocks_for(self._tokens(r))
-            if len(admit) == room or budget <= 0 or need > free:
+            whole = not split and r.uncached > budget and bool(admit or decode or prefill)
+            if len(admit) == room or budget <= 0 or need > free or whole:
                 break
-            chunk = min(r.uncached, budget)
+            chunk = min(r.uncached, budget) if split else r.uncached
             admit.append(r)
             prefill.append((r, chunk))
             budget, free = budget - chunk, free - need
