@@ -36,8 +36,9 @@ class Limits:
     """max_batch: sequences in a step (32 where no engine gives one: an RDU, whose runtime
     publishes no serving default; a GPU runs its stack's, max_batch_for). token_budget: new
     tokens in a step (prefill tokens plus one per decode); 8192 holds 8 prompts of 1,024 (an
-    RDU's; a GPU runs its stack's, token_budget_for: 2,048 to 16,384 by stack and GPU). chunked_prefill: split prompts to fill the budget beside decodes (Sarathi-Serve /
-    vLLM --enable-chunked-prefill). preemption: what a request pushed out of the KV cache loses:
+    RDU's; a GPU runs its stack's, token_budget_for: 2,048 to 16,384 by stack and GPU).
+    chunked_prefill: split prompts to fill the budget beside decodes (Sarathi-Serve / vLLM
+    --enable-chunked-prefill). preemption: what a request pushed out of the KV cache loses:
     "recompute" (its KV, rebuilt by a new prefill) or "swap" (KV copied to DDR / host and back)."""
 
     max_batch: int = 32

@@ -3,8 +3,9 @@
 Without chunked prefill (vLLM V0's default): a step either prefills newly admitted prompts
 whole (FCFS, within max_batch, the token budget and free KV blocks) or decodes every running
 sequence; prefills go first. A prompt longer than the whole budget is prefilled alone, in one
-step (over_budget: as an engine serves it, not refused). With chunked prefill (Sarathi-Serve): every step decodes all running
-sequences and fills the rest of the token budget with prompt chunks, continuing prompts first.
+step (as an engine serves it, not refused: why, above _queue). With chunked prefill
+(Sarathi-Serve): every step decodes all running sequences and fills the rest of the token
+budget with prompt chunks, continuing prompts first.
 KV blocks for the whole prompt are taken at admission; when the decodes of a step need more
 blocks than are free, the most recently admitted sequences are preempted (vLLM's policy), and
 no new prompt is admitted in that step. Swapped sequences come back before new ones.
