@@ -99,16 +99,14 @@ def scheduler_of(options: Any) -> str | None:
     return SCHEDULERS.get(_family(getattr(options, "stack", "") or ""))
 
 
-def _family(name: str) -> str:
-    """A stack's family: a release's base (VERSIONS), or the profile a name extends
-    ("tensorrt-llm-0.11" -> "tensorrt-llm")."""
-    if name in VERSIONS:
-        return VERSIONS[name][0]
-    return max((b for b in FAMILIES if name == b or name.startswith(b + "-")), key=len,
-               default=name)
-
-
 FAMILIES = ("tensorrt-llm", "vllm", "sglang", "eager")
+
+
+def _family(name: str) -> str:
+    """A stack's family, the profile a release or version extends ("sglang-0.5.10" ->
+    "sglang", "tensorrt-llm-0.11" -> "tensorrt-llm"), as chip/runtime_memory.py's for_stack
+    reads its name."""
+    return next((b for b in FAMILIES if name == b or name.startswith(b + "-")), name)
 
 
 def chunks_prefill(options: Any) -> bool:

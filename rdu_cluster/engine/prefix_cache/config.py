@@ -39,7 +39,7 @@ class PrefixConfig:
                               "cache to size)")
         evictions.get(self.eviction)
 
-    def resolved(self, lower: str | None, spills: bool = True) -> str:
+    def resolved(self, lower: str | None, spills: bool) -> str:
         """The mode on a chip whose lower tier is `lower` (None: it has none), whose runtime
         spills its prefix cache there by default where `spills`."""
         if self.mode is None:
