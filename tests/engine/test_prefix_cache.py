@@ -133,8 +133,10 @@ def test_modes_are_checked():
     with pytest.raises(ConfigError, match="--prefix-cache: unknown 'x'"):
         PrefixConfig("x").check()
     with pytest.raises(ConfigError, match="no tier below HBM"):
-        PrefixConfig("tiered").resolved(None)
-    assert PrefixConfig().resolved("ddr") == "tiered" and PrefixConfig().resolved(None) == "hbm"
+        PrefixConfig("tiered").resolved(None, True)
+    assert PrefixConfig().resolved("ddr", True) == "tiered"
+    assert PrefixConfig().resolved(None, True) == "hbm"
+    assert PrefixConfig().resolved("host", False) == "hbm"  # a GPU's runtime spills nowhere
     accepted = ", ".join(evictions.names())
     with pytest.raises(ConfigError, match=f"--prefix-eviction: unknown 'no-such-policy'; accepted: {accepted}$"):
         PrefixConfig(eviction="no-such-policy").check()
