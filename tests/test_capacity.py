@@ -46,9 +46,10 @@ def test_max_batch_keeps_tpot_within_the_bound():
 def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
     """A loaded prefill pool's queue fills each step to the token budget: DeepSeek-V3 reads its
     experts' weights once for eight 1,024-token prompts, so each takes about half of what one
-    alone does, and the pool is sized to rho <= 0.8 at that share (on the 500-user question
-    the boundary was 2 H200 nodes where one prompt at a time gave 5, four runs more to bisect).
-    A prompt that fills the budget alone, or a dense model, gains little or nothing."""
+    alone does, and the pool is sized as a queue at that share (prefill_replicas; on the
+    500-user question the boundary was 2 H200 nodes where one prompt at a time gave 5, four
+    runs more to bisect). A prompt that fills the budget alone, or a dense model, gains little
+    or nothing."""
     fab = load_fabric("ib-ndr")
     ds = cap.replica_cost(with_dtypes(load_model("deepseek-v3"), "fp8", None),
                           cap.Pool("hgx-h200", "tp8", 1), (1024, 256), fab)
@@ -64,8 +65,36 @@ def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
                             fab)
     lam, n_p = 500 / dep.analytic["e2e_s"], dep.pools[0].replicas  # closed loop, no think
     assert dep.analytic["rho"] == pytest.approx(lam * ds.prefill_service_s / n_p)
-    assert lam * ds.prefill_service_s / n_p <= cap.PREFILL_RHO_MAX
-    assert n_p == 1 or lam * ds.prefill_service_s / (n_p - 1) > cap.PREFILL_RHO_MAX
+    own = ds.prefill_s + dep.analytic["kv_transfer_s"]
+    assert n_p == cap.prefill_replicas(lam, ds.prefill_service_s, own, dep.analytic["e2e_s"],
+                                       slo, 24 * 8)
+    assert n_p == 2  # the boundary the engine verified (rho 0.82: 3 at rho <= 0.8)
+
+
+def test_a_prefill_pool_starts_where_its_queue_keeps_ttft_and_the_loop_unthrottled():
+    """prefill_replicas: each replica a queue fed every n-th prompt (ca2 = 1 / n) with a fixed
+    pass, Kingman's mean wait rho / (1 - rho) x ca2 / 2 x service, its p99 4.6 times it (an
+    exponential's); the fewest replicas whose p99 wait plus a prompt's own pass meets the TTFT
+    bound and whose mean wait is at most 1% of the closed loop's cycle."""
+    lam, service, own = 83.2, 0.0198, 0.043  # DeepSeek-V3's H200 tp8 prefill pool, 500 users
+
+    def wait(n: int) -> float:
+        rho = lam * service / n
+        return rho / (1 - rho) / n / 2 * service
+
+    # one replica would be saturated (rho 1.65); two wait 23 ms on average, 107 ms at p99
+    assert cap.prefill_replicas(lam, service, own, 6.0, cap.SLO(1500, 25), 24) == 2
+    assert wait(2) == pytest.approx(0.0232, rel=1e-2)
+    # a tight TTFT bound: 2 replicas' p99 (150 ms) misses 100 ms, 3 (61 ms) meet it
+    assert math.log(100) * wait(2) + own > 0.1 > math.log(100) * wait(3) + own
+    assert cap.prefill_replicas(lam, service, own, 6.0, cap.SLO(100, 25), 24) == 3
+    # a short cycle: 2 replicas' 23 ms wait is over 1% of a 1.5 s cycle, 3 replicas' 4 ms not
+    assert wait(2) > cap.PREFILL_THROTTLE * 1.5 > wait(3)
+    assert cap.prefill_replicas(lam, service, own, 1.5, cap.SLO(1500, 25), 24) == 3
+    # an open loop (no cycle) and no TTFT bound: the fewest under saturation
+    assert cap.prefill_replicas(lam, service, own, None, cap.SLO(None, 25), 24) == 2
+    # none within the replicas allowed
+    assert cap.prefill_replicas(lam, service, own, 6.0, cap.SLO(100, 25), 2) is None
 
 
 def test_a_pair_prefill_pool_is_sized_for_the_answers_it_never_cached():

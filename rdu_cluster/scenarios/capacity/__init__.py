@@ -36,10 +36,11 @@ from rdu_cluster.scenarios.capacity.search import PAIR_PASSES, saturated, search
 from rdu_cluster.scenarios.capacity.sizing import (
     BATCHES,
     MAX_BATCH_CAP,
-    PREFILL_RHO_MAX,
+    PREFILL_THROTTLE,
     ReplicaCost,
     aggregated,
     disaggregated,
+    prefill_replicas,
     replica_cost,
     replica_plans,
 )
@@ -54,9 +55,9 @@ from rdu_cluster.scenarios.capacity.traffic import (
 from rdu_cluster.scenarios.capacity.verification import serve_args, verify
 
 __all__ = [
-    "BATCHES", "MAX_BATCH_CAP", "PAIR_PASSES", "PREFILL_RHO_MAX", "SEEDS", "SLO",
-    "STEADY_DOUBLINGS", "STEADY_START", "STEADY_TOL", "Bands", "Deployment", "Pool",
-    "ReplicaCost", "Result", "Traffic", "aggregated", "bands", "disaggregated", "judged",
-    "loosest", "ranked", "replica_cost", "replica_plans", "saturated", "search", "serve_args",
-    "settle", "uncached_tokens", "verify", "with_ends",
+    "BATCHES", "MAX_BATCH_CAP", "PAIR_PASSES", "PREFILL_THROTTLE", "SEEDS", "SLO",
+    "STEADY_DOUBLINGS", "STEADY_START", "STEADY_TOL", "Bands", "Deployment", "Pool", "ReplicaCost",
+    "Result", "Traffic", "aggregated", "bands", "disaggregated", "judged", "loosest",
+    "prefill_replicas", "ranked", "replica_cost", "replica_plans", "saturated", "search",
+    "serve_args", "settle", "uncached_tokens", "verify", "with_ends",
 ]
