@@ -310,7 +310,7 @@ def prefill_replicas(lam: float, service: float, own: float, cycle: float | None
     queue fed every n-th prompt (round-robin: Erlang-n gaps, ca2 = 1 / n, of a Poisson stream)
     with a fixed pass (cs2 = 0): Kingman's heavy-traffic mean wait rho / (1 - rho) x (ca2 +
     cs2) / 2 x service, its pP that of an exponential of that mean (a heavy-traffic wait's
-    tail). On the Llama 3.1 70B question's eight pairs it starts at rho 0.82-0.91, one or two
+    tail). On the Llama 3.1 70B question's eight pairs it starts at rho 0.83-0.91, one or two
     replicas above the boundaries the engine verified (0.92-1.03 times the saturation count),
     where a cap of rho <= 0.8 started 25% above them."""
     tail = -math.log(1.0 - slo.percentile / 100.0)
