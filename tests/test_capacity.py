@@ -685,6 +685,46 @@ def test_a_pairs_pools_are_searched_in_turn_each_on_the_bound_it_sets():
     assert cap.SLO(None, 20).part("tpot") is None and cap.SLO(1000, None).part("ttft") is None
 
 
+def test_a_pairs_prefill_pool_is_sized_again_at_the_share_its_first_run_prefilled():
+    """The analytic pass sizes a prefill pool on a prefix cache that keeps every prompt's
+    cached prefix (a lower bound on its work); the first run measures the share it prefilled,
+    and where that is more the pool is sized again at it before the decode pool is searched
+    (the sessions question's H100 pools held 19% of the prompt tokens at 8 replicas where the
+    analytic share assumed 65%). Never smaller; a run stopped early, or a hit rate at the
+    analytic share or above, changes nothing."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1500, 25)
+    an = {"prefill_share": 0.35, "arrivals_per_s": 40.0, "prefill_service_s": 0.35 * 0.5,
+          "own_s": 0.35 * 0.6, "cycle_s": 12.0}
+    pair = cap.Deployment("a->b", (Pool("dgx-h100", "tp2", 8), Pool("sn40l-16", "tp8", 4)), 96,
+                          0.0, (8, 16), (2.0, 1.0), an)
+
+    def search(hit: float, decided: dict | None = None) -> list[tuple[int, int]]:
+        asked = []
+
+        def serve(dep, stop=None):
+            p, d = (q.replicas for q in dep.pools)
+            asked.append((p, d))
+            ttft, tpot = 1000.0 * 18 / p, 25.0 * 4 / d
+            return cap.Result(dep, {"prefix_cache_hit_rate": hit}, ttft, tpot,
+                              slo.misses(ttft, tpot), [], slo=slo,
+                              decided=decided if len(asked) == 1 else None)
+
+        cap.search(pair, serve, 24)
+        return asked
+
+    # 80% of the tokens prefilled, not 35%: 0.4 s a prompt, 40 a second: 16 replicas saturate;
+    # 17 wait 188 ms on average (over 1% of the 12 s cycle), 18 wait 89 ms (p99 TTFT 0.89 s)
+    assert search(0.2)[:2] == [(8, 4), (18, 4)]
+    assert cap.prefill_replicas(40.0, 0.4, 0.48, 12.0, slo, 96) == 18
+    assert search(0.7)[1] != (18, 4) and search(0.7)[1][0] == 8  # as assumed: as it was
+    assert search(0.2, {"ttft": 3000.0})[1][0] == 8  # stopped early: no share measured
+    unshared = cap.Deployment("a->b", pair.pools, 96, 0.0, (8, 16), (2.0, 1.0))
+    first = cap.Result(unshared, {"prefix_cache_hit_rate": 0.0}, 1.0, 1.0, -1.0, [], slo=slo)
+    assert cap.resized(unshared, first, 24) is unshared  # no analytic share: as it was
+
+
 def test_prompts_past_serves_token_budget_are_served_and_verified(tmp_path):
     """Serve's 8,192-token budget refused a longer prompt unchunked: every candidate for
     16,384-token prompts read 'serves no request' (exit 1), then verification raised its budget

@@ -32,7 +32,7 @@ from rdu_cluster.engine.disagg import Pool
 from rdu_cluster.scenarios.capacity.deployment import Deployment
 from rdu_cluster.scenarios.capacity.intervals import Bands, bands, loosest, with_ends
 from rdu_cluster.scenarios.capacity.result import Result, judged, ranked
-from rdu_cluster.scenarios.capacity.search import PAIR_PASSES, saturated, search
+from rdu_cluster.scenarios.capacity.search import PAIR_PASSES, resized, saturated, search
 from rdu_cluster.scenarios.capacity.sizing import (
     BATCHES,
     MAX_BATCH_CAP,
@@ -58,6 +58,6 @@ __all__ = [
     "BATCHES", "MAX_BATCH_CAP", "PAIR_PASSES", "PREFILL_THROTTLE", "SEEDS", "SLO",
     "STEADY_DOUBLINGS", "STEADY_START", "STEADY_TOL", "Bands", "Deployment", "Pool", "ReplicaCost",
     "Result", "Traffic", "aggregated", "bands", "disaggregated", "judged", "loosest",
-    "prefill_replicas", "ranked", "replica_cost", "replica_plans", "saturated", "search",
-    "serve_args", "settle", "uncached_tokens", "verify", "with_ends",
+    "prefill_replicas", "ranked", "replica_cost", "replica_plans", "resized", "saturated",
+    "search", "serve_args", "settle", "uncached_tokens", "verify", "with_ends",
 ]
