@@ -22,10 +22,10 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
     the share of prompt tokens its first run prefilled: resized), pool by pool on the bound
     each sets (SLO.part): the fewest decode replicas that meet TPOT (and, fewer than the count
     it starts from, the whole SLO: TTFT holds the decode queue), then the fewest prefill
-    replicas that meet TTFT at that decode pool (down from a count that meets, the count its measured
-    throughput saturates is asked next: saturated), again while the pair misses or a pool
-    met at no size (at most PAIR_PASSES passes: more prefill replicas send the decode pool
-    more work, so its TPOT may then miss).
+    replicas that meet TTFT at that decode pool (down from a count that meets, the count its
+    measured throughput saturates is asked next: saturated), again while the pair misses or a
+    pool met at no size (at most PAIR_PASSES passes: more prefill replicas send the decode
+    pool more work, so its TPOT may then miss).
     Judged on the whole SLO more decode replicas may only lengthen TTFT in a closed loop (a
     faster decode pool sends prompts faster to the same prefill pool), and more prefill ones
     never mend a TPOT. Nothing meets: the largest tried (the closest). `serve` is asked once
