@@ -696,7 +696,7 @@ def test_a_pairs_prefill_pool_is_sized_again_at_the_share_its_first_run_prefille
 
     slo = cap.SLO(1500, 25)
     an = {"prefill_share": 0.35, "arrivals_per_s": 40.0, "prefill_service_s": 0.35 * 0.5,
-          "own_s": 0.35 * 0.6, "cycle_s": 12.0}
+          "prefill_s": 0.35 * 0.6, "kv_transfer_s": 0.0, "cycle_s": 12.0}
     pair = cap.Deployment("a->b", (Pool("dgx-h100", "tp2", 8), Pool("sn40l-16", "tp8", 4)), 96,
                           0.0, (8, 16), (2.0, 1.0), an)
 

@@ -127,8 +127,10 @@ def resized(dep: Deployment, first: Result, max_nodes: int, slo: SLO | None = No
     share = an.get("prefill_share")
     if hit is None or not share or 1.0 - hit <= share:
         return dep
-    scale = (1.0 - hit) / share  # the work a prompt brings, over the analytic pass's
-    got = prefill_replicas(an["arrivals_per_s"], an["prefill_service_s"] * scale,
-                           an["own_s"] * scale, an["cycle_s"], slo or first.slo or SLO(),
+    scale = (1.0 - hit) / share  # the prefill a prompt brings, over the analytic pass's
+    # (its hand-over moves the whole prompt's KV, cached or not: not scaled)
+    own = an["prefill_s"] * scale + an["kv_transfer_s"]
+    got = prefill_replicas(an["arrivals_per_s"], an["prefill_service_s"] * scale, own,
+                           an["cycle_s"], slo or first.slo or SLO(),
                            dep.most_replicas(0, max_nodes))
     return dep if got is None or got <= dep.pools[0].replicas else dep.with_replicas(0, got)

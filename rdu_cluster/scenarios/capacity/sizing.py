@@ -293,13 +293,13 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
     if n_p is None:
         return None
     return Deployment(f"{pre.cluster}->{dec.cluster}", (pre.pool(n_p), dec.pool(n_d)), b_max,
-                      _short(e2e + traffic.think_s),
+                      _short(cycle),
                       (pre.sockets_per_node, dec.sockets_per_node),
                       (pre.price_per_socket_hour, dec.price_per_socket_hour),
                       {"tpot_s": tpot, "rho": lam / n_p * service, "e2e_s": e2e,
                        "kv_transfer_s": move, "prefill_service_s": service,
                        # what search.resized sizes the prefill pool again from
-                       "prefill_share": share, "arrivals_per_s": lam, "own_s": prefill + move,
+                       "prefill_share": share, "arrivals_per_s": lam, "prefill_s": prefill,
                        "cycle_s": cycle if users else None},
                       dec.draft, dec.speculation, stack=dec.stack or pre.stack)
 
