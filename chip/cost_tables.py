@@ -29,6 +29,7 @@ import numpy as np
 
 from chip import execution, power
 from chip.cost import CAUSES, StepCost
+from chip.loaded_steps import LoadedSteps
 from chip.program import Program
 from chip.spec import ChipSpec
 from workloads import graph as graphs
@@ -138,6 +139,8 @@ class CostTables:
         # (batch, whole-token context) -> the rows of a decode step evaluated as a point lately
         self.points: dict[tuple[int, int], np.ndarray] = {}
         self.asked: set[tuple[int, int]] = set()  # decode tables asked for once (ASKED)
+        # decode steps under drawn expert loads (chip/loaded_steps.py)
+        self.loaded = LoadedSteps(self._loaded_points)
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -283,15 +286,15 @@ class CostTables:
 
     def windows(self, spans: Spans, loads: list[np.ndarray]) -> list[np.ndarray]:
         """`window` of `spans` under each of `loads` (per step, one socket's expert load each):
-        the decode steps of all the loads, of all the window's spans, in one evaluation of the
-        execution model (at most CHUNK points each: its points cost what they cost alone, bit
-        for bit, whatever their batch and context: chip/dataflow.py, chip/tile_array.py), the
-        rest as `window` takes them. The sockets of an expert-parallel group differ only in
-        their loads: 32 evaluations a span became one, and a draining window's hundred spans
-        one or two (an adp32ep32 pool's last window of 124 one- and two-step spans took 124)."""
+        the decode steps of all the loads, of all the window's spans, from the entries of the
+        steps under drawn loads (chip/loaded_steps.py: those it lacks in one evaluation of the
+        execution model, its points costing what they cost alone, bit for bit, whatever their
+        batch and context: chip/dataflow.py, chip/tile_array.py), the rest as `window` takes
+        them. The sockets of an expert-parallel group differ only in their loads: 32
+        evaluations a span became one, and a draining window's hundred spans one or two (an
+        adp32ep32 pool's last window of 124 one- and two-step spans took 124)."""
         outs: list[list[Any]] = [[None] * len(spans.kind) for _ in loads]  # socket, span
-        # (socket, span, batch, contexts, loads, weight): a span's steps on one socket
-        points: list[tuple[int, int, int, np.ndarray, np.ndarray, float]] = []
+        drawn: list[tuple[int, tuple[int, int, int, int, np.ndarray]]] = []  # (span, its steps)
         start = 0
         for i in range(len(spans.kind)):
             n = int(spans.steps[i])
@@ -310,21 +313,10 @@ class CostTables:
             # of the same evaluation, bit for bit its table's): on its own it was an
             # evaluation more or a table fill, in 19% of the decode windows of an adp32ep32
             # pool at batch ~480 (a group's count is the mean in ~4% of steps)
-            c0, r = divmod(s0, b)
-            points += [(k, i, b, *_loaded(c0, r, n, ld), r / b) for k, ld in enumerate(part)]
-        # at most a decode table's points an evaluation (the model's intermediate arrays of 32
-        # sockets x 500 steps grew a capacity worker past 1.8 GB)
-        for group in _within(points, CHUNK):
-            batches = {b for _, _, b, _, _, _ in group}
-            batch: Work = (float(batches.pop()) if len(batches) == 1 else np.concatenate(
-                [np.full(len(c), float(b)) for _, _, b, c, _, _ in group]))
-            rows = self._decode_rows(batch, np.concatenate([c for _, _, _, c, _, _ in group]),
-                                     sum(len(c) for _, _, _, c, _, _ in group),
-                                     np.concatenate([ld for _, _, _, _, ld, _ in group]))
-            at = 0
-            for k, i, _, c, _, w in group:
-                outs[k][i] = _halves(rows[:, at : at + len(c)], w)
-                at += len(c)
+            drawn.append((i, (b, *divmod(s0, b), n, np.stack(part))))
+        for (i, _), rows in zip(drawn, self.loaded.rows([d for _, d in drawn])):
+            for k, out in enumerate(outs):
+                out[i] = rows[k]
         return [np.concatenate(out, axis=1) if out else np.zeros((len(ROWS), 0))
                 for out in outs]
 
@@ -334,8 +326,7 @@ class CostTables:
         under per-step expert loads, evaluated as points."""
         c0, r = divmod(s0, b)
         if load is not None and np.any(load != 1.0):
-            ctx, ld = _loaded(c0, r, n, load)
-            return _halves(self._decode_rows(b, ctx, len(ctx), ld), r / b)
+            return self.loaded.rows([(b, c0, r, n, load[None, :])])[0][0]
         m = n + (r > 0)
         j = c0 // CHUNK
         table = self.decode.get((b, j)) if (c0 + m - 1) // CHUNK == j else None
@@ -387,6 +378,18 @@ class CostTables:
         for i, col in zip(new, fresh):
             got[keys[i]] = _keep(self.points, keys[i], col, POINTS)
         return np.stack([got[k] for k in keys], axis=1)
+
+    def _loaded_points(self, b: np.ndarray, c: np.ndarray, load: np.ndarray) -> np.ndarray:
+        """(ROWS, len(b)) decode steps of b[i] sequences at whole-token mean context c[i]
+        under expert load load[i], CHUNK points an evaluation at most (the model's
+        intermediate arrays of 32 sockets x 500 steps grew a capacity worker past 1.8 GB)."""
+        rows = np.empty((len(ROWS), len(b)))
+        for lo in range(0, len(b), CHUNK):
+            bb = b[lo : lo + CHUNK]
+            batch: Work = float(bb[0]) if np.all(bb == bb[0]) else bb
+            rows[:, lo : lo + len(bb)] = self._decode_rows(batch, c[lo : lo + CHUNK], len(bb),
+                                                           load[lo : lo + CHUNK])
+        return rows
 
     def _evaluate_points(self, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         rows = np.empty((len(ROWS), len(b)))
@@ -502,20 +505,6 @@ class CostTables:
         return rows
 
 
-def _within(points: list[tuple], most: int) -> list[list[tuple]]:
-    """`points` (each a span's steps of one socket: its contexts fourth) in runs of at most
-    `most` steps (a run of one where it alone is longer)."""
-    groups: list[list[tuple]] = []
-    size = most
-    for p in points:
-        if size + len(p[3]) > most:
-            groups.append([])
-            size = 0
-        groups[-1].append(p)
-        size += len(p[3])
-    return groups
-
-
 def _lerp(lo: Any, hi: Any, w: Any) -> Any:
     """A decode step between the rows of its whole-token context and the next, at weight w:
     the one formula every path blends with (step_times writes it over floats), so a step is
@@ -527,23 +516,6 @@ def _blend(rows: np.ndarray, w: float) -> np.ndarray:
     """Decode steps from the rows of their consecutive whole-token contexts: each step between
     its context and the next, at weight w (the rows themselves at w = 0)."""
     return rows if not w else _lerp(rows[:, :-1], rows[:, 1:], w)
-
-
-def _loaded(c0: int, r: int, n: int, load: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The contexts and loads to evaluate n decode steps from whole-token context c0 under
-    per-step loads: each step's context, then (r, the context sum's remainder, not 0) each
-    step's next context at the same load."""
-    ctx = c0 + np.arange(n, dtype=float)
-    return (ctx, load) if not r else (np.concatenate([ctx, ctx + 1]),
-                                      np.concatenate([load, load]))
-
-
-def _halves(rows: np.ndarray, w: float) -> np.ndarray:
-    """The steps of `_loaded` points: their first half blended with their second (_blend)."""
-    if not w:
-        return rows
-    n = rows.shape[1] // 2
-    return _lerp(rows[:, :n], rows[:, n:], w)
 
 
 def _batch(b: Work) -> Work:

@@ -1,0 +1,139 @@
+"""Decode steps under drawn expert loads, kept by (batch, whole-token context) at every load
+drawn at the batch so far.
+
+An expert-parallel decode pool's step costs its sockets' drawn loads (engine/expert_loads.py: a
+group's routed assignments over the mean group's), so it has no table over contexts alone, and
+each window was one evaluation of the execution model for its few steps: a pair's decode pool
+gets a hand-over about every step, so its windows are a step or two (DeepSeek-V3's adp32ep32
+pool of bench_capacity.py question 1: 807 evaluations for 2,000 requests, ~2.5 ms each, two
+thirds of that pool's CPU). The loads are few values: a group's count of the batch's b x top_k
+assignments over their mean, an integer count (~130 values within six standard deviations at a
+batch of 500), and a closed loop's mean context stays within a band at each batch. So an entry
+of (batch, context) holds the rows of every load drawn at that batch so far, filled where a
+window asks for one it lacks (the window's missing entries in one evaluation), and a window
+whose every entry holds its loads is a lookup: over the four runs of that pool's settle, 536
+of its 3,023 windows filled entries. The execution model costs each point alone, bit for bit,
+whatever the points beside it (tests/engine/test_cost_window.py), so a step is the same however
+it was costed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+# Entries kept, the oldest evicted first (a pure cache: an evicted entry is evaluated again with
+# the same values): the pool above visited 2,534 (batch, context) entries over its four runs,
+# ~15 KB each at its ~130 loads.
+ENTRIES = 4096
+# Loads kept a batch, beyond which an entry is filled with the loads its windows ask for alone:
+# drawn loads are counts over a mean (a batch of 4,096 sequences at top-8 of 32 groups: ~370
+# values within six standard deviations), and loads of any other kind (a test's uniform draws)
+# would otherwise make every fill an evaluation of every load seen.
+LOADS_A_BATCH = 1024
+
+Evaluate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+class LoadedSteps:
+    """`evaluate(batch, context, load)`: the (rows, points) of decode points, one evaluation of
+    the execution model (the caller's CostTables, CHUNK points at a time)."""
+
+    def __init__(self, evaluate: Evaluate):
+        self.evaluate = evaluate
+        self.entries: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # batch -> the loads drawn at it (sorted); None past LOADS_A_BATCH (not a few values)
+        self.seen: dict[int, np.ndarray | None] = {}
+
+    def rows(self, spans: list[tuple[int, int, int, int, np.ndarray]]) -> list[np.ndarray]:
+        """Each decode span's (sockets, rows, steps): `spans` of (batch b, whole-token context
+        c0, the context sum's remainder r, steps n, loads (sockets, n)); step k between its
+        contexts c0 + k and c0 + k + 1 at weight r / b, as CostTables.decode_span blends."""
+        got = self._fill(spans)
+        return [_span(got, b, c0, r, n, loads) for b, c0, r, n, loads in spans]
+
+    def _fill(self, spans: list[tuple[int, int, int, int, np.ndarray]]
+              ) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+        """The entries the spans read, the loads they lack evaluated in one evaluation: each
+        such entry at every load drawn at its batch too, so that later windows find theirs."""
+        got: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        wanted: dict[tuple[int, int], np.ndarray] = {}
+        for b, c0, r, n, loads in spans:
+            drawn = self._seen(b, loads)
+            for c, need in _needs(c0, r, n, loads):
+                held = got.get((b, c)) or self.entries.get((b, c)) or (_NONE, _NONE)
+                got[(b, c)] = held
+                if (b, c) not in wanted and _all_in(need, held[0]):
+                    continue
+                ask = np.union1d(wanted.get((b, c), _NONE), need)
+                wanted[(b, c)] = np.setdiff1d(ask if drawn is None else np.union1d(ask, drawn),
+                                              held[0], assume_unique=True)
+        keys = [k for k, v in wanted.items() if len(v)]
+        if keys:
+            sizes = [len(wanted[k]) for k in keys]
+            rows = self.evaluate(np.repeat(np.array([float(b) for b, _ in keys]), sizes),
+                                 np.repeat(np.array([float(c) for _, c in keys]), sizes),
+                                 np.concatenate([wanted[k] for k in keys]))
+            at = 0
+            for key, m in zip(keys, sizes):
+                got[key] = self._merge(key, got[key], wanted[key], rows[:, at : at + m])
+                at += m
+        return got
+
+    def _seen(self, b: int, loads: np.ndarray) -> np.ndarray | None:
+        """The loads drawn at batch b so far, these with them (None: past LOADS_A_BATCH)."""
+        prior = self.seen.get(b, _NONE)
+        if prior is None:
+            return None
+        drawn = np.union1d(prior, loads)
+        self.seen[b] = drawn if len(drawn) <= LOADS_A_BATCH else None
+        return self.seen[b]
+
+    def _merge(self, key: tuple[int, int], held: tuple[np.ndarray, np.ndarray],
+               loads: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The entry with these loads' rows added in load order, kept (ENTRIES)."""
+        if len(held[0]):
+            loads, rows = np.concatenate([held[0], loads]), np.concatenate([held[1], rows], 1)
+            order = np.argsort(loads, kind="stable")
+            loads, rows = loads[order], rows[:, order]
+        entry = (loads, np.ascontiguousarray(rows))
+        self.entries.pop(key, None)
+        if len(self.entries) >= ENTRIES:
+            del self.entries[next(iter(self.entries))]
+        self.entries[key] = entry
+        return entry
+
+
+_NONE = np.zeros(0)
+
+
+def _needs(c0: int, r: int, n: int, loads: np.ndarray):
+    """(context, the loads the span's steps read it at): step k reads c0 + k, and c0 + k + 1
+    where the context sum has a remainder (r)."""
+    for c in range(c0, c0 + n + (r > 0)):
+        steps = [k for k in (c - c0, c - c0 - 1) if 0 <= k < n and (k == c - c0 or r)]
+        yield c, loads[:, steps].ravel()
+
+
+def _span(got: dict, b: int, c0: int, r: int, n: int, loads: np.ndarray) -> np.ndarray:
+    """(sockets, rows, n) of a span from its entries (held: LoadedSteps._fill)."""
+    lo = np.stack([_at(got[(b, c0 + k)], loads[:, k]) for k in range(n)], axis=2)
+    if not r:
+        return lo
+    hi = np.stack([_at(got[(b, c0 + k + 1)], loads[:, k]) for k in range(n)], axis=2)
+    return lo + (hi - lo) * (r / b)  # CostTables' blend (_lerp) over the same floats
+
+
+def _at(entry: tuple[np.ndarray, np.ndarray], loads: np.ndarray) -> np.ndarray:
+    """(sockets, rows) of an entry at each socket's load (one it holds)."""
+    have, rows = entry
+    return rows[:, np.searchsorted(have, loads)].T
+
+
+def _all_in(values: np.ndarray, sorted_values: np.ndarray) -> bool:
+    """Whether every one of `values` is in `sorted_values`."""
+    if not len(sorted_values):
+        return not len(values)
+    i = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    return bool(np.all(sorted_values[i] == values))

@@ -1,0 +1,118 @@
+"""chip/loaded_steps.py: decode steps under drawn expert loads kept by (batch, context) at every
+load drawn at the batch; a window is the points evaluated alone, bit for bit, and a window
+whose entries hold its loads costs no evaluation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chip import loaded_steps
+from chip.cost_tables import DECODE, CostTables, Spans
+from rdu_cluster.backends.local import LocalBackend
+from rdu_cluster.config import load_cluster
+from rdu_cluster.engine.expert_loads import ExpertLoadSampler
+from rdu_cluster.engine.simulation import ServeConfig, Simulation
+from workloads import traces
+from workloads.catalog import load_model
+
+
+@pytest.fixture(scope="module")
+def moe() -> tuple:
+    """An expert-parallel socket's chip and program setup (Mixtral 8x7B, tp2ep8 on
+    sn40l-16)."""
+    trace = traces.synthetic(1, 1.0, "poisson", traces.LengthDist("fixed", 16),
+                             traces.LengthDist("fixed", 4))
+    sim = Simulation(load_model("mixtral-8x7b"), load_cluster("sn40l-16"), trace,
+                     ServeConfig(plan="tp2ep8"), LocalBackend())
+    sim.run()  # lays the replicas out
+    setup = next(iter(sim.build.setups(sim.layouts[0], sim.plan).values()))
+    return sim.cluster.chip, setup
+
+
+def _fresh(moe: tuple) -> CostTables:
+    chip, setup = moe
+    return CostTables(chip, setup.program, setup.comm_time)
+
+
+def _decode(batch: list[int], steps: list[int], ctx_sum: list[int]) -> Spans:
+    m = len(batch)
+    return Spans(kind=np.full(m, DECODE), steps=np.array(steps), batch=np.array(batch),
+                 ctx_sum=np.array(ctx_sum), pre_seqs=np.zeros(m, dtype=int),
+                 pre_tokens=np.zeros(m, dtype=int), pre_prefix=np.zeros(m, dtype=int))
+
+
+def _alone(t: CostTables, b: int, s0: int, n: int, load: np.ndarray) -> np.ndarray:
+    """(rows, n) of a span's steps, each point evaluated on its own and blended as
+    CostTables blends (lo + (hi - lo) w)."""
+    c0, r = divmod(s0, b)
+    point = lambda c, ld: t._decode_rows(float(b), np.array([float(c)]), 1, np.array([ld]))
+    lo = np.concatenate([point(c0 + k, load[k]) for k in range(n)], axis=1)
+    if not r:
+        return lo
+    hi = np.concatenate([point(c0 + k + 1, load[k]) for k in range(n)], axis=1)
+    return lo + (hi - lo) * (r / b)
+
+
+def _drawn(sampler: ExpertLoadSampler, batch: int, first: int, steps: int) -> list[np.ndarray]:
+    """Each group's loads over the steps (as the engine's WindowExecutor._loads gives them)."""
+    loads = sampler.loads(0, first, batch, steps)
+    return [np.ascontiguousarray(loads[:, g]) for g in range(loads.shape[1])]
+
+
+def test_a_windows_drawn_steps_are_each_point_evaluated_alone(moe):
+    """Three windows of a pool whose batch moves by one (a hand-over in, a request out): the
+    steps under each group's drawn load are the points costed alone, bit for bit, whether an
+    entry was filled by this window or an earlier one."""
+    t = _fresh(moe)
+    sampler = ExpertLoadSampler(8, 2, 8, seed=3)
+    for first, (batch, steps, s0) in enumerate([([40, 41], [3, 2], [40 * 900 + 7, 41 * 903]),
+                                                ([41], [4], [41 * 905 + 40]),
+                                                ([40, 41, 40], [1, 2, 2], [40 * 909, 41 * 910 + 1,
+                                                                           40 * 912 + 39])]):
+        spans = _decode(batch, steps, s0)
+        loads = [np.concatenate(parts) for parts in zip(*[
+            _drawn(sampler, b, 10 * first + i, n) for i, (b, n) in enumerate(zip(batch, steps))])]
+        got = t.windows(spans, loads)
+        for g, rows in enumerate(got):
+            at = np.cumsum([0, *steps])
+            want = np.concatenate([_alone(_fresh(moe), b, s, n, loads[g][at[i] : at[i + 1]])
+                                   for i, (b, n, s) in enumerate(zip(batch, steps, s0))], axis=1)
+            assert np.array_equal(rows, want)
+
+
+def test_a_window_whose_entries_hold_its_loads_costs_no_evaluation(moe):
+    """An entry is filled at every load drawn at its batch so far: a later window at those
+    contexts under loads drawn before is a lookup; a load never drawn at the batch is one
+    evaluation, after which the entries it filled hold every load drawn."""
+    t = _fresh(moe)
+    ones, other = np.array([1.25, 0.75, 1.0, 1.0]), np.array([0.5, 1.5, 1.25, 0.75])
+    spans = _decode([16], [4], [16 * 300])
+    t.windows(spans, [ones, other])
+    before = t.evaluations
+    again = t.windows(_decode([16], [2], [16 * 301]), [other[2:], ones[:2]])
+    assert t.evaluations == before
+    assert np.array_equal(again[0], _alone(_fresh(moe), 16, 16 * 301, 2, other[2:]))
+    t.windows(_decode([16], [1], [16 * 302]), [np.array([1.75])])
+    assert t.evaluations == before + 1
+    have, rows = t.loaded.entries[(16, 302)]
+    assert have.tolist() == [0.5, 0.75, 1.0, 1.25, 1.5, 1.75] and rows.shape[1] == 6
+
+
+def test_loads_of_many_values_fill_only_what_a_window_asks(moe, monkeypatch):
+    """Past LOADS_A_BATCH loads at a batch (not a count over a mean: uniform draws) an entry
+    holds only the loads asked of it, and evicted entries (ENTRIES) are evaluated again with
+    the same rows."""
+    monkeypatch.setattr(loaded_steps, "LOADS_A_BATCH", 8)
+    monkeypatch.setattr(loaded_steps, "ENTRIES", 3)
+    t = _fresh(moe)
+    rng = np.random.default_rng(1)
+    loads = [rng.uniform(0.5, 2.0, 6) for _ in range(3)]
+    spans = _decode([24], [6], [24 * 500 + 5])
+    first = t.windows(spans, loads)
+    assert t.loaded.seen[24] is None and len(t.loaded.entries) == 3
+    assert all(len(have) <= 6 for have, _ in t.loaded.entries.values())
+    again = t.windows(spans, loads)
+    for a, b, ld in zip(first, again, loads):
+        assert np.array_equal(a, b)
+        assert np.array_equal(a, _alone(_fresh(moe), 24, 24 * 500 + 5, 6, ld))
