@@ -140,7 +140,7 @@ class CostTables:
         self.points: dict[tuple[int, int], np.ndarray] = {}
         self.asked: set[tuple[int, int]] = set()  # decode tables asked for once (ASKED)
         # decode steps under drawn expert loads (chip/loaded_steps.py)
-        self.loaded = LoadedSteps(self._loaded_points)
+        self.loaded = LoadedSteps()
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -314,7 +314,8 @@ class CostTables:
             # evaluation more or a table fill, in 19% of the decode windows of an adp32ep32
             # pool at batch ~480 (a group's count is the mean in ~4% of steps)
             drawn.append((i, (b, *divmod(s0, b), n, np.stack(part))))
-        for (i, _), rows in zip(drawn, self.loaded.rows([d for _, d in drawn])):
+        got = self.loaded.rows([d for _, d in drawn], self._loaded_points)
+        for (i, _), rows in zip(drawn, got):
             for k, out in enumerate(outs):
                 out[i] = rows[k]
         return [np.concatenate(out, axis=1) if out else np.zeros((len(ROWS), 0))
@@ -326,7 +327,8 @@ class CostTables:
         under per-step expert loads, evaluated as points."""
         c0, r = divmod(s0, b)
         if load is not None and np.any(load != 1.0):
-            return self.loaded.rows([(b, c0, r, n, load[None, :])])[0][0]
+            return self.loaded.rows([(b, c0, r, n, load[None, :])],
+                                    self._loaded_points)[0][0]
         m = n + (r > 0)
         j = c0 // CHUNK
         table = self.decode.get((b, j)) if (c0 + m - 1) // CHUNK == j else None

@@ -37,23 +37,25 @@ Evaluate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 class LoadedSteps:
-    """`evaluate(batch, context, load)`: the (rows, points) of decode points, one evaluation of
-    the execution model (the caller's CostTables, CHUNK points at a time)."""
+    """A CostTables' decode steps under drawn loads (its `loaded`)."""
 
-    def __init__(self, evaluate: Evaluate):
-        self.evaluate = evaluate
+    def __init__(self) -> None:
         self.entries: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # batch -> the loads drawn at it (sorted); None past LOADS_A_BATCH (not a few values)
         self.seen: dict[int, np.ndarray | None] = {}
 
-    def rows(self, spans: list[tuple[int, int, int, int, np.ndarray]]) -> list[np.ndarray]:
+    def rows(self, spans: list[tuple[int, int, int, int, np.ndarray]], evaluate: Evaluate
+             ) -> list[np.ndarray]:
         """Each decode span's (sockets, rows, steps): `spans` of (batch b, whole-token context
         c0, the context sum's remainder r, steps n, loads (sockets, n)); step k between its
-        contexts c0 + k and c0 + k + 1 at weight r / b, as CostTables.decode_span blends."""
-        got = self._fill(spans)
+        contexts c0 + k and c0 + k + 1 at weight r / b, as CostTables.decode_span blends.
+        `evaluate(batch, context, load)`: the (rows, points) of decode points, one evaluation
+        of the execution model (the caller's, CHUNK points at a time; passed, not held: a
+        CostTables holding its own method would be freed only by the collector)."""
+        got = self._fill(spans, evaluate)
         return [_span(got, b, c0, r, n, loads) for b, c0, r, n, loads in spans]
 
-    def _fill(self, spans: list[tuple[int, int, int, int, np.ndarray]]
+    def _fill(self, spans: list[tuple[int, int, int, int, np.ndarray]], evaluate: Evaluate
               ) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
         """The entries the spans read, the loads they lack evaluated in one evaluation: each
         such entry at every load drawn at its batch too, so that later windows find theirs."""
@@ -72,7 +74,7 @@ class LoadedSteps:
         keys = [k for k, v in wanted.items() if len(v)]
         if keys:
             sizes = [len(wanted[k]) for k in keys]
-            rows = self.evaluate(np.repeat(np.array([float(b) for b, _ in keys]), sizes),
+            rows = evaluate(np.repeat(np.array([float(b) for b, _ in keys]), sizes),
                                  np.repeat(np.array([float(c) for _, c in keys]), sizes),
                                  np.concatenate([wanted[k] for k in keys]))
             at = 0
