@@ -11,6 +11,13 @@ apart: it is paid once per session, not per simulated step).
                                                  # issue #18: light vs saturated
     python benchmarks/bench_serve.py --prefix-memory N   # issue #18: the prefix cache's memory
     python benchmarks/bench_serve.py --replicas  # issue #18: 1 against 64 replicas
+    python benchmarks/bench_serve.py --moe [--requests N] [--rate R]  # expert parallelism
+
+--moe: DeepSeek-V3 on sn40l-16 as one adp16ep16 replica (16 sockets, each step's expert loads
+drawn per group: engine/expert_loads.py), the same trace at 100 requests/s: decode steps per
+wall and CPU second (the median of 3) and the execution model's evaluations a run
+(chip/loaded_steps.py: a group's steps under drawn loads read from kept entries, a prefill
+step's sockets one evaluation).
 
 --light N: N requests of Llama 3.1 8B on sn40l-8 (prompt 1,024, output 256) at 50 requests/s
 and all at once (saturating), each at N and N/4 requests in a fresh process, written as
@@ -78,6 +85,7 @@ def serve_rate(model: str, cluster: str, plan: str, requests: int, rate: float) 
     for _ in range(3):
         sim = Simulation(mod, spec, trace, ServeConfig(plan=plan, limits=Limits(max_batch=32)),
                          LocalBackend())
+        before = _evaluations()
         t, c = time.perf_counter(), time.process_time()
         tables = sim.run()
         wall, cpu = time.perf_counter() - t, time.process_time() - c
@@ -85,8 +93,27 @@ def serve_rate(model: str, cluster: str, plan: str, requests: int, rate: float) 
         runs.append({"steps": steps, "wall": steps / wall, "cpu": steps / cpu,
                      "run": steps / (sim.wall["run_s"] + sim.wall["tables_s"]),
                      "start_s": sim.wall["start_s"], "windows": tables.summary["windows"],
-                     "replicas": len(sim.replicas)})
+                     "replicas": len(sim.replicas), "evaluations": _evaluations() - before})
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def _evaluations() -> int:
+    """The execution model's evaluations so far by the process's shared cost tables
+    (backends/local.py: the local backend's sockets cost through them, run after run)."""
+    from rdu_cluster.backends import local
+
+    return sum(t.evaluations for t in local._shared.values())
+
+
+def moe(requests: int, rate: float) -> int:
+    """--moe: an expert-parallel replica's serving speed (no target: reported)."""
+    r = serve_rate("deepseek-v3", "sn40l-16", "adp16ep16", requests, rate)
+    print(f"moe: DeepSeek-V3 adp16ep16 on sn40l-16, {requests} requests, Poisson {rate}/s, "
+          f"prompt 1024, output 256, max batch 32: {r['steps']:,.0f} decode steps, "
+          f"{r['windows']:,.0f} windows; {r['wall']:,.0f} decode steps/s wall, {r['cpu']:,.0f} "
+          f"a CPU second (medians of 3); {r['evaluations']:,.0f} evaluations of the "
+          f"execution model a run")
+    return 0
 
 
 def replicas(model: str = "llama-3.1-8b") -> int:
@@ -275,6 +302,7 @@ def main() -> int:
     ap.add_argument("--prefix-memory", type=int, default=0,
                     help="the prefix cache's memory after N light-load requests")
     ap.add_argument("--replicas", action="store_true", help="1 against 64 replicas")
+    ap.add_argument("--moe", action="store_true", help="DeepSeek-V3 adp16ep16 on sn40l-16")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
     ap.add_argument("--skip-ray", action="store_true")
@@ -297,6 +325,8 @@ def main() -> int:
         return 0
     if args.replicas:
         return replicas()
+    if args.moe:
+        return moe(args.requests, args.rate)
     model, cluster = load_model("llama-3.1-70b"), load_cluster("sn40l-16")
     trace = traces.synthetic(args.requests, args.rate, "poisson",
                              traces.LengthDist("fixed", 1024), traces.LengthDist("fixed", 256))

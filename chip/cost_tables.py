@@ -287,37 +287,40 @@ class CostTables:
     def windows(self, spans: Spans, loads: list[np.ndarray]) -> list[np.ndarray]:
         """`window` of `spans` under each of `loads` (per step, one socket's expert load each):
         the decode steps of all the loads, of all the window's spans, from the entries of the
-        steps under drawn loads (chip/loaded_steps.py: those it lacks in one evaluation of the
-        execution model, its points costing what they cost alone, bit for bit, whatever their
-        batch and context: chip/dataflow.py, chip/tile_array.py), the rest as `window` takes
-        them. The sockets of an expert-parallel group differ only in their loads: 32
-        evaluations a span became one, and a draining window's hundred spans one or two (an
-        adp32ep32 pool's last window of 124 one- and two-step spans took 124)."""
+        steps under drawn loads (chip/loaded_steps.py: those it lacks in one evaluation, its
+        points costing what they cost alone, bit for bit, whatever their batch and context:
+        chip/dataflow.py, chip/tile_array.py), a prefill part's sockets in one (_prefills):
+        the sockets of an expert-parallel group differ only in their loads."""
         outs: list[list[Any]] = [[None] * len(spans.kind) for _ in loads]  # socket, span
         drawn: list[tuple[int, tuple[int, int, int, int, np.ndarray]]] = []  # (span, its steps)
+        mixed: set[int] = set()  # mixed steps, their prefill part in `outs` already
         start = 0
         for i in range(len(spans.kind)):
             n = int(spans.steps[i])
             part = [ld[start : start + n] for ld in loads]
             start += n
-            if int(spans.kind[i]) != DECODE:
-                for out, ld in zip(outs, part):
-                    out[i] = self.span(spans, i, n, ld)
-                continue
+            kind = int(spans.kind[i])
+            if kind != DECODE:  # a prefill or mixed step: its prefill part, every socket's
+                pre = self._prefills((int(spans.pre_seqs[i]), int(spans.pre_tokens[i]),
+                                      int(spans.pre_prefix[i])), [ld[0] for ld in part])
+                for out, rows in zip(outs, pre):
+                    out[i] = rows
+                if kind == PREFILL:
+                    continue
+                mixed.add(i)  # its decode part added below, as span_rows adds it
             b, s0 = int(spans.batch[i]), int(spans.ctx_sum[i])
             if not any(np.any(ld != 1.0) for ld in part):
                 for out in outs:
-                    out[i] = self.decode_span(b, s0, n, None)
+                    rows = self.decode_span(b, s0, n, None)
+                    out[i] = rows if kind == DECODE else out[i] + rows
                 continue
-            # a socket at the mean load in every step is costed with the drawn ones (points
-            # of the same evaluation, bit for bit its table's): on its own it was an
-            # evaluation more or a table fill, in 19% of the decode windows of an adp32ep32
-            # pool at batch ~480 (a group's count is the mean in ~4% of steps)
+            # a socket at the mean load in every step is read with the drawn ones (bit for bit
+            # its table's): alone, a fill more in 19% of an adp32ep32 pool's decode windows
             drawn.append((i, (b, *divmod(s0, b), n, np.stack(part))))
         got = self.loaded.rows([d for _, d in drawn], self._loaded_points)
         for (i, _), rows in zip(drawn, got):
             for k, out in enumerate(outs):
-                out[i] = rows[k]
+                out[i] = out[i] + rows[k] if i in mixed else rows[k]
         return [np.concatenate(out, axis=1) if out else np.zeros((len(ROWS), 0))
                 for out in outs]
 
@@ -423,12 +426,26 @@ class CostTables:
         """One prefill step: k sequences bring `tokens` new tokens over `prefix` cached ones,
         costed at the means (tokens / k new over prefix / k cached each): column
         tokens % PREFILL_CHUNK of the (k, prefix) table of its chunk of token counts."""
-        if load is not None and np.any(load != 1.0):
-            shape = StepShape("prefill", float(k), tokens / k, prefix / k)
-            target = self._rows(self.program.graph(shape, float(load[0])), 1)
-            return target + self._prefill_column(self.extra, self._extra_rows, k, tokens,
-                                                 prefix)
-        return self._prefill_column(self.prefill, self._prefill_rows, k, tokens, prefix)
+        return self._prefills((k, tokens, prefix), [1.0 if load is None else load[0]])[0]
+
+    def _prefills(self, shape: tuple[int, int, int], loads: list) -> list[np.ndarray]:
+        """prefill_step of `shape` = (k, tokens, prefix) under each socket's expert load: at
+        a drawn one, the points of one evaluation (an adp16ep16 group's 16 evaluations a step
+        were ~80% of a DeepSeek-V3 serve's CPU) plus the draft's and router's rows (which do
+        not vary with the load); at the mean, the table's column."""
+        k, tokens, prefix = shape
+        at = np.array(loads, dtype=float)
+        drawn = np.flatnonzero(at != 1.0)
+        out: list[Any] = [None] * len(at)
+        if len(drawn):
+            step = StepShape("prefill", float(k), tokens / k, prefix / k)
+            target = self._rows(self.program.graph(step, at[drawn]), len(drawn))
+            extra = self._prefill_column(self.extra, self._extra_rows, k, tokens, prefix)
+            for j, s in enumerate(drawn.tolist()):
+                out[s] = target[:, j : j + 1] + extra
+        for s in np.flatnonzero(at == 1.0).tolist():
+            out[s] = self._prefill_column(self.prefill, self._prefill_rows, k, tokens, prefix)
+        return out
 
     def fill_prefill(self, shapes: Iterable[tuple[int, int, int]]) -> None:
         """Evaluate the missing prefill tables of these (sequences, tokens, prefix) shapes

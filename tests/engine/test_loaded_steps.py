@@ -116,3 +116,36 @@ def test_loads_of_many_values_fill_only_what_a_window_asks(moe, monkeypatch):
     for a, b, ld in zip(first, again, loads):
         assert np.array_equal(a, b)
         assert np.array_equal(a, _alone(_fresh(moe), 24, 24 * 500 + 5, 6, ld))
+
+
+def test_a_prefill_or_mixed_step_under_drawn_loads_is_each_socket_costed_alone(moe):
+    """CostTables.windows: a prefill step's and a mixed step's prefill part under each group's
+    drawn load are the points of one evaluation, each the step costed alone at its socket's
+    load (a scalar load, the draft's and router's rows added), a socket at the mean load its
+    table's column; a mixed step adds its decode part, as span_rows adds them."""
+    from chip.cost_tables import MIXED, PREFILL
+    from workloads.ops import StepShape
+
+    t = _fresh(moe)
+    spans = Spans(kind=np.array([PREFILL, DECODE, MIXED]), steps=np.array([1, 2, 1]),
+                  batch=np.array([0, 12, 12]), ctx_sum=np.array([0, 12 * 700 + 5, 12 * 702]),
+                  pre_seqs=np.array([3, 0, 1]), pre_tokens=np.array([1500, 0, 300]),
+                  pre_prefix=np.array([200, 0, 64]))
+    loads = [np.array([1.25, 0.5, 1.5, 0.75]), np.array([1.0, 1.0, 1.0, 1.0]),
+             np.array([0.75, 1.5, 0.5, 1.25])]
+    got = t.windows(spans, loads)
+    ref = _fresh(moe)
+
+    def prefill(k: int, tokens: int, prefix: int, load: float) -> np.ndarray:
+        if load == 1.0:
+            return ref._prefill_column(ref.prefill, ref._prefill_rows, k, tokens, prefix)
+        shape = StepShape("prefill", float(k), tokens / k, prefix / k)
+        return (ref._rows(ref.program.graph(shape, load), 1)
+                + ref._prefill_column(ref.extra, ref._extra_rows, k, tokens, prefix))
+
+    for rows, ld in zip(got, loads):
+        want = [prefill(3, 1500, 200, ld[0]),
+                _alone(ref, 12, 12 * 700 + 5, 2, ld[1:3]) if np.any(ld[1:3] != 1.0)
+                else ref.decode_span(12, 12 * 700 + 5, 2, None),
+                prefill(1, 300, 64, ld[3]) + _alone(ref, 12, 12 * 702, 1, ld[3:])]
+        assert np.array_equal(rows, np.concatenate(want, axis=1))
