@@ -327,7 +327,7 @@ class CostTables:
     def decode_span(self, b: int, s0: int, n: int, load: np.ndarray | None) -> np.ndarray:
         """(ROWS, n) rows of n decode steps of b sequences from context sum s0: step k between
         the whole-token contexts c0 + k and c0 + k + 1 (c0 = s0 // b), weighted (s0 % b) / b;
-        under per-step expert loads, evaluated as points."""
+        under per-step expert loads, the steps under drawn loads (chip/loaded_steps.py)."""
         c0, r = divmod(s0, b)
         if load is not None and np.any(load != 1.0):
             return self.loaded.rows([(b, c0, r, n, load[None, :])],
