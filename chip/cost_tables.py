@@ -317,7 +317,7 @@ class CostTables:
             # a socket at the mean load in every step is read with the drawn ones (bit for bit
             # its table's): alone, a fill more in 19% of an adp32ep32 pool's decode windows
             drawn.append((i, (b, *divmod(s0, b), n, np.stack(part))))
-        got = self.loaded.rows([d for _, d in drawn], self._loaded_points)
+        got = self.loaded.rows([d for _, d in drawn], self._evaluate_points)
         for (i, _), rows in zip(drawn, got):
             for k, out in enumerate(outs):
                 out[i] = out[i] + rows[k] if i in mixed else rows[k]
@@ -331,7 +331,7 @@ class CostTables:
         c0, r = divmod(s0, b)
         if load is not None and np.any(load != 1.0):
             return self.loaded.rows([(b, c0, r, n, load[None, :])],
-                                    self._loaded_points)[0][0]
+                                    self._evaluate_points)[0][0]
         m = n + (r > 0)
         j = c0 // CHUNK
         table = self.decode.get((b, j)) if (c0 + m - 1) // CHUNK == j else None
@@ -384,24 +384,20 @@ class CostTables:
             got[keys[i]] = _keep(self.points, keys[i], col, POINTS)
         return np.stack([got[k] for k in keys], axis=1)
 
-    def _loaded_points(self, b: np.ndarray, c: np.ndarray, load: np.ndarray) -> np.ndarray:
+    def _evaluate_points(self, b: np.ndarray, c: np.ndarray,
+                         load: np.ndarray | None = None) -> np.ndarray:
         """(ROWS, len(b)) decode steps of b[i] sequences at whole-token mean context c[i]
-        under expert load load[i], CHUNK points an evaluation at most (the model's
-        intermediate arrays of 32 sockets x 500 steps grew a capacity worker past 1.8 GB)."""
+        (under expert load load[i]: chip/loaded_steps.py), CHUNK points an evaluation at most
+        (the model's intermediate arrays of 32 sockets x 500 steps grew a capacity worker past
+        1.8 GB); a chunk of loaded points of one batch at that batch (a point costs the same
+        either way)."""
         rows = np.empty((len(ROWS), len(b)))
         for lo in range(0, len(b), CHUNK):
-            bb = b[lo : lo + CHUNK]
-            batch: Work = float(bb[0]) if np.all(bb == bb[0]) else bb
-            rows[:, lo : lo + len(bb)] = self._decode_rows(batch, c[lo : lo + CHUNK], len(bb),
-                                                           load[lo : lo + CHUNK])
-        return rows
-
-    def _evaluate_points(self, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-        rows = np.empty((len(ROWS), len(b)))
-        for lo in range(0, len(b), CHUNK):
-            bb = b[lo : lo + CHUNK].astype(float)
-            rows[:, lo : lo + len(bb)] = self._decode_rows(
-                bb, c[lo : lo + CHUNK].astype(float), len(bb))
+            at = slice(lo, lo + CHUNK)
+            bb = b[at].astype(float)
+            one = load is not None and bool(np.all(bb == bb[0]))
+            rows[:, at] = self._decode_rows(float(bb[0]) if one else bb, c[at].astype(float),
+                                            len(bb), 1.0 if load is None else load[at])
         return rows
 
     def _decode_rows(self, b: Work, ctx: np.ndarray, n: int, load: Work = 1.0) -> np.ndarray:
