@@ -33,6 +33,7 @@ from chip.loaded_steps import LoadedSteps
 from chip.program import Program
 from chip.spec import ChipSpec
 from workloads import graph as graphs
+from workloads import group_loads
 from workloads.ops import Collective, Graph, Shard, StepShape, Work
 from workloads.spec import part
 from workloads.speculative import frontier, verify_tokens
@@ -140,7 +141,7 @@ class CostTables:
         self.points: dict[tuple[int, int], np.ndarray] = {}
         self.asked: set[tuple[int, int]] = set()  # decode tables asked for once (ASKED)
         # decode steps under drawn expert loads (chip/loaded_steps.py)
-        self.loaded = LoadedSteps()
+        self.loaded = LoadedSteps(_load_support(program))
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -518,6 +519,18 @@ class CostTables:
         rows[SENT_ROW] = sent_bytes(graph)
         rows[DYNAMIC_ROW] = dynamic_energy_j(cost, self.chip)
         return rows
+
+
+def _load_support(program: Program) -> Callable[[int], np.ndarray] | None:
+    """The loads a decode step's expert groups can draw at a batch (workloads/group_loads.py:
+    the model's top-k assignments of each token over the program's expert groups, a sequence
+    bringing its speculative step's tokens); None without expert parallelism. A closure over
+    the program's figures, not the CostTables (which would then hold itself)."""
+    moe, ep = program.model.moe, program.shard.ep
+    if moe is None or ep <= 1:
+        return None
+    per = verify_tokens(program.spec_k, program.spec_tree) if program.spec_k else 1
+    return lambda b: group_loads.support(b * per, moe.top_k, ep)
 
 
 def _lerp(lo: Any, hi: Any, w: Any) -> Any:

@@ -7,7 +7,7 @@ each window was one evaluation of the execution model for its few steps: a pair'
 gets a hand-over about every step, so its windows are a step or two (DeepSeek-V3's adp32ep32
 pool of bench_capacity.py question 1: 807 evaluations for 2,000 requests, ~2.5 ms each, two
 thirds of that pool's CPU). The loads are few values: a group's count of the batch's b x top_k
-assignments over their mean, an integer count (~130 values within six standard deviations at a
+assignments over their mean, an integer count (135 values within six standard deviations at a
 batch of 500), and a closed loop's mean context stays within a band at each batch. So an entry
 of (batch, context) holds the rows of every load drawn at that batch so far, filled where a
 window asks for one it lacks (the window's missing entries in one evaluation), and a window
@@ -25,7 +25,7 @@ import numpy as np
 
 # Entries kept, the oldest evicted first (a pure cache: an evicted entry is evaluated again with
 # the same values): the pool above visited 2,534 (batch, context) entries over its four runs,
-# ~15 KB each at its ~130 loads.
+# ~15 KB each at its 135 loads.
 ENTRIES = 4096
 # Loads kept a batch, beyond which an entry is filled with the loads its windows ask for alone:
 # drawn loads are counts over a mean (a batch of 4,096 sequences at top-8 of 32 groups: ~370
@@ -37,12 +37,17 @@ Evaluate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 class LoadedSteps:
-    """A CostTables' decode steps under drawn loads (its `loaded`)."""
+    """A CostTables' decode steps under drawn loads (its `loaded`). `support(batch)`: the loads
+    a group's count can give at that batch (workloads/group_loads.py; None: not known), held
+    by an entry from its first fill with the loads drawn (without it, an entry asked at a load
+    first drawn after it was filled is filled again: 1,135 refills of 2,534 entries over the
+    four runs of question 1's H200 pair's settle, 934 evaluations where 536)."""
 
-    def __init__(self) -> None:
+    def __init__(self, support: Callable[[int], np.ndarray | None] | None = None) -> None:
         self.entries: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # batch -> the loads drawn at it (sorted); None past LOADS_A_BATCH (not a few values)
         self.seen: dict[int, np.ndarray | None] = {}
+        self.support = support
 
     def rows(self, spans: list[tuple[int, int, int, int, np.ndarray]], evaluate: Evaluate
              ) -> list[np.ndarray]:
@@ -84,11 +89,15 @@ class LoadedSteps:
         return got
 
     def _seen(self, b: int, loads: np.ndarray) -> np.ndarray | None:
-        """The loads drawn at batch b so far, these with them (None: past LOADS_A_BATCH)."""
-        prior = self.seen.get(b, _NONE)
-        if prior is None:
-            return None
-        drawn = np.union1d(prior, loads)
+        """The loads drawn at batch b so far, these with them, and the batch's support (None:
+        past LOADS_A_BATCH)."""
+        if b in self.seen:
+            prior = self.seen[b]
+            if prior is None:
+                return None
+        else:
+            prior = None if self.support is None else self.support(b)
+        drawn = np.union1d(_NONE if prior is None else prior, loads)
         self.seen[b] = drawn if len(drawn) <= LOADS_A_BATCH else None
         return self.seen[b]
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from workloads import group_loads
+
 
 class ExpertLoadSampler:
     def __init__(self, num_experts: int, top_k: int, ep: int, seed: int):
@@ -29,4 +31,4 @@ class ExpertLoadSampler:
                            for step in range(first_step, first_step + steps)],
                           dtype=np.int64).reshape(steps, self.experts)
         groups = counts.reshape(steps, self.ep, -1).sum(axis=2)
-        return groups / (tokens * self.top_k / self.ep)
+        return group_loads.loads(groups, tokens, self.top_k, self.ep)

@@ -13,7 +13,7 @@ from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine.expert_loads import ExpertLoadSampler
 from rdu_cluster.engine.simulation import ServeConfig, Simulation
-from workloads import traces
+from workloads import group_loads, traces
 from workloads.catalog import load_model
 
 
@@ -82,21 +82,35 @@ def test_a_windows_drawn_steps_are_each_point_evaluated_alone(moe):
 
 
 def test_a_window_whose_entries_hold_its_loads_costs_no_evaluation(moe):
-    """An entry is filled at every load drawn at its batch so far: a later window at those
-    contexts under loads drawn before is a lookup; a load never drawn at the batch is one
-    evaluation, after which the entries it filled hold every load drawn."""
+    """An entry is filled at every load its batch's group counts can give (the support:
+    Mixtral's top-2 of 16 tokens over 8 groups, counts 0-16 over a mean of 4) and every load
+    drawn at its batch so far: a later window at those contexts under loads drawn before, or
+    under others of the support, is a lookup; a load off the support (not a count over the
+    mean) is one evaluation, after which the entries it filled hold it too."""
     t = _fresh(moe)
     ones, other = np.array([1.25, 0.75, 1.0, 1.0]), np.array([0.5, 1.5, 1.25, 0.75])
-    spans = _decode([16], [4], [16 * 300])
-    t.windows(spans, [ones, other])
+    t.windows(_decode([16], [4], [16 * 300]), [ones, other])
+    support = group_loads.support(16, 2, 8)
+    assert support.tolist() == [c / 4 for c in range(17)]
     before = t.evaluations
-    again = t.windows(_decode([16], [2], [16 * 301]), [other[2:], ones[:2]])
+    again = t.windows(_decode([16], [2], [16 * 301]), [other[2:], np.array([3.5, 0.25])])
     assert t.evaluations == before
-    assert np.array_equal(again[0], _alone(_fresh(moe), 16, 16 * 301, 2, other[2:]))
-    t.windows(_decode([16], [1], [16 * 302]), [np.array([1.75])])
+    assert np.array_equal(again[1], _alone(_fresh(moe), 16, 16 * 301, 2, np.array([3.5, 0.25])))
+    t.windows(_decode([16], [1], [16 * 302]), [np.array([1.1])])
     assert t.evaluations == before + 1
     have, rows = t.loaded.entries[(16, 302)]
-    assert have.tolist() == [0.5, 0.75, 1.0, 1.25, 1.5, 1.75] and rows.shape[1] == 6
+    assert have.tolist() == sorted([*support.tolist(), 1.1]) and rows.shape[1] == 18
+
+
+def test_a_groups_drawn_loads_are_each_in_its_support():
+    """The sampler's loads (DeepSeek-V3's top-8 of 256 experts over 32 groups, batch 500)
+    are, to the bit, among the loads the support gives (a count over the mean within six
+    standard deviations: 135 values), whatever the step."""
+    sampler = ExpertLoadSampler(256, 8, 32, seed=1)
+    drawn = sampler.loads(0, 0, 500, 300)
+    support = group_loads.support(500, 8, 32)
+    assert np.isin(drawn, support).all() and len(support) == 135
+    assert np.array_equal(support, np.arange(58, 193) / 125.0)
 
 
 def test_loads_of_many_values_fill_only_what_a_window_asks(moe, monkeypatch):
