@@ -1,5 +1,5 @@
 """Decode steps under drawn expert loads, kept by (batch, whole-token context) at every load
-drawn at the batch so far.
+drawn at the batch so far and every load the routing can give there.
 
 An expert-parallel decode pool's step costs its sockets' drawn loads (engine/expert_loads.py: a
 group's routed assignments over the mean group's), so it has no table over contexts alone, and
@@ -9,8 +9,8 @@ pool of bench_capacity.py question 1: 807 evaluations for 2,000 requests, ~2.5 m
 thirds of that pool's CPU). The loads are few values: a group's count of the batch's b x top_k
 assignments over their mean, an integer count (135 values within six standard deviations at a
 batch of 500), and a closed loop's mean context stays within a band at each batch. So an entry
-of (batch, context) holds the rows of every load drawn at that batch so far, filled where a
-window asks for one it lacks (the window's missing entries in one evaluation), and a window
+of (batch, context) holds the rows of every load drawn at that batch so far and of the
+routing's support there (workloads/group_loads.py), filled where a window asks for one it lacks (the window's missing entries in one evaluation), and a window
 whose every entry holds its loads is a lookup: over the four runs of that pool's settle, 536
 of its 3,023 windows filled entries. The execution model costs each point alone, bit for bit,
 whatever the points beside it (tests/engine/test_cost_window.py), so a step is the same however
@@ -28,7 +28,7 @@ import numpy as np
 # ~15 KB each at its 135 loads.
 ENTRIES = 4096
 # Loads kept a batch, beyond which an entry is filled with the loads its windows ask for alone:
-# drawn loads are counts over a mean (a batch of 4,096 sequences at top-8 of 32 groups: ~370
+# drawn loads are counts over a mean (a batch of 4,096 sequences at top-8 of 32 groups: 379
 # values within six standard deviations), and loads of any other kind (a test's uniform draws)
 # would otherwise make every fill an evaluation of every load seen.
 LOADS_A_BATCH = 1024
@@ -63,7 +63,8 @@ class LoadedSteps:
     def _fill(self, spans: list[tuple[int, int, int, int, np.ndarray]], evaluate: Evaluate
               ) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
         """The entries the spans read, the loads they lack evaluated in one evaluation: each
-        such entry at every load drawn at its batch too, so that later windows find theirs."""
+        such entry at every load drawn at its batch and its support too, so that later
+        windows find theirs."""
         got: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         wanted: dict[tuple[int, int], np.ndarray] = {}
         for b, c0, r, n, loads in spans:
@@ -80,8 +81,8 @@ class LoadedSteps:
         if keys:
             sizes = [len(wanted[k]) for k in keys]
             rows = evaluate(np.repeat(np.array([float(b) for b, _ in keys]), sizes),
-                                 np.repeat(np.array([float(c) for _, c in keys]), sizes),
-                                 np.concatenate([wanted[k] for k in keys]))
+                            np.repeat(np.array([float(c) for _, c in keys]), sizes),
+                            np.concatenate([wanted[k] for k in keys]))
             at = 0
             for key, m in zip(keys, sizes):
                 got[key] = self._merge(key, got[key], wanted[key], rows[:, at : at + m])
