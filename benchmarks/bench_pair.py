@@ -1,9 +1,9 @@
 """Where a pair's run goes: a capacity row's serve_args (a prefill pool handing over to a
 decode pool in a closed loop, as `capacity` verifies it: summary-only) run in this process,
-each run's CPU split by pool, with each pool's windows, steps a window and mean running batch,
-and a digest of the summary (the same digest: the same figures, so two code versions can be
-compared run for run). The pairs' runs are most of bench_capacity.py's questions 2 and 3
-(capacity_runs.py: 70 and 57 of their runs, ~80% of their CPU).
+each run's CPU split by pool, with each pool's windows, steps a window and mean batch at a
+window's end, and a digest of the summary (the same digest: the same figures, so two code
+versions can be compared run for run). The pairs' runs are most of bench_capacity.py's
+questions 2 and 3 (capacity_runs.py: 70 and 57 of their runs, ~80% of their CPU).
 
 - q2: question 2's BF16 `dgx-h100:tp4:9 + sn40l-16:tp8:3` row, 4,000 requests of 2,048 /
   400 tokens from 500 clients;
@@ -203,6 +203,8 @@ def main() -> None:
     ap.add_argument("--instructions", action="store_true")
     ap.add_argument("--sample", action="store_true")
     a = ap.parse_args()
+    if a.runs < 1:
+        ap.error(f"--runs: must be a positive number of runs, got {a.runs}")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the rdu-cluster command sets it
     for name in a.pair or sorted(PAIRS):
         if a.instructions:
