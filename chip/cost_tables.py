@@ -311,8 +311,8 @@ class CostTables:
                 mixed.add(i)  # its decode part added below, as span_rows adds it
             b, s0 = int(spans.batch[i]), int(spans.ctx_sum[i])
             if not any(np.any(ld != 1.0) for ld in part):
+                rows = self.decode_span(b, s0, n, None)  # every socket's (read, not written)
                 for out in outs:
-                    rows = self.decode_span(b, s0, n, None)
                     out[i] = rows if kind == DECODE else out[i] + rows
                 continue
             # a socket at the mean load in every step is read with the drawn ones (bit for bit
@@ -440,8 +440,11 @@ class CostTables:
             extra = self._prefill_column(self.extra, self._extra_rows, k, tokens, prefix)
             for j, s in enumerate(drawn.tolist()):
                 out[s] = target[:, j : j + 1] + extra
-        for s in np.flatnonzero(at == 1.0).tolist():
-            out[s] = self._prefill_column(self.prefill, self._prefill_rows, k, tokens, prefix)
+        mean = np.flatnonzero(at == 1.0).tolist()
+        if mean:  # one column, every such socket's (read, not written)
+            column = self._prefill_column(self.prefill, self._prefill_rows, k, tokens, prefix)
+            for s in mean:
+                out[s] = column
         return out
 
     def fill_prefill(self, shapes: Iterable[tuple[int, int, int]]) -> None:

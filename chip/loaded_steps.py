@@ -10,9 +10,10 @@ thirds of that pool's CPU). The loads are few values: a group's count of the bat
 assignments over their mean, an integer count (135 values within six standard deviations at a
 batch of 500), and a closed loop's mean context stays within a band at each batch. So an entry
 of (batch, context) holds the rows of every load drawn at that batch so far and of the
-routing's support there (workloads/group_loads.py), filled where a window asks for one it lacks (the window's missing entries in one evaluation), and a window
-whose every entry holds its loads is a lookup: over the four runs of that pool's settle, 536
-of its 3,023 windows filled entries. The execution model costs each point alone, bit for bit,
+routing's support there (workloads/group_loads.py), filled where a window asks for one it
+lacks (the window's missing entries in one evaluation), and a window whose every entry holds
+its loads is a lookup: over the four runs of that pool's settle, 536 of its 3,023 windows
+filled entries. The execution model costs each point alone, bit for bit,
 whatever the points beside it (tests/engine/test_cost_window.py), so a step is the same however
 it was costed.
 """
