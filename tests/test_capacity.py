@@ -544,6 +544,56 @@ def test_a_pairs_prefill_search_asks_the_count_its_throughput_saturates_next():
         assert prefill == want
 
 
+def test_the_saturation_count_takes_the_share_of_prompt_tokens_the_run_prefilled():
+    """A prompt's analytic service time keeps every cached prefix (the prefix cache's lower
+    bound on the work); the run's own hit rate says what its pool prefilled: 60 requests/s of
+    0.16 s at a 35% share saturate 9.6 replicas, at the 70% a 30% hit rate leaves 19.2."""
+    from rdu_cluster.engine.disagg import Pool
+
+    dep = cap.Deployment("a->b", (Pool("dgx-h100", "tp2", 24), Pool("sn40l-16", "tp8", 4)), 96,
+                         0.0, (8, 16), (2.0, 1.0),
+                         {"prefill_service_s": 0.16, "prefill_share": 0.35})
+    at = lambda summary: cap.saturated(cap.Result(dep, summary, 1.0, 1.0, -1.0, []))
+    bench = {"request_throughput": 60.0}
+    assert at({"bench": bench}) == 10
+    assert at({"bench": bench, "prefix_cache_hit_rate": 0.65}) == 10
+    assert at({"bench": bench, "prefix_cache_hit_rate": 0.3}) == 19
+    assert at({"prefix_cache_hit_rate": 0.3}) is None  # no throughput: a run stopped early
+
+
+def test_a_later_pass_searches_the_prefill_pool_from_its_last_boundary_without_the_hint():
+    """The saturation hint is a first pass's: a later pass's prefill pool starts at the last
+    pass's boundary, one decode pool's change away, and asks one fewer there. On the sessions
+    question the hint (its pool's load at the analytic share of a prompt's prefill) lay at 7
+    and 12 where the boundaries were 18 and 19: the FP8 H100 tp2 -> SN40L-16 tp4 pair asked 7,
+    13, 16, 18 before 19 in its second pass, where 19 and 18 now. The prefill pool's load here
+    loads the decode pool: 24 prefill replicas meet TTFT but not TPOT at 6 decode ones."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1500, 25)
+
+    def run(start: int) -> list[tuple[int, int]]:
+        asked: list = []  # (prefill, decode) replicas of each run
+
+        def serve(dep, stop=None):
+            p, d = (q.replicas for q in dep.pools)
+            asked.append((p, d))
+            ttft, tpot = 1500 * 17.5 / p, 25 * (p / 18) * 6.5 / d  # 18 prefill; 6 decode, 7
+            return cap.Result(dep, {"bench": {"request_throughput": 40.0}}, ttft, tpot,
+                              slo.misses(ttft, tpot), [], slo=slo)
+
+        pair = cap.Deployment("a->b", (Pool("dgx-h100", "tp2", start), Pool("sn40l-16", "tp8",
+                              6)), 96, 0.0, (8, 16), (2.0, 1.0), {"prefill_service_s": 0.18})
+        res = cap.search(pair, serve, 24)
+        assert [q.replicas for q in res.deployment.pools] == [18, 7] and res.below > 0
+        return asked
+
+    # from 13 up to 18, whose TPOT misses at 6 decode replicas; 7 meet, and the prefill pool
+    # is asked one fewer there, not the hint (40 requests/s x 0.18 s: 7), then bracketed
+    asked = run(13)
+    assert [p for p, d in asked if d == 7] == [18, 17]
+
+
 @pytest.mark.parametrize("boundary, asked", [(16, [16, 15]), (21, [16, 20]), (19, [16, 20])])
 def test_one_fewer_at_the_steady_count_asks_a_pairs_saturation_count_first(boundary, asked):
     """steady._one_fewer: a pair's row at the steady count (21 prefill replicas, found at a

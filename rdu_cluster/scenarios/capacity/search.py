@@ -22,8 +22,9 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
     the share of prompt tokens its first run prefilled: resized), pool by pool on the bound
     each sets (SLO.part): the fewest decode replicas that meet TPOT (and, fewer than the count
     it starts from, the whole SLO: TTFT holds the decode queue), then the fewest prefill
-    replicas that meet TTFT at that decode pool (down from a count that meets, the count its
-    measured throughput saturates is asked next: saturated), again while the pair misses or a
+    replicas that meet TTFT at that decode pool (in the first pass, down from a count that
+    meets, the count its measured throughput saturates is asked next: saturated; a later
+    pass starts at the last one's boundary), again while the pair misses or a
     pool met at no size (at most PAIR_PASSES passes: more prefill replicas send the decode
     pool more work, so its TPOT may then miss).
     Judged on the whole SLO more decode replicas may only lengthen TTFT in a closed loop (a
@@ -61,8 +62,10 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         m = miss(d, part)
         return m <= 0 if other and part is not None or served(d).decided else m
 
-    def fewest(base: Deployment, pool: int, part: str | None) -> tuple[Result, bool]:
-        """The boundary of `pool` judged on `part` from base's count, and whether it is past
+    def fewest(base: Deployment, pool: int, part: str | None, hint: bool = False
+               ) -> tuple[Result, bool]:
+        """The boundary of `pool` judged on `part` from base's count (`hint`: down from a
+        count that meets, the count its run saturates asked next), and whether it is past
         the top (the largest is then returned, served to its end)."""
         at = lambda n: base.with_replicas(pool, n)
         start, top = base.pools[pool].replicas, base.most_replicas(pool, max_nodes)
@@ -70,7 +73,7 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
         # the whole does), so that its run stops on either bound: a decode pool too small
         # for the TTFT the prompts queue into would otherwise run to its end for its TPOT
         n = boundary(lambda n: margin(at(n), None if n < start else part, n < start), start,
-                     top, (lambda n: saturated(served(at(n)))) if part == "ttft" else None)
+                     top, (lambda n: saturated(served(at(n)))) if hint else None)
         if n is None:
             return whole(at(top)), True
         below = miss(at(n - 1), None) if n > 1 else None
@@ -80,9 +83,11 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
     if not dep.disaggregated:
         return fewest(dep, 0, None)[0]
     dep = resized(dep, served(dep, "tpot"), max_nodes, slo)  # the decode search's first run
-    for _ in range(PAIR_PASSES):
+    for k in range(PAIR_PASSES):
         res, decode_topped = fewest(dep, 1, "tpot")
-        res, prefill_topped = fewest(res.deployment, 0, "ttft")
+        # a later pass's prefill pool starts at the last pass's boundary, a decode pool's
+        # change away: a nearer guess than the saturation count
+        res, prefill_topped = fewest(res.deployment, 0, "ttft", hint=k == 0)
         dep = res.deployment
         if judge(res, None) <= 0 and not (decode_topped or prefill_topped):
             break  # again only while it misses, or a pool met at no size (its largest kept)
@@ -91,14 +96,24 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
 
 def saturated(r: Result) -> int | None:
     """The prefill pool's count at which the request throughput r's run carried saturates it
-    (x a prompt's analytic prefill service time), rounded: the Llama 3.1 70B question's eight
+    (x a prompt's analytic prefill service time, at the share of prompt tokens the run
+    prefilled where a prefix cache served the rest), rounded: the Llama 3.1 70B question's eight
     pairs had boundaries 0.92-1.03 times it at the analytic throughput, but for one whose
     TTFT the decode queue bounds. None without the service time or the run's figures (a run
     stopped as certain to miss)."""
     each = r.deployment.analytic.get("prefill_service_s")
     if each is None or r.decided or "bench" not in r.summary:
         return None
+    each *= _share_scale(r.deployment.analytic, r) or 1.0
     return max(1, round(r.summary["bench"]["request_throughput"] * each))
+
+
+def _share_scale(an: dict, r: Result) -> float | None:
+    """The share of prompt tokens r's run prefilled over the analytic pass's (which keeps
+    every cached prefix: a lower bound), None where either is unknown."""
+    hit = None if r.decided else r.summary.get("prefix_cache_hit_rate")
+    share = an.get("prefill_share")
+    return None if hit is None or not share else (1.0 - hit) / share
 
 
 def _judge(slo: SLO | None) -> Callable[[Result, str | None], float]:
@@ -123,11 +138,9 @@ def resized(dep: Deployment, first: Result, max_nodes: int, slo: SLO | None = No
     HBM-only prefix cache, held 19% of their prompt tokens at 8 prefill replicas where 65% was
     assumed; from 18 (the boundary 19) the FP8 tp8 one took 4 runs instead of 15."""
     an = dep.analytic
-    hit = None if first.decided else first.summary.get("prefix_cache_hit_rate")
-    share = an.get("prefill_share")
-    if hit is None or not share or 1.0 - hit <= share:
+    scale = _share_scale(an, first)  # the prefill a prompt brings, over the analytic pass's
+    if scale is None or scale <= 1.0:
         return dep
-    scale = (1.0 - hit) / share  # the prefill a prompt brings, over the analytic pass's
     # (its hand-over moves the whole prompt's KV, cached or not: not scaled)
     own = an["prefill_s"] * scale + an["kv_transfer_s"]
     got = prefill_replicas(an["arrivals_per_s"], an["prefill_service_s"] * scale, own,
