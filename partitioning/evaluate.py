@@ -315,14 +315,28 @@ def kv_batch(scenario: Scenario) -> int:
     reservation (chip/runtime_memory.py) leave on the fullest socket, over one sequence's KV
     cache (heads replicated where tp exceeds them), as the engine sizes its KV blocks from the
     same regions; attention data-parallel groups each hold their own sequences'."""
+    room, per_seq = _kv_room(scenario)
+    return scenario.plan.adp * int(room // per_seq)
+
+
+def kv_tokens(scenario: Scenario) -> float:
+    """The tokens of KV a replica of the scenario's plan holds (kv_batch's room, before it
+    is rounded to whole sequences of the scenario's lengths): a prefix cache's capacity."""
+    room, per_seq = _kv_room(scenario)
+    return scenario.plan.adp * room / per_seq * float(scenario.prompt_len + scenario.gen_len)
+
+
+def _kv_room(scenario: Scenario) -> tuple[float, float]:
+    """The HBM bytes the KV cache has on the fullest socket (0 where the plan does not fit)
+    and one sequence's KV bytes there."""
     fps, why = footprint(scenario, check=False)
     if np.any(np.asarray(why) != ""):
-        return 0
+        return 0.0, 1.0
     hbm = scenario.cluster.chip.hbm.capacity_bytes
     resident = max(_scalar(fp.region("weights") + fp.regions.get(("activations", "hbm"), 0.0)
                            + fp.regions.get(("reserved", "hbm"), 0.0)) for fp in fps)
     per_seq = max(_scalar(fp.region("kv_cache")) / _scalar(scenario.batch) for fp in fps)
-    return scenario.plan.adp * int((hbm - resident) // per_seq) if hbm > resident else 0
+    return max(hbm - resident, 0.0), per_seq
 
 
 def _scalar(x: Any) -> float:

@@ -65,8 +65,8 @@ def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
                             fab)
     lam, n_p = 500 / dep.analytic["e2e_s"], dep.pools[0].replicas  # closed loop, no think
     assert dep.analytic["rho"] == pytest.approx(lam * ds.prefill_service_s / n_p)
-    own = ds.prefill_s + dep.analytic["kv_transfer_s"]
-    assert n_p == cap.prefill_replicas(lam, ds.prefill_service_s, own, dep.analytic["e2e_s"],
+    assert n_p == cap.prefill_replicas(lam, ds.prefill_service_s, ds.prefill_s,
+                                       dep.analytic["kv_transfer_s"], dep.analytic["e2e_s"],
                                        slo, 24 * 8)
     assert n_p == 2  # the boundary the engine verified (rho 0.82: 3 at rho <= 0.8)
 
@@ -83,18 +83,18 @@ def test_a_prefill_pool_starts_where_its_queue_keeps_ttft_and_the_loop_unthrottl
         return rho / (1 - rho) / n / 2 * service
 
     # one replica would be saturated (rho 1.65); two wait 23 ms on average, 107 ms at p99
-    assert cap.prefill_replicas(lam, service, own, 6.0, cap.SLO(1500, 25), 24) == 2
+    assert cap.prefill_replicas(lam, service, own, 0.0, 6.0, cap.SLO(1500, 25), 24) == 2
     assert wait(2) == pytest.approx(0.0232, rel=1e-2)
     # a tight TTFT bound: 2 replicas' p99 (150 ms) misses 100 ms, 3 (61 ms) meet it
     assert math.log(100) * wait(2) + own > 0.1 > math.log(100) * wait(3) + own
-    assert cap.prefill_replicas(lam, service, own, 6.0, cap.SLO(100, 25), 24) == 3
+    assert cap.prefill_replicas(lam, service, own, 0.0, 6.0, cap.SLO(100, 25), 24) == 3
     # a short cycle: 2 replicas' 23 ms wait is over 1% of a 1.5 s cycle, 3 replicas' 4 ms not
     assert wait(2) > cap.PREFILL_THROTTLE * 1.5 > wait(3)
-    assert cap.prefill_replicas(lam, service, own, 1.5, cap.SLO(1500, 25), 24) == 3
+    assert cap.prefill_replicas(lam, service, own, 0.0, 1.5, cap.SLO(1500, 25), 24) == 3
     # an open loop (no cycle) and no TTFT bound: the fewest under saturation
-    assert cap.prefill_replicas(lam, service, own, None, cap.SLO(None, 25), 24) == 2
+    assert cap.prefill_replicas(lam, service, own, 0.0, None, cap.SLO(None, 25), 24) == 2
     # none within the replicas allowed
-    assert cap.prefill_replicas(lam, service, own, 6.0, cap.SLO(100, 25), 2) is None
+    assert cap.prefill_replicas(lam, service, own, 0.0, 6.0, cap.SLO(100, 25), 2) is None
 
 
 def test_a_pair_prefill_pool_is_sized_for_the_answers_it_never_cached():
@@ -115,6 +115,64 @@ def test_a_pair_prefill_pool_is_sized_for_the_answers_it_never_cached():
     lam = 64 / (dep.analytic["e2e_s"] + 2.0)
     service = rc.prefill_service_s * traffic.prefill_share(outputs=False)
     assert dep.analytic["rho"] == pytest.approx(lam * service / dep.pools[0].replicas)
+
+
+def test_a_session_whose_history_its_replica_cannot_keep_finds_only_what_others_hold():
+    """4 sessions x 3 turns of 128 + 32 tokens on a 1,024-token system prompt, in a pair's
+    prefill pool (answers never cached): turn prompts of 1,152, 1,312 and 1,472 tokens, each
+    later turn finding the last turn's prompt where every prefix is kept. A replica whose
+    cache keeps 1,200 tokens of a session's history holds its first turn (1,152) but not its
+    second (1,312): the third turns find only the system prompt (which every session's use
+    keeps warm); under 1,152 neither later turn finds more. history_replicas is the fewest
+    replicas that hold a turn's histories all at once (4 x 1,312 tokens)."""
+    t = sessions.sessions(sessions.SessionSpec(4, 3, 1024, user=sessions.LengthDist("fixed", 128),
+                                               output=sessions.LengthDist("fixed", 32)), 0)
+    traffic = cap.Traffic(4, None, trace=t)
+    total = 4 * (1152 + 1312 + 1472)
+    first = 1152 + 3 * 128  # the first session brings the system prompt
+    assert traffic.prefill_share(False) * total == pytest.approx(first + 8 * 160)
+    assert traffic.prefill_share(False, 1200) * total == pytest.approx(first + 4 * 160 + 4 * 448)
+    assert traffic.prefill_share(False, 1000) * total == pytest.approx(first + 4 * 288 + 4 * 448)
+    assert traffic.history_replicas(2000, outputs=False) == 3  # 5,248 tokens in 2,000 each
+    assert traffic.session_room(2000, 3) == 1500  # >= 1,312: three replicas hold them
+    assert traffic.session_room(2000, 2) == 1000
+    assert cap.Traffic(4, None).history_replicas(2000) == 0  # no sessions: no history
+    off = cap.Traffic(4, None, trace=t, prefix_cache="off")
+    assert off.history_replicas(2000) == 0 and off.prefill_share(False, 0) == 1.0
+
+
+def test_a_pairs_prefill_pool_starts_where_its_caches_hold_the_sessions_histories():
+    """The queue alone would start the pool at a count whose caches cannot hold every
+    session's last turn at once; an LRU cache then evicts each history before its session
+    returns (the sessions question's H100 tp2 FP8 pool at 14 replicas found none of its
+    fourth turns' histories and queued them ~10 s; 19 hold them, its boundary). The pool
+    starts at history_replicas, and the search's saturation hint asks no fewer. Where no
+    count within --max-nodes holds them, the queue sizes the pool at the share of prompt
+    tokens its caches leave it."""
+    from dataclasses import replace
+
+    fab = load_fabric("ib-ndr")
+    model = load_model("llama-3.1-8b")
+    rc = cap.replica_cost(model, cap.Pool("dgx-h100", "tp2", 1), (1024, 128), fab)
+    t = sessions.sessions(sessions.SessionSpec(64, 4, 512, user=sessions.LengthDist(
+        "fixed", 256), output=sessions.LengthDist("fixed", 128)), 0)
+    traffic, slo = cap.Traffic(64, None, trace=t, think_s=2.0), cap.SLO(1500, 25)
+    size = lambda cost, most=8: cap.disaggregated(cost, rc, traffic, slo, most,
+                                                  traffic.mean_lengths(), model, fab)
+    queue = size(rc)
+    n0 = queue.pools[0].replicas
+    assert queue.analytic["history_replicas"] <= n0  # a real H100's cache holds them all
+    held = 64 * (768 + 3 * 384 - 384)  # each session's third-turn prompt, 1,536 tokens
+    small = replace(rc, kv_tokens=held / (n0 + 3))
+    dep = size(small)
+    assert dep.pools[0].replicas == n0 + 3 == dep.analytic["history_replicas"]
+    assert dep.analytic["prefill_share"] == pytest.approx(traffic.prefill_share(False))
+    run = cap.Result(dep, {"bench": {"request_throughput": 1.0}}, 1.0, 1.0, -1.0, [])
+    assert cap.saturated(run) == n0 + 3  # not the load's 1 x a prompt's service time
+    tiny = size(replace(rc, kv_tokens=100.0), most=1)  # no count holds them: thrashing
+    assert tiny.analytic["prefill_share"] > traffic.prefill_share(False)
+    assert tiny.analytic["prefill_share"] == pytest.approx(traffic.prefill_share(
+        False, traffic.session_room(100.0, tiny.pools[0].replicas)))
 
 
 RANKED = [*BASE, "--slo", "ttft:500", "--slo", "tpot:10", "--json"]
@@ -767,7 +825,7 @@ def test_a_pairs_prefill_pool_is_sized_again_at_the_share_its_first_run_prefille
     # 80% of the tokens prefilled, not 35%: 0.4 s a prompt, 40 a second: 16 replicas saturate;
     # 17 wait 188 ms on average (over 1% of the 12 s cycle), 18 wait 89 ms (p99 TTFT 0.89 s)
     assert search(0.2)[:2] == [(8, 4), (18, 4)]
-    assert cap.prefill_replicas(40.0, 0.4, 0.48, 12.0, slo, 96) == 18
+    assert cap.prefill_replicas(40.0, 0.4, 0.48, 0.0, 12.0, slo, 96) == 18
     assert search(0.7)[1] != (18, 4) and search(0.7)[1][0] == 8  # as assumed: as it was
     assert search(0.2, {"ttft": 3000.0})[1][0] == 8  # stopped early: no share measured
     unshared = cap.Deployment("a->b", pair.pools, 96, 0.0, (8, 16), (2.0, 1.0))

@@ -114,3 +114,17 @@ def test_clear_caches_forgets_everything_plans_shared():
     assert all(caches) and all(f.cache_info().currsize for f in functions)
     clear_caches()
     assert not any(caches) and not any(f.cache_info().currsize for f in functions)
+
+
+def test_a_replicas_kv_tokens_are_its_kv_batch_before_rounding():
+    """kv_tokens (a prefix cache's room) and kv_batch read one room: the batch is the tokens
+    over a sequence's, rounded down; 0 for a plan that does not fit."""
+    from partitioning.evaluate import kv_batch, kv_tokens
+
+    spec, cluster = load_model("llama-3.1-70b"), load_cluster("dgx-h100")
+    for prompt, gen in ((6744, 400), (512, 32)):
+        s = Scenario(spec, cluster, Plan.parse("tp4"), 1, prompt, gen)
+        tokens = kv_tokens(s)
+        assert kv_batch(s) == int(tokens // (prompt + gen)) > 0
+    tight = Scenario(load_model("llama-3.1-405b"), cluster, Plan.parse("tp1"), 1, 512, 32)
+    assert kv_tokens(tight) == 0 == kv_batch(tight)

@@ -97,7 +97,8 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
 def saturated(r: Result) -> int | None:
     """The prefill pool's count at which the request throughput r's run carried saturates it
     (x a prompt's analytic prefill service time, at the share of prompt tokens the run
-    prefilled where a prefix cache served the rest), rounded: the Llama 3.1 70B question's eight
+    prefilled where a prefix cache served the rest), rounded, and no fewer than hold the
+    sessions' histories (the analytic pass's history_replicas): the Llama 3.1 70B question's eight
     pairs had boundaries 0.92-1.03 times it at the analytic throughput, but for one whose
     TTFT the decode queue bounds. None without the service time or the run's figures (a run
     stopped as certain to miss)."""
@@ -105,7 +106,9 @@ def saturated(r: Result) -> int | None:
     if each is None or r.decided or "bench" not in r.summary:
         return None
     each *= _share_scale(r.deployment.analytic, r) or 1.0
-    return max(1, round(r.summary["bench"]["request_throughput"] * each))
+    # fewer than hold the sessions' histories thrash their caches (Traffic.history_replicas)
+    fit = r.deployment.analytic.get("history_replicas", 0)
+    return max(1, round(r.summary["bench"]["request_throughput"] * each), fit)
 
 
 def _share_scale(an: dict, r: Result) -> float | None:
@@ -142,8 +145,7 @@ def resized(dep: Deployment, first: Result, max_nodes: int, slo: SLO | None = No
     if scale is None or scale <= 1.0:
         return dep
     # (its hand-over moves the whole prompt's KV, cached or not: not scaled)
-    own = an["prefill_s"] * scale + an["kv_transfer_s"]
-    got = prefill_replicas(an["arrivals_per_s"], an["prefill_service_s"] * scale, own,
-                           an["cycle_s"], slo or first.slo or SLO(),
-                           dep.most_replicas(0, max_nodes))
+    got = prefill_replicas(an["arrivals_per_s"], an["prefill_service_s"] * scale,
+                           an["prefill_s"] * scale, an["kv_transfer_s"], an["cycle_s"],
+                           slo or first.slo or SLO(), dep.most_replicas(0, max_nodes))
     return dep if got is None or got <= dep.pools[0].replicas else dep.with_replicas(0, got)

@@ -10,7 +10,8 @@ disaggregated pair sizes its decode pool from the TPOT bound alone and its prefi
 queue (prefill_replicas): the fewest replicas whose pP wait, with a prompt's own pass and its
 hand-over, keeps TTFT within the bound and whose mean wait does not throttle the closed loop
 (PREFILL_THROTTLE), each prompt counted at its share of a full prefill step (the pool's queue
-fills its steps to the token budget)."""
+fills its steps to the token budget), and no fewer than its prefix caches need to hold the
+sessions' histories (Traffic.history_replicas)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ class ReplicaCost:
     stack: str | None = None  # the GPU serving stack (chip/serving_stacks.py); None off a GPU
     overrides: tuple = ()  # --set on the cluster (Pool.overrides)
     prefill_each_s: float | None = None
+    kv_tokens: float = math.inf  # the KV tokens a replica holds: its prefix cache's room
 
     @property
     def prefill_service_s(self) -> float:
@@ -117,7 +119,7 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
     p = PartitionPlan.parse(plan)
     try:
         base = Scenario(model, cl, p, 1, int(prompt), int(gen), options)
-        kv_batch = evaluate.kv_batch(base)
+        kv_batch, kv_tokens = evaluate.kv_batch(base), evaluate.kv_tokens(base)
     except ConfigError:
         return None
     batches = BATCHES[BATCHES <= kv_batch]
@@ -141,7 +143,8 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
                        load_cluster(cluster_ref, dict(overrides)).sockets_per_node, draft,
                        spec, serving_stacks.stack_of(cl.chip, options), overrides,
                        None if draft is not None else _prefill_each(
-                           at, prompt, kv_batch, prefill, token_budget_for(cl.chip, options)))
+                           at, prompt, kv_batch, prefill, token_budget_for(cl.chip, options)),
+                       kv_tokens)
 
 
 def _times(at: Callable, batches: np.ndarray) -> tuple[np.ndarray, float]:
@@ -289,27 +292,38 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
     lam = users / cycle if users else rate
     service = pre.prefill_service_s * share  # a loaded pool batches prompts
     most = max_nodes * pre.sockets_per_node // pre.group
-    n_p = prefill_replicas(lam, service, prefill + move, cycle if users else None, slo, most)
+    # fewer replicas' caches keep less of each session's history (Traffic.session_room)
+    scale = (lambda n: traffic.prefill_share(False, traffic.session_room(pre.kv_tokens, n))
+             / share) if share > 0 else (lambda n: 1.0)
+    n_p = prefill_replicas(lam, service, prefill, move, cycle if users else None, slo, most,
+                           scale)
     if n_p is None:
         return None
+    fit = traffic.history_replicas(pre.kv_tokens, outputs=False)  # fewer caches thrash
+    n_p = max(n_p, fit) if fit <= most else n_p
+    k = scale(n_p)
     return Deployment(f"{pre.cluster}->{dec.cluster}", (pre.pool(n_p), dec.pool(n_d)), b_max,
                       _short(cycle),
                       (pre.sockets_per_node, dec.sockets_per_node),
                       (pre.price_per_socket_hour, dec.price_per_socket_hour),
-                      {"tpot_s": tpot, "rho": lam / n_p * service, "e2e_s": e2e,
-                       "kv_transfer_s": move, "prefill_service_s": service,
+                      {"tpot_s": tpot, "rho": lam / n_p * service * k, "e2e_s": e2e,
+                       "kv_transfer_s": move, "prefill_service_s": service * k,
                        # what search.resized sizes the prefill pool again from
-                       "prefill_share": share, "arrivals_per_s": lam, "prefill_s": prefill,
-                       "cycle_s": cycle if users else None},
+                       "prefill_share": share * k, "arrivals_per_s": lam,
+                       "prefill_s": prefill * k, "cycle_s": cycle if users else None,
+                       "history_replicas": fit},
                       dec.draft, dec.speculation, stack=dec.stack or pre.stack)
 
 
-def prefill_replicas(lam: float, service: float, own: float, cycle: float | None, slo: SLO,
-                     most: int) -> int | None:
+def prefill_replicas(lam: float, service: float, prefill: float, move: float,
+                     cycle: float | None, slo: SLO, most: int,
+                     scale: Callable[[int], float] | None = None) -> int | None:
     """The fewest prefill replicas (at most `most`; None: none) that carry `lam` prompts/s of
     `service` s each (a loaded replica's per prompt) with their pP TTFT, the pP wait and a
-    prompt's own pass and hand-over (`own`), within the SLO's TTFT bound, and their mean wait
-    at most PREFILL_THROTTLE of a closed loop's `cycle` (None: an open loop). A replica is a
+    prompt's own pass (`prefill`) and hand-over (`move`), within the SLO's TTFT bound, and
+    their mean wait at most PREFILL_THROTTLE of a closed loop's `cycle` (None: an open loop);
+    `scale(n)`: the prefill n replicas do for a prompt over `service`'s, at least 1 (their
+    prefix caches keep less the fewer they are: Traffic.session_room). A replica is a
     queue fed every n-th prompt (round-robin: Erlang-n gaps, ca2 = 1 / n, of a Poisson stream)
     with a fixed pass (cs2 = 0): Kingman's heavy-traffic mean wait rho / (1 - rho) x (ca2 +
     cs2) / 2 x service, its pP that of an exponential of that mean (a heavy-traffic wait's
@@ -318,11 +332,12 @@ def prefill_replicas(lam: float, service: float, own: float, cycle: float | None
     where a cap of rho <= 0.8 started 25% above them."""
     tail = -math.log(1.0 - slo.percentile / 100.0)
     for n in range(max(1, math.ceil(lam * service)), most + 1):
-        rho = lam * service / n
+        k = 1.0 if scale is None else scale(n)
+        rho = lam * service * k / n
         if rho >= 1:
             continue
-        wait = rho / (1.0 - rho) * (1.0 / n) / 2.0 * service
-        if (slo.ttft_ms is None or (tail * wait + own) * 1e3 <= slo.ttft_ms) and (
+        wait = rho / (1.0 - rho) * (1.0 / n) / 2.0 * service * k
+        if (slo.ttft_ms is None or (tail * wait + prefill * k + move) * 1e3 <= slo.ttft_ms) and (
                 cycle is None or wait <= PREFILL_THROTTLE * cycle):
             return n
     return None

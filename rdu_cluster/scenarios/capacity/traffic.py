@@ -63,17 +63,49 @@ class Traffic:
         return self.ramp and self.concurrency is not None and (self.trace is None
                                                                or self.sessions)
 
-    def prefill_share(self, outputs: bool = True) -> float:
+    def prefill_share(self, outputs: bool = True, room: float = math.inf) -> float:
         """The share of prompt tokens prefilled (not served from the prefix cache): those past
         the longest prefix an earlier request of the trace holds (a session's turns reach the
         replica of its first: engine/dispatch.py), its output held with it or not (a pair's
         prefill pool serves each prompt for one token: the answer it never computed is
-        prefilled with the next turn). Every cached prefix kept: a lower bound on the work,
-        which verification checks (the sessions question's H100 tp2 x 11 -> SN40L-16 pair:
-        0.348 without outputs, a hit rate of 65.1% served). 1 without a cache or content."""
+        prefilled with the next turn). Every cached prefix kept (the default): a lower bound
+        on the work, which verification checks (the sessions question's H100 tp2 x 11 ->
+        SN40L-16 pair: 0.348 without outputs, a hit rate of 65.1% served). With `room`, the
+        tokens of its own history a session's replica keeps for it (session_room), a turn
+        whose session left it more finds only what other sessions hold too. 1 without a
+        cache or content."""
         if self.prefix_cache == "off" or self.trace is None or self.trace.content is None:
             return 1.0
-        return uncached_tokens(self.trace, outputs) / float(self.trace.prompt_len.sum())
+        hit, shared, held, _ = prefix_hits(self.trace, outputs)
+        found = np.where(held <= room, hit, shared)
+        prompt = self.trace.prompt_len
+        return float(np.maximum(prompt - found, 0).sum()) / float(prompt.sum())
+
+    def history_replicas(self, cache_tokens: float, outputs: bool = True) -> int:
+        """The fewest replicas whose prefix caches (`cache_tokens` each) hold, at every turn,
+        what each session's last turn left for it (its prompt, and with `outputs` its
+        answer) all at once: below it an LRU cache evicts a history before its session
+        returns (their reuse is cyclic) and the pool prefills it again; the sessions
+        question's H100 tp2 FP8 prefill pool at 14 replicas (20 hold the histories) found
+        none of its fourth turns' history and queued them ~10 s. 0 without sessions, a
+        cache or content."""
+        if not self.sessions or self.prefill_share(outputs) == 1.0:
+            return 0
+        held, turn = prefix_hits(cast(traces.Trace, self.trace), outputs)[2:]
+        most = max(np.bincount(turn, weights=held))
+        return math.ceil(most / cache_tokens) if most > 0 else 0
+
+    def session_room(self, cache_tokens: float, replicas: int) -> float:
+        """The tokens of its own history each session finds kept in a pool of `replicas`
+        whose prefix caches hold `cache_tokens` each: the sessions, pinned to the replica of
+        their first turn, share the caches evenly, and a closed loop's sessions go turn by
+        turn together (they start within one cycle), so that at a turn every session's last
+        turn is held, and an LRU cache too small for them all evicts each before it returns
+        (its sessions' cyclic reuse). Unbounded without sessions."""
+        if not self.sessions:
+            return math.inf
+        ids = cast(np.ndarray, cast(traces.Trace, self.trace).session)  # sessions: both set
+        return cache_tokens * replicas / max(len(np.unique(ids[ids >= 0])), 1)
 
     @property
     def one_token(self) -> bool:
@@ -125,23 +157,58 @@ class Traffic:
         return self.trace is None and any(d.kind != "fixed" for d in self.dists())
 
 
-@traces.per_trace()
 def uncached_tokens(trace: traces.Trace, outputs: bool = True) -> int:
     """Prompt tokens of `trace` past the longest chunk prefix an earlier request held: its
     prompt and, with `outputs`, its output (a turn's answer is cached with it, as vLLM's
-    prefix cache keeps it where it was decoded). Once a trace (the analytic pass asks it of
-    every plan: 49 times, ~10 ms each, for the sessions question)."""
-    seen: set[int] = set()
-    total = 0
+    prefix cache keeps it where it was decoded)."""
+    hit = prefix_hits(trace, outputs)[0]
+    return int(np.maximum(trace.prompt_len - hit, 0).sum())
+
+
+@traces.per_trace()
+def prefix_hits(trace: traces.Trace, outputs: bool = True
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per request of `trace`: the prompt tokens a prefix cache that kept every earlier
+    request finds (the longest chunk prefix one held: its prompt and, with `outputs`, its
+    output); those it finds in prefixes other sessions hold too (what a cache too small for
+    the session's own history still finds: a system prompt every session's use keeps warm);
+    and the tokens the session's earlier request (the row it follows) left for it to find,
+    0 for none; and its turn in its session (0: the first). Once a trace (the analytic pass
+    asks it of every plan: 49 times, ~10 ms each, for the sessions question)."""
+    n = len(trace)
+    hit, shared, held, turn = (np.zeros(n, np.int64) for _ in range(4))
     # asked only of a trace with content (Traffic.prefill_share)
     content = cast("tuple[tuple[tuple[int, int], ...], ...]", trace.content)
+    session = trace.session if trace.session is not None else np.full(n, -1)
+    keys = [list(itertools.accumulate(ch, lambda k, c: hash((k, c)), initial=0))[1:]
+            for ch in content]  # each chunk's prefix key
+    kept = [_kept(trace, i, content[i], keys[i], outputs) for i in range(n)]
+    owner: dict[int, int] = {}  # a prefix's key -> the session that holds it (-2: several)
+    for i, held_keys in enumerate(kept):  # the whole trace's: its sessions run side by side
+        for k in held_keys:
+            owner[k] = int(session[i]) if owner.get(k, session[i]) == session[i] else -2
+    seen: set[int] = set()
     for i, chunks in enumerate(content):
-        keys = list(itertools.accumulate(chunks, lambda k, c: hash((k, c)), initial=0))[1:]
-        hit = sum(n for _, n in itertools.takewhile(
-            lambda kc: kc[0] in seen, zip(keys, (c[1] for c in chunks))))
-        prompt = int(trace.prompt_len[i])
-        total += max(prompt - hit, 0)
-        held = prompt + (int(trace.output_len[i]) if outputs else 0)
-        ends = itertools.accumulate(n for _, n in chunks)
-        seen.update(k for k, end in zip(keys, ends) if end <= held)
-    return total
+        found = list(itertools.takewhile(lambda kc: kc[0] in seen,
+                                         zip(keys[i], (c[1] for c in chunks))))
+        hit[i] = sum(c for _, c in found)
+        me = int(session[i])
+        for k, c in found:  # up to the first prefix only its own session holds
+            if me >= 0 and owner[k] == me:
+                break
+            shared[i] += c
+        after = trace.follows(i)
+        if after >= 0:  # a row follows an earlier one (sessions.sessions)
+            held[i] = trace.prompt_len[after] + (trace.output_len[after] if outputs else 0)
+            turn[i] = turn[after] + 1
+        seen.update(kept[i])
+    return hit, shared, held, turn
+
+
+def _kept(trace: traces.Trace, i: int, chunks: tuple[tuple[int, int], ...], keys: list[int],
+          outputs: bool) -> list[int]:
+    """The prefix keys request i leaves in the cache: its chunks' within its prompt and, with
+    `outputs`, its output."""
+    keep = int(trace.prompt_len[i]) + (int(trace.output_len[i]) if outputs else 0)
+    ends = itertools.accumulate(c for _, c in chunks)
+    return [k for k, end in zip(keys, ends) if end <= keep]
