@@ -76,7 +76,7 @@ class Traffic:
         cache or content."""
         if self.prefix_cache == "off" or self.trace is None or self.trace.content is None:
             return 1.0
-        hit, shared, held, _ = prefix_hits(self.trace, outputs)
+        hit, shared, held = prefix_hits(self.trace, outputs)
         found = np.where(held <= room, hit, shared)
         prompt = self.trace.prompt_len
         return float(np.maximum(prompt - found, 0).sum()) / float(prompt.sum())
@@ -91,8 +91,8 @@ class Traffic:
         cache or content."""
         if not self.sessions or self.prefill_share(outputs) == 1.0:
             return 0
-        held, turn = prefix_hits(cast(traces.Trace, self.trace), outputs)[2:]
-        most = max(np.bincount(turn, weights=held))
+        t = cast(traces.Trace, self.trace)
+        most = max(np.bincount(turns(t), weights=prefix_hits(t, outputs)[2]))
         return math.ceil(most / cache_tokens) if most > 0 else 0
 
     def session_room(self, cache_tokens: float, replicas: int) -> float:
@@ -166,17 +166,28 @@ def uncached_tokens(trace: traces.Trace, outputs: bool = True) -> int:
 
 
 @traces.per_trace()
+def turns(trace: traces.Trace) -> np.ndarray:
+    """Each request's turn in its session (0: the first, or a request of none)."""
+    turn = np.zeros(len(trace), np.int64)
+    for i in range(len(trace)):
+        after = trace.follows(i)
+        if after >= 0:  # a row follows an earlier one (sessions.sessions)
+            turn[i] = turn[after] + 1
+    return turn
+
+
+@traces.per_trace()
 def prefix_hits(trace: traces.Trace, outputs: bool = True
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per request of `trace`: the prompt tokens a prefix cache that kept every earlier
     request finds (the longest chunk prefix one held: its prompt and, with `outputs`, its
     output); those it finds in prefixes other sessions hold too (what a cache too small for
     the session's own history still finds: a system prompt every session's use keeps warm);
     and the tokens the session's earlier request (the row it follows) left for it to find,
-    0 for none; and its turn in its session (0: the first). Once a trace (the analytic pass
-    asks it of every plan: 49 times, ~10 ms each, for the sessions question)."""
+    0 for none. Once a trace (the analytic pass asks it of every plan: 49 times, ~10 ms
+    each, for the sessions question)."""
     n = len(trace)
-    hit, shared, held, turn = (np.zeros(n, np.int64) for _ in range(4))
+    hit, shared, held = (np.zeros(n, np.int64) for _ in range(3))
     # asked only of a trace with content (Traffic.prefill_share)
     content = cast("tuple[tuple[tuple[int, int], ...], ...]", trace.content)
     session = trace.session if trace.session is not None else np.full(n, -1)
@@ -198,11 +209,10 @@ def prefix_hits(trace: traces.Trace, outputs: bool = True
                 break
             shared[i] += c
         after = trace.follows(i)
-        if after >= 0:  # a row follows an earlier one (sessions.sessions)
+        if after >= 0:
             held[i] = trace.prompt_len[after] + (trace.output_len[after] if outputs else 0)
-            turn[i] = turn[after] + 1
         seen.update(kept[i])
-    return hit, shared, held, turn
+    return hit, shared, held
 
 
 def _kept(trace: traces.Trace, i: int, chunks: tuple[tuple[int, int], ...], keys: list[int],
