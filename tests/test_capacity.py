@@ -146,9 +146,9 @@ def test_a_pairs_prefill_pool_starts_where_its_caches_hold_the_sessions_historie
     session's last turn at once; an LRU cache then evicts each history before its session
     returns (the sessions question's H100 tp2 FP8 pool at 14 replicas found none of its
     fourth turns' histories and queued them ~10 s; 19 hold them, its boundary). The pool
-    starts at history_replicas, and the search's saturation hint asks no fewer. Where no
-    count within --max-nodes holds them, the queue sizes the pool at the share of prompt
-    tokens its caches leave it."""
+    starts at history_replicas, and the search's saturation hint asks no fewer; a cache that
+    spills to a lower tier holds them there. Where no count within --max-nodes holds them,
+    the queue sizes the pool at the share of prompt tokens its caches leave it."""
     from dataclasses import replace
 
     fab = load_fabric("ib-ndr")
@@ -169,6 +169,13 @@ def test_a_pairs_prefill_pool_starts_where_its_caches_hold_the_sessions_historie
     assert dep.analytic["prefill_share"] == pytest.approx(traffic.prefill_share(False))
     run = cap.Result(dep, {"bench": {"request_throughput": 1.0}}, 1.0, 1.0, -1.0, [])
     assert cap.saturated(run) == n0 + 3  # not the load's 1 x a prompt's service time
+    # a cache that spills to the tier below (--prefix-cache tiered; an RDU's by default)
+    # keeps the histories there: no floor
+    tiered = replace(traffic, prefix_cache="tiered")
+    assert cap.disaggregated(small, rc, tiered, slo, 8, traffic.mean_lengths(), model,
+                             fab).pools[0].replicas == n0
+    rdu = cap.replica_cost(model, cap.Pool("sn40l-8", "tp2", 1), (1024, 128), fab)
+    assert size(replace(rdu, kv_tokens=100.0)).analytic["history_replicas"] == 0
     tiny = size(replace(rc, kv_tokens=100.0), most=1)  # no count holds them: thrashing
     assert tiny.analytic["prefill_share"] > traffic.prefill_share(False)
     assert tiny.analytic["prefill_share"] == pytest.approx(traffic.prefill_share(

@@ -293,13 +293,14 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
     service = pre.prefill_service_s * share  # a loaded pool batches prompts
     most = max_nodes * pre.sockets_per_node // pre.group
     # fewer replicas' caches keep less of each session's history (Traffic.session_room)
-    scale = (lambda n: traffic.prefill_share(False, traffic.session_room(pre.kv_tokens, n))
+    cache = _cache_tokens(pre, traffic)
+    scale = (lambda n: traffic.prefill_share(False, traffic.session_room(cache, n))
              / share) if share > 0 else (lambda n: 1.0)
     n_p = prefill_replicas(lam, service, prefill, move, cycle if users else None, slo, most,
                            scale)
     if n_p is None:
         return None
-    fit = traffic.history_replicas(pre.kv_tokens, outputs=False)  # fewer caches thrash
+    fit = traffic.history_replicas(cache, outputs=False)  # fewer caches thrash
     n_p = max(n_p, fit) if fit <= most else n_p
     k = scale(n_p)
     return Deployment(f"{pre.cluster}->{dec.cluster}", (pre.pool(n_p), dec.pool(n_d)), b_max,
@@ -313,6 +314,17 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                        "prefill_s": prefill * k, "cycle_s": cycle if users else None,
                        "history_replicas": fit},
                       dec.draft, dec.speculation, stack=dec.stack or pre.stack)
+
+
+def _cache_tokens(cost: ReplicaCost, traffic: Traffic) -> float:
+    """The tokens a replica of `cost` keeps in its prefix cache: its KV room where the cache
+    is HBM's alone (a GPU's by default: serving_stacks.spills_prefix_cache); unbounded here
+    where it spills to the tier below (an RDU's DDR by default, or --prefix-cache tiered),
+    whose room holds the sessions' histories."""
+    mode = traffic.prefix_cache
+    spills = mode == "tiered" or (mode is None and serving_stacks.spills_prefix_cache(
+        load_cluster(cost.cluster).chip))
+    return math.inf if spills else cost.kv_tokens
 
 
 def prefill_replicas(lam: float, service: float, prefill: float, move: float,
