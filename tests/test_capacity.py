@@ -137,6 +137,8 @@ def test_a_session_whose_history_its_replica_cannot_keep_finds_only_what_others_
     assert traffic.session_room(2000, 3) == 1500  # >= 1,312: three replicas hold them
     assert traffic.session_room(2000, 2) == 1000
     assert cap.Traffic(4, None).history_replicas(2000) == 0  # no sessions: no history
+    rated = cap.Traffic(4, None, trace=t, ramp=False)  # a --rate starts them: not together
+    assert rated.history_replicas(2000) == 0 and rated.session_room(2000, 1) == math.inf
     off = cap.Traffic(4, None, trace=t, prefix_cache="off")
     assert off.history_replicas(2000) == 0 and off.prefill_share(False, 0) == 1.0
 

@@ -88,8 +88,8 @@ class Traffic:
         returns (their reuse is cyclic) and the pool prefills it again; the sessions
         question's H100 tp2 FP8 prefill pool at 14 replicas (20 hold the histories) found
         none of its fourth turns' history and queued them ~10 s. 0 without sessions, a
-        cache or content."""
-        if not self.sessions or self.prefill_share(outputs) == 1.0:
+        cache or content, or where a --rate starts the sessions (not all at once)."""
+        if not (self.sessions and self.ramp) or self.prefill_share(outputs) == 1.0:
             return 0
         t = cast(traces.Trace, self.trace)
         most = max(np.bincount(turns(t), weights=prefix_hits(t, outputs)[2]))
@@ -101,8 +101,9 @@ class Traffic:
         their first turn, share the caches evenly, and a closed loop's sessions go turn by
         turn together (they start within one cycle), so that at a turn every session's last
         turn is held, and an LRU cache too small for them all evicts each before it returns
-        (its sessions' cyclic reuse). Unbounded without sessions."""
-        if not self.sessions:
+        (its sessions' cyclic reuse). Unbounded without sessions, or where a --rate starts
+        them (not all at once)."""
+        if not (self.sessions and self.ramp):
             return math.inf
         ids = cast(np.ndarray, cast(traces.Trace, self.trace).session)  # sessions: both set
         return cache_tokens * replicas / max(len(np.unique(ids[ids >= 0])), 1)
