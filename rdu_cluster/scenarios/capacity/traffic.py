@@ -211,7 +211,7 @@ def prefix_hits(trace: traces.Trace, outputs: bool = True
             shared[i] += c
         after = trace.follows(i)
         if after >= 0:
-            held[i] = trace.prompt_len[after] + (trace.output_len[after] if outputs else 0)
+            held[i] = _left(trace, after, outputs)
         seen.update(kept[i])
     return hit, shared, held
 
@@ -220,6 +220,12 @@ def _kept(trace: traces.Trace, i: int, chunks: tuple[tuple[int, int], ...], keys
           outputs: bool) -> list[int]:
     """The prefix keys request i leaves in the cache: its chunks' within its prompt and, with
     `outputs`, its output."""
-    keep = int(trace.prompt_len[i]) + (int(trace.output_len[i]) if outputs else 0)
+    keep = _left(trace, i, outputs)
     ends = itertools.accumulate(c for _, c in chunks)
     return [k for k, end in zip(keys, ends) if end <= keep]
+
+
+def _left(trace: traces.Trace, i: int, outputs: bool) -> int:
+    """The tokens request i leaves in the cache: its prompt and, with `outputs`, its
+    output."""
+    return int(trace.prompt_len[i]) + (int(trace.output_len[i]) if outputs else 0)
