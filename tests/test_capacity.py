@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -65,10 +66,11 @@ def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
                             fab)
     lam, n_p = 500 / dep.analytic["e2e_s"], dep.pools[0].replicas  # closed loop, no think
     assert dep.analytic["rho"] == pytest.approx(lam * ds.prefill_service_s / n_p)
-    assert n_p == cap.prefill_replicas(lam, ds.prefill_service_s, ds.prefill_s,
-                                       dep.analytic["kv_transfer_s"], dep.analytic["e2e_s"],
-                                       slo, 24 * 8)
+    assert n_p == cap.prefill_replicas(cap.PrefillLoad(
+        lam, ds.prefill_service_s, ds.prefill_s, dep.analytic["kv_transfer_s"],
+        dep.analytic["e2e_s"]), slo, 24 * 8)
     assert n_p == 2  # the boundary the engine verified (rho 0.82: 3 at rho <= 0.8)
+    assert not dep.analytic["pinned"]  # clients' requests are dealt round-robin
 
 
 def test_a_prefill_pool_starts_where_its_queue_keeps_ttft_and_the_loop_unthrottled():
@@ -77,24 +79,57 @@ def test_a_prefill_pool_starts_where_its_queue_keeps_ttft_and_the_loop_unthrottl
     exponential's); the fewest replicas whose p99 wait plus a prompt's own pass meets the TTFT
     bound and whose mean wait is at most 1% of the closed loop's cycle."""
     lam, service, own = 83.2, 0.0198, 0.043  # DeepSeek-V3's H200 tp8 prefill pool, 500 users
+    load = lambda cycle: cap.PrefillLoad(lam, service, own, 0.0, cycle)
 
     def wait(n: int) -> float:
         rho = lam * service / n
         return rho / (1 - rho) / n / 2 * service
 
     # one replica would be saturated (rho 1.65); two wait 23 ms on average, 107 ms at p99
-    assert cap.prefill_replicas(lam, service, own, 0.0, 6.0, cap.SLO(1500, 25), 24) == 2
+    assert cap.prefill_replicas(load(6.0), cap.SLO(1500, 25), 24) == 2
     assert wait(2) == pytest.approx(0.0232, rel=1e-2)
     # a tight TTFT bound: 2 replicas' p99 (150 ms) misses 100 ms, 3 (61 ms) meet it
     assert math.log(100) * wait(2) + own > 0.1 > math.log(100) * wait(3) + own
-    assert cap.prefill_replicas(lam, service, own, 0.0, 6.0, cap.SLO(100, 25), 24) == 3
+    assert cap.prefill_replicas(load(6.0), cap.SLO(100, 25), 24) == 3
     # a short cycle: 2 replicas' 23 ms wait is over 1% of a 1.5 s cycle, 3 replicas' 4 ms not
     assert wait(2) > cap.PREFILL_THROTTLE * 1.5 > wait(3)
-    assert cap.prefill_replicas(lam, service, own, 0.0, 1.5, cap.SLO(1500, 25), 24) == 3
+    assert cap.prefill_replicas(load(1.5), cap.SLO(1500, 25), 24) == 3
     # an open loop (no cycle) and no TTFT bound: the fewest under saturation
-    assert cap.prefill_replicas(lam, service, own, 0.0, None, cap.SLO(None, 25), 24) == 2
+    assert cap.prefill_replicas(load(None), cap.SLO(None, 25), 24) == 2
     # none within the replicas allowed
-    assert cap.prefill_replicas(lam, service, own, 0.0, 6.0, cap.SLO(100, 25), 2) is None
+    assert cap.prefill_replicas(load(6.0), cap.SLO(100, 25), 2) is None
+
+
+def test_a_pinned_sessions_prefill_queue_is_fed_poisson_and_not_throttled():
+    """A session's turns go to the replica of its first, so a replica's queue is fed by its own
+    sessions' returns, their phases spread over a cycle (ca2 = 1), not every n-th prompt: the
+    sessions question's H200 tp2 BF16 pool (37.2 prompts/s of 316 ms each at 35% of their
+    tokens, 1.5 s p99 TTFT) starts at 20 replicas (the engine verified 18 and 21 with its two
+    decode pools) where round-robin's ca2 = 1 / n started it at 13. Its mean wait there is
+    ~2% of its 13.5 s cycle (think time in it): the 1% throttle, set for round-robin's small
+    waits, is not applied (it would start the pool at 26)."""
+    lam, service, move, cycle = 37.157, 0.316, 0.0221, 13.4564
+    slo, tail = cap.SLO(1500, 25), math.log(100)
+    pinned = cap.PrefillLoad(lam, service, service, move, cycle, pinned=True)
+    dealt = cap.PrefillLoad(lam, service, service, move, cycle)
+
+    def wait(n: int, ca2: float) -> float:
+        rho = lam * service / n
+        return rho / (1 - rho) * ca2 / 2 * service
+
+    assert cap.prefill_replicas(pinned, slo, 48) == 20
+    # by hand: 19 replicas' p99 wait and own pass miss 1.5 s, 20's meet it
+    assert tail * wait(19, 1.0) + service + move > 1.5 > tail * wait(20, 1.0) + service + move
+    assert 0.01 * cycle < wait(20, 1.0) < 0.03 * cycle
+    assert cap.prefill_replicas(replace(pinned, pinned=False, cycle=None), slo, 48) == 13
+    assert tail * wait(12, 1 / 12) + service + move > 1.5 or lam * service / 12 >= 1
+    # round-robin, throttled (the rule for a dealt closed loop): never fewer than 13
+    assert cap.prefill_replicas(dealt, slo, 48) >= 13
+    # pinned and throttled would have asked wait <= 1% of the cycle: 26
+    assert min(n for n in range(12, 48) if wait(n, 1.0) <= 0.01 * cycle) == 26
+    # resized sizes it again at k times the prefill a prompt brings (its hand-over unscaled)
+    assert cap.PrefillLoad(1.0, 1.0, 1.0, 0.0, None).scaled(2.0) == cap.PrefillLoad(
+        1.0, 2.0, 2.0, 0.0, None)
 
 
 def test_a_pair_prefill_pool_is_sized_for_the_answers_it_never_cached():
@@ -151,8 +186,6 @@ def test_a_pairs_prefill_pool_starts_where_its_caches_hold_the_sessions_historie
     starts at history_replicas, and the search's saturation hint asks no fewer; a cache that
     spills to a lower tier holds them there. Where no count within --max-nodes holds them,
     the queue sizes the pool at the share of prompt tokens its caches leave it."""
-    from dataclasses import replace
-
     fab = load_fabric("ib-ndr")
     model = load_model("llama-3.1-8b")
     rc = cap.replica_cost(model, cap.Pool("dgx-h100", "tp2", 1), (1024, 128), fab)
@@ -163,6 +196,7 @@ def test_a_pairs_prefill_pool_starts_where_its_caches_hold_the_sessions_historie
                                                   traffic.mean_lengths(), model, fab)
     queue = size(rc)
     n0 = queue.pools[0].replicas
+    assert queue.analytic["pinned"]  # sessions: a replica's queue is its own sessions' turns
     assert queue.analytic["history_replicas"] <= n0  # a real H100's cache holds them all
     held = 64 * (768 + 3 * 384 - 384)  # each session's third-turn prompt, 1,536 tokens
     small = replace(rc, kv_tokens=held / (n0 + 3))
@@ -834,7 +868,7 @@ def test_a_pairs_prefill_pool_is_sized_again_at_the_share_its_first_run_prefille
     # 80% of the tokens prefilled, not 35%: 0.4 s a prompt, 40 a second: 16 replicas saturate;
     # 17 wait 188 ms on average (over 1% of the 12 s cycle), 18 wait 89 ms (p99 TTFT 0.89 s)
     assert search(0.2)[:2] == [(8, 4), (18, 4)]
-    assert cap.prefill_replicas(40.0, 0.4, 0.48, 0.0, 12.0, slo, 96) == 18
+    assert cap.prefill_replicas(cap.PrefillLoad(40.0, 0.4, 0.48, 0.0, 12.0), slo, 96) == 18
     assert search(0.7)[1] != (18, 4) and search(0.7)[1][0] == 8  # as assumed: as it was
     assert search(0.2, {"ttft": 3000.0})[1][0] == 8  # stopped early: no share measured
     unshared = cap.Deployment("a->b", pair.pools, 96, 0.0, (8, 16), (2.0, 1.0))
@@ -1255,8 +1289,6 @@ def test_a_pairs_row_served_with_twice_the_requests_goes_on_from_its_own_run(mon
 def test_a_replicas_tpot_table_is_one_estimate_a_batch_in_one_call(pool):
     """sizing._times estimates every batch in one vectorized call on any plan: the same floats
     as an estimate a batch, on expert-parallel and pipeline plans too."""
-    from dataclasses import replace
-
     from chip import serving_stacks
     from partitioning import evaluate
     from partitioning.estimate import estimate

@@ -9,7 +9,7 @@ from dataclasses import replace
 from rdu_cluster.scenarios.boundary import boundary
 from rdu_cluster.scenarios.capacity.deployment import Deployment
 from rdu_cluster.scenarios.capacity.result import Result, judged
-from rdu_cluster.scenarios.capacity.sizing import prefill_replicas
+from rdu_cluster.scenarios.capacity.sizing import PrefillLoad, prefill_replicas
 from rdu_cluster.scenarios.capacity.slo import SLO
 
 PAIR_PASSES = 3  # search: a pair's pools searched in turn at most this many times
@@ -144,8 +144,8 @@ def resized(dep: Deployment, first: Result, max_nodes: int, slo: SLO | None = No
     scale = _share_scale(an, first)  # the prefill a prompt brings, over the analytic pass's
     if scale is None or scale <= 1.0:
         return dep
-    # (its hand-over moves the whole prompt's KV, cached or not: not scaled)
-    got = prefill_replicas(an["arrivals_per_s"], an["prefill_service_s"] * scale,
-                           an["prefill_s"] * scale, an["kv_transfer_s"], an["cycle_s"],
-                           slo or first.slo or SLO(), dep.most_replicas(0, max_nodes))
+    load = PrefillLoad(an["arrivals_per_s"], an["prefill_service_s"], an["prefill_s"],
+                       an["kv_transfer_s"], an["cycle_s"], an.get("pinned", False))
+    got = prefill_replicas(load.scaled(scale), slo or first.slo or SLO(),
+                           dep.most_replicas(0, max_nodes))
     return dep if got is None or got <= dep.pools[0].replicas else dep.with_replicas(0, got)

@@ -8,10 +8,11 @@ the TPOT seen is TPOT(batch) / (1 - rho): its arrivals come fewer than one a dec
 prompt prefills alone. The smallest deployment that passes is the system's candidate. A
 disaggregated pair sizes its decode pool from the TPOT bound alone and its prefill pool as a
 queue (prefill_replicas): the fewest replicas whose pP wait, with a prompt's own pass and its
-hand-over, keeps TTFT within the bound and whose mean wait does not throttle the closed loop
-(PREFILL_THROTTLE), each prompt counted at its share of a full prefill step (the pool's queue
-fills its steps to the token budget), and no fewer than its prefix caches need to hold the
-sessions' histories (Traffic.history_replicas)."""
+hand-over, keeps TTFT within the bound and, its prompts dealt round-robin, whose mean wait
+does not throttle the closed loop (PREFILL_THROTTLE; a session's turns are pinned to a
+replica, a queue of its own sessions: PrefillLoad), each prompt counted at its share of a full
+prefill step (the pool's queue fills its steps to the token budget), and no fewer than its
+prefix caches need to hold the sessions' histories (Traffic.history_replicas)."""
 
 from __future__ import annotations
 
@@ -290,14 +291,15 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
     e2e = prefill + move + gen * tpot
     cycle = e2e + traffic.think_s
     lam = users / cycle if users else rate
-    service = pre.prefill_service_s * share  # a loaded pool batches prompts
+    # a loaded pool batches prompts (prefill_service_s)
+    load = PrefillLoad(lam, pre.prefill_service_s * share, prefill, move,
+                       cycle if users else None, traffic.sessions)
     most = max_nodes * pre.sockets_per_node // pre.group
     # fewer replicas' caches keep less of each session's history (Traffic.session_room)
     cache = _cache_tokens(pre, traffic)
     scale = (lambda n: traffic.prefill_share(False, traffic.session_room(cache, n))
              / share) if share > 0 else (lambda n: 1.0)
-    n_p = prefill_replicas(lam, service, prefill, move, cycle if users else None, slo, most,
-                           scale)
+    n_p = prefill_replicas(load, slo, most, scale)
     if n_p is None:
         return None
     fit = traffic.history_replicas(cache, outputs=False)  # fewer caches thrash
@@ -307,12 +309,12 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                       _short(cycle),
                       (pre.sockets_per_node, dec.sockets_per_node),
                       (pre.price_per_socket_hour, dec.price_per_socket_hour),
-                      {"tpot_s": tpot, "rho": lam / n_p * service * k, "e2e_s": e2e,
-                       "kv_transfer_s": move, "prefill_service_s": service * k,
+                      {"tpot_s": tpot, "rho": lam / n_p * load.service * k, "e2e_s": e2e,
+                       "kv_transfer_s": move, "prefill_service_s": load.service * k,
                        # what search.resized sizes the prefill pool again from
                        "prefill_share": share * k, "arrivals_per_s": lam,
                        "prefill_s": prefill * k, "cycle_s": cycle if users else None,
-                       "history_replicas": fit},
+                       "history_replicas": fit, "pinned": load.pinned},
                       dec.draft, dec.speculation, stack=dec.stack or pre.stack)
 
 
@@ -327,30 +329,57 @@ def _cache_tokens(cost: ReplicaCost, traffic: Traffic) -> float:
     return math.inf if spills else cost.kv_tokens
 
 
-def prefill_replicas(lam: float, service: float, prefill: float, move: float,
-                     cycle: float | None, slo: SLO, most: int,
+@dataclass(frozen=True)
+class PrefillLoad:
+    """The load a pair's prefill pool carries: `lam` prompts/s of `service` s each (a loaded
+    replica's per prompt), a prompt's own pass (`prefill`) and hand-over (`move`), a closed
+    loop's `cycle` (None: an open loop), and whether its prompts are `pinned` (a session's
+    turns go to the replica of its first: engine/dispatch.py) or dealt round-robin."""
+
+    lam: float
+    service: float
+    prefill: float
+    move: float
+    cycle: float | None
+    pinned: bool = False
+
+    def scaled(self, k: float) -> PrefillLoad:
+        """The same load with k times the prefill per prompt (its hand-over moves the whole
+        prompt's KV, cached or not: not scaled)."""
+        return replace(self, service=self.service * k, prefill=self.prefill * k)
+
+
+def prefill_replicas(load: PrefillLoad, slo: SLO, most: int,
                      scale: Callable[[int], float] | None = None) -> int | None:
-    """The fewest prefill replicas (at most `most`; None: none) that carry `lam` prompts/s of
-    `service` s each (a loaded replica's per prompt) with their pP TTFT, the pP wait and a
-    prompt's own pass (`prefill`) and hand-over (`move`), within the SLO's TTFT bound, and
-    their mean wait at most PREFILL_THROTTLE of a closed loop's `cycle` (None: an open loop);
-    `scale(n)`: the prefill n replicas do for a prompt over `service`'s, at least 1 (their
-    prefix caches keep less the fewer they are: Traffic.session_room). A replica is a
-    queue fed every n-th prompt (round-robin: Erlang-n gaps, ca2 = 1 / n, of a Poisson stream)
-    with a fixed pass (cs2 = 0): Kingman's heavy-traffic mean wait rho / (1 - rho) x (ca2 +
-    cs2) / 2 x service, its pP that of an exponential of that mean (a heavy-traffic wait's
-    tail). On the Llama 3.1 70B question's eight pairs it starts at rho 0.83-0.91, one or two
-    replicas above the boundaries the engine verified (0.92-1.03 times the saturation count),
-    where a cap of rho <= 0.8 started 25% above them."""
+    """The fewest prefill replicas (at most `most`; None: none) that carry `load` with their
+    pP TTFT, the pP wait and a prompt's own pass and hand-over, within the SLO's TTFT bound,
+    and, dealt round-robin in a closed loop, their mean wait at most PREFILL_THROTTLE of its
+    cycle; `scale(n)`: the prefill n replicas do for a prompt over `load.service`'s, at least
+    1 (their prefix caches keep less the fewer they are: Traffic.session_room). A replica is
+    a queue with a fixed pass (cs2 = 0) fed every n-th prompt (round-robin: Erlang-n gaps,
+    ca2 = 1 / n, of a Poisson stream) or, pinned, its own sessions' returns (their phases
+    spread over a cycle: ca2 = 1, Poisson); Kingman's heavy-traffic mean wait rho / (1 -
+    rho) x (ca2 + cs2) / 2 x service, its pP that of an exponential of that mean (a
+    heavy-traffic wait's tail). On the Llama 3.1 70B question's eight pairs (round-robin) it
+    starts at rho 0.83-0.91, one or two replicas above the boundaries the engine verified
+    (0.92-1.03 times the saturation count), where a cap of rho <= 0.8 started 25% above them.
+    On the sessions question's H200 BF16 pools (pinned) it starts at 20 where the engine
+    verified 18 and 21; round-robin's ca2 had started them at 13 and 14. A pinned pool's
+    mean wait at its TTFT bound is ~2% of a sessions cycle (its think time in it), and the
+    throttle, set for a round-robin queue's small waits, would start those pools at 26-27:
+    not applied to it."""
     tail = -math.log(1.0 - slo.percentile / 100.0)
-    for n in range(max(1, math.ceil(lam * service)), most + 1):
+    throttle = None if load.pinned or load.cycle is None else PREFILL_THROTTLE * load.cycle
+    for n in range(max(1, math.ceil(load.lam * load.service)), most + 1):
         k = 1.0 if scale is None else scale(n)
-        rho = lam * service * k / n
+        rho = load.lam * load.service * k / n
         if rho >= 1:
             continue
-        wait = rho / (1.0 - rho) * (1.0 / n) / 2.0 * service * k
-        if (slo.ttft_ms is None or (tail * wait + prefill * k + move) * 1e3 <= slo.ttft_ms) and (
-                cycle is None or wait <= PREFILL_THROTTLE * cycle):
+        ca2 = 1.0 if load.pinned else 1.0 / n
+        wait = rho / (1.0 - rho) * ca2 / 2.0 * load.service * k
+        own = load.prefill * k + load.move
+        if (slo.ttft_ms is None or (tail * wait + own) * 1e3 <= slo.ttft_ms) and (
+                throttle is None or wait <= throttle):
             return n
     return None
 
