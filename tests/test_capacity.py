@@ -70,7 +70,7 @@ def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
         lam, ds.prefill_service_s, ds.prefill_s, dep.analytic["kv_transfer_s"],
         dep.analytic["e2e_s"]), slo, 24 * 8)
     assert n_p == 2  # the boundary the engine verified (rho 0.82: 3 at rho <= 0.8)
-    assert not dep.analytic["pinned"]  # clients' requests are dealt round-robin
+    assert not dep.analytic["sessions"]  # clients: an Erlang-n queue, throttled
 
 
 def test_a_prefill_pool_starts_where_its_queue_keeps_ttft_and_the_loop_unthrottled():
@@ -100,32 +100,32 @@ def test_a_prefill_pool_starts_where_its_queue_keeps_ttft_and_the_loop_unthrottl
     assert cap.prefill_replicas(load(6.0), cap.SLO(100, 25), 2) is None
 
 
-def test_a_pinned_sessions_prefill_queue_is_fed_poisson_and_not_throttled():
-    """A session's turns go to the replica of its first, so a replica's queue is fed by its own
-    sessions' returns, their phases spread over a cycle (ca2 = 1), not every n-th prompt: the
-    sessions question's H200 tp2 BF16 pool (37.2 prompts/s of 316 ms each at 35% of their
-    tokens, 1.5 s p99 TTFT) starts at 20 replicas (the engine verified 18 and 21 with its two
-    decode pools) where round-robin's ca2 = 1 / n started it at 13. Its mean wait there is
-    ~2% of its 13.5 s cycle (think time in it): the 1% throttle, set for round-robin's small
-    waits, is not applied (it would start the pool at 26)."""
+def test_a_sessions_prefill_queue_is_fed_poisson_and_not_throttled():
+    """Sessions' turns come back after think times from decodes that end in bursts and bring
+    prefills of unequal size: their queue is taken as Poisson-fed (ca2 = 1), not every n-th
+    prompt: the sessions question's H200 tp2 BF16 pool (37.2 prompts/s of 316 ms each at 35%
+    of their tokens, 1.5 s p99 TTFT) starts at 20 replicas (the engine verified 18 and 21
+    with its two decode pools) where Erlang-n's ca2 = 1 / n started it at 13. Its mean wait
+    there is ~2% of its 13.5 s cycle (think time in it): the 1% throttle, set for clients
+    without think time, is not applied (it would start the pool at 26)."""
     lam, service, move, cycle = 37.157, 0.316, 0.0221, 13.4564
     slo, tail = cap.SLO(1500, 25), math.log(100)
-    pinned = cap.PrefillLoad(lam, service, service, move, cycle, pinned=True)
-    dealt = cap.PrefillLoad(lam, service, service, move, cycle)
+    turns = cap.PrefillLoad(lam, service, service, move, cycle, sessions=True)
+    clients = cap.PrefillLoad(lam, service, service, move, cycle)
 
     def wait(n: int, ca2: float) -> float:
         rho = lam * service / n
         return rho / (1 - rho) * ca2 / 2 * service
 
-    assert cap.prefill_replicas(pinned, slo, 48) == 20
+    assert cap.prefill_replicas(turns, slo, 48) == 20
     # by hand: 19 replicas' p99 wait and own pass miss 1.5 s, 20's meet it
     assert tail * wait(19, 1.0) + service + move > 1.5 > tail * wait(20, 1.0) + service + move
     assert 0.01 * cycle < wait(20, 1.0) < 0.03 * cycle
-    assert cap.prefill_replicas(replace(pinned, pinned=False, cycle=None), slo, 48) == 13
+    assert cap.prefill_replicas(replace(turns, sessions=False, cycle=None), slo, 48) == 13
     assert tail * wait(12, 1 / 12) + service + move > 1.5 or lam * service / 12 >= 1
-    # round-robin, throttled (the rule for a dealt closed loop): never fewer than 13
-    assert cap.prefill_replicas(dealt, slo, 48) >= 13
-    # pinned and throttled would have asked wait <= 1% of the cycle: 26
+    # clients without think time, throttled: never fewer than 13
+    assert cap.prefill_replicas(clients, slo, 48) >= 13
+    # sessions throttled would have asked wait <= 1% of the cycle: 26
     assert min(n for n in range(12, 48) if wait(n, 1.0) <= 0.01 * cycle) == 26
     # resized sizes it again at k times the prefill a prompt brings (its hand-over unscaled)
     assert cap.PrefillLoad(1.0, 1.0, 1.0, 0.0, None).scaled(2.0) == cap.PrefillLoad(
@@ -196,7 +196,7 @@ def test_a_pairs_prefill_pool_starts_where_its_caches_hold_the_sessions_historie
                                                   traffic.mean_lengths(), model, fab)
     queue = size(rc)
     n0 = queue.pools[0].replicas
-    assert queue.analytic["pinned"]  # sessions: a replica's queue is its own sessions' turns
+    assert queue.analytic["sessions"]  # sessions' turns: a Poisson-fed queue
     assert queue.analytic["history_replicas"] <= n0  # a real H100's cache holds them all
     held = 64 * (768 + 3 * 384 - 384)  # each session's third-turn prompt, 1,536 tokens
     small = replace(rc, kv_tokens=held / (n0 + 3))

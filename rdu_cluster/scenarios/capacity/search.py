@@ -145,7 +145,7 @@ def resized(dep: Deployment, first: Result, max_nodes: int, slo: SLO | None = No
     if scale is None or scale <= 1.0:
         return dep
     load = PrefillLoad(an["arrivals_per_s"], an["prefill_service_s"], an["prefill_s"],
-                       an["kv_transfer_s"], an["cycle_s"], an.get("pinned", False))
+                       an["kv_transfer_s"], an["cycle_s"], an.get("sessions", False))
     got = prefill_replicas(load.scaled(scale), slo or first.slo or SLO(),
                            dep.most_replicas(0, max_nodes))
     return dep if got is None or got <= dep.pools[0].replicas else dep.with_replicas(0, got)

@@ -8,11 +8,11 @@ the TPOT seen is TPOT(batch) / (1 - rho): its arrivals come fewer than one a dec
 prompt prefills alone. The smallest deployment that passes is the system's candidate. A
 disaggregated pair sizes its decode pool from the TPOT bound alone and its prefill pool as a
 queue (prefill_replicas): the fewest replicas whose pP wait, with a prompt's own pass and its
-hand-over, keeps TTFT within the bound and, its prompts dealt round-robin, whose mean wait
-does not throttle the closed loop (PREFILL_THROTTLE; a session's turns are pinned to a
-replica, a queue of its own sessions: PrefillLoad), each prompt counted at its share of a full
-prefill step (the pool's queue fills its steps to the token budget), and no fewer than its
-prefix caches need to hold the sessions' histories (Traffic.history_replicas)."""
+hand-over, keeps TTFT within the bound and, for clients without think time, whose mean wait
+does not throttle the closed loop (PREFILL_THROTTLE; sessions' turns queue otherwise:
+PrefillLoad), each prompt counted at its share of a full prefill step (the pool's queue fills
+its steps to the token budget), and no fewer than its prefix caches need to hold the
+sessions' histories (Traffic.history_replicas)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from workloads.speculative import Speculation
 
 BATCHES = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512])
 # A pair's prefill pool starts no smaller than keeps its mean queueing wait within this share of
-# a closed loop's cycle (prefill_replicas): the decode pool is searched first, at that count, and
+# a closed loop's cycle (prefill_replicas; clients without think time): the decode pool is searched first, at that count, and
 # a loop its prefill queue slows sends it less work (its TPOT verdict too kind, searched again in
 # another pass). A TPOT near-linear in the batch moves less than this share with it. A start,
 # not an answer: the verification searches both pools to their boundaries from it.
@@ -314,7 +314,7 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                        # what search.resized sizes the prefill pool again from
                        "prefill_share": share * k, "arrivals_per_s": lam,
                        "prefill_s": prefill * k, "cycle_s": cycle if users else None,
-                       "history_replicas": fit, "pinned": load.pinned},
+                       "history_replicas": fit, "sessions": load.sessions},
                       dec.draft, dec.speculation, stack=dec.stack or pre.stack)
 
 
@@ -333,15 +333,14 @@ def _cache_tokens(cost: ReplicaCost, traffic: Traffic) -> float:
 class PrefillLoad:
     """The load a pair's prefill pool carries: `lam` prompts/s of `service` s each (a loaded
     replica's per prompt), a prompt's own pass (`prefill`) and hand-over (`move`), a closed
-    loop's `cycle` (None: an open loop), and whether its prompts are `pinned` (a session's
-    turns go to the replica of its first: engine/dispatch.py) or dealt round-robin."""
+    loop's `cycle` (None: an open loop), and whether its prompts are `sessions`' turns."""
 
     lam: float
     service: float
     prefill: float
     move: float
     cycle: float | None
-    pinned: bool = False
+    sessions: bool = False
 
     def scaled(self, k: float) -> PrefillLoad:
         """The same load with k times the prefill per prompt (its hand-over moves the whole
@@ -353,29 +352,32 @@ def prefill_replicas(load: PrefillLoad, slo: SLO, most: int,
                      scale: Callable[[int], float] | None = None) -> int | None:
     """The fewest prefill replicas (at most `most`; None: none) that carry `load` with their
     pP TTFT, the pP wait and a prompt's own pass and hand-over, within the SLO's TTFT bound,
-    and, dealt round-robin in a closed loop, their mean wait at most PREFILL_THROTTLE of its
-    cycle; `scale(n)`: the prefill n replicas do for a prompt over `load.service`'s, at least
-    1 (their prefix caches keep less the fewer they are: Traffic.session_room). A replica is
-    a queue with a fixed pass (cs2 = 0) fed every n-th prompt (round-robin: Erlang-n gaps,
-    ca2 = 1 / n, of a Poisson stream) or, pinned, its own sessions' returns (their phases
-    spread over a cycle: ca2 = 1, Poisson); Kingman's heavy-traffic mean wait rho / (1 -
-    rho) x (ca2 + cs2) / 2 x service, its pP that of an exponential of that mean (a
-    heavy-traffic wait's tail). On the Llama 3.1 70B question's eight pairs (round-robin) it
-    starts at rho 0.83-0.91, one or two replicas above the boundaries the engine verified
-    (0.92-1.03 times the saturation count), where a cap of rho <= 0.8 started 25% above them.
-    On the sessions question's H200 BF16 pools (pinned) it starts at 20 where the engine
-    verified 18 and 21; round-robin's ca2 had started them at 13 and 14. A pinned pool's
-    mean wait at its TTFT bound is ~2% of a sessions cycle (its think time in it), and the
-    throttle, set for a round-robin queue's small waits, would start those pools at 26-27:
-    not applied to it."""
+    and, for clients without think time, their mean wait at most PREFILL_THROTTLE of the
+    closed loop's cycle; `scale(n)`: the prefill n replicas do for a prompt over
+    `load.service`'s, at least 1 (their prefix caches keep less the fewer they are:
+    Traffic.session_room). A replica is a queue with a fixed pass (cs2 = 0) and Kingman's
+    heavy-traffic mean wait rho / (1 - rho) x (ca2 + cs2) / 2 x service, its pP that of an
+    exponential of that mean (a heavy-traffic wait's tail). Clients without think time come
+    back as their decodes end, evenly: every n-th prompt of a Poisson stream (Erlang-n gaps,
+    ca2 = 1 / n). On the Llama 3.1 70B question's eight pairs it starts at rho 0.83-0.91, one
+    or two replicas above the boundaries the engine verified (0.92-1.03 times the saturation
+    count), where a cap of rho <= 0.8 started 25% above them. Sessions' turns come back after
+    their think times from decodes that end in bursts (a closed loop's sessions go turn by
+    turn together) and bring prefills of unequal size (the first turn's system prompt, a
+    history evicted): taken as a Poisson stream (ca2 = 1), which starts the sessions
+    question's eight pools at 0.9-1.11 times the boundaries the engine verified (the H200
+    BF16 ones at 20 where 18 and 21; Erlang-n had started them at 13 and 14). There a mean
+    wait at the TTFT bound is ~2% of a cycle (its think time in it): the throttle, set for
+    the small waits of clients without think time, would start those two at 26; not
+    applied."""
     tail = -math.log(1.0 - slo.percentile / 100.0)
-    throttle = None if load.pinned or load.cycle is None else PREFILL_THROTTLE * load.cycle
+    throttle = None if load.sessions or load.cycle is None else PREFILL_THROTTLE * load.cycle
     for n in range(max(1, math.ceil(load.lam * load.service)), most + 1):
         k = 1.0 if scale is None else scale(n)
         rho = load.lam * load.service * k / n
         if rho >= 1:
             continue
-        ca2 = 1.0 if load.pinned else 1.0 / n
+        ca2 = 1.0 if load.sessions else 1.0 / n
         wait = rho / (1.0 - rho) * ca2 / 2.0 * load.service * k
         own = load.prefill * k + load.move
         if (slo.ttft_ms is None or (tail * wait + own) * 1e3 <= slo.ttft_ms) and (
