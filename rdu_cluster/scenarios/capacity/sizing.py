@@ -379,8 +379,8 @@ def prefill_replicas(load: PrefillLoad, slo: SLO, most: int,
             continue
         ca2 = 1.0 if load.sessions else 1.0 / n
         wait = rho / (1.0 - rho) * ca2 / 2.0 * load.service * k
-        own = load.prefill * k + load.move
-        if (slo.ttft_ms is None or (tail * wait + own) * 1e3 <= slo.ttft_ms) and (
+        ttft = tail * wait + load.prefill * k + load.move
+        if (slo.ttft_ms is None or ttft * 1e3 <= slo.ttft_ms) and (
                 throttle is None or wait <= throttle):
             return n
     return None
