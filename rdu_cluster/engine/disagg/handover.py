@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -157,12 +158,10 @@ class Handover:
             h = dealt
         for sim, later in ((self.pre, move), (self.dec, self._lag() + move)):
             t = (self._prefills_due() if sim is self.pre and handed
-                 else min(p.peek() for p in sim.dispatch.pending.values()))
+                 else _first_pending(sim.dispatch.pending.values()))
             if sim is self.dec:
                 t = min(t, dealt)
-            for q in sim.replicas:
-                if q is not rep:
-                    t = min(t, _next_window(q, sim.now))
+            t = min(t, _next_windows(sim.replicas, sim.now, rep))
             h = min(h, t + later)
         return h
 
@@ -189,22 +188,19 @@ class Handover:
         prefill replica, a prefill step and a hand-over's least time after its next window
         starts; this one's own: lookahead.Clock.back)."""
         pre = self.pre
-        now, pending = pre.now, pre.dispatch.pending
-        prefill, move = self.least_prefill, self.least_move
-        t = self._decode_next()
-        for q in pre.replicas:
-            if q is not rep:
-                s = _next_window(q, now, pending[q.index]) + prefill + move
-                t = min(t, s)
+        # the least next window, then the prefill and hand-over added (to the bit: a float
+        # sum is monotone in each term, so its least is that of the least window)
+        first = _next_windows(pre.replicas, pre.now, rep, pre.dispatch.pending)
+        t = min(self._decode_next(), first + self.least_prefill + self.least_move)
         return t + self._lag()
 
     def _decode_next(self) -> float:
         """The earliest a decode completion not known yet could come: no sooner than a decode
         replica's next window (a window's completions are known as it starts), which takes a
         hand-over no sooner than it arrives or, not dealt yet, could (_first_dealt)."""
-        dec, now = self.dec, self.dec.now
-        return min([self._first_dealt(), *[p.peek() for p in dec.dispatch.pending.values()],
-                    *[_next_window(q, now) for q in dec.replicas]])
+        dec = self.dec
+        return min(self._first_dealt(), _first_pending(dec.dispatch.pending.values()),
+                   _next_windows(dec.replicas, dec.now))
 
     def _known_until(self) -> float:
         """_first_unknown_end, worked out once a loop time and set of hand-overs not dealt:
@@ -223,21 +219,30 @@ class Handover:
         earlier than a decode replica's next window (a hand-over not dealt yet decodes after
         it arrives), by the least think time (_lag)."""
         pending, now = self.pre.dispatch.pending, self.pre.now
-        worked: list[Replica] = []
-        idle: list[Replica] = []
+        # one with work starts its next window at its current one's end (busy) or now; one
+        # without starts at max(b, min(anywhere, its own next arrival)), b its window's end
+        # (busy) or -inf: min(max(b, its own), max(b, anywhere)), so that over them anywhere
+        # is asked once, beside the least b (to the bit: comparisons only choose; one pass
+        # over the replicas, ~3 a window)
+        t = own = least = math.inf
+        idle = False
         for q in self.pre.replicas:
-            (worked if q.running or q.waiting or q.swapped else idle).append(q)
-        t = min([q.window_end if q.busy else now for q in worked], default=math.inf)
+            if q.running or q.waiting or q.swapped:
+                start = q.window_end if q.busy else now
+                t = start if start < t else t
+                continue
+            idle = True
+            arrival = pending[q.index].peek()
+            if q.busy:
+                end = q.window_end
+                arrival = end if end > arrival else arrival
+                least = end if end < least else least
+            else:
+                least = -math.inf
+            own = arrival if arrival < own else own
         if idle:
-            # one without work starts at max(b, min(anywhere, its own next arrival)), b its
-            # window's end (busy) or -inf: min(max(b, its own), max(b, anywhere)), so that
-            # over them anywhere is asked once, beside the least b (to the bit: min and max
-            # only choose; lists, not a min() a replica: ~2% of a sessions pair's settle)
-            own = [max(q.window_end, pending[q.index].peek()) if q.busy
-                   else pending[q.index].peek() for q in idle]
-            least = min([q.window_end if q.busy else -math.inf for q in idle])
             anywhere = min(self._decode_next() + self._lag(), pending[None].peek())
-            t = min(t, min(own), max(least, anywhere))
+            t = min(t, own, max(least, anywhere))
         return t + self.least_prefill
 
     def _prefills_due(self) -> float:
@@ -250,7 +255,9 @@ class Handover:
         t = pending[None].peek()  # routed on arrival (a stateful policy)
         for q in self.pre.replicas:
             a = pending[q.index].peek()
-            t = min(t, max(a, q.window_end) if q.busy else a)
+            if q.busy and q.window_end > a:
+                a = q.window_end
+            t = a if a < t else t
         return t
 
     def _lag(self) -> float:
@@ -267,15 +274,36 @@ class Handover:
             q.busy or q.running or q.waiting or q.swapped for q in self.pre.replicas)
 
 
-def _next_window(q: Replica, now: float, idle: Pending | None = None) -> float:
-    """The earliest replica q's next window can start: its current one's end, now where it is
-    idle with work, else its next arrival where `idle` (its arrivals to come) is given (read
-    only then: a prefill replica's every window asks this of each other one)."""
-    if q.busy:
-        return q.window_end
-    if q.running or q.waiting or q.swapped:
-        return now
-    return math.inf if idle is None else idle.peek()
+def _next_windows(replicas: list[Replica], now: float, but: Replica | None = None,
+                  pending: dict[int | None, Pending] | None = None) -> float:
+    """The earliest any of `replicas` (but `but`) can start its next window: its current
+    one's end, now where it is idle with work, else its next arrival where `pending` (the
+    arrivals to come, by replica) is given (read only then: a prefill replica's every window
+    asks this of each other one). One pass of comparisons (they only choose: to the bit);
+    the coupled loop asks it several times a window."""
+    t = math.inf
+    for q in replicas:
+        if q is but:
+            continue
+        if q.busy:
+            start = q.window_end
+        elif q.running or q.waiting or q.swapped:
+            start = now
+        elif pending is not None:
+            start = pending[q.index].peek()
+        else:
+            continue
+        t = start if start < t else t
+    return t
+
+
+def _first_pending(pending: Iterable[Pending]) -> float:
+    """The earliest arrival to come in any of `pending`."""
+    t = math.inf
+    for p in pending:
+        a = p.peek()
+        t = a if a < t else t
+    return t
 
 
 @dataclass(frozen=True)
