@@ -140,8 +140,7 @@ class CostTables:
         # (batch, whole-token context) -> the rows of a decode step evaluated as a point lately
         self.points: dict[tuple[int, int], np.ndarray] = {}
         self.asked: set[tuple[int, int]] = set()  # decode tables asked for once (ASKED)
-        # decode steps under drawn expert loads (chip/loaded_steps.py)
-        self.loaded = LoadedSteps(_load_support(program))
+        self.loaded = LoadedSteps(_load_support(program))  # steps under drawn expert loads
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -429,11 +428,10 @@ class CostTables:
         """prefill_step of `shape` = (k, tokens, prefix) under each socket's expert load: at
         a drawn one, the points of one evaluation (an adp16ep16 group's 16 evaluations a step
         were ~80% of a DeepSeek-V3 serve's CPU) plus the draft's and router's rows (which do
-        not vary with the load); at the mean, the table's column."""
+        not vary with the load); at the mean (a dense model's always), the table's column."""
+        if all(x == 1.0 for x in loads):  # no numpy call (~2,000 a pair's run)
+            return [self._prefill_column(self.prefill, self._prefill_rows, *shape)] * len(loads)
         k, tokens, prefix = shape
-        if all(x == 1.0 for x in loads):  # every socket at the mean (a dense model's always)
-            return [self._prefill_column(self.prefill, self._prefill_rows, k, tokens,
-                                         prefix)] * len(loads)
         at = np.array(loads, dtype=float)
         drawn = np.flatnonzero(at != 1.0)
         out: list[Any] = [None] * len(at)
