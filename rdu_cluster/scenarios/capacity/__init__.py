@@ -58,8 +58,7 @@ from rdu_cluster.scenarios.capacity.verification import serve_args, verify
 __all__ = [
     "BATCHES", "MAX_BATCH_CAP", "PAIR_PASSES", "PREFILL_THROTTLE", "SEEDS", "SLO",
     "STEADY_DOUBLINGS", "STEADY_START", "STEADY_TOL", "Bands", "Deployment", "Pool", "PrefillLoad",
-    "ReplicaCost",
-    "Result", "Traffic", "aggregated", "bands", "disaggregated", "judged", "loosest",
+    "ReplicaCost", "Result", "Traffic", "aggregated", "bands", "disaggregated", "judged", "loosest",
     "prefill_replicas", "ranked", "replica_cost", "replica_plans", "resized", "saturated",
     "search", "serve_args", "settle", "uncached_tokens", "verify", "with_ends",
 ]

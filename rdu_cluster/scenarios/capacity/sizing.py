@@ -41,11 +41,12 @@ from workloads.spec import ModelSpec
 from workloads.speculative import Speculation
 
 BATCHES = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512])
-# A pair's prefill pool starts no smaller than keeps its mean queueing wait within this share of
-# a closed loop's cycle (prefill_replicas; clients without think time): the decode pool is searched first, at that count, and
-# a loop its prefill queue slows sends it less work (its TPOT verdict too kind, searched again in
-# another pass). A TPOT near-linear in the batch moves less than this share with it. A start,
-# not an answer: the verification searches both pools to their boundaries from it.
+# A pair's prefill pool of clients without think time starts no smaller than keeps its mean
+# queueing wait within this share of the closed loop's cycle (prefill_replicas): the decode pool
+# is searched first, at that count, and a loop its prefill queue slows sends it less work (its
+# TPOT verdict too kind, searched again in another pass). A TPOT near-linear in the batch moves
+# less than this share with it. A start, not an answer: the verification searches both pools to
+# their boundaries from it.
 PREFILL_THROTTLE = 0.01
 FIXED_POINT_ROUNDS = 50  # _load: rounds for E2E to settle within 0.1%
 MAX_BATCH_CAP = 512  # the engine's --max-batch ceiling tried here (vLLM's max_num_seqs is 256-1024)
