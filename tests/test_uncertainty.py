@@ -88,11 +88,40 @@ def test_coverage_leaves_each_row_out_of_its_own_interval():
     samples = _samples([0.0] * 9 + [0.5])
     assert u.quantiles(samples, 0.95)[1] >= 0.5
     cov = u.coverage(samples, 0.95)
-    assert cov["overall"] == {"n": 10, "covered": 9, "coverage": 0.9, "no_interval": 0}
+    whole = dict(cov["overall"])
+    assert whole.pop("coverage_low") == pytest.approx(0.5958, abs=1e-4)  # Wilson, 9 of 10
+    assert whole.pop("coverage_high") == pytest.approx(0.9821, abs=1e-4)
+    assert whole == {"n": 10, "covered": 9, "coverage": 0.9, "no_interval": 0}
+    assert cov["confidence"] == 0.95
     assert cov["by_group"]["h100-sxm batch-1 decode"]["covered"] == 9
     # a group that has too few rows once one is left out gives that row no interval
     few = u.coverage(_samples([0.0] * 8), 0.8)
     assert few["overall"]["n"] == 0 and few["overall"]["no_interval"] == 8
+
+
+def test_a_coverage_figure_carries_wilsons_interval():
+    """Wilson's 95% score interval: at none or all of n rows inside, its closed forms
+    (z^2 / (n + z^2) and n / (n + z^2)); 4 of 6 worked by hand (centre 0.6016, half-width
+    0.3016): a serving group of six with four inside is consistent with an 80% level, 133 of
+    200 is not."""
+    z2 = 1.959963984540054 ** 2
+    assert u.wilson(0, 5) == (0.0, pytest.approx(z2 / (5 + z2)))
+    assert u.wilson(5, 5) == (pytest.approx(5 / (5 + z2)), 1.0)
+    lo, hi = u.wilson(4, 6)
+    assert (lo, hi) == (pytest.approx(0.29999, abs=1e-5), pytest.approx(0.90323, abs=1e-5))
+    assert lo < 0.8 < hi and not u.wilson(133, 200)[0] < 0.8 < u.wilson(133, 200)[1]
+    assert u.wilson(2, 9) == pytest.approx(tuple(1 - x for x in reversed(u.wilson(7, 9))))
+    empty = u.coverage(_samples([0.0] * 8), 0.8)["overall"]  # no row with an interval
+    assert empty["coverage"] is None and empty["coverage_low"] is None
+
+
+def test_validate_prints_each_coverage_with_its_interval():
+    from rdu_cluster.validation.report import coverage_lines
+
+    cov = u.coverage(_samples([0.0] * 9 + [0.5]), 0.95)
+    line, = coverage_lines(cov)
+    assert "with the coverage's 95% interval" in line
+    assert "9/10 (90.0%, 60-98%)" in line and "batch-1 decode 9/10 (90.0%, 60-98%)" in line
 
 
 def test_coverage_of_exchangeable_errors_is_near_the_level():

@@ -43,6 +43,8 @@ def test_validate_json_runs_every_row_and_exit_code_matches(validate_report):
     cov = report["summary"]["coverage"]
     assert cov["level"] == 0.8 and cov["overall"]["n"] >= 100
     assert 0.7 <= cov["overall"]["coverage"] <= 0.9
+    assert cov["overall"]["coverage_low"] < cov["overall"]["coverage"] < cov["overall"][
+        "coverage_high"]
     assert {"batch-1 decode", "large-batch decode", "prefill"} <= set(cov["by_regime"])
     assert exit_code == (0 if all(r["passed"] for r in report["rows"]) else 1)
 

@@ -87,9 +87,12 @@ def calibrate(chip: str | None, name: str, out: str | None, cases_path: str | No
     click.echo(f"wrote {path}")
     if model is not None:
         cov = uncertainty.coverage([uncertainty.Sample(**s) for s in model["samples"]])
+        whole = cov["overall"]
+        within = ("" if whole["coverage"] is None else f" ({cov['confidence']:.0%} interval "
+                  f"of the coverage {100 * whole['coverage_low']:.0f}-{whole['coverage_high']:.0%})")
         click.echo(f"wrote {uncertainty.model_path(path)}: {len(model['samples'])} held-out "
-                   f"errors; {cov['level']:.0%} intervals cover {cov['overall']['covered']} of "
-                   f"{cov['overall']['n']} held-out rows left out of them")
+                   f"errors; {cov['level']:.0%} intervals cover {whole['covered']} of "
+                   f"{whole['n']} held-out rows left out of them{within}")
 
 
 # The row fields that may name a file calibrate reads (published._check_refs loads them).

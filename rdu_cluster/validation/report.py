@@ -106,10 +106,14 @@ def coverage_lines(cov: dict[str, Any] | None) -> list[str]:
     if cov is None:
         return []
     def cell(e: dict[str, Any]) -> str:
-        return f"{e['covered']}/{e['n']} ({_pct(e['coverage'])})"
+        if e["coverage"] is None:
+            return f"{e['covered']}/{e['n']} (n/a)"
+        return (f"{e['covered']}/{e['n']} ({_pct(e['coverage'])}, "
+                f"{100 * e['coverage_low']:.0f}-{e['coverage_high']:.0%})")
 
     lines = [f"interval coverage ({cov['level']:.0%} intervals, each held-out row against the "
-             f"interval built without it; goal 70-90%): {cell(cov['overall'])}; "
+             f"interval built without it, with the coverage's {cov['confidence']:.0%} "
+             f"interval; goal 70-90%): {cell(cov['overall'])}; "
              + "; ".join(f"{r} {cell(e)}" for r, e in cov["by_regime"].items())]
     if cov.get("note"):
         lines.append(f"  {cov['note']}")

@@ -403,10 +403,27 @@ def _note(notes: Mapping[str, tuple[Band, Band]], small, level: float):
 # ---- coverage (validate) -----------------------------------------------------------------------
 
 
+# The confidence of the interval on each coverage figure (binomial: a group of 6 rows with 4
+# inside is consistent with an 80% level, one of 200 with 133 is not)
+COVERAGE_CONFIDENCE = 0.95
+
+
+def wilson(k: int, n: int, confidence: float = COVERAGE_CONFIDENCE) -> tuple[float, float]:
+    """Wilson's score interval for a proportion, k of n (n > 0): unlike the normal
+    approximation it stays within [0, 1] and keeps its level for the few rows a group has."""
+    z = statistics.NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+    p, zz = k / n, z * z / n
+    mid = (p + zz / 2.0) / (1.0 + zz)
+    half = z / (1.0 + zz) * math.sqrt(p * (1.0 - p) / n + zz / (4.0 * n))
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
 def coverage(samples: Sequence[Sample], level: float = LEVEL) -> dict[str, Any]:
     """How many held-out errors fall inside the interval built without them (each row out in
     turn: the interval model itself cross-validated), overall, per regime and per group
-    (chip, regime). A row whose interval is None without it counts in `no_interval`."""
+    (chip, regime), each with its binomial interval at COVERAGE_CONFIDENCE (`coverage_low`,
+    `coverage_high`: what the rows say the level could be). A row whose interval is None
+    without it counts in `no_interval`."""
     model = Model(tuple(samples), {})
     tally: dict[str, list[int]] = {}
     for s in samples:
@@ -420,10 +437,12 @@ def coverage(samples: Sequence[Sample], level: float = LEVEL) -> dict[str, Any]:
             t[0 if hit is None else 1] += 1
             t[2] += bool(hit)
     def entry(t: list[int]) -> dict[str, Any]:
+        low, high = wilson(t[2], t[1]) if t[1] else (None, None)
         return {"n": t[1], "covered": t[2], "coverage": t[2] / t[1] if t[1] else None,
-                "no_interval": t[0]}
+                "coverage_low": low, "coverage_high": high, "no_interval": t[0]}
 
-    return {"level": level, "overall": entry(tally.get("overall", [0, 0, 0])),
+    return {"level": level, "confidence": COVERAGE_CONFIDENCE,
+            "overall": entry(tally.get("overall", [0, 0, 0])),
             "by_regime": {r: entry(tally[r]) for r in REGIMES if r in tally},
             "by_group": {k: entry(v) for k, v in sorted(tally.items())
                          if k != "overall" and k not in REGIMES}}
