@@ -315,15 +315,16 @@ def kv_batch(scenario: Scenario) -> int:
     reservation (chip/runtime_memory.py) leave on the fullest socket, over one sequence's KV
     cache (heads replicated where tp exceeds them), as the engine sizes its KV blocks from the
     same regions; attention data-parallel groups each hold their own sequences'."""
-    room, per_seq = _kv_room(scenario)
-    return scenario.plan.adp * int(room // per_seq)
+    return kv_capacity(scenario)[0]
 
 
-def kv_tokens(scenario: Scenario) -> float:
-    """The tokens of KV a replica of the scenario's plan holds (kv_batch's room, before it
-    is rounded to whole sequences of the scenario's lengths): a prefix cache's capacity."""
+def kv_capacity(scenario: Scenario) -> tuple[int, float]:
+    """kv_batch, and the tokens of KV that room holds before it is rounded to whole
+    sequences of the scenario's lengths (a prefix cache's capacity), from one footprint."""
     room, per_seq = _kv_room(scenario)
-    return scenario.plan.adp * room / per_seq * float(scenario.prompt_len + scenario.gen_len)
+    adp = scenario.plan.adp
+    return (adp * int(room // per_seq),
+            adp * room / per_seq * float(scenario.prompt_len + scenario.gen_len))
 
 
 def _kv_room(scenario: Scenario) -> tuple[float, float]:

@@ -117,9 +117,14 @@ def test_clear_caches_forgets_everything_plans_shared():
 
 
 def test_a_replicas_kv_tokens_are_its_kv_batch_before_rounding():
-    """kv_tokens (a prefix cache's room) and kv_batch read one room: the batch is the tokens
-    over a sequence's, rounded down; 0 for a plan that does not fit."""
-    from partitioning.evaluate import kv_batch, kv_tokens
+    """kv_capacity's tokens (a prefix cache's room) and kv_batch read one room: the batch is
+    the tokens over a sequence's, rounded down; 0 for a plan that does not fit."""
+    from partitioning.evaluate import kv_batch, kv_capacity
+
+    def kv_tokens(s: Scenario) -> float:
+        batch, tokens = kv_capacity(s)
+        assert batch == kv_batch(s)
+        return tokens
 
     spec, cluster = load_model("llama-3.1-70b"), load_cluster("dgx-h100")
     for prompt, gen in ((6744, 400), (512, 32)):

@@ -121,7 +121,7 @@ def replica_cost(model: ModelSpec, replica: Pool, lengths: tuple[float, float],
     p = PartitionPlan.parse(plan)
     try:
         base = Scenario(model, cl, p, 1, int(prompt), int(gen), options)
-        kv_batch, kv_tokens = evaluate.kv_batch(base), evaluate.kv_tokens(base)
+        kv_batch, kv_tokens = evaluate.kv_capacity(base)
     except ConfigError:
         return None
     batches = BATCHES[BATCHES <= kv_batch]
