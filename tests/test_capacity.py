@@ -44,6 +44,29 @@ def test_max_batch_keeps_tpot_within_the_bound():
     assert dep.max_batch == b and dep.sockets == 2 * dep.pools[0].replicas
 
 
+def test_default_plans_run_from_one_socket_to_two_nodes():
+    """Every power of two of sockets up to a node (one GPU a replica: vLLM's and SGLang's
+    default), two nodes and tp x pp over them; an MoE model's attention DP where its experts
+    divide; a plan that does not fit is the analytic pass's to drop."""
+    dense, moe = load_model("llama-3.1-8b"), load_model("deepseek-v3")
+    assert cap.replica_plans(dense, "dgx-h100", 2) == [
+        "tp1", "tp2", "tp4", "tp8", "tp16", "tp8pp2"]
+    assert cap.replica_plans(dense, "sn40l-16", 1) == ["tp1", "tp2", "tp4", "tp8", "tp16"]
+    assert cap.replica_plans(moe, "hgx-h200", 2)[-2:] == ["adp8ep8", "adp16ep16"]
+
+
+def test_a_model_that_fits_one_gpu_is_served_one_gpu_a_replica():
+    """Llama 3.1 8B (16 GB of BF16 weights) for 32 users on an H100 node: one GPU, as vLLM and
+    SGLang serve it by default (the narrowest default plan had been tp2: two GPUs)."""
+    r = run("capacity", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--concurrency",
+            "32", "--prompt-len", "512", "--output-len", "64", "--slo", "ttft:500", "--slo",
+            "tpot:20", "--max-nodes", "2", "--shortlist", "1", "--steady-tolerance", "off",
+            "--json", "--no-progress")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout.splitlines()[0])
+    assert row["plan"] == "dgx-h100:tp1:1" and row["sockets"] == 1 and row["meets_slo"]
+
+
 def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
     """A loaded prefill pool's queue fills each step to the token budget: DeepSeek-V3 reads its
     experts' weights once for eight 1,024-token prompts, so each takes about half of what one

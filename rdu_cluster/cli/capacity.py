@@ -64,8 +64,8 @@ MAX_SHORTLIST = 100
               help="A system to consider (a cluster: its chip, node and price); repeatable. "
               "The clusters of a --pair are considered on their own too.")
 @click.option("--plan", "plans", multiple=True,
-              help="Replica plans to try [default: tp over 1/4, 1/2, 1 and 2 nodes, tpNpp2; "
-                   "an MoE model also adpNepN over 1 and 2 nodes].")
+              help="Replica plans to try [default: tp over 1, 2, 4 ... sockets up to a node and "
+                   "over 2 nodes, tpNpp2; an MoE model also adpNepN over 1 and 2 nodes].")
 @click.option("--max-nodes", default=16, show_default=True, type=click.IntRange(1, MAX_SOCKETS),
               help="Upper bound on the nodes of a deployment (per pool when disaggregated).")
 @click.option("--concurrency", default=None, type=click.IntRange(1, o.MAX_CONCURRENCY),

@@ -187,14 +187,18 @@ def _prefill_each(at: Callable[[int], Estimate], prompt: float, kv_batch: int,
 
 
 def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[str]:
-    """Tensor-parallel plans over a quarter of a node up to two nodes, and tp x pp over two
-    nodes (a node per stage): the replica shapes a serving deployment uses; for an MoE model
-    also attention data parallelism with experts over a node and over two (adp8ep8,
-    adp16ep16 on 8-GPU nodes: how engines serve DeepSeek-style models) where the experts
-    divide. Wider replicas cost more analytic time (pipeline plans go through the partitioner
-    per batch) and rarely win for serving; give them with --plan."""
+    """Tensor-parallel plans over every power of two of sockets up to a node and over two
+    nodes, and tp x pp over two nodes (a node per stage): the replica shapes a serving
+    deployment uses, from one GPU a replica (vLLM's and SGLang's default tensor parallel size,
+    how a model that fits one GPU is served: Llama 3.1 8B for 200 users on dgx-h100 is
+    tp1 x 3 at $0.34/Mtok where the narrowest plan had been tp2, tp2 x 2 at $0.37); those
+    whose weights and KV do not fit are dropped by the analytic pass. For an MoE model also
+    attention data parallelism with experts over a node and over two (adp8ep8, adp16ep16 on
+    8-GPU nodes: how engines serve DeepSeek-style models) where the experts divide. Wider
+    replicas cost more analytic time (pipeline plans go through the partitioner per batch)
+    and rarely win for serving; give them with --plan."""
     spn = load_cluster(cluster_ref).sockets_per_node
-    out = [f"tp{g}" for g in (spn // 4, spn // 2, spn) if g >= 1]
+    out = [f"tp{1 << k}" for k in range(spn.bit_length()) if 1 << k <= spn]
     if max_nodes >= 2:
         out += [f"tp{spn * 2}", f"tp{spn}pp2"]
     if model.moe is not None:
