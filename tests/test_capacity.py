@@ -67,6 +67,20 @@ def test_a_model_that_fits_one_gpu_is_served_one_gpu_a_replica():
     assert row["plan"] == "dgx-h100:tp1:1" and row["sockets"] == 1 and row["meets_slo"]
 
 
+def test_a_pairs_prefill_plan_is_the_one_the_analytic_pass_prices_lowest():
+    """An 8,192-token prompt takes one H100 194 ms to prefill (two 111 ms): under a 190 ms TTFT
+    bound the pair prefills on tp2, where the smallest replica alone would leave it no
+    candidate."""
+    r = run("capacity", "--model", "llama-3.1-8b", "--pair", "dgx-h100:sn40l-8", "--cluster",
+            "sn40l-8", "--concurrency", "16", "--prompt-len", "8192", "--output-len", "32",
+            "--slo", "ttft:190", "--slo", "tpot:20", "--max-nodes", "4", "--shortlist", "1",
+            "--steady-tolerance", "off", "--json", "--no-progress")
+    assert r.exit_code == 0, r.output
+    pairs = [row for row in map(json.loads, r.stdout.splitlines()) if row["disaggregated"]]
+    assert len(pairs) == 1 and pairs[0]["plan"].startswith("dgx-h100:tp2:")
+    assert pairs[0]["meets_slo"]
+
+
 def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
     """A loaded prefill pool's queue fills each step to the token budget: DeepSeek-V3 reads its
     experts' weights once for eight 1,024-token prompts, so each takes about half of what one

@@ -96,16 +96,28 @@ def shortlist(groups, pairs, model, question, k, system=(None, ())):
             dec = groups.get((d, on)) or groups.get((d, on, "pool"))
             if not pre or not dec:
                 continue
-            prefill = min(pre, key=lambda c: (c.group, c.prefill_s))  # the smallest replica
-            deps = [disaggregated(prefill, c, traffic, slo, max_nodes, (prompt, gen), model,
-                                  fab) for c in dec]
+            deps = [_pair(pre, c, traffic, slo, max_nodes, (prompt, gen), model, fab)
+                    for c in dec]
             out += _cheapest([x for x in deps if x is not None], k)
     return out
 
 
+def _pair(pre, dec, traffic, slo, max_nodes, lengths, model, fab):
+    """The pair of decode pool `dec` with the prefill plan of `pre` that the analytic pass
+    prices lowest, the smaller replica of two alike (a plan that fits one GPU prefills a
+    prompt about half as fast as two, so a TTFT-bound pool of it may need more GPUs: the
+    Llama 3.1 70B sessions question's H200 pairs, 21 tp1 replicas where 9 of tp2)."""
+    deps = [disaggregated(c, dec, traffic, slo, max_nodes, lengths, model, fab)
+            for c in sorted(pre, key=lambda c: (c.group, c.prefill_s))]
+    return min((d for d in deps if d is not None), key=_price, default=None)
+
+
+def _price(d) -> tuple[float, int]:
+    return (d.price_per_hour if d.price_per_hour is not None else math.inf, d.sockets)
+
+
 def _cheapest(deps, k):
-    key = lambda d: (d.price_per_hour if d.price_per_hour is not None else math.inf, d.sockets)
-    return sorted(deps, key=key)[:k]
+    return sorted(deps, key=_price)[:k]
 
 
 def verify_all(jobs: list[tuple], backend_name: str, address: str | None,
