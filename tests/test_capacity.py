@@ -81,6 +81,29 @@ def test_a_pairs_prefill_plan_is_the_one_the_analytic_pass_prices_lowest():
     assert pairs[0]["meets_slo"]
 
 
+def test_of_prefill_plans_priced_alike_a_pair_takes_the_lower_analytic_ttft(monkeypatch):
+    """The pair's prefill plan: the lowest price, then the fewest sockets, then the lower
+    analytic p99 TTFT (the wider margin), then the smaller replica."""
+    from rdu_cluster.scenarios.capacity import candidates
+
+    def dep(cost, *_):  # each prefill replica cost makes the pair it names here
+        price, sockets, ttft = cost.pair
+        return cap.Deployment(cost.plan, (cap.Pool("dgx-h100", f"tp{sockets}", 1),), 1, 1.0,
+                              (8,), (price / sockets,), {"ttft_s": ttft})
+
+    monkeypatch.setattr(candidates, "disaggregated", dep)
+
+    def pick(*costs) -> str:
+        made = [type("Cost", (), {"plan": plan, "group": group, "prefill_s": 0.1,
+                                  "pair": pair})() for plan, group, pair in costs]
+        return candidates._pair(made, None, None, None, 8, None, None, None).label
+
+    assert pick(("tp1", 1, (8.0, 8, 0.9)), ("tp2", 2, (8.0, 8, 0.4))) == "tp2"
+    assert pick(("tp2", 2, (8.0, 8, 0.4)), ("tp1", 1, (8.0, 8, 0.4))) == "tp1"
+    assert pick(("tp1", 1, (7.0, 8, 0.9)), ("tp2", 2, (8.0, 8, 0.4))) == "tp1"
+    assert pick(("tp1", 1, (8.0, 4, 0.9)), ("tp2", 2, (8.0, 8, 0.4))) == "tp1"
+
+
 def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
     """A loaded prefill pool's queue fills each step to the token budget: DeepSeek-V3 reads its
     experts' weights once for eight 1,024-token prompts, so each takes about half of what one
@@ -108,6 +131,11 @@ def test_a_prefill_pool_is_sized_at_a_full_prefill_steps_share_of_each_prompt():
         dep.analytic["e2e_s"]), slo, 24 * 8)
     assert n_p == 2  # the boundary the engine verified (rho 0.82: 3 at rho <= 0.8)
     assert not dep.analytic["sessions"]  # clients: an Erlang-n queue, throttled
+    # the pool's analytic p99 TTFT, which a pair's prefill plan is chosen by among equals
+    load = cap.PrefillLoad(lam, ds.prefill_service_s, ds.prefill_s,
+                           dep.analytic["kv_transfer_s"], dep.analytic["e2e_s"])
+    assert dep.analytic["ttft_s"] == cap.pool_ttft(load, 2, 1.0, 99.0)[0] <= 1.5
+    assert cap.pool_ttft(load, 1, 1.0, 99.0) is None  # one replica cannot carry it
 
 
 def test_a_prefill_pool_starts_where_its_queue_keeps_ttft_and_the_loop_unthrottled():

@@ -41,6 +41,7 @@ from rdu_cluster.scenarios.capacity.sizing import (
     ReplicaCost,
     aggregated,
     disaggregated,
+    pool_ttft,
     prefill_replicas,
     replica_cost,
     replica_plans,
@@ -59,6 +60,6 @@ __all__ = [
     "BATCHES", "MAX_BATCH_CAP", "PAIR_PASSES", "PREFILL_THROTTLE", "SEEDS", "SLO",
     "STEADY_DOUBLINGS", "STEADY_START", "STEADY_TOL", "Bands", "Deployment", "Pool", "PrefillLoad",
     "ReplicaCost", "Result", "Traffic", "aggregated", "bands", "disaggregated", "judged", "loosest",
-    "prefill_replicas", "ranked", "replica_cost", "replica_plans", "resized", "saturated",
-    "search", "serve_args", "settle", "uncached_tokens", "verify", "with_ends",
+    "pool_ttft", "prefill_replicas", "ranked", "replica_cost", "replica_plans", "resized",
+    "saturated", "search", "serve_args", "settle", "uncached_tokens", "verify", "with_ends",
 ]

@@ -104,12 +104,15 @@ def shortlist(groups, pairs, model, question, k, system=(None, ())):
 
 def _pair(pre, dec, traffic, slo, max_nodes, lengths, model, fab):
     """The pair of decode pool `dec` with the prefill plan of `pre` that the analytic pass
-    prices lowest, the smaller replica of two alike (a plan that fits one GPU prefills a
-    prompt about half as fast as two, so a TTFT-bound pool of it may need more GPUs: the
-    Llama 3.1 70B sessions question's H200 pairs, 21 tp1 replicas where 9 of tp2)."""
+    prices lowest (a plan that fits one GPU prefills a prompt about half as fast as two, so
+    a TTFT-bound pool of it may need more GPUs: the Llama 3.1 70B sessions question's H200
+    pairs, 21 tp1 replicas where 9 of tp2); of two priced alike, the one whose pool the
+    analytic pass gives the lower pP TTFT (the wider margin to the bound), then the smaller
+    replica."""
     deps = [disaggregated(c, dec, traffic, slo, max_nodes, lengths, model, fab)
             for c in sorted(pre, key=lambda c: (c.group, c.prefill_s))]
-    return min((d for d in deps if d is not None), key=_price, default=None)
+    return min((d for d in deps if d is not None),
+               key=lambda d: (*_price(d), d.analytic["ttft_s"]), default=None)
 
 
 def _price(d) -> tuple[float, int]:

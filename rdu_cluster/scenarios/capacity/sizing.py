@@ -310,6 +310,7 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
     fit = traffic.history_replicas(cache, outputs=False)  # fewer caches thrash
     n_p = max(n_p, fit) if fit <= most else n_p
     k = scale(n_p)
+    ttft = pool_ttft(load, n_p, k, slo.percentile)
     return Deployment(f"{pre.cluster}->{dec.cluster}", (pre.pool(n_p), dec.pool(n_d)), b_max,
                       _short(cycle),
                       (pre.sockets_per_node, dec.sockets_per_node),
@@ -319,7 +320,8 @@ def disaggregated(pre: ReplicaCost, dec: ReplicaCost, traffic: Traffic, slo: SLO
                        # what search.resized sizes the prefill pool again from
                        "prefill_share": share * k, "arrivals_per_s": lam,
                        "prefill_s": prefill * k, "cycle_s": cycle if users else None,
-                       "history_replicas": fit, "sessions": load.sessions},
+                       "history_replicas": fit, "sessions": load.sessions,
+                       "ttft_s": math.inf if ttft is None else ttft[0]},
                       dec.draft, dec.speculation, stack=dec.stack or pre.stack)
 
 
@@ -375,20 +377,28 @@ def prefill_replicas(load: PrefillLoad, slo: SLO, most: int,
     wait at the TTFT bound is ~2% of a cycle (its think time in it): the throttle, set for
     the small waits of clients without think time, would start those two at 26; not
     applied."""
-    tail = -math.log(1.0 - slo.percentile / 100.0)
     throttle = None if load.sessions or load.cycle is None else PREFILL_THROTTLE * load.cycle
     for n in range(max(1, math.ceil(load.lam * load.service)), most + 1):
-        k = 1.0 if scale is None else scale(n)
-        rho = load.lam * load.service * k / n
-        if rho >= 1:
+        got = pool_ttft(load, n, 1.0 if scale is None else scale(n), slo.percentile)
+        if got is None:
             continue
-        ca2 = 1.0 if load.sessions else 1.0 / n
-        wait = rho / (1.0 - rho) * ca2 / 2.0 * load.service * k
-        ttft = tail * wait + load.prefill * k + load.move
+        ttft, wait = got
         if (slo.ttft_ms is None or ttft * 1e3 <= slo.ttft_ms) and (
                 throttle is None or wait <= throttle):
             return n
     return None
+
+
+def pool_ttft(load: PrefillLoad, n: int, k: float, percentile: float
+              ) -> tuple[float, float] | None:
+    """(pP TTFT, mean wait) in s of n prefill replicas carrying `load` at k times its prefill
+    a prompt (prefill_replicas' queue); None where they cannot carry it (rho >= 1)."""
+    rho = load.lam * load.service * k / n
+    if rho >= 1:
+        return None
+    ca2 = 1.0 if load.sessions else 1.0 / n
+    wait = rho / (1.0 - rho) * ca2 / 2.0 * load.service * k
+    return -math.log(1.0 - percentile / 100.0) * wait + load.prefill * k + load.move, wait
 
 
 def _short(x: float) -> float:
