@@ -116,7 +116,8 @@ def run(name: str, extra: list[str], reserve: int = 0, pairs: bool = True, repea
                   flush=True)
     first = readings[0]
     rows = [json.loads(line) for line in first.out.splitlines() if line.startswith("{")]
-    if any(r.out != first.out for r in readings):
+    same = all(r.out == first.out for r in readings)
+    if not same:
         print("THE RUNS' ROWS DIFFER (the command is not deterministic)")
     _print(rows)
     answer = next((r for r in rows if r["meets_slo"]), None)
@@ -127,7 +128,6 @@ def run(name: str, extra: list[str], reserve: int = 0, pairs: bool = True, repea
     wall = statistics.median(r.wall_s for r in readings)
     cpu = statistics.median(r.cpu_s for r in readings)
     rss_gb = max(r.rss_gb for r in readings)
-    same = all(r.out == first.out for r in readings)
     ok = wall < TARGET_S and rss_gb < TARGET_RSS_GB and pairs and same
     of = f" (median of {repeat})" if repeat > 1 else ""
     print(f"{name}{'' if pairs else ' WITHOUT ITS PAIRS (not the whole question)'}: wall "

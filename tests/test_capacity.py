@@ -55,6 +55,13 @@ def test_default_plans_run_from_one_socket_to_two_nodes():
     assert cap.replica_plans(moe, "hgx-h200", 2)[-2:] == ["adp8ep8", "adp16ep16"]
 
 
+def test_a_node_of_other_than_a_power_of_two_keeps_its_whole_node_plan(tmp_path):
+    six = tmp_path / "six.toml"
+    six.write_text('extends = "dgx-h100"\nname = "six"\nsockets = 6\nsockets_per_node = 6\n')
+    assert cap.replica_plans(load_model("llama-3.1-8b"), str(six), 2) == [
+        "tp1", "tp2", "tp4", "tp6", "tp12", "tp6pp2"]
+
+
 def test_a_model_that_fits_one_gpu_is_served_one_gpu_a_replica():
     """Llama 3.1 8B (16 GB of BF16 weights) for 32 users on an H100 node: one GPU, as vLLM and
     SGLang serve it by default (the narrowest default plan had been tp2: two GPUs)."""
@@ -215,6 +222,23 @@ def test_a_pair_prefill_pool_is_sized_for_the_answers_it_never_cached():
     lam = 64 / (dep.analytic["e2e_s"] + 2.0)
     service = rc.prefill_service_s * traffic.prefill_share(outputs=False)
     assert dep.analytic["rho"] == pytest.approx(lam * service / dep.pools[0].replicas)
+
+
+def test_a_traffics_kept_figures_are_its_own():
+    """prefill_share, history_replicas and session_room keep their figures on the instance
+    (the analytic pass asks them ~1,500 times): the same values as a fresh instance's, and
+    none carried to a copy whose fields differ."""
+    t = sessions.sessions(sessions.SessionSpec(16, 3, 512, user=sessions.LengthDist(
+        "fixed", 128), output=sessions.LengthDist("fixed", 64)), 0)
+    traffic = cap.Traffic(16, None, trace=t, think_s=1.0)
+    asks = lambda tr: (tr.prefill_share(False, 2000.0), tr.prefill_share(), tr.history_replicas(
+        1000.0, False), tr.session_room(4000.0, 3))
+    first = asks(traffic)
+    assert asks(traffic) == first == asks(replace(traffic))
+    assert first[0] > first[1] and first[2] > 0  # a small room finds less
+    off = replace(traffic, prefix_cache="off")
+    assert off.prefill_share(False, 2000.0) == 1.0 and off.history_replicas(1000.0) == 0
+    assert replace(traffic, ramp=False).session_room(4000.0, 3) == math.inf
 
 
 def test_a_session_whose_history_its_replica_cannot_keep_finds_only_what_others_hold():

@@ -16,6 +16,7 @@ sessions' histories (Traffic.history_replicas)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -187,7 +188,7 @@ def _prefill_each(at: Callable[[int], Estimate], prompt: float, kv_batch: int,
 
 
 def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[str]:
-    """Tensor-parallel plans over every power of two of sockets up to a node and over two
+    """Tensor-parallel plans over every power of two of sockets below a node, a node and two
     nodes, and tp x pp over two nodes (a node per stage): the replica shapes a serving
     deployment uses, from one GPU a replica (vLLM's and SGLang's default tensor parallel size,
     how a model that fits one GPU is served: Llama 3.1 8B for 200 users on dgx-h100 is
@@ -198,7 +199,7 @@ def replica_plans(model: ModelSpec, cluster_ref: str, max_nodes: int) -> list[st
     replicas cost more analytic time (pipeline plans go through the partitioner per batch)
     and rarely win for serving; give them with --plan."""
     spn = load_cluster(cluster_ref).sockets_per_node
-    out = [f"tp{1 << k}" for k in range(spn.bit_length()) if 1 << k <= spn]
+    out = [f"tp{g}" for g in sorted({1 << k for k in range(spn.bit_length())} | {spn})]
     if max_nodes >= 2:
         out += [f"tp{spn * 2}", f"tp{spn}pp2"]
     if model.moe is not None:
@@ -331,9 +332,16 @@ def _cache_tokens(cost: ReplicaCost, traffic: Traffic) -> float:
     where it spills to the tier below (an RDU's DDR by default, or --prefix-cache tiered),
     whose room holds the sessions' histories."""
     mode = traffic.prefix_cache
-    spills = mode == "tiered" or (mode is None and serving_stacks.spills_prefix_cache(
-        load_cluster(cost.cluster).chip))
+    spills = mode == "tiered" or (mode is None and _spills(cost.cluster))
     return math.inf if spills else cost.kv_tokens
+
+
+@functools.cache
+def _spills(cluster_ref: str) -> bool:
+    """serving_stacks.spills_prefix_cache of the cluster's chip, read once a process (a pair's
+    every prefill plan is sized with every decode plan: 111 sizings of the sessions question,
+    0.19 s of reading cluster files where once a cluster)."""
+    return serving_stacks.spills_prefix_cache(load_cluster(cluster_ref).chip)
 
 
 @dataclass(frozen=True)
