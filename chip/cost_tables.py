@@ -29,7 +29,7 @@ import numpy as np
 
 from chip import execution, power
 from chip.cost import CAUSES, StepCost
-from chip.loaded_steps import LoadedSteps
+from chip.loaded_steps import LoadedPrefills, LoadedSteps
 from chip.program import Program
 from chip.spec import ChipSpec
 from workloads import graph as graphs
@@ -140,7 +140,10 @@ class CostTables:
         # (batch, whole-token context) -> the rows of a decode step evaluated as a point lately
         self.points: dict[tuple[int, int], np.ndarray] = {}
         self.asked: set[tuple[int, int]] = set()  # decode tables asked for once (ASKED)
-        self.loaded = LoadedSteps(_load_support(program))  # steps under drawn expert loads
+        # steps under drawn expert loads (a mixed step's decodes route per_decode tokens each)
+        self.per_decode = verify_tokens(program.spec_k, program.spec_tree) if program.spec_k else 1
+        self.loaded = LoadedSteps(_load_support(program, self.per_decode))
+        self.loaded_prefills = LoadedPrefills(_load_support(program))
         self.evaluations = 0
 
     def warm(self) -> None:
@@ -244,7 +247,7 @@ class CostTables:
         prefill step of `prefill` = (sequences, new tokens, cached prefix), or both."""
         if kind == DECODE:
             return self.decode_span(batch, ctx_sum, n, load)
-        pre = self.prefill_step(*prefill, load)
+        pre = self.prefill_step(*prefill, load, batch)
         if kind == PREFILL:
             return pre
         # A mixed step (chunked prefill beside decodes) is costed as its prefill part plus its
@@ -302,7 +305,8 @@ class CostTables:
             kind = int(spans.kind[i])
             if kind != DECODE:  # a prefill or mixed step: its prefill part, every socket's
                 pre = self._prefills((int(spans.pre_seqs[i]), int(spans.pre_tokens[i]),
-                                      int(spans.pre_prefix[i])), [ld[0] for ld in part])
+                                      int(spans.pre_prefix[i])), [ld[0] for ld in part],
+                                     int(spans.batch[i]))
                 for out, rows in zip(outs, pre):
                     out[i] = rows
                 if kind == PREFILL:
@@ -418,35 +422,31 @@ class CostTables:
                 rows += self._rows(p.draft_graph(shape), n)
         return rows
 
-    def prefill_step(self, k: int, tokens: int, prefix: int, load: np.ndarray | None):
-        """One prefill step: k sequences bring `tokens` new tokens over `prefix` cached ones,
-        costed at the means (tokens / k new over prefix / k cached each): column
+    def prefill_step(self, k: int, tokens: int, prefix: int, load: np.ndarray | None,
+                     batch: int = 0):
+        """One prefill step (beside `batch` decodes: a mixed step) of k sequences bringing
+        `tokens` new tokens over `prefix` cached ones, costed at the means: column
         tokens % PREFILL_CHUNK of the (k, prefix) table of its chunk of token counts."""
-        return self._prefills((k, tokens, prefix), [1.0 if load is None else load[0]])[0]
+        return self._prefills((k, tokens, prefix), [1.0 if load is None else load[0]], batch)[0]
 
-    def _prefills(self, shape: tuple[int, int, int], loads: list) -> list[np.ndarray]:
+    def _prefills(self, shape: tuple[int, int, int], loads: list, batch: int = 0) -> list:
         """prefill_step of `shape` = (k, tokens, prefix) under each socket's expert load: at
-        a drawn one, the points of one evaluation (an adp16ep16 group's 16 evaluations a step
-        were ~80% of a DeepSeek-V3 serve's CPU) plus the draft's and router's rows (which do
-        not vary with the load); at the mean (a dense model's always), the table's column."""
-        if all(x == 1.0 for x in loads):  # no numpy call (~2,000 a pair's run)
-            return [self._prefill_column(self.prefill, self._prefill_rows, *shape)] * len(loads)
-        k, tokens, prefix = shape
-        at = np.array(loads, dtype=float)
-        drawn = np.flatnonzero(at != 1.0)
-        out: list[Any] = [None] * len(at)
-        if len(drawn):
+        a drawn one, the target's rows kept at every load the step's routing can give
+        (chip/loaded_steps.py; one evaluation a step was ~80% of an adp16ep16 serve's CPU)
+        plus the draft's and router's rows (which do not vary with the load); at the mean (a
+        dense model's always), the table's column."""
+        column = [self._prefill_column(self.prefill, self._prefill_rows, *shape)
+                  ] if 1.0 in loads else []
+        if not column or any(x != 1.0 for x in loads):  # (no numpy call in a dense run)
+            k, tokens, prefix = shape
             step = StepShape("prefill", float(k), tokens / k, prefix / k)
-            target = self._rows(self.program.graph(step, at[drawn]), len(drawn))
-            extra = self._prefill_column(self.extra, self._extra_rows, k, tokens, prefix)
-            for j, s in enumerate(drawn.tolist()):
-                out[s] = target[:, j : j + 1] + extra
-        mean = np.flatnonzero(at == 1.0).tolist()
-        if mean:  # one column, every such socket's (read, not written)
-            column = self._prefill_column(self.prefill, self._prefill_rows, k, tokens, prefix)
-            for s in mean:
-                out[s] = column
-        return out
+            rows = self.loaded_prefills.rows(
+                shape, np.array([x for x in loads if x != 1.0], dtype=float),
+                batch * self.per_decode + tokens,
+                lambda at: self._rows(self.program.graph(step, at), len(at)))
+            rows += self._prefill_column(self.extra, self._extra_rows, k, tokens, prefix)
+            drawn = iter(rows.T[:, :, None])
+        return [column[0] if x == 1.0 else next(drawn) for x in loads]
 
     def fill_prefill(self, shapes: Iterable[tuple[int, int, int]]) -> None:
         """Evaluate the missing prefill tables of these (sequences, tokens, prefix) shapes
@@ -525,16 +525,16 @@ class CostTables:
         return rows
 
 
-def _load_support(program: Program) -> Callable[[int], np.ndarray] | None:
-    """The loads a decode step's expert groups can draw at a batch (workloads/group_loads.py:
-    the model's top-k assignments of each token over the program's expert groups, a sequence
-    bringing its speculative step's tokens); None without expert parallelism. A closure over
-    the program's figures, not the CostTables (which would then hold itself)."""
+def _load_support(program: Program, per: int = 1) -> Callable[[int], np.ndarray] | None:
+    """The loads a step's expert groups can draw where it routes `per` tokens a unit (a decode
+    step's sequence brings its speculative step's tokens; a prefill step's unit is a token):
+    workloads/group_loads.py, the model's top-k assignments of each token over the program's
+    expert groups; None without expert parallelism. A closure over the program's figures, not
+    the CostTables (which would then hold itself)."""
     moe, ep = program.model.moe, program.shard.ep
     if moe is None or ep <= 1:
         return None
-    per = verify_tokens(program.spec_k, program.spec_tree) if program.spec_k else 1
-    return lambda b: group_loads.support(b * per, moe.top_k, ep)
+    return lambda units: group_loads.support(units * per, moe.top_k, ep)
 
 
 def _lerp(lo: Any, hi: Any, w: Any) -> Any:

@@ -1,5 +1,6 @@
-"""Decode steps under drawn expert loads, kept by (batch, whole-token context) at every load
-drawn at the batch so far and every load the routing can give there.
+"""Decode and prefill steps under drawn expert loads. Decode steps are kept by (batch,
+whole-token context) at every load drawn at the batch so far and every load the routing can
+give there; prefill steps by shape (LoadedPrefills).
 
 An expert-parallel decode pool's step costs its sockets' drawn loads (engine/expert_loads.py: a
 group's routed assignments over the mean group's), so it has no table over contexts alone, and
@@ -33,6 +34,9 @@ ENTRIES = 4096
 # values within six standard deviations), and loads of any other kind (a test's uniform draws)
 # would otherwise make every fill an evaluation of every load seen.
 LOADS_A_BATCH = 1024
+# Prefill shapes kept, the oldest evicted first (a pure cache, as ENTRIES): a shape holds up to
+# ~1,000 loads (a step of 8,192 tokens at top-8 of 8 groups), ~80 KB.
+PREFILL_SHAPES = 256
 
 Evaluate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -106,16 +110,52 @@ class LoadedSteps:
     def _merge(self, key: tuple[int, int], held: tuple[np.ndarray, np.ndarray],
                loads: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The entry with these loads' rows added in load order, kept (ENTRIES)."""
-        if len(held[0]):
-            loads, rows = np.concatenate([held[0], loads]), np.concatenate([held[1], rows], 1)
-            order = np.argsort(loads, kind="stable")
-            loads, rows = loads[order], rows[:, order]
-        entry = (loads, np.ascontiguousarray(rows))
+        entry = _merged(held, loads, rows)
         self.entries.pop(key, None)
         if len(self.entries) >= ENTRIES:
             del self.entries[next(iter(self.entries))]
         self.entries[key] = entry
         return entry
+
+
+class LoadedPrefills:
+    """A CostTables' prefill steps under drawn loads (its `loaded_prefills`), kept by shape
+    (sequences, new tokens, cached prefix) at every load drawn at it so far and every load
+    the step's routing can give. An expert-parallel prefill pool's step costs its sockets'
+    drawn loads, so it had no table: each step was one evaluation of the execution model
+    (DeepSeek-V3's `hgx-h200:adp8ep8:2` prefill pool of bench_capacity.py question 1: 556
+    evaluations for 2,000 requests, ~2.6 ms each, a third of the pair's CPU). A closed loop's
+    prompts come in few shapes (8 there), and an evaluation over a shape's whole support (361
+    to 1,017 loads) costs what one of its 8 sockets' loads costs (2.1-4.1 ms against 2.1-3.6
+    ms, kernel-by-kernel), so a shape asked again is evaluated over its support once, and
+    every later step is a lookup. The execution model costs each point alone, bit for bit,
+    so a step is the same however it was costed."""
+
+    def __init__(self, support: Callable[[int], np.ndarray] | None = None) -> None:
+        self.entries: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.support = support  # routed tokens -> the loads a group's count can give
+
+    def rows(self, shape: tuple[int, int, int], loads: np.ndarray, routed: int,
+             evaluate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """(rows, len(loads)) of the prefill step `shape` at each of `loads`, a step that
+        routes `routed` tokens through the experts; `evaluate(loads)`: the target's rows at
+        those loads, one evaluation of the execution model (passed, not held, as in
+        LoadedSteps.rows). The first time a shape is asked, and at loads not of the routing's
+        support (a test's uniform draws), only the loads asked are evaluated."""
+        have, held = self.entries.get(shape, (_NONE, _NONE))
+        if not _all_in(loads, have):
+            # a shape asked again: its support too (a shape asked once, as chunked prompts of
+            # every length bring, is not made to cost ~1,000 loads)
+            support = None if self.support is None or not len(have) else self.support(routed)
+            ask = np.union1d(loads, support if support is not None and _all_in(
+                loads, support) else _NONE)
+            new = np.setdiff1d(ask, have, assume_unique=True)
+            have, held = _merged((have, held), new, evaluate(new))
+            self.entries.pop(shape, None)
+            if len(self.entries) >= PREFILL_SHAPES:
+                del self.entries[next(iter(self.entries))]
+            self.entries[shape] = (have, held)
+        return held[:, np.searchsorted(have, loads)]
 
 
 _NONE = np.zeros(0)
@@ -142,6 +182,16 @@ def _at(entry: tuple[np.ndarray, np.ndarray], loads: np.ndarray) -> np.ndarray:
     """(sockets, rows) of an entry at each socket's load (one it holds)."""
     have, rows = entry
     return rows[:, np.searchsorted(have, loads)].T
+
+
+def _merged(held: tuple[np.ndarray, np.ndarray], loads: np.ndarray, rows: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """An entry (loads, rows) with these loads' rows added, in load order."""
+    if len(held[0]):
+        loads, rows = np.concatenate([held[0], loads]), np.concatenate([held[1], rows], 1)
+        order = np.argsort(loads, kind="stable")
+        loads, rows = loads[order], rows[:, order]
+    return loads, np.ascontiguousarray(rows)
 
 
 def _all_in(values: np.ndarray, sorted_values: np.ndarray) -> bool:

@@ -163,3 +163,64 @@ def test_a_prefill_or_mixed_step_under_drawn_loads_is_each_socket_costed_alone(m
                 else ref.decode_span(12, 12 * 700 + 5, 2, None),
                 prefill(1, 300, 64, ld[3]) + _alone(ref, 12, 12 * 702, 1, ld[3:])]
         assert np.array_equal(rows, np.concatenate(want, axis=1))
+
+
+def _prefill_span(kind: int, batch: int, tokens: int) -> Spans:
+    """One prefill (batch 0) or mixed step: 2 sequences of `tokens` new tokens over 32 cached,
+    beside `batch` decodes at context 700."""
+    return Spans(kind=np.array([kind]), steps=np.array([1]), batch=np.array([batch]),
+                 ctx_sum=np.array([batch * 700]), pre_seqs=np.array([2]),
+                 pre_tokens=np.array([tokens]), pre_prefix=np.array([32]))
+
+
+@pytest.mark.parametrize("decodes", [0, 12])
+def test_a_prefill_shape_asked_again_is_filled_over_its_support_and_then_looked_up(moe,
+                                                                                  decodes):
+    """LoadedPrefills: a prefill step's shape asked the first time evaluates only its sockets'
+    drawn loads; asked again at a load it lacks, every load its step's routing can give (the
+    support of the step's routed tokens: a mixed step's decodes' and its prompt tokens', 64
+    of Mixtral's top-2 over 8 groups), after which a step of that shape under any drawn
+    loads costs no evaluation. Every step is each socket's load costed alone, bit for bit."""
+    from chip.cost_tables import MIXED, PREFILL
+    from workloads.ops import StepShape
+
+    t, ref = _fresh(moe), _fresh(moe)
+    spans = _prefill_span(MIXED if decodes else PREFILL, decodes, 64 - decodes)
+    sampler = ExpertLoadSampler(8, 2, 8, seed=16)  # a seed that draws no mean load (1.0: the
+    draws = [sampler.loads(0, step, 64, 1)[0] for step in range(8)]  # table's column)
+    assert not any(1.0 in d for d in draws)
+    support = group_loads.support(64, 2, 8)
+    shape = StepShape("prefill", 2.0, (64 - decodes) / 2, 16.0)
+    evaluations = []
+    for i, drawn in enumerate(draws):
+        before = t.evaluations
+        got = t.windows(spans, [np.array([x]) for x in drawn])
+        evaluations.append(t.evaluations - before)
+        have = t.loaded_prefills.entries[(2, 64 - decodes, 32)][0]
+        assert have.tolist() == (sorted(set(drawn.tolist())) if i == 0 else
+                                 sorted({*support.tolist(), *draws[0].tolist()}))
+        for rows, x in zip(got, drawn):
+            want = ref._rows(ref.program.graph(shape, x), 1)
+            if decodes:
+                want = want + _alone(ref, decodes, decodes * 700, 1, np.array([x]))
+            assert np.array_equal(rows, want)
+    if not decodes:  # (a mixed step's decode part is LoadedSteps', evaluated apart)
+        assert evaluations[:2] == [1, 1] and not any(evaluations[2:])
+
+
+def test_prefill_loads_off_the_support_are_evaluated_alone_and_shapes_evicted(moe,
+                                                                             monkeypatch):
+    """Loads that are no count over a mean (uniform draws) fill only what is asked, a shape
+    asked again included; evicted shapes (PREFILL_SHAPES) are evaluated again, the same."""
+    from chip.cost_tables import PREFILL
+
+    monkeypatch.setattr(loaded_steps, "PREFILL_SHAPES", 2)
+    t = _fresh(moe)
+    rng = np.random.default_rng(2)
+    loads = [rng.uniform(0.5, 2.0, 1) for _ in range(4)]
+    first = [t.windows(_prefill_span(PREFILL, 0, n), loads) for n in (64, 96, 128)]
+    assert len(t.loaded_prefills.entries) == 2 and (2, 64, 32) not in t.loaded_prefills.entries
+    again = [t.windows(_prefill_span(PREFILL, 0, n), loads) for n in (64, 96, 128)]
+    assert all(len(have) == 4 for have, _ in t.loaded_prefills.entries.values())
+    for a, b in zip(first, again):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
