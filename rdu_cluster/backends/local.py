@@ -58,7 +58,8 @@ def _nbytes(t: CostTables) -> float:
     """About the memory `t`'s tables and kept points hold, its steps under drawn loads too (a
     time row: 8 bytes an entry in an array, a float object and a pointer in a list)."""
     arrays = sum(a.nbytes for d in (t.decode, t.prefill, t.extra, t.points) for a in d.values())
-    arrays += sum(ld.nbytes + rows.nbytes for ld, rows in t.loaded.entries.values())
+    arrays += sum(ld.nbytes + rows.nbytes for e in (t.loaded.entries, t.loaded_prefills.entries)
+                  for ld, rows in e.values())
     return arrays + sum((8.0 if isinstance(v, array) else 32.0) * len(v)
                         for v in t.times.values())
 

@@ -9,6 +9,7 @@ import pytest
 
 from chip import loaded_steps
 from chip.cost_tables import DECODE, CostTables, Spans
+from rdu_cluster.backends import local
 from rdu_cluster.backends.local import LocalBackend
 from rdu_cluster.config import load_cluster
 from rdu_cluster.engine.expert_loads import ExpertLoadSampler
@@ -206,6 +207,10 @@ def test_a_prefill_shape_asked_again_is_filled_over_its_support_and_then_looked_
             assert np.array_equal(rows, want)
     if not decodes:  # (a mixed step's decode part is LoadedSteps', evaluated apart)
         assert evaluations[:2] == [1, 1] and not any(evaluations[2:])
+        # the process's bound on its cost tables' memory counts these (backends/local.py)
+        total, held = local._nbytes(t), t.loaded_prefills.entries.copy()
+        t.loaded_prefills.entries.clear()
+        assert total - local._nbytes(t) == sum(a.nbytes + r.nbytes for a, r in held.values())
 
 
 def test_prefill_loads_off_the_support_are_evaluated_alone_and_shapes_evicted(moe,
