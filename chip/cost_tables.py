@@ -435,9 +435,9 @@ class CostTables:
         (chip/loaded_steps.py; one evaluation a step was ~80% of an adp16ep16 serve's CPU)
         plus the draft's and router's rows (which do not vary with the load); at the mean (a
         dense model's always), the table's column."""
-        column = [self._prefill_column(self.prefill, self._prefill_rows, *shape)
-                  ] if 1.0 in loads else []
-        if not column or any(x != 1.0 for x in loads):  # (no numpy call in a dense run)
+        column = (self._prefill_column(self.prefill, self._prefill_rows, *shape)
+                  if 1.0 in loads else None)
+        if any(x != 1.0 for x in loads):  # (no numpy call in a dense run)
             k, tokens, prefix = shape
             step = StepShape("prefill", float(k), tokens / k, prefix / k)
             rows = self.loaded_prefills.rows(
@@ -446,7 +446,7 @@ class CostTables:
                 lambda at: self._rows(self.program.graph(step, at), len(at)))
             rows += self._prefill_column(self.extra, self._extra_rows, k, tokens, prefix)
             drawn = iter(rows.T[:, :, None])
-        return [column[0] if x == 1.0 else next(drawn) for x in loads]
+        return [column if x == 1.0 else next(drawn) for x in loads]
 
     def fill_prefill(self, shapes: Iterable[tuple[int, int, int]]) -> None:
         """Evaluate the missing prefill tables of these (sequences, tokens, prefix) shapes

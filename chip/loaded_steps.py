@@ -110,12 +110,7 @@ class LoadedSteps:
     def _merge(self, key: tuple[int, int], held: tuple[np.ndarray, np.ndarray],
                loads: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The entry with these loads' rows added in load order, kept (ENTRIES)."""
-        entry = _merged(held, loads, rows)
-        self.entries.pop(key, None)
-        if len(self.entries) >= ENTRIES:
-            del self.entries[next(iter(self.entries))]
-        self.entries[key] = entry
-        return entry
+        return _keep(self.entries, key, _merged(held, loads, rows), ENTRIES)
 
 
 class LoadedPrefills:
@@ -150,11 +145,8 @@ class LoadedPrefills:
             ask = np.union1d(loads, support if support is not None and _all_in(
                 loads, support) else _NONE)
             new = np.setdiff1d(ask, have, assume_unique=True)
-            have, held = _merged((have, held), new, evaluate(new))
-            self.entries.pop(shape, None)
-            if len(self.entries) >= PREFILL_SHAPES:
-                del self.entries[next(iter(self.entries))]
-            self.entries[shape] = (have, held)
+            have, held = _keep(self.entries, shape, _merged((have, held), new, evaluate(new)),
+                               PREFILL_SHAPES)
         return held[:, np.searchsorted(have, loads)]
 
 
@@ -182,6 +174,15 @@ def _at(entry: tuple[np.ndarray, np.ndarray], loads: np.ndarray) -> np.ndarray:
     """(sockets, rows) of an entry at each socket's load (one it holds)."""
     have, rows = entry
     return rows[:, np.searchsorted(have, loads)].T
+
+
+def _keep(entries: dict, key: tuple, entry: tuple, most: int) -> tuple:
+    """entries[key] = entry as the newest, the oldest evicted first when `most` are held."""
+    entries.pop(key, None)
+    if len(entries) >= most:
+        del entries[next(iter(entries))]
+    entries[key] = entry
+    return entry
 
 
 def _merged(held: tuple[np.ndarray, np.ndarray], loads: np.ndarray, rows: np.ndarray
