@@ -408,6 +408,25 @@ def test_closed_loop_peak_concurrency_is_at_most_the_clients(tmp_path):
     assert doc["max_concurrent_requests"] == exact
 
 
+@pytest.mark.parametrize("given, noted", [
+    ({}, True),  # identical requests, every client at 0: they stay in step
+    ({"--ramp-up": "0.5"}, False),  # starts spread: they mix
+    ({"--output-len": "uniform:4:12"}, False),  # lengths differ: they disperse
+    ({"--requests": "4"}, False),  # one request a client: no loop to stay in step
+])
+def test_clients_started_together_with_identical_requests_are_noted(tmp_path, given, noted):
+    """A closed loop of identical requests whose clients all start at once stays in step
+    (docs/capacity.md, "Ramp"): serve says so on stderr, and its JSON on stdout is whole."""
+    opts = {"--requests": "24", "--concurrency": "4", "--prompt-len": "64", "--output-len": "8",
+            **given}
+    r = run("serve", "--model", "llama-3.1-8b", "--cluster", "sn40l-8", "--plan", "tp4",
+            *[w for kv in opts.items() for w in kv], "--json", "--no-progress",
+            "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    assert ("4 clients of identical requests started at once stay in step" in r.stderr) == noted
+    assert json.loads(r.stdout)["max_concurrency"] == 4
+
+
 def test_swap_preemptions_are_in_the_summary(tmp_path):
     """--preemption swap: the summary counted recompute preemptions only and said '0
     preemptions' while requests were swapped out; it now carries swaps, the requests' total."""
