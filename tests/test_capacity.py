@@ -840,8 +840,62 @@ def test_settle_asks_the_saturation_count_only_where_the_count_doubled(tol):
     res = cap.settle(pair, serve, traffic, 24)
     assert res.deployment.pools[0].replicas == 21 and res.below > 0
     assert (10, 200) not in asked
-    if tol is not None:
-        assert asked[-2:] == [(10, 400), (20, 400)]
+    if tol is not None:  # (12 misses at 200 unsaturated: searched at 400, 20 asked there)
+        assert asked[-1] == (10, 400) and (20, 400) in asked
+
+
+def _transient_pair(asked: list, start: int = 12, saturating: bool = False):
+    """A pair whose prefill pool misses TTFT at 200 requests below 16 replicas, the ramp's
+    transient queue (100 requests/s of 0.1 s prefill each keep 10 busy), and at 400 below 10
+    (`saturating`: a pool that runs saturated where it misses, its throughput its own)."""
+    from rdu_cluster.engine.disagg import Pool
+
+    slo = cap.SLO(1500, 25)
+
+    def serve(dep, t, on=None):
+        p, d = (q.replicas for q in dep.pools)
+        n = t.n_requests(0.0)
+        asked.append((p, d, n))
+        ttft = 800.0 if p >= (16 if n <= 200 else 10) else 2000.0
+        tpot = 20.0 if d >= 2 else 40.0
+        rate = p / 0.1 if saturating and ttft > 1500 else 100.0
+        bench = {"request_throughput": rate, "output_throughput": 1000.0}
+        return cap.Result(dep, {"bench": bench}, ttft, tpot, slo.misses(ttft, tpot), [],
+                          slo=slo)
+
+    pair = cap.Deployment("a->b", (Pool("hgx-h200", "tp2", start), Pool("sn40l-16", "tp16", 2)),
+                          8, 0.0, (8, 8), (2.0, 1.0), {"prefill_service_s": 0.1})
+    return pair, serve
+
+
+def test_a_pairs_transient_miss_at_the_search_count_is_searched_at_the_doubled_one():
+    """search(again=True): a pair whose prefill pool misses TTFT at its start while its run
+    leaves the pool unsaturated (the saturation count two or more below) is returned as it
+    stands, and settle searches it at twice the count: 10 prefill replicas in 9 runs, where
+    the search at 200 climbed to the transient's 16 first (14 runs; question 2's FP8
+    hgx-h200:tp1 + sn40l-16:tp4 pair asked 17, 18, 22, 19, 20 at 2,000 requests where its
+    boundary at 4,000 was 14 or 15). A pool that runs saturated where it misses is searched at
+    the count it was asked at, as before, and so is any pair without `again`."""
+    traffic = cap.Traffic(concurrency=50, rate=None, requests=200, steady_tol=0.05)
+    asked: list = []
+    pair, serve = _transient_pair(asked)
+    res = cap.settle(pair, serve, traffic, 24)
+    assert res.deployment.pools[0].replicas == 10 and res.meets_slo and res.below > 0
+    assert asked == [(12, 2, 200), (12, 1, 200),  # the decode pool's search; 12 misses TTFT
+                     (12, 2, 400), (12, 1, 400), (10, 2, 400), (9, 2, 400),  # searched at 400
+                     (10, 2, 200), (10, 2, 800), (9, 2, 800)]  # the row's own doublings
+
+    asked = []
+    pair, serve = _transient_pair(asked, saturating=True)
+    at = lambda d, stop=None: serve(d, traffic)
+    res = cap.search(pair, at, 24, again=True)  # saturated at 12: searched up at 200
+    assert res.deployment.pools[0].replicas == 16 and res.meets_slo
+    asked = []
+    pair, serve = _transient_pair(asked)
+    res = cap.search(pair, lambda d, stop=None: serve(d, traffic), 24)  # without `again`
+    assert res.deployment.pools[0].replicas == 16 and res.meets_slo
+    res = cap.search(pair, lambda d, stop=None: serve(d, traffic), 24, again=True)
+    assert res.deployment.pools[0].replicas == 12 and not res.meets_slo
 
 
 @pytest.mark.parametrize("steady_from, requests, moved", [(800, 1600, 0.0), (None, 1600, 0.211)])

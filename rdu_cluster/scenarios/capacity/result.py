@@ -28,6 +28,9 @@ class Result:
     # its other figures are lower bounds (0 where nothing is known) and its summary holds
     # nothing else: only a verdict, never a row
     decided: dict = field(default_factory=dict)
+    # a pair left at its prefill pool's start, missing in the ramp's transient (search's
+    # `again`): searched at the doubled count, whatever its verdict there (settle)
+    transient: bool = False
 
     @property
     def meets_slo(self) -> bool:

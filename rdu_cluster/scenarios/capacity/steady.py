@@ -29,7 +29,8 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
     for synthetic traffic (a trace or the sessions are the question's own workload), the
     boundary row is served with twice the requests until its pP TTFT, pP TPOT and output
     throughput move less than STEADY_TOL (_moved: a pP under its bound on the bound's scale),
-    the search going on at the longer count wherever the verdict changed, and one fewer
+    the search going on at the longer count wherever the verdict changed or the search left a
+    pair at its start, missing in the ramp's transient (search's `again`), and one fewer
     asked there; a row found at that count is measured on its own run at half it, and doubled
     on while it moves and STEADY_DOUBLINGS last; lengths drawn from a distribution are
     served with SEEDS seeds, the worst deciding the verdict (the search going on with all of
@@ -45,16 +46,16 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
 def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], Result],
             traffic: Traffic, max_nodes: int, slo: SLO | None = None) -> Result:
     runs = _Runs(serve, slo, None if slo is None else intervals.loosest(dep, slo))
-    res = search(dep, runs.at(traffic), max_nodes)
-    moved, t = None, traffic
     left = STEADY_DOUBLINGS if traffic.steadies else 0
+    res = search(dep, runs.at(traffic), max_nodes, again=left > 0)
+    moved, t = None, traffic
     tol = cast(float, traffic.steady_tol)  # (doubled only where it steadies: a tolerance)
     while True:
         while left and (moved is None or moved > tol):
             t, left = replace(t, requests=2 * _count(t)), left - 1
             again = runs.get(res.deployment, t, None)
-            res = (again if again.meets_slo == res.meets_slo
-                   else search(again.deployment, runs.at(t), max_nodes))
+            kept = again.meets_slo == res.meets_slo and not res.transient
+            res = again if kept else search(again.deployment, runs.at(t), max_nodes)
             moved = runs.own(res, t)
         seeds = [t.seed + k for k in range(SEEDS)] if t.drawn else [t.seed]
         # the runs at the search's first count (traffic's), and at the steady one (t's)
