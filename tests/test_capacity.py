@@ -869,13 +869,13 @@ def _transient_pair(asked: list, start: int = 12, saturating: bool = False):
 
 
 def test_a_pairs_transient_miss_at_the_search_count_is_searched_at_the_doubled_one():
-    """search(again=True): a pair whose prefill pool misses TTFT at its start while its run
+    """search(doubled=True): a pair whose prefill pool misses TTFT at its start while its run
     leaves the pool unsaturated (the saturation count two or more below) is returned as it
     stands, and settle searches it at twice the count: 10 prefill replicas in 9 runs, where
     the search at 200 climbed to the transient's 16 first (14 runs; question 2's FP8
     hgx-h200:tp1 + sn40l-16:tp4 pair asked 17, 18, 22, 19, 20 at 2,000 requests where its
     boundary at 4,000 was 14 or 15). A pool that runs saturated where it misses is searched at
-    the count it was asked at, as before, and so is any pair without `again`."""
+    the count it was asked at, as before, and so is any pair without `doubled`."""
     traffic = cap.Traffic(concurrency=50, rate=None, requests=200, steady_tol=0.05)
     asked: list = []
     pair, serve = _transient_pair(asked)
@@ -888,13 +888,13 @@ def test_a_pairs_transient_miss_at_the_search_count_is_searched_at_the_doubled_o
     asked = []
     pair, serve = _transient_pair(asked, saturating=True)
     at = lambda d, stop=None: serve(d, traffic)
-    res = cap.search(pair, at, 24, again=True)  # saturated at 12: searched up at 200
+    res = cap.search(pair, at, 24, doubled=True)  # saturated at 12: searched up at 200
     assert res.deployment.pools[0].replicas == 16 and res.meets_slo
     asked = []
     pair, serve = _transient_pair(asked)
-    res = cap.search(pair, lambda d, stop=None: serve(d, traffic), 24)  # without `again`
+    res = cap.search(pair, lambda d, stop=None: serve(d, traffic), 24)  # without `doubled`
     assert res.deployment.pools[0].replicas == 16 and res.meets_slo
-    res = cap.search(pair, lambda d, stop=None: serve(d, traffic), 24, again=True)
+    res = cap.search(pair, lambda d, stop=None: serve(d, traffic), 24, doubled=True)
     assert res.deployment.pools[0].replicas == 12 and not res.meets_slo
 
 

@@ -29,7 +29,7 @@ class Result:
     # nothing else: only a verdict, never a row
     decided: dict = field(default_factory=dict)
     # a pair left at its prefill pool's start, missing in the ramp's transient (search's
-    # `again`): searched at the doubled count, whatever its verdict there (settle)
+    # `doubled`): searched at the doubled count, whatever its verdict there (settle)
     transient: bool = False
 
     @property

@@ -16,7 +16,7 @@ PAIR_PASSES = 3  # search: a pair's pools searched in turn at most this many tim
 
 
 def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
-           slo: SLO | None = None, again: bool = False) -> Result:
+           slo: SLO | None = None, doubled: bool = False) -> Result:
     """The deployment at the boundary (engine-verified): the fewest replicas that meet the SLO
     within --max-nodes (boundary). A disaggregated one (its prefill pool first sized again at
     the share of prompt tokens its first run prefilled: resized), pool by pool on the bound
@@ -26,7 +26,7 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
     meets, the count its measured throughput saturates is asked next: saturated; a later
     pass starts at the last one's boundary), again while the pair misses or a
     pool met at no size (at most PAIR_PASSES passes: more prefill replicas send the decode
-    pool more work, so its TPOT may then miss). With `again` (served again at twice the
+    pool more work, so its TPOT may then miss). With `doubled` (served again at twice the
     count: settle) a pair missing in the ramp's transient is left at its start (_in_transient).
     Judged on the whole SLO more decode replicas may only lengthen TTFT in a closed loop (a
     faster decode pool sends prompts faster to the same prefill pool), and more prefill ones
@@ -86,7 +86,7 @@ def search(dep: Deployment, serve: Callable[..., Result], max_nodes: int,
     dep = resized(dep, served(dep, "tpot"), max_nodes, slo)  # the decode search's first run
     for k in range(PAIR_PASSES):
         res, decode_topped = fewest(dep, 1, "tpot")
-        if k == 0 and again and _in_transient(res, judge):
+        if k == 0 and doubled and _in_transient(res, judge):
             return replace(res, transient=True)  # searched at twice the count (settle)
         # a later pass's prefill pool starts at the last pass's boundary, a decode pool's
         # change away: a nearer guess than the saturation count

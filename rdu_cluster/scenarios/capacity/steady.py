@@ -30,7 +30,7 @@ def settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], R
     boundary row is served with twice the requests until its pP TTFT, pP TPOT and output
     throughput move less than STEADY_TOL (_moved: a pP under its bound on the bound's scale),
     the search going on at the longer count wherever the verdict changed or the search left a
-    pair at its start, missing in the ramp's transient (search's `again`), and one fewer
+    pair at its start, missing in the ramp's transient (search's `doubled`), and one fewer
     asked there; a row found at that count is measured on its own run at half it, and doubled
     on while it moves and STEADY_DOUBLINGS last; lengths drawn from a distribution are
     served with SEEDS seeds, the worst deciding the verdict (the search going on with all of
@@ -47,7 +47,7 @@ def _settle(dep: Deployment, serve: Callable[[Deployment, Traffic, SLO | None], 
             traffic: Traffic, max_nodes: int, slo: SLO | None = None) -> Result:
     runs = _Runs(serve, slo, None if slo is None else intervals.loosest(dep, slo))
     left = STEADY_DOUBLINGS if traffic.steadies else 0
-    res = search(dep, runs.at(traffic), max_nodes, again=left > 0)
+    res = search(dep, runs.at(traffic), max_nodes, doubled=left > 0)
     moved, t = None, traffic
     tol = cast(float, traffic.steady_tol)  # (doubled only where it steadies: a tolerance)
     while True:
