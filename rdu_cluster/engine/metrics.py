@@ -352,34 +352,41 @@ class Recorder:
 def request_row(q: Request, rep: int, rec: Recorder) -> tuple:
     """A request's row of the requests table (REQUESTS' fields in order), from the step
     indices it recorded and its replica's step times; the per-request energy and cost totals
-    it took are dropped from the recorder (a request is recorded once, when it is through)."""
+    it took are dropped from the recorder (a request is recorded once, when it is through).
+    Built as the tuple it is (_ROW: the fields in that order), not as a dict of every field:
+    each request of a run takes this once."""
     starts, ends, first = rec.step_times(rep)
     if 0 <= q.admit_step < first or 0 <= q.first_token_step < first:
         raise RuntimeError(f"request_row: request {q.id}'s steps were dropped (first kept: "
                            f"{first})")
-    row = dict.fromkeys(REQUEST_FIELDS)
-    row.update(request_id=q.id, replica=rep, model=q.model, state=q.state,
-               arrival_s=q.arrival_s, prompt_len=q.prompt_len, output_len=q.output_len,
-               generated_tokens=q.generated, preemptions=q.preemptions, swaps=q.swaps,
-               reason=q.reason, expert=q.expert, session=q.session, prefill_replica=rep,
-               kv_transfer_s=0.0, kv_transfer_bytes=0.0, prefix_copy_s=q.prefix_copy_s,
-               switch_wait_s=rec.switch_s.get((rep, q.switch_step), 0.0))
-    for tier in PREFIX_TIERS:
-        row[f"prefix_{tier}_tokens"] = q.prefix_tokens.get(tier, 0)
-    for name in ("energy_j", "cost_usd"):  # None: no [power] / [cost] table
-        totals = rec.split.get(name)
-        row[name] = None if totals is None else totals.pop(q.id, 0.0)
+    queue = ttft = tpot = e2e = finish = None
     if q.admit_step >= 0:
-        row["queue_s"] = float(starts[q.admit_step - first] - q.arrival_s)
+        queue = float(starts[q.admit_step - first] - q.arrival_s)
     if q.first_token_step >= 0:
-        row["ttft_s"] = float(ends[q.first_token_step - first] - q.arrival_s)
+        ttft = float(ends[q.first_token_step - first] - q.arrival_s)
     if q.done_step >= 0:
         finish = float(ends[q.done_step - first])
-        row["finish_s"], row["e2e_s"] = finish, finish - q.arrival_s
+        e2e = finish - q.arrival_s
         if q.output_len > 1:
-            row["tpot_s"] = ((finish - float(ends[q.first_token_step - first]))
-                             / (q.output_len - 1))
-    return tuple(row.values())
+            tpot = (finish - float(ends[q.first_token_step - first])) / (q.output_len - 1)
+    energy, cost = rec.split.get("energy_j"), rec.split.get("cost_usd")  # None: no table
+    return (q.id, rep, q.model, q.state, q.arrival_s, q.prompt_len, q.output_len, q.generated,
+            queue, ttft, tpot, e2e, finish, q.preemptions, q.swaps, q.reason, q.expert,
+            rec.switch_s.get((rep, q.switch_step), 0.0),
+            None if energy is None else energy.pop(q.id, 0.0),
+            None if cost is None else cost.pop(q.id, 0.0), rep, 0.0, 0.0, q.session,
+            *map(q.prefix_tokens.get, PREFIX_TIERS, _NONE_FOUND), q.prefix_copy_s)
+
+
+# request_row's fields, in its tuple's order: REQUESTS' own
+_ROW = ("request_id", "replica", "model", "state", "arrival_s", "prompt_len", "output_len",
+        "generated_tokens", "queue_s", "ttft_s", "tpot_s", "e2e_s", "finish_s", "preemptions",
+        "swaps", "reason", "expert", "switch_wait_s", "energy_j", "cost_usd",
+        "prefill_replica", "kv_transfer_s", "kv_transfer_bytes", "session",
+        *(f"prefix_{tier}_tokens" for tier in PREFIX_TIERS), "prefix_copy_s")
+_NONE_FOUND = (0,) * len(PREFIX_TIERS)
+if _ROW != REQUEST_FIELDS:  # a field added to REQUESTS is added to request_row too
+    raise ImportError("metrics.request_row: its fields are not REQUESTS' in order")
 
 
 def table(schema: pa.Schema, columns: dict, metadata: dict) -> pa.Table:

@@ -173,8 +173,7 @@ class Replica:
         # one token a step, too: the decoding sequences in aggregate (engine/lockstep.py)
         self.together = (Lockstep(kv.config.block_tokens)
                          if self.lockstep and parts.speculate is None else None)
-        self.busy = False
-        self.down_until = 0.0
+        self.busy, self.down_until = False, 0.0  # in a window; failed until (recovery.py)
         self.synced: dict[int, int] = {}  # request id -> KV blocks the sockets hold for it
         self.grows_regions = True  # the sockets' KV regions follow each growth (_sync_growth)
         self.next_ops: list = []  # region ops for the start of the next window
@@ -182,8 +181,9 @@ class Replica:
 
     # -- planning -----------------------------------------------------------------------
     def view(self) -> View:
+        every = self.together if self.decoding == len(self.running) else None  # all decode
         return View(self.running, self.waiting, self.swapped, self.kv, self.expecting(),
-                    self.lookahead)
+                    self.lookahead, every, self.decode_steps)
 
     def plan_window(self, horizon_of, clock: Clock | None = None) -> Window:
         """Spans until a time-dependent boundary, MAX_SPANS or MAX_STEPS. `horizon_of(plan)`

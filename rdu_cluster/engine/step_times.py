@@ -10,6 +10,7 @@ is planned with (its lookahead clock): the two must agree to the bit.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
@@ -40,6 +41,10 @@ class StepTimes:
         the others back (they synchronize at its collectives), stages run one after another
         with the activations sent between them, and KV moves (swaps) run before the step."""
         stages = lay.stages
+        if len(stages) == 1 and not lay.draft_stage:
+            alone = self._one_reply(window, res, stages[0], sockets)
+            if alone is not None:
+                return alone
         n = window.steps
         ar = np.arange(n)
         time, causes = np.zeros(n), np.zeros((N_CAUSES, n))
@@ -74,6 +79,26 @@ class StepTimes:
                 "straggler_socket": straggler, "straggler_s": straggler_s, "kv_swap_s": swap,
                 "switch_s": switch, "stage_s": np.stack([t for t, _ in per_stage], axis=1),
                 "hop_s": hops, "prefix_copy_s": copy, "prefix_exposed_s": exposed}
+
+    def _one_reply(self, window: Window, res: dict, stage: Sequence[int],
+                   sockets: list[int]) -> dict | None:
+        """combine's value for one stage whose sockets sent one reply (a symmetric group)
+        and moved and copied nothing (most windows): that reply's rows, with the zeros the
+        general case adds (0.0 + x, as it sums into zeros: the same bits, a -0.0 made 0.0
+        alike), made without its ~40 small arrays (a pair's run of 3,500 windows: 37 us a
+        window, 7% of its CPU). None otherwise."""
+        first, moves = res[stage[0]][0], res[sockets[0]][1]
+        if any(res[s][0] is not first for s in stage) or moves.any() or any(
+                res[s][1] is not moves for s in sockets) or any(
+                sp.prefix_copy_s for sp in window.spans):
+            return None
+        n = window.steps
+        zeros = np.zeros((5, n))  # a row each, none a view of another's column
+        return {"time_s": first[0] + 0.0, "causes": first[1 : 1 + N_CAUSES].T + 0.0,
+                "straggler_socket": np.full(n, stage[0], dtype=np.int64),
+                "straggler_s": zeros[0], "kv_swap_s": zeros[1], "switch_s": zeros[2],
+                "stage_s": first[0].reshape(n, 1).copy(), "hop_s": np.zeros((n, 0)),
+                "prefix_copy_s": zeros[3], "prefix_exposed_s": zeros[4]}
 
     def _add_transfers(self, window: Window, stages, time, causes) -> np.ndarray:
         """The activations sent from each stage to the next (time and causes in place); returns

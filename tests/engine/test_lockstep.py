@@ -126,3 +126,40 @@ def test_the_aggregate_gives_the_tables_of_a_pass_over_the_batch(serve, case, mo
         assert apart
     monkeypatch.setattr(replica_module, "Lockstep", lambda block_tokens: None)
     assert _tables(run) == with_aggregate
+
+
+# KV pressure that preempts (tests/engine/test_engine.py): ~1.2 GB of KV a GPU
+PRESSURE = {mode: {"model": "llama-3.1-70b", "cluster": "dgx-h100", "n": 48, "rate": 1000.0,
+                   "prompt": traces.LengthDist("fixed", 2048),
+                   "output": traces.LengthDist("fixed", 256), "kv_memory_fraction": 0.02,
+                   "limits": Limits(max_batch=64, preemption=mode)}
+            for mode in ("swap", "recompute")}
+
+
+@pytest.mark.parametrize("case", [*CASES, *PRESSURE])
+def test_a_views_growth_is_what_the_policy_counts_over_its_batch(serve, case, monkeypatch):
+    """Where every running sequence decodes under a lockstep policy, the view carries the
+    aggregates (View.together), whose KV growth of one decode step (View.growth) the policy
+    reads instead of its pass over the batch (continuous._growth) and from which it takes
+    every running sequence as decoding (continuous._decoding): each view's growth is that
+    pass's count, and every sequence it runs is past its prefill."""
+    from rdu_cluster.engine.schedulers import continuous
+
+    kw = {**CASES, **PRESSURE}[case]
+    run = _disagg if kw is None else (lambda: serve(**kw))
+    asked = []
+    step = continuous.Continuous.step
+
+    def spy(self, view):
+        if view.together is not None:
+            running = list(view.running)
+            assert all(r.cached >= r.target for r in running)
+            want = continuous._growth(running, view.kv, view.lookahead)
+            assert view.growth() == (want if view.lookahead == 1 else None)
+            asked.append(want)
+        return step(self, view)
+
+    monkeypatch.setattr(continuous.Continuous, "step", spy)
+    run()
+    if case != "static":  # static batching is not this policy
+        assert any(asked)  # some step grew the KV cache: a count that could differ

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from chip import runtime_memory, serving_stacks
 from rdu_cluster.engine.kv import KVManager
+from rdu_cluster.engine.lockstep import Lockstep
 from rdu_cluster.engine.registry import Registry
 from rdu_cluster.engine.requests import Request
 from workloads.errors import ConfigError
@@ -124,6 +125,18 @@ class View:
     # (the drafts it may accept and the target's own), for which vLLM reserves its
     # lookahead slots before the step
     lookahead: int = 1
+    # under a lockstep policy where every running sequence decodes (none prefilling): their
+    # aggregates (engine/lockstep.py), which give the blocks their decode step `at` takes
+    # without a pass over the batch (`growth`); None: the policy counts them
+    together: Lockstep | None = None
+    at: int = 0  # the replica's next decode step
+
+    def growth(self) -> int | None:
+        """The blocks one decode step of the running sequences takes where the aggregates
+        know it (`together`, one token a step), else None."""
+        if self.together is None or self.lookahead != 1:
+            return None
+        return self.together.growth(self.at, 1)
 
 
 @dataclass(slots=True)

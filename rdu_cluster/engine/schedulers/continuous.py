@@ -39,12 +39,13 @@ class Continuous:
         running, preempt, free = _fit_decodes(view)
         if preempt:
             # the KV cache is full: an arrival could not join
-            return StepPlan(decode=_decoding(running), preempt=preempt, saturated=True)
+            return StepPlan(decode=_decoding(running, view), preempt=preempt, saturated=True)
         if view.swapped:
             swap_in = _swap_in(view, running, free, self.limits.max_batch)
             if swap_in or running:
                 # swapped sequences come back before any new one
-                return StepPlan(decode=_decoding(running), swap_in=swap_in, saturated=True)
+                return StepPlan(decode=_decoding(running, view), swap_in=swap_in,
+                                saturated=True)
         if self.limits.chunked_prefill or self.mixes:
             return self._chunked(view, running, free)
         return self._prefill_first(view, running, free)
@@ -70,14 +71,14 @@ class Continuous:
                             reserve_output=self.reserve)
         room_left = len(running) < self.limits.max_batch
         saturated = bool(view.waiting) or not room_left or not view.more_arrivals
-        decode = _decoding(running)
+        decode = _decoding(running, view)
         # with nothing waiting or swapped and every running sequence decoding, a completion
         # changes nothing but the batch (_fit_decodes' first test settles the next plan)
         stands = not (view.waiting or view.swapped) and len(decode) == len(running)
         return StepPlan(decode=decode, saturated=saturated, stands=stands)
 
     def _chunked(self, view: View, running: Sequence[Request], free: int) -> StepPlan:
-        decode = _decoding(running)
+        decode = _decoding(running, view)
         budget = self.limits.token_budget - len(decode)
         prefill: list[tuple[Request, int]] = []
         if len(decode) < len(running):  # some still prefill (else no pass over them all)
@@ -124,8 +125,13 @@ def _queue(view: View, room: int):
     return view.waiting if room > 0 else ()
 
 
-def _decoding(running: Sequence[Request]) -> tuple[Request, ...]:
-    return tuple([r for r in running if r.cached >= r.target])  # not prefilling
+def _decoding(running: Sequence[Request], view: View) -> tuple[Request, ...]:
+    """The running sequences not prefilling: all of them where the view's lockstep count
+    says so (View.together; a lockstep span decodes exactly the sequences with runs open:
+    Replica.advance checks it), else a pass over them."""
+    if view.together is not None and len(running) == len(view.running):
+        return tuple(running)
+    return tuple([r for r in running if r.cached >= r.target])
 
 
 def _fit_decodes(view: View) -> tuple[Sequence[Request], tuple[Request, ...], int]:
@@ -141,7 +147,9 @@ def _fit_decodes(view: View) -> tuple[Sequence[Request], tuple[Request, ...], in
         # is left. (The running list itself: no caller changes it.)
         return view.running, (), free
     running = list(view.running)
-    need = _growth(running, kv, view.lookahead)
+    need = view.growth()
+    if need is None:
+        need = _growth(running, kv, view.lookahead)
     while running:
         if need <= free:
             return running, tuple(preempt), free - need
