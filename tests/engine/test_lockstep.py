@@ -88,16 +88,17 @@ def _disagg():
     return d, d.run()
 
 
-LONG = traces.LengthDist("uniform", 1024, 4096)
+# KV pressure that preempts (tests/engine/test_engine.py): ~1.2 GB of KV a GPU
+PRESSURE = {mode: {"model": "llama-3.1-70b", "cluster": "dgx-h100", "n": 48, "rate": 1000.0,
+                   "prompt": traces.LengthDist("fixed", 2048),
+                   "output": traces.LengthDist("fixed", 256), "kv_memory_fraction": 0.02,
+                   "limits": Limits(max_batch=64, preemption=mode)}
+            for mode in ("swap", "recompute")}
 CASES = {
     "light": {"cluster": "sn40l-16", "plan": "tp4", "n": 80, "rate": 40.0},
     "static": {"cluster": "sn40l-8", "n": 40, "rate": 40.0, "scheduler": "static"},
-    "pressure-swap": {"model": "llama-3.1-70b", "cluster": "dgx-h100", "n": 40, "rate": 500.0,
-                      "prompt": LONG, "kv_memory_fraction": 0.03,
-                      "limits": Limits(max_batch=64, preemption="swap")},
-    "pressure-recompute": {"model": "llama-3.1-70b", "cluster": "dgx-h100", "n": 40,
-                           "rate": 500.0, "prompt": LONG, "kv_memory_fraction": 0.03,
-                           "limits": Limits(max_batch=64, preemption="recompute")},
+    "pressure-swap": PRESSURE["swap"],
+    "pressure-recompute": PRESSURE["recompute"],
     "chunked-prefix": {"n": 50, "rate": 40.0, "prefix": PrefixConfig("tiered"),
                        "limits": Limits(max_batch=8, chunked_prefill=True)},
     "disaggregated": None,
@@ -122,30 +123,25 @@ def test_the_aggregate_gives_the_tables_of_a_pass_over_the_batch(serve, case, mo
     monkeypatch.setattr(lockstep_module.Lockstep, "join", spy)
     with_aggregate = _tables(run)
     assert joined
+    if case.startswith("pressure"):  # the KV cache runs out: sequences preempted
+        assert with_aggregate[2]["preemptions"] + with_aggregate[2]["swaps"] > 0
     if case in ("static", "disaggregated"):
         assert apart
     monkeypatch.setattr(replica_module, "Lockstep", lambda block_tokens: None)
     assert _tables(run) == with_aggregate
 
 
-# KV pressure that preempts (tests/engine/test_engine.py): ~1.2 GB of KV a GPU
-PRESSURE = {mode: {"model": "llama-3.1-70b", "cluster": "dgx-h100", "n": 48, "rate": 1000.0,
-                   "prompt": traces.LengthDist("fixed", 2048),
-                   "output": traces.LengthDist("fixed", 256), "kv_memory_fraction": 0.02,
-                   "limits": Limits(max_batch=64, preemption=mode)}
-            for mode in ("swap", "recompute")}
-
-
-@pytest.mark.parametrize("case", [*CASES, *PRESSURE])
+@pytest.mark.parametrize("case", CASES)
 def test_a_views_growth_is_what_the_policy_counts_over_its_batch(serve, case, monkeypatch):
     """Where every running sequence decodes under a lockstep policy, the view carries the
     aggregates (View.together), whose KV growth of one decode step (View.growth) the policy
     reads instead of its pass over the batch (continuous._growth) and from which it takes
     every running sequence as decoding (continuous._decoding): each view's growth is that
-    pass's count, and every sequence it runs is past its prefill."""
+    pass's count, and every sequence it runs is past its prefill, with the KV cache running
+    out and sequences preempted too (the pressure cases)."""
     from rdu_cluster.engine.schedulers import continuous
 
-    kw = {**CASES, **PRESSURE}[case]
+    kw = CASES[case]
     run = _disagg if kw is None else (lambda: serve(**kw))
     asked = []
     step = continuous.Continuous.step
