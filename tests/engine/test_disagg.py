@@ -224,7 +224,7 @@ def test_a_decode_replica_waits_for_the_others_only_a_think_time_later(monkeypat
         return t, d.sims[1].windows
 
     lagged, few = run()
-    everything = lambda self: min(p.peek() for p in self.pre.dispatch.pending.values())
+    everything = lambda self: min(p.first for p in self.pre.dispatch.pending.values())
     monkeypatch.setattr(Handover, "_prefills_due", everything)  # every turn sent
     _, some = run()
     monkeypatch.setattr(Handover, "_lag", lambda self: 0.0)  # the others' ends, as before

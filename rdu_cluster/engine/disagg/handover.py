@@ -232,7 +232,7 @@ class Handover:
                 t = start if start < t else t
                 continue
             idle = True
-            arrival = pending[q.index].peek()
+            arrival = pending[q.index].first
             if q.busy:
                 end = q.window_end
                 arrival = end if end > arrival else arrival
@@ -241,7 +241,7 @@ class Handover:
                 least = -math.inf
             own = arrival if arrival < own else own
         if idle:
-            anywhere = min(self._decode_next() + self._lag(), pending[None].peek())
+            anywhere = min(self._decode_next() + self._lag(), pending[None].first)
             t = min(t, own, max(least, anywhere))
         return t + self.least_prefill
 
@@ -252,9 +252,9 @@ class Handover:
         as it starts). A request refused on arrival goes to decode replica 0 at once
         (prefilled), which therefore takes the arrivals as they are where one may be."""
         pending = self.pre.dispatch.pending
-        t = pending[None].peek()  # routed on arrival (a stateful policy)
+        t = pending[None].first  # routed on arrival (a stateful policy)
         for q in self.pre.replicas:
-            a = pending[q.index].peek()
+            a = pending[q.index].first
             if q.busy and q.window_end > a:
                 a = q.window_end
             t = a if a < t else t
@@ -290,7 +290,7 @@ def _next_windows(replicas: list[Replica], now: float, but: Replica | None = Non
         elif q.running or q.waiting or q.swapped:
             start = now
         elif pending is not None:
-            start = pending[q.index].peek()
+            start = pending[q.index].first
         else:
             continue
         t = start if start < t else t
@@ -301,7 +301,7 @@ def _first_pending(pending: Iterable[Pending]) -> float:
     """The earliest arrival to come in any of `pending`."""
     t = math.inf
     for p in pending:
-        a = p.peek()
+        a = p.first
         t = a if a < t else t
     return t
 
@@ -403,7 +403,7 @@ class DecodeSide(Dispatcher):
         return []
 
     def next_arrival(self, rep: Replica, now: float) -> float:
-        h = min(self.pending[rep.index].peek(), self.hand.frontier(rep, decode=True))
+        h = min(self.pending[rep.index].first, self.hand.frontier(rep, decode=True))
         # closed loop: its own completion sends a request through the prefill pool to it
         return min(h, OWN_COMPLETION) if self.hand.pre.dispatch.unsent else h
 
