@@ -153,20 +153,26 @@ class CostTables:
         self.evaluations -= 1
 
     def window(self, spans: Spans) -> np.ndarray:
-        """(ROWS, steps) rows of a window's spans."""
+        """(ROWS, steps) rows of a window's spans (a decode pool's are decode spans only: no
+        prefill shapes to fill, DECODE being 0)."""
         if not len(spans.expert_load):
-            pre = np.flatnonzero(spans.kind != DECODE)
-            self.fill_prefill(zip(spans.pre_seqs[pre].tolist(), spans.pre_tokens[pre].tolist(),
-                                  spans.pre_prefix[pre].tolist()))
+            if spans.kind.any():
+                pre = np.flatnonzero(spans.kind != DECODE)
+                self.fill_prefill(zip(spans.pre_seqs[pre].tolist(),
+                                      spans.pre_tokens[pre].tolist(),
+                                      spans.pre_prefix[pre].tolist()))
             if len(spans.kind) >= GROUPED:
                 return self._grouped(spans)
         parts = []
         loads = spans.expert_load
         start = 0
-        for i in range(len(spans.kind)):
-            n = int(spans.steps[i])
+        # the columns as lists once: a few spans a window, each read as Python ints
+        cols = zip(spans.kind.tolist(), spans.steps.tolist(), spans.batch.tolist(),
+                   spans.ctx_sum.tolist(), spans.pre_seqs.tolist(), spans.pre_tokens.tolist(),
+                   spans.pre_prefix.tolist())
+        for kind, n, batch, ctx_sum, seqs, tokens, prefix in cols:
             load = loads[start : start + n] if len(loads) else None
-            parts.append(self.span(spans, i, n, load))
+            parts.append(self.span_rows(kind, batch, ctx_sum, n, (seqs, tokens, prefix), load))
             start += n
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(ROWS), 0))
 
