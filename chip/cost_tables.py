@@ -157,22 +157,15 @@ class CostTables:
         prefill shapes to fill, DECODE being 0)."""
         if not len(spans.expert_load):
             if spans.kind.any():
-                pre = np.flatnonzero(spans.kind != DECODE)
-                self.fill_prefill(zip(spans.pre_seqs[pre].tolist(),
-                                      spans.pre_tokens[pre].tolist(),
-                                      spans.pre_prefix[pre].tolist()))
+                self.fill_prefill(_prefill_shapes(spans))
             if len(spans.kind) >= GROUPED:
                 return self._grouped(spans)
         parts = []
         loads = spans.expert_load
         start = 0
-        # the columns as lists once: a few spans a window, each read as Python ints
-        cols = zip(spans.kind.tolist(), spans.steps.tolist(), spans.batch.tolist(),
-                   spans.ctx_sum.tolist(), spans.pre_seqs.tolist(), spans.pre_tokens.tolist(),
-                   spans.pre_prefix.tolist())
-        for kind, n, batch, ctx_sum, seqs, tokens, prefix in cols:
+        for kind, n, batch, ctx_sum, shape in _listed(spans):
             load = loads[start : start + n] if len(loads) else None
-            parts.append(self.span_rows(kind, batch, ctx_sum, n, (seqs, tokens, prefix), load))
+            parts.append(self.span_rows(kind, batch, ctx_sum, n, shape, load))
             start += n
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(ROWS), 0))
 
@@ -529,6 +522,20 @@ class CostTables:
         rows[SENT_ROW] = sent_bytes(graph)
         rows[DYNAMIC_ROW] = dynamic_energy_j(cost, self.chip)
         return rows
+
+
+def _prefill_shapes(s: Spans) -> Iterable[tuple[int, int, int]]:
+    """(sequences, new tokens, cached prefix) of each span of the window that prefills."""
+    pre = np.flatnonzero(s.kind != DECODE)
+    return zip(s.pre_seqs[pre].tolist(), s.pre_tokens[pre].tolist(),
+               s.pre_prefix[pre].tolist())
+
+
+def _listed(s: Spans) -> Iterable[tuple[int, int, int, int, tuple[int, int, int]]]:
+    """Each span's (kind, steps, batch, context sum, prefill shape) as Python ints: a window's
+    few spans read as lists once, not as numpy scalars each."""
+    return zip(s.kind.tolist(), s.steps.tolist(), s.batch.tolist(), s.ctx_sum.tolist(),
+               zip(s.pre_seqs.tolist(), s.pre_tokens.tolist(), s.pre_prefix.tolist()))
 
 
 def _load_support(program: Program, per: int = 1) -> Callable[[int], np.ndarray] | None:
