@@ -29,7 +29,7 @@ import numpy as np
 
 from chip import execution, power
 from chip.cost import CAUSES, StepCost
-from chip.loaded_steps import LoadedPrefills, LoadedSteps
+from chip.loaded_steps import LoadedPrefills, LoadedSteps, keep
 from chip.program import Program
 from chip.spec import ChipSpec
 from workloads import graph as graphs
@@ -106,14 +106,6 @@ class Spans:
     @property
     def total_steps(self) -> int:
         return int(self.steps.sum())
-
-
-def _keep(tables: dict, key: tuple, value: Any, most: int) -> Any:
-    """tables[key] = value, the oldest entry evicted first when `most` are held."""
-    if len(tables) >= most:
-        del tables[next(iter(tables))]
-    tables[key] = value
-    return value
 
 
 def _chunk_counts(j: int) -> np.ndarray:
@@ -267,7 +259,7 @@ class CostTables:
                 if times is None:
                     table = self._table(batch, j, range(c0, c0 + m))
                     if table is not None:
-                        times = _keep(self.times, (batch, j), array("d", table[0].tobytes()),
+                        times = keep(self.times, (batch, j), array("d", table[0].tobytes()),
                                       TIME_ROWS)
                 if times is not None:
                     lo = c0 - j * CHUNK
@@ -281,7 +273,7 @@ class CostTables:
         elif kind == PREFILL:
             times = self.times.get(prefill)
             if times is None:
-                times = _keep(self.times, prefill, self.prefill_step(*prefill, None)[0]
+                times = keep(self.times, prefill, self.prefill_step(*prefill, None)[0]
                               .tolist(), TIME_ROWS)
             return times
         return self.span_rows(kind, batch, ctx_sum, n, prefill)[0].tolist()
@@ -368,7 +360,7 @@ class CostTables:
         table = self.decode.get((b, j))
         if table is None:
             ctx = np.arange(j * CHUNK, (j + 1) * CHUNK + 1, dtype=float)
-            table = _keep(self.decode, (b, j), self._decode_rows(float(b), ctx, len(ctx)),
+            table = keep(self.decode, (b, j), self._decode_rows(float(b), ctx, len(ctx)),
                           DECODE_TABLES)
         return table
 
@@ -384,7 +376,7 @@ class CostTables:
         new = [i for i, k in enumerate(keys) if k not in got]
         fresh = self._evaluate_points(b[new], c[new]).T.copy() if new else ()
         for i, col in zip(new, fresh):
-            got[keys[i]] = _keep(self.points, keys[i], col, POINTS)
+            got[keys[i]] = keep(self.points, keys[i], col, POINTS)
         return np.stack([got[k] for k in keys], axis=1)
 
     def _evaluate_points(self, b: np.ndarray, c: np.ndarray,
@@ -463,7 +455,7 @@ class CostTables:
             prefixes = np.repeat(np.array([x for _, x, _ in keys], dtype=np.int64), PREFILL_CHUNK)
             rows = self._prefill_rows(k, counts, prefixes)
             for i, key in enumerate(keys):
-                _keep(self.prefill, key, np.ascontiguousarray(
+                keep(self.prefill, key, np.ascontiguousarray(
                     rows[:, i * PREFILL_CHUNK : (i + 1) * PREFILL_CHUNK]), PREFILL_TABLES)
 
     def _prefill_column(self, tables: dict, rows_of: Callable, k: int, tokens: int,
@@ -474,7 +466,7 @@ class CostTables:
         j = tokens // PREFILL_CHUNK
         table = tables.get((k, prefix, j))
         if table is None:
-            table = _keep(tables, (k, prefix, j), rows_of(k, _chunk_counts(j), prefix),
+            table = keep(tables, (k, prefix, j), rows_of(k, _chunk_counts(j), prefix),
                           PREFILL_TABLES)
         col = tokens - j * PREFILL_CHUNK
         return table[:, col : col + 1]

@@ -22,8 +22,11 @@ it was costed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 # Entries kept, the oldest evicted first (a pure cache: an evicted entry is evaluated again with
 # the same values): the pool above visited 2,534 (batch, context) entries over its four runs,
@@ -110,7 +113,7 @@ class LoadedSteps:
     def _merge(self, key: tuple[int, int], held: tuple[np.ndarray, np.ndarray],
                loads: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The entry with these loads' rows added in load order, kept (ENTRIES)."""
-        return _keep(self.entries, key, _merged(held, loads, rows), ENTRIES)
+        return keep(self.entries, key, _merged(held, loads, rows), ENTRIES)
 
 
 class LoadedPrefills:
@@ -145,7 +148,7 @@ class LoadedPrefills:
             ask = np.union1d(loads, support if support is not None and _all_in(
                 loads, support) else _NONE)
             new = np.setdiff1d(ask, have, assume_unique=True)
-            have, held = _keep(self.entries, shape, _merged((have, held), new, evaluate(new)),
+            have, held = keep(self.entries, shape, _merged((have, held), new, evaluate(new)),
                                PREFILL_SHAPES)
         return held[:, np.searchsorted(have, loads)]
 
@@ -176,8 +179,9 @@ def _at(entry: tuple[np.ndarray, np.ndarray], loads: np.ndarray) -> np.ndarray:
     return rows[:, np.searchsorted(have, loads)].T
 
 
-def _keep(entries: dict, key: tuple, entry: tuple, most: int) -> tuple:
-    """entries[key] = entry as the newest, the oldest evicted first when `most` are held."""
+def keep(entries: dict, key: tuple, entry: T, most: int) -> T:
+    """entries[key] = entry as the newest, the oldest evicted first when `most` are held:
+    the bound of every cost memo here and in chip/cost_tables.py."""
     entries.pop(key, None)
     if len(entries) >= most:
         del entries[next(iter(entries))]

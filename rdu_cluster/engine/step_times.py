@@ -85,8 +85,8 @@ class StepTimes:
         """combine's value for one stage whose sockets sent one reply (a symmetric group)
         and moved and copied nothing (most windows): that reply's rows, with the zeros the
         general case adds (0.0 + x, as it sums into zeros: the same bits, a -0.0 made 0.0
-        alike), made without its ~40 small arrays (a pair's run of 3,500 windows: 37 us a
-        window, 7% of its CPU). None otherwise."""
+        alike), made without its ~40 small arrays (question 2's pair run, its 3,508 windows
+        replayed: 9 us a window against 19 us). None otherwise."""
         first, moves = res[stage[0]][0], res[sockets[0]][1]
         if any(res[s][0] is not first for s in stage) or moves.any() or any(
                 res[s][1] is not moves for s in sockets) or any(
