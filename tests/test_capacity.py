@@ -1427,6 +1427,39 @@ def test_a_pairs_row_served_with_twice_the_requests_goes_on_from_its_own_run(mon
     assert not went_on and fresh.stdout == kept.stdout
 
 
+def test_a_pairs_run_goes_on_from_the_longest_kept_run_of_its_deployment_below_it(monkeypatch):
+    """verification._pair_served: a run of n requests goes on from the kept run of the same
+    deployment with the most requests below n (a one fewer at 16,000 from that deployment's
+    run at 4,000, not only a doubling from its half); another deployment's, or a longer
+    one's, is not taken."""
+    class Run:
+        def __init__(self, n: int, made: list) -> None:
+            self.n, self.made, self.summary = n, made, {}
+
+        def continues(self, trace, watch) -> bool:
+            return len(trace) > self.n
+
+        def continued(self, trace, watch):
+            self.made.append((self.n, len(trace)))
+            self.n = len(trace)
+            return self
+
+        def run(self):
+            self.made.append((None, self.n))
+            return self
+
+        def kept(self):
+            return self
+
+    made: list = []
+    monkeypatch.setattr(verification, "_kept", type(verification._kept)())
+    serve = lambda key, n: verification._pair_served(
+        (key,), np.zeros(n), None, lambda keep: Run(n, made), True)
+    for key, n in (("a", 2000), ("a", 4000), ("b", 8000), ("a", 16000), ("a", 3000)):
+        serve(key, n)
+    assert made == [(None, 2000), (2000, 4000), (None, 8000), (4000, 16000), (None, 3000)]
+
+
 @pytest.mark.parametrize("pool", ["sn40l-16:adp32ep32:1", "sn40l-16:tp16pp2:1",
                                   "hgx-h200:tp8pp2:1", "dgx-h100:adp16ep16:1"])
 def test_a_replicas_tpot_table_is_one_estimate_a_batch_in_one_call(pool):

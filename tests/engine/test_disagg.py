@@ -550,6 +550,18 @@ def test_a_run_stopped_as_certain_goes_on_to_more_requests_as_their_stopped_run_
     assert got == _stopped(_clients(192, watch=_watch(192, 1.0)))
 
 
+def test_a_stopped_kept_run_goes_on_to_four_times_its_requests_as_from_the_start():
+    """The checkpoint is every longer run's state, not only its doubling's (capacity's one
+    fewer at a row's steady count goes on from that deployment's run at a shorter count):
+    from a run of 96 stopped as certain, a run of 384 stops where, and as, it does from the
+    start."""
+    first = _clients(96, keep=True, watch=_watch(96, 1.0))
+    _stopped(first)
+    longer = _clients(384).trace
+    assert _stopped(first.kept(), longer, _watch(384, 1.0)) == _stopped(
+        _clients(384, watch=_watch(384, 1.0)))
+
+
 def test_a_watched_run_that_meets_goes_on_watched_as_from_the_start():
     """A kept run that met its (loose) bounds goes on to twice the requests under the longer
     run's watch with the tables of that run watched from the start."""
