@@ -88,8 +88,8 @@ def verify(dep: Deployment, model: ModelSpec, ref: tuple[str, str | None], traff
 # the candidate settled now (a kept run holds its cost tables, past the process's cache of
 # them: backends/local.py): settle serves a row again with twice its requests, and that run
 # (or its one fewer, from that deployment's run at a shorter count) goes on from a kept run's
-# checkpoint instead of from the start (question 2 of
-# bench_capacity.py: its pairs' doublings took ~100 s of its ~320 s of CPU).
+# checkpoint instead of from the start (question 2 of bench_capacity.py: its pairs' doublings
+# took ~100 s of its ~320 s of CPU).
 KEPT_RUNS = 4
 _kept: OrderedDict[tuple, Disaggregated] = OrderedDict()
 
@@ -99,10 +99,10 @@ def _pair_served(key: tuple, trace: traces.Trace, watch: decided.Watch | None,
     """The summary of a pair's run of `trace` (run_of(keep): its run, keeping its checkpoint
     or not, stopped once `watch` is certain: decided.Decided; `key`: what else it serves): a
     run of more requests than a kept run of the same key goes on from the longest such
-    (_longest_below; Disaggregated.continued: the same tables, or the same verdict, as from the start); with
-    `keep` (a closed loop of clients whose row may double) the run is kept, a run stopped as
-    certain too (the one fewer of the row at its doubled count went on from it: question 1
-    of bench_capacity.py's four, 3.7 s of CPU from the start)."""
+    (_longest_below; Disaggregated.continued: the same tables, or the same verdict, as from
+    the start); with `keep` (a closed loop of clients whose row may double) the run is
+    kept, a run stopped as certain too (the one fewer of the row at its doubled count went
+    on from it: question 1 of bench_capacity.py's four, 3.7 s of CPU from the start)."""
     n = len(trace)
     below = _longest_below(key, n) if keep else None
     paused = None if below is None else _kept.pop(below)
@@ -121,7 +121,8 @@ def _longest_below(key: tuple, n: int) -> tuple | None:
     """The kept run of `key` with the most requests fewer than n (None: none). Its
     checkpoint is every longer run's state (engine/checkpoint.py), not only its doubling's:
     a row's one fewer at its steady count goes on from that deployment's run at a shorter
-    count (question 2 of bench_capacity.py: three at 16,000 from their runs at 4,000)."""
+    count (question 2 of bench_capacity.py: three at 16,000, from their runs at 4,000 or
+    2,000)."""
     counts = [k[-1] for k in _kept if k[:-1] == key and k[-1] < n]
     return (*key, max(counts)) if counts else None
 
