@@ -496,7 +496,7 @@ def _resources(ops, ctx: _Ctx, spill, m: tile_array.LayerMap | None = None,
         # elementwise, so a point of a grid costs what it costs alone (bit for bit)
         binds = compute / tile_array.rate_floor(stages, p) + chain > hbm + sram_s
         if np.any(binds):
-            rate = np.where(binds, tile_array.compute_rate(stages, ctx.chip, p), 1.0)
+            rate = tile_array.compute_rate(stages, ctx.chip, p, binds)
     compute = compute / rate
     p2p = sum(
         (_bandwidth_part(op.collective, ctx) for op in ops if op.cls is OpClass.COLLECTIVE),

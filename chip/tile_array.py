@@ -243,10 +243,19 @@ def _groups(fits: Any, batch: Any, weights: Any, per_seq: Any, budget: float) ->
     return np.take_along_axis(k, np.argmin(cost, axis=0)[None], axis=0)[0]
 
 
-def compute_rate(ops: list[Op], chip, p) -> Any:
+def compute_rate(ops: list[Op], chip, p, where: np.ndarray) -> Any:
     """The layer's compute rate relative to the whole array's: its slowest stage's PCU share
-    over its FLOP-time share (`_pcus`)."""
-    return _pcus(ops, chip, p)[1]
+    over its FLOP-time share (`_pcus`), at the points `where` holds (1.0 elsewhere). Each point
+    is apportioned alone, so where `where` leaves some of the stages' points out only the rest
+    are computed, to the same bits (a decode table's 4,097 contexts, a third where compute can
+    bind: the apportionment was ~28% of an SN40L table's fill)."""
+    shape = np.broadcast_shapes(np.shape(where), *(np.shape(op.flops) for op in ops))
+    if np.all(where) or shape != np.shape(where):
+        return np.where(where, _pcus(ops, chip, p)[1], 1.0)
+    flops = [np.broadcast_to(np.asarray(op.flops, dtype=float), shape)[where] for op in ops]
+    rate = np.ones(shape)
+    rate[where] = _pcus_of(flops, [op.flop_dtype for op in ops], chip, p)[1]
+    return rate
 
 
 def rate_floor(ops: list[Op], p) -> float:
@@ -279,33 +288,33 @@ def _pcus(ops: list[Op], chip, p) -> tuple[float, Any]:
         if hit is not None and hit[1] is chip and all(a is b for a, b in zip(hit[0], ops)):
             return hit[2]
         keep = list(ops)
-    out = _pcus_of(ops, chip, p)
+    out = _pcus_of([op.flops for op in ops], [op.flop_dtype for op in ops], chip, p)
     if len(_PCUS) > 4096:
         _PCUS.clear()
     _PCUS[key] = (keep, chip, out)
     return out
 
 
-def _pcus_of(ops: list[Op], chip, p) -> tuple[float, Any]:
+def _pcus_of(flops: list, dtypes: list, chip, p) -> tuple[float, Any]:
     """PCUs of the layer's stages, and its compute rate relative to the whole array's. A stage
     whose FLOP-time share is under one PCU takes one; the others share the rest in proportion,
     rounded down; the PCUs left over go one by
     one to the stage that is slowest for its share (largest-remainder apportionment: the
     compiler balances the pipeline as far as whole units allow). The pipeline runs at its
     slowest stage's rate."""
-    times = [np.asarray(op.flops, dtype=float) / chip.flops(op.flop_dtype) for op in ops]
-    if not ops:
+    times = [np.asarray(f, dtype=float) / chip.flops(d) for f, d in zip(flops, dtypes)]
+    if not times:
         return 0.0, np.ones(())
     shape = np.broadcast_shapes(*(np.shape(x) for x in times))
-    t = np.empty((len(ops), *shape))
+    t = np.empty((len(times), *shape))
     for i, x in enumerate(times):
         t[i] = x
-    t = t.reshape(len(ops), -1)  # stages x points
+    t = t.reshape(len(times), -1)  # stages x points
     # row by row (not ndarray.sum: its pairwise order differs between one point and many, and a
     # grid's point must cost what it costs alone, bit for bit)
     total = sum(t, np.zeros(t.shape[1:]))
     if not np.any(total > 0):
-        return float(len(ops)), np.ones(())
+        return float(len(times)), np.ones(())
     share = t / np.where(total > 0, total, 1.0)
     want = p.pcus * share
     tiny = want < 1.0  # a stage of next to no math (a norm, a gather) takes one PCU

@@ -136,6 +136,23 @@ def test_pcus_set_the_stage_balance_and_pmus_the_stage_buffers():
                                                       * SRAM / pmus)
 
 
+def test_the_compute_rate_asked_at_some_points_is_the_whole_ones_there_bit_for_bit():
+    """compute_rate computes only the points its mask asks for (a decode table's contexts
+    where compute can bind), each what the whole vector gives it, and 1.0 elsewhere."""
+    c = load_cluster("sn40l-16").chip
+    p = params_for(DataflowParams, c)
+    ctx = np.arange(0.0, 4097.0)
+    graph = graphs.step_graph(load_model("llama-3.1-70b"), StepShape.decode(150.0, ctx),
+                              Shard.tensor(8))
+    ops = [op for op in graph.blocks[1].ops if op.cls is not OpClass.COLLECTIVE]
+    assert any(np.ndim(op.flops) for op in ops)  # the attention's FLOPs vary with the context
+    whole = tile_array.compute_rate(ops, c, p, np.ones(ctx.shape, dtype=bool))
+    assert len(np.unique(whole)) > 10  # a rate that varies, so the points are told apart
+    for mask in (ctx < 1500, (ctx % 7 == 3) | (ctx > 4000), ctx == 2048):
+        got = tile_array.compute_rate(ops, c, p, mask)
+        assert np.array_equal(got[mask], whole[mask]) and np.all(got[~mask] == 1.0)
+
+
 @pytest.mark.parametrize("model, cluster, sram", [
     ("llama-3.1-70b", "sn40l-16", 1.0),  # weights stream: stage buffers that vary over a grid
     ("llama-3.1-8b", "sn40l-16", 2.0),  # weights (and short KV caches) resident in SRAM
