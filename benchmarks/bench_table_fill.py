@@ -58,10 +58,20 @@ def _pass(chip, setup, batches: int, digest=None) -> float:
     return (time.process_time() - t0) / batches
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive whole number")
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--repeat", type=_positive, default=3)
+    ap.add_argument("--batches", type=_positive, default=200)
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"llama-3.1-70b decode-table fills, batches 1-{args.batches}, best of {args.repeat}, "

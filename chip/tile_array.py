@@ -251,10 +251,10 @@ def compute_rate(ops: list[Op], chip, p, where: np.ndarray) -> Any:
     bind: the apportionment was ~28% of an SN40L table's fill)."""
     shape = np.broadcast_shapes(np.shape(where), *(np.shape(op.flops) for op in ops))
     if np.all(where) or shape != np.shape(where):
-        return np.where(where, _pcus(ops, chip, p)[1], 1.0)
+        return np.where(where, _pcus(ops, chip, p), 1.0)
     flops = [np.broadcast_to(np.asarray(op.flops, dtype=float), shape)[where] for op in ops]
     rate = np.ones(shape)
-    rate[where] = _pcus_of(flops, [op.flop_dtype for op in ops], chip, p)[1]
+    rate[where] = _pcus_of(flops, [op.flop_dtype for op in ops], chip, p)
     return rate
 
 
@@ -271,7 +271,7 @@ def rate_floor(ops: list[Op], p) -> float:
 _PCUS: dict[tuple, tuple] = {}
 
 
-def _pcus(ops: list[Op], chip, p) -> tuple[float, Any]:
+def _pcus(ops: list[Op], chip, p) -> Any:
     """_pcus_of, once per op list and chip (a plan search and a grid reuse a layer's ops: the
     entry keeps them alive, so their ids are not reused while it is in use). Stages of scalar
     FLOPs are keyed by what _pcus_of reads of them, their FLOPs and dtypes (a grid over the
@@ -295,8 +295,8 @@ def _pcus(ops: list[Op], chip, p) -> tuple[float, Any]:
     return out
 
 
-def _pcus_of(flops: list, dtypes: list, chip, p) -> tuple[float, Any]:
-    """PCUs of the layer's stages, and its compute rate relative to the whole array's. A stage
+def _pcus_of(flops: list, dtypes: list, chip, p) -> Any:
+    """The layer's compute rate relative to the whole array's, from its stages' PCUs. A stage
     whose FLOP-time share is under one PCU takes one; the others share the rest in proportion,
     rounded down; the PCUs left over go one by
     one to the stage that is slowest for its share (largest-remainder apportionment: the
@@ -304,7 +304,7 @@ def _pcus_of(flops: list, dtypes: list, chip, p) -> tuple[float, Any]:
     slowest stage's rate."""
     times = [np.asarray(f, dtype=float) / chip.flops(d) for f, d in zip(flops, dtypes)]
     if not times:
-        return 0.0, np.ones(())
+        return np.ones(())
     shape = np.broadcast_shapes(*(np.shape(x) for x in times))
     t = np.empty((len(times), *shape))
     for i, x in enumerate(times):
@@ -314,7 +314,7 @@ def _pcus_of(flops: list, dtypes: list, chip, p) -> tuple[float, Any]:
     # grid's point must cost what it costs alone, bit for bit)
     total = sum(t, np.zeros(t.shape[1:]))
     if not np.any(total > 0):
-        return float(len(times)), np.ones(())
+        return np.ones(())
     share = t / np.where(total > 0, total, 1.0)
     want = p.pcus * share
     tiny = want < 1.0  # a stage of next to no math (a norm, a gather) takes one PCU
@@ -328,6 +328,5 @@ def _pcus_of(flops: list, dtypes: list, chip, p) -> tuple[float, Any]:
     rank = np.argsort(np.argsort(ratio, axis=0, kind="stable"), axis=0, kind="stable")
     n = n + (rank < left)
     ratio = np.divide(n, want, out=np.full(n.shape, np.inf), where=want > 0)
-    rate = np.minimum(ratio.min(axis=0), 1.0).reshape(shape)
-    return float(n.sum(axis=0).max()), rate
+    return np.minimum(ratio.min(axis=0), 1.0).reshape(shape)
 
