@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from array import array
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from chip.cost_tables import CostTables, Spans
 from chip.memory import MemoryTiers
@@ -64,6 +64,17 @@ def _nbytes(t: CostTables) -> float:
                         for v in t.times.values())
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """A command's sockets as LocalBackend.run serves them: each memory's socket that applies
+    its region ops and the others holding it (in the command's order); each socket with that
+    lead and its cost kind (sockets of one kind cost alike but for their expert loads)."""
+
+    memories: list[tuple[int, list[int]]]
+    sockets: list[tuple[int, int, int]]  # (socket, its memory's lead, its cost kind)
+    failed: int | None  # the first failed socket named (a command to it raises)
+
+
 class LocalBackend:
     name = "local"
     workers = 1
@@ -78,6 +89,7 @@ class LocalBackend:
         self.memo: dict[tuple, CostTables] = {}  # (chip, program key) -> tables, shared
         # id(memory) -> (the memory, the sockets holding it)
         self.holders: dict[int, tuple[MemoryTiers, list[int]]] = {}
+        self._layouts: dict[tuple, _Layout] = {}  # the sockets of a command -> its _layout
 
     def __deepcopy__(self, memo: dict) -> LocalBackend:
         """A copy whose sockets' memories are copies too (engine/checkpoint.py), `holders`
@@ -86,7 +98,8 @@ class LocalBackend:
         memo[id(self)] = out
         held = self.holders
         out.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items()
-                             if k != "holders"})
+                             if k not in ("holders", "_layouts")})
+        out._layouts = {}
         out.holders = {}
         for mem, sockets in held.values():
             new = copy.deepcopy(mem, memo)
@@ -117,6 +130,7 @@ class LocalBackend:
                    tuple(tuple(r) for r in m.state()))
             groups.setdefault(key, []).append(i)
         self.holders = {}
+        self._changed()
         for held in groups.values():
             mem = self.sockets[held[0]].memory
             for i in held:
@@ -135,6 +149,7 @@ class LocalBackend:
             if k == len(held):
                 continue
             inside = set(sockets)
+            self._changed()
             copy = mem.clone()
             mine = [i for i in held if i in inside]
             for i in mine:
@@ -150,42 +165,68 @@ class LocalBackend:
             self.holders[id(mem)] = (mem, held)
 
     def run(self, seq: int, ops: list, spans: Spans, loads: dict | None, sockets) -> dict:
-        self._split(sockets)
+        lay = self._layout(sockets)
+        if lay.failed is not None:
+            self.sockets[lay.failed].cost(spans)  # raises: a failed socket runs nothing
         n = len(spans.kind)
-        out: dict[int, tuple] = {}
-        done: dict[tuple, list] = {}  # cost key -> [rows, moves of its first socket]
-        occ: dict[int, dict] = {}  # id(memory) -> its occupancy after the ops
-        lead: dict[int, Socket] = {}  # id(memory) -> the socket that applied the ops
-        drawn: dict[tuple, list] = {}  # sockets costed together: differing only in their loads
-        for i in sockets:
-            sock = self.sockets[i]
-            m = id(sock.memory)
-            first = lead.setdefault(m, sock)
-            if first is sock:  # the memory's region ops, once
-                moves = sock.advance(seq, ops, n)
-                occ[m] = sock.occupancy()
-            else:
+        occ: dict[int, dict] = {}  # lead socket -> its memory's occupancy after the ops
+        for lead, followers in lay.memories:  # the memory's region ops, once
+            first = self.sockets[lead]
+            first.advance(seq, ops, n)  # (its moves: last_moves)
+            occ[lead] = first.occupancy()
+            for i in followers:
+                sock = self.sockets[i]
                 sock.seq, sock.last_moves = first.seq, first.last_moves
-                moves = first.last_moves
-            if sock.failed:
-                sock.cost(spans)  # raises: a failed socket runs nothing
+        done: dict[tuple, list] = {}  # cost key -> [rows, moves of its first socket]
+        drawn: dict[int, list] = {}  # sockets costed together: differing only in their loads
+        out: dict[int, tuple] = {}
+        for i, lead, kind in lay.sockets:
             load = loads.get(i) if loads else None
-            key = (id(sock.tables), sock.degradation, sock.comm_degradation,
-                   None if load is None else load.tobytes())
+            key = (kind, None if load is None else load.tobytes())
             if key not in done:
-                done[key] = [None, moves]
+                sock = self.sockets[i]
+                done[key] = [None, sock.last_moves]
                 if load is None:
                     done[key][0] = sock.cost(spans)
                 else:
-                    drawn.setdefault(key[:3], []).append((key, sock, load))
-            out[i] = (done[key], occ[m])
+                    drawn.setdefault(kind, []).append((key, sock, load))
+            out[i] = (done[key], occ[lead])
         for group in drawn.values():
             rows = group[0][1].costs(spans, [load for _, _, load in group])
             for (key, _, _), r in zip(group, rows):
                 done[key][0] = r
         return {i: (got[0], got[1], o) for i, (got, o) in out.items()}
 
+    def _layout(self, sockets) -> _Layout:
+        """How a command to `sockets` runs: which socket applies each memory's ops, and
+        which cost alike (kept while no memory is split or shared anew, no socket
+        reprogrammed or degraded: `_changed`), the first failed socket named (`failed`)."""
+        key = tuple(sockets)
+        lay = self._layouts.get(key)
+        if lay is not None:
+            return lay
+        self._split(sockets)
+        memories: dict[int, tuple[int, list[int]]] = {}  # id(memory) -> (lead, followers)
+        kinds: dict[tuple, int] = {}
+        rows, failed = [], None
+        for i in sockets:
+            sock = self.sockets[i]
+            if sock.failed and failed is None:
+                failed = i
+            lead, followers = memories.setdefault(id(sock.memory), (i, []))
+            if lead != i:
+                followers.append(i)
+            kind = kinds.setdefault((id(sock.tables), sock.degradation, sock.comm_degradation),
+                                    len(kinds))
+            rows.append((i, lead, kind))
+        lay = self._layouts[key] = _Layout(list(memories.values()), rows, failed)
+        return lay
+
+    def _changed(self) -> None:
+        self._layouts.clear()
+
     def reprogram(self, index: int, setup: SocketSetup) -> None:
+        self._changed()
         old = self.sockets[index]
         self._leave(index)
         self._create(index, setup)
@@ -195,6 +236,7 @@ class LocalBackend:
         new.set_degradation(old.degradation, old.comm_degradation, old.failed)
 
     def set_fault(self, index: int, degradation: float, comm: float, failed: bool) -> None:
+        self._changed()
         self.sockets[index].set_degradation(degradation, comm, failed)
 
     def sync(self) -> None:
@@ -204,6 +246,7 @@ class LocalBackend:
         return sum(t.evaluations for t in self.memo.values())
 
     def close(self) -> None:
+        self._changed()
         self.sockets.clear()
         self.holders.clear()
 

@@ -17,7 +17,8 @@ A sequence that holds blocks beyond its cached tokens (static batching reserves 
 disaggregated hand-over's last block) is kept apart, with its own (cached, held), until the step
 at which it writes into a block it does not hold; from then on it has a phase like the others.
 The replica's KVManager counts the blocks in aggregate (`used`); a sequence's own entry is
-brought up to date when it stops decoding or a window ends (KVManager.blocks reads it between).
+brought up to date when it stops decoding, and where the sockets' KV regions follow the growth
+as a window ends (KVManager.blocks reads it between).
 """
 
 from __future__ import annotations

@@ -534,6 +534,22 @@ def _stopped(run: disagg.Disaggregated, trace=None, watch=None) -> tuple:
     return got.value.metric, got.value.at_least_ms, got.value.completed
 
 
+def test_a_watched_pair_that_meets_runs_to_its_end_told_of_each_first_token():
+    """Watch.through: the decode window that admits a hand-over tells its first token, so a
+    request decoding past the TTFT bound is not counted as still waiting for it. Under a
+    bound between the run's longest TTFT and its shortest E2E latency the watched run meets,
+    and runs to the tables of the unwatched one."""
+    plain = _clients(96).run()
+    req = plain.requests.to_pydict()
+    longest, shortest = max(req["ttft_s"]), min(req["e2e_s"])
+    assert longest < shortest / 4  # every request decodes past the bound
+    bound_ms = 2e3 * longest
+    watched = _clients(96, watch=decided.Watch({"ttft": bound_ms, "tpot": 1e3}, 99.0, 96, 24,
+                                               mser=True)).run()
+    for name in ("requests", "steps", "sockets", "links"):
+        assert getattr(watched, name).equals(getattr(plain, name)), name
+
+
 def test_a_run_stopped_as_certain_goes_on_to_more_requests_as_their_stopped_run_does():
     """A kept run stopped once its watch is certain (a TTFT bound of 1 ms: two counted
     requests waiting) keeps its checkpoint; a run of twice the requests goes on from it, its

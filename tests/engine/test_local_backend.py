@@ -210,3 +210,35 @@ def test_a_steps_load_draw_does_not_depend_on_the_span_it_falls_in():
                   s.loads(0, 18, 500, 1)):
         assert not np.array_equal(other[0], full[0])
     assert full.shape == (64, 32) and np.allclose(full.mean(axis=1), 1.0)
+
+
+class Started(LocalBackend):
+    """LocalBackend, keeping the setups it started its sockets with."""
+
+    def start(self, setups) -> None:
+        self.setups = setups
+        super().start(setups)
+
+
+def test_a_command_after_its_sockets_memory_split_applies_its_ops_to_each_copy(serve):
+    """LocalBackend.run keeps how a command's sockets share memory (_layout) until a memory
+    is split: sockets 0 and 1 share one, a command to 0 alone gives 0 a copy, and the next
+    command to both must apply its ops to both copies, as sockets on their own do."""
+    started = Started()
+    serve(backend=started, model="llama-3.1-8b", cluster="sn40l-16", plan="tp8", n=4, rate=40.0)
+    one = Spans(kind=np.array([DECODE]), steps=np.array([1]), batch=np.array([4]),
+                ctx_sum=np.array([400]), pre_seqs=np.zeros(1, dtype=int),
+                pre_tokens=np.zeros(1, dtype=int), pre_prefix=np.zeros(1, dtype=int))
+    commands = [([0, 1], ["alloc", "kv/a", "hbm", 3e6, "kv"]),
+                ([0], ["alloc", "kv/b", "hbm", 5e6, "kv"]),  # 0's memory copied: its own
+                ([0, 1], ["free", "kv/a"]), ([0, 1], ["alloc", "kv/c", "hbm", 2e6, "kv"])]
+    got = []
+    for backend in (LocalBackend(), OneByOne()):
+        backend.start(started.setups)
+        replies = [backend.run(seq, [[op], []], one, None, socks)
+                   for seq, (socks, op) in enumerate(commands, 1)]
+        got.append(([{i: occ for i, (_, _, occ) in r.items()} for r in replies],
+                    [backend.sockets[i].memory.state() for i in (0, 1)]))
+    assert got[0] == got[1]
+    names = [{r[0] for r in state} for state in got[0][1]]
+    assert "kv/a" not in names[0] | names[1] and "kv/b" in names[0] - names[1]

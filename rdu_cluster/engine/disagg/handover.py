@@ -387,9 +387,8 @@ class DecodeSide(Dispatcher):
         watch = self.hand.watch
         if watch is not None:  # the first tokens of the hand-overs it admits: their TTFTs
             for sp in window.spans:
-                for r in sp.decode:
-                    if r.first_token_step == sp.first_step:
-                        watch.through(r.id)
+                for r in sp.received:
+                    watch.through(r.id)
             watch.check(self.hand.pre.now)
         # in time order, then id order: arrivals at equal times go in id order (dispatch.py)
         for t, _, r in sorted(_completed(rep, window, ends)):
