@@ -16,6 +16,11 @@ step D, so three figures stay fixed while it decodes, and the batch's are sums o
 A sequence that holds blocks beyond its cached tokens (static batching reserves its output; a
 disaggregated hand-over's last block) is kept apart, with its own (cached, held), until the step
 at which it writes into a block it does not hold; from then on it has a phase like the others.
+A decoding sequence's own counts are not moved step by step either: its `cached` and
+`generated` stand at its Request.synced_at, and the decode steps since are added where they are
+read (`bring`): as it stops decoding, before a policy reads them (schedulers.View.fresh), and for
+those that complete in a span, found from the heap of completion steps (`due`).
+
 The replica's KVManager counts the blocks in aggregate (`used`); a sequence's own entry is
 brought up to date when it stops decoding, and where the sockets' KV regions follow the growth
 as a window ends (KVManager.blocks reads it between).
@@ -24,8 +29,26 @@ as a window ends (KVManager.blocks reads it between).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Sequence
 
 from rdu_cluster.engine.requests import Request
+
+
+def bring(r: Request, at: int) -> None:
+    """A lockstep decode's counts brought to decode step `at`: one token a step since
+    Request.synced_at."""
+    k = at - r.synced_at
+    if k:
+        r.cached += k
+        r.generated += k
+        r.synced_at = at
+
+
+def bring_all(running: Iterable[Request], at: int) -> None:
+    """`bring` every decoding sequence of `running` to `at`."""
+    for r in running:
+        if r.synced_at >= 0 and r.synced_at != at:
+            bring(r, at)
 
 
 class Lockstep:
@@ -50,12 +73,28 @@ class Lockstep:
             self.apart[r.id] = (since + held * self.bt - r.cached, phase, off, held)
         else:
             self.phases[phase] += 1
+        r.synced_at = since
         self.run += 1
         self.runs[r.id] = self.run
         heapq.heappush(self.ends, (since + r.output_len - r.generated, self.run, r))
 
+    def due(self, at: int, decode: Sequence[Request]) -> list[Request]:
+        """The sequences of the batch that complete by decode step `at` (their last token
+        sampled at its step at - 1), in the order of `decode`, their counts brought to `at`."""
+        ends, runs, out = self.ends, self.runs, []
+        while ends and ends[0][0] <= at:
+            _, run, r = heapq.heappop(ends)
+            if runs.get(r.id) == run:
+                bring(r, at)
+                out.append(r)
+        if len(out) > 1:  # ties: in the batch's order, as a pass over it meets them
+            out.sort(key=decode.index)
+        return out
+
     def leave(self, r: Request, at: int) -> None:
-        """r stops decoding at decode step `at`."""
+        """r stops decoding at decode step `at` (its counts brought there)."""
+        bring(r, at)
+        r.synced_at = -1
         off = r.cached - at
         self.count -= 1
         self.offsets -= off

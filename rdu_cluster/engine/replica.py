@@ -28,7 +28,7 @@ import numpy as np
 
 from chip.cost_tables import DECODE, MIXED, PREFILL, Spans
 from rdu_cluster.engine.kv import KVManager
-from rdu_cluster.engine.lockstep import Lockstep
+from rdu_cluster.engine.lockstep import Lockstep, bring_all
 from rdu_cluster.engine.lookahead import Clock
 from rdu_cluster.engine.prefix_cache import Claim, PrefixCache
 from rdu_cluster.engine.requests import (
@@ -171,6 +171,7 @@ class Replica:
         # the policy decodes every decoding sequence at every decode step: a sequence's
         # chunks are one run while it decodes (Request.decoding_since), not one a span
         self.lockstep = bool(getattr(scheduler, "lockstep", False))
+        self.stale_ok = bool(getattr(scheduler, "stale_decodes", False))  # (View.fresh)
         self.decoding = 0  # sequences with such a run open
         # one token a step, too: the decoding sequences in aggregate (engine/lockstep.py)
         self.together = (Lockstep(kv.config.block_tokens)
@@ -184,8 +185,15 @@ class Replica:
     # -- planning -----------------------------------------------------------------------
     def view(self) -> View:
         every = self.together if self.decoding == len(self.running) else None  # all decode
+        if self.together is not None and not self.stale_ok:
+            bring_all(self.running, self.decode_steps)
         return View(self.running, self.waiting, self.swapped, self.kv, self.expecting(),
-                    self.lookahead, every, self.decode_steps)
+                    self.lookahead, every, self.decode_steps, self._fresh)
+
+    def _fresh(self) -> None:
+        """Every decoding sequence's counts brought to now (View.fresh)."""
+        if self.together is not None:
+            bring_all(self.running, self.decode_steps)
 
     def plan_window(self, horizon_of, clock: Clock | None = None) -> Window:
         """Spans until a time-dependent boundary, MAX_SPANS or MAX_STEPS. `horizon_of(plan)`
@@ -376,6 +384,10 @@ class Replica:
                 self.prefix.computed(r, r.cached)
         if not span.decode:  # a prefill step
             done: Sequence[Request] = ()
+        elif span.tokens is None and together is not None:  # those completing, from the heap
+            done = together.due(d0 + steps, span.decode)
+            for r in done:
+                r.state, r.done_step = DONE, last
         elif span.tokens is None:
             done = (decode_lockstep(span.decode, steps, span.first_step) if self.lockstep
                     else decode_batch(span.decode, steps, span.first_step, self.index, d0))
@@ -539,8 +551,10 @@ def _sync_growth(rep: Replica) -> list:
     `used`): KVManager.blocks reads a decoding sequence's blocks from its cached tokens, its
     entry is brought up to date as its run ends (Replica._end_run), and every other running
     sequence's entry grows with its spans (Replica.advance)."""
-    if not rep.grows_regions and rep.together is not None:
-        return []
+    if rep.together is not None:
+        if not rep.grows_regions:
+            return []
+        bring_all(rep.running, rep.decode_steps)  # (Lockstep.bring)
     out: list = []
     kv = rep.kv
     bb, bt = kv.config.block_bytes, kv.config.block_tokens

@@ -47,6 +47,9 @@ class Request:
     # decodes in every decode step of its replica: its run, added to `emits` when it stops
     # (completes or is preempted); -1 when it is not decoding.
     decoding_since: int = -1
+    # With the replica's Lockstep, while it decodes: the decode step its `cached` and
+    # `generated` stand at; the steps since are added when they are read (Lockstep.bring).
+    synced_at: int = -1
     # Disaggregated decode: tokens whose KV arrives with the request from its prefill replica
     # (None: it prefills here). Admission then allocates that KV and decodes at once.
     received: int | None = None

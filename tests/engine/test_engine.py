@@ -257,6 +257,7 @@ def test_every_running_sequence_holds_the_blocks_of_its_cached_tokens(serve, cas
     open_span = Replica._open
 
     def checked(rep, plan, ops):
+        rep._fresh()  # (engine/lockstep.py: a decode's counts stand where last read)
         bt = rep.kv.config.block_tokens
         for r in rep.running:
             aggregate = rep.together is not None and r.decoding_since >= 0

@@ -109,7 +109,9 @@ CASES = {
 def test_the_aggregate_gives_the_tables_of_a_pass_over_the_batch(serve, case, monkeypatch):
     """Each case with Lockstep and with the pass over the batch it replaces (the path a policy
     that is not lockstep, or speculation, takes): the same tables. Static batching's reserved
-    output and a disaggregated hand-over's spare block exercise the sequences kept apart."""
+    output and a disaggregated hand-over's spare block exercise the sequences kept apart; the
+    pass moves every decode's counts a span, the aggregate only as they are read
+    (Lockstep.bring) and those completing from its heap (Lockstep.due)."""
     kw = CASES[case]
     run = _disagg if kw is None else (lambda: serve(**kw))
     joined, apart = [], []
@@ -148,6 +150,7 @@ def test_a_views_growth_is_what_the_policy_counts_over_its_batch(serve, case, mo
 
     def spy(self, view):
         if view.together is not None:
+            view.fresh()  # (engine/lockstep.py: the counts stand where last read)
             running = list(view.running)
             assert all(r.cached >= r.target for r in running)
             want = continuous._growth(running, view.kv, view.lookahead)
@@ -159,3 +162,63 @@ def test_a_views_growth_is_what_the_policy_counts_over_its_batch(serve, case, mo
     run()
     if case != "static":  # static batching is not this policy
         assert any(asked)  # some step grew the KV cache: a count that could differ
+
+
+@pytest.mark.parametrize("case", ["static", "light", "pressure-recompute"])
+def test_a_policy_sees_a_decodes_counts_where_they_stand_only_where_it_says_so(
+        serve, case, monkeypatch):
+    """Lockstep.bring: a decoding sequence's cached and generated tokens stand where they were
+    last read. A policy that does not say it reads them only after View.fresh (static
+    batching) gets every one up to date at each step; one that does (continuous batching:
+    stale_decodes) gets them up to date from View.fresh, and the run's tables are the same
+    whichever it reads (test_the_aggregate_gives_the_tables_of_a_pass_over_the_batch)."""
+    from rdu_cluster.engine.schedulers import continuous, static
+
+    policy = static.Static if case == "static" else continuous.Continuous
+    stale, step = [], policy.step
+
+    def spy(self, view):
+        behind = [r for r in view.running if 0 <= r.synced_at != view.at]
+        stale.append(len(behind))
+        if behind:
+            view.fresh()
+            assert all(r.synced_at == view.at for r in view.running if r.synced_at >= 0)
+        return step(self, view)
+
+    monkeypatch.setattr(policy, "step", spy)
+    serve(**CASES[case])
+    assert stale
+    assert (max(stale) == 0) == (case == "static")
+
+
+@pytest.mark.parametrize("case", ["pressure-swap", "pressure-recompute"])
+def test_continuous_batching_reads_a_decodes_counts_only_brought_up_to_date(
+        serve, case, monkeypatch):
+    """Continuous batching reads a decoding sequence's cached tokens to preempt (the blocks a
+    victim frees, KVManager.blocks; the growth it takes out, continuous._growth): each such
+    read within its step is of counts brought to the replica's decode step (View.fresh)."""
+    from rdu_cluster.engine.kv import KVManager
+    from rdu_cluster.engine.schedulers import continuous
+
+    at: list[int] = []
+    reads = []
+    step, growth, blocks = continuous.Continuous.step, continuous._growth, KVManager.blocks
+
+    def in_step(self, view):
+        at.append(view.at)
+        try:
+            return step(self, view)
+        finally:
+            at.pop()
+
+    def check(rs) -> None:
+        if at:
+            reads.append(len(rs))
+            assert all(r.synced_at in (-1, at[-1]) for r in rs)
+
+    monkeypatch.setattr(continuous.Continuous, "step", in_step)
+    monkeypatch.setattr(continuous, "_growth",
+                        lambda running, kv, la: check(running) or growth(running, kv, la))
+    monkeypatch.setattr(KVManager, "blocks", lambda self, r: check([r]) or blocks(self, r))
+    _, t = serve(**CASES[case])
+    assert reads and t.summary["preemptions"] + t.summary["swaps"] > 0

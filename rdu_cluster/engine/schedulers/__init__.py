@@ -17,7 +17,7 @@ and compare the tables: a plug-in that breaks the contract fails them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -130,6 +130,10 @@ class View:
     # without a pass over the batch (`growth`); None: the policy counts them
     together: Lockstep | None = None
     at: int = 0  # the replica's next decode step
+    # brings every running sequence's cached and generated tokens up to date: under a lockstep
+    # policy they stand where it last read them (engine/lockstep.py), which a policy that
+    # says so (stale_decodes) reads only after calling this; others see them up to date
+    fresh: Callable[[], None] = lambda: None
 
     def growth(self) -> int | None:
         """The blocks one decode step of the running sequences takes where the aggregates

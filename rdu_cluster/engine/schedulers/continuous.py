@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 class Continuous:
     name = "continuous"
     lockstep = True  # its decode steps decode every running sequence not prefilling
+    # it reads a decoding sequence's cached and generated tokens only after View.fresh (to
+    # preempt, or count the blocks a step takes where not every running sequence decodes);
+    # a sequence that decodes has cached no fewer than its target whenever they were brought
+    stale_decodes = True
     # admission reserves the KV of the whole output too (no growth, so no preemption), and a
     # step without chunked prefill mixes whole prompts beside the decodes (in-flight batching):
     # engine/schedulers/no_evict.py
@@ -146,6 +150,7 @@ def _fit_decodes(view: View) -> tuple[Sequence[Request], tuple[Request, ...], in
         # its cached tokens' blocks), so all fit, and nothing waits to be admitted with what
         # is left. (The running list itself: no caller changes it.)
         return view.running, (), free
+    view.fresh()  # the counts read below, up to date
     running = list(view.running)
     need = view.growth()
     if need is None:
