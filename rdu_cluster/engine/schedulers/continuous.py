@@ -27,7 +27,7 @@ class Continuous:
     name = "continuous"
     lockstep = True  # its decode steps decode every running sequence not prefilling
     # it reads a decoding sequence's cached and generated tokens only after View.fresh (to
-    # preempt, or count the blocks a step takes where not every running sequence decodes);
+    # preempt, or to count the blocks a step takes where not every running sequence decodes);
     # a sequence that decodes has cached no fewer than its target whenever they were brought
     stale_decodes = True
     # admission reserves the KV of the whole output too (no growth, so no preemption), and a
@@ -150,9 +150,10 @@ def _fit_decodes(view: View) -> tuple[Sequence[Request], tuple[Request, ...], in
         # its cached tokens' blocks), so all fit, and nothing waits to be admitted with what
         # is left. (The running list itself: no caller changes it.)
         return view.running, (), free
-    view.fresh()  # the counts read below, up to date
     running = list(view.running)
     need = view.growth()
+    if need is None or need > free:  # the counts read below (_growth, kv.blocks): up to date
+        view.fresh()
     if need is None:
         need = _growth(running, kv, view.lookahead)
     while running:
