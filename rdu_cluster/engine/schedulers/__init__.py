@@ -172,6 +172,10 @@ class Scheduler(Protocol):
     # sequence that is not prefilling. The engine then keeps a sequence's streamed chunks as
     # one run from when it starts decoding (Request.decoding_since), not one a span.
     lockstep: bool
+    # Optional (False when absent): under a lockstep policy, the policy reads a decoding
+    # sequence's cached and generated tokens only after View.fresh; otherwise the engine brings
+    # them up to date before each step (engine/lockstep.py: they move as they are read).
+    stale_decodes: bool
 
     def __init__(self, limits: Limits) -> None: ...
 
