@@ -171,7 +171,7 @@ class Replica:
         # the policy decodes every decoding sequence at every decode step: a sequence's
         # chunks are one run while it decodes (Request.decoding_since), not one a span
         self.lockstep = bool(getattr(scheduler, "lockstep", False))
-        self.stale_ok = bool(getattr(scheduler, "stale_decodes", False))  # (View.fresh)
+        self.stale_decodes = bool(getattr(scheduler, "stale_decodes", False))  # (View.fresh)
         self.decoding = 0  # sequences with such a run open
         # one token a step, too: the decoding sequences in aggregate (engine/lockstep.py)
         self.together = (Lockstep(kv.config.block_tokens)
@@ -185,8 +185,8 @@ class Replica:
     # -- planning -----------------------------------------------------------------------
     def view(self) -> View:
         every = self.together if self.decoding == len(self.running) else None  # all decode
-        if self.together is not None and not self.stale_ok:
-            bring_all(self.running, self.decode_steps)
+        if not self.stale_decodes:
+            self._fresh()
         return View(self.running, self.waiting, self.swapped, self.kv, self.expecting(),
                     self.lookahead, every, self.decode_steps, self._fresh)
 
