@@ -45,9 +45,11 @@ class WindowRecorder:
                                         len(rep.sockets), dur))
         energy.split_over_requests(spans, cols, self.sim.rec.split)
         self.sim.rec.add_steps(rep.index, cols, ends)
-        for i in np.flatnonzero(step["switch_s"]):
-            self.sim.rec.switch_s[(rep.index, spans[0].first_step + int(i))] = float(
-                step["switch_s"][i])
+        switch = step["switch_s"]
+        if switch.any():  # a CoE expert switch: most windows have none
+            for i in np.flatnonzero(switch):
+                self.sim.rec.switch_s[(rep.index, spans[0].first_step + int(i))] = float(
+                    switch[i])
         end = float(ends[-1])
         waits = sum(t - float(ends[i - 1]) for i, t in window.resumes if 0 < i < m)
         if not self.sim.summary_only:
