@@ -152,13 +152,13 @@ class CostTables:
                 self.fill_prefill(_prefill_shapes(spans))
             if len(spans.kind) >= GROUPED:
                 return self._grouped(spans)
-        parts = []
-        loads = spans.expert_load
-        start = 0
+        parts, loads, start = [], spans.expert_load, 0
         for kind, n, batch, ctx_sum, shape in _listed(spans):
             load = loads[start : start + n] if len(loads) else None
             parts.append(self.span_rows(kind, batch, ctx_sum, n, shape, load))
             start += n
+        if len(parts) == 1:  # (a span's rows can be a view of a table: the reply is a copy)
+            return parts[0].copy()
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(ROWS), 0))
 
     def _grouped(self, spans: Spans) -> np.ndarray:

@@ -66,8 +66,12 @@ def dynamic_j(res: dict, sockets: list[int], m: int) -> np.ndarray:
     one socket after another: np.sum over a stack would sum pairwise or not depending on m, so
     a step's figure would depend on how the steps were grouped into windows."""
     total = np.zeros(m)
+    last = None
     for s in sockets:
-        total += res[s][0][DYNAMIC_ROW, :m]
+        if res[s][0] is not last:  # a symmetric group's sockets share one reply: one view
+            last = res[s][0]
+            row = last[DYNAMIC_ROW, :m]
+        total += row
     return total
 
 
@@ -75,13 +79,19 @@ def step_columns(rates: Rates, dynamic: np.ndarray | None, sockets: int,
                  time_s: np.ndarray) -> dict[str, np.ndarray]:
     """energy_j and cost_usd of steps of a replica of `sockets` sockets lasting `time_s`:
     dynamic joules (None: none, as in a reload) plus idle draw of every socket for the step."""
-    n = len(time_s)
+    cost = (None if rates.socket_hour_usd is None
+            else rates.socket_hour_usd * sockets * time_s / HOUR_S)
+    return {"energy_j": step_energy(rates, dynamic, sockets, time_s),
+            "cost_usd": _column(cost, len(time_s))}
+
+
+def step_energy(rates: Rates, dynamic: np.ndarray | None, sockets: int,
+                time_s: np.ndarray) -> np.ndarray:
+    """step_columns' energy_j alone (a summary-only run keeps no cost column)."""
     energy = None
     if rates.idle_w is not None:
         energy = rates.idle_w * sockets * time_s + (0.0 if dynamic is None else dynamic)
-    cost = (None if rates.socket_hour_usd is None
-            else rates.socket_hour_usd * sockets * time_s / HOUR_S)
-    return {"energy_j": _column(energy, n), "cost_usd": _column(cost, n)}
+    return _column(energy, len(time_s))
 
 
 def socket_columns(rates: Rates, rows: np.ndarray, m: int, window_s: float) -> dict:

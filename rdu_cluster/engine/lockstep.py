@@ -120,8 +120,11 @@ class Lockstep:
         """Blocks the batch takes in decode steps at .. at + n - 1."""
         bt, phases = self.bt, self.phases
         out = n // bt * (self.count - len(self.apart))  # each counted by phase, once a cycle
-        for j in range(at, at + n % bt):
-            out += phases[-j % bt]
+        r = n % bt
+        if r:  # steps at .. at + r - 1 take phases s, s - 1, ... (mod bt): at most two slices
+            s = -at % bt
+            out += (sum(phases[s - r + 1 : s + 1]) if r <= s + 1
+                    else sum(phases[: s + 1]) + sum(phases[bt - (r - s - 1) :]))
         for need, phase, _, _ in self.apart.values():
             lo = max(at, need)
             if lo < at + n:  # steps lo <= D < at + n with D + phase a multiple of bt

@@ -39,11 +39,14 @@ class WindowRecorder:
             [(sp.kind, len(sp.decode) + len(sp.prefill), sp.pre_tokens,
               len(sp.decode), sp.emitted, sp.expert, sp.prefix_hit) for sp in spans],
             dtype=np.int64), [sp.steps for sp in spans], axis=0)
-        cols = (self._lean(rep, step, per, m) if self.sim.summary_only
-                else self._columns(rep, step, per, m, spans[0].first_step))
-        cols.update(energy.step_columns(self.sim.rates, energy.dynamic_j(res, rep.sockets, m),
-                                        len(rep.sockets), dur))
-        energy.split_over_requests(spans, cols, self.sim.rec.split)
+        dynamic = energy.dynamic_j(res, rep.sockets, m)
+        if self.sim.summary_only:  # no cost column kept, no per-request split (start)
+            cols = self._lean(rep, step, per, m)
+            cols["energy_j"] = energy.step_energy(self.sim.rates, dynamic, len(rep.sockets), dur)
+        else:
+            cols = self._columns(rep, step, per, m, spans[0].first_step)
+            cols.update(energy.step_columns(self.sim.rates, dynamic, len(rep.sockets), dur))
+            energy.split_over_requests(spans, cols, self.sim.rec.split)
         self.sim.rec.add_steps(rep.index, cols, ends)
         switch = step["switch_s"]
         if switch.any():  # a CoE expert switch: most windows have none

@@ -107,10 +107,13 @@ def summary(sim: Simulation, req: dict[str, np.ndarray], steps: dict, end: float
     }
 
 
+MEASURED = ("state", "arrival_s", "ttft_s", "e2e_s", "generated_tokens", "prompt_len")
+
+
 def measured(sim: Simulation, req: dict) -> bench.Measured:
-    """The completed requests' client-side times (engine/bench.py): `req`'s columns
-    (this run's, or a disaggregated run's in this run's request order) and the chunk
-    times and ITLs recorded as they completed (in request order)."""
+    """The completed requests' client-side times (engine/bench.py): `req`'s columns (MEASURED:
+    this run's, or a disaggregated run's in this run's request order) and the chunk times
+    and ITLs recorded as they completed (in request order)."""
     done = np.asarray(req["state"]) == DONE  # a mask: no Python object per request
     col = lambda name: np.asarray(req[name])[done].astype(float)
     return bench.Measured(

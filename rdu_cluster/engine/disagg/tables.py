@@ -114,8 +114,10 @@ def _requests(p: dict, d: dict, idx, move, nbytes, n_rep: int) -> dict:
 
 
 def _decode_rows(req: dict, idx) -> dict:
-    """The combined columns in the decode simulation's request order."""
-    return {k: [v[i] for i in idx.tolist()] for k, v in req.items()}
+    """The combined columns summary.measured reads, in the decode simulation's request
+    order."""
+    order = idx.tolist()
+    return {k: [req[k][i] for i in order] for k in summary.MEASURED}
 
 
 def _sum(values) -> float | None:
