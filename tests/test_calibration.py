@@ -342,7 +342,7 @@ def test_the_shipped_profile_is_what_calibrate_fits(tmp_path):
     stops once a step is under xtol = 1e-4 of its log values' norm, so two machines whose
     floating point differs in the last bits can stop a step apart (sglang.moe_latency_s
     2.19491 and 2.19513 us, its rows 4e-6 apart in log). A parameter no row moves with
-    between the two values (fit.responses' 1e-6 in log) may end anywhere along that flat:
+    between the two values (fit.RESPONDS in log) may end anywhere along that flat:
     sglang-0.5.10's block_bytes_per_s ended at 144.7 GB/s on one machine and 100.5 on
     another (Dec 2026), every row the same at both."""
     import math
@@ -369,4 +369,4 @@ def test_the_shipped_profile_is_what_calibrate_fits(tmp_path):
     moved = apart(ours, fitted, 1e-3)
     for key in {k for _, k in moved}:  # one parameter, on each of its chips
         one = {c: fitted[c] for c in moved if c[1] == key}
-        assert apart(ref, simulated({**ours, **one}), 1e-6) == {}, key
+        assert apart(ref, simulated({**ours, **one}), fit.RESPONDS) == {}, key

@@ -240,11 +240,16 @@ def fit_group(group: Group, sim: Simulator, exclude: str | None = None,
     return values(res.x)
 
 
+# A row responds to a parameter when moving the parameter across its range moves the row by
+# more than this, in log (responses): below it, the row is taken not to see the parameter.
+RESPONDS = 1e-6
+
+
 def responses(
     decls: Sequence[Declaration], rows: Sequence[dict[str, Any]], sim: Simulator, jobs: int = 1
 ) -> dict[tuple[str, ...], set[str]]:
     """Each parameter's calibrate rows that respond to it: moving the value from its prior to
-    the far end of its range changes the row by > 1e-6 in log. A parameter no row responds to
+    the far end of its range changes the row by > RESPONDS in log. A parameter no row responds to
     keeps its first-principles value and is not written as fitted."""
     base = {_pid(d): prior(d) for d in decls}
     cal = [r for r in rows if r["role"] == "calibrate"]
@@ -257,7 +262,7 @@ def responses(
         far = low if base[_pid(d)] ** 2 > low * high else high
         step = {**base, _pid(d): far}
         ids = [r["id"] for r in cal if chips[r["id"]] & set(d.chips)]
-        return {i for i in ids if abs(math.log(sim(i, step) / sim(i, base))) > 1e-6}
+        return {i for i in ids if abs(math.log(sim(i, step) / sim(i, base))) > RESPONDS}
 
     return {_pid(d): ids for d, ids in zip(decls, sim.map(responding, decls, jobs))}
 
