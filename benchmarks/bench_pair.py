@@ -89,7 +89,7 @@ def _instrument() -> dict:
     def counted(self, rep, t0):
         before, t = rep.step, time.process_time()
         end = execute(self, rep, t0)
-        pool = got["pools"][type(self.sim.dispatch).__name__.removesuffix("Side").lower()]
+        pool = got["pools"][_pool(self.sim)]
         cpu = time.process_time() - t
         pool[3] += cpu
         if end is None:  # nothing to run: a replica woken at a horizon with no work
@@ -112,23 +112,18 @@ class _Sampler:
 
     def __init__(self) -> None:
         self.own: collections.Counter = collections.Counter()
-        self.within: collections.Counter = collections.Counter()
-        self.pools: collections.Counter = collections.Counter()
+        self.pools: collections.Counter = collections.Counter()  # samples a pool
         self.in_pool: dict[str, collections.Counter] = collections.defaultdict(
-            collections.Counter)
+            collections.Counter)  # pool -> function -> samples (inclusive)
         self.n = 0
 
     def __call__(self, sig, frame) -> None:
         self.n += 1
         self.own[_name(frame)] += 1
         stack = list(_stack(frame))
-        names = {_name(f) for f in stack}
-        for k in names:
-            self.within[k] += 1
-        pool = next((_pool(f) for f in stack if _executes(f)), "between")
+        pool = next((_pool(f.f_locals["self"].sim) for f in stack if _executes(f)), "between")
         self.pools[pool] += 1
-        for k in names:
-            self.in_pool[pool][k] += 1
+        self.in_pool[pool].update({_name(f) for f in stack})
 
     @contextlib.contextmanager
     def on(self):
@@ -141,7 +136,8 @@ class _Sampler:
             signal.signal(signal.SIGPROF, old)
 
     def print(self, top: int = 25) -> None:
-        for title, counts in (("self", self.own), ("inclusive", self.within)):
+        within = sum(self.in_pool.values(), collections.Counter())
+        for title, counts in (("self", self.own), ("inclusive", within)):
             print(f"{self.n} samples, {title}:")
             shown = [(k, v) for k, v in counts.most_common() if v < self.n]  # not the callers'
             for k, v in shown[:top]:
@@ -159,9 +155,9 @@ def _executes(f) -> bool:
         os.path.join("engine", "windows.py"))
 
 
-def _pool(f) -> str:
-    """The pool whose window the frame `f` (_executes) runs: its dispatcher's kind."""
-    return type(f.f_locals["self"].sim.dispatch).__name__.removesuffix("Side").lower()
+def _pool(sim) -> str:
+    """The pool a pair's Simulation `sim` is: its dispatcher's kind (prefill, decode)."""
+    return type(sim.dispatch).__name__.removesuffix("Side").lower()
 
 
 def _name(f) -> str:
